@@ -1,0 +1,40 @@
+# Two entry points for a fresh machine: `make run` and `make test`.
+# Both create .venv when it is missing and install the project with its test extras.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG ?= config/stratamq.yaml
+
+.PHONY: install run test lint bench typecheck-tree clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/stratamq broker --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# mypy does not run import hooks, so it cannot see the editable install's
+# `stratamq.broker -> broker/` mapping; a tree of symlinks gives it the same view.
+typecheck-tree:
+	mkdir -p .typecheck/stratamq
+	ln -sfn ../../broker .typecheck/stratamq/broker
+
+lint: $(STAMP) typecheck-tree
+	$(BIN)/ruff check broker tests bench
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker
+	$(BIN)/mypy tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/ds_bench.py
+
+clean:
+	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache
