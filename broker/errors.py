@@ -30,6 +30,13 @@ class PayloadTooLargeError(StratamqError):
     http_status = 413
 
 
+class InvalidMessageError(StratamqError):
+    """A message the storage refuses as a whole (bad QoS, bad property value)."""
+
+    mqtt_reason_code = 0x81  # Malformed Packet
+    http_status = 400
+
+
 class UnknownDatabaseError(StratamqError):
     mqtt_reason_code = 0x80
     http_status = 404
@@ -47,6 +54,13 @@ class GenerationError(StratamqError):
 
     mqtt_reason_code = 0x80
     http_status = 409
+
+
+class CorruptDataError(StratamqError):
+    """Stored bytes that do not decode: a bug or a damaged disk, never bad input."""
+
+    mqtt_reason_code = 0x80
+    http_status = 500
 
 
 class StorageClosedError(StratamqError):

@@ -1,0 +1,351 @@
+"""Broker configuration: one YAML file, overridable by environment variables.
+
+Keys follow the EMQX durable-storage settings (`durable_storage.messages.*`,
+`durable_sessions.*`). Every key has a default, so an empty file (or no file) is a
+valid configuration. Values from YAML and from the environment go through the same
+pydantic models, so `"10ms"` in a file and `STRATAMQ__..._FLUSH_INTERVAL=10ms` mean
+the same thing and fail the same way.
+
+Every problem is raised as one `ConfigError` that lists all bad keys by their full
+dotted path, one per line: an operator fixing a config should see everything at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from .errors import ConfigError
+
+ENV_PREFIX = "STRATAMQ__"
+ENV_SEPARATOR = "__"
+
+# The largest payload MQTT can carry: the Remaining Length field tops out at 268,435,455.
+MQTT_MAX_PAYLOAD_BYTES = 268_435_455
+
+
+# --- value parsers ------------------------------------------------------------------
+
+_DURATION_UNITS: dict[str, float] = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# A plain number, or one or more number+unit parts ("100ms", "5s", "1h30m").
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)")
+_DURATION_FULL = re.compile(r"(?:(?:\d+(?:\.\d+)?|\.\d+)\s*(?:ms|s|m|h|d)\s*)+")
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?|\.\d+")
+
+# Units are case-insensitive. KB/MB/GB are binary (1024-based), as in EMQX, so
+# "16MB" and "16MiB" are the same size and nobody has to remember the difference.
+_BYTE_UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1024, "kib": 1024,
+    "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1024**3, "gib": 1024**3,
+}
+_BYTE_SIZE = re.compile(r"(\d+)\s*([a-z]*)")
+
+
+def parse_duration(text: str | float) -> float:
+    """Parse `100ms`, `5s`, `10m`, `2h`, `1d` (or combinations like `1h30m`) or a plain
+    number of seconds; return seconds as a float. Raises ValueError on anything else."""
+    # bool is an int subclass: `flush_interval: true` is a mistake, not one second.
+    if isinstance(text, bool):
+        raise ValueError(f"invalid duration {text!r}: expected e.g. 100ms, 5s, 10m, 2h, 1d")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    elif isinstance(text, str):
+        stripped = text.strip()
+        if _PLAIN_NUMBER.fullmatch(stripped):
+            seconds = float(stripped)
+        elif _DURATION_FULL.fullmatch(stripped):
+            seconds = sum(float(number) * _DURATION_UNITS[unit]
+                          for number, unit in _DURATION_PART.findall(stripped))
+        else:
+            raise ValueError(
+                f"invalid duration {text!r}: expected a number of seconds or a number with "
+                f"a unit ms, s, m, h or d (e.g. 100ms, 5s, 10m, 2h, 1d)")
+    else:
+        raise ValueError(f"invalid duration {text!r}: expected a string or a number")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"invalid duration {text!r}: must be a finite, non-negative time")
+    return seconds
+
+
+def parse_byte_size(text: str | int) -> int:
+    """Parse a byte count: an int, or a string like `512`, `512KiB`, `16MB`, `1G`
+    (units are 1024-based and case-insensitive). Raises ValueError on anything else."""
+    if isinstance(text, bool):
+        raise ValueError(f"invalid byte size {text!r}: expected e.g. 1024, 512KiB, 16MB")
+    if isinstance(text, int):
+        size = text
+    elif isinstance(text, str):
+        match = _BYTE_SIZE.fullmatch(text.strip().lower())
+        if match is None or match.group(2) not in _BYTE_UNITS:
+            raise ValueError(
+                f"invalid byte size {text!r}: expected a whole number of bytes, optionally "
+                f"with a unit B, KB/KiB, MB/MiB or GB/GiB (e.g. 512KiB, 16MB)")
+        size = int(match.group(1)) * _BYTE_UNITS[match.group(2)]
+    else:
+        raise ValueError(f"invalid byte size {text!r}: expected a string or an integer")
+    if size < 0:
+        raise ValueError(f"invalid byte size {text!r}: must not be negative")
+    return size
+
+
+def _reject_bool(value: Any) -> Any:
+    # pydantic's lax mode turns `true` into 1; in a config that is always a typo.
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got a boolean ({value!r})")
+    return value
+
+
+def _parse_int_list(value: Any) -> Any:
+    # Environment variables are strings: accept "[100,10]" and "100,10".
+    if isinstance(value, str):
+        inner = value.strip()
+        if inner.startswith("[") and inner.endswith("]"):
+            inner = inner[1:-1]
+        return [item.strip() for item in inner.split(",")] if inner.strip() else []
+    return value
+
+
+PositiveInt = Annotated[int, BeforeValidator(_reject_bool), Field(ge=1)]
+# Seconds as a float; every duration in this config must be > 0 (a zero interval
+# would be a busy loop, a zero retention would drop every message).
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size), Field(ge=1)]
+
+
+# --- models ---------------------------------------------------------------------------
+
+class _Section(BaseModel):
+    """Base of every config section: immutable, and unknown keys are errors."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_section_means_defaults(cls, data: Any) -> Any:
+        # `durable_sessions:` with all its children commented out parses as None in
+        # YAML; the user meant "defaults", not "a section that is not a mapping".
+        return {} if data is None else data
+
+
+class WriteBufferConfig(_Section):
+    """Per-shard buffer in front of the storage: flushed at whichever limit hits first."""
+
+    max_items: PositiveInt = 1000
+    flush_interval: Duration = parse_duration("10ms")
+    max_bytes: ByteSize = parse_byte_size("16MiB")
+
+
+class LayoutConfig(_Section):
+    """Storage layout of new generations (old generations keep the layout they have)."""
+
+    type: Literal["wildcard_optimized_v2", "wildcard_optimized"] = "wildcard_optimized_v2"
+    # Learned topic structure: distinct values at one trie node before the level becomes
+    # a `+` wildcard; first entry is the root, the last applies to every deeper level.
+    # A tuple, so a frozen config really cannot change.
+    wildcard_thresholds: Annotated[
+        tuple[PositiveInt, ...], BeforeValidator(_parse_int_list), Field(min_length=1)
+    ] = (100, 10)
+
+
+class MessagesDbConfig(_Section):
+    """The `messages` database: MQTT messages, sharded by the publisher's client id."""
+
+    data_dir: Annotated[str, Field(min_length=1)] = "data"
+    n_shards: PositiveInt = 16
+    n_sites: PositiveInt = 1
+    # Not checked against n_sites: a single-site broker with the default 3 is valid,
+    # see `effective_replication_factor`.
+    replication_factor: PositiveInt = 3
+    sync_writes: bool = False
+    local_write_buffer: WriteBufferConfig = Field(default_factory=WriteBufferConfig)
+    layout: LayoutConfig = Field(default_factory=LayoutConfig)
+    max_payload_bytes: Annotated[ByteSize, Field(le=MQTT_MAX_PAYLOAD_BYTES)] = (
+        MQTT_MAX_PAYLOAD_BYTES)
+
+    @property
+    def effective_replication_factor(self) -> int:
+        """Replicas per shard actually used: there cannot be more than there are sites."""
+        return min(self.replication_factor, self.n_sites)
+
+
+class DurableStorageConfig(_Section):
+    messages: MessagesDbConfig = Field(default_factory=MessagesDbConfig)
+
+
+class DurableSessionsConfig(_Section):
+    enable: bool = True
+    batch_size: PositiveInt = 100
+    idle_poll_interval: Duration = parse_duration("10s")
+    heartbeat_interval: Duration = parse_duration("5s")
+    renew_streams_interval: Duration = parse_duration("1s")
+    session_gc_interval: Duration = parse_duration("10m")
+    message_retention_period: Duration = parse_duration("1d")
+
+
+class Config(_Section):
+    """The whole broker configuration. New top-level sections (listeners, ...) go here."""
+
+    durable_storage: DurableStorageConfig = Field(default_factory=DurableStorageConfig)
+    durable_sessions: DurableSessionsConfig = Field(default_factory=DurableSessionsConfig)
+
+
+# --- loading --------------------------------------------------------------------------
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> Config:
+    """Read the YAML file at `path` (defaults only when None), apply `STRATAMQ__*`
+    overrides from `env` (os.environ when None) and validate. Raises ConfigError."""
+    source = "defaults" if path is None else os.fspath(path)
+    data: dict[str, Any] = {} if path is None else _read_yaml(Path(path))
+    errors: list[str] = []
+    env_sources = _apply_env(data, os.environ if env is None else env, errors)
+    if env_sources:
+        source += " + environment"
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        errors.extend(_format_error(err, env_sources) for err in exc.errors())
+    else:
+        if not errors:
+            return config
+    raise ConfigError(f"invalid configuration ({source}):\n" + "\n".join(
+        f"  {line}" for line in errors))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: PyYAML keeps the last one silently, which
+    hides exactly the kind of mistake (two `n_shards:` lines) a config check is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        # Loading from the open file (not a string) makes YAML errors name the file.
+        with path.open(encoding="utf-8") as stream:
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: config file not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if data is None:  # empty file, or only comments
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _section_type(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model class of field `name` when it is a nested section, else None."""
+    annotation = model.model_fields[name].annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str], errors: list[str]) -> dict[str, str]:
+    """Merge `STRATAMQ__A__B=value` into `data["a"]["b"]`; return dotted key -> variable
+    name for the overrides applied (so errors can say where a bad value came from)."""
+    applied: dict[str, str] = {}
+    # Sorted, so that which of two clashing variables gets reported is deterministic.
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX):].lower().split(ENV_SEPARATOR)
+        dotted = ".".join(parts)
+        model: type[BaseModel] | None = Config
+        for depth, part in enumerate(parts):
+            if model is None or part not in model.model_fields:
+                errors.append(f"{name}: unknown key {'.'.join(parts[:depth + 1])!r}"
+                              f"{_suggestion(model, part)}")
+                break
+            model = _section_type(model, part)
+        else:
+            if model is not None:
+                errors.append(f"{name}: {dotted!r} is a section, set one of its keys instead")
+            elif dotted in applied:
+                errors.append(f"{name}: {dotted!r} is already set by {applied[dotted]}")
+            else:
+                _set_path(data, parts, env[name])
+                applied[dotted] = name
+    return applied
+
+
+def _set_path(data: dict[str, Any], parts: list[str], value: str) -> None:
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            # The YAML has a scalar where a section belongs; validation reports that.
+            return
+        node = child
+    node[parts[-1]] = value
+
+
+def _suggestion(model: type[BaseModel] | None, key: object) -> str:
+    if model is None or not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _format_error(err: ErrorDetails, env_sources: Mapping[str, str]) -> str:
+    """One pydantic error as `dotted.key: why (got value)`."""
+    loc = err["loc"]
+    dotted = ""
+    for item in loc:
+        dotted += f"[{item}]" if isinstance(item, int) else (f".{item}" if dotted else item)
+    keys = [item for item in loc if isinstance(item, str)]
+
+    if err["type"] == "extra_forbidden":
+        # Find the section the unknown key sits in, to suggest the closest known key.
+        model: type[BaseModel] | None = Config
+        for part in keys[:-1]:
+            model = _section_type(model, part) if model and part in model.model_fields else None
+        return f"{dotted}: unknown key{_suggestion(model, loc[-1])}"
+
+    if err["type"] == "value_error":
+        why = str(err.get("ctx", {}).get("error"))  # our own message, not pydantic's prefix
+    else:
+        why = f"{err['msg']} (got {_short_repr(err['input'])})"
+    joined = ".".join(keys)
+    for key, variable in env_sources.items():
+        if joined == key or joined.startswith(key + "."):
+            why += f" [from environment variable {variable}]"
+    return f"{dotted or '(top level)'}: {why}"
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,141 @@
+"""The local write buffer of one shard, with group commit.
+
+Messages wait here until `max_items` or `max_bytes` is reached or the oldest has
+waited `flush_interval`; then the shard cooks them into one batch and writes it in
+one RocksDB write, off the event loop. While a write is in flight new messages
+gather for the next one, so many concurrent writers share each write. The messages
+of one `store_batch` call always go into the same cooked batch (atomic per shard)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from ..errors import StorageClosedError
+from . import metrics
+from .message import Message
+from .shard import Shard
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Pending:
+    messages: list[Message]
+    size: int
+    done: asyncio.Future[None] | None
+
+
+class WriteBuffer:
+    def __init__(self, shard: Shard, db_name: str, *, max_items: int, max_bytes: int,
+                 flush_interval: float, executor: Executor, lock: asyncio.Lock) -> None:
+        self._shard = shard
+        self._labels = (db_name, str(shard.shard_id))
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._flush_interval = flush_interval
+        self._executor = executor
+        self._lock = lock
+        self._pending: list[_Pending] = []
+        self._items = 0
+        self._bytes = 0
+        self._oldest_at = 0.0
+        self._wakeup = asyncio.Event()
+        self._full = asyncio.Event()
+        self._closed = False
+        self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
+
+    def add(self, messages: list[Message], size: int, wait: bool) -> asyncio.Future[None] | None:
+        """Queue messages; the future (when `wait`) resolves once they are durable."""
+        if self._closed:
+            raise StorageClosedError("the storage is closing; nothing more is accepted")
+        done = asyncio.get_running_loop().create_future() if wait else None
+        if not self._pending:
+            self._oldest_at = time.monotonic()
+        self._pending.append(_Pending(messages, size, done))
+        self._items += len(messages)
+        self._bytes += size
+        self._wakeup.set()
+        if self._items >= self._max_items or self._bytes >= self._max_bytes:
+            self._full.set()
+        return done
+
+    async def close(self) -> None:
+        """Write what is queued, then stop."""
+        self._closed = True
+        self._full.set()
+        self._wakeup.set()
+        await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            if not self._pending:
+                if self._closed:
+                    return
+                self._wakeup.clear()
+                continue
+            wait = self._oldest_at + self._flush_interval - time.monotonic()
+            if wait > 0 and not self._full.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), wait)
+            await self._flush(self._take())
+
+    def _take(self) -> list[_Pending]:
+        taken: list[_Pending] = []
+        items = 0
+        size = 0
+        while self._pending and (not taken or (items < self._max_items
+                                               and size < self._max_bytes)):
+            entry = self._pending.pop(0)
+            taken.append(entry)
+            items += len(entry.messages)
+            size += entry.size
+        self._items -= items
+        self._bytes -= size
+        self._oldest_at = time.monotonic()
+        if self._items < self._max_items and self._bytes < self._max_bytes:
+            self._full.clear()
+        if not self._pending and not self._closed:
+            self._wakeup.clear()
+        return taken
+
+    async def _flush(self, taken: list[_Pending]) -> None:
+        messages = [message for entry in taken for message in entry.messages]
+        started = time.perf_counter()
+        error: BaseException | None = None
+        cooked = None
+        async with self._lock:
+            try:
+                cooked = self._shard.prepare(messages)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._shard.write, cooked)
+            except Exception as exc:  # handed to every waiting writer below
+                if cooked is not None:
+                    self._shard.forget(cooked)
+                error = exc
+            else:
+                self._shard.apply(cooked)
+        if error is not None or cooked is None:
+            metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
+            log.error("shard %s: batch of %d messages not written: %s",
+                      self._labels, len(messages), error)
+            failure = error or RuntimeError("batch not cooked")
+            _settle(taken, lambda done: done.set_exception(failure))
+            return
+        metrics.BUFFER_BATCHES.labels(*self._labels).inc()
+        metrics.BUFFER_MESSAGES.labels(*self._labels).inc(len(messages))
+        metrics.BUFFER_BYTES.labels(*self._labels).inc(cooked.payload_bytes)
+        metrics.BUFFER_FLUSH_TIME.labels(*self._labels).observe(time.perf_counter() - started)
+        _settle(taken, lambda done: done.set_result(None))
+
+
+def _settle(taken: list[_Pending], settle: Callable[[asyncio.Future[None]], None]) -> None:
+    for entry in taken:
+        if entry.done is not None and not entry.done.done():
+            settle(entry.done)

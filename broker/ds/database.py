@@ -1,0 +1,258 @@
+"""One database (`messages`, `sessions`, `retained`) on this site: its shards, their
+write buffers, and the asyncio operations of the storage API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import zlib
+from collections import Counter, defaultdict
+from concurrent.futures import Executor
+from pathlib import Path
+
+from ..errors import (
+    ConfigError,
+    InvalidIteratorError,
+    InvalidMessageError,
+    PayloadTooLargeError,
+)
+from ..topic import validate_filter, validate_topic
+from . import metrics
+from .buffer import WriteBuffer
+from .generation import GenerationInfo, plan_retention
+from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
+from .layouts import ReadStats
+from .message import Message, decode_message
+from .options import DbOptions
+from .shard import Shard, now_us
+
+log = logging.getLogger(__name__)
+
+DB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_META_FILE = "db.json"
+
+NextResult = tuple[Iterator, list[tuple[bytes, Message]]]
+
+
+def shard_of(client_id: str, n_shards: int) -> int:
+    """Messages are sharded by publisher client id, so a client's messages, its QoS 2
+    records and its session share a shard."""
+    return zlib.crc32(client_id.encode("utf-8")) % n_shards
+
+
+def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
+    meta = path / _META_FILE
+    if meta.exists():
+        stored = json.loads(meta.read_text())
+        if stored["n_shards"] != options.n_shards:
+            raise ConfigError(
+                f"durable_storage.{name}.n_shards: is {options.n_shards} but database "
+                f"{name!r} was created with {stored['n_shards']} shards in {path}; "
+                "n_shards is fixed when a database is created")
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    temporary = meta.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"n_shards": options.n_shards, "format": 1}))
+    temporary.replace(meta)
+
+
+class Database:
+    def __init__(self, name: str, path: Path, options: DbOptions, shards: list[Shard],
+                 executor: Executor) -> None:
+        self.name = name
+        self.path = path
+        self.options = options
+        self.shards = shards
+        self._executor = executor
+        self._locks = [asyncio.Lock() for _ in shards]
+        self._buffers = [
+            WriteBuffer(shard, name, max_items=options.max_items, max_bytes=options.max_bytes,
+                        flush_interval=options.flush_interval, executor=executor, lock=lock)
+            for shard, lock in zip(shards, self._locks, strict=True)]
+        self._reads_in_flight: Counter[tuple[int, int]] = Counter()
+        self._read_finished = asyncio.Condition()
+        self._update_generation_gauges()
+
+    @classmethod
+    async def open(cls, name: str, data_dir: Path, options: DbOptions,
+                   executor: Executor) -> Database:
+        if not DB_NAME.match(name):
+            raise ConfigError(f"database name {name!r}: use lowercase letters, digits and _")
+        if options.n_shards < 1:
+            raise ConfigError(f"durable_storage.{name}.n_shards: must be at least 1")
+        path = data_dir / name
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, _check_stored_options, path, name, options)
+        shards: list[Shard] = []
+        try:
+            for shard_id in range(options.n_shards):
+                shards.append(await loop.run_in_executor(
+                    executor, Shard, path / str(shard_id), shard_id, options.layout,
+                    options.layout_options, options.wildcard_thresholds, options.sync_writes))
+        except BaseException:
+            for shard in shards:
+                shard.close()
+            raise
+        return cls(name, path, options, shards, executor)
+
+    # -- writing ------------------------------------------------------------------
+
+    def _validate(self, message: Message) -> int:
+        validate_topic(message.topic)
+        if len(message.payload) > self.options.max_payload_bytes:
+            raise PayloadTooLargeError(
+                f"payload of {len(message.payload)} bytes on {message.topic!r} is over the "
+                f"limit of {self.options.max_payload_bytes} bytes")
+        if message.qos not in (0, 1, 2):
+            raise InvalidMessageError(f"QoS must be 0, 1 or 2, got {message.qos}")
+        return len(message.payload) + len(message.topic)
+
+    async def store_batch(self, messages: list[Message], sync: bool = True) -> None:
+        """Store messages. With `sync`, return once they are durable (in RocksDB's
+        write-ahead log, fsynced when `sync_writes`). Every message is checked before
+        any is queued, so a bad one means nothing of the call is written."""
+        started = time.perf_counter()
+        by_shard: dict[int, list[Message]] = defaultdict(list)
+        sizes: Counter[int] = Counter()
+        n_shards = self.options.n_shards
+        for message in messages:
+            size = self._validate(message)
+            shard_id = shard_of(message.client_id, n_shards)
+            by_shard[shard_id].append(message)
+            sizes[shard_id] += size
+        waits = [self._buffers[shard_id].add(batch, sizes[shard_id], sync)
+                 for shard_id, batch in by_shard.items()]
+        if sync:
+            await asyncio.gather(*(w for w in waits if w is not None))
+            metrics.STORE_BATCH_TIME.labels(self.name).observe(time.perf_counter() - started)
+
+    # -- reading ------------------------------------------------------------------
+
+    def get_streams(self, topic_filter: str, start_time: int = 0) -> list[tuple[Rank, Stream]]:
+        """The streams that may hold messages matching the filter at or after
+        `start_time` (µs), in rank order."""
+        levels = validate_filter(topic_filter)
+        found: list[tuple[Rank, Stream]] = []
+        for shard in self.shards:
+            for generation in shard.generations.values():
+                if generation.info.until is not None and generation.info.until < start_time:
+                    continue
+                for match in generation.trie.match(levels):
+                    stream = Stream(shard.shard_id, generation.info.id, match.static)
+                    found.append((stream.rank, stream))
+        found.sort(key=lambda pair: (pair[0], pair[1].static))
+        return found
+
+    def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
+        levels = validate_filter(topic_filter)
+        generation = self._shard(stream).generations.get(stream.generation)
+        if generation is None:
+            raise InvalidIteratorError(
+                f"shard {stream.shard} has no generation {stream.generation} (dropped?)")
+        for match in generation.trie.match(levels):
+            if match.static == stream.static:
+                return Iterator(stream, topic_filter, match.pattern, max(start_time - 1, 0))
+        raise InvalidIteratorError(f"filter {topic_filter!r} does not read stream {stream}")
+
+    def _shard(self, stream: Stream) -> Shard:
+        if not 0 <= stream.shard < len(self.shards):
+            raise InvalidIteratorError(
+                f"database {self.name!r} has no shard {stream.shard}")
+        return self.shards[stream.shard]
+
+    async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
+        """Up to `batch_size` messages after the iterator's position, and the iterator
+        moved past them; END_OF_STREAM once a closed generation is read out."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        started = time.perf_counter()
+        stream = iterator.stream
+        shard = self._shard(stream)
+        generation = shard.generations.get(stream.generation)
+        if generation is None:
+            return END_OF_STREAM
+        stats = ReadStats()
+        read_key = (stream.shard, stream.generation)
+        self._reads_in_flight[read_key] += 1
+        try:
+            entries = await asyncio.get_running_loop().run_in_executor(
+                self._executor, shard.read, stream.generation, stream.static, iterator.pattern,
+                iterator.topic_filter.split("/"), iterator.last_timestamp, batch_size, stats)
+        finally:
+            self._reads_in_flight[read_key] -= 1
+            async with self._read_finished:
+                self._read_finished.notify_all()
+        if entries is None or (not entries and not generation.info.is_current):
+            return END_OF_STREAM
+        metrics.LAYOUT_SEEK.labels(self.name).inc(stats.seeks)
+        metrics.LAYOUT_NEXT.labels(self.name).inc(stats.nexts)
+        if stats.hash_collisions:
+            metrics.LAYOUT_HASH_COLLISION.labels(self.name).inc(stats.hash_collisions)
+        metrics.NEXT_TIME.labels(self.name).observe(time.perf_counter() - started)
+        if not entries:
+            return iterator, []
+        messages = [(key, decode_message(value)) for key, value in entries]
+        return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
+
+    # -- generations --------------------------------------------------------------
+
+    async def add_generation(self) -> None:
+        """Start a new generation in every shard; the old ones stop taking writes."""
+        loop = asyncio.get_running_loop()
+        for shard, lock in zip(self.shards, self._locks, strict=True):
+            async with lock:
+                await loop.run_in_executor(self._executor, shard.add_generation)
+        self._update_generation_gauges()
+
+    def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
+        return {(shard.shard_id, generation_id): generation.info
+                for shard in self.shards
+                for generation_id, generation in sorted(shard.generations.items())}
+
+    async def drop_generation(self, shard_id: int, generation_id: int) -> None:
+        """Delete a closed generation of one shard, once reads in flight are done."""
+        if not 0 <= shard_id < len(self.shards):
+            raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            generation = shard.detach_generation(generation_id)
+            async with self._read_finished:
+                await self._read_finished.wait_for(
+                    lambda: not self._reads_in_flight[(shard_id, generation_id)])
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, shard.destroy_generation, generation)
+        self._update_generation_gauges()
+
+    async def apply_retention(self, now: int | None = None) -> tuple[bool, int]:
+        """One pass of the retention rule; returns (generation added, generations
+        dropped)."""
+        at = now_us() if now is None else now
+        retention_us = int(self.options.message_retention_period * 1_000_000)
+        plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us)
+                 for shard in self.shards]
+        added = any(plan.add_generation for plan in plans)
+        if added:
+            await self.add_generation()
+        dropped = 0
+        for shard, plan in zip(self.shards, plans, strict=True):
+            for generation_id in plan.drop:
+                await self.drop_generation(shard.shard_id, generation_id)
+                dropped += 1
+        return added, dropped
+
+    def _update_generation_gauges(self) -> None:
+        for shard in self.shards:
+            metrics.GENERATIONS.labels(self.name, str(shard.shard_id)).set(len(shard.generations))
+
+    def disk_usage(self) -> int:
+        return sum(shard.disk_usage() for shard in self.shards)
+
+    async def close(self) -> None:
+        """Write what the buffers hold, then close every shard."""
+        await asyncio.gather(*(buffer.close() for buffer in self._buffers))
+        loop = asyncio.get_running_loop()
+        for shard in self.shards:
+            await loop.run_in_executor(self._executor, shard.close)

@@ -1,0 +1,112 @@
+"""Streams, ranks and iterators: positions that survive restarts and travel between
+sites as bytes."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from ..errors import InvalidIteratorError
+from ..topic import validate_filter
+from .lts import STATIC_INDEX_BYTES, StaticIndex
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Rank:
+    """Streams with different `x` (shard) replay in parallel; within one `x`, replay
+    in increasing `y` (generation)."""
+
+    x: int
+    y: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    shard: int
+    generation: int
+    static: StaticIndex
+
+    @property
+    def rank(self) -> Rank:
+        return Rank(self.shard, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Iterator:
+    """A position in a stream: the stream, the filter it reads, the varying-level
+    pattern of that filter on this stream, and the last timestamp delivered."""
+
+    stream: Stream
+    topic_filter: str
+    pattern: tuple[str, ...]
+    last_timestamp: int
+
+    def advanced_to(self, timestamp: int) -> Iterator:
+        return Iterator(self.stream, self.topic_filter, self.pattern, timestamp)
+
+    def to_bytes(self) -> bytes:
+        body = b"".join((
+            _HEAD.pack(FORMAT_VERSION, self.stream.shard, self.stream.generation,
+                       self.last_timestamp),
+            self.stream.static,
+            _blob(self.topic_filter.encode("utf-8")),
+            _U16.pack(len(self.pattern)),
+            *(_blob(level.encode("utf-8")) for level in self.pattern),
+        ))
+        return body + _U32.pack(zlib.crc32(body))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Iterator:
+        try:
+            body, (checksum,) = raw[:-4], _U32.unpack(raw[-4:])
+            if zlib.crc32(body) != checksum:
+                raise ValueError("checksum mismatch")
+            version, shard, generation, last_timestamp = _HEAD.unpack_from(body)
+            if version != FORMAT_VERSION:
+                raise ValueError(f"unknown iterator version {version}")
+            pos = _HEAD.size
+            static = body[pos:pos + STATIC_INDEX_BYTES]
+            pos += STATIC_INDEX_BYTES
+            topic_filter, pos = _read_blob(body, pos)
+            (count,) = _U16.unpack_from(body, pos)
+            pos += 2
+            pattern = []
+            for _ in range(count):
+                level, pos = _read_blob(body, pos)
+                pattern.append(level.decode("utf-8"))
+            if pos != len(body) or len(static) != STATIC_INDEX_BYTES:
+                raise ValueError("length mismatch")
+            text_filter = topic_filter.decode("utf-8")
+            validate_filter(text_filter)
+        except Exception as exc:  # any failure to decode means the bytes are corrupt
+            raise InvalidIteratorError(f"iterator does not decode: {exc}") from exc
+        return cls(Stream(shard, generation, static), text_filter, tuple(pattern),
+                   last_timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfStream:
+    """The stream is complete: its generation is closed (or dropped) and read out."""
+
+
+END_OF_STREAM = EndOfStream()
+
+_HEAD = struct.Struct(">BIIQ")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
+def _blob(data: bytes) -> bytes:
+    return _U32.pack(len(data)) + data
+
+
+def _read_blob(raw: bytes, pos: int) -> tuple[bytes, int]:
+    (length,) = _U32.unpack_from(raw, pos)
+    pos += 4
+    data = raw[pos:pos + length]
+    if len(data) != length:
+        raise ValueError("truncated")
+    return data, pos + length

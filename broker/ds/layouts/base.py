@@ -1,0 +1,51 @@
+"""What a storage layout is: how one generation turns messages into RocksDB keys and
+how it reads a stream back. A generation records its layout's name and options, so
+a new layout is a new generation and old data is never migrated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..lts import StaticIndex, TopicKey
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """Work a read did; feeds the `stratamq_ds_layout_*` counters."""
+
+    seeks: int = 0
+    nexts: int = 0
+    hash_collisions: int = 0
+
+
+class KeyValueReader(Protocol):
+    """The slice of a rocksdict column family a layout reads through."""
+
+    def iter(self, read_opt: Any = ...) -> Any: ...
+
+    def items(self, backwards: bool = ..., from_key: Any = ..., read_opt: Any = ...) -> Any: ...
+
+    def get(self, key: Any, default: Any = ...) -> Any: ...
+
+
+class Layout(Protocol):
+    name: str
+
+    def options(self) -> dict[str, Any]:
+        """What the generation records to reopen the layout the same way."""
+        ...
+
+    def encode(self, key: TopicKey, timestamp: int, value: bytes) -> list[tuple[bytes, bytes]]:
+        """The RocksDB entries (key, value) that store one message."""
+        ...
+
+    def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],
+             filter_levels: list[str], after: int, batch_size: int,
+             stats: ReadStats) -> list[tuple[bytes, bytes]]:
+        """Up to `batch_size` (data key, stored message) of one stream with a
+        timestamp greater than `after`, in timestamp order, matching the filter."""
+        ...
+
+    def timestamp_of(self, data_key: bytes) -> int:
+        ...

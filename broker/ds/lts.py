@@ -1,0 +1,244 @@
+"""Learned topic structure (LTS): a trie learned from the topics a shard sees.
+
+Each trie state has an id. Edges are labelled with a topic level, with `+` (the
+learned wildcard) or with END (end of topic). While a state has fewer exact edges
+than the threshold for its depth, a new level becomes a new exact edge; once it has
+reached the threshold, the state grows a `+` edge and every later unknown level goes
+through it and becomes a *varying* level. A topic maps to `(static index, varying
+levels)`: the id of the END state its walk reaches, and the levels taken through
+`+` edges. The static index names a stream.
+
+Ids are derived from the parent id and the edge label, so two replicas that learn
+the same topics in the same order build identical tries, and re-adding an edge is
+harmless. After the algorithm of EMQX's `emqx_ds_lts` (read, not copied)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+StaticIndex = bytes
+STATIC_INDEX_BYTES = 8
+
+PLUS = "+"
+# U+0000 can never appear in an MQTT topic level, so it cannot clash with one.
+END = "\x00"
+
+# Topic caches are bounded so a flood of distinct topics cannot grow memory forever.
+TOPIC_CACHE_LIMIT = 100_000
+
+
+def child_id(parent: StaticIndex, label: str) -> StaticIndex:
+    return hashlib.blake2b(parent + label.encode("utf-8"), digest_size=STATIC_INDEX_BYTES).digest()
+
+
+# `$`-topics live under their own root so that `+` and `#` at the first level never
+# reach them (MQTT 5.0 section 4.7.2).
+ROOT = child_id(b"", "root")
+DOLLAR_ROOT = child_id(b"", "$root")
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    parent: StaticIndex
+    label: str
+    child: StaticIndex
+
+
+@dataclass(frozen=True, slots=True)
+class TopicKey:
+    static: StaticIndex
+    varying: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMatch:
+    """A stream a filter needs: its static index, and for each varying level either
+    the concrete level the filter asks for or `+` for any."""
+
+    static: StaticIndex
+    pattern: tuple[str, ...]
+
+
+def root_for(first_level: str) -> StaticIndex:
+    return DOLLAR_ROOT if first_level.startswith("$") else ROOT
+
+
+class Trie:
+    """The learned structure of one generation of one shard. Pure: persistence is
+    the caller's, through `edges()` and `add_edge`."""
+
+    def __init__(self, thresholds: Sequence[int]) -> None:
+        if not thresholds or any(t < 1 for t in thresholds):
+            raise ValueError(f"wildcard thresholds must be positive integers: {thresholds!r}")
+        self.thresholds = tuple(thresholds)
+        self._children: dict[StaticIndex, dict[str, StaticIndex]] = {}
+        # exact edges per state, kept apart so the threshold test is O(1)
+        self._exact_count: dict[StaticIndex, int] = {}
+        self._topic_cache: dict[str, TopicKey] = {}
+
+    # -- building -----------------------------------------------------------------
+
+    def threshold(self, depth: int) -> int:
+        return self.thresholds[min(depth, len(self.thresholds) - 1)]
+
+    def add_edge(self, edge: Edge) -> bool:
+        """Add an edge; returns False when it was already there."""
+        children = self._children.setdefault(edge.parent, {})
+        if edge.label in children:
+            return False
+        children[edge.label] = edge.child
+        if edge.label not in (PLUS, END):
+            self._exact_count[edge.parent] = self._exact_count.get(edge.parent, 0) + 1
+        return True
+
+    def remove_edges(self, edges: Iterable[Edge]) -> None:
+        """Undo edges learned by a batch whose commit failed."""
+        for edge in edges:
+            children = self._children.get(edge.parent)
+            if children is not None and children.pop(edge.label, None) is not None \
+                    and edge.label not in (PLUS, END):
+                self._exact_count[edge.parent] -= 1
+        self._topic_cache.clear()
+
+    def edges(self) -> Iterator[Edge]:
+        for parent, children in self._children.items():
+            for label, child in children.items():
+                yield Edge(parent, label, child)
+
+    def __len__(self) -> int:
+        return sum(len(children) for children in self._children.values())
+
+    def _learn(self, parent: StaticIndex, label: str, learned: list[Edge]) -> StaticIndex:
+        edge = Edge(parent, label, child_id(parent, label))
+        self.add_edge(edge)
+        learned.append(edge)
+        return edge.child
+
+    def topic_key(self, levels: Sequence[str], learned: list[Edge]) -> TopicKey:
+        """Map a topic to its key, learning as needed; new edges are appended to
+        `learned` so the caller can persist them with the data that needs them."""
+        topic = "/".join(levels)
+        cached = self._topic_cache.get(topic)
+        if cached is not None:
+            return cached
+        state = root_for(levels[0])
+        varying: list[str] = []
+        for depth, level in enumerate(levels):
+            children = self._children.get(state)
+            if children is not None and level in children:
+                state = children[level]
+            elif children is not None and PLUS in children:
+                state = children[PLUS]
+                varying.append(level)
+            elif self._exact_count.get(state, 0) < self.threshold(depth):
+                state = self._learn(state, level, learned)
+            else:
+                state = self._learn(state, PLUS, learned)
+                varying.append(level)
+        children = self._children.get(state)
+        if children is not None and END in children:
+            static = children[END]
+        else:
+            static = self._learn(state, END, learned)
+        key = TopicKey(static, tuple(varying))
+        if len(self._topic_cache) >= TOPIC_CACHE_LIMIT:
+            self._topic_cache.clear()
+        self._topic_cache[topic] = key
+        return key
+
+    def lookup(self, levels: Sequence[str]) -> TopicKey | None:
+        """The key of a topic without learning; None if the trie has never seen it."""
+        state = root_for(levels[0])
+        varying: list[str] = []
+        for level in levels:
+            children = self._children.get(state)
+            if children is None:
+                return None
+            if level in children:
+                state = children[level]
+            elif PLUS in children:
+                state = children[PLUS]
+                varying.append(level)
+            else:
+                return None
+        static = self._children.get(state, {}).get(END)
+        return None if static is None else TopicKey(static, tuple(varying))
+
+    # -- matching -----------------------------------------------------------------
+
+    def match(self, filter_levels: Sequence[str]) -> list[StreamMatch]:
+        """The streams whose topics may match a (validated) topic filter."""
+        found: list[StreamMatch] = []
+        first = filter_levels[0]
+        root = ROOT if first in (PLUS, "#") else root_for(first)
+        # Iterative walk: a filter may have up to 65535 levels, more than Python's stack.
+        stack: list[tuple[StaticIndex, int, tuple[str, ...]]] = [(root, 0, ())]
+        while stack:
+            state, depth, pattern = stack.pop()
+            children = self._children.get(state)
+            if children is None:
+                continue
+            if depth == len(filter_levels):
+                if END in children:
+                    found.append(StreamMatch(children[END], pattern))
+                continue
+            level = filter_levels[depth]
+            if level == "#":
+                self._collect_all(state, pattern, found)
+            elif level == PLUS:
+                for label, child in children.items():
+                    if label == PLUS:
+                        stack.append((child, depth + 1, (*pattern, PLUS)))
+                    elif label != END:
+                        stack.append((child, depth + 1, pattern))
+            elif level in children:
+                # An exact edge, once it exists, takes every topic with this level:
+                # `+` edges are only grown after exact ones stop being added.
+                stack.append((children[level], depth + 1, pattern))
+            elif PLUS in children:
+                stack.append((children[PLUS], depth + 1, (*pattern, level)))
+        return found
+
+    def _collect_all(self, state: StaticIndex, pattern: tuple[str, ...],
+                     found: list[StreamMatch]) -> None:
+        stack = [(state, pattern)]
+        while stack:
+            current, current_pattern = stack.pop()
+            for label, child in self._children.get(current, {}).items():
+                if label == END:
+                    found.append(StreamMatch(child, current_pattern))
+                elif label == PLUS:
+                    stack.append((child, (*current_pattern, PLUS)))
+                else:
+                    stack.append((child, current_pattern))
+
+    # -- generations --------------------------------------------------------------
+
+    def wildcard_paths(self) -> list[Edge]:
+        """The edges on paths that lead through a `+` edge: what a new generation
+        inherits, so streams learned as wildcards stay wildcards."""
+        keep: dict[Edge, None] = {}
+        stack: list[tuple[StaticIndex, tuple[Edge, ...], bool]] = [
+            (ROOT, (), False), (DOLLAR_ROOT, (), False)]
+        while stack:
+            state, path, through_plus = stack.pop()
+            for label, child in self._children.get(state, {}).items():
+                edge = Edge(state, label, child)
+                if label != END:
+                    stack.append((child, (*path, edge), through_plus or label == PLUS))
+                elif through_plus:
+                    keep.update(dict.fromkeys((*path, edge)))
+        return list(keep)
+
+    def static_path(self, static: StaticIndex) -> list[str] | None:
+        """The labels from a root to a static index (for diagnostics and tests)."""
+        parents = {child: (parent, label) for parent, children in self._children.items()
+                   for label, child in children.items()}
+        labels: list[str] = []
+        state = static
+        while state in parents:
+            state, label = parents[state]
+            labels.append(label)
+        return list(reversed(labels)) if state in (ROOT, DOLLAR_ROOT) else None

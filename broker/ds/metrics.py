@@ -1,0 +1,34 @@
+"""Storage metrics (prometheus-client), named after EMQX's `emqx_ds_builtin_metrics`
+where they map. Labels are the database and the shard."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LABELS = ("db", "shard")
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0)
+
+BUFFER_BATCHES = Counter("stratamq_ds_buffer_batches", "Write-buffer flushes committed",
+                         _LABELS)
+BUFFER_BATCHES_FAILED = Counter("stratamq_ds_buffer_batches_failed",
+                                "Write-buffer flushes whose commit failed", _LABELS)
+BUFFER_MESSAGES = Counter("stratamq_ds_buffer_messages", "Messages committed from the buffer",
+                          _LABELS)
+BUFFER_BYTES = Counter("stratamq_ds_buffer_bytes", "Payload bytes committed from the buffer",
+                       _LABELS)
+BUFFER_FLUSH_TIME = Histogram("stratamq_ds_buffer_flush_time_seconds",
+                              "Time to cook and commit one buffer flush", _LABELS,
+                              buckets=_LATENCY_BUCKETS)
+STORE_BATCH_TIME = Histogram("stratamq_ds_store_batch_time_seconds",
+                             "Time from store_batch to durable, per call", ("db",),
+                             buckets=_LATENCY_BUCKETS)
+NEXT_TIME = Histogram("stratamq_ds_next_time_seconds", "Time of one iterator next call",
+                      ("db",), buckets=_LATENCY_BUCKETS)
+LAYOUT_SEEK = Counter("stratamq_ds_layout_seek", "RocksDB seeks made by layout reads",
+                      ("db",))
+LAYOUT_NEXT = Counter("stratamq_ds_layout_next", "Entries stepped over by layout reads",
+                      ("db",))
+LAYOUT_HASH_COLLISION = Counter("stratamq_ds_layout_hash_collision",
+                                "Index hits whose topic did not match the filter", ("db",))
+GENERATIONS = Gauge("stratamq_ds_generations", "Generations held by a shard", _LABELS)

@@ -1,0 +1,25 @@
+"""Per-database options of the storage engine (the config file's
+`durable_storage.<db>` section, converted by the broker's shell)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_MQTT_PAYLOAD = 268_435_455
+
+
+@dataclass(frozen=True, slots=True)
+class DbOptions:
+    n_shards: int = 16
+    layout: str = "wildcard_optimized_v2"
+    layout_options: dict[str, Any] = field(default_factory=dict)
+    wildcard_thresholds: tuple[int, ...] = (100, 10)
+    max_items: int = 1000
+    flush_interval: float = 0.010
+    max_bytes: int = 16 * 1024 * 1024
+    # False: a batch is durable once in RocksDB's write-ahead log (survives a process
+    # crash). True: the log is also fsynced (survives power loss).
+    sync_writes: bool = False
+    max_payload_bytes: int = MAX_MQTT_PAYLOAD
+    message_retention_period: float = 86_400.0

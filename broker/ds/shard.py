@@ -1,0 +1,250 @@
+"""One shard of one database on this site: a RocksDB instance with a column-family
+pair (data, trie) per generation and a metadata family for the generation table.
+
+Methods that touch RocksDB block and are called from the storage's executor; the
+in-memory state (tries, next timestamp) is only changed on the event loop, by
+`prepare` and `apply`."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from ..errors import CorruptDataError, GenerationError
+from ..topic import validate_topic
+from .cooked import CookedBatch
+from .generation import GenerationInfo
+from .layouts import Layout, ReadStats, make_layout
+from .lts import Edge, Trie
+from .message import Message, encode_message
+
+_GENERATION_PREFIX = b"gen/"
+_LAST_TIMESTAMP_KEY = b"last_timestamp"
+_U64 = struct.Struct(">Q")
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _generation_key(generation_id: int) -> bytes:
+    return _GENERATION_PREFIX + b"%010d" % generation_id
+
+
+def _raw_options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+def _as_bytes(value: object) -> bytes:
+    """rocksdict is typed for every value kind; a raw-mode database holds only bytes."""
+    if not isinstance(value, bytes):
+        raise CorruptDataError(f"expected bytes in a raw-mode database, got {type(value)}")
+    return value
+
+
+def _edge_key(edge: Edge) -> bytes:
+    return edge.parent + edge.label.encode("utf-8")
+
+
+@dataclass(slots=True)
+class Generation:
+    info: GenerationInfo
+    layout: Layout
+    trie: Trie
+    data: Rdict
+
+
+class Shard:
+    def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
+                 thresholds: Sequence[int], sync_writes: bool) -> None:
+        """Open (or create) the shard at `path`. Blocking."""
+        self.path = path
+        self.shard_id = shard_id
+        self.thresholds = tuple(thresholds)
+        self._new_layout = (layout, dict(layout_options))
+        make_layout(layout, dict(layout_options))  # fail early on a bad configuration
+        path.mkdir(parents=True, exist_ok=True)
+        existing = Rdict.list_cf(str(path), Options(raw_mode=True)) \
+            if (path / "CURRENT").exists() else ["default"]
+        self._db = Rdict(str(path), _raw_options(),
+                         column_families={name: Options(raw_mode=True) for name in existing
+                                          if name != "default"})
+        self._write_options = WriteOptions()
+        self._write_options.sync = sync_writes
+        self.generations: dict[int, Generation] = {}
+        self._load_generations(existing)
+        stored = self._db.get(_LAST_TIMESTAMP_KEY)
+        self.last_timestamp = _U64.unpack(stored)[0] if stored is not None else 0
+        self._next_timestamp = self.last_timestamp + 1
+        if not self.generations:
+            self._create_generation(previous=None)
+
+    # -- generations --------------------------------------------------------------
+
+    def _load_generations(self, column_families: list[str]) -> None:
+        for key, raw in self._db.items(from_key=_GENERATION_PREFIX):
+            if not _as_bytes(key).startswith(_GENERATION_PREFIX):
+                break
+            info = GenerationInfo.from_json(_as_bytes(raw))
+            self.generations[info.id] = self._open_generation(info)
+        known = {name for g in self.generations.values()
+                 for name in (g.info.data_column_family(), g.info.trie_column_family())}
+        # Families left behind by a crash between creating them and recording the
+        # generation (or between forgetting it and dropping them).
+        for name in column_families:
+            if name != "default" and name not in known:
+                self._db.drop_column_family(name)
+
+    def _open_generation(self, info: GenerationInfo) -> Generation:
+        trie = Trie(self.thresholds)
+        for key, child in self._db.get_column_family(info.trie_column_family()).items():
+            raw_key = _as_bytes(key)
+            trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), _as_bytes(child)))
+        return Generation(info, make_layout(info.layout, dict(info.layout_options)), trie,
+                          self._db.get_column_family(info.data_column_family()))
+
+    @property
+    def current(self) -> Generation:
+        return self.generations[max(self.generations)]
+
+    def _create_generation(self, previous: Generation | None) -> GenerationInfo:
+        at = max(now_us(), self.last_timestamp + 1)
+        new_id = previous.info.id + 1 if previous else 1
+        layout, layout_options = self._new_layout
+        info = GenerationInfo(new_id, layout, layout_options, created_at=at, since=at)
+        for name in (info.data_column_family(), info.trie_column_family()):
+            self._db.create_column_family(name, Options(raw_mode=True))
+        inherited = previous.trie.wildcard_paths() if previous else []
+        batch = WriteBatch(raw_mode=True)
+        trie_family = self._db.get_column_family_handle(info.trie_column_family())
+        for edge in inherited:
+            batch.put(_edge_key(edge), edge.child, trie_family)
+        if previous is not None:
+            previous.info = previous.info.closed(at)
+            batch.put(_generation_key(previous.info.id), previous.info.to_json())
+        batch.put(_generation_key(info.id), info.to_json())
+        self._db.write(batch, self._write_options)
+        generation = self._open_generation(info)
+        self.generations[info.id] = generation
+        return info
+
+    def add_generation(self) -> GenerationInfo:
+        """Close the current generation and start a new one. Blocking."""
+        return self._create_generation(self.current)
+
+    def detach_generation(self, generation_id: int) -> Generation:
+        """Take a closed generation out of the table, so no new read starts on it.
+        The caller waits for reads in flight, then calls `destroy_generation`."""
+        generation = self.generations.get(generation_id)
+        if generation is None:
+            raise GenerationError(f"shard {self.shard_id} has no generation {generation_id}")
+        if generation.info.is_current:
+            raise GenerationError(
+                f"generation {generation_id} of shard {self.shard_id} is current; "
+                "add a generation before dropping it")
+        del self.generations[generation_id]
+        return generation
+
+    def destroy_generation(self, generation: Generation) -> None:
+        """Forget a detached generation on disk and drop its data. Blocking."""
+        self._db.delete(_generation_key(generation.info.id), self._write_options)
+        generation.data.close()
+        for name in (generation.info.data_column_family(), generation.info.trie_column_family()):
+            self._db.drop_column_family(name)
+
+    def drop_generation(self, generation_id: int) -> None:
+        """Detach and destroy at once, for callers with no concurrent readers."""
+        self.destroy_generation(self.detach_generation(generation_id))
+
+    # -- writing ------------------------------------------------------------------
+
+    def prepare(self, messages: Sequence[Message]) -> CookedBatch:
+        """Cook a batch: timestamps, learned topic structure, encoded keys. Changes
+        only memory; `write` makes it durable. Call `forget` if the write fails."""
+        generation = self.current
+        layout = generation.layout
+        trie = generation.trie
+        learned: list[Edge] = []
+        entries: list[tuple[bytes, bytes]] = []
+        timestamp = max(now_us(), self._next_timestamp)
+        payload_bytes = 0
+        for message in messages:
+            key = trie.topic_key(validate_topic(message.topic), learned)
+            message.timestamp = timestamp
+            entries += layout.encode(key, timestamp, encode_message(message))
+            payload_bytes += len(message.payload)
+            timestamp += 1
+        self._next_timestamp = timestamp
+        return CookedBatch(self.shard_id, generation.info.id, timestamp - 1, len(messages),
+                           payload_bytes, entries, learned)
+
+    def forget(self, cooked: CookedBatch) -> None:
+        """Undo what `prepare` learned, after its write failed."""
+        generation = self.generations.get(cooked.generation)
+        if generation is not None:
+            generation.trie.remove_edges(cooked.edges)
+
+    def write(self, cooked: CookedBatch) -> None:
+        """Write a cooked batch, data and trie in one atomic RocksDB batch. Blocking.
+        Writing the same cooked batch again is harmless."""
+        generation = self.generations.get(cooked.generation)
+        if generation is None:
+            raise GenerationError(
+                f"shard {self.shard_id} has no generation {cooked.generation} to write to")
+        batch = WriteBatch(raw_mode=True)
+        data_family = self._db.get_column_family_handle(generation.info.data_column_family())
+        for key, value in cooked.entries:
+            batch.put(key, value, data_family)
+        if cooked.edges:
+            trie_family = self._db.get_column_family_handle(generation.info.trie_column_family())
+            for edge in cooked.edges:
+                batch.put(_edge_key(edge), edge.child, trie_family)
+        batch.put(_LAST_TIMESTAMP_KEY,
+                  _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
+        self._db.write(batch, self._write_options)
+
+    def apply(self, cooked: CookedBatch) -> None:
+        """Bring memory in line with a written cooked batch (a replica learns the
+        leader's edges here; on the leader they are already known)."""
+        generation = self.generations.get(cooked.generation)
+        if generation is not None:
+            for edge in cooked.edges:
+                generation.trie.add_edge(edge)
+        self.last_timestamp = max(self.last_timestamp, cooked.last_timestamp)
+        self._next_timestamp = max(self._next_timestamp, self.last_timestamp + 1)
+
+    def commit(self, cooked: CookedBatch) -> None:
+        """Write and apply: what a replica does with a batch the leader cooked."""
+        self.write(cooked)
+        self.apply(cooked)
+
+    # -- reading ------------------------------------------------------------------
+
+    def read(self, generation_id: int, static: bytes, pattern: tuple[str, ...],
+             filter_levels: list[str], after: int, batch_size: int,
+             stats: ReadStats) -> list[tuple[bytes, bytes]] | None:
+        """Read one stream; None when the generation no longer exists. Blocking."""
+        generation = self.generations.get(generation_id)
+        if generation is None:
+            return None
+        return generation.layout.read(generation.data, static, pattern, filter_levels, after,
+                                      batch_size, stats)
+
+    def disk_usage(self) -> int:
+        return sum(entry.stat().st_size for entry in os.scandir(self.path) if entry.is_file())
+
+    def close(self) -> None:
+        for generation in self.generations.values():
+            generation.data.close()
+        self.generations.clear()
+        self._db.close()
+

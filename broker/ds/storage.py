@@ -1,0 +1,125 @@
+"""The durable storage of one site: the asyncio API the broker (and later the
+replication layer) uses, modelled on `emqx_ds`.
+
+    storage = DurableStorage(data_dir)
+    await storage.open_db("messages", DbOptions(n_shards=16))
+    await storage.store_batch("messages", [Message("a/b", b"hi", client_id="c1")])
+    for rank, stream in storage.get_streams("messages", "a/+", start_time=0):
+        iterator = storage.make_iterator("messages", stream, "a/+", 0)
+        result = await storage.next("messages", iterator, batch_size=100)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..errors import StorageClosedError, UnknownDatabaseError
+from .database import Database, NextResult
+from .generation import GenerationInfo
+from .iterator import EndOfStream, Iterator, Rank, Stream
+from .message import Message
+from .options import DbOptions
+
+log = logging.getLogger(__name__)
+
+# RocksDB releases the GIL while it reads and writes, so a few threads overlap I/O;
+# more would only contend on 2 cores.
+DEFAULT_IO_THREADS = 4
+
+
+class DurableStorage:
+    def __init__(self, data_dir: str | Path, io_threads: int = DEFAULT_IO_THREADS) -> None:
+        self.data_dir = Path(data_dir)
+        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="ds-io")
+        self._databases: dict[str, Database] = {}
+        self._retention_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- databases ----------------------------------------------------------------
+
+    async def open_db(self, name: str, options: DbOptions | None = None) -> Database:
+        """Open (creating on first use) a database. Opening an open one returns it."""
+        if self._closed:
+            raise StorageClosedError("the storage is closed")
+        if name in self._databases:
+            return self._databases[name]
+        database = await Database.open(name, self.data_dir, options or DbOptions(),
+                                       self._executor)
+        self._databases[name] = database
+        return database
+
+    def db(self, name: str) -> Database:
+        database = self._databases.get(name)
+        if database is None:
+            raise UnknownDatabaseError(
+                f"no database {name!r} is open (open: {', '.join(sorted(self._databases))})")
+        return database
+
+    @property
+    def databases(self) -> dict[str, Database]:
+        return dict(self._databases)
+
+    # -- the emqx_ds-shaped API ---------------------------------------------------
+
+    async def store_batch(self, db: str, messages: list[Message], sync: bool = True) -> None:
+        await self.db(db).store_batch(messages, sync)
+
+    def get_streams(self, db: str, topic_filter: str,
+                    start_time: int = 0) -> list[tuple[Rank, Stream]]:
+        return self.db(db).get_streams(topic_filter, start_time)
+
+    def make_iterator(self, db: str, stream: Stream, topic_filter: str,
+                      start_time: int = 0) -> Iterator:
+        return self.db(db).make_iterator(stream, topic_filter, start_time)
+
+    async def next(self, db: str, iterator: Iterator,
+                   batch_size: int) -> NextResult | EndOfStream:
+        return await self.db(db).next(iterator, batch_size)
+
+    async def add_generation(self, db: str) -> None:
+        await self.db(db).add_generation()
+
+    def list_generations(self, db: str) -> dict[tuple[int, int], GenerationInfo]:
+        return self.db(db).list_generations()
+
+    async def drop_generation(self, db: str, shard: int, generation: int) -> None:
+        await self.db(db).drop_generation(shard, generation)
+
+    # -- retention ----------------------------------------------------------------
+
+    def start_retention(self, check_interval: float) -> None:
+        """Run the retention rule of every open database every `check_interval` s."""
+        if self._retention_task is None:
+            self._retention_task = asyncio.create_task(self._retention_loop(check_interval),
+                                                       name="ds-retention")
+
+    async def _retention_loop(self, check_interval: float) -> None:
+        while True:
+            await asyncio.sleep(check_interval)
+            for database in list(self._databases.values()):
+                try:
+                    added, dropped = await database.apply_retention()
+                except Exception:  # one failed pass must not end retention for good
+                    log.exception("retention pass on %r failed", database.name)
+                    continue
+                if added or dropped:
+                    log.info("retention on %r: %s a generation, dropped %d", database.name,
+                             "added" if added else "did not add", dropped)
+
+    async def close(self) -> None:
+        """Flush every write buffer and close every database."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+        for database in self._databases.values():
+            await database.close()
+        self._databases.clear()
+        self._executor.shutdown(wait=True)
