@@ -138,7 +138,7 @@ class Database:
         found: list[tuple[Rank, Stream]] = []
         for shard in self.shards:
             for generation in shard.generations.values():
-                if generation.info.until is not None and generation.info.until < start_time:
+                if generation.info.until is not None and generation.info.until <= start_time:
                     continue
                 for match in generation.trie.match(levels):
                     stream = Stream(shard.shard_id, generation.info.id, match.static)

@@ -1,0 +1,40 @@
+"""A process that writes batches until it is killed; used by the crash-safety test.
+
+Prints `acked <writer> <batch>` once the store_batch of that batch has returned, so
+the test knows exactly what the storage promised."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from stratamq.broker.ds import DbOptions, DurableStorage, Message
+
+OPTIONS = DbOptions(n_shards=4, flush_interval=0.002, wildcard_thresholds=(5, 3))
+
+
+def batch_messages(run_id: int, writer: int, batch: int) -> list[Message]:
+    return [Message(f"crash/w{writer}/t{(batch * 7 + i) % 11}",
+                    f"{run_id}:{writer}:{batch}:{i}".encode(), client_id=f"w{writer}", qos=1)
+            for i in range(5)]
+
+
+async def main(data_dir: str, run_id: int) -> None:
+    storage = DurableStorage(data_dir)
+    await storage.open_db("messages", OPTIONS)
+    print("ready", flush=True)
+
+    async def writer(number: int) -> None:
+        batch = 0
+        while True:
+            await storage.store_batch("messages", batch_messages(run_id, number, batch))
+            print(f"acked {number} {batch}", flush=True)
+            batch += 1
+            if number == 0 and batch % 50 == 0:
+                await storage.add_generation("messages")
+
+    await asyncio.gather(*(writer(n) for n in range(8)))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))

@@ -1,0 +1,39 @@
+"""Helpers shared by the tests (imported as `tests.support`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from stratamq.broker.ds import END_OF_STREAM, DurableStorage, EndOfStream, Message
+
+T = TypeVar("T")
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine on a fresh event loop (no plugin needed)."""
+    return asyncio.run(coroutine)
+
+
+async def read_filter(storage: DurableStorage, db: str, topic_filter: str,
+                      start_time: int = 0, batch_size: int = 7) -> list[Message]:
+    """Every message matching the filter, stream by stream in rank order, the way a
+    session replays."""
+    found: list[Message] = []
+    for _rank, stream in storage.get_streams(db, topic_filter, start_time):
+        iterator = storage.make_iterator(db, stream, topic_filter, start_time)
+        while True:
+            result = await storage.next(db, iterator, batch_size)
+            if isinstance(result, EndOfStream):
+                break
+            iterator, batch = result
+            if not batch:
+                break
+            found.extend(message for _key, message in batch)
+    return found
+
+
+def assert_not_end(result: object) -> Any:
+    assert result is not END_OF_STREAM, "unexpected end of stream"
+    return result

@@ -1,0 +1,151 @@
+"""The learned topic structure: learning, matching, determinism, inheritance."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stratamq.broker.ds.lts import END, PLUS, Edge, Trie
+
+
+def learn(trie: Trie, *topics: str) -> list[Edge]:
+    learned: list[Edge] = []
+    for topic in topics:
+        trie.topic_key(topic.split("/"), learned)
+    return learned
+
+
+def test_worked_example_ten_concrete_streams_and_one_wildcard() -> None:
+    trie = Trie([100, 10])
+    learn(trie, *(f"sensor/d{n}/temp" for n in range(1, 13)))
+
+    matches = trie.match("sensor/+/temp".split("/"))
+    assert len(matches) == 11
+    wildcard = [m for m in matches if m.pattern == (PLUS,)]
+    concrete = [m for m in matches if m.pattern == ()]
+    assert len(wildcard) == 1 and len(concrete) == 10
+    assert trie.static_path(wildcard[0].static) == ["sensor", PLUS, "temp", END]
+
+    (d42,) = trie.match("sensor/d42/temp".split("/"))
+    assert d42.static == wildcard[0].static
+    assert d42.pattern == ("d42",)
+    key = trie.lookup("sensor/d42/temp".split("/"))
+    assert key is not None and key.varying == ("d42",)
+    # the first ten were learned as exact levels
+    assert trie.lookup("sensor/d3/temp".split("/")).varying == ()  # type: ignore[union-attr]
+    # d11 and d12 arrived after the threshold and are varying
+    assert trie.lookup("sensor/d11/temp".split("/")).varying == ("d11",)  # type: ignore[union-attr]
+
+
+def test_exact_edge_is_preferred_over_plus() -> None:
+    trie = Trie([2])
+    learn(trie, "a/x", "a/y", "a/z")  # z goes through +
+    (only_x,) = trie.match(["a", "x"])
+    assert only_x.pattern == ()
+    (z,) = trie.match(["a", "z"])
+    assert z.pattern == ("z",)
+
+
+def test_thresholds_are_per_depth() -> None:
+    trie = Trie([3, 1])
+    learn(trie, "r1/a", "r2/a", "r3/a", "r4/a", "r1/b")
+    assert trie.lookup(["r4", "a"]).varying == ("r4",)  # type: ignore[union-attr]
+    assert trie.lookup(["r1", "b"]).varying == ("b",)  # type: ignore[union-attr]
+
+
+def test_dollar_topics_have_their_own_root() -> None:
+    trie = Trie([100, 10])
+    learn(trie, "$SYS/broker/uptime", "a/broker/uptime")
+    assert len(trie.match(["#"])) == 1
+    assert len(trie.match(["+", "broker", "uptime"])) == 1
+    assert len(trie.match(["$SYS", "#"])) == 1
+    assert len(trie.match(["$SYS", "+", "uptime"])) == 1
+
+
+def test_hash_matches_parent_level() -> None:
+    trie = Trie([100, 10])
+    learn(trie, "sport", "sport/tennis", "sport/tennis/player1")
+    assert len(trie.match(["sport", "#"])) == 3
+    assert len(trie.match(["sport", "+"])) == 1
+    assert len(trie.match(["sport"])) == 1
+    assert trie.match(["sports"]) == []
+
+
+def test_same_topics_build_identical_tries() -> None:
+    topics = [f"f{a}/l{b}/x" for a in range(20) for b in range(15)]
+    one, two = Trie([10, 5]), Trie([10, 5])
+    learned_one, learned_two = learn(one, *topics), learn(two, *topics)
+    assert learned_one == learned_two
+    assert set(one.edges()) == set(two.edges())
+
+
+def test_replica_applying_learned_edges_gets_the_same_keys() -> None:
+    leader, replica = Trie([3]), Trie([3])
+    learned = learn(leader, "a", "b", "c", "d", "e")
+    for edge in learned:
+        replica.add_edge(edge)
+        replica.add_edge(edge)  # applying twice is harmless
+    for topic in "abcde":
+        assert leader.lookup([topic]) == replica.lookup([topic])
+
+
+def test_removed_edges_are_forgotten() -> None:
+    trie = Trie([100, 10])
+    learned = learn(trie, "a/b")
+    trie.remove_edges(learned)
+    assert trie.lookup(["a", "b"]) is None
+    assert len(trie) == 0
+
+
+def test_new_generation_inherits_only_wildcard_paths() -> None:
+    old = Trie([100, 2])
+    learn(old, "s/a/t", "s/b/t", "s/c/t", "plain/topic")
+    new = Trie([100, 2])
+    for edge in old.wildcard_paths():
+        new.add_edge(edge)
+    assert new.lookup(["plain", "topic"]) is None
+    key = new.lookup(["s", "zzz", "t"])
+    assert key is not None and key.varying == ("zzz",)
+    # with the + inherited, a new level goes through it rather than growing an edge
+    assert new.topic_key(["s", "a", "t"], []).varying == ("a",)
+
+
+def test_deep_topics_do_not_exhaust_the_stack() -> None:
+    trie = Trie([100, 10])
+    deep = "/".join(["l"] * 5000)
+    learn(trie, deep)
+    assert len(trie.match(["#"])) == 1
+    assert len(trie.match(deep.split("/"))) == 1
+    assert trie.wildcard_paths() == []
+
+
+def test_rejects_bad_thresholds() -> None:
+    for bad in ([], [0], [10, -1]):
+        try:
+            Trie(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+levels = st.sampled_from(["a", "b", "c", "d", "e", "$x", ""])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(levels, min_size=1, max_size=4), min_size=1, max_size=40),
+       st.lists(st.sampled_from(["a", "b", "+", "c", ""]), min_size=0, max_size=3),
+       st.booleans())
+def test_every_learned_topic_is_found_by_every_matching_filter(
+        topics: list[list[str]], filter_prefix: list[str], hash_tail: bool) -> None:
+    from stratamq.broker.topic import levels_match
+    trie = Trie([2, 2])
+    keys = {tuple(t): trie.topic_key(t, []) for t in topics}
+    topic_filter = [*filter_prefix, "#"] if hash_tail else filter_prefix
+    if not topic_filter:
+        return
+    matches = trie.match(topic_filter)
+    for topic, key in keys.items():
+        if levels_match(topic_filter, list(topic)):
+            assert any(m.static == key.static and all(
+                want in (PLUS, got) for want, got in zip(m.pattern, key.varying, strict=True))
+                for m in matches), (topic, topic_filter)
