@@ -30,7 +30,7 @@ async def main(data_dir: str, run_id: int) -> None:
             await storage.store_batch("messages", batch_messages(run_id, number, batch))
             print(f"acked {number} {batch}", flush=True)
             batch += 1
-            if number == 0 and batch % 50 == 0:
+            if number == 0 and batch % 10 == 0:
                 await storage.add_generation("messages")
 
     await asyncio.gather(*(writer(n) for n in range(8)))
