@@ -31,7 +31,7 @@ typecheck-tree:
 lint: $(STAMP) typecheck-tree
 	$(BIN)/ruff check broker tests bench
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker
-	$(BIN)/mypy tests bench
+	MYPYPATH=.typecheck $(BIN)/mypy tests bench
 
 bench: $(STAMP)
 	$(BIN)/python bench/ds_bench.py

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from stratamq.broker.ds import END_OF_STREAM, DurableStorage, EndOfStream, Message
+from stratamq.broker.ds import DurableStorage, EndOfStream, Message
 
 T = TypeVar("T")
 
@@ -33,7 +33,3 @@ async def read_filter(storage: DurableStorage, db: str, topic_filter: str,
             found.extend(message for _key, message in batch)
     return found
 
-
-def assert_not_end(result: object) -> Any:
-    assert result is not END_OF_STREAM, "unexpected end of stream"
-    return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 
 from stratamq.broker.ds import DurableStorage
-
 from tests.integration.ds_crash_writer import OPTIONS, batch_messages
 from tests.support import read_filter, run
 
@@ -62,7 +62,7 @@ def test_acknowledged_batches_survive_sigkill(tmp_path: Path) -> None:
         for shard in range(4):
             infos = [info for (s, _g), info in sorted(generations.items()) if s == shard]
             assert [info.is_current for info in infos] == [False] * (len(infos) - 1) + [True]
-            assert all(a.until == b.since for a, b in zip(infos, infos[1:], strict=False))
+            assert all(a.until == b.since for a, b in itertools.pairwise(infos))
         assert len(generations) > 4  # the writers added generations before dying
         # and it still takes writes
         await storage.store_batch("messages", batch_messages(99, 0, 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from stratamq.broker.ds import (
     CookedBatch,
     DbOptions,
     DurableStorage,
+    EndOfStream,
     Iterator,
     Message,
     MessageProperties,
@@ -28,10 +30,10 @@ from stratamq.broker.errors import (
     InvalidTopicError,
     InvalidTopicFilterError,
     PayloadTooLargeError,
+    StratamqError,
     UnknownDatabaseError,
 )
 from stratamq.broker.topic import topic_matches
-
 from tests.support import read_filter, run
 
 FAST = DbOptions(n_shards=2, flush_interval=0.001, wildcard_thresholds=(3, 2))
@@ -72,7 +74,7 @@ def test_timestamps_strictly_increase_per_shard_across_restarts(tmp_path: Path) 
         return [m.timestamp for m in found]
     stamps = run(scenario())
     assert len(stamps) == 51
-    assert all(a < b for a, b in zip(stamps, stamps[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(stamps))
 
 
 def test_concurrent_writers_share_writes_and_keep_order(tmp_path: Path) -> None:
@@ -107,14 +109,14 @@ def test_iterator_serialized_halfway_resumes_with_the_remainder(tmp_path: Path) 
         ((_rank, stream),) = storage.get_streams("messages", "r/+")
         iterator = storage.make_iterator("messages", stream, "r/+")
         result = await storage.next("messages", iterator, 40)
-        assert result is not END_OF_STREAM and not isinstance(result, type(END_OF_STREAM))
+        assert not isinstance(result, EndOfStream)
         iterator, first = result
         saved = iterator.to_bytes()
         await storage.close()
 
         storage = await open_storage(tmp_path, DbOptions(n_shards=1, flush_interval=0.001))
         result = await storage.next("messages", Iterator.from_bytes(saved), 1000)
-        assert not isinstance(result, type(END_OF_STREAM))
+        assert not isinstance(result, EndOfStream)
         _iterator, rest = result
         payloads = [int(m.payload) for _k, m in first + rest]
         assert payloads == list(range(100))
@@ -143,7 +145,7 @@ def test_bad_input_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
         storage = await open_storage(tmp_path, DbOptions(n_shards=2, flush_interval=0.001,
                                                          max_payload_bytes=10))
         good = Message("ok", b"1")
-        cases: list[tuple[Message, type[Exception]]] = [
+        cases: list[tuple[Message, type[StratamqError]]] = [
             (Message("", b"1"), InvalidTopicError),
             (Message("a/+", b"1"), InvalidTopicError),
             (Message("a/#", b"1"), InvalidTopicError),
@@ -188,13 +190,13 @@ def test_generations_rank_order_and_end_of_stream(tmp_path: Path) -> None:
         old, new = (stream for _rank, stream in streams)
         old_result = await storage.next("messages", storage.make_iterator(
             "messages", old, "g/a"), 10)
-        assert not isinstance(old_result, type(END_OF_STREAM))
+        assert not isinstance(old_result, EndOfStream)
         old_iterator, batch = old_result
         assert [m.payload for _k, m in batch] == [b"1"]
         assert await storage.next("messages", old_iterator, 10) is END_OF_STREAM
         new_result = await storage.next("messages", storage.make_iterator(
             "messages", new, "g/a"), 10)
-        assert not isinstance(new_result, type(END_OF_STREAM))
+        assert not isinstance(new_result, EndOfStream)
         new_iterator, batch = new_result
         assert [m.payload for _k, m in batch] == [b"2"]
         # the current generation is never at its end: it may still take writes

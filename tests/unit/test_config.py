@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import BaseModel
+
 from stratamq.broker.config import (
     Config,
     DurableSessionsConfig,

@@ -19,22 +19,22 @@ def test_worked_example_ten_concrete_streams_and_one_wildcard() -> None:
     trie = Trie([100, 10])
     learn(trie, *(f"sensor/d{n}/temp" for n in range(1, 13)))
 
-    matches = trie.match("sensor/+/temp".split("/"))
+    matches = trie.match(["sensor", "+", "temp"])
     assert len(matches) == 11
     wildcard = [m for m in matches if m.pattern == (PLUS,)]
     concrete = [m for m in matches if m.pattern == ()]
     assert len(wildcard) == 1 and len(concrete) == 10
     assert trie.static_path(wildcard[0].static) == ["sensor", PLUS, "temp", END]
 
-    (d42,) = trie.match("sensor/d42/temp".split("/"))
+    (d42,) = trie.match(["sensor", "d42", "temp"])
     assert d42.static == wildcard[0].static
     assert d42.pattern == ("d42",)
-    key = trie.lookup("sensor/d42/temp".split("/"))
+    key = trie.lookup(["sensor", "d42", "temp"])
     assert key is not None and key.varying == ("d42",)
     # the first ten were learned as exact levels
-    assert trie.lookup("sensor/d3/temp".split("/")).varying == ()  # type: ignore[union-attr]
+    assert trie.lookup(["sensor", "d3", "temp"]).varying == ()  # type: ignore[union-attr]
     # d11 and d12 arrived after the threshold and are varying
-    assert trie.lookup("sensor/d11/temp".split("/")).varying == ("d11",)  # type: ignore[union-attr]
+    assert trie.lookup(["sensor", "d11", "temp"]).varying == ("d11",)  # type: ignore[union-attr]
 
 
 def test_exact_edge_is_preferred_over_plus() -> None:
