@@ -18,8 +18,11 @@ from dataclasses import dataclass
 
 from ..errors import StorageClosedError
 from . import metrics
+from .cooked import CookedBatch
 from .message import Message
 from .shard import Shard
+
+CommitListener = Callable[[CookedBatch], None]
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,8 @@ class _Pending:
 
 class WriteBuffer:
     def __init__(self, shard: Shard, db_name: str, *, max_items: int, max_bytes: int,
-                 flush_interval: float, executor: Executor, lock: asyncio.Lock) -> None:
+                 flush_interval: float, executor: Executor, lock: asyncio.Lock,
+                 on_commit: CommitListener) -> None:
         self._shard = shard
         self._labels = (db_name, str(shard.shard_id))
         self._max_items = max_items
@@ -41,6 +45,7 @@ class WriteBuffer:
         self._flush_interval = flush_interval
         self._executor = executor
         self._lock = lock
+        self._on_commit = on_commit
         self._pending: list[_Pending] = []
         self._items = 0
         self._bytes = 0
@@ -133,6 +138,10 @@ class WriteBuffer:
         metrics.BUFFER_BYTES.labels(*self._labels).inc(cooked.payload_bytes)
         metrics.BUFFER_FLUSH_TIME.labels(*self._labels).observe(time.perf_counter() - started)
         _settle(taken, lambda done: done.set_result(None))
+        try:
+            self._on_commit(cooked)
+        except Exception:  # a listener's bug must not stop the writer
+            log.exception("commit listener failed on shard %s", self._labels)
 
 
 def _settle(taken: list[_Pending], settle: Callable[[asyncio.Future[None]], None]) -> None:

@@ -10,7 +10,8 @@ import struct
 from dataclasses import dataclass, field
 
 from ..errors import CorruptDataError
-from .lts import STATIC_INDEX_BYTES, Edge
+from .lts import STATIC_INDEX_BYTES, Edge, StaticIndex
+from .message import Message
 
 FORMAT_VERSION = 1
 # version, shard, generation, last timestamp, messages, entries, edges
@@ -27,6 +28,10 @@ class CookedBatch:
     payload_bytes: int = 0
     entries: list[tuple[bytes, bytes]] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
+    # The leader's view of what it cooked, for the commit feed: each message with the
+    # static index of its stream. Not shipped to replicas (they do not feed).
+    messages: list[tuple[StaticIndex, Message]] = field(default_factory=list, compare=False,
+                                                         repr=False)
 
     def to_bytes(self) -> bytes:
         parts = [_HEADER.pack(FORMAT_VERSION, self.shard, self.generation, self.last_timestamp,

@@ -21,7 +21,8 @@ from ..errors import (
 )
 from ..topic import validate_filter, validate_topic
 from . import metrics
-from .buffer import WriteBuffer
+from .buffer import CommitListener, WriteBuffer
+from .cooked import CookedBatch
 from .generation import GenerationInfo, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
@@ -68,9 +69,11 @@ class Database:
         self.shards = shards
         self._executor = executor
         self._locks = [asyncio.Lock() for _ in shards]
+        self._commit_listeners: list[CommitListener] = []
         self._buffers = [
             WriteBuffer(shard, name, max_items=options.max_items, max_bytes=options.max_bytes,
-                        flush_interval=options.flush_interval, executor=executor, lock=lock)
+                        flush_interval=options.flush_interval, executor=executor, lock=lock,
+                        on_commit=self._feed)
             for shard, lock in zip(shards, self._locks, strict=True)]
         self._reads_in_flight: Counter[tuple[int, int]] = Counter()
         self._read_finished = asyncio.Condition()
@@ -128,6 +131,20 @@ class Database:
         if sync:
             await asyncio.gather(*(w for w in waits if w is not None))
             metrics.STORE_BATCH_TIME.labels(self.name).observe(time.perf_counter() - started)
+
+    # -- the commit feed ----------------------------------------------------------
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call `listener` on the event loop with every committed batch, after it is
+        durable and visible to readers, in commit order per shard."""
+        self._commit_listeners.append(listener)
+
+    def remove_commit_listener(self, listener: CommitListener) -> None:
+        self._commit_listeners.remove(listener)
+
+    def _feed(self, cooked: CookedBatch) -> None:
+        for listener in self._commit_listeners:
+            listener(cooked)
 
     # -- reading ------------------------------------------------------------------
 

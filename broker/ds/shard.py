@@ -175,17 +175,19 @@ class Shard:
         trie = generation.trie
         learned: list[Edge] = []
         entries: list[tuple[bytes, bytes]] = []
+        cooked_messages: list[tuple[bytes, Message]] = []
         timestamp = max(now_us(), self._next_timestamp)
         payload_bytes = 0
         for message in messages:
             key = trie.topic_key(validate_topic(message.topic), learned)
             message.timestamp = timestamp
             entries += layout.encode(key, timestamp, encode_message(message))
+            cooked_messages.append((key.static, message))
             payload_bytes += len(message.payload)
             timestamp += 1
         self._next_timestamp = timestamp
         return CookedBatch(self.shard_id, generation.info.id, timestamp - 1, len(messages),
-                           payload_bytes, entries, learned)
+                           payload_bytes, entries, learned, cooked_messages)
 
     def forget(self, cooked: CookedBatch) -> None:
         """Undo what `prepare` learned, after its write failed."""

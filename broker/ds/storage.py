@@ -21,6 +21,7 @@ from ..errors import StorageClosedError, UnknownDatabaseError
 from .database import Database, NextResult
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
+from .kv import KvDatabase
 from .message import Message
 from .options import DbOptions
 
@@ -36,6 +37,7 @@ class DurableStorage:
         self.data_dir = Path(data_dir)
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="ds-io")
         self._databases: dict[str, Database] = {}
+        self._kv_databases: dict[str, KvDatabase] = {}
         self._retention_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -51,6 +53,15 @@ class DurableStorage:
                                        self._executor)
         self._databases[name] = database
         return database
+
+    async def open_kv_db(self, name: str, n_shards: int, sync_writes: bool = False) -> KvDatabase:
+        """Open (creating on first use) a key-value database (`sessions`, `retained`)."""
+        if self._closed:
+            raise StorageClosedError("the storage is closed")
+        if name not in self._kv_databases:
+            self._kv_databases[name] = await KvDatabase.open(
+                name, self.data_dir, n_shards, sync_writes, self._executor)
+        return self._kv_databases[name]
 
     def db(self, name: str) -> Database:
         database = self._databases.get(name)
@@ -122,4 +133,7 @@ class DurableStorage:
         for database in self._databases.values():
             await database.close()
         self._databases.clear()
+        for kv_database in self._kv_databases.values():
+            await kv_database.close()
+        self._kv_databases.clear()
         self._executor.shutdown(wait=True)
