@@ -1,0 +1,77 @@
+"""MQTT wire codec: packets as records, their bytes, and a stream reader. Pure code:
+no I/O. Listeners and sessions are built on it."""
+
+from .codec import PacketReader, decode, decode_body, encode
+from .errors import (
+    MalformedPacketError,
+    MqttCodecError,
+    PacketTooLargeError,
+    ProtocolError,
+    UnsupportedProtocolVersionError,
+)
+from .packets import (
+    MQTT_3_1,
+    MQTT_3_1_1,
+    MQTT_5,
+    PROTOCOL_LEVELS,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionOptions,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from .properties import Properties
+from .reason_codes import ConnackReturnCode, ReasonCode, connack_return_code
+from .wire import PacketType
+
+__all__ = [
+    "MQTT_3_1",
+    "MQTT_3_1_1",
+    "MQTT_5",
+    "PROTOCOL_LEVELS",
+    "Auth",
+    "Connack",
+    "ConnackReturnCode",
+    "Connect",
+    "Disconnect",
+    "MalformedPacketError",
+    "MqttCodecError",
+    "Packet",
+    "PacketReader",
+    "PacketTooLargeError",
+    "PacketType",
+    "Pingreq",
+    "Pingresp",
+    "Properties",
+    "ProtocolError",
+    "Puback",
+    "Pubcomp",
+    "Publish",
+    "Pubrec",
+    "Pubrel",
+    "ReasonCode",
+    "Suback",
+    "Subscribe",
+    "SubscriptionOptions",
+    "Unsuback",
+    "Unsubscribe",
+    "UnsupportedProtocolVersionError",
+    "Will",
+    "connack_return_code",
+    "decode",
+    "decode_body",
+    "encode",
+]
