@@ -8,25 +8,25 @@ import logging
 import signal
 import sys
 
+from .auth import passwd_main
 from .config import load_config
 from .errors import StratamqError
-from .site import open_storage
+from .site import start_site
 
 log = logging.getLogger("stratamq")
 
 
 async def run_broker(config_path: str | None) -> None:
     config = load_config(config_path)
-    storage = await open_storage(config)
+    site = await start_site(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    log.info("site running; durable storage open. MQTT listeners are not built yet "
-             "(see README). Stop with Ctrl-C or SIGTERM.")
+    log.info("site running (ports %s). Stop with Ctrl-C or SIGTERM.", site.listeners.ports)
     await stop.wait()
-    log.info("stopping: flushing write buffers and closing storage")
-    await storage.close()
+    log.info("stopping: closing connections, persisting sessions, flushing storage")
+    await site.stop()
     log.info("stopped cleanly")
 
 
@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     broker = commands.add_parser("broker", help="run a site")
     broker.add_argument("--config", help="YAML configuration file (defaults apply without)")
+    ctl = commands.add_parser("ctl", help="administration commands")
+    ctl.add_argument("ctl_command", choices=["passwd"], help="passwd: edit a password file")
+    ctl.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     return parser
 
 
@@ -47,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
             import uvloop
 
             uvloop.run(run_broker(arguments.config))
+        elif arguments.ctl_command == "passwd":
+            raise SystemExit(passwd_main(arguments.rest))
     except StratamqError as error:
         print(f"stratamq: {error.message}", file=sys.stderr)
         raise SystemExit(2) from error

@@ -200,11 +200,101 @@ class DurableSessionsConfig(_Section):
     message_retention_period: Duration = parse_duration("1d")
 
 
+class AccessControlConfig(_Section):
+    """Who may connect, and what they may publish and subscribe to (`broker/auth`).
+    File paths are relative to the working directory, like `data_dir`."""
+
+    # Clients without a user name may connect. Production should set false.
+    allow_anonymous: bool = True
+    # `username:hash` per line, written by `stratamq ctl passwd`; None: no user names
+    # are checked (so `allow_anonymous` must be true).
+    password_file: Annotated[str, Field(min_length=1)] | None = None
+    # YAML list of topic rules, first match wins; None: no rules.
+    acl_file: Annotated[str, Field(min_length=1)] | None = None
+    # What happens when no ACL rule matches (or there is no ACL file).
+    acl_no_match: Literal["allow", "deny"] = "allow"
+
+    @model_validator(mode="after")
+    def _someone_can_connect(self) -> AccessControlConfig:
+        if not self.allow_anonymous and self.password_file is None:
+            raise ValueError("allow_anonymous is false but no password_file is set, so no "
+                             "client could connect: set access_control.password_file")
+        return self
+
+
+class TcpListenerConfig(_Section):
+    enable: bool = True
+    bind: Annotated[str, Field(pattern=r"^.*:\d+$")] = "0.0.0.0:1883"
+
+
+class WebSocketListenerConfig(_Section):
+    enable: bool = True
+    bind: Annotated[str, Field(pattern=r"^.*:\d+$")] = "0.0.0.0:8083"
+    path: Annotated[str, Field(pattern=r"^/")] = "/mqtt"
+
+
+class TlsListenerConfig(_Section):
+    # Off until a certificate is configured.
+    enable: bool = False
+    bind: Annotated[str, Field(pattern=r"^.*:\d+$")] = "0.0.0.0:8883"
+    certfile: str | None = None
+    keyfile: str | None = None
+    cafile: str | None = None
+    # Require and verify a client certificate (against cafile).
+    verify_peer: bool = False
+
+    @model_validator(mode="after")
+    def _certificate_when_enabled(self) -> TlsListenerConfig:
+        if self.enable and not (self.certfile and self.keyfile):
+            raise ValueError("certfile and keyfile are required when enable is true")
+        return self
+
+
+class ListenersConfig(_Section):
+    tcp: TcpListenerConfig = Field(default_factory=TcpListenerConfig)
+    ws: WebSocketListenerConfig = Field(default_factory=WebSocketListenerConfig)
+    tls: TlsListenerConfig = Field(default_factory=TlsListenerConfig)
+
+
+class MqttConfig(_Section):
+    """Protocol limits, each with a production default."""
+
+    max_connections: PositiveInt = 100_000
+    max_packet_size: Annotated[ByteSize, Field(le=268_435_460)] = parse_byte_size("1MiB")
+    max_topic_levels: PositiveInt = 128
+    # Outbound QoS 1/2 messages in flight per client (also capped by its Receive Maximum).
+    max_inflight: Annotated[int, Field(ge=1, le=65535)] = 32
+    # Messages queued per client beyond the in-flight window (transient sessions drop
+    # QoS 0 first when full; durable sessions leave the rest in storage).
+    max_queued_messages: PositiveInt = 1000
+    # Inbound QoS 1/2 messages a client may have unacknowledged (MQTT 5 Receive Maximum).
+    receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 128
+    topic_alias_maximum: Annotated[int, Field(ge=0, le=65535)] = 64
+    connect_timeout: Duration = parse_duration("10s")
+    # Longest keepalive a client may ask for; longer requests get this (Server Keep Alive).
+    max_keepalive: Annotated[int, Field(ge=1, le=65535)] = 65535
+
+
+class AdminConfig(_Section):
+    """The admin HTTP API. Without token or password, a token is generated on first
+    start, stored in `data_dir/admin-token` and printed once."""
+
+    enable: bool = True
+    bind: Annotated[str, Field(pattern=r"^.*:\d+$")] = "0.0.0.0:18083"
+    token: Annotated[str, Field(min_length=16)] | None = None
+    username: Annotated[str, Field(min_length=1)] | None = None
+    password: Annotated[str, Field(min_length=8)] | None = None
+
+
 class Config(_Section):
-    """The whole broker configuration. New top-level sections (listeners, ...) go here."""
+    """The whole broker configuration. New top-level sections go here."""
 
     durable_storage: DurableStorageConfig = Field(default_factory=DurableStorageConfig)
     durable_sessions: DurableSessionsConfig = Field(default_factory=DurableSessionsConfig)
+    access_control: AccessControlConfig = Field(default_factory=AccessControlConfig)
+    listeners: ListenersConfig = Field(default_factory=ListenersConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
 
 
 # --- loading --------------------------------------------------------------------------

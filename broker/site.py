@@ -4,10 +4,21 @@ the configuration into running components (the imperative shell)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
+from .auth import AccessControl
+from .broker import Broker, BrokerLimits
 from .config import Config, MessagesDbConfig
 from .ds import DbOptions, DurableStorage
+from .errors import ConfigError
+from .server.connection import Connection, ConnectionLimits, Transport
+from .server.listeners import (
+    ListenerSet,
+    start_stream_listener,
+    start_websocket_listener,
+    tls_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,3 +55,77 @@ async def open_storage(config: Config) -> DurableStorage:
     log.info("storage open in %s: %s with %d shards", messages.data_dir, MESSAGES_DB,
              messages.n_shards)
     return storage
+
+
+@dataclass
+class RunningSite:
+    storage: DurableStorage
+    broker: Broker
+    listeners: ListenerSet
+
+    async def stop(self) -> None:
+        """Stop accepting, close connections (persisting their sessions), flush the
+        write buffers and close RocksDB."""
+        await self.listeners.close()
+        await self.broker.stop()
+        await self.storage.close()
+
+
+def connection_limits(config: Config) -> ConnectionLimits:
+    mqtt = config.mqtt
+    return ConnectionLimits(
+        max_packet_size=mqtt.max_packet_size, max_topic_levels=mqtt.max_topic_levels,
+        max_inflight=mqtt.max_inflight, receive_maximum=mqtt.receive_maximum,
+        topic_alias_maximum=mqtt.topic_alias_maximum, connect_timeout=mqtt.connect_timeout,
+        max_keepalive=mqtt.max_keepalive)
+
+
+async def start_site(config: Config) -> RunningSite:
+    storage = await open_storage(config)
+    messages = storage.db(MESSAGES_DB)
+    sessions = config.durable_sessions
+    broker = await Broker.start(
+        storage, messages, config.durable_storage.messages.n_shards,
+        config.durable_storage.messages.sync_writes,
+        BrokerLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
+                     renew_streams_interval=sessions.renew_streams_interval,
+                     session_gc_interval=sessions.session_gc_interval,
+                     durable_sessions=sessions.enable))
+    access = AccessControl.from_config(config.access_control)
+    limits = connection_limits(config)
+    connections: set[Connection] = set()
+
+    def make(transport: Transport, listener: str, peer: str) -> Connection:
+        return Connection(broker, access, transport, limits, listener, peer)
+
+    listeners = config.listeners
+    max_connections = config.mqtt.max_connections
+    servers = []
+    runners = []
+    ports: dict[str, int] = {}
+    try:
+        if listeners.tcp.enable:
+            server = await start_stream_listener("tcp", listeners.tcp.bind, make, connections,
+                                                 max_connections)
+            servers.append(server)
+            ports["tcp"] = server.sockets[0].getsockname()[1]
+        if listeners.tls.enable:
+            if not listeners.tls.certfile or not listeners.tls.keyfile:
+                raise ConfigError("listeners.tls: certfile and keyfile are required when "
+                                  "enable is true")
+            context = tls_context(listeners.tls.certfile, listeners.tls.keyfile,
+                                  listeners.tls.cafile, listeners.tls.verify_peer)
+            server = await start_stream_listener("tls", listeners.tls.bind, make, connections,
+                                                 max_connections, context)
+            servers.append(server)
+            ports["tls"] = server.sockets[0].getsockname()[1]
+        if listeners.ws.enable:
+            runners.append(await start_websocket_listener(
+                listeners.ws.bind, listeners.ws.path, make, connections, max_connections))
+    except BaseException:
+        for server in servers:
+            server.close()
+        await broker.stop()
+        await storage.close()
+        raise
+    return RunningSite(storage, broker, ListenerSet(servers, runners, connections, ports))

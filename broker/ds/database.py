@@ -113,11 +113,10 @@ class Database:
             raise InvalidMessageError(f"QoS must be 0, 1 or 2, got {message.qos}")
         return len(message.payload) + len(message.topic)
 
-    async def store_batch(self, messages: list[Message], sync: bool = True) -> None:
-        """Store messages. With `sync`, return once they are durable (in RocksDB's
-        write-ahead log, fsynced when `sync_writes`). Every message is checked before
-        any is queued, so a bad one means nothing of the call is written."""
-        started = time.perf_counter()
+    def submit(self, messages: list[Message], wait: bool = True) -> list[asyncio.Future[None]]:
+        """Queue messages for writing now, in call order; with `wait`, the futures
+        resolve once they are durable. Every message is checked before any is queued,
+        so a bad one means nothing of the call is written."""
         by_shard: dict[int, list[Message]] = defaultdict(list)
         sizes: Counter[int] = Counter()
         n_shards = self.options.n_shards
@@ -126,10 +125,17 @@ class Database:
             shard_id = shard_of(message.client_id, n_shards)
             by_shard[shard_id].append(message)
             sizes[shard_id] += size
-        waits = [self._buffers[shard_id].add(batch, sizes[shard_id], sync)
+        waits = [self._buffers[shard_id].add(batch, sizes[shard_id], wait)
                  for shard_id, batch in by_shard.items()]
+        return [w for w in waits if w is not None]
+
+    async def store_batch(self, messages: list[Message], sync: bool = True) -> None:
+        """Store messages. With `sync`, return once they are durable (in RocksDB's
+        write-ahead log, fsynced when `sync_writes`)."""
+        started = time.perf_counter()
+        waits = self.submit(messages, sync)
         if sync:
-            await asyncio.gather(*(w for w in waits if w is not None))
+            await asyncio.gather(*waits)
             metrics.STORE_BATCH_TIME.labels(self.name).observe(time.perf_counter() - started)
 
     # -- the commit feed ----------------------------------------------------------

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from stratamq.broker.config import (
+    AccessControlConfig,
     Config,
     DurableSessionsConfig,
     DurableStorageConfig,
@@ -266,10 +267,10 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_unknown_yaml_key(tmp_path: Path) -> None:
-    path = write(tmp_path, "durable_storage:\n  messages:\n    n_shard: 4\nlisteners: {}\n")
+    path = write(tmp_path, "durable_storage:\n  messages:\n    n_shard: 4\nlistener: {}\n")
     message = config_error(path)
     assert "durable_storage.messages.n_shard: unknown key (did you mean 'n_shards'?)" in message
-    assert "listeners: unknown key" in message
+    assert "listener: unknown key" in message
 
 
 def test_unknown_env_key() -> None:
@@ -360,3 +361,34 @@ def test_yaml_top_level_not_a_mapping(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     assert config_error(path) == f"{path}: config file not found"
+
+
+def test_access_control_section(tmp_path: Path) -> None:
+    defaults = load_config(env={}).access_control
+    assert defaults == AccessControlConfig(
+        allow_anonymous=True, password_file=None, acl_file=None, acl_no_match="allow")
+    path = write(tmp_path, (
+        "access_control:\n"
+        "  allow_anonymous: false\n"
+        "  password_file: /etc/stratamq/passwd\n"
+        "  acl_file: /etc/stratamq/acl.yaml\n"
+        "  acl_no_match: deny\n"))
+    assert load_config(path, env={}).access_control == AccessControlConfig(
+        allow_anonymous=False, password_file="/etc/stratamq/passwd",
+        acl_file="/etc/stratamq/acl.yaml", acl_no_match="deny")
+    env = {"STRATAMQ__ACCESS_CONTROL__ACL_NO_MATCH": "allow",
+           "STRATAMQ__ACCESS_CONTROL__PASSWORD_FILE": "other"}
+    overridden = load_config(path, env=env).access_control
+    assert (overridden.acl_no_match, overridden.password_file) == ("allow", "other")
+
+
+def test_access_control_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, (
+        "access_control:\n  acl_no_match: maybe\n  password_file: ''\n  acl_files: x\n"))
+    message = config_error(path)
+    assert "access_control.acl_no_match: Input should be 'allow' or 'deny'" in message
+    assert "access_control.password_file: String should have at least 1 character" in message
+    assert "access_control.acl_files: unknown key (did you mean 'acl_file'?)" in message
+    # Refusing anonymous clients without a password file would refuse everyone.
+    message = config_error(env={"STRATAMQ__ACCESS_CONTROL__ALLOW_ANONYMOUS": "false"})
+    assert "access_control: allow_anonymous is false but no password_file is set" in message

@@ -1,0 +1,19 @@
+"""Broker metrics (prometheus-client). Storage metrics live in `ds/metrics.py`; the
+`/metrics` endpoint serves both."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+CONNECTIONS = Gauge("stratamq_connections", "Open client connections", ("listener",))
+PACKETS_RECEIVED = Counter("stratamq_packets_received", "MQTT packets received", ("type",))
+PACKETS_SENT = Counter("stratamq_packets_sent", "MQTT packets sent", ("type",))
+BYTES_RECEIVED = Counter("stratamq_bytes_received", "Bytes received from clients")
+BYTES_SENT = Counter("stratamq_bytes_sent", "Bytes sent to clients")
+MESSAGES_RECEIVED = Counter("stratamq_messages_received", "PUBLISH messages accepted",
+                            ("qos",))
+MESSAGES_DELIVERED = Counter("stratamq_messages_delivered", "PUBLISH messages sent to clients",
+                             ("qos",))
+MESSAGES_DROPPED = Counter("stratamq_messages_dropped", "Messages not delivered", ("reason",))
+SESSIONS = Gauge("stratamq_sessions", "Sessions held in memory", ("kind",))
+IN_FLIGHT = Gauge("stratamq_in_flight", "Outbound QoS 1/2 messages awaiting acknowledgement")

@@ -1,0 +1,1 @@
+"""Client-facing network code: connections and listeners."""

@@ -1,0 +1,457 @@
+"""A session at runtime: subscriptions, the in-flight window, the queue, and (for a
+durable session) one cursor per (subscription, stream) that replays from storage
+until it has caught up and then takes the live commit feed.
+
+The connection it is attached to is an `Outlet`; with none attached a durable session
+stays in storage only (nothing queues in memory for it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
+from ..metrics import MESSAGES_DROPPED
+from .model import CursorState, SessionRecord, Subscription, WillRecord, cursor_key
+
+log = logging.getLogger(__name__)
+
+MAX_PACKET_ID = 0xFFFF
+
+
+class Outlet(Protocol):
+    """What a session needs of a connection."""
+
+    receive_maximum: int
+
+    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> bool:
+        """Send a PUBLISH; False when it could not be sent (too large for the client)."""
+        ...
+
+    def send_pubrel(self, packet_id: int) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Cursor:
+    """A durable session's position in one stream for one subscription."""
+
+    key: str
+    subscription: Subscription
+    stream: Stream
+    iterator: Iterator  # where reading continues: after the last message handed out
+    state: CursorState  # what is done (persisted)
+    in_flight: deque[int] = field(default_factory=deque)  # handed out, in order
+    done_early: set[int] = field(default_factory=set)
+    live: bool = False
+    dirty: bool = False
+    ended: bool = False
+
+    def handed_out(self, timestamp: int) -> None:
+        self.in_flight.append(timestamp)
+        self.iterator = self.iterator.advanced_to(timestamp)
+
+    def done(self, timestamp: int) -> None:
+        if self.in_flight and self.in_flight[0] == timestamp:
+            self.in_flight.popleft()
+            self.state.position = timestamp
+            while self.in_flight and self.in_flight[0] in self.done_early:
+                self.done_early.discard(self.in_flight[0])
+                self.state.position = self.in_flight.popleft()
+        else:
+            self.done_early.add(timestamp)
+        above = self.state.position
+        self.state.done_above = sorted(t for t in self.done_early if t > above)
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    message: Message
+    qos: int
+    retain: bool
+    subscription_ids: tuple[int, ...] = ()
+    cursor: Cursor | None = None
+    share_group: str | None = None  # shared deliveries move to another member on loss
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    delivery: Delivery
+    released: bool = False  # outbound QoS 2 past PUBREC: only PUBREL is resent
+
+
+class Session:
+    def __init__(self, client_id: str, *, durable: bool, expiry_interval: int,
+                 storage: DurableStorage, messages_db: str, max_queued: int, batch_size: int,
+                 persist: Callable[[Session], Awaitable[None]],
+                 on_shared_loss: Callable[[Delivery], None]) -> None:
+        self.client_id = client_id
+        self.durable = durable
+        self.expiry_interval = expiry_interval
+        self.subscriptions: dict[str, Subscription] = {}
+        self.will: WillRecord | None = None
+        self.outlet: Outlet | None = None
+        self.owner_epoch = 0
+        self.inbound_qos2: set[int] = set()
+        self._storage = storage
+        self._db = messages_db
+        self._max_queued = max_queued
+        self._batch_size = batch_size
+        self._persist = persist
+        self._on_shared_loss = on_shared_loss
+        self._queue: deque[Delivery] = deque()
+        self._in_flight: dict[int, _InFlight] = {}
+        self._next_packet_id = 1
+        self._cursors: dict[str, Cursor] = {}
+        self._wake = asyncio.Event()
+        self._replayer: asyncio.Task[None] | None = None
+        self._persist_pending = False
+        self._persist_task: asyncio.Task[None] | None = None
+        # cursor progress of streams not being read right now (offline, or restored)
+        self._restored_cursors: dict[str, CursorState] = {}
+
+    # -- persisted form -----------------------------------------------------------
+
+    def to_record(self, disconnected_at: float | None) -> SessionRecord:
+        return SessionRecord(
+            client_id=self.client_id,
+            expiry_interval=self.expiry_interval,
+            subscriptions=list(self.subscriptions.values()),
+            cursors={**{key: CursorState(state.position, list(state.done_above))
+                        for key, state in self._restored_cursors.items()},
+                     **{key: CursorState(c.state.position, list(c.state.done_above))
+                        for key, c in self._cursors.items()}},
+            pubrel_pending=sorted(pid for pid, f in self._in_flight.items() if f.released),
+            inbound_qos2=sorted(self.inbound_qos2),
+            will=self.will,
+            disconnected_at=disconnected_at,
+            owner_epoch=self.owner_epoch,
+        )
+
+    def restore(self, record: SessionRecord) -> None:
+        """Take over the state a durable session left in storage."""
+        self.subscriptions = {s.key: s for s in record.subscriptions}
+        self.inbound_qos2 = set(record.inbound_qos2)
+        self.owner_epoch = record.owner_epoch + 1
+        # Messages past PUBREC are never published again: only their PUBREL is.
+        placeholder = Message("", b"")
+        for packet_id in record.pubrel_pending:
+            self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
+        self._restored_cursors = dict(record.cursors)
+
+    # -- subscriptions ------------------------------------------------------------
+
+    def subscribe(self, subscription: Subscription) -> bool:
+        """Add or replace a subscription; True when it is new."""
+        is_new = subscription.key not in self.subscriptions
+        if not is_new:
+            subscription.since = self.subscriptions[subscription.key].since
+        self.subscriptions[subscription.key] = subscription
+        if self.durable and subscription.share_group is None:
+            self.renew_streams()
+        return is_new
+
+    def unsubscribe(self, key: str) -> Subscription | None:
+        subscription = self.subscriptions.pop(key, None)
+        if subscription is not None:
+            for cursor_id in [k for k, c in self._cursors.items()
+                              if c.subscription.key == key]:
+                del self._cursors[cursor_id]
+        return subscription
+
+    # -- durable replay -----------------------------------------------------------
+
+    def renew_streams(self) -> None:
+        """Look for streams the durable subscriptions do not read yet."""
+        for subscription in self.subscriptions.values():
+            if subscription.share_group is not None:
+                continue
+            for _rank, stream in self._storage.get_streams(self._db, subscription.topic_filter,
+                                                           subscription.since):
+                self._cursor_for(subscription, stream)
+        self._wake.set()
+
+    def _cursor_for(self, subscription: Subscription, stream: Stream) -> Cursor | None:
+        key = cursor_key(subscription.topic_filter, stream)
+        cursor = self._cursors.get(key)
+        if cursor is not None:
+            return cursor
+        state = self._restored_cursors.pop(key, None) or \
+            CursorState(max(subscription.since - 1, 0))
+        try:
+            iterator = self._storage.make_iterator(self._db, stream, subscription.topic_filter,
+                                                   state.position + 1)
+        except Exception:  # the generation was dropped since: nothing left to read
+            return None
+        cursor = Cursor(key, subscription, stream, iterator, state,
+                        done_early=set(state.done_above))
+        self._cursors[key] = cursor
+        # A newer generation of this shard means the older ones are complete: let
+        # them read to their end so generations replay in order.
+        for other in self._cursors.values():
+            if other.subscription is subscription and other.stream.shard == stream.shard \
+                    and other.stream.generation < stream.generation:
+                other.live = False
+        return cursor
+
+    def _blocked(self, cursor: Cursor) -> bool:
+        """Within a shard, a generation waits until every older one has ended."""
+        return any(other.subscription is cursor.subscription
+                   and other.stream.shard == cursor.stream.shard
+                   and other.stream.generation < cursor.stream.generation and not other.ended
+                   for other in self._cursors.values())
+
+    async def _replay(self) -> None:
+        while self.outlet is not None:
+            self._wake.clear()
+            progressed = False
+            for cursor in list(self._cursors.values()):
+                if len(self._queue) >= self._max_queued // 2 or self.outlet is None:
+                    break
+                if cursor.live or cursor.ended or self._blocked(cursor):
+                    continue
+                cursor.dirty = False
+                result = await self._storage.next(self._db, cursor.iterator, self._batch_size)
+                if self._cursors.get(cursor.key) is not cursor:
+                    continue  # unsubscribed meanwhile
+                if isinstance(result, EndOfStream):
+                    cursor.ended = True
+                    self._forget_if_complete(cursor)
+                    progressed = True
+                    continue
+                iterator, batch = result
+                for _key, message in batch:
+                    if message.timestamp in cursor.done_early:
+                        cursor.iterator = cursor.iterator.advanced_to(message.timestamp)
+                        continue
+                    self._offer_durable(cursor, message)
+                cursor.iterator = iterator
+                if batch:
+                    progressed = True
+                elif not cursor.dirty:
+                    cursor.live = True
+                else:
+                    progressed = True
+            if not progressed:
+                await self._wake.wait()
+
+    def _forget_if_complete(self, cursor: Cursor) -> None:
+        if cursor.ended and not cursor.in_flight:
+            self._cursors.pop(cursor.key, None)
+            self.request_persist()
+            self._wake.set()
+
+    # -- the live feed ------------------------------------------------------------
+
+    def on_feed(self, subscription: Subscription, stream: Stream, message: Message) -> None:
+        """A committed message that matches one of this session's subscriptions."""
+        if subscription.no_local and message.client_id == self.client_id:
+            return
+        if not self.durable:
+            if self.outlet is not None:
+                self.offer(self._delivery(subscription, message))
+            return
+        cursor = self._cursor_for(subscription, stream)
+        if cursor is None:
+            return
+        if cursor.live and not self._blocked(cursor) \
+                and len(self._queue) < self._max_queued and self.outlet is not None:
+            if message.timestamp > cursor.iterator.last_timestamp:
+                self._offer_durable(cursor, message)
+        else:
+            cursor.live = False
+            cursor.dirty = True
+            self._wake.set()
+
+    def _delivery(self, subscription: Subscription, message: Message) -> Delivery:
+        return Delivery(message, min(message.qos, subscription.qos),
+                        message.retain and subscription.retain_as_published,
+                        (subscription.identifier,) if subscription.identifier else ())
+
+    def _offer_durable(self, cursor: Cursor, message: Message) -> None:
+        if cursor.subscription.no_local and message.client_id == self.client_id:
+            cursor.handed_out(message.timestamp)
+            cursor.done(message.timestamp)
+            return
+        delivery = self._delivery(cursor.subscription, message)
+        delivery.cursor = cursor
+        cursor.handed_out(message.timestamp)
+        self.offer(delivery)
+
+    # -- sending ------------------------------------------------------------------
+
+    def offer(self, delivery: Delivery) -> None:
+        """Queue a delivery and send what the window allows."""
+        if self.outlet is None:
+            if delivery.share_group is not None:
+                self._on_shared_loss(delivery)
+            return
+        if len(self._queue) >= self._max_queued and delivery.cursor is None \
+                and not self._make_room(delivery):
+            return
+        self._queue.append(delivery)
+        self.pump()
+
+    def _make_room(self, delivery: Delivery) -> bool:
+        """A full queue of a transient session drops QoS 0 first (counted)."""
+        for index, queued in enumerate(self._queue):
+            if queued.qos == 0 and queued.cursor is None:
+                del self._queue[index]
+                MESSAGES_DROPPED.labels("queue_full").inc()
+                return True
+        MESSAGES_DROPPED.labels("queue_full").inc()
+        return False
+
+    def pump(self) -> None:
+        outlet = self.outlet
+        while outlet is not None and self._queue:
+            delivery = self._queue[0]
+            if delivery.qos > 0 and len(self._in_flight) >= outlet.receive_maximum:
+                return
+            self._queue.popleft()
+            message = delivery.message
+            expiry = message.properties.message_expiry_interval
+            if expiry is not None and time.time() * 1_000_000 - message.timestamp \
+                    >= expiry * 1_000_000:
+                MESSAGES_DROPPED.labels("expired").inc()
+                self._finished(delivery)
+                continue
+            if delivery.qos == 0:
+                outlet.send_publish(delivery, None, False)
+                self._finished(delivery)
+                continue
+            packet_id = self._allocate_packet_id()
+            self._in_flight[packet_id] = _InFlight(delivery)
+            if not outlet.send_publish(delivery, packet_id, False):
+                del self._in_flight[packet_id]
+                self._finished(delivery)
+
+    def _allocate_packet_id(self) -> int:
+        while True:
+            packet_id = self._next_packet_id
+            self._next_packet_id = packet_id % MAX_PACKET_ID + 1
+            if packet_id not in self._in_flight:
+                return packet_id
+
+    def _finished(self, delivery: Delivery) -> None:
+        cursor = delivery.cursor
+        if cursor is not None:
+            cursor.done(delivery.message.timestamp)
+            self._forget_if_complete(cursor)
+            self.request_persist()
+        if len(self._queue) < self._max_queued // 2:
+            self._wake.set()
+
+    # -- acknowledgements ---------------------------------------------------------
+
+    def on_puback(self, packet_id: int) -> bool:
+        entry = self._in_flight.get(packet_id)
+        if entry is None or entry.delivery.qos != 1:
+            return False
+        del self._in_flight[packet_id]
+        self._finished(entry.delivery)
+        self.pump()
+        return True
+
+    async def on_pubrec(self, packet_id: int, failed: bool) -> bool:
+        """Record that the client has the message, durably, before PUBREL goes out:
+        a crash after this never publishes it again."""
+        entry = self._in_flight.get(packet_id)
+        if entry is None or entry.delivery.qos != 2:
+            return False
+        if failed:  # a PUBREC with an error code ends the exchange (MQTT 5 4.3.3)
+            del self._in_flight[packet_id]
+            self._finished(entry.delivery)
+            self.pump()
+            return True
+        if not entry.released:
+            entry.released = True
+            self._finished(entry.delivery)
+            if self.durable:
+                await self.persist_now()
+        if self.outlet is not None:
+            self.outlet.send_pubrel(packet_id)
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> bool:
+        entry = self._in_flight.get(packet_id)
+        if entry is None or not entry.released:
+            return False
+        del self._in_flight[packet_id]
+        self.request_persist()
+        self.pump()
+        return True
+
+    # -- connection lifecycle -----------------------------------------------------
+
+    def attach(self, outlet: Outlet) -> None:
+        """A connection takes the session: resend what is unacknowledged, in order."""
+        self.outlet = outlet
+        for packet_id, entry in sorted(self._in_flight.items()):
+            if entry.released:
+                outlet.send_pubrel(packet_id)
+            else:
+                outlet.send_publish(entry.delivery, packet_id, True)
+        if self.durable:
+            self.renew_streams()
+            self._replayer = asyncio.create_task(self._replay(),
+                                                 name=f"replay-{self.client_id}")
+        self.pump()
+
+    async def detach(self) -> None:
+        """The connection is gone. A durable session drops its in-memory queue (it
+        is in storage); shared deliveries move to another member of their group."""
+        self.outlet = None
+        self._wake.set()
+        if self._replayer is not None:
+            self._replayer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replayer
+            self._replayer = None
+        lost = list(self._queue)
+        self._queue.clear()
+        for packet_id, entry in list(self._in_flight.items()):
+            if entry.delivery.share_group is not None and not entry.released:
+                del self._in_flight[packet_id]
+                lost.append(entry.delivery)
+        for delivery in lost:
+            if delivery.share_group is not None:
+                self._on_shared_loss(delivery)
+        if self.durable:
+            # Reading resumes after the last done message of each cursor.
+            for key, cursor in list(self._cursors.items()):
+                self._restored_cursors[key] = cursor.state
+            self._cursors.clear()
+            kept = {pid: e for pid, e in self._in_flight.items() if e.released}
+            self._in_flight = kept
+
+    @property
+    def in_flight_count(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def queued_count(self) -> int:
+        return len(self._queue)
+
+    # -- persistence --------------------------------------------------------------
+
+    def request_persist(self) -> None:
+        """Persist soon; progress written late only means more redelivery."""
+        if not self.durable or self._persist_pending:
+            return
+        self._persist_pending = True
+        self._persist_task = asyncio.get_running_loop().create_task(self._persist_soon())
+
+    async def _persist_soon(self) -> None:
+        await asyncio.sleep(0.05)
+        self._persist_pending = False
+        await self._persist(self)
+
+    async def persist_now(self) -> None:
+        if self.durable:
+            await self._persist(self)
