@@ -39,22 +39,28 @@ class _StreamTransport:
 class _WebSocketTransport:
     def __init__(self, socket: web.WebSocketResponse) -> None:
         self._socket = socket
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Future[object]] = set()
 
     def write(self, data: bytes) -> None:
         if not self._socket.closed:
             # send_bytes is a coroutine only for flow control; frames keep their order
-            self._track(asyncio.ensure_future(self._socket.send_bytes(data)))
+            self._track(asyncio.ensure_future(self._send(data)))
+
+    async def _send(self, data: bytes) -> None:
+        await self._socket.send_bytes(data)
+
+    async def _close(self) -> None:
+        await self._socket.close()
 
     def close(self) -> None:
-        self._track(asyncio.ensure_future(self._socket.close()))
+        self._track(asyncio.ensure_future(self._close()))
 
-    def _track(self, task: asyncio.Future[None]) -> None:
-        self._sending.add(task)  # type: ignore[arg-type]
+    def _track(self, task: asyncio.Future[object]) -> None:
+        self._sending.add(task)
         task.add_done_callback(self._sent)
 
-    def _sent(self, task: asyncio.Future[None]) -> None:
-        self._sending.discard(task)  # type: ignore[arg-type]
+    def _sent(self, task: asyncio.Future[object]) -> None:
+        self._sending.discard(task)
         if not task.cancelled():
             task.exception()  # a closed socket is not an error worth logging
 
