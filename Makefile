@@ -10,7 +10,23 @@ CONFIG ?= config/stratamq.yaml
 
 install: $(STAMP)
 
+# Real peers the tests and benchmarks run: Prometheus (scrapes /metrics in a test),
+# Mosquitto and its C clients (benchmark peer and load generator). Debian packages.
+SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub
+SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 $(STAMP): pyproject.toml
+	@for command in $(SYSTEM_COMMANDS); do \
+	  command -v $$command >/dev/null || PATH="$$PATH:/usr/sbin" command -v $$command >/dev/null \
+	    || missing=1; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $(SYSTEM_PACKAGES) from Debian"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    $(SYSTEM_PACKAGES) >/dev/null; \
+	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from .admin.ctl import ctl_main
 from .auth import passwd_main
 from .config import load_config
 from .errors import StratamqError
@@ -36,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     broker = commands.add_parser("broker", help="run a site")
     broker.add_argument("--config", help="YAML configuration file (defaults apply without)")
     ctl = commands.add_parser("ctl", help="administration commands")
-    ctl.add_argument("ctl_command", choices=["passwd"], help="passwd: edit a password file")
+    ctl.add_argument("ctl_command", choices=["passwd", "clients", "ds"],
+                     help="passwd: edit a password file; clients: connected clients; "
+                          "ds info: databases, shards, sites, generations (these two ask "
+                          "a running site's admin API)")
     ctl.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     return parser
 
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
             uvloop.run(run_broker(arguments.config))
         elif arguments.ctl_command == "passwd":
             raise SystemExit(passwd_main(arguments.rest))
+        else:
+            raise SystemExit(ctl_main(arguments.ctl_command, arguments.rest))
     except StratamqError as error:
         print(f"stratamq: {error.message}", file=sys.stderr)
         raise SystemExit(2) from error

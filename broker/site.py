@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from .admin import AdminServer, start_admin
 from .auth import AccessControl
 from .broker import Broker, BrokerLimits
 from .config import Config, MessagesDbConfig
@@ -62,13 +63,18 @@ class RunningSite:
     storage: DurableStorage
     broker: Broker
     listeners: ListenerSet
+    admin: AdminServer | None = None
 
     async def stop(self) -> None:
         """Stop accepting, close connections (persisting their sessions), flush the
-        write buffers and close RocksDB."""
+        write buffers and close RocksDB; the admin API (not ready) goes last."""
+        if self.admin is not None:
+            self.admin.detach()
         await self.listeners.close()
         await self.broker.stop()
         await self.storage.close()
+        if self.admin is not None:
+            await self.admin.stop()
 
 
 def connection_limits(config: Config) -> ConnectionLimits:
@@ -81,6 +87,24 @@ def connection_limits(config: Config) -> ConnectionLimits:
 
 
 async def start_site(config: Config) -> RunningSite:
+    # The admin API first: /healthz answers (and /readyz says not ready) while the
+    # storage opens.
+    admin = None
+    if config.admin.enable:
+        admin = await start_admin(config.admin, Path(config.durable_storage.messages.data_dir))
+    try:
+        site = await _start_parts(config)
+    except BaseException:
+        if admin is not None:
+            await admin.stop()
+        raise
+    if admin is not None:
+        site.admin = admin
+        admin.attach(site.storage, site.broker, site.listeners)
+    return site
+
+
+async def _start_parts(config: Config) -> RunningSite:
     storage = await open_storage(config)
     messages = storage.db(MESSAGES_DB)
     sessions = config.durable_sessions

@@ -1,0 +1,225 @@
+"""`stratamq ctl clients` and `stratamq ctl ds info`: read the admin API of a running
+site over HTTP and print readable tables.
+
+Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
+variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
+`data/admin-token`, where a site that has no configured credentials keeps its
+generated token)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import getpass
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:18083"
+DEFAULT_TOKEN_FILE = "data/admin-token"
+TOKEN_ENV = "STRATAMQ_ADMIN_TOKEN"
+
+
+class CtlError(Exception):
+    """A failure to report in one line (exit code 1)."""
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+class AdminClient:
+    def __init__(self, url: str, authorization: str | None, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.authorization = authorization
+        self.timeout = timeout
+
+    def get(self, path: str) -> Any:
+        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        if self.authorization is not None:
+            request.add_header("Authorization", self.authorization)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            raise CtlError(_http_error(exc, self.url + path, self.authorization)) from exc
+        except urllib.error.URLError as exc:
+            raise CtlError(f"cannot reach the admin API at {self.url}: {exc.reason} (is the "
+                           f"broker running, and is --url its admin.bind?)") from exc
+        except (TimeoutError, OSError) as exc:
+            raise CtlError(f"cannot reach the admin API at {self.url}: {exc}") from exc
+        except ValueError as exc:
+            raise CtlError(f"{self.url + path}: the answer is not JSON: {exc}") from exc
+
+
+def _http_error(exc: urllib.error.HTTPError, url: str, authorization: str | None) -> str:
+    try:
+        message = str(json.load(exc).get("message", ""))
+    except (ValueError, AttributeError, OSError):
+        message = ""
+    if exc.code == 401:
+        given = "were refused" if authorization else "are missing"
+        return (f"{url}: 401 Unauthorized: credentials {given}. Give --token, set "
+                f"{TOKEN_ENV}, or run where the site's data/admin-token is readable "
+                f"(--token-file)")
+    return f"{url}: {exc.code} {exc.reason}" + (f": {message}" if message else "")
+
+
+def authorization(arguments: argparse.Namespace) -> str | None:
+    if arguments.token:
+        return f"Bearer {arguments.token}"
+    if arguments.user:
+        username, colon, password = arguments.user.partition(":")
+        if not colon:
+            password = getpass.getpass(f"admin password for {username}: ")
+        pair = f"{username}:{password}".encode()
+        return "Basic " + base64.b64encode(pair).decode("ascii")
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        return f"Bearer {token}"
+    try:
+        token = Path(arguments.token_file).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CtlError(f"cannot read the token file {arguments.token_file}: {exc}") from exc
+    return f"Bearer {token}" if token else None
+
+
+# -- formatting ------------------------------------------------------------------------
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in row]
+                                         for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths,
+                                                                        strict=True)).rstrip()
+                     for row in cells)
+
+
+def human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def microseconds(value: int | None) -> str:
+    if value is None:
+        return "-"
+    moment = datetime.fromtimestamp(value / 1_000_000, UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def format_clients(clients: list[dict[str, Any]]) -> str:
+    if not clients:
+        return "no connected clients"
+    return table(
+        ["CLIENT ID", "USERNAME", "PEER", "LISTENER", "MQTT", "KEEPALIVE", "CONNECTED AT",
+         "DURABLE", "EXPIRY", "SUBS", "IN-FLIGHT", "QUEUED"],
+        [[c["client_id"], c["username"] or "-", c["peer"], c["listener"],
+          c["protocol_version"], c["keepalive"], c["connected_at"],
+          "yes" if c["durable"] else "no", c["expiry_interval"], c["subscriptions"],
+          c["in_flight"], c["queued"]] for c in clients])
+
+
+def format_ds_info(sites: list[dict[str, Any]], storages: list[dict[str, Any]]) -> str:
+    """The shape of `emqx ctl ds info`: sites, shards with replicas, then (beyond
+    EMQX) the generations of each shard."""
+    lines = ["SITES:", table(["Site", "Status", "Shards"],
+                             [[s["site"], "up" if s["up"] else "down", len(s["shards"])]
+                              for s in sites]), ""]
+    lines += ["DATABASES:", table(
+        ["Database", "Shards", "Layout", "Disk"],
+        [[db["name"], db["n_shards"], db["layout"], human_bytes(db["disk_bytes"])]
+         for db in storages]), ""]
+    shard_rows = []
+    generation_rows = []
+    for db in storages:
+        for shard in db["shards"]:
+            name = f"{db['name']}/{shard['id']}"
+            shard_rows.append([name, ",".join(shard["replicas"]), shard["leader"],
+                               len(shard["generations"]), human_bytes(shard["disk_bytes"])])
+            generation_rows += [[name, g["id"], g["layout"], microseconds(g["created_at"]),
+                                 microseconds(g["since"]),
+                                 "current" if g["until"] is None else microseconds(g["until"])]
+                                for g in shard["generations"]]
+    lines += ["SHARDS:", table(["Shard", "Replicas", "Leader", "Generations", "Disk"],
+                               shard_rows), ""]
+    lines += ["GENERATIONS:", table(["Shard", "Generation", "Layout", "Created", "Since",
+                                     "Until"], generation_rows)]
+    return "\n".join(lines)
+
+
+# -- commands --------------------------------------------------------------------------
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"stratamq ctl {command}", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help=f"admin API base URL (default {DEFAULT_URL})")
+    parser.add_argument("--token", help=f"admin API token (else ${TOKEN_ENV} or the token file)")
+    parser.add_argument("--user", metavar="NAME[:PASSWORD]",
+                        help="HTTP basic credentials (the password is asked for when left out)")
+    parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE,
+                        help=f"file holding a generated token (default {DEFAULT_TOKEN_FILE})")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead")
+    if command == "clients":
+        parser.add_argument("action", nargs="?", choices=["list", "show"], default="list",
+                            help="list (default): every connected client; show: one")
+        parser.add_argument("client_id", nargs="?", help="the client of `show`")
+    else:
+        parser.add_argument("action", choices=["info"],
+                            help="info: sites, databases, shards and generations")
+    return parser
+
+
+def _clients(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action == "show":
+        if not arguments.client_id:
+            raise CtlError("`clients show` needs a client id")
+        found = client.get("/api/v1/clients/" + urllib.parse.quote(arguments.client_id,
+                                                                    safe=""))
+        if arguments.json:
+            return json.dumps(found, indent=2)
+        return "\n".join(f"{key}: {value}" for key, value in found.items())
+    clients = client.get("/api/v1/clients")["data"]
+    return json.dumps(clients, indent=2) if arguments.json else format_clients(clients)
+
+
+def _ds_info(client: AdminClient, arguments: argparse.Namespace) -> str:
+    sites = client.get("/api/v1/ds/sites")["data"]
+    names = [db["name"] for db in client.get("/api/v1/ds/storages")["data"]]
+    storages = [client.get("/api/v1/ds/storages/" + urllib.parse.quote(name, safe=""))
+                for name in names]
+    if arguments.json:
+        return json.dumps({"sites": sites, "storages": storages}, indent=2)
+    return format_ds_info(sites, storages)
+
+
+def ctl_main(command: str, argv: list[str]) -> int:
+    """`stratamq ctl clients|ds ...`. Returns the exit code: 0 done, 1 failed,
+    2 bad usage."""
+    try:
+        arguments = _parser(command).parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a usage error (2, message printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        client = AdminClient(arguments.url, authorization(arguments))
+        output = _clients(client, arguments) if command == "clients" \
+            else _ds_info(client, arguments)
+    except CtlError as exc:
+        print(f"stratamq ctl {command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 1
+    print(output)
+    return 0

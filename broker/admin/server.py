@@ -1,0 +1,238 @@
+"""The admin HTTP server (aiohttp) on `admin.bind`.
+
+It starts before the storage opens, so `/healthz` answers while a large RocksDB is
+still opening; `/readyz` and `/api/v1` answer 503 until the site is attached and
+again once it starts stopping. Every response of `/api/v1` is JSON; every error is
+`{"error": CODE, "message": why}` with CODE the HTTP status phrase (`NOT_FOUND`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from ..broker import Broker
+from ..config import AdminConfig
+from ..ds import DurableStorage
+from ..errors import StorageClosedError, StratamqError
+from ..server.connection import Connection
+from ..server.listeners import ListenerSet
+from .credentials import Credentials, resolve_credentials
+from .site_id import load_or_create_site_id
+from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
+
+log = logging.getLogger(__name__)
+
+API = "/api/v1"
+# The only paths served without credentials; everything else (unknown paths too)
+# needs them, so a typo in a route never opens it.
+OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class UnknownClientError(StratamqError):
+    http_status = 404
+
+
+class UnknownSiteError(StratamqError):
+    http_status = 404
+
+
+@dataclass(frozen=True, slots=True)
+class SiteParts:
+    storage: DurableStorage
+    broker: Broker
+    listeners: ListenerSet
+
+
+def error_response(status: int, message: str,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    code = HTTPStatus(status).phrase.upper().replace(" ", "_").replace("-", "_")
+    return web.json_response({"error": code, "message": message}, status=status,
+                             headers=headers)
+
+
+class AdminServer:
+    def __init__(self, credentials: Credentials, site_id: str) -> None:
+        self.credentials = credentials
+        self.site_id = site_id
+        self.port = 0
+        self._parts: SiteParts | None = None
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet) -> None:
+        """The site is up: serve the API and report ready."""
+        self._parts = SiteParts(storage, broker, listeners)
+
+    def detach(self) -> None:
+        """The site is stopping: report not ready, answer the API with 503."""
+        self._parts = None
+
+    async def start(self, bind: str) -> None:
+        app = web.Application(middlewares=[self._errors, self._authenticate])
+        app.add_routes([
+            web.get("/healthz", self._healthz),
+            web.get("/readyz", self._readyz),
+            web.get("/metrics", self._metrics),
+            web.get(f"{API}/clients", self._clients),
+            web.get(f"{API}/clients/{{client_id}}", self._client),
+            web.get(f"{API}/subscriptions", self._subscriptions),
+            web.get(f"{API}/ds/storages", self._storages),
+            web.get(f"{API}/ds/storages/{{db}}", self._storage),
+            web.get(f"{API}/ds/sites", self._sites),
+            web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
+        ])
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        await runner.setup()
+        host, port = split_bind(bind)
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        log.info("admin API listening on http://%s:%d (site %s)", host, self.port,
+                 self.site_id)
+
+    async def stop(self) -> None:
+        self.detach()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _running(self) -> SiteParts:
+        if self._parts is None:
+            raise StorageClosedError("the site is starting or stopping")
+        return self._parts
+
+    # -- middlewares ----------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            if exc.status == 404:
+                message = f"no such resource: {request.path}"
+            elif exc.status == 405:
+                message = f"method {request.method} is not allowed on {request.path}"
+            else:
+                message = exc.reason
+            return error_response(exc.status, message, headers)
+        except StratamqError as exc:
+            return error_response(exc.http_status, exc.message)
+        except Exception:
+            log.exception("admin API: %s %s failed", request.method, request.path)
+            return error_response(500, "internal error (see the broker log)")
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request,
+                            handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS or \
+                self.credentials.check(request.headers.get("Authorization")):
+            return await handler(request)
+        response = error_response(401, "missing or invalid credentials: send "
+                                       "'Authorization: Bearer <token>' or basic credentials")
+        for challenge in self.credentials.challenges():
+            response.headers.add("WWW-Authenticate", challenge)
+        return response
+
+    # -- probes and metrics -----------------------------------------------------------
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, _request: web.Request) -> web.Response:
+        parts = self._parts
+        checks = {
+            "storage": parts is not None and bool(parts.storage.databases),
+            "listeners": parts is not None and all(
+                server.is_serving() for server in parts.listeners.servers),
+        }
+        ready = all(checks.values())
+        return web.json_response(
+            {"status": "ready" if ready else "not_ready",
+             "checks": {name: "ok" if ok else "failing" for name, ok in checks.items()}},
+            status=200 if ready else 503)
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- /api/v1 ----------------------------------------------------------------------
+
+    def _connections(self) -> list[Connection]:
+        found = [connection for connection in self._running().broker.connections.values()
+                 if isinstance(connection, Connection)]
+        return sorted(found, key=lambda connection: connection.client_id)
+
+    async def _clients(self, _request: web.Request) -> web.Response:
+        return listing([client_view(connection) for connection in self._connections()])
+
+    async def _client(self, request: web.Request) -> web.Response:
+        client_id = request.match_info["client_id"]
+        connection = self._running().broker.connections.get(client_id)
+        if not isinstance(connection, Connection):
+            raise UnknownClientError(f"no connected client {client_id!r}")
+        return web.json_response(client_view(connection))
+
+    async def _subscriptions(self, _request: web.Request) -> web.Response:
+        sessions = sorted(self._running().broker.sessions.values(),
+                          key=lambda session: session.client_id)
+        return listing([subscription_view(session, subscription)
+                        for session in sessions
+                        for _, subscription in sorted(session.subscriptions.items())])
+
+    async def _storages(self, _request: web.Request) -> web.Response:
+        databases = self._running().storage.databases
+        return listing([storage_summary(databases[name]) for name in sorted(databases)])
+
+    async def _storage(self, request: web.Request) -> web.Response:
+        database = self._running().storage.db(request.match_info["db"])
+        return web.json_response(storage_view(database, self.site_id))
+
+    async def _sites(self, _request: web.Request) -> web.Response:
+        return listing([self._site_view()])
+
+    async def _site_detail(self, request: web.Request) -> web.Response:
+        if request.match_info["site"] != self.site_id:
+            raise UnknownSiteError(f"no site {request.match_info['site']!r} (this site is "
+                                   f"{self.site_id}; no other site is known)")
+        return web.json_response(self._site_view())
+
+    def _site_view(self) -> Json:
+        databases = self._running().storage.databases
+        return site_view(self.site_id, [databases[name] for name in sorted(databases)])
+
+
+def listing(items: list[Any]) -> web.Response:
+    return web.json_response({"data": items, "meta": {"count": len(items)}})
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """`host:port` (`[::1]:18083` for IPv6) -> (host, port); an empty host is all."""
+    host, _, port = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    return host or "0.0.0.0", int(port)
+
+
+async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:
+    """Resolve the credentials (generating a token when none is configured), load or
+    create the site id, and start serving probes and metrics."""
+    server = AdminServer(resolve_credentials(config, data_dir), load_or_create_site_id(data_dir))
+    await server.start(config.bind)
+    return server
