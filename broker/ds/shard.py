@@ -7,6 +7,7 @@ in-memory state (tries, next timestamp) is only changed on the event loop, by
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import time
@@ -242,7 +243,13 @@ class Shard:
                                       batch_size, stats)
 
     def disk_usage(self) -> int:
-        return sum(entry.stat().st_size for entry in os.scandir(self.path) if entry.is_file())
+        total = 0
+        for entry in os.scandir(self.path):
+            # compaction deletes files while we look: a vanished file counts as 0
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file():
+                    total += entry.stat().st_size
+        return total
 
     def close(self) -> None:
         for generation in self.generations.values():

@@ -74,6 +74,10 @@ class DurableStorage:
     def databases(self) -> dict[str, Database]:
         return dict(self._databases)
 
+    @property
+    def kv_databases(self) -> dict[str, KvDatabase]:
+        return dict(self._kv_databases)
+
     # -- the emqx_ds-shaped API ---------------------------------------------------
 
     async def store_batch(self, db: str, messages: list[Message], sync: bool = True) -> None:

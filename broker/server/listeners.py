@@ -89,6 +89,13 @@ class ListenerSet:
             await runner.cleanup()
 
 
+def _format_peer(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)
+
+
 def _split_bind(bind: str) -> tuple[str, int]:
     host, _, port = bind.rpartition(":")
     return host or "0.0.0.0", int(port)
@@ -98,7 +105,7 @@ async def start_stream_listener(name: str, bind: str, make: ConnectionFactory,
                                 connections: set[Connection], max_connections: int,
                                 ssl_context: ssl.SSLContext | None = None) -> asyncio.Server:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = str(writer.get_extra_info("peername"))
+        peer = _format_peer(writer.get_extra_info("peername"))
         if len(connections) >= max_connections:
             writer.close()  # over the limit: refused before a byte is read
             return
