@@ -32,6 +32,8 @@ class _Pending:
     messages: list[Message]
     size: int
     done: asyncio.Future[None] | None
+    record_puts: list[tuple[bytes, bytes]]
+    record_deletes: list[bytes]
 
 
 class WriteBuffer:
@@ -55,14 +57,18 @@ class WriteBuffer:
         self._closed = False
         self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
 
-    def add(self, messages: list[Message], size: int, wait: bool) -> asyncio.Future[None] | None:
-        """Queue messages; the future (when `wait`) resolves once they are durable."""
+    def add(self, messages: list[Message], size: int, wait: bool,
+            record_puts: list[tuple[bytes, bytes]] | None = None,
+            record_deletes: list[bytes] | None = None) -> asyncio.Future[None] | None:
+        """Queue messages (and records to write with them); the future (when `wait`)
+        resolves once they are durable."""
         if self._closed:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
         done = asyncio.get_running_loop().create_future() if wait else None
         if not self._pending:
             self._oldest_at = time.monotonic()
-        self._pending.append(_Pending(messages, size, done))
+        self._pending.append(_Pending(messages, size, done, record_puts or [],
+                                      record_deletes or []))
         self._items += len(messages)
         self._bytes += size
         self._wakeup.set()
@@ -117,7 +123,9 @@ class WriteBuffer:
         cooked = None
         async with self._lock:
             try:
-                cooked = self._shard.prepare(messages)
+                cooked = self._shard.prepare(
+                    messages, [put for entry in taken for put in entry.record_puts],
+                    [key for entry in taken for key in entry.record_deletes])
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._shard.write, cooked)
             except Exception as exc:  # handed to every waiting writer below

@@ -14,8 +14,9 @@ from .lts import STATIC_INDEX_BYTES, Edge, StaticIndex
 from .message import Message
 
 FORMAT_VERSION = 1
-# version, shard, generation, last timestamp, messages, entries, edges
-_HEADER = struct.Struct(">BIIQIII")
+# version, shard, generation, last timestamp, messages, entries, edges, record puts,
+# record deletes
+_HEADER = struct.Struct(">BIIQIIIII")
 _U32 = struct.Struct(">I")
 
 
@@ -28,6 +29,10 @@ class CookedBatch:
     payload_bytes: int = 0
     entries: list[tuple[bytes, bytes]] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
+    # Small records written atomically with the messages, in the shard's metadata
+    # (a publisher's QoS 2 packet ids, so a resent PUBLISH is never stored twice).
+    record_puts: list[tuple[bytes, bytes]] = field(default_factory=list)
+    record_deletes: list[bytes] = field(default_factory=list)
     # The leader's view of what it cooked, for the commit feed: each message with the
     # static index of its stream. Not shipped to replicas (they do not feed).
     messages: list[tuple[StaticIndex, Message]] = field(default_factory=list, compare=False,
@@ -35,10 +40,13 @@ class CookedBatch:
 
     def to_bytes(self) -> bytes:
         parts = [_HEADER.pack(FORMAT_VERSION, self.shard, self.generation, self.last_timestamp,
-                              self.message_count, len(self.entries), len(self.edges)),
+                              self.message_count, len(self.entries), len(self.edges),
+                              len(self.record_puts), len(self.record_deletes)),
                  _U32.pack(self.payload_bytes)]
-        for key, value in self.entries:
+        for key, value in [*self.entries, *self.record_puts]:
             parts += (_U32.pack(len(key)), key, _U32.pack(len(value)), value)
+        for key in self.record_deletes:
+            parts += (_U32.pack(len(key)), key)
         for edge in self.edges:
             label = edge.label.encode("utf-8")
             parts += (edge.parent, edge.child, _U32.pack(len(label)), label)
@@ -47,18 +55,22 @@ class CookedBatch:
     @classmethod
     def from_bytes(cls, raw: bytes) -> CookedBatch:
         try:
-            version, shard, generation, last_ts, n_msgs, n_entries, n_edges = \
-                _HEADER.unpack_from(raw)
+            (version, shard, generation, last_ts, n_msgs, n_entries, n_edges, n_puts,
+             n_deletes) = _HEADER.unpack_from(raw)
             if version != FORMAT_VERSION:
                 raise ValueError(f"unknown cooked batch version {version}")
             pos = _HEADER.size
             (payload_bytes,) = _U32.unpack_from(raw, pos)
             pos += 4
-            entries: list[tuple[bytes, bytes]] = []
-            for _ in range(n_entries):
+            pairs: list[tuple[bytes, bytes]] = []
+            for _ in range(n_entries + n_puts):
                 key, pos = _read_blob(raw, pos)
                 value, pos = _read_blob(raw, pos)
-                entries.append((key, value))
+                pairs.append((key, value))
+            deletes: list[bytes] = []
+            for _ in range(n_deletes):
+                key, pos = _read_blob(raw, pos)
+                deletes.append(key)
             edges: list[Edge] = []
             for _ in range(n_edges):
                 parent = raw[pos:pos + STATIC_INDEX_BYTES]
@@ -69,7 +81,8 @@ class CookedBatch:
                 raise ValueError("trailing bytes")
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
             raise CorruptDataError(f"cooked batch does not decode: {exc}") from exc
-        return cls(shard, generation, last_ts, n_msgs, payload_bytes, entries, edges)
+        return cls(shard, generation, last_ts, n_msgs, payload_bytes, pairs[:n_entries], edges,
+                   pairs[n_entries:], deletes)
 
 
 def _read_blob(raw: bytes, pos: int) -> tuple[bytes, int]:

@@ -113,10 +113,16 @@ class Database:
             raise InvalidMessageError(f"QoS must be 0, 1 or 2, got {message.qos}")
         return len(message.payload) + len(message.topic)
 
-    def submit(self, messages: list[Message], wait: bool = True) -> list[asyncio.Future[None]]:
+    def submit(self, messages: list[Message], wait: bool = True, *,
+               records_of: str | None = None,
+               record_puts: list[tuple[bytes, bytes]] | None = None,
+               record_deletes: list[bytes] | None = None) -> list[asyncio.Future[None]]:
         """Queue messages for writing now, in call order; with `wait`, the futures
         resolve once they are durable. Every message is checked before any is queued,
-        so a bad one means nothing of the call is written."""
+        so a bad one means nothing of the call is written.
+
+        Records (small key-value pairs) of client `records_of` are written in the same
+        atomic batch as that client's messages, in its shard."""
         by_shard: dict[int, list[Message]] = defaultdict(list)
         sizes: Counter[int] = Counter()
         n_shards = self.options.n_shards
@@ -125,9 +131,22 @@ class Database:
             shard_id = shard_of(message.client_id, n_shards)
             by_shard[shard_id].append(message)
             sizes[shard_id] += size
-        waits = [self._buffers[shard_id].add(batch, sizes[shard_id], wait)
+        record_shard = None
+        if records_of is not None:
+            record_shard = shard_of(records_of, n_shards)
+            by_shard.setdefault(record_shard, [])
+        waits = [self._buffers[shard_id].add(
+                     batch, sizes[shard_id], wait,
+                     record_puts if shard_id == record_shard else None,
+                     record_deletes if shard_id == record_shard else None)
                  for shard_id, batch in by_shard.items()]
         return [w for w in waits if w is not None]
+
+    async def scan_records(self, records_of: str, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """The records of client `records_of` whose key starts with `prefix`."""
+        shard = self.shards[shard_of(records_of, self.options.n_shards)]
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, shard.scan_records, prefix)
 
     async def store_batch(self, messages: list[Message], sync: bool = True) -> None:
         """Store messages. With `sync`, return once they are durable (in RocksDB's

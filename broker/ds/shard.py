@@ -27,6 +27,8 @@ from .message import Message, encode_message
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
+# Records written with cooked batches live under this prefix of the metadata family.
+RECORD_PREFIX = b"rec/"
 _U64 = struct.Struct(">Q")
 
 
@@ -168,7 +170,9 @@ class Shard:
 
     # -- writing ------------------------------------------------------------------
 
-    def prepare(self, messages: Sequence[Message]) -> CookedBatch:
+    def prepare(self, messages: Sequence[Message],
+                record_puts: Sequence[tuple[bytes, bytes]] = (),
+                record_deletes: Sequence[bytes] = ()) -> CookedBatch:
         """Cook a batch: timestamps, learned topic structure, encoded keys. Changes
         only memory; `write` makes it durable. Call `forget` if the write fails."""
         generation = self.current
@@ -188,7 +192,9 @@ class Shard:
             timestamp += 1
         self._next_timestamp = timestamp
         return CookedBatch(self.shard_id, generation.info.id, timestamp - 1, len(messages),
-                           payload_bytes, entries, learned, cooked_messages)
+                           payload_bytes, entries, learned,
+                           [(RECORD_PREFIX + key, value) for key, value in record_puts],
+                           [RECORD_PREFIX + key for key in record_deletes], cooked_messages)
 
     def forget(self, cooked: CookedBatch) -> None:
         """Undo what `prepare` learned, after its write failed."""
@@ -211,6 +217,10 @@ class Shard:
             trie_family = self._db.get_column_family_handle(generation.info.trie_column_family())
             for edge in cooked.edges:
                 batch.put(_edge_key(edge), edge.child, trie_family)
+        for key, value in cooked.record_puts:
+            batch.put(key, value)
+        for key in cooked.record_deletes:
+            batch.delete(key)
         batch.put(_LAST_TIMESTAMP_KEY,
                   _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
         self._db.write(batch, self._write_options)
@@ -241,6 +251,18 @@ class Shard:
             return None
         return generation.layout.read(generation.data, static, pattern, filter_levels, after,
                                       batch_size, stats)
+
+    def scan_records(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Records (see CookedBatch.record_puts) whose key starts with `prefix`,
+        without the internal prefix. Blocking."""
+        start = RECORD_PREFIX + prefix
+        found: list[tuple[bytes, bytes]] = []
+        for key, value in self._db.items(from_key=start):
+            raw_key = _as_bytes(key)
+            if not raw_key.startswith(start):
+                break
+            found.append((raw_key[len(RECORD_PREFIX):], _as_bytes(value)))
+        return found
 
     def disk_usage(self) -> int:
         total = 0

@@ -324,3 +324,28 @@ def test_engine_returns_exactly_what_a_brute_force_scan_does(
             assert all(v == sorted(v) for v in by_topic.values())
         await storage.close()
     run(scenario())
+
+
+def test_records_are_written_with_the_messages_and_survive_restart(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        storage = await open_storage(tmp_path)
+        database = storage.db("messages")
+        await asyncio.gather(*database.submit(
+            [Message("q/2", b"x", client_id="pub")], records_of="pub",
+            record_puts=[(b"qos2/pub/7", b"1"), (b"qos2/pub/8", b"1")]))
+        await asyncio.gather(*database.submit([], records_of="pub",
+                                              record_deletes=[b"qos2/pub/8"]))
+        await storage.close()
+        storage = await open_storage(tmp_path)
+        database = storage.db("messages")
+        assert await database.scan_records("pub", b"qos2/pub/") == [(b"qos2/pub/7", b"1")]
+        assert [m.payload for m in await read_filter(storage, "messages", "q/2")] == [b"x"]
+        await storage.close()
+    run(scenario())
+
+
+def test_cooked_batch_with_records_round_trips(tmp_path: Path) -> None:
+    shard = Shard(tmp_path / "s", 0, "wildcard_optimized_v2", {}, (2,), False)
+    cooked = shard.prepare([Message("a", b"1")], [(b"k", b"v")], [b"gone"])
+    assert CookedBatch.from_bytes(cooked.to_bytes()) == cooked
+    shard.close()
