@@ -119,10 +119,14 @@ class Trie:
     def topic_key(self, levels: Sequence[str], learned: list[Edge]) -> TopicKey:
         """Map a topic to its key, learning as needed; new edges are appended to
         `learned` so the caller can persist them with the data that needs them."""
-        topic = "/".join(levels)
+        return self.key_of_topic("/".join(levels), learned)
+
+    def key_of_topic(self, topic: str, learned: list[Edge]) -> TopicKey:
+        """`topic_key` for a topic name as a string (the hot path: cached)."""
         cached = self._topic_cache.get(topic)
         if cached is not None:
             return cached
+        levels = topic.split("/")
         state = root_for(levels[0])
         varying: list[str] = []
         for depth, level in enumerate(levels):

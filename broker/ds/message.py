@@ -7,7 +7,7 @@ where it can be, to keep decoding a single `struct.unpack_from` plus slices."""
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import CorruptDataError
 
@@ -47,7 +47,8 @@ class MessageProperties:
         return self == _EMPTY_PROPERTIES
 
 
-_EMPTY_PROPERTIES = MessageProperties()
+# Shared by every message without properties (most), so the check is `is`, not `==`.
+EMPTY_PROPERTIES = _EMPTY_PROPERTIES = MessageProperties()
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class Message:
     client_id: str = ""
     qos: int = 0
     retain: bool = False
-    properties: MessageProperties = field(default_factory=MessageProperties)
+    properties: MessageProperties = EMPTY_PROPERTIES
     timestamp: int = 0
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from ..errors import CorruptDataError, GenerationError
-from ..topic import validate_topic
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
@@ -184,9 +183,10 @@ class Shard:
         timestamp = max(now_us(), self._next_timestamp)
         payload_bytes = 0
         for message in messages:
-            key = trie.topic_key(validate_topic(message.topic), learned)
+            # topics were validated when the batch was submitted
+            key = trie.key_of_topic(message.topic, learned)
             message.timestamp = timestamp
-            entries += layout.encode(key, timestamp, encode_message(message))
+            entries += layout.encode(message.topic, key, timestamp, encode_message(message))
             cooked_messages.append((key.static, message))
             payload_bytes += len(message.payload)
             timestamp += 1

@@ -36,8 +36,9 @@ class Layout(Protocol):
         """What the generation records to reopen the layout the same way."""
         ...
 
-    def encode(self, key: TopicKey, timestamp: int, value: bytes) -> list[tuple[bytes, bytes]]:
-        """The RocksDB entries (key, value) that store one message."""
+    def encode(self, topic: str, key: TopicKey, timestamp: int,
+               value: bytes) -> list[tuple[bytes, bytes]]:
+        """The RocksDB entries (key, value) that store one message on `topic`."""
         ...
 
     def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],

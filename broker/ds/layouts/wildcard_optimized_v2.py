@@ -53,20 +53,40 @@ def _after_prefix(prefix: bytes) -> bytes:
     return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff" * 32
 
 
+# Bounded so a flood of distinct topics cannot grow memory forever.
+PREFIX_CACHE_LIMIT = 100_000
+
+
 class WildcardOptimizedV2:
     name = NAME
+
+    def __init__(self) -> None:
+        # key prefixes of a topic's index entries, computed once per topic name
+        # (a str key: its hash is cached, unlike a TopicKey's)
+        self._index_prefixes: dict[str, tuple[bytes, ...]] = {}
 
     def options(self) -> dict[str, Any]:
         return {}
 
+    def _prefixes(self, topic: str, key: TopicKey) -> tuple[bytes, ...]:
+        prefixes = self._index_prefixes.get(topic)
+        if prefixes is None:
+            if len(self._index_prefixes) >= PREFIX_CACHE_LIMIT:
+                self._index_prefixes.clear()
+            prefixes = self._index_prefixes[topic] = tuple(
+                index_prefix(key.static, number, level)
+                for number, level in enumerate(key.varying, start=1))
+        return prefixes
+
     def timestamp_of(self, data_key: bytes) -> int:
         return int(_TS.unpack_from(data_key, len(data_key) - 8)[0])
 
-    def encode(self, key: TopicKey, timestamp: int, value: bytes) -> list[tuple[bytes, bytes]]:
+    def encode(self, topic: str, key: TopicKey, timestamp: int,
+               value: bytes) -> list[tuple[bytes, bytes]]:
         ts = _TS.pack(timestamp)
         entries = [(key.static + _DATA_LEVEL + ts, value)]
-        for number, level in enumerate(key.varying, start=1):
-            entries.append((key.static + _LEVEL.pack(number) + level_hash(level) + ts, b""))
+        if key.varying:
+            entries += [(prefix + ts, b"") for prefix in self._prefixes(topic, key)]
         return entries
 
     def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],
