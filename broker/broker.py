@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -106,6 +107,7 @@ class Broker:
         for timer in [*self._expiry_timers.values(), *self._will_timers.values()]:
             timer.cancel()
         for session in list(self.sessions.values()):
+            session.cancel_persist()  # a late one would find the storage closed
             if session.durable:
                 await self.persist(session, disconnected=session.outlet is None)
 
@@ -116,7 +118,10 @@ class Broker:
         feed. With `wait`, the futures resolve once everything is durable."""
         waits = self.messages.submit([message], wait)
         if message.retain:
-            task = asyncio.ensure_future(self._store_retained(message))
+            # The stored message gets its timestamp when its batch is cooked, later; the
+            # retained copy needs one now: its expiry interval counts from it.
+            retained = dataclasses.replace(message, timestamp=time.time_ns() // 1000)
+            task = asyncio.ensure_future(self._store_retained(retained))
             if wait:
                 waits.append(task)
         return waits
@@ -216,35 +221,44 @@ class Broker:
                            expiry_interval: int) -> tuple[Session, bool]:
         """Give a new connection its session; returns (session, session present)."""
         client_id = connection.client_id
-        async with self._lock(client_id):
-            previous = self.connections.get(client_id)
-            if previous is not None and previous is not connection:
-                await previous.kick(0x8E)  # Session taken over
-            self.connections[client_id] = connection
-            self._cancel_timers(client_id)
-            session = self.sessions.get(client_id)
-            if session is None and not clean_start:
-                record = await self._load_record(client_id)
-                if record is not None and not record.expired(time.time()):
-                    session = self._new_session(client_id, expiry_interval)
-                    session.restore(record)
-                    self.sessions[client_id] = session
-            if clean_start and session is not None:
-                await self._discard(session)
-                session = None
-            if clean_start:
-                await self._sessions_db.write(client_id,
-                                              deletes=[_SESSION_KEY + client_id.encode()])
-            present = session is not None
-            if session is None:
+        while True:
+            async with self._lock(client_id):
+                previous = self.connections.get(client_id)
+                if previous is None or previous is connection:
+                    self.connections[client_id] = connection
+                    return await self._open_session_locked(client_id, clean_start,
+                                                           expiry_interval)
+            # Outside the lock: the old connection's close_session needs it.
+            await previous.kick(0x8E)  # Session taken over
+            if self.connections.get(client_id) is previous:  # it ended without a session
+                del self.connections[client_id]
+
+    async def _open_session_locked(self, client_id: str, clean_start: bool,
+                                   expiry_interval: int) -> tuple[Session, bool]:
+        self._cancel_timers(client_id)
+        session = self.sessions.get(client_id)
+        if session is None and not clean_start:
+            record = await self._load_record(client_id)
+            if record is not None and not record.expired(time.time()):
                 session = self._new_session(client_id, expiry_interval)
+                session.restore(record)
                 self.sessions[client_id] = session
-            session.expiry_interval = expiry_interval
-            session.durable = expiry_interval > 0 and self.limits.durable_sessions
-            for subscription in session.subscriptions.values():
-                self.route(session, subscription)
-            self._update_gauges()
-            return session, present
+        if clean_start and session is not None:
+            await self._discard(session)
+            session = None
+        if clean_start:
+            await self._sessions_db.write(client_id,
+                                          deletes=[_SESSION_KEY + client_id.encode()])
+        present = session is not None
+        if session is None:
+            session = self._new_session(client_id, expiry_interval)
+            self.sessions[client_id] = session
+        session.expiry_interval = expiry_interval
+        session.durable = expiry_interval > 0 and self.limits.durable_sessions
+        for subscription in session.subscriptions.values():
+            self.route(session, subscription)
+        self._update_gauges()
+        return session, present
 
     async def close_session(self, connection: Connection, session: Session,
                             publish_will: bool) -> None:
@@ -262,8 +276,13 @@ class Broker:
             if not publish_will:
                 session.will = None
             if not session.durable or session.expiry_interval == 0:
+                stored = session.durable  # expiry set to 0 by the DISCONNECT
+                session.durable = False  # no later persist may bring the record back
                 if self.sessions.get(client_id) is session:
                     del self.sessions[client_id]
+                if stored:
+                    await self._sessions_db.write(
+                        client_id, deletes=[_SESSION_KEY + client_id.encode()])
                 if will is not None:
                     self._publish_will(client_id, session)
                 self._update_gauges()
@@ -272,8 +291,11 @@ class Broker:
             loop = asyncio.get_running_loop()
             if will is not None:
                 delay = min(will.delay, session.expiry_interval)
-                self._will_timers[client_id] = loop.call_later(
-                    delay, self._publish_will, client_id, session)
+                if delay == 0:  # now, before a taking-over connection cancels timers
+                    self._publish_will(client_id, session)
+                else:
+                    self._will_timers[client_id] = loop.call_later(
+                        delay, self._publish_will, client_id, session)
             if session.expiry_interval < 0xFFFFFFFF:
                 self._expiry_timers[client_id] = loop.call_later(
                     session.expiry_interval, self._expire_now, client_id, session)
@@ -304,6 +326,8 @@ class Broker:
             self._update_gauges()
 
     async def _discard(self, session: Session) -> None:
+        session.durable = False  # a pending persist must not write the record back
+        session.cancel_persist()
         for subscription in session.subscriptions.values():
             self.unroute(session, subscription)
         if self.sessions.get(session.client_id) is session:

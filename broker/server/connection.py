@@ -348,7 +348,7 @@ class Connection:
         identifiers = packet.properties.subscription_identifiers
         identifier = identifiers[0] if identifiers else None
         codes: list[int] = []
-        retained_to_send: list[tuple[Subscription, bool]] = []
+        retained_to_send: list[Subscription] = []
         for raw_filter, options in packet.subscriptions:
             try:
                 group, topic_filter = split_shared(raw_filter)
@@ -373,15 +373,19 @@ class Connection:
             codes.append(options.qos)
             if group is None and (options.retain_handling == 0
                                   or (options.retain_handling == 1 and is_new)):
-                retained_to_send.append((subscription, True))
+                retained_to_send.append(subscription)
         if session.durable:
             await self.broker.persist(session)
+        # Look the retained messages up before SUBACK: one published after the client
+        # has its SUBACK reaches it through the subscription only, not twice.
+        retained = [(subscription, message) for subscription in retained_to_send
+                    for message in await self.broker.retained_matching(
+                        subscription.topic_filter)]
         self._send(Suback(packet.packet_id, codes))
-        for subscription, _ in retained_to_send:
-            for message in await self.broker.retained_matching(subscription.topic_filter):
-                session.offer(Delivery(message, min(message.qos, subscription.qos), True,
-                                       (subscription.identifier,)
-                                       if subscription.identifier else ()))
+        for subscription, message in retained:
+            session.offer(Delivery(message, min(message.qos, subscription.qos), True,
+                                   (subscription.identifier,)
+                                   if subscription.identifier else ()))
 
     async def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self._session()
@@ -404,9 +408,10 @@ class Connection:
             if session.expiry_interval == 0 and requested > 0:
                 self._disconnect(0x82)  # may not turn a session durable at the end
                 raise ConnectionClosed()
-            session.expiry_interval = requested
-            session.durable = session.durable and requested > 0
-        self._will_on_close = packet.reason_code == 0x04
+            session.expiry_interval = requested  # 0: the session ends with this connection
+        # Only a normal disconnection (0x00) discards the will; 0x04 asks for it, and
+        # an error code leaves it in place (MQTT 5.0 sections 3.1.2.5 and 3.14.4).
+        self._will_on_close = packet.reason_code != 0x00
         raise ConnectionClosed()
 
     async def kick(self, reason_code: int) -> None:

@@ -78,6 +78,8 @@ class SessionRecord:
     subscriptions: list[Subscription] = field(default_factory=list)
     cursors: dict[str, CursorState] = field(default_factory=dict)  # cursor key -> state
     pubrel_pending: list[int] = field(default_factory=list)  # outbound QoS 2 after PUBREC
+    # outbound QoS 1/2 sent and not acknowledged: (packet id, cursor key, timestamp)
+    resend: list[tuple[int, str, int]] = field(default_factory=list)
     inbound_qos2: list[int] = field(default_factory=list)  # inbound QoS 2 awaiting PUBREL
     will: WillRecord | None = None
     disconnected_at: float | None = None  # wall clock seconds; None while connected
@@ -101,6 +103,8 @@ class SessionRecord:
         record = cls(
             subscriptions=[Subscription(**s) for s in data.pop("subscriptions")],
             cursors={k: CursorState(**v) for k, v in data.pop("cursors").items()},
+            resend=[(int(packet_id), str(key), int(timestamp))
+                    for packet_id, key, timestamp in data.pop("resend", [])],
             **data)
         if will is not None:
             record.will = WillRecord(

@@ -18,7 +18,14 @@ from typing import Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
-from .model import CursorState, SessionRecord, Subscription, WillRecord, cursor_key
+from .model import (
+    CursorState,
+    SessionRecord,
+    Subscription,
+    WillRecord,
+    cursor_key,
+    parse_cursor_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,10 @@ class Delivery:
     subscription_ids: tuple[int, ...] = ()
     cursor: Cursor | None = None
     share_group: str | None = None  # shared deliveries move to another member on loss
+    # A resend of a durable delivery the client has not acknowledged: it goes out
+    # again with its original packet identifier and DUP set (MQTT-4.4.0-1, 3.3.1-1).
+    packet_id: int | None = None
+    dup: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -107,6 +118,11 @@ class Session:
         self._queue: deque[Delivery] = deque()
         self._in_flight: dict[int, _InFlight] = {}
         self._next_packet_id = 1
+        # Durable deliveries sent on an earlier connection and not acknowledged:
+        # (cursor key, message timestamp) -> packet identifier. The identifiers stay
+        # reserved until the replay offers the message again.
+        self._resend: dict[tuple[str, int], int] = {}
+        self._reserved_ids: set[int] = set()
         self._cursors: dict[str, Cursor] = {}
         self._wake = asyncio.Event()
         self._replayer: asyncio.Task[None] | None = None
@@ -127,6 +143,8 @@ class Session:
                      **{key: CursorState(c.state.position, list(c.state.done_above))
                         for key, c in self._cursors.items()}},
             pubrel_pending=sorted(pid for pid, f in self._in_flight.items() if f.released),
+            resend=sorted((pid, key, timestamp)
+                          for (key, timestamp), pid in self._unacknowledged().items()),
             inbound_qos2=sorted(self.inbound_qos2),
             will=self.will,
             disconnected_at=disconnected_at,
@@ -143,6 +161,8 @@ class Session:
         for packet_id in record.pubrel_pending:
             self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
         self._restored_cursors = dict(record.cursors)
+        self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
+        self._reserved_ids = set(self._resend.values())
 
     # -- subscriptions ------------------------------------------------------------
 
@@ -162,6 +182,9 @@ class Session:
             for cursor_id in [k for k, c in self._cursors.items()
                               if c.subscription.key == key]:
                 del self._cursors[cursor_id]
+            for resend_key in [k for k in self._resend
+                               if parse_cursor_key(k[0])[0] == subscription.topic_filter]:
+                self._reserved_ids.discard(self._resend.pop(resend_key))
         return subscription
 
     # -- durable replay -----------------------------------------------------------
@@ -280,6 +303,10 @@ class Session:
             return
         delivery = self._delivery(cursor.subscription, message)
         delivery.cursor = cursor
+        packet_id = self._resend.pop((cursor.key, message.timestamp), None)
+        if packet_id is not None:
+            delivery.packet_id = packet_id
+            delivery.dup = True
         cursor.handed_out(message.timestamp)
         self.offer(delivery)
 
@@ -314,6 +341,8 @@ class Session:
             if delivery.qos > 0 and len(self._in_flight) >= outlet.receive_maximum:
                 return
             self._queue.popleft()
+            if delivery.packet_id is not None:
+                self._reserved_ids.discard(delivery.packet_id)
             message = delivery.message
             expiry = message.properties.message_expiry_interval
             if expiry is not None and time.time() * 1_000_000 - message.timestamp \
@@ -325,18 +354,33 @@ class Session:
                 outlet.send_publish(delivery, None, False)
                 self._finished(delivery)
                 continue
-            packet_id = self._allocate_packet_id()
+            packet_id = delivery.packet_id or self._allocate_packet_id()
             self._in_flight[packet_id] = _InFlight(delivery)
-            if not outlet.send_publish(delivery, packet_id, False):
+            if not outlet.send_publish(delivery, packet_id, delivery.dup):
                 del self._in_flight[packet_id]
                 self._finished(delivery)
+            elif delivery.cursor is not None:
+                self.request_persist()  # the packet identifier, for a resend after a crash
 
     def _allocate_packet_id(self) -> int:
         while True:
             packet_id = self._next_packet_id
             self._next_packet_id = packet_id % MAX_PACKET_ID + 1
-            if packet_id not in self._in_flight:
+            if packet_id not in self._in_flight and packet_id not in self._reserved_ids:
                 return packet_id
+
+    def _unacknowledged(self) -> dict[tuple[str, int], int]:
+        """Durable deliveries that got a packet identifier and are not acknowledged
+        (PUBREC counts): (cursor key, message timestamp) -> packet identifier."""
+        found = dict(self._resend)
+        for delivery in self._queue:
+            if delivery.packet_id is not None and delivery.cursor is not None:
+                found[(delivery.cursor.key, delivery.message.timestamp)] = delivery.packet_id
+        for packet_id, entry in self._in_flight.items():
+            cursor = entry.delivery.cursor
+            if cursor is not None and not entry.released:
+                found[(cursor.key, entry.delivery.message.timestamp)] = packet_id
+        return found
 
     def _finished(self, delivery: Delivery) -> None:
         cursor = delivery.cursor
@@ -413,6 +457,9 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._replayer
             self._replayer = None
+        if self.durable:
+            self._resend = self._unacknowledged()
+            self._reserved_ids = set(self._resend.values())
         lost = list(self._queue)
         self._queue.clear()
         for packet_id, entry in list(self._in_flight.items()):
@@ -451,6 +498,12 @@ class Session:
         await asyncio.sleep(0.05)
         self._persist_pending = False
         await self._persist(self)
+
+    def cancel_persist(self) -> None:
+        """Drop a persist requested and not done yet."""
+        if self._persist_task is not None:
+            self._persist_task.cancel()
+        self._persist_pending = False
 
     async def persist_now(self) -> None:
         if self.durable:

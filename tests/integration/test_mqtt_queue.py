@@ -1,0 +1,69 @@
+"""The queue of a transient session is bounded (`mqtt.max_queued_messages`): when it is
+full, QoS 0 messages are dropped first, then new messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from stratamq.broker.mqtt import Properties, Puback, Publish
+from tests.broker_harness import BrokerProcess
+from tests.integration.mqtt_clients import PahoClient, RawClient, running_broker, unique
+
+MAX_QUEUED = 10
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path_factory.mktemp("queue"),
+                        {"mqtt": {"max_queued_messages": MAX_QUEUED}}) as process:
+        yield process
+
+
+def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
+    topic = unique("q")
+    # one message in flight at a time, and the client does not acknowledge it yet
+    subscriber = RawClient(broker.port)
+    subscriber.connect(unique("slow"), properties=Properties(receive_maximum=1))
+    subscriber.subscribe(topic, 1)
+    publisher = PahoClient(broker.port, unique("pub"))
+    try:
+        publisher.connect()
+        publisher.publish(topic, b"in flight", 1)
+        publisher.publish(topic, b"head", 1)  # queued: waits for the window
+        for number in range(5):
+            publisher.publish(topic, b"qos0-%d" % number, 0)  # queued behind it
+        # 4 more fill the queue (10); each of the next 5 pushes a QoS 0 message out;
+        # the last 2 find nothing to push out and are dropped
+        for number in range(11):
+            publisher.publish(topic, b"qos1-%d" % number, 1)
+
+        expected = [b"in flight", b"head"] + [b"qos1-%d" % n for n in range(9)]
+        for payload in expected:
+            packet = subscriber.expect(Publish)
+            assert packet.payload == payload
+            assert packet.packet_id is not None
+            subscriber.send(Puback(packet.packet_id))
+        subscriber.quiet()
+    finally:
+        publisher.stop()
+    subscriber.disconnect()
+
+
+def test_queue_is_free_again_after_it_drained(broker: BrokerProcess) -> None:
+    topic = unique("q2")
+    subscriber = PahoClient(broker.port, unique("sub"))
+    publisher = PahoClient(broker.port, unique("pub"))
+    try:
+        subscriber.connect()
+        subscriber.subscribe(topic, 1)
+        publisher.connect()
+        for round_ in range(3):  # more than the queue holds, in rounds it can take
+            for number in range(MAX_QUEUED):
+                publisher.publish(topic, b"%d-%d" % (round_, number), 1)
+            got = [m.payload for m in subscriber.expect(MAX_QUEUED)]
+            assert got == [b"%d-%d" % (round_, n) for n in range(MAX_QUEUED)]
+    finally:
+        subscriber.stop()
+        publisher.stop()

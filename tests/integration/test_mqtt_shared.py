@@ -1,0 +1,130 @@
+"""Shared subscriptions `$share/{group}/{filter}` (MQTT 5.0 section 4.8.2)."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
+from tests.broker_harness import BrokerProcess
+from tests.integration.mqtt_clients import (
+    TIMEOUT,
+    PahoClient,
+    RawClient,
+    running_broker,
+    unique,
+)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path_factory.mktemp("shared")) as process:
+        yield process
+
+
+@pytest.fixture
+def clients(broker: BrokerProcess) -> Iterator[list[PahoClient]]:
+    made: list[PahoClient] = []
+    yield made
+    for client in made:
+        client.stop()
+
+
+def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,
+              manual_ack: bool = False) -> PahoClient:
+    client = PahoClient(broker.port, unique("c"), version=version, manual_ack=manual_ack)
+    assert client.connect().reason_code == 0
+    clients.append(client)
+    return client
+
+
+def test_each_message_goes_to_one_member_of_each_group(broker: BrokerProcess,
+                                                       clients: list[PahoClient]) -> None:
+    root = unique("sh")
+    group_a = [connected(broker, clients, version) for version in (5, 5, 4)]
+    for member in group_a:
+        assert member.subscribe(f"$share/a/{root}/+", 1) == [1]
+    group_b = [connected(broker, clients) for _ in range(2)]
+    for member in group_b:
+        member.subscribe(f"$share/b/{root}/#", 1)
+    plain = connected(broker, clients)
+    plain.subscribe(f"{root}/#", 1)
+    publisher = connected(broker, clients)
+    sent = [b"%d" % n for n in range(24)]
+    for payload in sent:
+        publisher.publish(f"{root}/t", payload, 1)
+
+    assert sorted(m.payload for m in plain.expect(24)) == sorted(sent)
+    for group in (group_a, group_b):
+        shares = drain(group, len(sent))
+        assert sorted(p for share in shares for p in share) == sorted(sent)  # once per group
+        for member in group:
+            member.quiet(0.1)
+
+
+def drain(members: list[PahoClient], count: int) -> list[list[bytes]]:
+    """`count` messages from whichever members get them: the payloads per member."""
+    shares: list[list[bytes]] = [[] for _ in members]
+    deadline = time.monotonic() + TIMEOUT
+    while sum(map(len, shares)) < count and time.monotonic() < deadline:
+        for member, share in zip(members, shares, strict=True):
+            with contextlib.suppress(queue.Empty):
+                share.append(bytes(member.messages.get(timeout=0.01).payload))
+    return shares
+
+
+def test_every_member_gets_a_share(broker: BrokerProcess, clients: list[PahoClient]) -> None:
+    topic = unique("share")
+    members = [connected(broker, clients) for _ in range(3)]
+    for member in members:
+        member.subscribe(f"$share/g/{topic}", 1)
+    publisher = connected(broker, clients)
+    for number in range(30):
+        publisher.publish(topic, b"%d" % number, 1)
+    shares = drain(members, 30)
+    assert sorted(p for share in shares for p in share) == sorted(b"%d" % n for n in range(30))
+    assert all(shares), shares  # round robin: nobody is left out
+
+
+def test_in_flight_messages_of_a_leaving_member_go_to_another(broker: BrokerProcess,
+                                                              clients: list[PahoClient]) -> None:
+    topic = unique("leave")
+    leaving = connected(broker, clients, manual_ack=True)  # receives, never acknowledges
+    staying = connected(broker, clients)
+    for member in (leaving, staying):
+        member.subscribe(f"$share/workers/{topic}", 1)
+    publisher = connected(broker, clients)
+    sent = [b"job%d" % n for n in range(6)]
+    for payload in sent:
+        publisher.publish(topic, payload, 1)
+    # the members share the messages: the leaving one holds its part unacknowledged
+    held, passed = drain([leaving, staying], len(sent))
+    assert sorted(held + passed) == sorted(sent)
+    assert held
+    leaving.disconnect()
+    # the staying member gets the held part now
+    assert sorted(m.payload for m in staying.expect(len(held))) == sorted(held)
+    staying.quiet()
+
+
+def test_retained_messages_are_not_sent_to_shared_subscriptions(
+        broker: BrokerProcess, clients: list[PahoClient]) -> None:
+    topic = unique("shr")
+    publisher = connected(broker, clients)
+    publisher.publish(topic, b"retained", 1, retain=True)
+    member = connected(broker, clients)
+    member.subscribe(f"$share/g/{topic}", 1)
+    member.quiet()
+    publisher.publish(topic, b"", 1, retain=True)
+    assert member.expect(1)[0].payload == b""
+
+
+def test_no_local_on_a_shared_subscription_is_a_protocol_error(broker: BrokerProcess) -> None:
+    client = RawClient(broker.port)
+    client.connect(unique("nl"))
+    client.send(Subscribe(1, [(f"$share/g/{unique('nl')}", SubscriptionOptions(1, True))]))
+    assert [p.reason_code for p in client.wait_closed() if isinstance(p, Disconnect)] == [0x82]
