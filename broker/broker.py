@@ -29,6 +29,16 @@ RETAINED_DB = "retained"
 _SESSION_KEY = b"s/"
 
 
+def _qos2_prefix(client_id: str) -> bytes:
+    # length-prefixed, so client "a" never sees the records of client "a/b"
+    raw = client_id.encode("utf-8")
+    return b"qos2/" + len(raw).to_bytes(2, "big") + raw
+
+
+def _qos2_key(client_id: str, packet_id: int) -> bytes:
+    return _qos2_prefix(client_id) + packet_id.to_bytes(2, "big")
+
+
 class Connection(Protocol):
     """What the broker needs of a client connection (see server/connection.py)."""
 
@@ -113,10 +123,20 @@ class Broker:
 
     # -- publishing ---------------------------------------------------------------
 
-    def publish(self, message: Message, wait: bool) -> list[asyncio.Future[None]]:
+    def publish(self, message: Message, wait: bool,
+                qos2_packet_id: int | None = None) -> list[asyncio.Future[None]]:
         """Store a message (and its retained copy); delivery follows from the commit
-        feed. With `wait`, the futures resolve once everything is durable."""
-        waits = self.messages.submit([message], wait)
+        feed. With `wait`, the futures resolve once everything is durable.
+
+        An inbound QoS 2 message's packet id is recorded in the same atomic write as
+        the message, so a PUBLISH resent after a crash is recognised, never stored
+        twice (exactly once)."""
+        if qos2_packet_id is None:
+            waits = self.messages.submit([message], wait)
+        else:
+            waits = self.messages.submit(
+                [message], wait, records_of=message.client_id,
+                record_puts=[(_qos2_key(message.client_id, qos2_packet_id), b"")])
         if message.retain:
             # The stored message gets its timestamp when its batch is cooked, later; the
             # retained copy needs one now: its expiry interval counts from it.
@@ -125,6 +145,22 @@ class Broker:
             if wait:
                 waits.append(task)
         return waits
+
+    def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
+        """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
+        reuse it."""
+        return self.messages.submit([], True, records_of=client_id,
+                                    record_deletes=[_qos2_key(client_id, packet_id)])
+
+    async def inbound_qos2_ids(self, client_id: str) -> set[int]:
+        records = await self.messages.scan_records(client_id, _qos2_prefix(client_id))
+        return {int.from_bytes(key[-2:], "big") for key, _value in records}
+
+    async def _forget_qos2(self, client_id: str) -> None:
+        records = await self.messages.scan_records(client_id, _qos2_prefix(client_id))
+        if records:
+            await asyncio.gather(*self.messages.submit(
+                [], True, records_of=client_id, record_deletes=[key for key, _ in records]))
 
     async def _store_retained(self, message: Message) -> None:
         async with self._retain_lock:  # keeps retained updates in publish order
@@ -242,6 +278,7 @@ class Broker:
             if record is not None and not record.expired(time.time()):
                 session = self._new_session(client_id, expiry_interval)
                 session.restore(record)
+                session.inbound_qos2 = await self.inbound_qos2_ids(client_id)
                 self.sessions[client_id] = session
         if clean_start and session is not None:
             await self._discard(session)
@@ -249,6 +286,7 @@ class Broker:
         if clean_start:
             await self._sessions_db.write(client_id,
                                           deletes=[_SESSION_KEY + client_id.encode()])
+            await self._forget_qos2(client_id)
         present = session is not None
         if session is None:
             session = self._new_session(client_id, expiry_interval)
@@ -281,8 +319,10 @@ class Broker:
                 if self.sessions.get(client_id) is session:
                     del self.sessions[client_id]
                 if stored:
-                    await self._sessions_db.write(
-                        client_id, deletes=[_SESSION_KEY + client_id.encode()])
+                    async with session.persist_lock:
+                        await self._sessions_db.write(
+                            client_id, deletes=[_SESSION_KEY + client_id.encode()])
+                await self._forget_qos2(client_id)
                 if will is not None:
                     self._publish_will(client_id, session)
                 self._update_gauges()
@@ -332,8 +372,10 @@ class Broker:
             self.unroute(session, subscription)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        await self._sessions_db.write(session.client_id,
-                                      deletes=[_SESSION_KEY + session.client_id.encode()])
+        async with session.persist_lock:  # after any write of it already under way
+            await self._sessions_db.write(session.client_id,
+                                          deletes=[_SESSION_KEY + session.client_id.encode()])
+        await self._forget_qos2(session.client_id)
 
     def _cancel_timers(self, client_id: str) -> None:
         for timers in (self._will_timers, self._expiry_timers):
@@ -342,12 +384,15 @@ class Broker:
                 timer.cancel()
 
     async def persist(self, session: Session, disconnected: bool = False) -> None:
-        if not session.durable:
-            return
-        record = session.to_record(time.time() if disconnected or session.outlet is None
-                                   else None)
-        await self._sessions_db.write(session.client_id, puts=[
-            (_SESSION_KEY + session.client_id.encode(), record.to_json())])
+        # One write of a session at a time, its record taken inside the lock: writes
+        # go through a thread pool, and an older record must never land last.
+        async with session.persist_lock:
+            if not session.durable:
+                return
+            record = session.to_record(time.time() if disconnected or session.outlet is None
+                                       else None)
+            await self._sessions_db.write(session.client_id, puts=[
+                (_SESSION_KEY + session.client_id.encode(), record.to_json())])
 
     async def _load_record(self, client_id: str) -> SessionRecord | None:
         raw = await self._sessions_db.get(client_id, _SESSION_KEY + client_id.encode())

@@ -128,6 +128,8 @@ PositiveInt = Annotated[int, BeforeValidator(_reject_bool), Field(ge=1)]
 # would be a busy loop, a zero retention would drop every message).
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ByteSize = Annotated[int, BeforeValidator(parse_byte_size), Field(ge=1)]
+# The one duration where 0 means something: "do not wait".
+Linger = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 # --- models ---------------------------------------------------------------------------
@@ -149,7 +151,10 @@ class WriteBufferConfig(_Section):
     """Per-shard buffer in front of the storage: flushed at whichever limit hits first."""
 
     max_items: PositiveInt = 1000
-    flush_interval: Duration = parse_duration("10ms")
+    # How long a buffer waits for more messages before it flushes. 0 (the default):
+    # flush as soon as the shard is not writing; messages that arrive meanwhile share
+    # the next write (group commit), so batches still grow under load.
+    flush_interval: Linger = 0.0
     max_bytes: ByteSize = parse_byte_size("16MiB")
 
 

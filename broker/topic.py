@@ -13,19 +13,26 @@ def _check_common(text: str, error: type[InvalidTopicError] | type[InvalidTopicF
         raise error(f"{kind} must not be empty")
     if "\x00" in text:
         raise error(f"{kind} must not contain U+0000: {text!r}")
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
-        raise error(f"{kind} is longer than {MAX_TOPIC_BYTES} bytes")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise error(f"{kind} is not valid UTF-8: {text!r}") from exc
+    # One character is at most 4 bytes: shorter text needs no encoding to check its size.
+    if len(text) * 4 > MAX_TOPIC_BYTES or not text.isascii():
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise error(f"{kind} is not valid UTF-8: {text!r}") from exc
+        if size > MAX_TOPIC_BYTES:
+            raise error(f"{kind} is longer than {MAX_TOPIC_BYTES} bytes")
+
+
+def check_topic(topic: str) -> None:
+    """Check a topic name a client publishes to."""
+    _check_common(topic, InvalidTopicError, "topic name")
+    if "+" in topic or "#" in topic:
+        raise InvalidTopicError(f"topic name must not contain wildcards: {topic!r}")
 
 
 def validate_topic(topic: str) -> list[str]:
     """Check a topic name a client publishes to and return its levels."""
-    _check_common(topic, InvalidTopicError, "topic name")
-    if "+" in topic or "#" in topic:
-        raise InvalidTopicError(f"topic name must not contain wildcards: {topic!r}")
+    check_topic(topic)
     return topic.split("/")
 
 

@@ -42,9 +42,7 @@ class BrokerProcess:
         self.ws_port = free_port()
         self.admin_port = free_port()
         base: dict[str, Any] = {
-            "durable_storage": {"messages": {
-                "data_dir": str(workdir / "data"), "n_shards": 4,
-                "local_write_buffer": {"flush_interval": "1ms"}}},
+            "durable_storage": {"messages": {"data_dir": str(workdir / "data"), "n_shards": 4}},
             "durable_sessions": {"renew_streams_interval": "200ms"},
             "listeners": {"tcp": {"bind": f"127.0.0.1:{self.port}"},
                           "ws": {"bind": f"127.0.0.1:{self.ws_port}"}},

@@ -19,7 +19,7 @@ from ..errors import (
     InvalidMessageError,
     PayloadTooLargeError,
 )
-from ..topic import validate_filter, validate_topic
+from ..topic import check_topic, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
@@ -104,7 +104,7 @@ class Database:
     # -- writing ------------------------------------------------------------------
 
     def _validate(self, message: Message) -> int:
-        validate_topic(message.topic)
+        check_topic(message.topic)
         if len(message.payload) > self.options.max_payload_bytes:
             raise PayloadTooLargeError(
                 f"payload of {len(message.payload)} bytes on {message.topic!r} is over the "

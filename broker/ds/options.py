@@ -16,7 +16,9 @@ class DbOptions:
     layout_options: dict[str, Any] = field(default_factory=dict)
     wildcard_thresholds: tuple[int, ...] = (100, 10)
     max_items: int = 1000
-    flush_interval: float = 0.010
+    # 0: flush as soon as the shard is idle; writers arriving meanwhile share the next
+    # write (group commit). More trades latency for bigger batches.
+    flush_interval: float = 0.0
     max_bytes: int = 16 * 1024 * 1024
     # False: a batch is durable once in RocksDB's write-ahead log (survives a process
     # crash). True: the log is also fsynced (survives power loss).

@@ -294,7 +294,9 @@ class Connection:
                           _to_message_properties(packet.properties))
         MESSAGES_RECEIVED.labels(str(packet.qos)).inc()
         try:
-            waits = self.broker.publish(message, wait=packet.qos > 0)
+            waits = self.broker.publish(message, wait=packet.qos > 0,
+                                        qos2_packet_id=packet.packet_id if packet.qos == 2
+                                        else None)
         except StratamqError as error:
             self._disconnect(error.mqtt_reason_code)
             raise ConnectionClosed() from None
@@ -316,12 +318,8 @@ class Connection:
             self._close_transport()
             return
         if packet.qos == 2:
-            session = self._session()
-            session.inbound_qos2.add(packet.packet_id or 0)
-            if session.durable:
-                persisted = asyncio.ensure_future(self.broker.persist(session))
-                persisted.add_done_callback(lambda _f: self._ack(packet, 0))
-                return
+            # its packet id was recorded with it: a resend is now recognised
+            self._session().inbound_qos2.add(packet.packet_id or 0)
         self._ack(packet, 0)
 
     def _ack(self, packet: Publish, reason_code: int) -> None:
@@ -335,11 +333,23 @@ class Connection:
 
     async def _on_pubrel(self, packet: Pubrel) -> None:
         session = self._session()
-        known = packet.packet_id in session.inbound_qos2
-        session.inbound_qos2.discard(packet.packet_id)
-        if known:
-            session.request_persist()
-        self._send(Pubcomp(packet.packet_id, 0 if known or self.level < MQTT_5 else 0x92))
+        packet_id = packet.packet_id
+        if packet_id not in session.inbound_qos2:
+            self._send(Pubcomp(packet_id, 0 if self.level < MQTT_5 else 0x92))
+            return
+        session.inbound_qos2.discard(packet_id)
+        released = asyncio.gather(*self.broker.release_qos2(self.client_id, packet_id))
+        released.add_done_callback(lambda future: self._released(packet_id, future))
+
+    def _released(self, packet_id: int, future: asyncio.Future[list[None]]) -> None:
+        """The packet id is forgotten durably: only now may the client reuse it."""
+        if self._closing:
+            return
+        if future.cancelled() or future.exception() is not None:
+            self._disconnect(0x80)
+            self._close_transport()
+            return
+        self._send(Pubcomp(packet_id))
 
     # -- SUBSCRIBE / UNSUBSCRIBE --------------------------------------------------
 

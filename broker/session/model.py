@@ -80,7 +80,6 @@ class SessionRecord:
     pubrel_pending: list[int] = field(default_factory=list)  # outbound QoS 2 after PUBREC
     # outbound QoS 1/2 sent and not acknowledged: (packet id, cursor key, timestamp)
     resend: list[tuple[int, str, int]] = field(default_factory=list)
-    inbound_qos2: list[int] = field(default_factory=list)  # inbound QoS 2 awaiting PUBREL
     will: WillRecord | None = None
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0

@@ -108,6 +108,9 @@ class Session:
         self.will: WillRecord | None = None
         self.outlet: Outlet | None = None
         self.owner_epoch = 0
+        self.persist_lock = asyncio.Lock()
+        # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
+        # storage (Broker.publish), loaded from there when a session is restored
         self.inbound_qos2: set[int] = set()
         self._storage = storage
         self._db = messages_db
@@ -145,7 +148,6 @@ class Session:
             pubrel_pending=sorted(pid for pid, f in self._in_flight.items() if f.released),
             resend=sorted((pid, key, timestamp)
                           for (key, timestamp), pid in self._unacknowledged().items()),
-            inbound_qos2=sorted(self.inbound_qos2),
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
@@ -154,7 +156,6 @@ class Session:
     def restore(self, record: SessionRecord) -> None:
         """Take over the state a durable session left in storage."""
         self.subscriptions = {s.key: s for s in record.subscriptions}
-        self.inbound_qos2 = set(record.inbound_qos2)
         self.owner_epoch = record.owner_epoch + 1
         # Messages past PUBREC are never published again: only their PUBREL is.
         placeholder = Message("", b"")

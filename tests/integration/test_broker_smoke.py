@@ -8,6 +8,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.broker_harness import BrokerProcess
 
@@ -24,17 +25,17 @@ def test_publish_subscribe_roundtrip_and_clean_stop(broker: BrokerProcess) -> No
     arrived = threading.Event()
 
     def on_message(_c: mqtt.Client, _u: object, message: mqtt.MQTTMessage) -> None:
-        received.append(message.payload)
+        received.append(bytes(message.payload))
         if len(received) == 3:
             arrived.set()
 
-    subscriber = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="s",
+    subscriber = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="s",
                              protocol=mqtt.MQTTv5)
     subscriber.on_message = on_message
     subscriber.connect("127.0.0.1", broker.port)
     subscriber.loop_start()
     subscriber.subscribe("smoke/#", qos=1)[1]
-    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="p",
+    publisher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="p",
                             protocol=mqtt.MQTTv311)
     publisher.connect("127.0.0.1", broker.port)
     publisher.loop_start()

@@ -74,7 +74,7 @@ def test_defaults_without_a_file() -> None:
     assert messages.effective_replication_factor == 1
     assert messages.sync_writes is False
     assert messages.local_write_buffer.max_items == 1000
-    assert messages.local_write_buffer.flush_interval == pytest.approx(0.010)
+    assert messages.local_write_buffer.flush_interval == 0.0
     assert messages.local_write_buffer.max_bytes == 16 * 1024 * 1024
     assert messages.layout.type == "wildcard_optimized_v2"
     assert messages.layout.wildcard_thresholds == (100, 10)
