@@ -109,6 +109,9 @@ class Session:
         self.outlet: Outlet | None = None
         self.owner_epoch = 0
         self.persist_lock = asyncio.Lock()
+        # deliveries waiting for their packet identifiers to be saved (see pump)
+        self._held: list[tuple[Delivery, int | None]] = []
+        self._releaser: asyncio.Future[None] | None = None
         # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
         # storage (Broker.publish), loaded from there when a session is restored
         self.inbound_qos2: set[int] = set()
@@ -336,11 +339,17 @@ class Session:
         return False
 
     def pump(self) -> None:
+        """Send what the window allows, in queue order. A durable QoS 2 message
+        first gets its packet identifier saved with the session, so that after a
+        crash it is resent under the same identifier and the client can recognise it:
+        sends wait behind that write (and keep their order)."""
         outlet = self.outlet
+        batch: list[tuple[Delivery, int | None]] = []
+        needs_save = False
         while outlet is not None and self._queue:
             delivery = self._queue[0]
             if delivery.qos > 0 and len(self._in_flight) >= outlet.receive_maximum:
-                return
+                break
             self._queue.popleft()
             if delivery.packet_id is not None:
                 self._reserved_ids.discard(delivery.packet_id)
@@ -352,11 +361,43 @@ class Session:
                 self._finished(delivery)
                 continue
             if delivery.qos == 0:
-                outlet.send_publish(delivery, None, False)
-                self._finished(delivery)
+                batch.append((delivery, None))
                 continue
             packet_id = delivery.packet_id or self._allocate_packet_id()
             self._in_flight[packet_id] = _InFlight(delivery)
+            if delivery.qos == 2 and delivery.cursor is not None and delivery.packet_id is None:
+                needs_save = True
+            batch.append((delivery, packet_id))
+        if not batch:
+            return
+        if needs_save or self._releaser is not None:
+            self._held.extend(batch)
+            if self._releaser is None:
+                self._releaser = asyncio.ensure_future(self._save_then_send())
+            return
+        self._send(batch)
+
+    async def _save_then_send(self) -> None:
+        try:
+            while self._held and self.outlet is not None:
+                batch, self._held = self._held, []
+                await self.persist_now()  # the packet identifiers of this batch
+                self._send(batch)
+        finally:
+            self._releaser = None
+
+    def _send(self, batch: list[tuple[Delivery, int | None]]) -> None:
+        outlet = self.outlet
+        if outlet is None:
+            return  # detach() has taken care of what was in flight
+        for delivery, packet_id in batch:
+            if packet_id is None:
+                outlet.send_publish(delivery, None, False)
+                self._finished(delivery)
+                continue
+            entry = self._in_flight.get(packet_id)
+            if entry is None or entry.delivery is not delivery:
+                continue
             if not outlet.send_publish(delivery, packet_id, delivery.dup):
                 del self._in_flight[packet_id]
                 self._finished(delivery)
@@ -453,6 +494,7 @@ class Session:
         is in storage); shared deliveries move to another member of their group."""
         self.outlet = None
         self._wake.set()
+        self._held.clear()  # in flight already, or QoS 0
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
