@@ -29,6 +29,10 @@ RETAINED_DB = "retained"
 _SESSION_KEY = b"s/"
 
 
+def _group_key(subscription: Subscription) -> str:
+    return f"{subscription.share_group}/{subscription.topic_filter}"
+
+
 def _qos2_prefix(client_id: str) -> bytes:
     # length-prefixed, so client "a" never sees the records of client "a/b"
     raw = client_id.encode("utf-8")
@@ -219,7 +223,7 @@ class Broker:
         if subscription.share_group is None:
             self._index.add(subscription.topic_filter, (session, subscription.key))
             return
-        group_key = f"{subscription.share_group}/{subscription.topic_filter}"
+        group_key = _group_key(subscription)
         group = self._groups.get(group_key)
         if group is None:
             group = self._groups[group_key] = SharedGroup(subscription.share_group,
@@ -232,7 +236,7 @@ class Broker:
         if subscription.share_group is None:
             self._index.remove(subscription.topic_filter, (session, subscription.key))
             return
-        group_key = f"{subscription.share_group}/{subscription.topic_filter}"
+        group_key = _group_key(subscription)
         group = self._groups.get(group_key)
         if group is None:
             return

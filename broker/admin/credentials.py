@@ -8,13 +8,13 @@ import base64
 import binascii
 import hmac
 import logging
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import AdminConfig
 from ..errors import ConfigError
+from ..files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,7 @@ def load_or_create_token(path: Path) -> str:
     token = secrets.token_urlsafe(32)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            os.fchmod(stream.fileno(), 0o600)  # O_CREAT's mode does not apply to an old file
-            stream.write(token + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
+        write_atomically(path, token + "\n")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot store the admin API token: {exc}") from exc
     log.warning("admin API token generated: %s (stored in %s)", token, path)

@@ -4,12 +4,12 @@ and kept in `<data_dir>/site-id` (on the pod's persistent volume)."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +34,7 @@ def load_or_create_site_id(data_dir: Path) -> str:
     site_id = secrets.token_hex(8).upper()
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with temporary.open("w", encoding="ascii") as stream:
-            stream.write(site_id + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
+        write_atomically(path, site_id + "\n")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot store the site id: {exc}") from exc
     log.info("new site id %s (stored in %s)", site_id, path)

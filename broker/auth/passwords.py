@@ -23,13 +23,13 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 from pathlib import Path
 from typing import Literal, get_args
 
 import bcrypt
 
 from ..errors import ConfigError
+from ..files import write_atomically
 
 Scheme = Literal["pbkdf2", "bcrypt"]
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
@@ -215,28 +215,6 @@ def load_password_file(path: str | os.PathLike[str]) -> dict[str, str]:
     return {user: encoded for user, (_, encoded) in _parse(file, _read_text(file)).items()}
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` so a reader sees the old or the new file, never half of
-    one: write a 0600 temp file in the same folder, fsync, rename over, fsync the folder."""
-    directory = path.parent
-    descriptor, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            os.fchmod(stream.fileno(), 0o600)
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-    folder = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
 def _edit(path: Path, username: str, new_line: str | None) -> bool:
     """Replace (or, with None, delete) the line of `username`, or append `new_line`.
     Comments, blank lines and the order of the other entries are kept. Returns whether
@@ -255,7 +233,7 @@ def _edit(path: Path, username: str, new_line: str | None) -> bool:
     elif new_line is not None:
         lines.append(new_line)
     if found or new_line is not None:
-        _write_atomically(path, "".join(line + "\n" for line in lines))
+        write_atomically(path, "".join(line + "\n" for line in lines))
     return found
 
 

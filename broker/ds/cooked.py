@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..errors import CorruptDataError
 from .lts import STATIC_INDEX_BYTES, Edge, StaticIndex
 from .message import Message
+from .rocks import blob, read_blob
 
 FORMAT_VERSION = 1
 # version, shard, generation, last timestamp, messages, entries, edges, record puts,
@@ -44,12 +45,11 @@ class CookedBatch:
                               len(self.record_puts), len(self.record_deletes)),
                  _U32.pack(self.payload_bytes)]
         for key, value in [*self.entries, *self.record_puts]:
-            parts += (_U32.pack(len(key)), key, _U32.pack(len(value)), value)
-        for key in self.record_deletes:
-            parts += (_U32.pack(len(key)), key)
+            parts += (blob(key), blob(value))
+        parts += (blob(key) for key in self.record_deletes)
         for edge in self.edges:
             label = edge.label.encode("utf-8")
-            parts += (edge.parent, edge.child, _U32.pack(len(label)), label)
+            parts += (edge.parent, edge.child, blob(label))
         return b"".join(parts)
 
     @classmethod
@@ -64,18 +64,18 @@ class CookedBatch:
             pos += 4
             pairs: list[tuple[bytes, bytes]] = []
             for _ in range(n_entries + n_puts):
-                key, pos = _read_blob(raw, pos)
-                value, pos = _read_blob(raw, pos)
+                key, pos = read_blob(raw, pos)
+                value, pos = read_blob(raw, pos)
                 pairs.append((key, value))
             deletes: list[bytes] = []
             for _ in range(n_deletes):
-                key, pos = _read_blob(raw, pos)
+                key, pos = read_blob(raw, pos)
                 deletes.append(key)
             edges: list[Edge] = []
             for _ in range(n_edges):
                 parent = raw[pos:pos + STATIC_INDEX_BYTES]
                 child = raw[pos + STATIC_INDEX_BYTES:pos + 2 * STATIC_INDEX_BYTES]
-                label, pos = _read_blob(raw, pos + 2 * STATIC_INDEX_BYTES)
+                label, pos = read_blob(raw, pos + 2 * STATIC_INDEX_BYTES)
                 edges.append(Edge(parent, label.decode("utf-8"), child))
             if pos != len(raw):
                 raise ValueError("trailing bytes")
@@ -85,10 +85,3 @@ class CookedBatch:
                    pairs[n_entries:], deletes)
 
 
-def _read_blob(raw: bytes, pos: int) -> tuple[bytes, int]:
-    (length,) = _U32.unpack_from(raw, pos)
-    pos += 4
-    blob = raw[pos:pos + length]
-    if len(blob) != length:
-        raise ValueError("truncated")
-    return blob, pos + length

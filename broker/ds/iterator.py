@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ..errors import InvalidIteratorError
 from ..topic import validate_filter
 from .lts import STATIC_INDEX_BYTES, StaticIndex
+from .rocks import blob, read_blob
 
 FORMAT_VERSION = 1
 
@@ -52,9 +53,9 @@ class Iterator:
             _HEAD.pack(FORMAT_VERSION, self.stream.shard, self.stream.generation,
                        self.last_timestamp),
             self.stream.static,
-            _blob(self.topic_filter.encode("utf-8")),
+            blob(self.topic_filter.encode("utf-8")),
             _U16.pack(len(self.pattern)),
-            *(_blob(level.encode("utf-8")) for level in self.pattern),
+            *(blob(level.encode("utf-8")) for level in self.pattern),
         ))
         return body + _U32.pack(zlib.crc32(body))
 
@@ -70,12 +71,12 @@ class Iterator:
             pos = _HEAD.size
             static = body[pos:pos + STATIC_INDEX_BYTES]
             pos += STATIC_INDEX_BYTES
-            topic_filter, pos = _read_blob(body, pos)
+            topic_filter, pos = read_blob(body, pos)
             (count,) = _U16.unpack_from(body, pos)
             pos += 2
             pattern = []
             for _ in range(count):
-                level, pos = _read_blob(body, pos)
+                level, pos = read_blob(body, pos)
                 pattern.append(level.decode("utf-8"))
             if pos != len(body) or len(static) != STATIC_INDEX_BYTES:
                 raise ValueError("length mismatch")
@@ -97,16 +98,3 @@ END_OF_STREAM = EndOfStream()
 _HEAD = struct.Struct(">BIIQ")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-
-
-def _blob(data: bytes) -> bytes:
-    return _U32.pack(len(data)) + data
-
-
-def _read_blob(raw: bytes, pos: int) -> tuple[bytes, int]:
-    (length,) = _U32.unpack_from(raw, pos)
-    pos += 4
-    data = raw[pos:pos + length]
-    if len(data) != length:
-        raise ValueError("truncated")
-    return data, pos + length

@@ -10,26 +10,10 @@ from collections.abc import Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from ..errors import ConfigError, CorruptDataError
-
-
-def _raw_options() -> Options:
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    return options
-
-
-def _as_bytes(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise CorruptDataError(f"expected bytes in a raw-mode database, got {type(value)}")
-    return value
-
-
-def _after_prefix(prefix: bytes) -> bytes | None:
-    stripped = prefix.rstrip(b"\xff")
-    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else None
+from ..errors import ConfigError
+from .rocks import after_prefix, as_bytes, raw_options
 
 
 class KvDatabase:
@@ -53,7 +37,7 @@ class KvDatabase:
             shard_path = path / str(shard_id)
             shard_path.mkdir(parents=True, exist_ok=True)
             shards.append(await loop.run_in_executor(
-                executor, Rdict, str(shard_path), _raw_options()))
+                executor, Rdict, str(shard_path), raw_options()))
         return cls(name, shards, sync_writes, executor)
 
     def shard_of(self, routing_key: str) -> int:
@@ -62,7 +46,7 @@ class KvDatabase:
     async def get(self, routing_key: str, key: bytes) -> bytes | None:
         shard = self._shards[self.shard_of(routing_key)]
         value = await asyncio.get_running_loop().run_in_executor(self._executor, shard.get, key)
-        return None if value is None else _as_bytes(value)
+        return None if value is None else as_bytes(value)
 
     async def write(self, routing_key: str, puts: Iterable[tuple[bytes, bytes]] = (),
                     deletes: Iterable[bytes] = ()) -> None:
@@ -95,12 +79,12 @@ class KvDatabase:
 
 def _scan_shard(shard: Rdict, prefix: bytes, limit: int) -> list[tuple[bytes, bytes]]:
     read_options = ReadOptions()
-    upper = _after_prefix(prefix)
+    upper = after_prefix(prefix)
     if upper is not None:
         read_options.set_iterate_upper_bound(upper)
     found: list[tuple[bytes, bytes]] = []
     for key, value in shard.items(from_key=prefix, read_opt=read_options):
         if len(found) >= limit:
             break
-        found.append((_as_bytes(key), _as_bytes(value)))
+        found.append((as_bytes(key), as_bytes(value)))
     return found

@@ -17,12 +17,13 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from ..errors import CorruptDataError, GenerationError
+from ..errors import GenerationError
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
 from .lts import Edge, Trie
 from .message import Message, encode_message
+from .rocks import as_bytes, raw_options
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
@@ -37,20 +38,6 @@ def now_us() -> int:
 
 def _generation_key(generation_id: int) -> bytes:
     return _GENERATION_PREFIX + b"%010d" % generation_id
-
-
-def _raw_options() -> Options:
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    options.create_missing_column_families(True)
-    return options
-
-
-def _as_bytes(value: object) -> bytes:
-    """rocksdict is typed for every value kind; a raw-mode database holds only bytes."""
-    if not isinstance(value, bytes):
-        raise CorruptDataError(f"expected bytes in a raw-mode database, got {type(value)}")
-    return value
 
 
 def _edge_key(edge: Edge) -> bytes:
@@ -77,7 +64,7 @@ class Shard:
         path.mkdir(parents=True, exist_ok=True)
         existing = Rdict.list_cf(str(path), Options(raw_mode=True)) \
             if (path / "CURRENT").exists() else ["default"]
-        self._db = Rdict(str(path), _raw_options(),
+        self._db = Rdict(str(path), raw_options(create_missing_column_families=True),
                          column_families={name: Options(raw_mode=True) for name in existing
                                           if name != "default"})
         self._write_options = WriteOptions()
@@ -94,9 +81,9 @@ class Shard:
 
     def _load_generations(self, column_families: list[str]) -> None:
         for key, raw in self._db.items(from_key=_GENERATION_PREFIX):
-            if not _as_bytes(key).startswith(_GENERATION_PREFIX):
+            if not as_bytes(key).startswith(_GENERATION_PREFIX):
                 break
-            info = GenerationInfo.from_json(_as_bytes(raw))
+            info = GenerationInfo.from_json(as_bytes(raw))
             self.generations[info.id] = self._open_generation(info)
         known = {name for g in self.generations.values()
                  for name in (g.info.data_column_family(), g.info.trie_column_family())}
@@ -109,8 +96,8 @@ class Shard:
     def _open_generation(self, info: GenerationInfo) -> Generation:
         trie = Trie(self.thresholds)
         for key, child in self._db.get_column_family(info.trie_column_family()).items():
-            raw_key = _as_bytes(key)
-            trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), _as_bytes(child)))
+            raw_key = as_bytes(key)
+            trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
         return Generation(info, make_layout(info.layout, dict(info.layout_options)), trie,
                           self._db.get_column_family(info.data_column_family()))
 
@@ -258,10 +245,10 @@ class Shard:
         start = RECORD_PREFIX + prefix
         found: list[tuple[bytes, bytes]] = []
         for key, value in self._db.items(from_key=start):
-            raw_key = _as_bytes(key)
+            raw_key = as_bytes(key)
             if not raw_key.startswith(start):
                 break
-            found.append((raw_key[len(RECORD_PREFIX):], _as_bytes(value)))
+            found.append((raw_key[len(RECORD_PREFIX):], as_bytes(value)))
         return found
 
     def disk_usage(self) -> int:

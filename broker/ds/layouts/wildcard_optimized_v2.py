@@ -20,6 +20,7 @@ from rocksdict import ReadOptions
 from ...topic import levels_match
 from ..lts import PLUS, StaticIndex, TopicKey
 from ..message import peek_topic
+from ..rocks import after_prefix
 from .base import KeyValueReader, ReadStats
 
 NAME = "wildcard_optimized_v2"
@@ -45,12 +46,6 @@ def data_key(static: StaticIndex, timestamp: int) -> bytes:
 
 def index_prefix(static: StaticIndex, level_number: int, level: str) -> bytes:
     return static + _LEVEL.pack(level_number) + level_hash(level)
-
-
-def _after_prefix(prefix: bytes) -> bytes:
-    """The smallest key greater than every key that starts with `prefix`."""
-    stripped = prefix.rstrip(b"\xff")
-    return stripped[:-1] + bytes((stripped[-1] + 1,)) if stripped else b"\xff" * 32
 
 
 # Bounded so a flood of distinct topics cannot grow memory forever.
@@ -102,7 +97,9 @@ class WildcardOptimizedV2:
               stats: ReadStats) -> list[tuple[bytes, bytes]]:
         prefix = data_prefix(static)
         read_options = ReadOptions()
-        read_options.set_iterate_upper_bound(_after_prefix(prefix))
+        upper = after_prefix(prefix)
+        if upper is not None:
+            read_options.set_iterate_upper_bound(upper)
         found: list[tuple[bytes, bytes]] = []
         stats.seeks += 1
         for entry in data.items(from_key=prefix + _TS.pack(after + 1), read_opt=read_options):
