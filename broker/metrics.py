@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from functools import cache
+
 from prometheus_client import Counter, Gauge
 
 CONNECTIONS = Gauge("stratamq_connections", "Open client connections", ("listener",))
@@ -17,3 +19,25 @@ MESSAGES_DELIVERED = Counter("stratamq_messages_delivered", "PUBLISH messages se
 MESSAGES_DROPPED = Counter("stratamq_messages_dropped", "Messages not delivered", ("reason",))
 SESSIONS = Gauge("stratamq_sessions", "Sessions held in memory", ("kind",))
 IN_FLIGHT = Gauge("stratamq_in_flight", "Outbound QoS 1/2 messages awaiting acknowledgement")
+
+
+# `.labels()` validates and locks on every call; the broker counts every packet, so
+# it keeps the labelled children it has made.
+@cache
+def packets_received(kind: str) -> Counter:
+    return PACKETS_RECEIVED.labels(kind)
+
+
+@cache
+def packets_sent(kind: str) -> Counter:
+    return PACKETS_SENT.labels(kind)
+
+
+@cache
+def messages_received(qos: int) -> Counter:
+    return MESSAGES_RECEIVED.labels(str(qos))
+
+
+@cache
+def messages_delivered(qos: int) -> Counter:
+    return MESSAGES_DELIVERED.labels(str(qos))

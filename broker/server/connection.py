@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..auth import AccessControl
 from ..broker import Broker
@@ -19,11 +19,11 @@ from ..errors import StratamqError
 from ..metrics import (
     BYTES_RECEIVED,
     BYTES_SENT,
-    MESSAGES_DELIVERED,
     MESSAGES_DROPPED,
-    MESSAGES_RECEIVED,
-    PACKETS_RECEIVED,
-    PACKETS_SENT,
+    messages_delivered,
+    messages_received,
+    packets_received,
+    packets_sent,
 )
 from ..mqtt import (
     MQTT_5,
@@ -146,7 +146,9 @@ class Connection:
         timeout: float | None = self.limits.connect_timeout
         while not self._closing:
             try:
-                data = await asyncio.wait_for(read(), timeout)
+                # asyncio.timeout, not wait_for: no task per read
+                async with asyncio.timeout(timeout):
+                    data = await read()
             except TimeoutError:
                 self._disconnect(0x8D)  # Keep Alive timeout
                 raise ConnectionClosed() from None
@@ -154,7 +156,7 @@ class Connection:
                 raise ConnectionClosed()
             BYTES_RECEIVED.inc(len(data))
             for packet in self._reader.feed(data):
-                PACKETS_RECEIVED.labels(type(packet).__name__.lower()).inc()
+                packets_received(type(packet).__name__.lower()).inc()
                 await self._handle(packet)
             timeout = self.keepalive * 1.5 if self.keepalive else None
             if self.session is None:
@@ -292,7 +294,7 @@ class Connection:
             return
         message = Message(topic, packet.payload, self.client_id, packet.qos, packet.retain,
                           _to_message_properties(packet.properties))
-        MESSAGES_RECEIVED.labels(str(packet.qos)).inc()
+        messages_received(packet.qos).inc()
         try:
             waits = self.broker.publish(message, wait=packet.qos > 0,
                                         qos2_packet_id=packet.packet_id if packet.qos == 2
@@ -303,10 +305,10 @@ class Connection:
         if packet.qos == 0:
             return
         self._inbound_qos_pending += 1
-        done = asyncio.gather(*waits)
+        done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
         done.add_done_callback(lambda future: self._stored(packet, future))
 
-    def _stored(self, packet: Publish, future: asyncio.Future[list[None]]) -> None:
+    def _stored(self, packet: Publish, future: asyncio.Future[Any]) -> None:
         """A QoS 1/2 message is durable (or failed): only now is it acknowledged."""
         self._inbound_qos_pending -= 1
         if self._closing:
@@ -458,7 +460,7 @@ class Connection:
 
     def _send(self, packet: Packet) -> None:
         data = encode(packet, self.level)
-        PACKETS_SENT.labels(type(packet).__name__.lower()).inc()
+        packets_sent(type(packet).__name__.lower()).inc()
         BYTES_SENT.inc(len(data))
         self.transport.write(data)
 
@@ -504,8 +506,8 @@ class Connection:
             if properties.topic_alias is not None and topic:
                 del self._outbound_aliases[topic]
             return False
-        PACKETS_SENT.labels("publish").inc()
-        MESSAGES_DELIVERED.labels(str(delivery.qos)).inc()
+        packets_sent("publish").inc()
+        messages_delivered(delivery.qos).inc()
         BYTES_SENT.inc(len(data))
         self.transport.write(data)
         return True

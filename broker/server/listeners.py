@@ -22,18 +22,34 @@ ConnectionFactory = Callable[["_StreamTransport | _WebSocketTransport", str, str
 
 
 class _StreamTransport:
+    """Packets written during one turn of the event loop leave in one `send()`: a
+    PUBACK per message would otherwise cost a system call each."""
+
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
+        self._corked: list[bytes] = []
+        self._corked_bytes = 0
 
     def write(self, data: bytes) -> None:
-        if not self._writer.is_closing():
-            self._writer.write(data)
+        if self._writer.is_closing():
+            return
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._corked.append(data)
+        self._corked_bytes += len(data)
+
+    def _flush(self) -> None:
+        if self._corked and not self._writer.is_closing():
+            self._writer.write(b"".join(self._corked))
+        self._corked.clear()
+        self._corked_bytes = 0
 
     def close(self) -> None:
+        self._flush()
         self._writer.close()
 
     def buffered(self) -> int:
-        return self._writer.transport.get_write_buffer_size()
+        return self._writer.transport.get_write_buffer_size() + self._corked_bytes
 
 
 class _WebSocketTransport:
