@@ -417,8 +417,13 @@ class Broker:
         removed = 0
         for key, raw in await self._sessions_db.scan(_SESSION_KEY):
             record = SessionRecord.from_json(raw)
-            if record.client_id in self.sessions or record.disconnected_at is None:
+            if record.client_id in self.sessions:
                 continue
+            if record.disconnected_at is None:
+                # It was connected when the site stopped without saying goodbye: its
+                # expiry (and will delay) count from now, when the site is back.
+                record.disconnected_at = now
+                await self._sessions_db.write(record.client_id, puts=[(key, record.to_json())])
             if record.will is not None and record.disconnected_at + min(
                     record.will.delay, record.expiry_interval) <= now:
                 self.publish(record.will.to_message(record.client_id), wait=False)

@@ -79,6 +79,9 @@ class ConnectionLimits:
     max_write_buffer: int = 8 * 1024 * 1024
 
 
+_NO_PROPERTIES = Properties()
+
+
 class ConnectionClosed(Exception):
     """Raised inside the connection to end it (after any DISCONNECT is sent)."""
 
@@ -475,8 +478,10 @@ class Connection:
             MESSAGES_DROPPED.labels("slow_consumer").inc()
             return True
         message = delivery.message
-        properties = Properties()
-        if self.level == MQTT_5:
+        if self.level < MQTT_5:
+            properties = _NO_PROPERTIES  # not written before MQTT 5, never changed
+        else:
+            properties = Properties()
             source = message.properties
             properties.payload_format_indicator = source.payload_format_indicator
             properties.content_type = source.content_type

@@ -51,17 +51,30 @@ class Cursor:
     key: str
     subscription: Subscription
     stream: Stream
-    iterator: Iterator  # where reading continues: after the last message handed out
+    iterator: Iterator  # the stream and filter; its position may lag `last_handed`
     state: CursorState  # what is done (persisted)
     in_flight: deque[int] = field(default_factory=deque)  # handed out, in order
     done_early: set[int] = field(default_factory=set)
     live: bool = False
     dirty: bool = False
     ended: bool = False
+    last_handed: int = -1  # timestamp of the last message handed out (or skipped)
+
+    def __post_init__(self) -> None:
+        if self.last_handed < 0:
+            self.last_handed = self.iterator.last_timestamp
 
     def handed_out(self, timestamp: int) -> None:
+        # An int, not a new Iterator per message: the iterator is moved only when
+        # reading resumes (see `reader`).
         self.in_flight.append(timestamp)
-        self.iterator = self.iterator.advanced_to(timestamp)
+        self.last_handed = timestamp
+
+    def reader(self) -> Iterator:
+        """The iterator positioned after the last message handed out."""
+        if self.iterator.last_timestamp != self.last_handed:
+            self.iterator = self.iterator.advanced_to(self.last_handed)
+        return self.iterator
 
     def done(self, timestamp: int) -> None:
         if self.in_flight and self.in_flight[0] == timestamp:
@@ -243,7 +256,7 @@ class Session:
                 if cursor.live or cursor.ended or self._blocked(cursor):
                     continue
                 cursor.dirty = False
-                result = await self._storage.next(self._db, cursor.iterator, self._batch_size)
+                result = await self._storage.next(self._db, cursor.reader(), self._batch_size)
                 if self._cursors.get(cursor.key) is not cursor:
                     continue  # unsubscribed meanwhile
                 if isinstance(result, EndOfStream):
@@ -254,10 +267,11 @@ class Session:
                 iterator, batch = result
                 for _key, message in batch:
                     if message.timestamp in cursor.done_early:
-                        cursor.iterator = cursor.iterator.advanced_to(message.timestamp)
+                        cursor.last_handed = message.timestamp
                         continue
                     self._offer_durable(cursor, message)
                 cursor.iterator = iterator
+                cursor.last_handed = iterator.last_timestamp
                 if batch:
                     progressed = True
                 elif not cursor.dirty:
@@ -288,7 +302,7 @@ class Session:
             return
         if cursor.live and not self._blocked(cursor) \
                 and len(self._queue) < self._max_queued and self.outlet is not None:
-            if message.timestamp > cursor.iterator.last_timestamp:
+            if message.timestamp > cursor.last_handed:
                 self._offer_durable(cursor, message)
         else:
             cursor.live = False
