@@ -265,6 +265,12 @@ class Connection:
         session = self._session()
         topic = packet.topic
         alias = packet.properties.topic_alias
+        if packet.properties.subscription_identifiers:
+            self._disconnect(0x82)  # only the server sets them (MQTT-3.3.4-6)
+            raise ConnectionClosed()
+        if not topic and alias is None:
+            self._disconnect(0x82)  # an empty topic needs an alias (MQTT-3.3.2-8)
+            raise ConnectionClosed()
         if alias is not None:
             if not 0 < alias <= self.limits.topic_alias_maximum:
                 self._disconnect(0x94)  # Topic Alias invalid
