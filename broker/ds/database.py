@@ -245,6 +245,25 @@ class Database:
         messages = [(key, decode_message(value)) for key, value in entries]
         return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
 
+    async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
+        """The message of a stream at a timestamp; None when it (or its generation)
+        is not there."""
+        shard = self._shard(stream)
+        generation = shard.generations.get(stream.generation)
+        if generation is None:
+            return None
+        read_key = (stream.shard, stream.generation)
+        self._reads_in_flight[read_key] += 1
+        try:
+            raw = await asyncio.get_running_loop().run_in_executor(
+                self._executor, generation.layout.read_one, generation.data, stream.static,
+                timestamp)
+        finally:
+            self._reads_in_flight[read_key] -= 1
+            async with self._read_finished:
+                self._read_finished.notify_all()
+        return None if raw is None else decode_message(raw)
+
     # -- generations --------------------------------------------------------------
 
     async def add_generation(self) -> None:

@@ -162,8 +162,9 @@ class Session:
                      **{key: CursorState(c.state.position, list(c.state.done_above))
                         for key, c in self._cursors.items()}},
             pubrel_pending=sorted(pid for pid, f in self._in_flight.items() if f.released),
-            resend=sorted((pid, key, timestamp)
-                          for (key, timestamp), pid in self._unacknowledged().items()),
+            # in the order they were first sent: resent in that order too
+            resend=[(pid, key, timestamp)
+                    for (key, timestamp), pid in self._unacknowledged().items()],
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
@@ -246,7 +247,25 @@ class Session:
                    and other.stream.generation < cursor.stream.generation and not other.ended
                    for other in self._cursors.values())
 
+    async def _resend_in_order(self) -> None:
+        """Unacknowledged messages go out again in the order they were first sent,
+        across streams (MQTT-4.6.0-1), before replay reads anything new. Within a
+        stream they are a prefix of what follows its position, so replay then goes
+        on after the last one."""
+        for key, timestamp in list(self._resend):
+            cursor = self._cursors.get(key)
+            if cursor is None or self.outlet is None:
+                continue
+            message = await self._storage.db(self._db).read_message(cursor.stream, timestamp)
+            if (key, timestamp) not in self._resend or self._cursors.get(key) is not cursor:
+                continue
+            if message is None:  # its generation was dropped by retention meanwhile
+                self._reserved_ids.discard(self._resend.pop((key, timestamp)))
+                continue
+            self._offer_durable(cursor, message)
+
     async def _replay(self) -> None:
+        await self._resend_in_order()
         while self.outlet is not None:
             self._wake.clear()
             progressed = False

@@ -48,5 +48,10 @@ class Layout(Protocol):
         timestamp greater than `after`, in timestamp order, matching the filter."""
         ...
 
+    def read_one(self, data: KeyValueReader, static: StaticIndex,
+                 timestamp: int) -> bytes | None:
+        """The stored message of a stream at a timestamp, if there is one."""
+        ...
+
     def timestamp_of(self, data_key: bytes) -> int:
         ...

@@ -84,6 +84,11 @@ class WildcardOptimizedV2:
             entries += [(prefix + ts, b"") for prefix in self._prefixes(topic, key)]
         return entries
 
+    def read_one(self, data: KeyValueReader, static: StaticIndex,
+                 timestamp: int) -> bytes | None:
+        value = data.get(data_key(static, timestamp))
+        return value if isinstance(value, bytes) else None
+
     def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],
              filter_levels: list[str], after: int, batch_size: int,
              stats: ReadStats) -> list[tuple[bytes, bytes]]:
