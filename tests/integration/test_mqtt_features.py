@@ -33,14 +33,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         yield process
 
 
-@pytest.fixture
-def clients(broker: BrokerProcess) -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.stop()
-
-
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,
               client_id: str | None = None) -> PahoClient:
     client = PahoClient(broker.port, client_id or unique("c"), version=version)

@@ -26,15 +26,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         yield process
 
 
-@pytest.fixture
-def clients(broker: BrokerProcess) -> Iterator[list[PahoClient]]:
-    """Clients a test makes; all stopped afterwards."""
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.stop()
-
-
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5) -> PahoClient:
     client = PahoClient(broker.port, unique("c"), version=version)
     assert client.connect().reason_code == 0

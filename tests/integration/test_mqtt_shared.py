@@ -26,14 +26,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         yield process
 
 
-@pytest.fixture
-def clients(broker: BrokerProcess) -> Iterator[list[PahoClient]]:
-    made: list[PahoClient] = []
-    yield made
-    for client in made:
-        client.stop()
-
-
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,
               manual_ack: bool = False) -> PahoClient:
     client = PahoClient(broker.port, unique("c"), version=version, manual_ack=manual_ack)
