@@ -9,14 +9,13 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .ds import CookedBatch, Database, DurableStorage, Message, Stream
 from .ds.kv import KvDatabase
 from .ds.message import decode_message, encode_message
-from .metrics import MESSAGES_DROPPED, SESSIONS
+from .metrics import IN_FLIGHT, MESSAGES_DROPPED, SESSIONS
 from .router import SubscriptionIndex
 from .session.model import SessionRecord, Subscription
 from .session.session import Delivery, Session
@@ -77,6 +76,7 @@ class SharedGroup:
 class BrokerLimits:
     max_queued: int = 1000
     batch_size: int = 100
+    idle_poll_interval: float = 10.0
     renew_streams_interval: float = 1.0
     session_gc_interval: float = 600.0
     durable_sessions: bool = True
@@ -100,6 +100,8 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._retain_lock = asyncio.Lock()
         messages.add_commit_listener(self._on_commit)
+        IN_FLIGHT.set_function(
+            lambda: sum(session.in_flight_count for session in self.sessions.values()))
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
@@ -255,6 +257,7 @@ class Broker:
         return Session(client_id, durable=durable, expiry_interval=expiry_interval,
                        storage=self.storage, messages_db=self.messages.name,
                        max_queued=self.limits.max_queued, batch_size=self.limits.batch_size,
+                       idle_poll_interval=self.limits.idle_poll_interval,
                        persist=self.persist, on_shared_loss=self._on_shared_loss)
 
     async def open_session(self, connection: Connection, clean_start: bool,
@@ -446,5 +449,3 @@ class Broker:
         SESSIONS.labels("durable").set(durable)
         SESSIONS.labels("transient").set(len(self.sessions) - durable)
 
-
-Persist = Callable[[Session], Awaitable[None]]

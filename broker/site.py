@@ -112,6 +112,7 @@ async def _start_parts(config: Config) -> RunningSite:
         storage, messages, config.durable_storage.messages.n_shards,
         config.durable_storage.messages.sync_writes,
         BrokerLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
+                     idle_poll_interval=sessions.idle_poll_interval,
                      renew_streams_interval=sessions.renew_streams_interval,
                      session_gc_interval=sessions.session_gc_interval,
                      durable_sessions=sessions.enable))

@@ -112,6 +112,7 @@ class _InFlight:
 class Session:
     def __init__(self, client_id: str, *, durable: bool, expiry_interval: int,
                  storage: DurableStorage, messages_db: str, max_queued: int, batch_size: int,
+                 idle_poll_interval: float,
                  persist: Callable[[Session], Awaitable[None]],
                  on_shared_loss: Callable[[Delivery], None]) -> None:
         self.client_id = client_id
@@ -132,6 +133,7 @@ class Session:
         self._db = messages_db
         self._max_queued = max_queued
         self._batch_size = batch_size
+        self._idle_poll_interval = idle_poll_interval
         self._persist = persist
         self._on_shared_loss = on_shared_loss
         self._queue: deque[Delivery] = deque()
@@ -298,7 +300,11 @@ class Session:
                 else:
                     progressed = True
             if not progressed:
-                await self._wake.wait()
+                # Woken by the feed, acks and new streams; the timeout is a safety net
+                # should a wake-up ever be missed.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._idle_poll_interval):
+                        await self._wake.wait()
 
     def _forget_if_complete(self, cursor: Cursor) -> None:
         if cursor.ended and not cursor.in_flight:

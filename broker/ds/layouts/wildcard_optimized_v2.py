@@ -29,7 +29,6 @@ _TS = struct.Struct(">Q")
 _DATA_LEVEL = b"\x00\x00"
 _LEVEL = struct.Struct(">H")
 HASH_BYTES = 8
-MAX_VARYING_LEVELS = 0xFFFF
 
 
 def level_hash(level: str) -> bytes:
