@@ -4,6 +4,7 @@ own data directory, started, SIGKILLed and restarted like a pod would be."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,10 +18,26 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Below Linux's ephemeral range (32768-60999 by default), so a port we pick is never
+# taken meanwhile by the source port of some client's outgoing connection.
+_PORT_RANGE = (20000, 32000)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port that is free now and was not handed out before in this run."""
+    for _ in range(1000):
+        port = random.randint(*_PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

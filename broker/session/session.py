@@ -85,8 +85,10 @@ class Cursor:
                 self.state.position = self.in_flight.popleft()
         else:
             self.done_early.add(timestamp)
-        above = self.state.position
-        self.state.done_above = sorted(t for t in self.done_early if t > above)
+        if self.done_early or self.state.done_above:
+            above = self.state.position
+            self.done_early = {t for t in self.done_early if t > above}
+            self.state.done_above = sorted(self.done_early)
 
 
 @dataclass(slots=True, eq=False)
@@ -134,6 +136,7 @@ class Session:
         self._max_queued = max_queued
         self._batch_size = batch_size
         self._idle_poll_interval = idle_poll_interval
+        self._waiting_for_room = False
         self._persist = persist
         self._on_shared_loss = on_shared_loss
         self._queue: deque[Delivery] = deque()
@@ -272,7 +275,10 @@ class Session:
             self._wake.clear()
             progressed = False
             for cursor in list(self._cursors.values()):
-                if len(self._queue) >= self._max_queued // 2 or self.outlet is None:
+                if len(self._queue) >= self._max_queued // 2:
+                    self._waiting_for_room = True  # acks wake us (see _finished)
+                    break
+                if self.outlet is None:
                     break
                 if cursor.live or cursor.ended or self._blocked(cursor):
                     continue
@@ -469,7 +475,8 @@ class Session:
             cursor.done(delivery.message.timestamp)
             self._forget_if_complete(cursor)
             self.request_persist()
-        if len(self._queue) < self._max_queued // 2:
+        if self._waiting_for_room and len(self._queue) < self._max_queued // 2:
+            self._waiting_for_room = False
             self._wake.set()
 
     # -- acknowledgements ---------------------------------------------------------
