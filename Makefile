@@ -49,13 +49,15 @@ lint: $(STAMP) typecheck-tree
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker
 	MYPYPATH=.typecheck $(BIN)/mypy tests bench
 
-# broker_bench.py also needs Mosquitto and its C clients (Debian) and amqtt (PyPI).
-bench: $(STAMP)
-	@command -v mosquitto_pub >/dev/null && command -v mosquitto_sub >/dev/null \
-	  && PATH="$$PATH:/usr/sbin" command -v mosquitto >/dev/null \
-	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get \
-	       install -y -qq --no-install-recommends mosquitto mosquitto-clients >/dev/null; }
-	@test -x $(BIN)/amqtt || $(BIN)/python -m pip install --quiet amqtt
+# The benchmarks' peers: Mosquitto (Debian, installed with the stamp above) and
+# amqtt (PyPI, the `bench` extra).
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/ds_bench.py
 	$(BIN)/python bench/broker_bench.py
 
