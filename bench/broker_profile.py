@@ -5,8 +5,8 @@ including callees).
 
     .venv/bin/python bench/broker_profile.py [--messages N] [--top K] [--out DIR]
 
-Needs py-spy in .venv (`pip install py-spy`); writes the raw samples and the report
-into bench/results/.
+Needs py-spy in .venv (the `bench` extra; `make bench` installs it); writes the raw
+samples and the report into bench/results/.
 """
 
 from __future__ import annotations
