@@ -65,6 +65,9 @@ class WriteBuffer:
         if self._closed:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
         done = asyncio.get_running_loop().create_future() if wait else None
+        # records take buffer room like payloads do
+        size += sum(len(key) + len(value) for key, value in record_puts or ())
+        size += sum(len(key) for key in record_deletes or ())
         if not self._pending:
             self._oldest_at = time.monotonic()
         self._pending.append(_Pending(messages, size, done, record_puts or [],
@@ -118,14 +121,13 @@ class WriteBuffer:
 
     async def _flush(self, taken: list[_Pending]) -> None:
         messages = [message for entry in taken for message in entry.messages]
+        record_puts, record_deletes = _final_records(taken)
         started = time.perf_counter()
         error: BaseException | None = None
         cooked = None
         async with self._lock:
             try:
-                cooked = self._shard.prepare(
-                    messages, [put for entry in taken for put in entry.record_puts],
-                    [key for entry in taken for key in entry.record_deletes])
+                cooked = self._shard.prepare(messages, record_puts, record_deletes)
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._shard.write, cooked)
             except Exception as exc:  # handed to every waiting writer below
@@ -150,6 +152,22 @@ class WriteBuffer:
             self._on_commit(cooked)
         except Exception:  # a listener's bug must not stop the writer
             log.exception("commit listener failed on shard %s", self._labels)
+
+
+def _final_records(taken: list[_Pending]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """The records of many writes as one batch's puts and deletes. A batch writes its
+    puts before its deletes, so a key put, deleted and put again by three writes must
+    become one put: the last write of each key wins. Within one write a delete wins
+    over a put of the same key."""
+    final: dict[bytes, bytes | None] = {}
+    for entry in taken:
+        for key, value in entry.record_puts:
+            final[key] = value
+        for key in entry.record_deletes:
+            final[key] = None
+    puts = [(key, value) for key, value in final.items() if value is not None]
+    deletes = [key for key, value in final.items() if value is None]
+    return puts, deletes
 
 
 def _settle(taken: list[_Pending], settle: Callable[[asyncio.Future[None]], None]) -> None:

@@ -33,7 +33,7 @@ from .shard import Shard, now_us
 log = logging.getLogger(__name__)
 
 DB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_META_FILE = "db.json"
+META_FILE = "db.json"
 
 NextResult = tuple[Iterator, list[tuple[bytes, Message]]]
 
@@ -45,7 +45,7 @@ def shard_of(client_id: str, n_shards: int) -> int:
 
 
 def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
-    meta = path / _META_FILE
+    meta = path / META_FILE
     if meta.exists():
         stored = json.loads(meta.read_text())
         if stored["n_shards"] != options.n_shards:
@@ -53,10 +53,14 @@ def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
                 f"durable_storage.{name}.n_shards: is {options.n_shards} but database "
                 f"{name!r} was created with {stored['n_shards']} shards in {path}; "
                 "n_shards is fixed when a database is created")
+        if stored.get("key_value", False) != options.key_value:
+            raise ConfigError(f"database {name!r} in {path} was not created as a "
+                              f"{'key-value' if options.key_value else 'messages'} database")
         return
     path.mkdir(parents=True, exist_ok=True)
     temporary = meta.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"n_shards": options.n_shards, "format": 1}))
+    temporary.write_text(json.dumps({"n_shards": options.n_shards, "format": 1,
+                                     "key_value": options.key_value}))
     temporary.replace(meta)
 
 
@@ -104,6 +108,9 @@ class Database:
     # -- writing ------------------------------------------------------------------
 
     def _validate(self, message: Message) -> int:
+        if self.options.key_value:
+            raise InvalidMessageError(
+                f"database {self.name!r} is a key-value database; it takes no messages")
         check_topic(message.topic)
         if len(message.payload) > self.options.max_payload_bytes:
             raise PayloadTooLargeError(
@@ -153,6 +160,18 @@ class Database:
         shard = self.shards[shard_of(records_of, self.options.n_shards)]
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, shard.scan_records, prefix)
+
+    async def scan_shard_records(self, shard_id: int, prefix: bytes,
+                                 limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` records of one shard whose key starts with `prefix`."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.shards[shard_id].scan_records, prefix, limit)
+
+    async def get_record(self, records_of: str, key: bytes) -> bytes | None:
+        """One record of `records_of`'s shard, None when there is none."""
+        shard = self.shards[shard_of(records_of, self.options.n_shards)]
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, shard.get_record, key)
 
     async def store_batch(self, messages: list[Message], sync: bool = True) -> None:
         """Store messages. With `sync`, return once they are durable (in RocksDB's
@@ -296,6 +315,8 @@ class Database:
     async def apply_retention(self, now: int | None = None) -> tuple[bool, int]:
         """One pass of the retention rule; returns (generation added, generations
         dropped)."""
+        if self.options.key_value:  # records are never dropped by retention
+            return False, 0
         at = now_us() if now is None else now
         retention_us = int(self.options.message_retention_period * 1_000_000)
         plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us)

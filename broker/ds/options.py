@@ -25,3 +25,7 @@ class DbOptions:
     sync_writes: bool = False
     max_payload_bytes: int = MAX_MQTT_PAYLOAD
     message_retention_period: float = 86_400.0
+    # A key-value database (`sessions`, `retained`) takes only records (puts and
+    # deletes), written through the same shard log as messages; retention never
+    # drops them (records live outside generations).
+    key_value: bool = False

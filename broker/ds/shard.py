@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from ..errors import GenerationError
 from .cooked import CookedBatch
@@ -23,7 +23,7 @@ from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
 from .lts import Edge, Trie
 from .message import Message, encode_message
-from .rocks import as_bytes, raw_options
+from .rocks import after_prefix, as_bytes, raw_options
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
@@ -239,16 +239,24 @@ class Shard:
         return generation.layout.read(generation.data, static, pattern, filter_levels, after,
                                       batch_size, stats)
 
-    def scan_records(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """Records (see CookedBatch.record_puts) whose key starts with `prefix`,
-        without the internal prefix. Blocking."""
+    def get_record(self, key: bytes) -> bytes | None:
+        """One record (see CookedBatch.record_puts). Blocking."""
+        value = self._db.get(RECORD_PREFIX + key)
+        return None if value is None else as_bytes(value)
+
+    def scan_records(self, prefix: bytes, limit: int = 1_000_000) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` records whose key starts with `prefix`, without the
+        internal prefix, in key order. Blocking."""
         start = RECORD_PREFIX + prefix
+        read_options = ReadOptions()
+        upper = after_prefix(start)
+        if upper is not None:
+            read_options.set_iterate_upper_bound(upper)
         found: list[tuple[bytes, bytes]] = []
-        for key, value in self._db.items(from_key=start):
-            raw_key = as_bytes(key)
-            if not raw_key.startswith(start):
+        for key, value in self._db.items(from_key=start, read_opt=read_options):
+            if len(found) >= limit:
                 break
-            found.append((raw_key[len(RECORD_PREFIX):], as_bytes(value)))
+            found.append((as_bytes(key)[len(RECORD_PREFIX):], as_bytes(value)))
         return found
 
     def disk_usage(self) -> int:

@@ -17,7 +17,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import StorageClosedError, UnknownDatabaseError
+from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
 from .database import Database, NextResult
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
@@ -49,6 +49,8 @@ class DurableStorage:
             raise StorageClosedError("the storage is closed")
         if name in self._databases:
             return self._databases[name]
+        if name in self._kv_databases:
+            raise ConfigError(f"database {name!r} is open as a key-value database")
         database = await Database.open(name, self.data_dir, options or DbOptions(),
                                        self._executor)
         self._databases[name] = database
@@ -58,6 +60,8 @@ class DurableStorage:
         """Open (creating on first use) a key-value database (`sessions`, `retained`)."""
         if self._closed:
             raise StorageClosedError("the storage is closed")
+        if name in self._databases:
+            raise ConfigError(f"database {name!r} is open as a messages database")
         if name not in self._kv_databases:
             self._kv_databases[name] = await KvDatabase.open(
                 name, self.data_dir, n_shards, sync_writes, self._executor)

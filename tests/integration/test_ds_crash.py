@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from stratamq.broker.ds import DurableStorage
-from tests.integration.ds_crash_writer import OPTIONS, batch_messages
+from tests.integration.ds_crash_writer import KV_SHARDS, OPTIONS, batch_messages, kv_entry
 from tests.support import read_filter, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,13 +24,14 @@ def run_writer_until_killed(data_dir: Path, run_id: int, acks_before_kill: int) 
     assert process.stdout is not None
     acked: list[str] = []
     for line in process.stdout:
-        if line.startswith("acked"):
+        if line.startswith(("acked", "kv-acked")):
             acked.append(line)
             if len(acked) >= acks_before_kill:
                 break
     os.kill(process.pid, signal.SIGKILL)
     # whatever it printed before dying was acknowledged too
-    acked += [line for line in process.stdout.read().splitlines() if line.startswith("acked")]
+    acked += [line for line in process.stdout.read().splitlines()
+              if line.startswith(("acked", "kv-acked"))]
     process.wait()
     assert process.returncode == -signal.SIGKILL
     return acked
@@ -39,10 +40,18 @@ def run_writer_until_killed(data_dir: Path, run_id: int, acks_before_kill: int) 
 def test_acknowledged_batches_survive_sigkill(tmp_path: Path) -> None:
     rng = random.Random(7)
     expected: set[bytes] = set()
+    kv_expected: set[bytes] = set()
+    kv_last: dict[bytes, int] = {}  # newest acknowledged value per overwritten key
     for run_id in range(3):
         for line in run_writer_until_killed(tmp_path, run_id, rng.randint(150, 600)):
-            _word, writer, batch = line.split()
+            word, writer, batch = line.split()
+            if word == "kv-acked":
+                _routing, key, value = kv_entry(run_id, int(writer), int(batch))
+                kv_expected.add(b"each/" + value)
+                kv_last[key] = max(kv_last.get(key, -1), int(batch))
+                continue
             expected |= {m.payload for m in batch_messages(run_id, int(writer), int(batch))}
+    assert kv_expected, "the key-value writers were never acknowledged"
 
     async def check() -> None:
         storage = DurableStorage(tmp_path)
@@ -64,6 +73,14 @@ def test_acknowledged_batches_survive_sigkill(tmp_path: Path) -> None:
             assert [info.is_current for info in infos] == [False] * (len(infos) - 1) + [True]
             assert all(a.until == b.since for a, b in itertools.pairwise(infos))
         assert len(generations) > 4  # the writers added generations before dying
+        # every acknowledged key-value write is there; an overwritten key holds its
+        # newest acknowledged value or a later one
+        kv = await storage.open_kv_db("sessions", KV_SHARDS)
+        kv_stored = {key for key, _value in await kv.scan(b"each/")}
+        assert kv_expected <= kv_stored, f"{len(kv_expected - kv_stored)} kv writes lost"
+        for key, number in kv_last.items():
+            stored_value = dict(await kv.scan(key))[key]
+            assert int(stored_value.split(b":")[2]) >= number
         # and it still takes writes
         await storage.store_batch("messages", batch_messages(99, 0, 0))
         await storage.close()
