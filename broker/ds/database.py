@@ -19,14 +19,14 @@ from ..errors import (
     InvalidMessageError,
     PayloadTooLargeError,
 )
-from ..topic import check_topic, validate_filter
+from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
 from .generation import GenerationInfo, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
-from .message import Message, decode_message
+from .message import Message, decode_message, peek_topic
 from .options import DbOptions
 from .shard import Shard, now_us
 
@@ -243,16 +243,21 @@ class Database:
             return END_OF_STREAM
         stats = ReadStats()
         read_key = (stream.shard, stream.generation)
+        # Captured before the read: a generation closed before the read started holds
+        # nothing the read missed, so an empty read of it is the end. One closed
+        # during the read may have taken a batch the read did not see.
+        closed_before_read = not generation.info.is_current
+        filter_levels = iterator.topic_filter.split("/")
         self._reads_in_flight[read_key] += 1
         try:
             entries = await asyncio.get_running_loop().run_in_executor(
                 self._executor, shard.read, stream.generation, stream.static, iterator.pattern,
-                iterator.topic_filter.split("/"), iterator.last_timestamp, batch_size, stats)
+                filter_levels, iterator.last_timestamp, batch_size, stats)
         finally:
             self._reads_in_flight[read_key] -= 1
             async with self._read_finished:
                 self._read_finished.notify_all()
-        if entries is None or (not entries and not generation.info.is_current):
+        if entries is None or (not entries and closed_before_read):
             return END_OF_STREAM
         metrics.LAYOUT_SEEK.labels(self.name).inc(stats.seeks)
         metrics.LAYOUT_NEXT.labels(self.name).inc(stats.nexts)
@@ -261,7 +266,11 @@ class Database:
         metrics.NEXT_TIME.labels(self.name).observe(time.perf_counter() - started)
         if not entries:
             return iterator, []
-        messages = [(key, decode_message(value)) for key, value in entries]
+        # Iterator bytes come from outside (a client's session, another site): a valid
+        # checksum does not make the stream/filter pair honest, so every message is
+        # checked against the filter. Those that fail are skipped, not returned.
+        messages = [(key, decode_message(value)) for key, value in entries
+                    if levels_match(filter_levels, peek_topic(value).split("/"))]
         return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
