@@ -19,6 +19,7 @@ from ..errors import (
     InvalidMessageError,
     PayloadTooLargeError,
 )
+from ..files import write_atomically
 from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
@@ -58,10 +59,8 @@ def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
                               f"{'key-value' if options.key_value else 'messages'} database")
         return
     path.mkdir(parents=True, exist_ok=True)
-    temporary = meta.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"n_shards": options.n_shards, "format": 1,
-                                     "key_value": options.key_value}))
-    temporary.replace(meta)
+    write_atomically(meta, json.dumps({"n_shards": options.n_shards, "format": 1,
+                                       "key_value": options.key_value}))
 
 
 class Database:

@@ -69,6 +69,8 @@ class Shard:
                                           if name != "default"})
         self._write_options = WriteOptions()
         self._write_options.sync = sync_writes
+        self._synced = WriteOptions()
+        self._synced.sync = True
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
         stored = self._db.get(_LAST_TIMESTAMP_KEY)
@@ -145,7 +147,10 @@ class Shard:
 
     def destroy_generation(self, generation: Generation) -> None:
         """Forget a detached generation on disk and drop its data. Blocking."""
-        self._db.delete(_generation_key(generation.info.id), self._write_options)
+        # Synced whatever `sync_writes` says: if power failed after the families were
+        # dropped but before an unsynced delete reached the disk, the generation
+        # would come back without its data.
+        self._db.delete(_generation_key(generation.info.id), self._synced)
         generation.data.close()
         for name in (generation.info.data_column_family(), generation.info.trie_column_family()):
             self._db.drop_column_family(name)
