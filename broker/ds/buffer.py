@@ -2,7 +2,8 @@
 
 Messages wait here until `max_items` or `max_bytes` is reached or the oldest has
 waited `flush_interval`; then the shard cooks them into one batch and writes it in
-one RocksDB write, off the event loop. While a write is in flight new messages
+one RocksDB write, off the event loop. `max_bytes` also bounds what a shard queues
+for callers that wait for room (`wait_for_room`) before they add. While a write is in flight new messages
 gather for the next one, so many concurrent writers share each write. The messages
 of one `store_batch` call always go into the same cooked batch (atomic per shard)."""
 
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -48,12 +50,16 @@ class WriteBuffer:
         self._executor = executor
         self._lock = lock
         self._on_commit = on_commit
-        self._pending: list[_Pending] = []
+        self._pending: deque[_Pending] = deque()
         self._items = 0
         self._bytes = 0
         self._oldest_at = 0.0
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
+        # Set while the queued bytes are under `max_bytes`: publishers wait on it, so
+        # what a shard holds in memory is bounded by what they respect.
+        self._room = asyncio.Event()
+        self._room.set()
         self._closed = False
         self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
 
@@ -77,11 +83,22 @@ class WriteBuffer:
         self._wakeup.set()
         if self._items >= self._max_items or self._bytes >= self._max_bytes:
             self._full.set()
+        if self._bytes >= self._max_bytes:
+            self._room.clear()
         return done
+
+    def has_room(self) -> bool:
+        """Whether the queued bytes are under `max_bytes`."""
+        return self._room.is_set()
+
+    async def wait_for_room(self) -> None:
+        """Return once the queued bytes are under `max_bytes` (or the buffer closes)."""
+        await self._room.wait()
 
     async def close(self) -> None:
         """Write what is queued, then stop."""
         self._closed = True
+        self._room.set()  # nobody waits for a closed buffer; `add` refuses
         self._full.set()
         self._wakeup.set()
         await self._task
@@ -106,7 +123,7 @@ class WriteBuffer:
         size = 0
         while self._pending and (not taken or (items < self._max_items
                                                and size < self._max_bytes)):
-            entry = self._pending.pop(0)
+            entry = self._pending.popleft()
             taken.append(entry)
             items += len(entry.messages)
             size += entry.size
@@ -115,6 +132,8 @@ class WriteBuffer:
         self._oldest_at = time.monotonic()
         if self._items < self._max_items and self._bytes < self._max_bytes:
             self._full.clear()
+        if self._bytes < self._max_bytes:
+            self._room.set()
         if not self._pending and not self._closed:
             self._wakeup.clear()
         return taken

@@ -154,6 +154,15 @@ class Database:
                  for shard_id, batch in by_shard.items()]
         return [w for w in waits if w is not None]
 
+    def has_room(self, shard_id: int) -> bool:
+        """Whether shard `shard_id`'s write buffer is under its byte bound."""
+        return self._buffers[shard_id].has_room()
+
+    async def wait_for_room(self, client_id: str) -> None:
+        """Return once the write buffer of `client_id`'s shard is under its byte bound:
+        a connection awaits this before reading more from a publisher's socket."""
+        await self._buffers[shard_of(client_id, self.options.n_shards)].wait_for_room()
+
     async def scan_records(self, records_of: str, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """The records of client `records_of` whose key starts with `prefix`."""
         shard = self.shards[shard_of(records_of, self.options.n_shards)]
