@@ -184,6 +184,9 @@ class MessagesDbConfig(_Section):
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
     max_payload_bytes: Annotated[ByteSize, Field(le=MQTT_MAX_PAYLOAD_BYTES)] = (
         MQTT_MAX_PAYLOAD_BYTES)
+    # Memory the write path's topic caches may hold over all shards (topic names can
+    # be 64 KB each, so the bound is in bytes, not topics).
+    topic_cache_bytes: ByteSize = parse_byte_size("64MiB")
 
     @property
     def effective_replication_factor(self) -> int:

@@ -38,6 +38,7 @@ def messages_db_options(messages: MessagesDbConfig, retention_period: float) -> 
         sync_writes=messages.sync_writes,
         max_payload_bytes=messages.max_payload_bytes,
         message_retention_period=retention_period,
+        topic_cache_bytes=messages.topic_cache_bytes,
     )
 
 

@@ -3,8 +3,9 @@
 Messages wait here until `max_items` or `max_bytes` is reached or the oldest has
 waited `flush_interval`; then the shard cooks them into one batch and writes it in
 one RocksDB write, off the event loop. `max_bytes` also bounds what a shard queues
-for callers that wait for room (`wait_for_room`) before they add. While a write is in flight new messages
-gather for the next one, so many concurrent writers share each write. The messages
+for callers that wait for room (`wait_for_room`) before they add. While a write is
+in flight new messages gather for the next one, so many concurrent writers share
+each write. The messages
 of one `store_batch` call always go into the same cooked batch (atomic per shard)."""
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class Database:
             for shard_id in range(options.n_shards):
                 shards.append(await loop.run_in_executor(
                     executor, Shard, path / str(shard_id), shard_id, options.layout,
-                    options.layout_options, options.wildcard_thresholds, options.sync_writes))
+                    options.layout_options, options.wildcard_thresholds, options.sync_writes,
+                    options.topic_cache_bytes // options.n_shards))
         except BaseException:
             for shard in shards:
                 shard.close()

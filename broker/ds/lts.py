@@ -15,8 +15,11 @@ harmless. After the algorithm of EMQX's `emqx_ds_lts` (read, not copied)."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+from .cache import BytesBoundedCache
 
 StaticIndex = bytes
 STATIC_INDEX_BYTES = 8
@@ -25,8 +28,9 @@ PLUS = "+"
 # U+0000 can never appear in an MQTT topic level, so it cannot clash with one.
 END = "\x00"
 
-# Topic caches are bounded so a flood of distinct topics cannot grow memory forever.
-TOPIC_CACHE_LIMIT = 100_000
+# Bytes the topic-to-key cache of one trie may hold (the shard passes its share of
+# the database's `topic_cache_bytes`).
+DEFAULT_TOPIC_CACHE_BYTES = 8 * 1024 * 1024
 
 
 def child_id(parent: StaticIndex, label: str) -> StaticIndex:
@@ -61,6 +65,11 @@ class StreamMatch:
     pattern: tuple[str, ...]
 
 
+def _key_bytes(key: TopicKey) -> int:
+    return (sys.getsizeof(key) + sys.getsizeof(key.static) + sys.getsizeof(key.varying)
+            + sum(sys.getsizeof(level) for level in key.varying))
+
+
 def root_for(first_level: str) -> StaticIndex:
     return DOLLAR_ROOT if first_level.startswith("$") else ROOT
 
@@ -69,14 +78,15 @@ class Trie:
     """The learned structure of one generation of one shard. Pure: persistence is
     the caller's, through `edges()` and `add_edge`."""
 
-    def __init__(self, thresholds: Sequence[int]) -> None:
+    def __init__(self, thresholds: Sequence[int],
+                 cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> None:
         if not thresholds or any(t < 1 for t in thresholds):
             raise ValueError(f"wildcard thresholds must be positive integers: {thresholds!r}")
         self.thresholds = tuple(thresholds)
         self._children: dict[StaticIndex, dict[str, StaticIndex]] = {}
         # exact edges per state, kept apart so the threshold test is O(1)
         self._exact_count: dict[StaticIndex, int] = {}
-        self._topic_cache: dict[str, TopicKey] = {}
+        self._topic_cache: BytesBoundedCache[str, TopicKey] = BytesBoundedCache(cache_bytes)
 
     # -- building -----------------------------------------------------------------
 
@@ -147,10 +157,12 @@ class Trie:
         else:
             static = self._learn(state, END, learned)
         key = TopicKey(static, tuple(varying))
-        if len(self._topic_cache) >= TOPIC_CACHE_LIMIT:
-            self._topic_cache.clear()
-        self._topic_cache[topic] = key
+        self._topic_cache.put(topic, key, _key_bytes(key))
         return key
+
+    def clear_cache(self) -> None:
+        """Forget cached topic keys (a closed generation maps no more topics)."""
+        self._topic_cache.clear()
 
     def lookup(self, levels: Sequence[str]) -> TopicKey | None:
         """The key of a topic without learning; None if the trie has never seen it."""

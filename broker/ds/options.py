@@ -25,6 +25,9 @@ class DbOptions:
     sync_writes: bool = False
     max_payload_bytes: int = MAX_MQTT_PAYLOAD
     message_retention_period: float = 86_400.0
+    # Bytes the write path's topic caches (learned topic keys, index key prefixes)
+    # may hold in all, over every shard.
+    topic_cache_bytes: int = 64 * 1024 * 1024
     # A key-value database (`sessions`, `retained`) takes only records (puts and
     # deletes), written through the same shard log as messages; retention never
     # drops them (records live outside generations).

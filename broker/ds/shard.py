@@ -21,7 +21,7 @@ from ..errors import GenerationError
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
-from .lts import Edge, Trie
+from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie
 from .message import Message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
@@ -54,11 +54,15 @@ class Generation:
 
 class Shard:
     def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
-                 thresholds: Sequence[int], sync_writes: bool) -> None:
-        """Open (or create) the shard at `path`. Blocking."""
+                 thresholds: Sequence[int], sync_writes: bool,
+                 topic_cache_bytes: int = 2 * DEFAULT_TOPIC_CACHE_BYTES) -> None:
+        """Open (or create) the shard at `path`. Blocking. `topic_cache_bytes`
+        bounds the topic caches of the current generation (half for the trie, half
+        for the layout)."""
         self.path = path
         self.shard_id = shard_id
         self.thresholds = tuple(thresholds)
+        self._cache_bytes = topic_cache_bytes // 2
         self._new_layout = (layout, dict(layout_options))
         make_layout(layout, dict(layout_options))  # fail early on a bad configuration
         path.mkdir(parents=True, exist_ok=True)
@@ -96,11 +100,12 @@ class Shard:
                 self._db.drop_column_family(name)
 
     def _open_generation(self, info: GenerationInfo) -> Generation:
-        trie = Trie(self.thresholds)
+        trie = Trie(self.thresholds, self._cache_bytes)
         for key, child in self._db.get_column_family(info.trie_column_family()).items():
             raw_key = as_bytes(key)
             trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
-        return Generation(info, make_layout(info.layout, dict(info.layout_options)), trie,
+        return Generation(info, make_layout(info.layout, dict(info.layout_options),
+                                            self._cache_bytes), trie,
                           self._db.get_column_family(info.data_column_family()))
 
     @property
@@ -121,6 +126,8 @@ class Shard:
             batch.put(_edge_key(edge), edge.child, trie_family)
         if previous is not None:
             previous.info = previous.info.closed(at)
+            previous.trie.clear_cache()
+            previous.layout.clear_cache()
             batch.put(_generation_key(previous.info.id), previous.info.to_json())
         batch.put(_generation_key(info.id), info.to_json())
         self._db.write(batch, self._write_options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import ConfigError
+from ..lts import DEFAULT_TOPIC_CACHE_BYTES
 from .base import Layout, ReadStats
 from .wildcard_optimized_v2 import WildcardOptimizedV2
 
@@ -15,7 +16,8 @@ __all__ = ["KNOWN_LAYOUTS", "Layout", "ReadStats", "make_layout"]
 KNOWN_LAYOUTS = {WildcardOptimizedV2.name: WildcardOptimizedV2}
 
 
-def make_layout(name: str, options: dict[str, Any]) -> Layout:
+def make_layout(name: str, options: dict[str, Any],
+                cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> Layout:
     layout_class = KNOWN_LAYOUTS.get(name)
     if layout_class is None:
         raise ConfigError(
@@ -23,4 +25,4 @@ def make_layout(name: str, options: dict[str, Any]) -> Layout:
             f"available: {', '.join(sorted(KNOWN_LAYOUTS))}")
     if options:
         raise ConfigError(f"layout {name!r} takes no options, got {sorted(options)}")
-    return layout_class()
+    return layout_class(cache_bytes)

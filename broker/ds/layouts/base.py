@@ -55,3 +55,7 @@ class Layout(Protocol):
 
     def timestamp_of(self, data_key: bytes) -> int:
         ...
+
+    def clear_cache(self) -> None:
+        """Forget what the write path cached (the generation takes no more writes)."""
+        ...

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 from typing import Any
 
 from rocksdict import ReadOptions
 
 from ...topic import levels_match
-from ..lts import PLUS, StaticIndex, TopicKey
+from ..cache import BytesBoundedCache
+from ..lts import DEFAULT_TOPIC_CACHE_BYTES, PLUS, StaticIndex, TopicKey
 from ..message import peek_topic
 from ..rocks import after_prefix
 from .base import KeyValueReader, ReadStats
@@ -47,17 +49,14 @@ def index_prefix(static: StaticIndex, level_number: int, level: str) -> bytes:
     return static + _LEVEL.pack(level_number) + level_hash(level)
 
 
-# Bounded so a flood of distinct topics cannot grow memory forever.
-PREFIX_CACHE_LIMIT = 100_000
-
-
 class WildcardOptimizedV2:
     name = NAME
 
-    def __init__(self) -> None:
+    def __init__(self, cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> None:
         # key prefixes of a topic's index entries, computed once per topic name
         # (a str key: its hash is cached, unlike a TopicKey's)
-        self._index_prefixes: dict[str, tuple[bytes, ...]] = {}
+        self._index_prefixes: BytesBoundedCache[str, tuple[bytes, ...]] = \
+            BytesBoundedCache(cache_bytes)
 
     def options(self) -> dict[str, Any]:
         return {}
@@ -65,12 +64,14 @@ class WildcardOptimizedV2:
     def _prefixes(self, topic: str, key: TopicKey) -> tuple[bytes, ...]:
         prefixes = self._index_prefixes.get(topic)
         if prefixes is None:
-            if len(self._index_prefixes) >= PREFIX_CACHE_LIMIT:
-                self._index_prefixes.clear()
-            prefixes = self._index_prefixes[topic] = tuple(
-                index_prefix(key.static, number, level)
-                for number, level in enumerate(key.varying, start=1))
+            prefixes = tuple(index_prefix(key.static, number, level)
+                             for number, level in enumerate(key.varying, start=1))
+            self._index_prefixes.put(topic, prefixes, sys.getsizeof(prefixes)
+                                     + sum(sys.getsizeof(prefix) for prefix in prefixes))
         return prefixes
+
+    def clear_cache(self) -> None:
+        self._index_prefixes.clear()
 
     def timestamp_of(self, data_key: bytes) -> int:
         return int(_TS.unpack_from(data_key, len(data_key) - 8)[0])
