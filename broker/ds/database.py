@@ -9,7 +9,9 @@ import logging
 import re
 import time
 import zlib
+from bisect import bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from .cooked import CookedBatch
 from .generation import GenerationInfo, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
+from .lts import END, Edge
 from .message import Message, decode_message, peek_topic
 from .options import DbOptions
 from .shard import Shard, now_us
@@ -37,6 +40,11 @@ DB_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 META_FILE = "db.json"
 
 NextResult = tuple[Iterator, list[tuple[bytes, Message]]]
+DropListener = Callable[[int, int], None]
+StreamList = list[tuple[Rank, Stream]]
+
+# Streams kept by the per-filter cache of `get_streams`, over all filters.
+_STREAM_CACHE_ENTRIES = 1_000_000
 
 
 def shard_of(client_id: str, n_shards: int) -> int:
@@ -73,6 +81,18 @@ class Database:
         self._executor = executor
         self._locks = [asyncio.Lock() for _ in shards]
         self._commit_listeners: list[CommitListener] = []
+        self._drop_listeners: list[DropListener] = []
+        # Every stream in the order this site learned it, with a version number, so a
+        # caller can ask for the streams new since the version it last saw.
+        self._stream_version = 0
+        self._stream_log: list[tuple[int, Stream]] = []
+        # per filter: the version it was computed at and its streams per
+        # (shard, generation), each list sorted by static index
+        self._stream_cache: dict[str, tuple[int, dict[tuple[int, int], list[Stream]]]] = {}
+        self._stream_cache_size = 0
+        for shard in shards:
+            for generation_id, generation in sorted(shard.generations.items()):
+                self._note_streams(shard.shard_id, generation_id, generation.trie.edges())
         self._buffers = [
             WriteBuffer(shard, name, max_items=options.max_items, max_bytes=options.max_bytes,
                         flush_interval=options.flush_interval, executor=executor, lock=lock,
@@ -202,25 +222,83 @@ class Database:
         self._commit_listeners.remove(listener)
 
     def _feed(self, cooked: CookedBatch) -> None:
+        if cooked.edges:
+            self._note_streams(cooked.shard, cooked.generation, cooked.edges)
         for listener in self._commit_listeners:
             listener(cooked)
 
     # -- reading ------------------------------------------------------------------
 
-    def get_streams(self, topic_filter: str, start_time: int = 0) -> list[tuple[Rank, Stream]]:
-        """The streams that may hold messages matching the filter at or after
-        `start_time` (µs), in rank order."""
+    def _note_streams(self, shard_id: int, generation_id: int, edges: Iterable[Edge]) -> None:
+        for edge in edges:
+            if edge.label == END:
+                self._stream_version += 1
+                self._stream_log.append(
+                    (self._stream_version, Stream(shard_id, generation_id, edge.child)))
+
+    @property
+    def stream_version(self) -> int:
+        """Grows whenever this site learns a stream (see `get_streams_since`)."""
+        return self._stream_version
+
+    def get_streams_since(self, topic_filter: str, version: int) -> tuple[int, StreamList]:
+        """The streams learned after `version` that the filter reads, in rank order,
+        and the version to ask with next time. Costs the new streams, not all."""
         levels = validate_filter(topic_filter)
-        found: list[tuple[Rank, Stream]] = []
-        for shard in self.shards:
-            for generation in shard.generations.values():
-                if generation.info.until is not None and generation.info.until <= start_time:
-                    continue
-                for match in generation.trie.match(levels):
-                    stream = Stream(shard.shard_id, generation.info.id, match.static)
-                    found.append((stream.rank, stream))
+        found: StreamList = []
+        for _version, stream in self._stream_log[bisect_right(self._stream_log, version,
+                                                              key=lambda entry: entry[0]):]:
+            generation = self.shards[stream.shard].generations.get(stream.generation)
+            if generation is not None \
+                    and generation.trie.match_static(levels, stream.static) is not None:
+                found.append((stream.rank, stream))
         found.sort(key=lambda pair: (pair[0], pair[1].static))
+        return self._stream_version, found
+
+    def get_streams(self, topic_filter: str, start_time: int = 0) -> StreamList:
+        """The streams that may hold messages matching the filter at or after
+        `start_time` (µs), in rank order. Cached per filter and brought up to date
+        with the streams learned since, so a wide filter over many streams does not
+        walk the whole trie again."""
+        cached = self._stream_cache.pop(topic_filter, None)
+        if cached is None:
+            by_generation: dict[tuple[int, int], list[Stream]] = defaultdict(list)
+            version, new = self.get_streams_since(topic_filter, 0)
+        else:
+            cached_version, by_generation = cached
+            self._stream_cache_size -= sum(len(v) for v in by_generation.values())
+            version, new = self.get_streams_since(topic_filter, cached_version)
+        for rank, stream in new:
+            streams = by_generation[(rank.x, rank.y)]
+            streams.append(stream)
+            if len(streams) > 1 and streams[-2].static > stream.static:
+                streams.sort(key=lambda s: s.static)
+        self._cache_streams(topic_filter, version, by_generation)
+        found: StreamList = []
+        for (shard_id, generation_id), streams in sorted(by_generation.items()):
+            generation = self.shards[shard_id].generations.get(generation_id)
+            if generation is None or (generation.info.until is not None
+                                      and generation.info.until <= start_time):
+                continue
+            rank = Rank(shard_id, generation_id)
+            found += [(rank, stream) for stream in streams]
         return found
+
+    def _cache_streams(self, topic_filter: str, version: int,
+                       by_generation: dict[tuple[int, int], list[Stream]]) -> None:
+        size = sum(len(streams) for streams in by_generation.values())
+        while self._stream_cache and self._stream_cache_size + size > _STREAM_CACHE_ENTRIES:
+            oldest = next(iter(self._stream_cache))
+            _version, evicted = self._stream_cache.pop(oldest)
+            self._stream_cache_size -= sum(len(streams) for streams in evicted.values())
+        self._stream_cache[topic_filter] = (version, by_generation)
+        self._stream_cache_size += size
+
+    def _forget_generation_streams(self, shard_id: int, generation_id: int) -> None:
+        self._stream_log = [entry for entry in self._stream_log
+                            if (entry[1].shard, entry[1].generation) != (shard_id, generation_id)]
+        for _version, by_generation in self._stream_cache.values():
+            self._stream_cache_size -= len(by_generation.pop((shard_id, generation_id), []))
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
         levels = validate_filter(topic_filter)
@@ -308,7 +386,10 @@ class Database:
         loop = asyncio.get_running_loop()
         for shard, lock in zip(self.shards, self._locks, strict=True):
             async with lock:
-                await loop.run_in_executor(self._executor, shard.add_generation)
+                info = await loop.run_in_executor(self._executor, shard.add_generation)
+                # the new generation starts with the wildcard streams it inherited
+                self._note_streams(shard.shard_id, info.id,
+                                   shard.generations[info.id].trie.edges())
         self._update_generation_gauges()
 
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
@@ -328,7 +409,22 @@ class Database:
                     lambda: not self._reads_in_flight[(shard_id, generation_id)])
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, shard.destroy_generation, generation)
+        self._forget_generation_streams(shard_id, generation_id)
         self._update_generation_gauges()
+        for listener in self._drop_listeners:
+            try:
+                listener(shard_id, generation_id)
+            except Exception:  # a listener's bug must not stop retention
+                log.exception("generation drop listener failed on %s/%d/%d", self.name,
+                              shard_id, generation_id)
+
+    def add_generation_drop_listener(self, listener: DropListener) -> None:
+        """Call `listener(shard, generation)` on the event loop after a generation is
+        dropped (by retention or by hand): cursors into it will read nothing more."""
+        self._drop_listeners.append(listener)
+
+    def remove_generation_drop_listener(self, listener: DropListener) -> None:
+        self._drop_listeners.remove(listener)
 
     async def apply_retention(self, now: int | None = None) -> tuple[bool, int]:
         """One pass of the retention rule; returns (generation added, generations

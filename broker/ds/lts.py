@@ -86,6 +86,8 @@ class Trie:
         self._children: dict[StaticIndex, dict[str, StaticIndex]] = {}
         # exact edges per state, kept apart so the threshold test is O(1)
         self._exact_count: dict[StaticIndex, int] = {}
+        # child -> (parent, label): walks a stream's path without searching the trie
+        self._parents: dict[StaticIndex, tuple[StaticIndex, str]] = {}
         self._topic_cache: BytesBoundedCache[str, TopicKey] = BytesBoundedCache(cache_bytes)
 
     # -- building -----------------------------------------------------------------
@@ -99,6 +101,7 @@ class Trie:
         if edge.label in children:
             return False
         children[edge.label] = edge.child
+        self._parents[edge.child] = (edge.parent, edge.label)
         if edge.label not in (PLUS, END):
             self._exact_count[edge.parent] = self._exact_count.get(edge.parent, 0) + 1
         return True
@@ -107,9 +110,10 @@ class Trie:
         """Undo edges learned by a batch whose commit failed."""
         for edge in edges:
             children = self._children.get(edge.parent)
-            if children is not None and children.pop(edge.label, None) is not None \
-                    and edge.label not in (PLUS, END):
-                self._exact_count[edge.parent] -= 1
+            if children is not None and children.pop(edge.label, None) is not None:
+                self._parents.pop(edge.child, None)
+                if edge.label not in (PLUS, END):
+                    self._exact_count[edge.parent] -= 1
         self._topic_cache.clear()
 
     def edges(self) -> Iterator[Edge]:
@@ -216,6 +220,40 @@ class Trie:
             elif PLUS in children:
                 stack.append((children[PLUS], depth + 1, (*pattern, level)))
         return found
+
+    def match_static(self, filter_levels: Sequence[str],
+                     static: StaticIndex) -> StreamMatch | None:
+        """`match` for one stream: its match if the filter reads it, else None. Walks
+        the stream's path only (O(levels)), with the rules of `match`."""
+        path: list[tuple[StaticIndex, str]] = []
+        state = static
+        while state in self._parents:
+            state, label = self._parents[state]
+            path.append((state, label))
+        path.reverse()
+        first = filter_levels[0]
+        if not path or path[-1][1] != END \
+                or state != (ROOT if first in (PLUS, "#") else root_for(first)):
+            return None
+        pattern: list[str] = []
+        for depth, (parent, label) in enumerate(path):
+            level = filter_levels[depth] if depth < len(filter_levels) else None
+            if label == END:
+                return StreamMatch(static, tuple(pattern)) \
+                    if level is None or level == "#" else None
+            if level is None:
+                return None
+            if level == "#":
+                pattern += [PLUS for _parent, later in path[depth:] if later == PLUS]
+                return StreamMatch(static, tuple(pattern))
+            if level == PLUS:
+                if label == PLUS:
+                    pattern.append(PLUS)
+            elif label == PLUS and level not in self._children.get(parent, {}):
+                pattern.append(level)
+            elif label != level:
+                return None
+        return None
 
     def _collect_all(self, state: StaticIndex, pattern: tuple[str, ...],
                      found: list[StreamMatch]) -> None:

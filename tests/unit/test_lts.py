@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +151,26 @@ def test_every_learned_topic_is_found_by_every_matching_filter(
             assert any(m.static == key.static and all(
                 want in (PLUS, got) for want, got in zip(m.pattern, key.varying, strict=True))
                 for m in matches), (topic, topic_filter)
+
+
+def test_match_static_agrees_with_match() -> None:
+
+    trie = Trie([3, 2])
+    learned: list[Edge] = []
+    topics = ["a", "a/b", "a/b/c", "$s/x", "x/1", "x/2", "x/3", "x/4/y", "x/5/z", "q/r/s/t",
+              "q/r/u", "q/v", "q/w/1", "q/w/2", "q/w/3", "q/w/4", "a/b/c/d"]
+    for topic in topics:
+        trie.key_of_topic(topic, learned)
+    statics = {edge.child for edge in trie.edges() if edge.label == "\x00"}
+    levels = ["a", "b", "x", "4", "q", "w", "1", "7", "+", "$s", "r"]
+    filters = [list(combo) for size in (1, 2, 3)
+               for combo in itertools.product(levels, repeat=size)]
+    filters += [[*f, "#"] for f in filters] + [["#"]]
+    for filter_levels in filters:
+        expected = {(m.static, m.pattern) for m in trie.match(filter_levels)}
+        got = set()
+        for static in statics:
+            found = trie.match_static(filter_levels, static)
+            if found is not None:
+                got.add((found.static, found.pattern))
+        assert got == expected, filter_levels
