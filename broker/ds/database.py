@@ -261,9 +261,15 @@ class Database:
         with the streams learned since, so a wide filter over many streams does not
         walk the whole trie again."""
         cached = self._stream_cache.pop(topic_filter, None)
-        if cached is None:
+        if cached is None:  # one walk of each trie is cheaper than path by path
+            levels = validate_filter(topic_filter)
             by_generation: dict[tuple[int, int], list[Stream]] = defaultdict(list)
-            version, new = self.get_streams_since(topic_filter, 0)
+            for shard in self.shards:
+                for generation_id, generation in shard.generations.items():
+                    statics = sorted(match.static for match in generation.trie.match(levels))
+                    by_generation[(shard.shard_id, generation_id)] = [
+                        Stream(shard.shard_id, generation_id, static) for static in statics]
+            version, new = self._stream_version, []
         else:
             cached_version, by_generation = cached
             self._stream_cache_size -= sum(len(v) for v in by_generation.values())
