@@ -265,11 +265,12 @@ class Database:
             levels = validate_filter(topic_filter)
             by_generation: dict[tuple[int, int], list[Stream]] = defaultdict(list)
             for shard in self.shards:
-                for generation_id, generation in shard.generations.items():
-                    statics = sorted(match.static for match in generation.trie.match(levels))
+                for generation_id, walked in shard.generations.items():
+                    statics = sorted(match.static for match in walked.trie.match(levels))
                     by_generation[(shard.shard_id, generation_id)] = [
                         Stream(shard.shard_id, generation_id, static) for static in statics]
-            version, new = self._stream_version, []
+            new: StreamList = []
+            version = self._stream_version
         else:
             cached_version, by_generation = cached
             self._stream_cache_size -= sum(len(v) for v in by_generation.values())
