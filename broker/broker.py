@@ -12,9 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .ds import CookedBatch, Database, DurableStorage, Message, Stream
-from .ds.kv import KvDatabase
-from .ds.message import decode_message, encode_message
+from .ds import (
+    CookedBatch,
+    Database,
+    DurableStorage,
+    KvDatabase,
+    Message,
+    Stream,
+    decode_message,
+    encode_message,
+)
 from .metrics import IN_FLIGHT, MESSAGES_DROPPED, SESSIONS
 from .router import SubscriptionIndex
 from .session.model import SessionRecord, Subscription

@@ -20,12 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from ..broker import Broker
 from ..config import AdminConfig
-from ..ds import DurableStorage
+from ..ds import DbDescription, DurableStorage, describe
 from ..errors import StorageClosedError, StratamqError
 from ..server.connection import Connection
 from ..server.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .site_id import load_or_create_site_id
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)
@@ -61,9 +60,8 @@ def error_response(status: int, message: str,
 
 
 class AdminServer:
-    def __init__(self, credentials: Credentials, site_id: str) -> None:
+    def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials
-        self.site_id = site_id
         self.port = 0
         self._parts: SiteParts | None = None
         self._runner: web.AppRunner | None = None
@@ -73,6 +71,7 @@ class AdminServer:
     def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet) -> None:
         """The site is up: serve the API and report ready."""
         self._parts = SiteParts(storage, broker, listeners)
+        log.info("admin API serving site %s", storage.site_id)
 
     def detach(self) -> None:
         """The site is stopping: report not ready, answer the API with 503."""
@@ -102,8 +101,7 @@ class AdminServer:
             raise
         self._runner = runner
         self.port = int(runner.addresses[0][1])
-        log.info("admin API listening on http://%s:%d (site %s)", host, self.port,
-                 self.site_id)
+        log.info("admin API listening on http://%s:%d", host, self.port)
 
     async def stop(self) -> None:
         self.detach()
@@ -197,26 +195,29 @@ class AdminServer:
                         for session in sessions
                         for _, subscription in sorted(session.subscriptions.items())])
 
-    async def _storages(self, _request: web.Request) -> web.Response:
+    async def _descriptions(self) -> list[DbDescription]:
         databases = self._running().storage.databases
-        return listing([storage_summary(databases[name]) for name in sorted(databases)])
+        return [await describe(databases[name]) for name in sorted(databases)]
+
+    async def _storages(self, _request: web.Request) -> web.Response:
+        return listing([storage_summary(found) for found in await self._descriptions()])
 
     async def _storage(self, request: web.Request) -> web.Response:
         database = self._running().storage.db(request.match_info["db"])
-        return web.json_response(storage_view(database, self.site_id))
+        return web.json_response(storage_view(await describe(database)))
 
     async def _sites(self, _request: web.Request) -> web.Response:
-        return listing([self._site_view()])
+        return listing([await self._site_view()])
 
     async def _site_detail(self, request: web.Request) -> web.Response:
-        if request.match_info["site"] != self.site_id:
+        site_id = self._running().storage.site_id
+        if request.match_info["site"] != site_id:
             raise UnknownSiteError(f"no site {request.match_info['site']!r} (this site is "
-                                   f"{self.site_id}; no other site is known)")
-        return web.json_response(self._site_view())
+                                   f"{site_id}; no other site is known)")
+        return web.json_response(await self._site_view())
 
-    def _site_view(self) -> Json:
-        databases = self._running().storage.databases
-        return site_view(self.site_id, [databases[name] for name in sorted(databases)])
+    async def _site_view(self) -> Json:
+        return site_view(self._running().storage.site_id, await self._descriptions())
 
 
 def listing(items: list[Any]) -> web.Response:
@@ -231,8 +232,8 @@ def split_bind(bind: str) -> tuple[str, int]:
 
 
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:
-    """Resolve the credentials (generating a token when none is configured), load or
-    create the site id, and start serving probes and metrics."""
-    server = AdminServer(resolve_credentials(config, data_dir), load_or_create_site_id(data_dir))
+    """Resolve the credentials (generating a token when none is configured) and start
+    serving probes and metrics. The site id comes from the storage, once attached."""
+    server = AdminServer(resolve_credentials(config, data_dir))
     await server.start(config.bind)
     return server

@@ -1,14 +1,13 @@
 """The JSON documents the admin API answers with, built from the running parts of
-a site. Plain functions of their inputs: nothing here does I/O except reading
-shard directory sizes."""
+a site. Plain functions of their inputs: nothing here does I/O; storage is seen
+through `ds.describe`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..ds import Database
+from ..ds import DbDescription
 from ..server.connection import Connection
 from ..session.model import Subscription
 from ..session.session import Session
@@ -57,66 +56,54 @@ def subscription_view(session: Session, subscription: Subscription) -> Json:
     }
 
 
-def storage_summary(database: Database) -> Json:
+def storage_summary(database: DbDescription) -> Json:
     return {
         "name": database.name,
-        "n_shards": database.options.n_shards,
-        "layout": database.options.layout,
+        "n_shards": database.n_shards,
+        "layout": database.layout,
     }
 
 
-def storage_view(database: Database, site_id: str) -> Json:
-    """A database with every shard, its replicas and its generations. Reads the size
-    of each shard's files (a directory listing per shard)."""
-    options = database.options
-    shards = []
-    for shard in list(database.shards):
-        generations = [{
-            "id": info.id,
-            "layout": info.layout,
-            "layout_options": info.layout_options,
-            "created_at": info.created_at,
-            "since": info.since,
-            "until": info.until,
-            "current": info.is_current,
-        } for info in (generation.info for _, generation in sorted(shard.generations.items()))]
-        shards.append({
-            "id": shard.shard_id,
-            "replicas": [site_id],
-            "leader": site_id,
-            "disk_bytes": shard_disk_bytes(shard.disk_usage),
-            "generations": generations,
-        })
+def storage_view(database: DbDescription) -> Json:
+    """A database with every shard, its replicas, leader, committed position and
+    generations, as storage describes it."""
+    shards = [{
+        "id": shard.id,
+        "replicas": list(shard.replicas),
+        "leader": shard.leader,
+        "committed_timestamp": shard.committed_timestamp,
+        "disk_bytes": shard.disk_bytes,
+        "generations": [{
+            "id": generation.id,
+            "layout": generation.layout,
+            "layout_options": generation.layout_options,
+            "created_at": generation.created_at,
+            "since": generation.since,
+            "until": generation.until,
+            "current": generation.current,
+            "bytes": generation.bytes,
+        } for generation in shard.generations],
+    } for shard in database.shards]
     return {
         **storage_summary(database),
-        "layout_options": options.layout_options,
-        "wildcard_thresholds": list(options.wildcard_thresholds),
-        "sync_writes": options.sync_writes,
-        "message_retention_period": options.message_retention_period,
+        "layout_options": database.layout_options,
+        "wildcard_thresholds": list(database.wildcard_thresholds),
+        "sync_writes": database.sync_writes,
+        "message_retention_period": database.message_retention_period,
         "timestamps": "microseconds since the epoch",
-        "disk_bytes": sum(shard["disk_bytes"] for shard in shards),
+        "disk_bytes": database.disk_bytes,
         "shards": shards,
     }
 
 
-def shard_disk_bytes(disk_usage: Callable[[], int], attempts: int = 3) -> int:
-    """`Shard.disk_usage()`, retried when RocksDB removes a file between listing the
-    directory and reading its size (compaction, a dropped generation)."""
-    for _ in range(attempts - 1):
-        try:
-            return disk_usage()
-        except FileNotFoundError:
-            continue
-    return disk_usage()
-
-
-def site_view(site_id: str, databases: list[Database]) -> Json:
-    """This site and the shards it holds. With one site it leads every shard."""
+def site_view(site_id: str, databases: list[DbDescription]) -> Json:
+    """This site and the shards it holds, with its role in each."""
     return {
         "site": site_id,
         "up": True,
         "this_site": True,
-        "shards": [{"storage": database.name, "id": shard.shard_id, "leader": site_id,
-                    "role": "leader"}
-                   for database in databases for shard in database.shards],
+        "shards": [{"storage": database.name, "id": shard.id, "leader": shard.leader,
+                    "role": "leader" if shard.leader == site_id else "follower"}
+                   for database in databases for shard in database.shards
+                   if site_id in shard.replicas],
     }

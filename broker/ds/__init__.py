@@ -1,11 +1,14 @@
 """Durable storage: databases, shards, generations, streams and iterators on RocksDB
-(see DESIGN.md, "Data model")."""
+(see DESIGN.md, "Data model"). This package's names are the storage's one public
+API: the rest of the broker imports from here, never from the modules below."""
 
 from .cooked import CookedBatch
-from .database import Database, shard_of
+from .database import Database, DropListener, NextResult, shard_of
+from .describe import DbDescription, GenerationDescription, ShardDescription, describe
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
-from .message import Message, MessageProperties
+from .kv import KvDatabase
+from .message import Message, MessageProperties, decode_message, encode_message
 from .options import DbOptions
 from .storage import DurableStorage
 
@@ -13,14 +16,23 @@ __all__ = [
     "END_OF_STREAM",
     "CookedBatch",
     "Database",
+    "DbDescription",
     "DbOptions",
+    "DropListener",
     "DurableStorage",
     "EndOfStream",
+    "GenerationDescription",
     "GenerationInfo",
     "Iterator",
+    "KvDatabase",
     "Message",
     "MessageProperties",
+    "NextResult",
     "Rank",
+    "ShardDescription",
     "Stream",
+    "decode_message",
+    "describe",
+    "encode_message",
     "shard_of",
 ]

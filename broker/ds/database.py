@@ -73,12 +73,15 @@ def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
 
 class Database:
     def __init__(self, name: str, path: Path, options: DbOptions, shards: list[Shard],
-                 executor: Executor) -> None:
+                 executor: Executor, site_id: str = "") -> None:
         self.name = name
+        # the site holding this copy: on one site, every shard's replica and leader
+        self.site_id = site_id
         self.path = path
         self.options = options
         self.shards = shards
         self._executor = executor
+        self.executor = executor
         self._locks = [asyncio.Lock() for _ in shards]
         self._commit_listeners: list[CommitListener] = []
         self._drop_listeners: list[DropListener] = []
@@ -104,7 +107,7 @@ class Database:
 
     @classmethod
     async def open(cls, name: str, data_dir: Path, options: DbOptions,
-                   executor: Executor) -> Database:
+                   executor: Executor, site_id: str = "") -> Database:
         if not DB_NAME.match(name):
             raise ConfigError(f"database name {name!r}: use lowercase letters, digits and _")
         if options.n_shards < 1:
@@ -123,7 +126,7 @@ class Database:
             for shard in shards:
                 shard.close()
             raise
-        return cls(name, path, options, shards, executor)
+        return cls(name, path, options, shards, executor, site_id)
 
     # -- writing ------------------------------------------------------------------
 
@@ -174,6 +177,11 @@ class Database:
                      record_deletes if shard_id == record_shard else None)
                  for shard_id, batch in by_shard.items()]
         return [w for w in waits if w is not None]
+
+    def shard_lock(self, shard_id: int) -> asyncio.Lock:
+        """Held while a shard writes, adds or drops a generation: a holder sees its
+        generations stay put."""
+        return self._locks[shard_id]
 
     def has_room(self, shard_id: int) -> bool:
         """Whether shard `shard_id`'s write buffer is under its byte bound."""

@@ -33,13 +33,13 @@ class KvDatabase:
 
     @classmethod
     async def open(cls, name: str, data_dir: Path, n_shards: int, sync_writes: bool,
-                   executor: Executor) -> KvDatabase:
+                   executor: Executor, site_id: str = "") -> KvDatabase:
         if n_shards < 1:
             raise ConfigError(f"database {name!r}: n_shards must be at least 1")
         await asyncio.get_running_loop().run_in_executor(
             executor, migrate_direct_kv, data_dir / name, n_shards)
         options = DbOptions(n_shards=n_shards, sync_writes=sync_writes, key_value=True)
-        return cls(await Database.open(name, data_dir, options, executor))
+        return cls(await Database.open(name, data_dir, options, executor, site_id))
 
     def shard_of(self, routing_key: str) -> int:
         return shard_of(routing_key, self.database.options.n_shards)

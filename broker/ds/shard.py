@@ -271,6 +271,16 @@ class Shard:
             found.append((as_bytes(key)[len(RECORD_PREFIX):], as_bytes(value)))
         return found
 
+    def generation_bytes(self, generation: Generation) -> int:
+        """Bytes a generation holds: table files and memtables of its families.
+        Blocking."""
+        total = 0
+        for family in (generation.data,
+                       self._db.get_column_family(generation.info.trie_column_family())):
+            for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+                total += family.property_int_value(name) or 0
+        return total
+
     def disk_usage(self) -> int:
         total = 0
         for entry in os.scandir(self.path):

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
-from .database import Database, NextResult
+from .database import Database, DropListener, NextResult
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase
 from .message import Message
 from .options import DbOptions
+from .site_id import load_or_create_site_id
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,25 @@ class DurableStorage:
         self._kv_databases: dict[str, KvDatabase] = {}
         self._retention_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._site_id: str | None = None
+
+    # -- the site -------------------------------------------------------------------
+
+    async def open_site(self) -> str:
+        """Load this site's id from the data dir, creating it on first start. Opening
+        any database does this first."""
+        if self._site_id is None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._site_id = await asyncio.get_running_loop().run_in_executor(
+                self._executor, load_or_create_site_id, self.data_dir)
+        return self._site_id
+
+    @property
+    def site_id(self) -> str:
+        """This site's storage identity (see `open_site`)."""
+        if self._site_id is None:
+            raise StorageClosedError("the storage is not open yet: no site id")
+        return self._site_id
 
     # -- databases ----------------------------------------------------------------
 
@@ -51,8 +71,9 @@ class DurableStorage:
             return self._databases[name]
         if name in self._kv_databases:
             raise ConfigError(f"database {name!r} is open as a key-value database")
+        site_id = await self.open_site()
         database = await Database.open(name, self.data_dir, options or DbOptions(),
-                                       self._executor)
+                                       self._executor, site_id)
         self._databases[name] = database
         return database
 
@@ -63,8 +84,9 @@ class DurableStorage:
         if name in self._databases:
             raise ConfigError(f"database {name!r} is open as a messages database")
         if name not in self._kv_databases:
+            site_id = await self.open_site()
             self._kv_databases[name] = await KvDatabase.open(
-                name, self.data_dir, n_shards, sync_writes, self._executor)
+                name, self.data_dir, n_shards, sync_writes, self._executor, site_id)
         return self._kv_databases[name]
 
     def db(self, name: str) -> Database:
@@ -98,6 +120,14 @@ class DurableStorage:
     async def next(self, db: str, iterator: Iterator,
                    batch_size: int) -> NextResult | EndOfStream:
         return await self.db(db).next(iterator, batch_size)
+
+    async def read_message(self, db: str, stream: Stream, timestamp: int) -> Message | None:
+        """The message of a stream at a timestamp; None when it is not there."""
+        return await self.db(db).read_message(stream, timestamp)
+
+    def add_generation_drop_listener(self, db: str, listener: DropListener) -> None:
+        """Call `listener(shard, generation)` after a generation of `db` is dropped."""
+        self.db(db).add_generation_drop_listener(listener)
 
     async def add_generation(self, db: str) -> None:
         await self.db(db).add_generation()

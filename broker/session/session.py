@@ -261,7 +261,7 @@ class Session:
             cursor = self._cursors.get(key)
             if cursor is None or self.outlet is None:
                 continue
-            message = await self._storage.db(self._db).read_message(cursor.stream, timestamp)
+            message = await self._storage.read_message(self._db, cursor.stream, timestamp)
             if (key, timestamp) not in self._resend or self._cursors.get(key) is not cursor:
                 continue
             if message is None:  # its generation was dropped by retention meanwhile

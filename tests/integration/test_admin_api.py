@@ -172,7 +172,7 @@ def test_not_ready_until_the_site_is_attached() -> None:
     while the site stops: alive, not ready, and the API answers 503."""
 
     async def scenario() -> None:
-        server = AdminServer(Credentials(token=TOKEN), "0123456789ABCDEF")
+        server = AdminServer(Credentials(token=TOKEN))
         await server.start("127.0.0.1:0")
         base = f"http://127.0.0.1:{server.port}"
         try:
@@ -268,6 +268,8 @@ def test_storages_and_sites(broker: BrokerProcess) -> None:
     for shard in messages["shards"]:
         assert shard["replicas"] == [site_id] and shard["leader"] == site_id
         assert shard["disk_bytes"] > 0
+        assert shard["committed_timestamp"] >= 0
+        assert all(generation["bytes"] >= 0 for generation in shard["generations"])
         current = shard["generations"][-1]
         assert current["until"] is None and current["current"] is True
         assert current["layout"] == "wildcard_optimized_v2"

@@ -1,5 +1,6 @@
-"""The site id: this broker's storage identity, a random id created on first start
-and kept in `<data_dir>/site-id` (on the pod's persistent volume)."""
+"""The site id: this site's storage identity, a random id created when the storage
+first opens and kept in `<data_dir>/site-id` (on the pod's persistent volume),
+written atomically with fsync of file and folder."""
 
 from __future__ import annotations
 
