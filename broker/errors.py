@@ -1,5 +1,7 @@
-"""Typed errors. Each carries the MQTT 5 reason code and HTTP status it maps to,
-so a listener or the admin API can answer without guessing."""
+"""Typed errors. Each says whether it is `recoverable`: whether the same request may
+succeed if retried later (the storage was closing, busy, slow) or never will (bad
+input, corrupt data, an unknown database). MQTT reason codes and HTTP statuses are
+chosen at the edges (`mqtt.error_codes`, `admin.http_errors`), not here."""
 
 from __future__ import annotations
 
@@ -7,8 +9,7 @@ from __future__ import annotations
 class StratamqError(Exception):
     """Base of every error stratamq raises on purpose."""
 
-    mqtt_reason_code: int = 0x80  # Unspecified error
-    http_status: int = 500
+    recoverable: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -16,60 +17,58 @@ class StratamqError(Exception):
 
 
 class InvalidTopicError(StratamqError):
-    mqtt_reason_code = 0x90  # Topic Name invalid
-    http_status = 400
+    pass
 
 
 class InvalidTopicFilterError(StratamqError):
-    mqtt_reason_code = 0x8F  # Topic Filter invalid
-    http_status = 400
+    pass
 
 
 class PayloadTooLargeError(StratamqError):
-    mqtt_reason_code = 0x95  # Packet too large
-    http_status = 413
+    pass
 
 
 class InvalidMessageError(StratamqError):
     """A message the storage refuses as a whole (bad QoS, bad property value)."""
 
-    mqtt_reason_code = 0x81  # Malformed Packet
-    http_status = 400
-
-
-class UnknownDatabaseError(StratamqError):
-    mqtt_reason_code = 0x80
-    http_status = 404
-
-
-class InvalidIteratorError(StratamqError):
-    """Iterator bytes that do not decode, or point at nothing this site has."""
-
-    mqtt_reason_code = 0x80
-    http_status = 400
-
-
-class GenerationError(StratamqError):
-    """A generation operation that the shard refuses (drop the current one, unknown id)."""
-
-    mqtt_reason_code = 0x80
-    http_status = 409
-
-
-class CorruptDataError(StratamqError):
-    """Stored bytes that do not decode: a bug or a damaged disk, never bad input."""
-
-    mqtt_reason_code = 0x80
-    http_status = 500
-
-
-class StorageClosedError(StratamqError):
-    mqtt_reason_code = 0x88  # Server unavailable
-    http_status = 503
-
 
 class ConfigError(StratamqError):
     """Bad configuration: the message names the key and says why."""
 
-    mqtt_reason_code = 0x80
-    http_status = 500
+
+class StorageError(StratamqError):
+    """Base of the storage's errors about its own state (not about the input)."""
+
+
+class UnknownDatabaseError(StorageError):
+    pass
+
+
+class InvalidIteratorError(StorageError):
+    """Iterator bytes that do not decode, or point at nothing this site has."""
+
+
+class GenerationError(StorageError):
+    """A generation operation that the shard refuses (drop the current one, unknown id)."""
+
+
+class CorruptDataError(StorageError):
+    """Stored bytes that do not decode: a bug or a damaged disk, never bad input."""
+
+
+class StorageClosedError(StorageError):
+    """The storage is starting, closing or closed: retry against a running site."""
+
+    recoverable = True
+
+
+class StorageBusyError(StorageError):
+    """A shard cannot take more now (its write buffer is full): retry later."""
+
+    recoverable = True
+
+
+class StorageTimeoutError(StorageError):
+    """A storage operation did not finish in time; it may succeed when retried."""
+
+    recoverable = True

@@ -25,6 +25,7 @@ from ..errors import StorageClosedError, StratamqError
 from ..server.connection import Connection
 from ..server.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
+from .http_errors import UnknownClientError, UnknownSiteError, http_status
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,6 @@ API = "/api/v1"
 OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class UnknownClientError(StratamqError):
-    http_status = 404
-
-
-class UnknownSiteError(StratamqError):
-    http_status = 404
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +125,7 @@ class AdminServer:
                 message = exc.reason
             return error_response(exc.status, message, headers)
         except StratamqError as exc:
-            return error_response(exc.http_status, exc.message)
+            return error_response(http_status(exc), exc.message)
         except Exception:
             log.exception("admin API: %s %s failed", request.method, request.path)
             return error_response(500, "internal error (see the broker log)")

@@ -10,7 +10,6 @@ class MqttCodecError(StratamqError):
     """Base of the codec's errors: the bytes a peer sent are not acceptable MQTT."""
 
     mqtt_reason_code = 0x80
-    http_status = 400
 
 
 class MalformedPacketError(MqttCodecError):
@@ -27,7 +26,6 @@ class ProtocolError(MqttCodecError):
 
 class PacketTooLargeError(MqttCodecError):
     mqtt_reason_code = 0x95
-    http_status = 413
 
 
 class UnsupportedProtocolVersionError(MqttCodecError):

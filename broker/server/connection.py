@@ -47,6 +47,7 @@ from ..mqtt import (
     Unsubscribe,
     encode,
 )
+from ..mqtt.error_codes import mqtt_reason_code
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
 from ..session.model import Subscription, WillRecord, split_shared
 from ..session.session import Delivery, Session
@@ -309,7 +310,7 @@ class Connection:
                                         qos2_packet_id=packet.packet_id if packet.qos == 2
                                         else None)
         except StratamqError as error:
-            self._disconnect(error.mqtt_reason_code)
+            self._disconnect(mqtt_reason_code(error))
             raise ConnectionClosed() from None
         if packet.qos == 0:
             return

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stratamq.broker.admin.http_errors import http_status
 from stratamq.broker.ds import (
     END_OF_STREAM,
     CookedBatch,
@@ -33,6 +34,7 @@ from stratamq.broker.errors import (
     StratamqError,
     UnknownDatabaseError,
 )
+from stratamq.broker.mqtt.error_codes import mqtt_reason_code
 from stratamq.broker.topic import topic_matches
 from tests.support import read_filter, run
 
@@ -156,14 +158,16 @@ def test_bad_input_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
         for bad, error in cases:
             with pytest.raises(error) as raised:
                 await storage.store_batch("messages", [good, bad])
-            assert raised.value.mqtt_reason_code in (0x90, 0x95, 0x81)
+            assert mqtt_reason_code(raised.value) in (0x90, 0x95, 0x81)
+            assert not raised.value.recoverable
         assert await read_filter(storage, "messages", "#") == []
         for bad_filter in ("", "a/#/b", "a+", "#x"):
             with pytest.raises(InvalidTopicFilterError):
                 storage.get_streams("messages", bad_filter)
         with pytest.raises(UnknownDatabaseError) as unknown:
             await storage.store_batch("nope", [good])
-        assert unknown.value.http_status == 404
+        assert http_status(unknown.value) == 404
+        assert not unknown.value.recoverable
         await storage.close()
     run(scenario())
 

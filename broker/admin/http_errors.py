@@ -1,0 +1,56 @@
+"""The HTTP edge's choice of status for an error, and the admin API's own errors."""
+
+from __future__ import annotations
+
+from ..errors import (
+    ConfigError,
+    CorruptDataError,
+    GenerationError,
+    InvalidIteratorError,
+    InvalidMessageError,
+    InvalidTopicError,
+    InvalidTopicFilterError,
+    PayloadTooLargeError,
+    StorageBusyError,
+    StorageTimeoutError,
+    StratamqError,
+    UnknownDatabaseError,
+)
+from ..mqtt.errors import MqttCodecError, PacketTooLargeError
+
+
+class UnknownClientError(StratamqError):
+    pass
+
+
+class UnknownSiteError(StratamqError):
+    pass
+
+
+_BY_TYPE: dict[type[StratamqError], int] = {
+    UnknownClientError: 404,
+    UnknownSiteError: 404,
+    UnknownDatabaseError: 404,
+    InvalidTopicError: 400,
+    InvalidTopicFilterError: 400,
+    InvalidMessageError: 400,
+    InvalidIteratorError: 400,
+    PacketTooLargeError: 413,
+    PayloadTooLargeError: 413,
+    MqttCodecError: 400,
+    GenerationError: 409,
+    StorageBusyError: 429,
+    StorageTimeoutError: 504,
+    CorruptDataError: 500,
+    ConfigError: 500,
+}
+
+
+def http_status(error: StratamqError) -> int:
+    """The status to answer `error` with: by its kind (the most specific known), else
+    503 for what may work when retried and 500 for what will not."""
+    for kind in type(error).__mro__:
+        status = _BY_TYPE.get(kind)
+        if status is not None:
+            return status
+    return 503 if error.recoverable else 500
