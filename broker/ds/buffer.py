@@ -19,13 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ..errors import StorageClosedError
+from ..errors import StorageBusyError, StorageClosedError
 from . import metrics
 from .cooked import CookedBatch
 from .message import Message
 from .shard import Shard
 
 CommitListener = Callable[[CookedBatch], None]
+
+# Queued bytes, in multiples of `max_bytes`, past which new messages are refused.
+OVERFULL = 4
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,15 @@ class WriteBuffer:
         if self._bytes >= self._max_bytes:
             self._room.clear()
         return done
+
+    def refuse_when_overfull(self) -> None:
+        """Raise StorageBusyError when the queued bytes reach OVERFULL times
+        `max_bytes`: a publisher that does not wait for room is refused rather than
+        let memory grow without bound."""
+        if self._bytes >= OVERFULL * self._max_bytes:
+            raise StorageBusyError(
+                f"shard {self._labels[1]} of {self._labels[0]!r} has {self._bytes} bytes "
+                f"queued, over {OVERFULL}x its max_bytes; retry later")
 
     def has_room(self) -> bool:
         """Whether the queued bytes are under `max_bytes`."""

@@ -149,7 +149,9 @@ class Database:
                record_deletes: list[bytes] | None = None) -> list[asyncio.Future[None]]:
         """Queue messages for writing now, in call order; with `wait`, the futures
         resolve once they are durable. Every message is checked before any is queued,
-        so a bad one means nothing of the call is written.
+        so a bad one means nothing of the call is written. A shard whose buffer is
+        far over its byte bound refuses messages (StorageBusyError, recoverable);
+        records alone are always taken (they finish protocol flows).
 
         Records (small key-value pairs) of client `records_of` are written in the same
         atomic batch as that client's messages, in its shard."""
@@ -157,6 +159,7 @@ class Database:
             message = messages[0]
             size = self._validate(message)
             buffer = self._buffers[shard_of(message.client_id, self.options.n_shards)]
+            buffer.refuse_when_overfull()
             done = buffer.add(messages, size, wait)
             return [] if done is None else [done]
         by_shard: dict[int, list[Message]] = defaultdict(list)
@@ -167,6 +170,8 @@ class Database:
             shard_id = shard_of(message.client_id, n_shards)
             by_shard[shard_id].append(message)
             sizes[shard_id] += size
+        for shard_id in by_shard:  # before anything is queued: all or nothing
+            self._buffers[shard_id].refuse_when_overfull()
         record_shard = None
         if records_of is not None:
             record_shard = shard_of(records_of, n_shards)

@@ -14,6 +14,7 @@ import pytest
 
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Iterator, Message
 from stratamq.broker.ds.shard import Shard
+from stratamq.broker.errors import StorageBusyError
 from tests.support import read_filter, run
 
 FAST = DbOptions(n_shards=2, flush_interval=0.001, wildcard_thresholds=(3, 2))
@@ -272,5 +273,30 @@ def test_streams_new_since_a_version_are_found_incrementally(tmp_path: Path) -> 
         assert len(await read_filter(storage, "messages", "r/#")) == 11
         _v, same = database.get_streams_since("r/+", 0)
         assert same == database.get_streams("r/+")
+        await storage.close()
+    run(scenario())
+
+
+def test_an_overfull_shard_refuses_messages_but_takes_records(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        database = await storage.open_db(
+            "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
+        await database.shard_lock(0).acquire()  # the shard is busy: nothing is written
+        refused = 0
+        for _ in range(40):
+            try:
+                database.submit([Message("t", b"z" * 300, client_id="c")], wait=False)
+            except StorageBusyError as error:
+                assert error.recoverable
+                refused += 1
+        assert refused > 0
+        with pytest.raises(StorageBusyError):  # the many-message path checks first too
+            database.submit([Message("t", b"z", client_id="c"),
+                             Message("t", b"z", client_id="d")])
+        done = database.submit([], records_of="c", record_puts=[(b"k", b"v")])
+        database.shard_lock(0).release()
+        await asyncio.gather(*done)
+        assert await database.scan_records("c", b"k") == [(b"k", b"v")]
         await storage.close()
     run(scenario())
