@@ -9,8 +9,9 @@ from pathlib import Path
 
 from .admin import AdminServer, start_admin
 from .auth import AccessControl
-from .broker import Broker, BrokerLimits
 from .config import Config, MessagesDbConfig
+from .core.broker import Broker
+from .core.registry import SessionLimits
 from .ds import DbOptions, DurableStorage
 from .errors import ConfigError
 from .server.connection import Connection, ConnectionLimits, Transport
@@ -111,7 +112,7 @@ async def _start_parts(config: Config) -> RunningSite:
     broker = await Broker.start(
         storage, messages, config.durable_storage.messages.n_shards,
         config.durable_storage.messages.sync_writes,
-        BrokerLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
+        SessionLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
                      idle_poll_interval=sessions.idle_poll_interval,
                      renew_streams_interval=sessions.renew_streams_interval,
                      session_gc_interval=sessions.session_gc_interval,

@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from ..broker import Broker
 from ..config import AdminConfig
+from ..core.broker import Broker
 from ..ds import DurableStorage
 from ..errors import StorageClosedError, StratamqError
 from ..server.connection import Connection

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..auth import AccessControl
-from ..broker import Broker
+from ..core.broker import Broker
 from ..ds import Message, MessageProperties
 from ..errors import StratamqError
 from ..metrics import (
@@ -233,15 +233,15 @@ class Connection:
         if self.keepalive > self.limits.max_keepalive or \
                 (self.keepalive == 0 and self.limits.max_keepalive < 65535):
             self.keepalive = server_keepalive = self.limits.max_keepalive
-        session, present = await self.broker.open_session(self, packet.clean_start, expiry)
+        session, present = await self.broker.registry.open_session(self, packet.clean_start, expiry)
         self.session = session
         if packet.will is not None:
             will = packet.will
-            session.will = WillRecord(will.topic, will.payload, will.qos, will.retain,
-                                      _to_message_properties(will.properties),
-                                      will.properties.will_delay_interval or 0)
+            session.set_will(WillRecord(will.topic, will.payload, will.qos, will.retain,
+                                        _to_message_properties(will.properties),
+                                        will.properties.will_delay_interval or 0))
         else:
-            session.will = None
+            session.set_will(None)
         connack_properties = Properties()
         if self.level == MQTT_5:
             connack_properties.assigned_client_identifier = assigned
@@ -251,7 +251,7 @@ class Connection:
             connack_properties.server_keep_alive = server_keepalive
         self._send(Connack(present, 0, connack_properties))
         if session.durable:
-            await self.broker.persist(session)
+            await self.broker.registry.persist(session)
         session.attach(self)
 
     def _refuse(self, reason_code: int) -> None:
@@ -290,7 +290,7 @@ class Connection:
         if len(levels) > self.limits.max_topic_levels:
             self._disconnect(0x90)
             raise ConnectionClosed()
-        if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+        if packet.qos == 2 and session.inbound_qos2_pending(packet.packet_id or 0):
             self._send(Pubrec(packet.packet_id or 0))  # a resend: stored already
             return
         if packet.qos > 0 and self.level == MQTT_5 \
@@ -305,7 +305,7 @@ class Connection:
                           _to_message_properties(packet.properties))
         messages_received(packet.qos).inc()
         try:
-            waits = self.broker.publish(message, wait=packet.qos > 0,
+            waits = self.broker.publisher.publish(message, wait=packet.qos > 0,
                                         qos2_packet_id=packet.packet_id if packet.qos == 2
                                         else None)
         except StratamqError as error:
@@ -330,7 +330,7 @@ class Connection:
             return
         if packet.qos == 2:
             # its packet id was recorded with it: a resend is now recognised
-            self._session().inbound_qos2.add(packet.packet_id or 0)
+            self._session().inbound_qos2_stored(packet.packet_id or 0)
         self._ack(packet, 0)
 
     def _ack(self, packet: Publish, reason_code: int) -> None:
@@ -345,11 +345,11 @@ class Connection:
     async def _on_pubrel(self, packet: Pubrel) -> None:
         session = self._session()
         packet_id = packet.packet_id
-        if packet_id not in session.inbound_qos2:
+        if not session.inbound_qos2_pending(packet_id):
             self._send(Pubcomp(packet_id, 0 if self.level < MQTT_5 else 0x92))
             return
-        session.inbound_qos2.discard(packet_id)
-        released = asyncio.gather(*self.broker.release_qos2(self.client_id, packet_id))
+        session.inbound_qos2_released(packet_id)
+        released = asyncio.gather(*self.broker.publisher.release_qos2(self.client_id, packet_id))
         released.add_done_callback(lambda future: self._released(packet_id, future))
 
     def _released(self, packet_id: int, future: asyncio.Future[list[None]]) -> None:
@@ -390,17 +390,17 @@ class Connection:
                                         options.retain_as_published, options.retain_handling,
                                         identifier, group, time.time_ns() // 1000)
             is_new = session.subscribe(subscription)
-            self.broker.route(session, subscription)
+            self.broker.dispatcher.route(session, subscription)
             codes.append(options.qos)
             if group is None and (options.retain_handling == 0
                                   or (options.retain_handling == 1 and is_new)):
                 retained_to_send.append(subscription)
         if session.durable:
-            await self.broker.persist(session)
+            await self.broker.registry.persist(session)
         # Look the retained messages up before SUBACK: one published after the client
         # has its SUBACK reaches it through the subscription only, not twice.
         retained = [(subscription, message) for subscription in retained_to_send
-                    for message in await self.broker.retained_matching(
+                    for message in await self.broker.retained.matching(
                         subscription.topic_filter)]
         self._send(Suback(packet.packet_id, codes))
         for subscription, message in retained:
@@ -414,10 +414,10 @@ class Connection:
         for raw_filter in packet.topic_filters:
             removed = session.unsubscribe(raw_filter)
             if removed is not None:
-                self.broker.unroute(session, removed)
+                self.broker.dispatcher.unroute(session, removed)
             codes.append(0x00 if removed is not None else 0x11)
         if session.durable:
-            await self.broker.persist(session)
+            await self.broker.registry.persist(session)
         self._send(Unsuback(packet.packet_id, codes if self.level == MQTT_5 else []))
 
     # -- DISCONNECT ---------------------------------------------------------------
@@ -429,7 +429,7 @@ class Connection:
             if session.expiry_interval == 0 and requested > 0:
                 self._disconnect(0x82)  # may not turn a session durable at the end
                 raise ConnectionClosed()
-            session.expiry_interval = requested  # 0: the session ends with this connection
+            session.set_expiry_interval(requested)  # 0: the session ends with this connection
         # Only a normal disconnection (0x00) discards the will; 0x04 asks for it, and
         # an error code leaves it in place (MQTT 5.0 sections 3.1.2.5 and 3.14.4).
         self._will_on_close = packet.reason_code != 0x00
@@ -462,7 +462,7 @@ class Connection:
         session = self.session
         if session is not None:
             self.session = None
-            await self.broker.close_session(self, session, self._will_on_close)
+            await self.broker.registry.close_session(self, session, self._will_on_close)
         self._kicked.set()
 
     # -- sending ------------------------------------------------------------------
