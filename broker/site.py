@@ -9,12 +9,13 @@ from pathlib import Path
 
 from .admin import AdminServer, start_admin
 from .auth import AccessControl
+from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
 from .core.broker import Broker
 from .core.registry import SessionLimits
 from .ds import DbOptions, DurableStorage
 from .errors import ConfigError
-from .server.connection import Connection, ConnectionLimits, Transport
+from .net.transport import Transport
 from .server.listeners import (
     ListenerSet,
     start_stream_listener,
@@ -78,9 +79,9 @@ class RunningSite:
             await self.admin.stop()
 
 
-def connection_limits(config: Config) -> ConnectionLimits:
+def connection_limits(config: Config) -> ChannelLimits:
     mqtt = config.mqtt
-    return ConnectionLimits(
+    return ChannelLimits(
         max_packet_size=mqtt.max_packet_size, max_topic_levels=mqtt.max_topic_levels,
         max_inflight=mqtt.max_inflight, receive_maximum=mqtt.receive_maximum,
         topic_alias_maximum=mqtt.topic_alias_maximum, connect_timeout=mqtt.connect_timeout,
@@ -119,10 +120,10 @@ async def _start_parts(config: Config) -> RunningSite:
                      durable_sessions=sessions.enable))
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
-    connections: set[Connection] = set()
+    connections: set[Channel] = set()
 
-    def make(transport: Transport, listener: str, peer: str) -> Connection:
-        return Connection(broker, access, transport, limits, listener, peer)
+    def make(transport: Transport, listener: str, peer: str) -> Channel:
+        return Channel(broker, access, transport, limits, listener, peer)
 
     listeners = config.listeners
     max_connections = config.mqtt.max_connections

@@ -18,11 +18,11 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
 from ..core.broker import Broker
 from ..ds import DurableStorage
 from ..errors import StorageClosedError, StratamqError
-from ..server.connection import Connection
 from ..server.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .site_id import load_or_create_site_id

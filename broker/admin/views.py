@@ -8,8 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from ..channel.channel import Channel as Connection
 from ..ds import Database
-from ..server.connection import Connection
 from ..session.model import Subscription
 from ..session.session import Session
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
 
+from ..channel.channel import Channel as Connection
 from ..metrics import CONNECTIONS
-from .connection import Connection
 
 log = logging.getLogger(__name__)
 
