@@ -15,13 +15,13 @@ from .core.broker import Broker
 from .core.registry import SessionLimits
 from .ds import DbOptions, DurableStorage
 from .errors import ConfigError
-from .net.transport import Transport
-from .server.listeners import (
+from .net.listeners import (
     ListenerSet,
     start_stream_listener,
     start_websocket_listener,
     tls_context,
 )
+from .net.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from ..config import AdminConfig
 from ..core.broker import Broker
 from ..ds import DurableStorage
 from ..errors import StorageClosedError, StratamqError
-from ..server.listeners import ListenerSet
+from ..net.address import split_bind
+from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .site_id import load_or_create_site_id
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
@@ -221,13 +222,6 @@ class AdminServer:
 
 def listing(items: list[Any]) -> web.Response:
     return web.json_response({"data": items, "meta": {"count": len(items)}})
-
-
-def split_bind(bind: str) -> tuple[str, int]:
-    """`host:port` (`[::1]:18083` for IPv6) -> (host, port); an empty host is all."""
-    host, _, port = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    return host or "0.0.0.0", int(port)
 
 
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:
