@@ -60,7 +60,8 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     if packet.qos > 0 and channel.level == MQTT_5 \
             and channel.inbound_qos_pending >= channel.limits.receive_maximum:
         raise _fail(channel, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
-    if not channel.access.authorize_publish(channel.client_id, channel.username, topic):
+    if not channel.access.authorize_publish(channel.client_id, channel.username, topic,
+                                            levels):
         MESSAGES_DROPPED.labels("not_authorized").inc()
         _ack(channel, packet, ReasonCode.NOT_AUTHORIZED)
         return

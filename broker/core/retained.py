@@ -8,6 +8,7 @@ import time
 from ..ds import Message
 from ..ds.kv import KvDatabase
 from ..ds.message import decode_message, encode_message
+from ..session.expiry import is_expired
 from ..topic import topic_matches
 
 
@@ -30,8 +31,7 @@ class RetainedStore:
         now_us = time.time_ns() // 1000
         for _key, raw in await self._db.scan():
             message = decode_message(raw)
-            expiry = message.properties.message_expiry_interval
-            if expiry is not None and now_us - message.timestamp >= expiry * 1_000_000:
+            if is_expired(message, now_us):
                 continue
             if topic_matches(topic_filter, message.topic):
                 found.append(message)

@@ -3,6 +3,8 @@ asks whether a message has expired or how long it has left."""
 
 from __future__ import annotations
 
+import time
+
 from ..ds import Message
 
 
@@ -15,8 +17,12 @@ def expiry_left_us(message: Message, now_us: int) -> int | None:
     return expiry * 1_000_000 - (now_us - message.timestamp)
 
 
-def expired(message: Message, now_us: int) -> bool:
-    left = expiry_left_us(message, now_us)
+def is_expired(message: Message, now_us: int | None = None) -> bool:
+    """Whether the message has expired; the clock is read (when `now_us` is None)
+    only for a message that can expire."""
+    if message.properties.message_expiry_interval is None:
+        return False
+    left = expiry_left_us(message, time.time_ns() // 1000 if now_us is None else now_us)
     return left is not None and left <= 0
 
 

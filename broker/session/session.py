@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
+from .expiry import is_expired
 from .model import (
     CursorState,
     SessionRecord,
@@ -433,10 +433,7 @@ class Session:
             self._queue.popleft()
             if delivery.packet_id is not None:
                 self._reserved_ids.discard(delivery.packet_id)
-            message = delivery.message
-            expiry = message.properties.message_expiry_interval
-            if expiry is not None and time.time() * 1_000_000 - message.timestamp \
-                    >= expiry * 1_000_000:
+            if is_expired(delivery.message):
                 MESSAGES_DROPPED.labels("expired").inc()
                 self._finished(delivery)
                 continue
