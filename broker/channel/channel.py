@@ -11,12 +11,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from ..auth import AccessControl
 from ..core.broker import Broker
 from ..metrics import BYTES_SENT, MESSAGES_DROPPED, messages_delivered, packets_sent
 from ..mqtt import (
+    MQTT_3_1_1,
     MQTT_5,
     Auth,
     Connack,
@@ -105,7 +106,7 @@ class Channel:
         self.peer = peer
         self.client_id = ""
         self.username: str | None = None
-        self.level = 4
+        self.level = MQTT_3_1_1
         self.connected_at = time.time()
         self.keepalive = 0
         self.receive_maximum = limits.max_inflight
@@ -130,7 +131,7 @@ class Channel:
             pass
         except UnsupportedProtocolVersionError:
             # CONNACK in the 3.1.1 format, return code 1 (MQTT-3.1.2-2)
-            self.level = 4
+            self.level = MQTT_3_1_1
             self.send(Connack(False, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION))
         except MqttCodecError as error:
             self.disconnect(error.mqtt_reason_code)
@@ -163,7 +164,7 @@ class Channel:
         self.close_transport()
         await self._kicked.wait()
 
-    def refuse(self, reason_code: int) -> None:
+    def refuse(self, reason_code: int) -> NoReturn:
         """Answer CONNECT with a refusal and end the connection."""
         self.send(Connack(False, reason_code))
         self.will_on_close = False
