@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -31,13 +30,12 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from .ds.options import MAX_MQTT_PAYLOAD
 from .errors import ConfigError
+from .yamlfile import load_yaml_file
 
 ENV_PREFIX = "STRATAMQ__"
 ENV_SEPARATOR = "__"
-
-# The largest payload MQTT can carry: the Remaining Length field tops out at 268,435,455.
-MQTT_MAX_PAYLOAD_BYTES = 268_435_455
 
 
 # --- value parsers ------------------------------------------------------------------
@@ -175,23 +173,14 @@ class MessagesDbConfig(_Section):
 
     data_dir: Annotated[str, Field(min_length=1)] = "data"
     n_shards: PositiveInt = 16
-    n_sites: PositiveInt = 1
-    # Not checked against n_sites: a single-site broker with the default 3 is valid,
-    # see `effective_replication_factor`.
-    replication_factor: PositiveInt = 3
     sync_writes: bool = False
     local_write_buffer: WriteBufferConfig = Field(default_factory=WriteBufferConfig)
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
-    max_payload_bytes: Annotated[ByteSize, Field(le=MQTT_MAX_PAYLOAD_BYTES)] = (
-        MQTT_MAX_PAYLOAD_BYTES)
+    # The largest payload MQTT can carry: Remaining Length tops out at 268,435,455.
+    max_payload_bytes: Annotated[ByteSize, Field(le=MAX_MQTT_PAYLOAD)] = MAX_MQTT_PAYLOAD
     # Memory the write path's topic caches may hold over all shards (topic names can
     # be 64 KB each, so the bound is in bytes, not topics).
     topic_cache_bytes: ByteSize = parse_byte_size("64MiB")
-
-    @property
-    def effective_replication_factor(self) -> int:
-        """Replicas per shard actually used: there cannot be more than there are sites."""
-        return min(self.replication_factor, self.n_sites)
 
 
 class DurableStorageConfig(_Section):
@@ -202,7 +191,6 @@ class DurableSessionsConfig(_Section):
     enable: bool = True
     batch_size: PositiveInt = 100
     idle_poll_interval: Duration = parse_duration("10s")
-    heartbeat_interval: Duration = parse_duration("5s")
     renew_streams_interval: Duration = parse_duration("1s")
     session_gc_interval: Duration = parse_duration("10m")
     message_retention_period: Duration = parse_duration("1d")
@@ -328,32 +316,8 @@ def load_config(path: str | os.PathLike[str] | None = None,
         f"  {line}" for line in errors))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: PyYAML keeps the last one silently, which
-    hides exactly the kind of mistake (two `n_shards:` lines) a config check is for."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        # Loading from the open file (not a string) makes YAML errors name the file.
-        with path.open(encoding="utf-8") as stream:
-            data = yaml.load(stream, Loader=_UniqueKeyLoader)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: config file not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    data = load_yaml_file(path, "config file")
     if data is None:  # empty file, or only comments
         return {}
     if not isinstance(data, dict):

@@ -9,17 +9,19 @@ from pathlib import Path
 
 from .admin import AdminServer, start_admin
 from .auth import AccessControl
-from .broker import Broker, BrokerLimits
+from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
+from .core.broker import Broker
+from .core.registry import SessionLimits
 from .ds import DbOptions, DurableStorage
 from .errors import ConfigError
-from .server.connection import Connection, ConnectionLimits, Transport
-from .server.listeners import (
+from .net.listeners import (
     ListenerSet,
     start_stream_listener,
     start_websocket_listener,
     tls_context,
 )
+from .net.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +80,9 @@ class RunningSite:
             await self.admin.stop()
 
 
-def connection_limits(config: Config) -> ConnectionLimits:
+def connection_limits(config: Config) -> ChannelLimits:
     mqtt = config.mqtt
-    return ConnectionLimits(
+    return ChannelLimits(
         max_packet_size=mqtt.max_packet_size, max_topic_levels=mqtt.max_topic_levels,
         max_inflight=mqtt.max_inflight, receive_maximum=mqtt.receive_maximum,
         topic_alias_maximum=mqtt.topic_alias_maximum, connect_timeout=mqtt.connect_timeout,
@@ -112,17 +114,17 @@ async def _start_parts(config: Config) -> RunningSite:
     broker = await Broker.start(
         storage, messages, config.durable_storage.messages.n_shards,
         config.durable_storage.messages.sync_writes,
-        BrokerLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
+        SessionLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
                      idle_poll_interval=sessions.idle_poll_interval,
                      renew_streams_interval=sessions.renew_streams_interval,
                      session_gc_interval=sessions.session_gc_interval,
                      durable_sessions=sessions.enable))
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
-    connections: set[Connection] = set()
+    connections: set[Channel] = set()
 
-    def make(transport: Transport, listener: str, peer: str) -> Connection:
-        return Connection(broker, access, transport, limits, listener, peer)
+    def make(transport: Transport, listener: str, peer: str) -> Channel:
+        return Channel(broker, access, transport, limits, listener, peer)
 
     listeners = config.listeners
     max_connections = config.mqtt.max_connections

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .errors import InvalidTopicError, InvalidTopicFilterError
 
 MAX_TOPIC_BYTES = 65535
+# A shared subscription: `$share/<group>/<filter>` (MQTT 5.0 section 4.8.2).
+SHARE_PREFIX = "$share/"
 
 
 def _check_common(text: str, error: type[InvalidTopicError] | type[InvalidTopicFilterError],

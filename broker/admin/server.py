@@ -18,12 +18,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from ..broker import Broker
+from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
+from ..core.broker import Broker
 from ..ds import DbDescription, DurableStorage, describe
 from ..errors import StorageClosedError, StratamqError
-from ..server.connection import Connection
-from ..server.listeners import ListenerSet
+from ..net.address import split_bind
+from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .http_errors import UnknownClientError, UnknownSiteError, http_status
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
@@ -215,13 +216,6 @@ class AdminServer:
 
 def listing(items: list[Any]) -> web.Response:
     return web.json_response({"data": items, "meta": {"count": len(items)}})
-
-
-def split_bind(bind: str) -> tuple[str, int]:
-    """`host:port` (`[::1]:18083` for IPv6) -> (host, port); an empty host is all."""
-    host, _, port = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    return host or "0.0.0.0", int(port)
 
 
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:

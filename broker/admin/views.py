@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from ..channel.channel import Channel as Connection
 from ..ds import DbDescription
-from ..server.connection import Connection
 from ..session.model import Subscription
 from ..session.session import Session
 

@@ -178,9 +178,11 @@ class AccessControl:
 
     # --- authorization -----------------------------------------------------------------
 
-    def authorize_publish(self, client_id: str, username: str | None, topic: str) -> bool:
-        """Whether the client may publish to the topic name (an invalid one: no)."""
-        return self.acl.allows("publish", client_id, username, topic)
+    def authorize_publish(self, client_id: str, username: str | None, topic: str,
+                          levels: list[str] | None = None) -> bool:
+        """Whether the client may publish to the topic name (an invalid one: no).
+        `levels`: the topic's levels when the caller has validated it already."""
+        return self.acl.allows("publish", client_id, username, topic, levels)
 
     def authorize_subscribe(self, client_id: str, username: str | None,
                             topic_filter: str) -> bool:

@@ -41,11 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
-
-from ..config import _UniqueKeyLoader
 from ..errors import ConfigError, InvalidTopicError, InvalidTopicFilterError
-from ..topic import levels_match, validate_filter, validate_topic
+from ..topic import SHARE_PREFIX, levels_match, validate_filter, validate_topic
+from ..yamlfile import load_yaml_file
 
 Permission = Literal["allow", "deny"]
 Action = Literal["publish", "subscribe"]
@@ -55,7 +53,6 @@ ANY = "%any"
 USERNAME_PLACEHOLDER = "%u"
 CLIENT_ID_PLACEHOLDER = "%c"
 EQ_PREFIX = "eq "
-SHARE_PREFIX = "$share/"
 _RULE_KEYS = ("permission", "action", "username", "client_id", "topics")
 # Characters that must not reach a filter through a placeholder.
 _UNSAFE_IN_PLACEHOLDER = ("/", "+", "#")
@@ -155,19 +152,22 @@ class Acl:
         self.no_match: Permission = no_match
 
     def decide(self, action: Action, client_id: str, username: str | None,
-               topic: str) -> Permission:
+               topic: str, levels: list[str] | None = None) -> Permission:
         """allow or deny `action` on `topic` (a topic name to publish to, or a filter to
         subscribe to). An invalid topic or filter is denied. A shared subscription
-        `$share/<group>/<filter>` is checked as `<filter>`."""
+        `$share/<group>/<filter>` is checked as `<filter>`. `levels`: those of a topic
+        the caller has validated already (it is not validated again)."""
         if action == "subscribe" and topic.startswith(SHARE_PREFIX):
             parts = topic.split("/", 2)
             if len(parts) != 3 or not parts[1] or not parts[2]:
                 return "deny"
             topic = parts[2]
-        try:
-            levels = validate_topic(topic) if action == "publish" else validate_filter(topic)
-        except (InvalidTopicError, InvalidTopicFilterError):
-            return "deny"
+        if levels is None:
+            try:
+                levels = validate_topic(topic) if action == "publish" \
+                    else validate_filter(topic)
+            except (InvalidTopicError, InvalidTopicFilterError):
+                return "deny"
         for rule in self.rules:
             if rule.applies_to(action, client_id, username) and rule.matches_topic(
                     action, client_id, username, topic, levels):
@@ -175,8 +175,8 @@ class Acl:
         return self.no_match
 
     def allows(self, action: Action, client_id: str, username: str | None,
-               topic: str) -> bool:
-        return self.decide(action, client_id, username, topic) == "allow"
+               topic: str, levels: list[str] | None = None) -> bool:
+        return self.decide(action, client_id, username, topic, levels) == "allow"
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -256,13 +256,4 @@ def parse_rules(data: Any, source: str = "ACL") -> list[AclRule]:
 def load_acl_file(path: str | os.PathLike[str], no_match: Permission = "allow") -> Acl:
     """Read and validate an ACL file. Raises ConfigError naming the rule index and key."""
     file = Path(path)
-    try:
-        with file.open(encoding="utf-8") as stream:
-            data = yaml.load(stream, Loader=_UniqueKeyLoader)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{file}: ACL file not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read ACL file: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
-    return Acl(parse_rules(data, str(file)), no_match)
+    return Acl(parse_rules(load_yaml_file(file, "ACL file"), str(file)), no_match)

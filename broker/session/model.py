@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..ds import Message, MessageProperties, Stream
+from ..topic import SHARE_PREFIX
 
-SHARE_PREFIX = "$share/"
+# A session expiry interval at which the session never expires (MQTT 5.0 3.1.2.11.2).
+NEVER_EXPIRES = 2**32 - 1
 
 
 @dataclass(slots=True)

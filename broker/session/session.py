@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
+from .expiry import is_expired
 from .model import (
     CursorState,
     SessionRecord,
@@ -129,8 +129,8 @@ class Session:
         self._held: list[tuple[Delivery, int | None]] = []
         self._releaser: asyncio.Future[None] | None = None
         # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
-        # storage (Broker.publish), loaded from there when a session is restored
-        self.inbound_qos2: set[int] = set()
+        # storage (SessionStore.submit_qos2), loaded from there when a session is restored
+        self._inbound_qos2: set[int] = set()
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
@@ -186,6 +186,41 @@ class Session:
         self._restored_cursors = dict(record.cursors)
         self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
         self._reserved_ids = set(self._resend.values())
+
+    # -- settings of the connection that holds it ----------------------------------
+
+    def configure(self, expiry_interval: int, durable: bool) -> None:
+        self.expiry_interval = expiry_interval
+        self.durable = durable
+
+    def set_expiry_interval(self, expiry_interval: int) -> None:
+        self.expiry_interval = expiry_interval
+
+    def end_durability(self) -> None:
+        """No later persist may write the record (back)."""
+        self.durable = False
+
+    def set_will(self, will: WillRecord | None) -> None:
+        self.will = will
+
+    def take_will(self) -> WillRecord | None:
+        """The will, once: it is cleared."""
+        will, self.will = self.will, None
+        return will
+
+    # -- inbound QoS 2 ------------------------------------------------------------
+
+    def load_inbound_qos2(self, packet_ids: set[int]) -> None:
+        self._inbound_qos2 = packet_ids
+
+    def inbound_qos2_pending(self, packet_id: int) -> bool:
+        return packet_id in self._inbound_qos2
+
+    def inbound_qos2_stored(self, packet_id: int) -> None:
+        self._inbound_qos2.add(packet_id)
+
+    def inbound_qos2_released(self, packet_id: int) -> None:
+        self._inbound_qos2.discard(packet_id)
 
     # -- subscriptions ------------------------------------------------------------
 
@@ -398,10 +433,7 @@ class Session:
             self._queue.popleft()
             if delivery.packet_id is not None:
                 self._reserved_ids.discard(delivery.packet_id)
-            message = delivery.message
-            expiry = message.properties.message_expiry_interval
-            if expiry is not None and time.time() * 1_000_000 - message.timestamp \
-                    >= expiry * 1_000_000:
+            if is_expired(delivery.message):
                 MESSAGES_DROPPED.labels("expired").inc()
                 self._finished(delivery)
                 continue

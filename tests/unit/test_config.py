@@ -30,8 +30,6 @@ durable_storage:
   messages:
     data_dir: /var/lib/stratamq
     n_shards: 8
-    n_sites: 5
-    replication_factor: 3
     sync_writes: true
     local_write_buffer:
       max_items: 500
@@ -45,7 +43,6 @@ durable_sessions:
   enable: false
   batch_size: 10
   idle_poll_interval: 2s
-  heartbeat_interval: 1.5
   renew_streams_interval: 500ms
   session_gc_interval: 2h
   message_retention_period: 7d
@@ -69,9 +66,6 @@ def test_defaults_without_a_file() -> None:
     messages = config.durable_storage.messages
     assert messages.data_dir == "data"
     assert messages.n_shards == 16
-    assert messages.n_sites == 1
-    assert messages.replication_factor == 3
-    assert messages.effective_replication_factor == 1
     assert messages.sync_writes is False
     assert messages.local_write_buffer.max_items == 1000
     assert messages.local_write_buffer.flush_interval == 0.0
@@ -83,7 +77,6 @@ def test_defaults_without_a_file() -> None:
     assert sessions.enable is True
     assert sessions.batch_size == 100
     assert sessions.idle_poll_interval == 10.0
-    assert sessions.heartbeat_interval == 5.0
     assert sessions.renew_streams_interval == 1.0
     assert sessions.session_gc_interval == 600.0
     assert sessions.message_retention_period == 86400.0
@@ -131,8 +124,6 @@ def test_full_yaml_round_trip(tmp_path: Path) -> None:
         durable_storage=DurableStorageConfig(messages=MessagesDbConfig(
             data_dir="/var/lib/stratamq",
             n_shards=8,
-            n_sites=5,
-            replication_factor=3,
             sync_writes=True,
             local_write_buffer=WriteBufferConfig(
                 max_items=500, flush_interval=0.25, max_bytes=512 * 1024),
@@ -143,14 +134,12 @@ def test_full_yaml_round_trip(tmp_path: Path) -> None:
             enable=False,
             batch_size=10,
             idle_poll_interval=2.0,
-            heartbeat_interval=1.5,
             renew_streams_interval=0.5,
             session_gc_interval=7200.0,
             message_retention_period=7 * 86400.0,
         ),
     )
     assert config == expected
-    assert config.durable_storage.messages.effective_replication_factor == 3
     # Dumping the validated model and loading the dump gives the same config back.
     dumped = write(tmp_path, yaml.safe_dump(config.model_dump(mode="json")))
     assert load_config(dumped, env={}) == config
@@ -216,8 +205,8 @@ def test_parse_byte_size_rejects_garbage(value: str | int) -> None:
 
 @pytest.mark.parametrize("text", ["0", "0s", "-1s", "5 parsecs"])
 def test_durations_must_be_positive_and_valid(tmp_path: Path, text: str) -> None:
-    path = write(tmp_path, f"durable_sessions:\n  heartbeat_interval: {text}\n")
-    assert "durable_sessions.heartbeat_interval: " in config_error(path)
+    path = write(tmp_path, f"durable_sessions:\n  idle_poll_interval: {text}\n")
+    assert "durable_sessions.idle_poll_interval: " in config_error(path)
 
 
 def test_env_overrides(tmp_path: Path) -> None:
@@ -310,7 +299,6 @@ def test_all_errors_are_reported_one_per_line(tmp_path: Path) -> None:
         "  messages:\n"
         "    n_shards: 0\n"
         "    sync_writes: maybe\n"
-        "    replication_factor: true\n"
         "    max_payload_bytes: 268435456\n"
         "    layout:\n"
         "      type: btree\n"
@@ -323,7 +311,6 @@ def test_all_errors_are_reported_one_per_line(tmp_path: Path) -> None:
     problems = [line.strip().split(":")[0] for line in lines[1:]]
     assert problems == [
         "durable_storage.messages.n_shards",
-        "durable_storage.messages.replication_factor",
         "durable_storage.messages.sync_writes",
         "durable_storage.messages.layout.type",
         "durable_storage.messages.layout.wildcard_thresholds",

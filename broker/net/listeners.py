@@ -1,88 +1,41 @@
 """Listeners: MQTT over TCP and TLS (asyncio streams) and over WebSocket (aiohttp).
-Each accepted connection becomes a `Connection` fed with the bytes it receives."""
+Each accepted connection becomes an `Endpoint` (made by the caller) fed with the
+bytes it receives."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from aiohttp import WSMsgType, web
 
 from ..metrics import CONNECTIONS
-from .connection import Connection
+from ..mqtt import ReasonCode
+from .address import format_peer, split_bind
+from .transport import StreamTransport, Transport, WebSocketTransport
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 256 * 1024
 
-ConnectionFactory = Callable[["_StreamTransport | _WebSocketTransport", str, str], Connection]
+
+class Endpoint(Protocol):
+    """What a listener needs of the connection it feeds."""
+
+    async def run(self, read: Callable[[], Awaitable[bytes]]) -> None:
+        """Serve the connection until it ends; never raises."""
+        ...
+
+    async def kick(self, reason_code: int) -> None:
+        """Close the connection and wait until it has ended."""
+        ...
 
 
-class _StreamTransport:
-    """Packets written during one turn of the event loop leave in one `send()`: a
-    PUBACK per message would otherwise cost a system call each."""
-
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
-        self._corked: list[bytes] = []
-        self._corked_bytes = 0
-
-    def write(self, data: bytes) -> None:
-        if self._writer.is_closing():
-            return
-        if not self._corked:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._corked.append(data)
-        self._corked_bytes += len(data)
-
-    def _flush(self) -> None:
-        if self._corked and not self._writer.is_closing():
-            self._writer.write(b"".join(self._corked))
-        self._corked.clear()
-        self._corked_bytes = 0
-
-    def close(self) -> None:
-        self._flush()
-        self._writer.close()
-
-    def buffered(self) -> int:
-        return self._writer.transport.get_write_buffer_size() + self._corked_bytes
-
-
-class _WebSocketTransport:
-    def __init__(self, socket: web.WebSocketResponse) -> None:
-        self._socket = socket
-        self._sending: set[asyncio.Future[object]] = set()
-
-    def write(self, data: bytes) -> None:
-        if not self._socket.closed:
-            # send_bytes is a coroutine only for flow control; frames keep their order
-            self._track(asyncio.ensure_future(self._send(data)))
-
-    async def _send(self, data: bytes) -> None:
-        await self._socket.send_bytes(data)
-
-    async def _close(self) -> None:
-        await self._socket.close()
-
-    def close(self) -> None:
-        self._track(asyncio.ensure_future(self._close()))
-
-    def _track(self, task: asyncio.Future[object]) -> None:
-        self._sending.add(task)
-        task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Future[object]) -> None:
-        self._sending.discard(task)
-        if not task.cancelled():
-            task.exception()  # a closed socket is not an error worth logging
-
-    def buffered(self) -> int:
-        transport = self._socket._writer.transport if self._socket._writer else None
-        return transport.get_write_buffer_size() if transport is not None else 0
+EndpointT = TypeVar("EndpointT", bound=Endpoint)
 
 
 @dataclass
@@ -91,41 +44,30 @@ class ListenerSet:
 
     servers: list[asyncio.Server]
     web_runners: list[web.AppRunner]
-    connections: set[Connection]
+    connections: Collection[Endpoint]
     ports: dict[str, int]
 
     async def close(self) -> None:
         for server in self.servers:
             server.close()
         for connection in list(self.connections):
-            await connection.kick(0x8B)  # Server shutting down
+            await connection.kick(ReasonCode.SERVER_SHUTTING_DOWN)
         for server in self.servers:
             await server.wait_closed()
         for runner in self.web_runners:
             await runner.cleanup()
 
 
-def _format_peer(address: object) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host, port = address[0], address[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(address)
-
-
-def _split_bind(bind: str) -> tuple[str, int]:
-    host, _, port = bind.rpartition(":")
-    return host or "0.0.0.0", int(port)
-
-
-async def start_stream_listener(name: str, bind: str, make: ConnectionFactory,
-                                connections: set[Connection], max_connections: int,
+async def start_stream_listener(name: str, bind: str,
+                                make: Callable[[Transport, str, str], EndpointT],
+                                connections: set[EndpointT], max_connections: int,
                                 ssl_context: ssl.SSLContext | None = None) -> asyncio.Server:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = _format_peer(writer.get_extra_info("peername"))
+        peer = format_peer(writer.get_extra_info("peername"))
         if len(connections) >= max_connections:
             writer.close()  # over the limit: refused before a byte is read
             return
-        connection = make(_StreamTransport(writer), name, peer)
+        connection = make(StreamTransport(writer), name, peer)
         connections.add(connection)
         CONNECTIONS.labels(name).inc()
         try:
@@ -135,22 +77,23 @@ async def start_stream_listener(name: str, bind: str, make: ConnectionFactory,
             CONNECTIONS.labels(name).dec()
             writer.close()
 
-    host, port = _split_bind(bind)
+    host, port = split_bind(bind)
     server = await asyncio.start_server(serve, host, port, ssl=ssl_context,
                                         limit=READ_CHUNK, reuse_address=True)
     log.info("listening for MQTT%s on %s", "/TLS" if ssl_context else "", bind)
     return server
 
 
-async def start_websocket_listener(bind: str, path: str, make: ConnectionFactory,
-                                   connections: set[Connection],
+async def start_websocket_listener(bind: str, path: str,
+                                   make: Callable[[Transport, str, str], EndpointT],
+                                   connections: set[EndpointT],
                                    max_connections: int) -> web.AppRunner:
     async def handle(request: web.Request) -> web.StreamResponse:
         if len(connections) >= max_connections:
             raise web.HTTPServiceUnavailable(text="too many connections")
         socket = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"), max_msg_size=0)
         await socket.prepare(request)
-        connection = make(_WebSocketTransport(socket), "ws", str(request.remote))
+        connection = make(WebSocketTransport(socket), "ws", str(request.remote))
         connections.add(connection)
         CONNECTIONS.labels("ws").inc()
         frames = socket.__aiter__()
@@ -180,7 +123,7 @@ async def start_websocket_listener(bind: str, path: str, make: ConnectionFactory
     app.router.add_get(path, handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    host, port = _split_bind(bind)
+    host, port = split_bind(bind)
     await web.TCPSite(runner, host, port).start()
     log.info("listening for MQTT over WebSocket on %s%s", bind, path)
     return runner

@@ -1,0 +1,243 @@
+"""One client connection's protocol state: who the client is, what it negotiated,
+its topic aliases, and the session it holds. Inbound packets go to one handler per
+packet type (handle_*.py); outbound packets leave through `send` and the `Outlet`
+methods a session calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ..auth import AccessControl
+from ..core.broker import Broker
+from ..metrics import BYTES_SENT, MESSAGES_DROPPED, messages_delivered, packets_sent
+from ..mqtt import (
+    MQTT_3_1_1,
+    MQTT_5,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketReader,
+    Pingreq,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+    Subscribe,
+    Unsubscribe,
+    encode,
+)
+from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
+from ..net.read_loop import ConnectionClosed, read_packets
+from ..net.transport import Transport
+from ..session.session import Delivery, Session
+from . import (
+    handle_acks,
+    handle_connect,
+    handle_disconnect,
+    handle_ping,
+    handle_publish,
+    handle_pubrel,
+    handle_subscribe,
+    handle_unsubscribe,
+)
+from .properties import NO_PROPERTIES, to_publish_properties
+
+log = logging.getLogger(__name__)
+
+# Any packet fits until the client announces its Maximum Packet Size.
+NO_PACKET_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLimits:
+    max_packet_size: int = 1024 * 1024
+    max_topic_levels: int = 128
+    max_inflight: int = 32
+    receive_maximum: int = 128  # what clients may have in flight towards us
+    topic_alias_maximum: int = 64
+    connect_timeout: float = 10.0
+    max_keepalive: int = 65535
+    max_write_buffer: int = 8 * 1024 * 1024
+
+
+Handler = Callable[["Channel", Any], Awaitable[None] | None]
+
+
+def _protocol_error(channel: Channel, _packet: Packet) -> None:
+    # AUTH (no enhanced authentication here), and CONNACK, SUBACK, ... which only a
+    # server sends.
+    channel.disconnect(ReasonCode.PROTOCOL_ERROR)
+    raise ConnectionClosed()
+
+
+_HANDLERS: dict[type[Packet], Handler] = {
+    Publish: handle_publish.handle_publish,
+    Puback: handle_acks.handle_puback,
+    Pubrec: handle_acks.handle_pubrec,
+    Pubrel: handle_pubrel.handle_pubrel,
+    Pubcomp: handle_acks.handle_pubcomp,
+    Subscribe: handle_subscribe.handle_subscribe,
+    Unsubscribe: handle_unsubscribe.handle_unsubscribe,
+    Pingreq: handle_ping.handle_pingreq,
+    Disconnect: handle_disconnect.handle_disconnect,
+    Connect: handle_connect.handle_connect,
+    Auth: _protocol_error,
+}
+
+
+class Channel:
+    def __init__(self, broker: Broker, access: AccessControl, transport: Transport,
+                 limits: ChannelLimits, listener: str, peer: str) -> None:
+        self.broker = broker
+        self.access = access
+        self.transport = transport
+        self.limits = limits
+        self.listener = listener
+        self.peer = peer
+        self.client_id = ""
+        self.username: str | None = None
+        self.level = MQTT_3_1_1
+        self.connected_at = time.time()
+        self.keepalive = 0
+        self.receive_maximum = limits.max_inflight
+        self.session: Session | None = None
+        self.client_max_packet = NO_PACKET_LIMIT
+        self.inbound_aliases: dict[int, str] = {}
+        self.client_alias_maximum = 0
+        self.inbound_qos_pending = 0
+        self.closing = False
+        self.will_on_close = True
+        self._reader = PacketReader(limits.max_packet_size)
+        self._outbound_aliases: dict[str, int] = {}
+        self._kicked = asyncio.Event()
+
+    # -- the connection's life ----------------------------------------------------
+
+    async def run(self, read: Callable[[], Awaitable[bytes]]) -> None:
+        """Serve the connection until it ends; never raises."""
+        try:
+            await read_packets(read, self._reader, self)
+        except ConnectionClosed:
+            pass
+        except UnsupportedProtocolVersionError:
+            # CONNACK in the 3.1.1 format, return code 1 (MQTT-3.1.2-2)
+            self.level = MQTT_3_1_1
+            self.send(Connack(False, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION))
+        except MqttCodecError as error:
+            self.disconnect(error.mqtt_reason_code)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        except Exception:  # a bug must end this connection, never the site
+            log.exception("connection %s (%s) failed", self.client_id or "?", self.peer)
+            self.disconnect(ReasonCode.UNSPECIFIED_ERROR)
+        finally:
+            await self._finish()
+
+    def read_timeout(self) -> float | None:
+        if self.session is None:
+            return self.limits.connect_timeout
+        return self.keepalive * 1.5 if self.keepalive else None
+
+    def on_read_timeout(self) -> None:
+        self.disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT)
+
+    def handle(self, packet: Packet) -> Awaitable[None] | None:
+        return _HANDLERS.get(type(packet), _protocol_error)(self, packet)
+
+    def attached_session(self) -> Session:
+        assert self.session is not None
+        return self.session
+
+    async def kick(self, reason_code: int) -> None:
+        """Another connection took this session over, or the site is stopping."""
+        self.disconnect(reason_code)
+        self.close_transport()
+        await self._kicked.wait()
+
+    def refuse(self, reason_code: int) -> NoReturn:
+        """Answer CONNECT with a refusal and end the connection."""
+        self.send(Connack(False, reason_code))
+        self.will_on_close = False
+        raise ConnectionClosed()
+
+    def disconnect(self, reason_code: int) -> None:
+        """Tell the client why (MQTT 5 only; 3.1.1 just closes) and stop reading."""
+        if self.closing:
+            return
+        if self.level == MQTT_5 and self.session is not None:
+            self.send(Disconnect(reason_code))
+        elif self.level == MQTT_5 and reason_code >= ReasonCode.UNSPECIFIED_ERROR \
+                and self.session is None:
+            self.send(Connack(False, reason_code))
+        self.closing = True
+
+    def close_transport(self) -> None:
+        self.closing = True
+        with contextlib.suppress(Exception):
+            self.transport.close()
+
+    async def _finish(self) -> None:
+        self.closing = True
+        self.close_transport()
+        session = self.session
+        if session is not None:
+            self.session = None
+            await self.broker.registry.close_session(self, session, self.will_on_close)
+        self._kicked.set()
+
+    # -- sending ------------------------------------------------------------------
+
+    def send(self, packet: Packet) -> None:
+        data = encode(packet, self.level)
+        packets_sent(type(packet).__name__.lower()).inc()
+        BYTES_SENT.inc(len(data))
+        self.transport.write(data)
+
+    def send_pubrel(self, packet_id: int) -> None:
+        if not self.closing:
+            self.send(Pubrel(packet_id))
+
+    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> bool:
+        if self.closing:
+            return True
+        if delivery.qos == 0 and self.transport.buffered() > self.limits.max_write_buffer:
+            MESSAGES_DROPPED.labels("slow_consumer").inc()
+            return True
+        message = delivery.message
+        if self.level < MQTT_5:
+            properties = NO_PROPERTIES
+        else:
+            properties = to_publish_properties(message, delivery.subscription_ids)
+        topic = message.topic
+        if self.client_alias_maximum:
+            alias = self._outbound_aliases.get(topic)
+            if alias is not None:
+                properties.topic_alias = alias
+                topic = ""
+            elif len(self._outbound_aliases) < self.client_alias_maximum:
+                alias = len(self._outbound_aliases) + 1
+                self._outbound_aliases[topic] = alias
+                properties.topic_alias = alias
+        packet = Publish(topic, message.payload, delivery.qos, delivery.retain, dup, packet_id,
+                         properties)
+        data = encode(packet, self.level)
+        if len(data) > self.client_max_packet:
+            MESSAGES_DROPPED.labels("too_large_for_client").inc()
+            if properties.topic_alias is not None and topic:
+                del self._outbound_aliases[topic]
+            return False
+        packets_sent("publish").inc()
+        messages_delivered(delivery.qos).inc()
+        BYTES_SENT.inc(len(data))
+        self.transport.write(data)
+        return True

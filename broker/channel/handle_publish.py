@@ -1,0 +1,111 @@
+"""PUBLISH from a client: topic aliases, checks, access control, store; PUBACK or
+PUBREC only once the message is durable."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..ds import Message
+from ..errors import StratamqError
+from ..metrics import MESSAGES_DROPPED, messages_received
+from ..mqtt import MQTT_5, Puback, Publish, Pubrec, ReasonCode
+from ..mqtt.error_codes import mqtt_reason_code
+from ..net.read_loop import ConnectionClosed
+from ..topic import validate_topic
+from .properties import to_message_properties
+
+if TYPE_CHECKING:
+    from .channel import Channel
+
+log = logging.getLogger(__name__)
+
+
+def _fail(channel: Channel, reason_code: int) -> ConnectionClosed:
+    channel.disconnect(reason_code)
+    return ConnectionClosed()
+
+
+def _resolve_topic(channel: Channel, packet: Publish) -> str:
+    topic = packet.topic
+    alias = packet.properties.topic_alias
+    if not topic and alias is None:
+        raise _fail(channel, ReasonCode.PROTOCOL_ERROR)  # needs an alias (MQTT-3.3.2-8)
+    if alias is not None:
+        if not 0 < alias <= channel.limits.topic_alias_maximum:
+            raise _fail(channel, ReasonCode.TOPIC_ALIAS_INVALID)
+        if topic:
+            channel.inbound_aliases[alias] = topic
+        else:
+            topic = channel.inbound_aliases.get(alias, "")
+            if not topic:
+                raise _fail(channel, ReasonCode.PROTOCOL_ERROR)
+    return topic
+
+
+async def handle_publish(channel: Channel, packet: Publish) -> None:
+    session = channel.attached_session()
+    if packet.properties.subscription_identifiers:
+        raise _fail(channel, ReasonCode.PROTOCOL_ERROR)  # server only (MQTT-3.3.4-6)
+    topic = _resolve_topic(channel, packet)
+    try:
+        levels = validate_topic(topic)
+    except StratamqError:
+        raise _fail(channel, ReasonCode.TOPIC_NAME_INVALID) from None
+    if len(levels) > channel.limits.max_topic_levels:
+        raise _fail(channel, ReasonCode.TOPIC_NAME_INVALID)
+    if packet.qos == 2 and session.inbound_qos2_pending(packet.packet_id or 0):
+        channel.send(Pubrec(packet.packet_id or 0))  # a resend: stored already
+        return
+    if packet.qos > 0 and channel.level == MQTT_5 \
+            and channel.inbound_qos_pending >= channel.limits.receive_maximum:
+        raise _fail(channel, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+    if not channel.access.authorize_publish(channel.client_id, channel.username, topic,
+                                            levels):
+        MESSAGES_DROPPED.labels("not_authorized").inc()
+        _ack(channel, packet, ReasonCode.NOT_AUTHORIZED)
+        return
+    message = Message(topic, packet.payload, channel.client_id, packet.qos, packet.retain,
+                      to_message_properties(packet.properties))
+    messages_received(packet.qos).inc()
+    try:
+        waits = channel.broker.publisher.publish(
+            message, wait=packet.qos > 0,
+            qos2_packet_id=packet.packet_id if packet.qos == 2 else None)
+    except StratamqError as error:
+        raise _fail(channel, mqtt_reason_code(error)) from None
+    if packet.qos == 0:
+        return
+    channel.inbound_qos_pending += 1
+    done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
+    done.add_done_callback(lambda future: _stored(channel, packet, future))
+
+
+def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> None:
+    """A QoS 1/2 message is durable (or failed): only now is it acknowledged."""
+    channel.inbound_qos_pending -= 1
+    if channel.closing:
+        return
+    if future.cancelled() or future.exception() is not None:
+        log.error("store failed for %s: %s", channel.client_id,
+                  None if future.cancelled() else future.exception())
+        channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)
+        channel.close_transport()
+        return
+    if packet.qos == 2:
+        # its packet id was recorded with it: a resend is now recognised
+        channel.attached_session().inbound_qos2_stored(packet.packet_id or 0)
+    _ack(channel, packet, ReasonCode.SUCCESS)
+
+
+def _ack(channel: Channel, packet: Publish, reason_code: int) -> None:
+    if channel.closing:
+        return
+    packet_id = packet.packet_id or 0
+    # MQTT 3.1.1 acknowledgements carry no reason code
+    code = reason_code if channel.level == MQTT_5 else ReasonCode.SUCCESS
+    if packet.qos == 1:
+        channel.send(Puback(packet_id, code))
+    elif packet.qos == 2:
+        channel.send(Pubrec(packet_id, code))

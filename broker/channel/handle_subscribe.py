@@ -1,0 +1,62 @@
+"""SUBSCRIBE: check and route each filter, SUBACK, then the retained messages."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import StratamqError
+from ..mqtt import ReasonCode, Suback, Subscribe
+from ..net.read_loop import ConnectionClosed
+from ..session.model import Subscription, split_shared
+from ..session.session import Delivery
+from ..topic import validate_filter
+
+if TYPE_CHECKING:
+    from .channel import Channel
+
+
+async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
+    session = channel.attached_session()
+    broker = channel.broker
+    identifiers = packet.properties.subscription_identifiers
+    identifier = identifiers[0] if identifiers else None
+    codes: list[int] = []
+    retained_to_send: list[Subscription] = []
+    for raw_filter, options in packet.subscriptions:
+        try:
+            group, topic_filter = split_shared(raw_filter)
+            levels = validate_filter(topic_filter)
+        except (ValueError, StratamqError):
+            codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+            continue
+        if len(levels) > channel.limits.max_topic_levels:
+            codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+            continue
+        if group is not None and options.no_local:
+            channel.disconnect(ReasonCode.PROTOCOL_ERROR)  # no local on a shared one
+            raise ConnectionClosed()
+        if not channel.access.authorize_subscribe(channel.client_id, channel.username,
+                                                  raw_filter):
+            codes.append(ReasonCode.NOT_AUTHORIZED)
+            continue
+        subscription = Subscription(topic_filter, options.qos, options.no_local,
+                                    options.retain_as_published, options.retain_handling,
+                                    identifier, group, time.time_ns() // 1000)
+        is_new = session.subscribe(subscription)
+        broker.dispatcher.route(session, subscription)
+        codes.append(options.qos)  # the granted QoS is its reason code
+        if group is None and (options.retain_handling == 0
+                              or (options.retain_handling == 1 and is_new)):
+            retained_to_send.append(subscription)
+    if session.durable:
+        await broker.registry.persist(session)
+    # Look the retained messages up before SUBACK: one published after the client has
+    # its SUBACK reaches it through the subscription only, not twice.
+    retained = [(subscription, message) for subscription in retained_to_send
+                for message in await broker.retained.matching(subscription.topic_filter)]
+    channel.send(Suback(packet.packet_id, codes))
+    for subscription, message in retained:
+        session.offer(Delivery(message, min(message.qos, subscription.qos), True,
+                               (subscription.identifier,)
+                               if subscription.identifier else ()))

@@ -1,0 +1,49 @@
+"""The broker of one site: the core parts, wired together. Nothing else lives here."""
+
+from __future__ import annotations
+
+from ..ds import Database, DurableStorage
+from ..session.session import Session
+from ..session.store import SessionStore
+from .dispatch import Dispatcher
+from .publish import Publisher
+from .registry import Owner, SessionLimits, SessionRegistry
+from .retained import RetainedStore
+
+SESSIONS_DB = "sessions"
+RETAINED_DB = "retained"
+
+
+class Broker:
+    def __init__(self, storage: DurableStorage, messages: Database, store: SessionStore,
+                 retained: RetainedStore, limits: SessionLimits) -> None:
+        self.storage = storage
+        self.messages = messages
+        self.retained = retained
+        self.publisher = Publisher(messages, store, retained)
+        self.dispatcher = Dispatcher()
+        self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
+                                        self.dispatcher, limits)
+        messages.add_commit_listener(self.dispatcher.on_commit)
+
+    @classmethod
+    async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
+                    sync_writes: bool, limits: SessionLimits) -> Broker:
+        sessions_db = await storage.open_kv_db(SESSIONS_DB, n_shards, sync_writes)
+        retained_db = await storage.open_kv_db(RETAINED_DB, n_shards, sync_writes)
+        broker = cls(storage, messages, SessionStore(sessions_db, messages),
+                     RetainedStore(retained_db), limits)
+        broker.registry.start()
+        return broker
+
+    async def stop(self) -> None:
+        await self.registry.stop()
+
+    # The admin API lists these.
+    @property
+    def sessions(self) -> dict[str, Session]:
+        return self.registry.sessions
+
+    @property
+    def connections(self) -> dict[str, Owner]:
+        return self.registry.connections

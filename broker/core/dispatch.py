@@ -1,0 +1,101 @@
+"""The commit feed to sessions: each committed message goes to the sessions whose
+subscriptions match it, and to one member of each matching shared group."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..ds import CookedBatch, Message, Stream
+from ..metrics import MESSAGES_DROPPED
+from ..session.model import Subscription
+from ..session.session import Delivery, Session
+from .router import SubscriptionIndex
+
+
+def _group_key(subscription: Subscription) -> str:
+    return f"{subscription.share_group}/{subscription.topic_filter}"
+
+
+@dataclass(slots=True, eq=False)
+class SharedGroup:
+    """`$share/{group}/{filter}`: each message goes to one member, round robin."""
+
+    name: str
+    topic_filter: str
+    members: list[tuple[Session, Subscription]] = field(default_factory=list)
+    _turn: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.topic_filter}"
+
+    def pick(self, exclude: Session | None = None) -> tuple[Session, Subscription] | None:
+        candidates = [m for m in self.members if m[0].outlet is not None and m[0] is not exclude]
+        if not candidates:
+            return None
+        return candidates[next(self._turn) % len(candidates)]
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
+        self._groups: dict[str, SharedGroup] = {}
+
+    def on_commit(self, cooked: CookedBatch) -> None:
+        for static, message in cooked.messages:
+            stream = Stream(cooked.shard, cooked.generation, static)
+            for subscriber, _filter in list(self._index.match(message.topic)):
+                if isinstance(subscriber, SharedGroup):
+                    self._deliver_shared(subscriber, message)
+                else:
+                    session, key = subscriber
+                    subscription = session.subscriptions.get(key)
+                    if subscription is not None:
+                        session.on_feed(subscription, stream, message)
+
+    def _deliver_shared(self, group: SharedGroup, message: Message,
+                        exclude: Session | None = None) -> None:
+        picked = group.pick(exclude)
+        if picked is None:
+            MESSAGES_DROPPED.labels("no_shared_member").inc()
+            return
+        session, subscription = picked
+        delivery = Delivery(message, min(message.qos, subscription.qos), False,
+                            (subscription.identifier,) if subscription.identifier else (),
+                            share_group=group.key)
+        session.offer(delivery)
+
+    def on_shared_loss(self, delivery: Delivery) -> None:
+        """A member lost a shared delivery (it disconnected): another one gets it."""
+        group = self._groups.get(delivery.share_group or "")
+        if group is None or delivery.qos == 0:
+            MESSAGES_DROPPED.labels("shared_member_left").inc()
+            return
+        self._deliver_shared(group, delivery.message)
+
+    def route(self, session: Session, subscription: Subscription) -> None:
+        if subscription.share_group is None:
+            self._index.add(subscription.topic_filter, (session, subscription.key))
+            return
+        group_key = _group_key(subscription)
+        group = self._groups.get(group_key)
+        if group is None:
+            group = self._groups[group_key] = SharedGroup(subscription.share_group,
+                                                          subscription.topic_filter)
+            self._index.add(subscription.topic_filter, group)
+        group.members = [m for m in group.members if m[0] is not session]
+        group.members.append((session, subscription))
+
+    def unroute(self, session: Session, subscription: Subscription) -> None:
+        if subscription.share_group is None:
+            self._index.remove(subscription.topic_filter, (session, subscription.key))
+            return
+        group_key = _group_key(subscription)
+        group = self._groups.get(group_key)
+        if group is None:
+            return
+        group.members = [m for m in group.members if m[0] is not session]
+        if not group.members:
+            del self._groups[group_key]
+            self._index.remove(subscription.topic_filter, group)

@@ -1,0 +1,46 @@
+"""The publish path: store a message and its retained copy; delivery follows from
+the commit feed (see dispatch.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from ..ds import Database, Message
+from ..session.store import SessionStore
+from .retained import RetainedStore
+
+
+class Publisher:
+    def __init__(self, messages: Database, store: SessionStore,
+                 retained: RetainedStore) -> None:
+        self._messages = messages
+        self._store = store
+        self._retained = retained
+
+    def publish(self, message: Message, wait: bool,
+                qos2_packet_id: int | None = None) -> list[asyncio.Future[None]]:
+        """Store a message (and its retained copy). With `wait`, the futures resolve
+        once everything is durable.
+
+        An inbound QoS 2 message's packet id is recorded in the same atomic write as
+        the message, so a PUBLISH resent after a crash is recognised, never stored
+        twice (exactly once)."""
+        if qos2_packet_id is None:
+            waits = self._messages.submit([message], wait)
+        else:
+            waits = self._store.submit_qos2(message, wait, qos2_packet_id)
+        if message.retain:
+            # The stored message gets its timestamp when its batch is cooked, later; the
+            # retained copy needs one now: its expiry interval counts from it.
+            retained = dataclasses.replace(message, timestamp=time.time_ns() // 1000)
+            task = asyncio.ensure_future(self._retained.store(retained))
+            if wait:
+                waits.append(task)
+        return waits
+
+    def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
+        """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
+        reuse it."""
+        return self._store.release_qos2(client_id, packet_id)

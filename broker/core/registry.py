@@ -1,0 +1,271 @@
+"""The sessions of a site: which connection owns each, opening with takeover,
+closing, expiry timers, wills, collection of sessions that expired while no site held
+them, and the periodic look for new streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..ds import DurableStorage
+from ..metrics import IN_FLIGHT, SESSIONS
+from ..mqtt.reason_codes import ReasonCode
+from ..session.model import NEVER_EXPIRES
+from ..session.session import Session
+from ..session.store import SessionStore
+from .dispatch import Dispatcher
+from .publish import Publisher
+
+log = logging.getLogger(__name__)
+
+class Owner(Protocol):
+    """What the registry needs of the client connection that holds a session."""
+
+    client_id: str
+
+    async def kick(self, reason_code: int) -> None:
+        """Close the connection because another took its session over."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_queued: int = 1000
+    batch_size: int = 100
+    idle_poll_interval: float = 10.0
+    renew_streams_interval: float = 1.0
+    session_gc_interval: float = 600.0
+    durable_sessions: bool = True
+
+
+class SessionRegistry:
+    def __init__(self, storage: DurableStorage, messages_db: str, store: SessionStore,
+                 publisher: Publisher, dispatcher: Dispatcher, limits: SessionLimits) -> None:
+        self._storage = storage
+        self._messages_db = messages_db
+        self._store = store
+        self._publisher = publisher
+        self._dispatcher = dispatcher
+        self.limits = limits
+        self.sessions: dict[str, Session] = {}
+        self.connections: dict[str, Owner] = {}
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
+        self._will_timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        IN_FLIGHT.set_function(
+            lambda: sum(session.in_flight_count for session in self.sessions.values()))
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._session_gc_loop(), name="session-gc"))
+        self._tasks.append(asyncio.create_task(self._renew_streams_loop(),
+                                               name="renew-streams"))
+
+    async def stop(self) -> None:
+        """Persist every durable session (connections are closed by the listeners)."""
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for timer in [*self._expiry_timers.values(), *self._will_timers.values()]:
+            timer.cancel()
+        for session in list(self.sessions.values()):
+            session.cancel_persist()  # a late one would find the storage closed
+            if session.durable:
+                await self.persist(session, disconnected=session.outlet is None)
+
+    # -- opening and closing ------------------------------------------------------
+
+    def _lock(self, client_id: str) -> asyncio.Lock:
+        return self._session_locks.setdefault(client_id, asyncio.Lock())
+
+    def _new_session(self, client_id: str, expiry_interval: int) -> Session:
+        durable = expiry_interval > 0 and self.limits.durable_sessions
+        return Session(client_id, durable=durable, expiry_interval=expiry_interval,
+                       storage=self._storage, messages_db=self._messages_db,
+                       max_queued=self.limits.max_queued, batch_size=self.limits.batch_size,
+                       idle_poll_interval=self.limits.idle_poll_interval,
+                       persist=self.persist, on_shared_loss=self._dispatcher.on_shared_loss)
+
+    async def open_session(self, connection: Owner, clean_start: bool,
+                           expiry_interval: int) -> tuple[Session, bool]:
+        """Give a new connection its session; returns (session, session present)."""
+        client_id = connection.client_id
+        while True:
+            async with self._lock(client_id):
+                previous = self.connections.get(client_id)
+                if previous is None or previous is connection:
+                    self.connections[client_id] = connection
+                    return await self._open_session_locked(client_id, clean_start,
+                                                           expiry_interval)
+            # Outside the lock: the old connection's close_session needs it.
+            await previous.kick(ReasonCode.SESSION_TAKEN_OVER)
+            if self.connections.get(client_id) is previous:  # it ended without a session
+                del self.connections[client_id]
+
+    async def _open_session_locked(self, client_id: str, clean_start: bool,
+                                   expiry_interval: int) -> tuple[Session, bool]:
+        self._cancel_timers(client_id)
+        session = self.sessions.get(client_id)
+        if session is None and not clean_start:
+            record = await self._store.load(client_id)
+            if record is not None and not record.expired(time.time()):
+                session = self._new_session(client_id, expiry_interval)
+                session.restore(record)
+                session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
+                self.sessions[client_id] = session
+        if clean_start and session is not None:
+            await self._discard(session)
+            session = None
+        if clean_start:
+            await self._store.delete(client_id)
+            await self._store.forget_qos2(client_id)
+        present = session is not None
+        if session is None:
+            session = self._new_session(client_id, expiry_interval)
+            self.sessions[client_id] = session
+        session.configure(expiry_interval, expiry_interval > 0 and self.limits.durable_sessions)
+        for subscription in session.subscriptions.values():
+            self._dispatcher.route(session, subscription)
+        self._update_gauges()
+        return session, present
+
+    async def close_session(self, connection: Owner, session: Session,
+                            publish_will: bool) -> None:
+        """The connection of a session has ended."""
+        client_id = session.client_id
+        async with self._lock(client_id):
+            if self.connections.get(client_id) is connection:
+                del self.connections[client_id]
+            if session.outlet is None and self.sessions.get(client_id) is not session:
+                return
+            await session.detach()
+            for subscription in session.subscriptions.values():
+                self._dispatcher.unroute(session, subscription)
+            will = session.will if publish_will else None
+            if not publish_will:
+                session.set_will(None)
+            if not session.durable or session.expiry_interval == 0:
+                stored = session.durable  # expiry set to 0 by the DISCONNECT
+                session.end_durability()
+                if self.sessions.get(client_id) is session:
+                    del self.sessions[client_id]
+                if stored:
+                    async with session.persist_lock:
+                        await self._store.delete(client_id)
+                await self._store.forget_qos2(client_id)
+                if will is not None:
+                    self._publish_will(client_id, session)
+                self._update_gauges()
+                return
+            await self.persist(session, disconnected=True)
+            loop = asyncio.get_running_loop()
+            if will is not None:
+                delay = min(will.delay, session.expiry_interval)
+                if delay == 0:  # now, before a taking-over connection cancels timers
+                    self._publish_will(client_id, session)
+                else:
+                    self._will_timers[client_id] = loop.call_later(
+                        delay, self._publish_will, client_id, session)
+            if session.expiry_interval < NEVER_EXPIRES:
+                self._expiry_timers[client_id] = loop.call_later(
+                    session.expiry_interval, self._expire_now, client_id, session)
+            self._update_gauges()
+
+    # -- wills and expiry ---------------------------------------------------------
+
+    def _publish_will(self, client_id: str, session: Session) -> None:
+        self._will_timers.pop(client_id, None)
+        will = session.take_will()
+        if will is None:
+            return
+        self._publisher.publish(will.to_message(client_id), wait=False)
+        session.request_persist()
+
+    def _expire_now(self, client_id: str, session: Session) -> None:
+        self._expiry_timers.pop(client_id, None)
+        if self.sessions.get(client_id) is session and session.outlet is None:
+            task = asyncio.ensure_future(self._expire(session))
+            self._tasks.append(task)
+
+    async def _expire(self, session: Session) -> None:
+        async with self._lock(session.client_id):
+            if session.outlet is not None:
+                return
+            if session.will is not None:
+                self._publish_will(session.client_id, session)
+            await self._discard(session)
+            self._update_gauges()
+
+    async def _discard(self, session: Session) -> None:
+        session.end_durability()  # a pending persist must not write the record back
+        session.cancel_persist()
+        for subscription in session.subscriptions.values():
+            self._dispatcher.unroute(session, subscription)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        async with session.persist_lock:  # after any write of it already under way
+            await self._store.delete(session.client_id)
+        await self._store.forget_qos2(session.client_id)
+
+    def _cancel_timers(self, client_id: str) -> None:
+        for timers in (self._will_timers, self._expiry_timers):
+            timer = timers.pop(client_id, None)
+            if timer is not None:
+                timer.cancel()
+
+    async def persist(self, session: Session, disconnected: bool = False) -> None:
+        # One write of a session at a time, its record taken inside the lock: writes
+        # go through a thread pool, and an older record must never land last.
+        async with session.persist_lock:
+            if not session.durable:
+                return
+            await self._store.save(session.to_record(
+                time.time() if disconnected or session.outlet is None else None))
+
+    # -- background work ----------------------------------------------------------
+
+    async def _session_gc_loop(self) -> None:
+        await self.collect_expired_sessions()
+        while True:
+            await asyncio.sleep(self.limits.session_gc_interval)
+            await self.collect_expired_sessions()
+
+    async def collect_expired_sessions(self) -> int:
+        """Delete stored sessions that expired while no site held them in memory
+        (after a restart, say) and publish their wills. Returns how many."""
+        now = time.time()
+        removed = 0
+        for record in await self._store.scan():
+            if record.client_id in self.sessions:
+                continue
+            if record.disconnected_at is None:
+                # It was connected when the site stopped without saying goodbye: its
+                # expiry (and will delay) count from now, when the site is back.
+                record.disconnected_at = now
+                await self._store.save(record)
+            if record.will is not None and record.disconnected_at + min(
+                    record.will.delay, record.expiry_interval) <= now:
+                self._publisher.publish(record.will.to_message(record.client_id), wait=False)
+                record.will = None
+                await self._store.save(record)
+            if record.expired(now):
+                await self._store.delete(record.client_id)
+                removed += 1
+        return removed
+
+    async def _renew_streams_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.limits.renew_streams_interval)
+            for session in list(self.sessions.values()):
+                if session.durable and session.outlet is not None:
+                    session.renew_streams()
+
+    def _update_gauges(self) -> None:
+        durable = sum(1 for s in self.sessions.values() if s.durable)
+        SESSIONS.labels("durable").set(durable)
+        SESSIONS.labels("transient").set(len(self.sessions) - durable)

@@ -1,0 +1,17 @@
+"""Socket addresses as configured (`host:port`) and as shown (`[::1]:1883`)."""
+
+from __future__ import annotations
+
+
+def split_bind(bind: str) -> tuple[str, int]:
+    """`host:port` (`[::1]:1883` for IPv6) -> (host, port); an empty host is all."""
+    host, _, port = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    return host or "0.0.0.0", int(port)
+
+
+def format_peer(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(address)

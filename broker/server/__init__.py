@@ -1,1 +1,0 @@
-"""Client-facing network code: connections and listeners."""

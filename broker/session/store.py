@@ -1,0 +1,74 @@
+"""Where sessions live in storage: the one owner of the key schemas of session
+records (`s/<client>` in the `sessions` database) and of inbound QoS 2 records
+(`qos2/<len><client><packet id>`, kept with the client's messages in the `messages`
+database). Nothing else reads or writes these keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..ds import Database, KvDatabase, Message
+from .model import SessionRecord
+
+_SESSION_KEY = b"s/"
+
+
+def _session_key(client_id: str) -> bytes:
+    return _SESSION_KEY + client_id.encode()
+
+
+def _qos2_prefix(client_id: str) -> bytes:
+    # length-prefixed, so client "a" never sees the records of client "a/b"
+    raw = client_id.encode("utf-8")
+    return b"qos2/" + len(raw).to_bytes(2, "big") + raw
+
+
+def _qos2_key(client_id: str, packet_id: int) -> bytes:
+    return _qos2_prefix(client_id) + packet_id.to_bytes(2, "big")
+
+
+class SessionStore:
+    def __init__(self, sessions_db: KvDatabase, messages: Database) -> None:
+        self._sessions_db = sessions_db
+        self._messages = messages
+
+    # -- session records ----------------------------------------------------------
+
+    async def load(self, client_id: str) -> SessionRecord | None:
+        raw = await self._sessions_db.get(client_id, _session_key(client_id))
+        return None if raw is None else SessionRecord.from_json(raw)
+
+    async def save(self, record: SessionRecord) -> None:
+        await self._sessions_db.write(record.client_id, puts=[
+            (_session_key(record.client_id), record.to_json())])
+
+    async def delete(self, client_id: str) -> None:
+        await self._sessions_db.write(client_id, deletes=[_session_key(client_id)])
+
+    async def scan(self) -> list[SessionRecord]:
+        return [SessionRecord.from_json(raw)
+                for _key, raw in await self._sessions_db.scan(_SESSION_KEY)]
+
+    # -- inbound QoS 2 records ----------------------------------------------------
+
+    def submit_qos2(self, message: Message, wait: bool,
+                    packet_id: int) -> list[asyncio.Future[None]]:
+        """Store an inbound QoS 2 message with its packet id in one atomic write, so a
+        PUBLISH resent after a crash is recognised, never stored twice."""
+        return self._messages.submit(
+            [message], wait, records_of=message.client_id,
+            record_puts=[(_qos2_key(message.client_id, packet_id), b"")])
+
+    def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
+        return self._messages.submit([], True, records_of=client_id,
+                                     record_deletes=[_qos2_key(client_id, packet_id)])
+
+    async def inbound_qos2_ids(self, client_id: str) -> set[int]:
+        records = await self._messages.scan_records(client_id, _qos2_prefix(client_id))
+        return {int.from_bytes(key[-2:], "big") for key, _value in records}
+
+    async def forget_qos2(self, client_id: str) -> None:
+        records = await self._messages.scan_records(client_id, _qos2_prefix(client_id))
+        if records:
+            await asyncio.gather(*self._messages.submit(
+                [], True, records_of=client_id, record_deletes=[key for key, _ in records]))
