@@ -62,7 +62,8 @@ from bench.broker_load import (
     wait_connections,
     wait_subscribers,
 )
-from bench.broker_peers import BROKERS, REPO, BrokerProcess, Stratamq, missing_peers
+from bench.broker_peers import BROKERS, Stratamq, missing_peers
+from tests.support.harness import REPO, ManagedProcess
 
 matplotlib.use("Agg")
 
@@ -173,7 +174,7 @@ class Settings:
 # -- runs ----------------------------------------------------------------------------
 
 
-def _subscribers(broker: BrokerProcess, topics: Sequence[str], qos: int, expected: int,
+def _subscribers(broker: ManagedProcess, topics: Sequence[str], qos: int, expected: int,
                  outdir: Path, prefix: str) -> list[Subscriber]:
     base = established(broker.port)
     subscribers = [start_subscriber(broker.port, topic, qos, expected,
@@ -184,7 +185,7 @@ def _subscribers(broker: BrokerProcess, topics: Sequence[str], qos: int, expecte
     return subscribers
 
 
-def run_live(broker: BrokerProcess, live: Live, messages: int, files: LineFiles,
+def run_live(broker: ManagedProcess, live: Live, messages: int, files: LineFiles,
              outdir: Path, settings: Settings) -> Row:
     pub_topics, sub_topics = live.topics("load")
     per_subscriber = messages * (live.publishers if live.fanout else 1)
@@ -210,7 +211,7 @@ def run_live(broker: BrokerProcess, live: Live, messages: int, files: LineFiles,
     return row
 
 
-def run_probe(broker: BrokerProcess, live: Live, messages: int, outdir: Path,
+def run_probe(broker: ManagedProcess, live: Live, messages: int, outdir: Path,
               settings: Settings) -> tuple[list[int], int]:
     """Latencies of a low-rate run of the same topology, and how many were expected."""
     pub_topics, sub_topics = live.topics("probe")
@@ -233,7 +234,7 @@ def run_probe(broker: BrokerProcess, live: Live, messages: int, outdir: Path,
 DRAIN_TOPIC, DRAIN_CLIENT = "bench/drain", "bench-drain-sub"
 
 
-def fill_offline(broker: BrokerProcess, messages: int, files: LineFiles) -> int:
+def fill_offline(broker: ManagedProcess, messages: int, files: LineFiles) -> int:
     """A persistent session subscribes and goes offline, then DRAIN_PUBLISHERS publish
     `messages` at QoS 1 for it; returns how many were published."""
     subscribe_offline(broker.port, DRAIN_TOPIC, DRAIN_CLIENT)
@@ -245,7 +246,7 @@ def fill_offline(broker: BrokerProcess, messages: int, files: LineFiles) -> int:
     return per_publisher * DRAIN_PUBLISHERS
 
 
-def time_drain(broker: BrokerProcess, messages: int, outdir: Path, settings: Settings) -> Row:
+def time_drain(broker: ManagedProcess, messages: int, outdir: Path, settings: Settings) -> Row:
     """The offline session reconnects; until it has all `messages`."""
     cpu_before = broker.cpu_seconds()
     started_ns = time.time_ns()
@@ -260,14 +261,14 @@ def time_drain(broker: BrokerProcess, messages: int, outdir: Path, settings: Set
                cpu)
 
 
-def run_drain(broker: BrokerProcess, messages: int, files: LineFiles, outdir: Path,
+def run_drain(broker: ManagedProcess, messages: int, files: LineFiles, outdir: Path,
               settings: Settings) -> Row:
     published = fill_offline(broker, messages, files)
     time.sleep(1.0)
     return time_drain(broker, published, outdir, settings)
 
 
-def run_kill(broker: BrokerProcess, messages: int, files: LineFiles, outdir: Path,
+def run_kill(broker: ManagedProcess, messages: int, files: LineFiles, outdir: Path,
              settings: Settings) -> KillResult:
     """Publish at QoS 1 to an offline persistent session counting PUBACKs, SIGKILL the
     broker, restart it on the same directory, reconnect the session."""
@@ -324,7 +325,7 @@ def bench_broker(name: str, workroot: Path, files: LineFiles, settings: Settings
         broker.stop()
 
 
-def _dropped(broker: BrokerProcess) -> dict[str, float]:
+def _dropped(broker: ManagedProcess) -> dict[str, float]:
     return broker.dropped() if isinstance(broker, Stratamq) else {}
 
 

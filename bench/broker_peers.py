@@ -20,125 +20,27 @@ import importlib.resources
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import IO
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.harness import HOST, BrokerProcess, ManagedProcess
+
 VENV_BIN = Path(sys.executable).parent
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-HOST = "127.0.0.1"
-ADMIN_TOKEN = "broker-bench-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, all threads, from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # the name in (...) may hold spaces
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of stat
-
-
-class BrokerProcess:
-    """One broker process; `start` may be called again after `kill` (same data dir)."""
-
-    name = "broker"
+class Stratamq(BrokerProcess):
+    """stratamq with the shipped defaults (config/stratamq.yaml) apart from the listen
+    addresses and the data directory."""
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.log_path = workdir / "broker.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.write_config()
-
-    def write_config(self) -> None:
-        raise NotImplementedError
-
-    def command(self) -> list[str]:
-        raise NotImplementedError
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None, "broker not started"
-        return self.process.pid
-
-    def start(self, timeout: float = 60.0) -> None:
-        self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(), cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
-                                   + self.log_tail())
-            try:
-                with socket.create_connection((HOST, self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not start:\n{self.log_tail()}")
-
-    def cpu_seconds(self) -> float:
-        return process_cpu_seconds(self.pid)
-
-    def kill(self) -> None:
-        """SIGKILL: no flush, no save, no goodbye."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-        self._close_log()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._close_log()
-
-    def _close_log(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def log_tail(self, size: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-size:]
-
-
-class Stratamq(BrokerProcess):
-    name = "stratamq"
-
-    def write_config(self) -> None:
-        self.config_path = self.workdir / "stratamq.yaml"
-        self.admin_port = free_port()
-        config = {
-            "durable_storage": {"messages": {"data_dir": str(self.workdir / "data")}},
-            "listeners": {"tcp": {"bind": f"{HOST}:{self.port}"},
-                          "ws": {"bind": f"{HOST}:{free_port()}"}},
-            "admin": {"bind": f"{HOST}:{self.admin_port}", "token": ADMIN_TOKEN},
-        }
-        self.config_path.write_text(yaml.safe_dump(config))
+        super().__init__(workdir, fast=False)
 
     def dropped(self) -> dict[str, float]:
         """stratamq_messages_dropped_total by reason, from the admin API's /metrics."""
-        request = urllib.request.Request(f"http://{HOST}:{self.admin_port}/metrics",
-                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        request = urllib.request.Request(
+            f"http://{HOST}:{self.admin_port}/metrics",
+            headers={"Authorization": f"Bearer {self.ADMIN_TOKEN}"})
         with urllib.request.urlopen(request, timeout=10) as response:
             text = response.read().decode()
         found = {}
@@ -147,15 +49,12 @@ class Stratamq(BrokerProcess):
             found[match[1]] = float(match[2])
         return found
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "stratamq.broker", "broker", "--config",
-                str(self.config_path)]
 
-
-class Mosquitto(BrokerProcess):
+class Mosquitto(ManagedProcess):
     name = "mosquitto"
 
-    def write_config(self) -> None:
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
         persistence = self.workdir / "persistence"
         persistence.mkdir(exist_ok=True)
         if os.geteuid() == 0:  # mosquitto started as root runs as user mosquitto
@@ -172,10 +71,11 @@ class Mosquitto(BrokerProcess):
         return [mosquitto_binary(), "-c", str(self.config_path)]
 
 
-class Amqtt(BrokerProcess):
+class Amqtt(ManagedProcess):
     name = "amqtt"
 
-    def write_config(self) -> None:
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
         default = importlib.resources.files("amqtt.scripts") / "default_broker.yaml"
         config = yaml.safe_load(default.read_text())
         config["listeners"]["default"]["bind"] = f"{HOST}:{self.port}"
@@ -211,5 +111,5 @@ def missing_peers() -> list[str]:
     return missing
 
 
-BROKERS: dict[str, type[BrokerProcess]] = {
+BROKERS: dict[str, type[ManagedProcess]] = {
     "stratamq": Stratamq, "mosquitto": Mosquitto, "amqtt": Amqtt}

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.admin import AdminServer
 from stratamq.broker.admin.credentials import Credentials
-from tests.broker_harness import BrokerProcess, free_port
+from tests.support.harness import BrokerProcess, free_port
 
 TOKEN = "test-token-0123456789"  # what BrokerProcess configures
 ADMIN_USER = "admin"
@@ -84,13 +84,8 @@ def ctl(*arguments: str, cwd: Path | None = None,
                           env={**os.environ, **(env or {})})
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """One site for the read-only checks: configured token and basic credentials."""
-    process = BrokerProcess(tmp_path_factory.mktemp("admin"), {"admin": {
-        "username": ADMIN_USER, "password": ADMIN_PASSWORD}}).start()
-    yield process
-    process.kill()
+# One site for the read-only checks: configured token and basic credentials.
+BROKER_CONFIG = {"admin": {"username": ADMIN_USER, "password": ADMIN_PASSWORD}}
 
 
 @pytest.fixture

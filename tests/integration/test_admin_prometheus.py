@@ -19,18 +19,9 @@ import pytest
 import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.broker_harness import BrokerProcess, free_port
+from tests.support.harness import BrokerProcess, free_port
 
 PROMETHEUS = shutil.which("prometheus")
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    workdir = tmp_path / "broker"
-    workdir.mkdir()
-    process = BrokerProcess(workdir).start()
-    yield process
-    process.kill()
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ import pytest
 
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5
-from tests.broker_harness import BrokerProcess
 from tests.integration.crash_clients import DurableSubscriber, Numbered, Publisher, RawClient
-from tests.support import read_filter, run
+from tests.support.harness import BrokerProcess
+from tests.support.storage import read_filter, run
 
 KILLS = 4
 TOPICS = ["crash/a", "crash/b"]  # both publishers on both topics: their streams interleave

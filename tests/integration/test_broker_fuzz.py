@@ -37,9 +37,9 @@ from stratamq.broker.mqtt import (
     encode,
 )
 from stratamq.broker.mqtt.wire import encode_varint
-from tests.broker_harness import BrokerProcess
 from tests.integration.crash_clients import RawClient
 from tests.integration.fuzz_site import Site, send_hostile
+from tests.support.harness import BrokerProcess
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LEVELS = (3, 4, 5)

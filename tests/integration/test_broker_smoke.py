@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import paho.mqtt.client as mqtt
-import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.broker_harness import BrokerProcess
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path).start()
-    yield process
-    process.kill()
+from tests.support.harness import BrokerProcess
 
 
 def test_publish_subscribe_roundtrip_and_clean_stop(broker: BrokerProcess) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from stratamq.broker.ds import DurableStorage
 from tests.integration.ds_crash_writer import KV_SHARDS, OPTIONS, batch_messages, kv_entry
-from tests.support import read_filter, run
+from tests.support.storage import read_filter, run
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import pytest
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Iterator, Message
 from stratamq.broker.ds.shard import Shard
 from stratamq.broker.errors import StorageBusyError
-from tests.support import read_filter, run
+from tests.support.storage import read_filter, run
 
 FAST = DbOptions(n_shards=2, flush_interval=0.001, wildcard_thresholds=(3, 2))
 

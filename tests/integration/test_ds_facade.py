@@ -9,7 +9,7 @@ import pytest
 import stratamq.broker.ds as ds
 from stratamq.broker.ds import DbOptions, DurableStorage, Message, describe
 from stratamq.broker.errors import ConfigError, StorageClosedError
-from tests.support import run
+from tests.support.storage import run
 
 
 def test_describe_shows_shards_generations_replicas_and_positions(tmp_path: Path) -> None:

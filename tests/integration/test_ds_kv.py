@@ -12,7 +12,7 @@ from stratamq.broker.ds import CookedBatch, DurableStorage, Message
 from stratamq.broker.ds.rocks import raw_options
 from stratamq.broker.ds.shard import Shard
 from stratamq.broker.errors import ConfigError, InvalidMessageError
-from tests.support import run
+from tests.support.storage import run
 
 
 def test_writes_through_the_buffer_are_readable_and_survive_restart(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from stratamq.broker.errors import (
 )
 from stratamq.broker.mqtt.error_codes import mqtt_reason_code
 from stratamq.broker.topic import topic_matches
-from tests.support import read_filter, run
+from tests.support.storage import read_filter, run
 
 FAST = DbOptions(n_shards=2, flush_interval=0.001, wildcard_thresholds=(3, 2))
 

@@ -4,7 +4,8 @@ SUBACK 0x87; MQTT 3.1.1 CONNACK return codes 4 and 5, SUBACK 0x80)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,8 +19,8 @@ from stratamq.broker.mqtt import (
     Pubrec,
     Will,
 )
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import PahoClient, RawClient, running_broker, unique
+from tests.support.clients import PahoClient, RawClient, unique
+from tests.support.harness import BrokerProcess
 
 RULES = [
     {"permission": "allow", "action": "all", "topics": ["users/%u/#"]},
@@ -29,9 +30,7 @@ RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    workdir = tmp_path_factory.mktemp("access")
+def BROKER_CONFIG(workdir: Path) -> dict[str, Any]:
     passwords = workdir / "passwd"
     for user in ("alice", "bob"):
         set_password(passwords, user, f"{user}-secret", "pbkdf2", iterations=1000)
@@ -39,8 +38,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     acl.write_text(yaml.safe_dump(RULES))
     config = {"access_control": {"allow_anonymous": False, "password_file": str(passwords),
                                  "acl_file": str(acl), "acl_no_match": "allow"}}
-    with running_broker(workdir, config) as process:
-        yield process
+    return config
 
 
 def login(broker: BrokerProcess, user: str, level: int = MQTT_5) -> RawClient:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,24 +22,17 @@ from stratamq.broker.mqtt import (
     Publish,
     encode,
 )
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import (
+from tests.support.clients import (
     PahoClient,
     RawClient,
     paho_properties,
     prop,
-    running_broker,
     unique,
 )
+from tests.support.harness import BrokerProcess
 
-CONFIG: dict[str, Any] = {"mqtt": {"max_keepalive": 30, "topic_alias_maximum": 8,
+BROKER_CONFIG: dict[str, Any] = {"mqtt": {"max_keepalive": 30, "topic_alias_maximum": 8,
                                    "receive_maximum": 50, "max_packet_size": "64KiB"}}
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("connect"), CONFIG) as process:
-        yield process
 
 
 def expiry(seconds: int) -> Properties:

@@ -6,8 +6,7 @@ identifier; a QoS 2 message past PUBREC is never published again."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -21,16 +20,16 @@ from stratamq.broker.mqtt import (
     Pubrel,
 )
 from stratamq.broker.mqtt import Properties as Props
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import QUIET, RawClient, running_broker, unique
+from tests.support.clients import QUIET, RawClient, unique
+from tests.support.harness import BrokerProcess
 
 TOPIC = "plant/line1/temp"
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path) as process:
-        yield process
+def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
+    """A site of each test's own: the tests restart it."""
+    return broker_factory()
 
 
 def restart(broker: BrokerProcess, how: str) -> None:

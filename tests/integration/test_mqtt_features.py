@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import aiomqtt
 import pytest
@@ -14,23 +13,16 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Properties, Puback, Publish
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import (
+from tests.support.clients import (
     HOST,
     TIMEOUT,
     PahoClient,
     RawClient,
     paho_properties,
     prop,
-    running_broker,
     unique,
 )
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("features")) as process:
-        yield process
+from tests.support.harness import BrokerProcess
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from stratamq.broker.mqtt import Disconnect, Properties, Publish, Suback, Subscribe
 from stratamq.broker.mqtt.packets import SubscriptionOptions
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import RawClient, running_broker, unique
+from tests.support.clients import RawClient, unique
+from tests.support.harness import BrokerProcess
 
-LIMITS = {"mqtt": {"max_connections": 3, "connect_timeout": "300ms", "max_topic_levels": 3}}
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("limits"), LIMITS) as process:
-        yield process
+BROKER_CONFIG = {"mqtt": {"max_connections": 3, "connect_timeout": "300ms", "max_topic_levels": 3}}
 
 
 def closing_reasons(client: RawClient) -> list[int]:

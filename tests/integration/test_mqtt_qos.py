@@ -4,8 +4,6 @@ sections 4.3, 4.4)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from stratamq.broker.mqtt import (
@@ -18,14 +16,8 @@ from stratamq.broker.mqtt import (
     Pubrel,
 )
 from stratamq.broker.mqtt import Properties as Props
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import PahoClient, RawClient, running_broker, unique
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("qos")) as process:
-        yield process
+from tests.support.clients import PahoClient, RawClient, unique
+from tests.support.harness import BrokerProcess
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -187,7 +179,7 @@ def test_paho_manual_ack_with_receive_maximum(broker: BrokerProcess) -> None:
     """The same window seen through paho: never more than two unacknowledged."""
     from paho.mqtt.packettypes import PacketTypes
 
-    from tests.integration.mqtt_clients import paho_properties
+    from tests.support.clients import paho_properties
 
     topic = unique("paho-window")
     subscriber = PahoClient(broker.port, unique("sub"), manual_ack=True)

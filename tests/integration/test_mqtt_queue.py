@@ -3,22 +3,14 @@ full, QoS 0 messages are dropped first, then new messages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from stratamq.broker.mqtt import Properties, Puback, Publish
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import PahoClient, RawClient, running_broker, unique
+from tests.support.clients import PahoClient, RawClient, unique
+from tests.support.harness import BrokerProcess
 
 MAX_QUEUED = 10
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("queue"),
-                        {"mqtt": {"max_queued_messages": MAX_QUEUED}}) as process:
-        yield process
+BROKER_CONFIG = {"mqtt": {"max_queued_messages": MAX_QUEUED}}
 
 
 def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from stratamq.broker.mqtt import Properties, Publish
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import PahoClient, RawClient
+from tests.support.clients import PahoClient, RawClient
+from tests.support.harness import BrokerProcess
 
 DURABLE = Properties(session_expiry_interval=600, receive_maximum=100)
 TOPICS = ("order/a", "order/b", "order/c")

@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import (
+from tests.support.clients import (
     PahoClient,
     paho_properties,
     prop,
-    running_broker,
     unique,
 )
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("retained")) as process:
-        yield process
+from tests.support.harness import BrokerProcess, running_broker
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5) -> PahoClient:

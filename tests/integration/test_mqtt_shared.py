@@ -5,25 +5,15 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import (
+from tests.support.clients import (
     TIMEOUT,
     PahoClient,
     RawClient,
-    running_broker,
     unique,
 )
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("shared")) as process:
-        yield process
+from tests.support.harness import BrokerProcess
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,

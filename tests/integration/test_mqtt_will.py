@@ -10,21 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Properties, Will
-from tests.broker_harness import BrokerProcess
-from tests.integration.mqtt_clients import (
+from tests.support.clients import (
     TIMEOUT,
     PahoClient,
     RawClient,
     prop,
-    running_broker,
     unique,
 )
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    with running_broker(tmp_path_factory.mktemp("will")) as process:
-        yield process
+from tests.support.harness import BrokerProcess
 
 
 @pytest.fixture

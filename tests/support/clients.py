@@ -15,9 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
@@ -46,7 +44,6 @@ from stratamq.broker.mqtt import (
     Will,
     encode,
 )
-from tests.broker_harness import BrokerProcess
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0  # the longest any single expected event is waited for
@@ -58,20 +55,6 @@ P = TypeVar("P", bound=Packet)
 def unique(prefix: str) -> str:
     """A client id or topic level no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-@contextlib.contextmanager
-def running_broker(workdir: Path, config: dict[str, Any] | None = None
-                   ) -> Iterator[BrokerProcess]:
-    """A broker for the duration of the block; afterwards it must still be alive and
-    its log free of tracebacks (a client must never crash or wedge the site)."""
-    process = BrokerProcess(workdir, config).start()
-    try:
-        yield process
-        assert process.alive(), process.log()[-4000:]
-        assert "Traceback" not in process.log(), process.log()[-4000:]
-    finally:
-        process.kill()
 
 
 def paho_properties(packet_type: int, **values: Any) -> PahoProperties:
