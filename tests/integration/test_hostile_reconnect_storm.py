@@ -8,7 +8,13 @@ Sizes: 5,000 new transient sessions; 2,000 durable sessions that come back at on
 (their first connections are made beforehand in waves the broker takes easily, and
 gone from the broker before the storm). `STORM_CLIENTS` overrides both sizes. The
 time taken and the failures, by the step each client was stuck at, are printed;
-only the counts are asserted (the deadline bounds the test, it is not a target)."""
+only the counts are asserted (the deadline bounds the test, it is not a target).
+
+Whether the storms fail on today's code depends on the machine's load (on a shared
+two-core machine: from all served in 8 s to 46 of 5,000 stuck at CONNACK for 45 s):
+the clients left waiting are those whose handshake the kernel dropped from a full
+accept queue. `test_listeners_have_an_accept_queue_for_a_storm` pins that cause
+deterministically."""
 
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ from tests.broker_harness import BrokerProcess
 from tests.integration.mqtt_clients import HOST, running_broker
 
 SIZES = {"clean": 5000, "durable-reconnect": 2000}
-DEADLINE = 45.0  # seconds for the storm itself; the whole test stays under a minute
+DEADLINE = 40.0  # seconds for the storm itself; the whole test stays under a minute
 WAVE = 500
 
 

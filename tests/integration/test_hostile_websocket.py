@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -98,7 +99,7 @@ def connected(broker: BrokerProcess) -> tuple[socket.socket, PacketReader]:
 
 
 def rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")

@@ -4,7 +4,7 @@ broker then holds it to that (closes it after 1.5 x max_keepalive of silence).""
 
 from __future__ import annotations
 
-import socket
+import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -47,7 +47,5 @@ def test_keepalive_above_the_maximum_on_311_is_enforced(broker: BrokerProcess) -
     client = RawClient(broker.port, MQTT_3_1_1)
     assert client.connect(unique("ka"), keepalive=600).reason_code == 0
     client.sock.settimeout(MAX_KEEPALIVE * 1.5 + 10)
-    try:
+    with contextlib.suppress(ConnectionResetError):  # a reset is a close too
         assert client.sock.recv(16) == b""
-    except (ConnectionResetError, socket.timeout) as error:
-        assert isinstance(error, ConnectionResetError), "not closed after max_keepalive"
