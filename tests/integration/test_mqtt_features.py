@@ -14,7 +14,6 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Properties, Puback, Publish
 from tests.support.clients import (
-    HOST,
     TIMEOUT,
     PahoClient,
     RawClient,
@@ -22,7 +21,7 @@ from tests.support.clients import (
     prop,
     unique,
 )
-from tests.support.harness import BrokerProcess
+from tests.support.harness import HOST, BrokerProcess
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,

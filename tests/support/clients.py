@@ -9,10 +9,12 @@ packets a client must not send, check packet identifiers and DUP flags byte for 
 from __future__ import annotations
 
 import contextlib
+import json
 import queue
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -44,8 +46,8 @@ from stratamq.broker.mqtt import (
     Will,
     encode,
 )
+from tests.support.harness import HOST, BrokerProcess
 
-HOST = "127.0.0.1"
 TIMEOUT = 5.0  # the longest any single expected event is waited for
 QUIET = 0.4  # how long "nothing more arrives" is watched
 
@@ -55,6 +57,41 @@ P = TypeVar("P", bound=Packet)
 def unique(prefix: str) -> str:
     """A client id or topic level no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+ADMIN_TOKEN = BrokerProcess.ADMIN_TOKEN
+
+
+def admin_get(broker: BrokerProcess, path: str) -> Any:
+    """GET an admin API route (`/api/v1/...`) and return its JSON."""
+    request = urllib.request.Request(f"http://{HOST}:{broker.admin_port}{path}",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        return json.loads(response.read())
+
+
+def metric_value(broker: BrokerProcess, name: str, **labels: str) -> float:
+    """The value of one sample of the site's `/metrics` (0 when it is not there yet:
+    a labelled counter appears with its first increment)."""
+    with urllib.request.urlopen(f"http://{HOST}:{broker.admin_port}/metrics",
+                                timeout=TIMEOUT) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        series, _, value = line.rpartition(" ")
+        series_name, _, raw_labels = series.partition("{")
+        found = dict(pair.split("=", 1) for pair in raw_labels.rstrip("}").split(",")
+                     if pair)
+        if series_name == name and found == {k: f'"{v}"' for k, v in labels.items()}:
+            return float(value)
+    return 0.0
+
+
+def generations(broker: BrokerProcess, db: str = "messages") -> dict[int, list[int]]:
+    """Shard id -> the ids of its generations, as the admin API shows them."""
+    view = admin_get(broker, f"/api/v1/ds/storages/{db}")
+    return {shard["id"]: [g["id"] for g in shard["generations"]] for shard in view["shards"]}
 
 
 def paho_properties(packet_type: int, **values: Any) -> PahoProperties:
