@@ -203,11 +203,17 @@ class Database:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, shard.scan_records, prefix)
 
-    async def scan_shard_records(self, shard_id: int, prefix: bytes,
-                                 limit: int) -> list[tuple[bytes, bytes]]:
-        """Up to `limit` records of one shard whose key starts with `prefix`."""
+    async def scan_shard_records(self, shard_id: int, prefix: bytes, limit: int,
+                                 after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` records of one shard whose key starts with `prefix` and comes
+        after `after` (None: from the first)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.shards[shard_id].scan_records, prefix, limit)
+            self._executor, self.shards[shard_id].scan_records, prefix, limit, after)
+
+    async def get_shard_records(self, shard_id: int, keys: list[bytes]) -> list[bytes | None]:
+        """Several records of one shard in one read, None where there is none."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.shards[shard_id].get_records, keys)
 
     async def get_record(self, records_of: str, key: bytes) -> bytes | None:
         """One record of `records_of`'s shard, None when there is none."""
