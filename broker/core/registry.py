@@ -17,6 +17,7 @@ from ..mqtt.reason_codes import ReasonCode
 from ..session.model import NEVER_EXPIRES
 from ..session.session import Session
 from ..session.store import SessionStore
+from ..supervise import supervise
 from .dispatch import Dispatcher
 from .publish import Publisher
 
@@ -61,9 +62,10 @@ class SessionRegistry:
             lambda: sum(session.in_flight_count for session in self.sessions.values()))
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._session_gc_loop(), name="session-gc"))
-        self._tasks.append(asyncio.create_task(self._renew_streams_loop(),
-                                               name="renew-streams"))
+        self._tasks.append(asyncio.create_task(
+            supervise("session-gc", self._session_gc_loop), name="session-gc"))
+        self._tasks.append(asyncio.create_task(
+            supervise("renew-streams", self._renew_streams_loop), name="renew-streams"))
 
     async def stop(self) -> None:
         """Persist every durable session (connections are closed by the listeners)."""
@@ -230,10 +232,9 @@ class SessionRegistry:
     # -- background work ----------------------------------------------------------
 
     async def _session_gc_loop(self) -> None:
-        await self.collect_expired_sessions()
         while True:
-            await asyncio.sleep(self.limits.session_gc_interval)
             await self.collect_expired_sessions()
+            await asyncio.sleep(self.limits.session_gc_interval)
 
     async def collect_expired_sessions(self) -> int:
         """Delete stored sessions that expired while no site held them in memory
