@@ -25,6 +25,14 @@ def note_failure(loop: str) -> None:
     BACKGROUND_FAILURES.labels(loop).inc()
 
 
+def note_task_failure(loop: str, task: asyncio.Task[None]) -> None:
+    """A done callback for a task nobody awaits: note its exception, if it has one."""
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error("background work %r failed", loop, exc_info=task.exception())
+    BACKGROUND_FAILURES.labels(loop).inc()
+
+
 async def supervise(loop: str, body: Callable[[], Awaitable[None]],
                     pause: float = RESTART_PAUSE) -> None:
     """Run `body` until it returns; whenever it raises, note the failure and run it
