@@ -222,7 +222,7 @@ class SessionRegistry:
         will = session.take_will()
         if will is None:
             return
-        self._publisher.publish(will.to_message(client_id), wait=False)
+        self._publisher.publish_will(will.to_message(client_id))
         session.request_persist()
 
     def _expire_now(self, client_id: str, session: Session) -> None:
@@ -286,7 +286,7 @@ class SessionRegistry:
                 await self._store.save(record)
             if record.will is not None and record.disconnected_at + min(
                     record.will.delay, record.expiry_interval) <= now:
-                self._publisher.publish(record.will.to_message(record.client_id), wait=False)
+                self._publisher.publish_will(record.will.to_message(record.client_id))
                 record.will = None
                 await self._store.save(record)
             if record.expired(now):
