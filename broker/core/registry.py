@@ -295,8 +295,16 @@ class SessionRegistry:
         return removed
 
     async def _renew_streams_loop(self) -> None:
+        messages = self._storage.db(self._messages_db)
+        seen = -1
         while True:
             await asyncio.sleep(self.limits.renew_streams_interval)
+            # A pass costs every connected durable session; with no stream learned
+            # since the last one it finds nothing (a session that subscribes or
+            # connects meanwhile looks for itself).
+            if messages.stream_version == seen:
+                continue
+            seen = messages.stream_version
             for session in list(self.sessions.values()):
                 if session.durable and session.outlet is not None:
                     session.renew_streams()
