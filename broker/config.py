@@ -247,6 +247,10 @@ class TlsListenerConfig(_Section):
 
 
 class ListenersConfig(_Section):
+    # Accept queue of every listening socket: connections the kernel has completed but
+    # the broker has not accepted yet. A reconnect storm needs thousands; a full queue
+    # drops handshakes (capped by the kernel's net.core.somaxconn).
+    backlog: PositiveInt = 4096
     tcp: TcpListenerConfig = Field(default_factory=TcpListenerConfig)
     ws: WebSocketListenerConfig = Field(default_factory=WebSocketListenerConfig)
     tls: TlsListenerConfig = Field(default_factory=TlsListenerConfig)

@@ -18,6 +18,9 @@ MESSAGES_DELIVERED = Counter("stratamq_messages_delivered", "PUBLISH messages se
                              ("qos",))
 MESSAGES_DROPPED = Counter("stratamq_messages_dropped", "Messages not delivered", ("reason",))
 SESSIONS = Gauge("stratamq_sessions", "Sessions held in memory", ("kind",))
+BACKGROUND_FAILURES = Counter("stratamq_background_failures",
+                              "Failures of background loops and tasks (each restarted)",
+                              ("loop",))
 IN_FLIGHT = Gauge("stratamq_in_flight", "Outbound QoS 1/2 messages awaiting acknowledgement")
 
 

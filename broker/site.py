@@ -134,7 +134,7 @@ async def _start_parts(config: Config) -> RunningSite:
     try:
         if listeners.tcp.enable:
             server = await start_stream_listener("tcp", listeners.tcp.bind, make, connections,
-                                                 max_connections)
+                                                 max_connections, backlog=listeners.backlog)
             servers.append(server)
             ports["tcp"] = server.sockets[0].getsockname()[1]
         if listeners.tls.enable:
@@ -144,12 +144,14 @@ async def _start_parts(config: Config) -> RunningSite:
             context = tls_context(listeners.tls.certfile, listeners.tls.keyfile,
                                   listeners.tls.cafile, listeners.tls.verify_peer)
             server = await start_stream_listener("tls", listeners.tls.bind, make, connections,
-                                                 max_connections, context)
+                                                 max_connections, context,
+                                                 backlog=listeners.backlog)
             servers.append(server)
             ports["tls"] = server.sockets[0].getsockname()[1]
         if listeners.ws.enable:
             runners.append(await start_websocket_listener(
-                listeners.ws.bind, listeners.ws.path, make, connections, max_connections))
+                listeners.ws.bind, listeners.ws.path, make, connections, max_connections,
+                backlog=listeners.backlog))
     except BaseException:
         for server in servers:
             server.close()

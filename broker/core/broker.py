@@ -31,8 +31,9 @@ class Broker:
                     sync_writes: bool, limits: SessionLimits) -> Broker:
         sessions_db = await storage.open_kv_db(SESSIONS_DB, n_shards, sync_writes)
         retained_db = await storage.open_kv_db(RETAINED_DB, n_shards, sync_writes)
-        broker = cls(storage, messages, SessionStore(sessions_db, messages),
-                     RetainedStore(retained_db), limits)
+        retained = RetainedStore(retained_db)
+        await retained.load()
+        broker = cls(storage, messages, SessionStore(sessions_db, messages), retained, limits)
         broker.registry.start()
         return broker
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 
 from ..ds import Database, Message
+from ..errors import InvalidTopicError
+from ..metrics import MESSAGES_DROPPED
 from ..session.store import SessionStore
+from ..topic import check_topic
 from .retained import RetainedStore
+
+log = logging.getLogger(__name__)
 
 
 class Publisher:
@@ -19,16 +25,31 @@ class Publisher:
         self._store = store
         self._retained = retained
 
+    def publish_will(self, message: Message) -> None:
+        """Publish a will message (not waiting for it to be stored). Its topic came
+        in a CONNECT and was stored with the session: it is checked here, and a will
+        on a topic no client could publish to is dropped and counted."""
+        try:
+            check_topic(message.topic)
+        except InvalidTopicError:
+            log.warning("will of %r on invalid topic %r dropped", message.client_id,
+                        message.topic)
+            MESSAGES_DROPPED.labels("invalid_will_topic").inc()
+            return
+        self.publish(message, wait=False)
+
     def publish(self, message: Message, wait: bool,
                 qos2_packet_id: int | None = None) -> list[asyncio.Future[None]]:
-        """Store a message (and its retained copy). With `wait`, the futures resolve
+        """Store a message (and its retained copy) whose topic name the caller has
+        validated (the channel does, for a PUBLISH). With `wait`, the futures resolve
         once everything is durable.
 
         An inbound QoS 2 message's packet id is recorded in the same atomic write as
         the message, so a PUBLISH resent after a crash is recognised, never stored
         twice (exactly once)."""
         if qos2_packet_id is None:
-            waits = self._messages.submit([message], wait)
+            # the channel validated the topic name (and a will's, at CONNECT)
+            waits = self._messages.submit([message], wait, topics_checked=True)
         else:
             waits = self._store.submit_qos2(message, wait, qos2_packet_id)
         if message.retain:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..ds import DurableStorage
 from ..metrics import IN_FLIGHT, SESSIONS
@@ -17,6 +19,7 @@ from ..mqtt.reason_codes import ReasonCode
 from ..session.model import NEVER_EXPIRES
 from ..session.session import Session
 from ..session.store import SessionStore
+from ..supervise import note_task_failure, supervise
 from .dispatch import Dispatcher
 from .publish import Publisher
 
@@ -30,6 +33,12 @@ class Owner(Protocol):
     async def kick(self, reason_code: int) -> None:
         """Close the connection because another took its session over."""
         ...
+
+
+@dataclass(slots=True)
+class _ClientLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # holders and waiters
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,21 +62,41 @@ class SessionRegistry:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
-        self._session_locks: dict[str, asyncio.Lock] = {}
+        # only while a client id's lock is held or awaited (see _lock)
+        self._session_locks: dict[str, _ClientLock] = {}
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # a finished one leaves the set
+        # Computed when scraped, so a connect costs nothing that grows with the
+        # number of sessions.
         IN_FLIGHT.set_function(
             lambda: sum(session.in_flight_count for session in self.sessions.values()))
+        SESSIONS.labels("durable").set_function(
+            lambda: sum(1 for session in self.sessions.values() if session.durable))
+        SESSIONS.labels("transient").set_function(
+            lambda: sum(1 for session in self.sessions.values() if not session.durable))
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._session_gc_loop(), name="session-gc"))
-        self._tasks.append(asyncio.create_task(self._renew_streams_loop(),
-                                               name="renew-streams"))
+        self._spawn(supervise("session-gc", self._session_gc_loop), "session-gc")
+        self._spawn(supervise("renew-streams", self._renew_streams_loop), "renew-streams")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str, loop: str = "") -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if loop:
+            task.add_done_callback(functools.partial(note_task_failure, loop))
+
+    def held_state(self) -> dict[str, int]:
+        """Sizes of the per-client state kept here (for tests and admin views): all
+        of it goes when the sessions and connections it belongs to are gone."""
+        return {"sessions": len(self.sessions), "connections": len(self.connections),
+                "locks": len(self._session_locks), "expiry_timers": len(self._expiry_timers),
+                "will_timers": len(self._will_timers), "tasks": len(self._tasks)}
 
     async def stop(self) -> None:
         """Persist every durable session (connections are closed by the listeners)."""
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -80,8 +109,21 @@ class SessionRegistry:
 
     # -- opening and closing ------------------------------------------------------
 
-    def _lock(self, client_id: str) -> asyncio.Lock:
-        return self._session_locks.setdefault(client_id, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, client_id: str) -> AsyncIterator[None]:
+        """Hold `client_id`'s lock; it is forgotten once nobody holds or awaits it, so
+        the locks do not pile up with every client id ever seen."""
+        entry = self._session_locks.get(client_id)
+        if entry is None:
+            entry = self._session_locks[client_id] = _ClientLock()
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if entry.users == 0:
+                del self._session_locks[client_id]
 
     def _new_session(self, client_id: str, expiry_interval: int) -> Session:
         durable = expiry_interval > 0 and self.limits.durable_sessions
@@ -131,7 +173,6 @@ class SessionRegistry:
         session.configure(expiry_interval, expiry_interval > 0 and self.limits.durable_sessions)
         for subscription in session.subscriptions.values():
             self._dispatcher.route(session, subscription)
-        self._update_gauges()
         return session, present
 
     async def close_session(self, connection: Owner, session: Session,
@@ -160,7 +201,6 @@ class SessionRegistry:
                 await self._store.forget_qos2(client_id)
                 if will is not None:
                     self._publish_will(client_id, session)
-                self._update_gauges()
                 return
             await self.persist(session, disconnected=True)
             loop = asyncio.get_running_loop()
@@ -174,7 +214,6 @@ class SessionRegistry:
             if session.expiry_interval < NEVER_EXPIRES:
                 self._expiry_timers[client_id] = loop.call_later(
                     session.expiry_interval, self._expire_now, client_id, session)
-            self._update_gauges()
 
     # -- wills and expiry ---------------------------------------------------------
 
@@ -183,14 +222,13 @@ class SessionRegistry:
         will = session.take_will()
         if will is None:
             return
-        self._publisher.publish(will.to_message(client_id), wait=False)
+        self._publisher.publish_will(will.to_message(client_id))
         session.request_persist()
 
     def _expire_now(self, client_id: str, session: Session) -> None:
         self._expiry_timers.pop(client_id, None)
         if self.sessions.get(client_id) is session and session.outlet is None:
-            task = asyncio.ensure_future(self._expire(session))
-            self._tasks.append(task)
+            self._spawn(self._expire(session), f"expire-{client_id}", "session-expiry")
 
     async def _expire(self, session: Session) -> None:
         async with self._lock(session.client_id):
@@ -199,7 +237,6 @@ class SessionRegistry:
             if session.will is not None:
                 self._publish_will(session.client_id, session)
             await self._discard(session)
-            self._update_gauges()
 
     async def _discard(self, session: Session) -> None:
         session.end_durability()  # a pending persist must not write the record back
@@ -230,10 +267,9 @@ class SessionRegistry:
     # -- background work ----------------------------------------------------------
 
     async def _session_gc_loop(self) -> None:
-        await self.collect_expired_sessions()
         while True:
-            await asyncio.sleep(self.limits.session_gc_interval)
             await self.collect_expired_sessions()
+            await asyncio.sleep(self.limits.session_gc_interval)
 
     async def collect_expired_sessions(self) -> int:
         """Delete stored sessions that expired while no site held them in memory
@@ -250,7 +286,7 @@ class SessionRegistry:
                 await self._store.save(record)
             if record.will is not None and record.disconnected_at + min(
                     record.will.delay, record.expiry_interval) <= now:
-                self._publisher.publish(record.will.to_message(record.client_id), wait=False)
+                self._publisher.publish_will(record.will.to_message(record.client_id))
                 record.will = None
                 await self._store.save(record)
             if record.expired(now):
@@ -259,13 +295,16 @@ class SessionRegistry:
         return removed
 
     async def _renew_streams_loop(self) -> None:
+        messages = self._storage.db(self._messages_db)
+        seen = -1
         while True:
             await asyncio.sleep(self.limits.renew_streams_interval)
+            # A pass costs every connected durable session; with no stream learned
+            # since the last one it finds nothing (a session that subscribes or
+            # connects meanwhile looks for itself).
+            if messages.stream_version == seen:
+                continue
+            seen = messages.stream_version
             for session in list(self.sessions.values()):
                 if session.durable and session.outlet is not None:
                     session.renew_streams()
-
-    def _update_gauges(self) -> None:
-        durable = sum(1 for s in self.sessions.values() if s.durable)
-        SESSIONS.labels("durable").set(durable)
-        SESSIONS.labels("transient").set(len(self.sessions) - durable)

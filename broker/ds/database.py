@@ -130,11 +130,12 @@ class Database:
 
     # -- writing ------------------------------------------------------------------
 
-    def _validate(self, message: Message) -> int:
+    def _validate(self, message: Message, topics_checked: bool) -> int:
         if self.options.key_value:
             raise InvalidMessageError(
                 f"database {self.name!r} is a key-value database; it takes no messages")
-        check_topic(message.topic)
+        if not topics_checked:
+            check_topic(message.topic)
         if len(message.payload) > self.options.max_payload_bytes:
             raise PayloadTooLargeError(
                 f"payload of {len(message.payload)} bytes on {message.topic!r} is over the "
@@ -144,7 +145,7 @@ class Database:
         return len(message.payload) + len(message.topic)
 
     def submit(self, messages: list[Message], wait: bool = True, *,
-               records_of: str | None = None,
+               topics_checked: bool = False, records_of: str | None = None,
                record_puts: list[tuple[bytes, bytes]] | None = None,
                record_deletes: list[bytes] | None = None) -> list[asyncio.Future[None]]:
         """Queue messages for writing now, in call order; with `wait`, the futures
@@ -154,10 +155,13 @@ class Database:
         records alone are always taken (they finish protocol flows).
 
         Records (small key-value pairs) of client `records_of` are written in the same
-        atomic batch as that client's messages, in its shard."""
+        atomic batch as that client's messages, in its shard.
+
+        `topics_checked`: the caller has validated every topic name already (the
+        broker's publish path, at the channel), so it is not checked again here."""
         if len(messages) == 1 and records_of is None:  # the broker's common case
             message = messages[0]
-            size = self._validate(message)
+            size = self._validate(message, topics_checked)
             buffer = self._buffers[shard_of(message.client_id, self.options.n_shards)]
             buffer.refuse_when_overfull()
             done = buffer.add(messages, size, wait)
@@ -166,7 +170,7 @@ class Database:
         sizes: Counter[int] = Counter()
         n_shards = self.options.n_shards
         for message in messages:
-            size = self._validate(message)
+            size = self._validate(message, topics_checked)
             shard_id = shard_of(message.client_id, n_shards)
             by_shard[shard_id].append(message)
             sizes[shard_id] += size
@@ -203,11 +207,17 @@ class Database:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, shard.scan_records, prefix)
 
-    async def scan_shard_records(self, shard_id: int, prefix: bytes,
-                                 limit: int) -> list[tuple[bytes, bytes]]:
-        """Up to `limit` records of one shard whose key starts with `prefix`."""
+    async def scan_shard_records(self, shard_id: int, prefix: bytes, limit: int,
+                                 after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` records of one shard whose key starts with `prefix` and comes
+        after `after` (None: from the first)."""
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, self.shards[shard_id].scan_records, prefix, limit)
+            self._executor, self.shards[shard_id].scan_records, prefix, limit, after)
+
+    async def get_shard_records(self, shard_id: int, keys: list[bytes]) -> list[bytes | None]:
+        """Several records of one shard in one read, None where there is none."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.shards[shard_id].get_records, keys)
 
     async def get_record(self, records_of: str, key: bytes) -> bytes | None:
         """One record of `records_of`'s shard, None when there is none."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # Outside the record prefix, so no record can clash with it.
 _MIGRATED_KEY = b"kv-format-migrated"
+# Entries read from storage per call by a scan.
+SCAN_PAGE = 1000
 
 
 class KvDatabase:
@@ -55,13 +58,44 @@ class KvDatabase:
                                      record_puts=list(puts), record_deletes=list(deletes))
         await asyncio.gather(*waits)
 
-    async def scan(self, prefix: bytes = b"", shard_id: int | None = None,
-                   limit: int = 1_000_000) -> list[tuple[bytes, bytes]]:
-        """Entries whose key starts with `prefix`, from one shard or all."""
+    async def get_many(self, entries: Sequence[tuple[str, bytes]]) -> list[bytes | None]:
+        """The values of (routing key, key) pairs, in their order (None where there is
+        none): one storage read per shard, not one per key."""
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for position, (routing_key, _key) in enumerate(entries):
+            by_shard[self.shard_of(routing_key)].append(position)
+        values: list[bytes | None] = [None] * len(entries)
+        for shard_id, positions in by_shard.items():
+            found = await self.database.get_shard_records(
+                shard_id, [entries[position][1] for position in positions])
+            for position, value in zip(positions, found, strict=True):
+                values[position] = value
+        return values
+
+    async def scan_pages(self, prefix: bytes = b"", shard_id: int | None = None,
+                         page_size: int = SCAN_PAGE) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+        """Entries whose key starts with `prefix`, from one shard or all, a page of at
+        most `page_size` at a time (so a caller holds one page, not the database)."""
         shard_ids = range(len(self.database.shards)) if shard_id is None else [shard_id]
-        found: list[tuple[bytes, bytes]] = []
         for number in shard_ids:
-            found += await self.database.scan_shard_records(number, prefix, limit - len(found))
+            after: bytes | None = None
+            while True:
+                page = await self.database.scan_shard_records(number, prefix, page_size, after)
+                if page:
+                    yield page
+                if len(page) < page_size:
+                    break
+                after = page[-1][0]
+
+    async def scan(self, prefix: bytes = b"", shard_id: int | None = None,
+                   limit: int | None = None) -> list[tuple[bytes, bytes]]:
+        """Entries whose key starts with `prefix`, from one shard or all: every one,
+        or the first `limit`."""
+        found: list[tuple[bytes, bytes]] = []
+        async for page in self.scan_pages(prefix, shard_id):
+            found += page
+            if limit is not None and len(found) >= limit:
+                return found[:limit]
         return found
 
     async def close(self) -> None:

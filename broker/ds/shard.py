@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from ..errors import GenerationError
+from ..errors import CorruptDataError, GenerationError
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
@@ -256,19 +256,34 @@ class Shard:
         value = self._db.get(RECORD_PREFIX + key)
         return None if value is None else as_bytes(value)
 
-    def scan_records(self, prefix: bytes, limit: int = 1_000_000) -> list[tuple[bytes, bytes]]:
-        """Up to `limit` records whose key starts with `prefix`, without the
-        internal prefix, in key order. Blocking."""
+    def get_records(self, keys: list[bytes]) -> list[bytes | None]:
+        """Several records in one call (None where there is none). Blocking."""
+        if not keys:
+            return []
+        values = self._db.get([RECORD_PREFIX + key for key in keys])
+        if not isinstance(values, list):  # rocksdict answers a list of keys with a list
+            raise CorruptDataError(f"multi-get returned {type(values)}")
+        return [None if value is None else as_bytes(value) for value in values]
+
+    def scan_records(self, prefix: bytes, limit: int = 1_000_000,
+                     after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """Up to `limit` records whose key starts with `prefix` (and comes after
+        `after`, for the next page), without the internal prefix, in key order.
+        Blocking."""
         start = RECORD_PREFIX + prefix
         read_options = ReadOptions()
         upper = after_prefix(start)
         if upper is not None:
             read_options.set_iterate_upper_bound(upper)
+        from_key = start if after is None else max(start, RECORD_PREFIX + after)
         found: list[tuple[bytes, bytes]] = []
-        for key, value in self._db.items(from_key=start, read_opt=read_options):
+        for key, value in self._db.items(from_key=from_key, read_opt=read_options):
             if len(found) >= limit:
                 break
-            found.append((as_bytes(key)[len(RECORD_PREFIX):], as_bytes(value)))
+            record_key = as_bytes(key)[len(RECORD_PREFIX):]
+            if after is not None and record_key <= after:
+                continue
+            found.append((record_key, as_bytes(value)))
         return found
 
     def generation_bytes(self, generation: Generation) -> int:

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
+from ..supervise import note_failure, supervise
 from .database import Database, DropListener, NextResult
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
@@ -143,8 +144,9 @@ class DurableStorage:
     def start_retention(self, check_interval: float) -> None:
         """Run the retention rule of every open database every `check_interval` s."""
         if self._retention_task is None:
-            self._retention_task = asyncio.create_task(self._retention_loop(check_interval),
-                                                       name="ds-retention")
+            self._retention_task = asyncio.create_task(
+                supervise("ds-retention", lambda: self._retention_loop(check_interval)),
+                name="ds-retention")
 
     async def _retention_loop(self, check_interval: float) -> None:
         while True:
@@ -153,7 +155,7 @@ class DurableStorage:
                 try:
                     added, dropped = await database.apply_retention()
                 except Exception:  # one failed pass must not end retention for good
-                    log.exception("retention pass on %r failed", database.name)
+                    note_failure(f"ds-retention-{database.name}")
                     continue
                 if added or dropped:
                     log.info("retention on %r: %s a generation, dropped %d", database.name,

@@ -61,7 +61,8 @@ class ListenerSet:
 async def start_stream_listener(name: str, bind: str,
                                 make: Callable[[Transport, str, str], EndpointT],
                                 connections: set[EndpointT], max_connections: int,
-                                ssl_context: ssl.SSLContext | None = None) -> asyncio.Server:
+                                ssl_context: ssl.SSLContext | None = None,
+                                backlog: int = 4096) -> asyncio.Server:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = format_peer(writer.get_extra_info("peername"))
         if len(connections) >= max_connections:
@@ -79,7 +80,8 @@ async def start_stream_listener(name: str, bind: str,
 
     host, port = split_bind(bind)
     server = await asyncio.start_server(serve, host, port, ssl=ssl_context,
-                                        limit=READ_CHUNK, reuse_address=True)
+                                        limit=READ_CHUNK, reuse_address=True,
+                                        backlog=backlog)
     log.info("listening for MQTT%s on %s", "/TLS" if ssl_context else "", bind)
     return server
 
@@ -87,7 +89,7 @@ async def start_stream_listener(name: str, bind: str,
 async def start_websocket_listener(bind: str, path: str,
                                    make: Callable[[Transport, str, str], EndpointT],
                                    connections: set[EndpointT],
-                                   max_connections: int) -> web.AppRunner:
+                                   max_connections: int, backlog: int = 4096) -> web.AppRunner:
     async def handle(request: web.Request) -> web.StreamResponse:
         if len(connections) >= max_connections:
             raise web.HTTPServiceUnavailable(text="too many connections")
@@ -124,7 +126,7 @@ async def start_websocket_listener(bind: str, path: str,
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_bind(bind)
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, backlog=backlog).start()
     log.info("listening for MQTT over WebSocket on %s%s", bind, path)
     return runner
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
+from ..supervise import RESTART_PAUSE, note_failure
 from .expiry import is_expired
 from .model import (
     CursorState,
@@ -304,6 +305,17 @@ class Session:
                 continue
             self._offer_durable(cursor, message)
 
+    async def _supervised_replay(self) -> None:
+        # A failed read must neither leave the session without its stored messages
+        # nor make detach() (which awaits this task) raise while a session closes.
+        while self.outlet is not None:
+            try:
+                await self._replay()
+                return
+            except Exception:
+                note_failure("session-replay")
+            await asyncio.sleep(RESTART_PAUSE)
+
     async def _replay(self) -> None:
         await self._resend_in_order()
         while self.outlet is not None:
@@ -458,7 +470,14 @@ class Session:
         try:
             while self._held and self.outlet is not None:
                 batch, self._held = self._held, []
-                await self.persist_now()  # the packet identifiers of this batch
+                try:
+                    await self.persist_now()  # the packet identifiers of this batch
+                except Exception:  # kept, in order, for the next try
+                    note_failure("session-save-then-send")
+                    if self.outlet is not None:  # else detach() has dealt with them
+                        self._held[:0] = batch
+                    await asyncio.sleep(RESTART_PAUSE)
+                    continue
                 self._send(batch)
         finally:
             self._releaser = None
@@ -563,7 +582,7 @@ class Session:
                 outlet.send_publish(entry.delivery, packet_id, True)
         if self.durable:
             self.renew_streams()
-            self._replayer = asyncio.create_task(self._replay(),
+            self._replayer = asyncio.create_task(self._supervised_replay(),
                                                  name=f"replay-{self.client_id}")
         self.pump()
 
@@ -618,7 +637,12 @@ class Session:
     async def _persist_soon(self) -> None:
         await asyncio.sleep(0.05)
         self._persist_pending = False
-        await self._persist(self)
+        try:
+            await self._persist(self)
+        except Exception:  # nobody awaits this task: note it and try again later
+            note_failure("session-persist")
+            await asyncio.sleep(RESTART_PAUSE)
+            self.request_persist()
 
     def cancel_persist(self) -> None:
         """Drop a persist requested and not done yet."""

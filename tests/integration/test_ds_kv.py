@@ -42,6 +42,27 @@ def test_writes_through_the_buffer_are_readable_and_survive_restart(tmp_path: Pa
     run(scenario())
 
 
+def test_scans_page_through_every_entry_and_get_many_reads_across_shards(
+        tmp_path: Path) -> None:
+    """A scan reads a shard a page at a time and returns every entry (it used to stop
+    silently at a fixed count); `get_many` answers in the order asked."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        kv = await storage.open_kv_db("retained", 3)
+        keys = [b"t/%03d" % n for n in range(100)]
+        await asyncio.gather(*(kv.write(key.decode(), puts=[(key, key + b"!")])
+                               for key in keys))
+        pages = [page async for page in kv.scan_pages(b"t/", page_size=7)]
+        assert all(0 < len(page) <= 7 for page in pages)
+        assert len(pages) > 100 // 7  # it paged
+        assert sorted(key for page in pages for key, _value in page) == keys
+        assert len(await kv.scan(b"t/")) == 100
+        asked = [("t/042", b"t/042"), ("nope", b"nope"), ("t/007", b"t/007")]
+        assert await kv.get_many(asked) == [b"t/042!", None, b"t/007!"]
+        await storage.close()
+    run(scenario())
+
+
 def test_last_write_of_a_key_wins_within_one_flush(tmp_path: Path) -> None:
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)

@@ -96,8 +96,18 @@ async def one_client(port: int, index: int, clean_start: bool, go: asyncio.Event
         return f"reset while {steps[index]}: {type(error).__name__}"
 
 
-async def storm(port: int, count: int, clean_start: bool, offset: int = 0
-                ) -> tuple[Counter[str], float]:
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+async def storm(port: int, count: int, clean_start: bool, offset: int = 0,
+                broker_pid: int | None = None) -> tuple[Counter[str], float, int]:
+    """Outcomes, seconds taken, and the broker's RSS while every client of the storm
+    is still connected (with `broker_pid`; else 0)."""
     go = asyncio.Event()
     writers: list[asyncio.StreamWriter] = []
     steps: dict[int, str] = {}
@@ -112,9 +122,10 @@ async def storm(port: int, count: int, clean_start: bool, offset: int = 0
         outcomes[f"no answer in {DEADLINE:.0f} s, stuck at {steps[tasks[task]]}"] += 1
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
+    rss = 0 if broker_pid is None else rss_bytes(broker_pid)
     for writer in writers:
         writer.close()
-    return outcomes, elapsed
+    return outcomes, elapsed, rss
 
 
 def connected_clients(broker: BrokerProcess) -> int:
@@ -135,14 +146,20 @@ def test_every_client_of_a_connect_storm_gets_connack_and_suback(tmp_path: Path,
         if not clean_start:
             for first in range(0, count, WAVE):
                 size = min(WAVE, count - first)
-                made, _ = asyncio.run(storm(broker.port, size, False, offset=first))
+                made, _, _ = asyncio.run(storm(broker.port, size, False, offset=first))
                 assert made == Counter({"ok": size}), made
             deadline = time.monotonic() + 30
             while connected_clients(broker):  # the storm is of returning sessions
                 assert time.monotonic() < deadline, "first connections not closed"
                 time.sleep(0.2)
-        outcomes, elapsed = asyncio.run(storm(broker.port, count, clean_start))
+        assert broker.process is not None
+        rss_before = rss_bytes(broker.process.pid)
+        outcomes, elapsed, rss_during = asyncio.run(
+            storm(broker.port, count, clean_start, broker_pid=broker.process.pid))
         failed = count - outcomes["ok"]
+        print(f"broker RSS {rss_before / 2**20:.0f} MiB before, {rss_during / 2**20:.0f} MiB "
+              f"with the storm's clients connected: "
+              f"{(rss_during - rss_before) / count / 1024:.1f} KiB per connection")
         print(f"\nconnect storm ({kind}): {count} clients, {outcomes['ok']} served in "
               f"{elapsed:.1f} s, {failed} failed: "
               f"{ {k: v for k, v in outcomes.items() if k != 'ok'} }")

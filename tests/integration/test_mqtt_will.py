@@ -152,3 +152,24 @@ def test_retained_will_is_kept_for_later_subscribers(broker: BrokerProcess) -> N
         assert will.payload == b"offline"
     finally:
         later.stop()
+
+
+def test_a_will_on_a_wildcard_topic_is_never_published(broker: BrokerProcess) -> None:
+    """A will topic must be a topic name. Refusing the CONNECT or keeping the will
+    unpublished are both right; publishing it, or failing while the connection
+    closes, is not. The valid will published afterwards shows the site went on."""
+    topic = unique("will")
+    subscriber = PahoClient(broker.port, unique("watcher"))
+    subscriber.connect()
+    subscriber.subscribe(f"{topic}/#", 1)
+    bad = RawClient(broker.port, MQTT_5)
+    connack = bad.connect(unique("dying"), will=Will(f"{topic}/+", b"bad", 1))
+    bad.close()
+    if connack.reason_code == 0:
+        time.sleep(0.5)  # its connection's end is handled before the next one's
+    will_client(broker, MQTT_5, f"{topic}/ok").close()
+    [will] = subscriber.expect(1)
+    assert (will.topic, will.payload) == (f"{topic}/ok", b"gone")
+    with pytest.raises(queue.Empty):
+        subscriber.messages.get(timeout=1.0)
+    subscriber.stop()

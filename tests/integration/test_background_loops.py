@@ -1,0 +1,68 @@
+"""Background loops are supervised: a pass that raises is logged, counted in
+`stratamq_background_failures_total{loop}` and started again, and the loop goes on
+doing its work afterwards. In process, on real RocksDB (no broker process: the
+failure is made by writing a corrupt session record straight into storage)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from stratamq.broker.core.broker import Broker
+from stratamq.broker.core.registry import SessionLimits
+from stratamq.broker.ds import DbOptions, DurableStorage
+from stratamq.broker.session.model import SessionRecord
+from tests.support import run
+
+TIMEOUT = 30.0
+
+
+def failures(loop: str) -> float:
+    value = REGISTRY.get_sample_value("stratamq_background_failures_total", {"loop": loop})
+    return value or 0.0
+
+
+async def wait_until(condition_name: str, check: Callable[[], Awaitable[bool]]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {condition_name}"
+        await asyncio.sleep(0.05)
+
+
+def test_session_gc_goes_on_after_a_pass_that_raises(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        before = failures("session-gc")
+        sessions_db = await storage.open_kv_db("sessions", 2)
+        # not JSON: decoding it makes the GC pass raise
+        await sessions_db.write("corrupt", puts=[(b"s/corrupt", b"\xffnot a record")])
+        broker = await Broker.start(storage, messages, 2, False,
+                                    SessionLimits(session_gc_interval=0.1))
+        try:
+            async def failed() -> bool:
+                return failures("session-gc") > before
+            await wait_until("the GC pass to fail", failed)
+
+            # The fault goes away and an expired session appears: the restarted loop
+            # collects it.
+            await sessions_db.write("corrupt", deletes=[b"s/corrupt"])
+            expired = SessionRecord("expired-client", expiry_interval=1,
+                                    disconnected_at=time.time() - 10)
+            await sessions_db.write("expired-client",
+                                    puts=[(b"s/expired-client", expired.to_json())])
+
+            async def collected() -> bool:
+                return await sessions_db.get("expired-client", b"s/expired-client") is None
+            await wait_until("the expired session to be collected", collected)
+            # the loop still runs
+            assert [task.get_name() for task in broker.registry._tasks
+                    if not task.done()].count("session-gc") == 1
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())

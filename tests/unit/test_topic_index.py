@@ -1,0 +1,57 @@
+"""The retained messages' topic index: for any filter it finds exactly the topics
+`topic_matches` accepts (checked against a brute-force scan of the same topics), and
+removing topics shrinks the trie back."""
+
+from __future__ import annotations
+
+import random
+
+from stratamq.broker.core.topic_index import TopicIndex
+from stratamq.broker.topic import topic_matches
+
+TOPICS = ["a", "a/b", "a/b/c", "a/c", "a//c", "/a", "b/a", "$SYS/x", "$SYS", "a/$x",
+          "a/b/c/d", "x/y/z"]
+FILTERS = ["#", "+", "a", "a/#", "a/+", "a/+/c", "+/a", "/#", "+/+", "$SYS/#", "$SYS",
+           "+/b/#", "a/b/c/#", "a//+", "+/+/+/+", "z", "a/b/c/d/e"]
+
+
+def test_matches_what_a_scan_of_every_topic_matches() -> None:
+    index = TopicIndex()
+    for topic in TOPICS:
+        index.add(topic)
+    for topic_filter in FILTERS:
+        expected = sorted(t for t in TOPICS if topic_matches(topic_filter, t))
+        assert sorted(index.matching(topic_filter.split("/"))) == expected, topic_filter
+
+
+def test_random_topics_against_a_scan() -> None:
+    rng = random.Random(7)
+    index = TopicIndex()
+    topics: set[str] = set()
+    for _ in range(2000):
+        topic = "/".join(rng.choice(["a", "b", "", "$s"]) for _ in range(rng.randint(1, 4)))
+        if rng.random() < 0.3 and topics:
+            gone = rng.choice(sorted(topics))
+            index.remove(gone)
+            topics.discard(gone)
+        else:
+            index.add(topic)
+            topics.add(topic)
+    assert len(index) == len(topics)
+    for topic_filter in ["#", "+/#", "a/+", "+/+/+", "b/#", "$s/#", "/+", "a/b/#"]:
+        expected = sorted(t for t in topics if topic_matches(topic_filter, t))
+        assert sorted(index.matching(topic_filter.split("/"))) == expected, topic_filter
+
+
+def test_removing_every_topic_leaves_an_empty_trie() -> None:
+    index = TopicIndex()
+    for topic in TOPICS:
+        index.add(topic)
+    index.add("a/b")  # twice: still one
+    assert len(index) == len(TOPICS)
+    for topic in TOPICS:
+        index.remove(topic)
+        assert topic not in index
+    index.remove("never/there")
+    assert len(index) == 0
+    assert index._root.children == {}  # no node is left behind
