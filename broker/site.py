@@ -149,7 +149,8 @@ async def _start_parts(config: Config) -> RunningSite:
             ports["tls"] = server.sockets[0].getsockname()[1]
         if listeners.ws.enable:
             runners.append(await start_websocket_listener(
-                listeners.ws.bind, listeners.ws.path, make, connections, max_connections))
+                listeners.ws.bind, listeners.ws.path, make, connections, max_connections,
+                limits.max_packet_size))
     except BaseException:
         for server in servers:
             server.close()
