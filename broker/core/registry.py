@@ -83,8 +83,7 @@ class SessionRegistry:
     def _lock(self, client_id: str) -> asyncio.Lock:
         return self._session_locks.setdefault(client_id, asyncio.Lock())
 
-    def _new_session(self, client_id: str, expiry_interval: int) -> Session:
-        durable = expiry_interval > 0 and self.limits.durable_sessions
+    def _new_session(self, client_id: str, expiry_interval: int, durable: bool) -> Session:
         return Session(client_id, durable=durable, expiry_interval=expiry_interval,
                        storage=self._storage, messages_db=self._messages_db,
                        max_queued=self.limits.max_queued, batch_size=self.limits.batch_size,
@@ -113,8 +112,11 @@ class SessionRegistry:
         session = self.sessions.get(client_id)
         if session is None and not clean_start:
             record = await self._store.load(client_id)
-            if record is not None and not record.expired(time.time()):
-                session = self._new_session(client_id, expiry_interval)
+            # Expiry 0 in a record: its connection was cut by a crash, and with it the
+            # session ended.
+            if record is not None and not record.expired(time.time()) \
+                    and record.expiry_interval > 0:
+                session = self._new_session(client_id, record.expiry_interval, True)
                 session.restore(record)
                 session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
@@ -125,10 +127,14 @@ class SessionRegistry:
             await self._store.delete(client_id)
             await self._store.forget_qos2(client_id)
         present = session is not None
+        durable = expiry_interval > 0 and self.limits.durable_sessions
         if session is None:
-            session = self._new_session(client_id, expiry_interval)
+            session = self._new_session(client_id, expiry_interval, durable)
             self.sessions[client_id] = session
-        session.configure(expiry_interval, expiry_interval > 0 and self.limits.durable_sessions)
+        # A stored session stays durable for the connection that resumes it, whatever
+        # expiry this CONNECT asks for: the new expiry applies when the connection ends
+        # (MQTT-3.1.2-4/5; close_session deletes the record then if it is 0).
+        session.configure(expiry_interval, durable or (present and session.durable))
         for subscription in session.subscriptions.values():
             self._dispatcher.route(session, subscription)
         self._update_gauges()
