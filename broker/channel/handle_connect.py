@@ -68,7 +68,9 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
         connack_properties.maximum_packet_size = limits.max_packet_size
         connack_properties.topic_alias_maximum = limits.topic_alias_maximum
         connack_properties.server_keep_alive = server_keepalive
-    channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     if session.durable:
+        # Before CONNACK: a client told its session is there finds it (and the ids of
+        # its inbound QoS 2 messages, loaded with it) after a crash too.
         await registry.persist(session)
+    channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     session.attach(channel)

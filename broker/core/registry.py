@@ -120,6 +120,9 @@ class SessionRegistry:
                 session.restore(record)
                 session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
+            elif record is not None:
+                # the ids of a session that ended must not pass for the new one's
+                await self._store.forget_qos2(client_id)
         if clean_start and session is not None:
             await self._discard(session)
             session = None
@@ -163,6 +166,7 @@ class SessionRegistry:
                 if stored:
                     async with session.persist_lock:
                         await self._store.delete(client_id)
+                await session.inbound_qos2_settled()  # or a late one outlives the forget
                 await self._store.forget_qos2(client_id)
                 if will is not None:
                     self._publish_will(client_id, session)
@@ -216,6 +220,7 @@ class SessionRegistry:
             del self.sessions[session.client_id]
         async with session.persist_lock:  # after any write of it already under way
             await self._store.delete(session.client_id)
+        await session.inbound_qos2_settled()
         await self._store.forget_qos2(session.client_id)
 
     def _cancel_timers(self, client_id: str) -> None:
@@ -261,6 +266,7 @@ class SessionRegistry:
                 await self._store.save(record)
             if record.expired(now):
                 await self._store.delete(record.client_id)
+                await self._store.forget_qos2(record.client_id)
                 removed += 1
         return removed
 

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
@@ -131,6 +131,9 @@ class Session:
         # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
         # storage (SessionStore.submit_qos2), loaded from there when a session is restored
         self._inbound_qos2: set[int] = set()
+        # ... and those whose store is under way: a resend (DUP) waits for it, on this
+        # connection or a later one, instead of storing the message a second time
+        self._inbound_qos2_storing: dict[int, asyncio.Future[Any]] = {}
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
@@ -216,8 +219,26 @@ class Session:
     def inbound_qos2_pending(self, packet_id: int) -> bool:
         return packet_id in self._inbound_qos2
 
-    def inbound_qos2_stored(self, packet_id: int) -> None:
-        self._inbound_qos2.add(packet_id)
+    def inbound_qos2_storing(self, packet_id: int, store: asyncio.Future[Any]) -> None:
+        """An inbound QoS 2 message is being stored with its packet id: the id counts
+        as received once the store succeeds, whatever becomes of the connection."""
+        self._inbound_qos2_storing[packet_id] = store
+        store.add_done_callback(lambda done: self._inbound_qos2_settled(packet_id, done))
+
+    def _inbound_qos2_settled(self, packet_id: int, store: asyncio.Future[Any]) -> None:
+        if self._inbound_qos2_storing.get(packet_id) is store:
+            del self._inbound_qos2_storing[packet_id]
+        if not store.cancelled() and store.exception() is None:
+            self._inbound_qos2.add(packet_id)
+
+    def inbound_qos2_store(self, packet_id: int) -> asyncio.Future[Any] | None:
+        """The store under way of the message with this packet id, if any."""
+        return self._inbound_qos2_storing.get(packet_id)
+
+    async def inbound_qos2_settled(self) -> None:
+        """Wait until no inbound QoS 2 store is under way (failed ones included)."""
+        while self._inbound_qos2_storing:
+            await asyncio.wait(list(self._inbound_qos2_storing.values()))
 
     def inbound_qos2_released(self, packet_id: int) -> None:
         self._inbound_qos2.discard(packet_id)
