@@ -124,6 +124,7 @@ class Session:
         self.will: WillRecord | None = None
         self.outlet: Outlet | None = None
         self.owner_epoch = 0
+        self.username: str | None = None  # the user it belongs to
         self.persist_lock = asyncio.Lock()
         # deliveries waiting for their packet identifiers to be saved (see pump)
         self._held: list[tuple[Delivery, int | None]] = []
@@ -176,12 +177,14 @@ class Session:
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
+            username=self.username,
         )
 
     def restore(self, record: SessionRecord) -> None:
         """Take over the state a durable session left in storage."""
         self.subscriptions = {s.key: s for s in record.subscriptions}
         self.owner_epoch = record.owner_epoch + 1
+        self.username = record.username
         # Messages past PUBREC are never published again: only their PUBREL is.
         placeholder = Message("", b"")
         for packet_id in record.pubrel_pending:
@@ -195,6 +198,16 @@ class Session:
     def configure(self, expiry_interval: int, durable: bool) -> None:
         self.expiry_interval = expiry_interval
         self.durable = durable
+
+    def set_owner(self, username: str | None) -> None:
+        self.username = username
+
+    def drop_subscriptions(self, allowed: Callable[[str], bool]) -> list[Subscription]:
+        """Remove the subscriptions whose filter (as the client wrote it) is no longer
+        allowed; returns them."""
+        denied = [key for key in self.subscriptions if not allowed(key)]
+        return [removed for key in denied
+                if (removed := self.unsubscribe(key)) is not None]
 
     def set_expiry_interval(self, expiry_interval: int) -> None:
         self.expiry_interval = expiry_interval
