@@ -151,7 +151,7 @@ async def _start_parts(config: Config) -> RunningSite:
         if listeners.ws.enable:
             runners.append(await start_websocket_listener(
                 listeners.ws.bind, listeners.ws.path, make, connections, max_connections,
-                backlog=listeners.backlog))
+                limits.max_packet_size, backlog=listeners.backlog))
     except BaseException:
         for server in servers:
             server.close()

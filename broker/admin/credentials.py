@@ -92,5 +92,6 @@ def load_or_create_token(path: Path) -> str:
         write_atomically(path, token + "\n")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot store the admin API token: {exc}") from exc
-    log.warning("admin API token generated: %s (stored in %s)", token, path)
+    # The path only: logs are read by more people than the 0600 file.
+    log.warning("admin API token generated and stored in %s", path)
     return token

@@ -115,6 +115,7 @@ class Channel:
         self.inbound_aliases: dict[int, str] = {}
         self.client_alias_maximum = 0
         self.inbound_qos_pending = 0
+        self.inbound_slot_freed = asyncio.Event()  # set as inbound_qos_pending falls
         self.closing = False
         self.will_on_close = True
         self._reader = PacketReader(limits.max_packet_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from ..core.registry import NotSessionOwner
 from ..mqtt import MQTT_5, Connack, Connect, Properties, ReasonCode
 from ..session.model import NEVER_EXPIRES, WillRecord
 from .properties import to_message_properties
@@ -52,7 +53,13 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
             (channel.keepalive == 0 and limits.max_keepalive < MAX_KEEPALIVE):
         channel.keepalive = server_keepalive = limits.max_keepalive
     registry = channel.broker.registry
-    session, present = await registry.open_session(channel, packet.clean_start, expiry)
+    try:
+        session, present = await registry.open_session(
+            channel, packet.clean_start, expiry, packet.username,
+            lambda topic_filter: channel.access.authorize_subscribe(
+                client_id, packet.username, topic_filter))
+    except NotSessionOwner:
+        channel.refuse(ReasonCode.NOT_AUTHORIZED)
     channel.session = session
     if packet.will is not None:
         will = packet.will
@@ -68,7 +75,9 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
         connack_properties.maximum_packet_size = limits.max_packet_size
         connack_properties.topic_alias_maximum = limits.topic_alias_maximum
         connack_properties.server_keep_alive = server_keepalive
-    channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     if session.durable:
+        # Before CONNACK: a client told its session is there finds it (and the ids of
+        # its inbound QoS 2 messages, loaded with it) after a crash too.
         await registry.persist(session)
+    channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     session.attach(channel)

@@ -55,7 +55,7 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         raise _fail(channel, ReasonCode.TOPIC_NAME_INVALID) from None
     if len(levels) > channel.limits.max_topic_levels:
         raise _fail(channel, ReasonCode.TOPIC_NAME_INVALID)
-    if packet.qos == 2 and session.inbound_qos2_pending(packet.packet_id or 0):
+    if packet.qos == 2 and await _received_before(channel, packet.packet_id or 0):
         channel.send(Pubrec(packet.packet_id or 0))  # a resend: stored already
         return
     if packet.qos > 0 and channel.level == MQTT_5 \
@@ -66,6 +66,7 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         MESSAGES_DROPPED.labels("not_authorized").inc()
         _ack(channel, packet, ReasonCode.NOT_AUTHORIZED)
         return
+    await _wait_for_room(channel, packet)
     message = Message(topic, packet.payload, channel.client_id, packet.qos, packet.retain,
                       to_message_properties(packet.properties))
     messages_received(packet.qos).inc()
@@ -79,12 +80,44 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         return
     channel.inbound_qos_pending += 1
     done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
+    if packet.qos == 2:
+        # before any later packet is read: a resend must find it
+        session.inbound_qos2_storing(packet.packet_id or 0, done)
     done.add_done_callback(lambda future: _stored(channel, packet, future))
+
+
+async def _wait_for_room(channel: Channel, packet: Publish) -> None:
+    """Back-pressure: the read loop takes nothing more from this client until its
+    PUBLISH can be taken. A 3.1.1 client is not told a Receive Maximum (an MQTT 5 one
+    exceeding it is disconnected above), so it waits for one of its unacknowledged
+    publishes to be stored; and any publisher waits while the write buffer of its
+    shard is full, rather than being refused."""
+    if packet.qos > 0:
+        while channel.inbound_qos_pending >= channel.limits.receive_maximum:
+            channel.inbound_slot_freed.clear()
+            await channel.inbound_slot_freed.wait()
+    await channel.broker.publisher.wait_for_room(channel.client_id)
+    if channel.closing:
+        raise ConnectionClosed()
+
+
+async def _received_before(channel: Channel, packet_id: int) -> bool:
+    """Whether a QoS 2 message with this packet id is stored already and awaits its
+    PUBREL. A resend of one whose store is under way waits for that store (and keeps
+    the packets after it waiting too, so their order holds)."""
+    session = channel.attached_session()
+    store = session.inbound_qos2_store(packet_id)
+    if store is not None:
+        await asyncio.wait([store])
+        if channel.closing:
+            raise ConnectionClosed()
+    return session.inbound_qos2_pending(packet_id)
 
 
 def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> None:
     """A QoS 1/2 message is durable (or failed): only now is it acknowledged."""
     channel.inbound_qos_pending -= 1
+    channel.inbound_slot_freed.set()
     if channel.closing:
         return
     if future.cancelled() or future.exception() is not None:
@@ -93,9 +126,6 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
         channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         channel.close_transport()
         return
-    if packet.qos == 2:
-        # its packet id was recorded with it: a resend is now recognised
-        channel.attached_session().inbound_qos2_stored(packet.packet_id or 0)
     _ack(channel, packet, ReasonCode.SUCCESS)
 
 

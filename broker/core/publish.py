@@ -61,6 +61,11 @@ class Publisher:
                 waits.append(task)
         return waits
 
+    async def wait_for_room(self, client_id: str) -> None:
+        """Return once the write buffer that takes `client_id`'s messages has room
+        (at once when it has)."""
+        await self._messages.wait_for_room(client_id)
+
     def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
         """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
         reuse it."""

@@ -9,14 +9,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..ds import DurableStorage
 from ..metrics import IN_FLIGHT, SESSIONS
 from ..mqtt.reason_codes import ReasonCode
-from ..session.model import NEVER_EXPIRES
+from ..session.model import NEVER_EXPIRES, SessionRecord
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..supervise import note_task_failure, supervise
@@ -24,6 +24,16 @@ from .dispatch import Dispatcher
 from .publish import Publisher
 
 log = logging.getLogger(__name__)
+
+class NotSessionOwner(Exception):
+    """The session of this client id belongs to another user."""
+
+
+def _resumable(record: SessionRecord) -> bool:
+    # Expiry 0 in a record: its connection was cut by a crash, and with it the
+    # session ended.
+    return not record.expired(time.time()) and record.expiry_interval > 0
+
 
 class Owner(Protocol):
     """What the registry needs of the client connection that holds a session."""
@@ -125,41 +135,62 @@ class SessionRegistry:
             if entry.users == 0:
                 del self._session_locks[client_id]
 
-    def _new_session(self, client_id: str, expiry_interval: int) -> Session:
-        durable = expiry_interval > 0 and self.limits.durable_sessions
+    def _new_session(self, client_id: str, expiry_interval: int, durable: bool) -> Session:
         return Session(client_id, durable=durable, expiry_interval=expiry_interval,
                        storage=self._storage, messages_db=self._messages_db,
                        max_queued=self.limits.max_queued, batch_size=self.limits.batch_size,
                        idle_poll_interval=self.limits.idle_poll_interval,
                        persist=self.persist, on_shared_loss=self._dispatcher.on_shared_loss)
 
-    async def open_session(self, connection: Owner, clean_start: bool,
-                           expiry_interval: int) -> tuple[Session, bool]:
-        """Give a new connection its session; returns (session, session present)."""
+    async def open_session(self, connection: Owner, clean_start: bool, expiry_interval: int,
+                           username: str | None,
+                           may_subscribe: Callable[[str], bool]) -> tuple[Session, bool]:
+        """Give a new connection its session; returns (session, session present).
+
+        Raises NotSessionOwner, before anything is done to the session or the
+        connection holding it, when the session belongs to another user. A resumed
+        session keeps only the subscriptions `may_subscribe` still allows."""
         client_id = connection.client_id
         while True:
             async with self._lock(client_id):
+                session = self.sessions.get(client_id)
+                record = None
+                ended = False  # a record is left of a session that has ended
+                if session is None:
+                    record = await self._store.load(client_id)
+                    if record is not None and not _resumable(record):
+                        record, ended = None, True
+                owner = session.username if session is not None \
+                    else record.username if record is not None else username
+                if owner != username:
+                    raise NotSessionOwner(client_id)
                 previous = self.connections.get(client_id)
                 if previous is None or previous is connection:
                     self.connections[client_id] = connection
-                    return await self._open_session_locked(client_id, clean_start,
-                                                           expiry_interval)
+                    return await self._open_session_locked(
+                        client_id, clean_start, expiry_interval, username, may_subscribe,
+                        record, ended)
             # Outside the lock: the old connection's close_session needs it.
             await previous.kick(ReasonCode.SESSION_TAKEN_OVER)
             if self.connections.get(client_id) is previous:  # it ended without a session
                 del self.connections[client_id]
 
     async def _open_session_locked(self, client_id: str, clean_start: bool,
-                                   expiry_interval: int) -> tuple[Session, bool]:
+                                   expiry_interval: int, username: str | None,
+                                   may_subscribe: Callable[[str], bool],
+                                   record: SessionRecord | None,
+                                   ended: bool) -> tuple[Session, bool]:
         self._cancel_timers(client_id)
         session = self.sessions.get(client_id)
         if session is None and not clean_start:
-            record = await self._store.load(client_id)
-            if record is not None and not record.expired(time.time()):
-                session = self._new_session(client_id, expiry_interval)
+            if record is not None:
+                session = self._new_session(client_id, record.expiry_interval, True)
                 session.restore(record)
                 session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
+            elif ended:
+                # the ids of a session that ended must not pass for the new one's
+                await self._store.forget_qos2(client_id)
         if clean_start and session is not None:
             await self._discard(session)
             session = None
@@ -167,10 +198,18 @@ class SessionRegistry:
             await self._store.delete(client_id)
             await self._store.forget_qos2(client_id)
         present = session is not None
+        durable = expiry_interval > 0 and self.limits.durable_sessions
         if session is None:
-            session = self._new_session(client_id, expiry_interval)
+            session = self._new_session(client_id, expiry_interval, durable)
+            session.set_owner(username)
             self.sessions[client_id] = session
-        session.configure(expiry_interval, expiry_interval > 0 and self.limits.durable_sessions)
+        else:
+            # the ACL may have changed since the session subscribed
+            session.drop_subscriptions(may_subscribe)
+        # A stored session stays durable for the connection that resumes it, whatever
+        # expiry this CONNECT asks for: the new expiry applies when the connection ends
+        # (MQTT-3.1.2-4/5; close_session deletes the record then if it is 0).
+        session.configure(expiry_interval, durable or (present and session.durable))
         for subscription in session.subscriptions.values():
             self._dispatcher.route(session, subscription)
         return session, present
@@ -198,6 +237,7 @@ class SessionRegistry:
                 if stored:
                     async with session.persist_lock:
                         await self._store.delete(client_id)
+                await session.inbound_qos2_settled()  # or a late one outlives the forget
                 await self._store.forget_qos2(client_id)
                 if will is not None:
                     self._publish_will(client_id, session)
@@ -247,6 +287,7 @@ class SessionRegistry:
             del self.sessions[session.client_id]
         async with session.persist_lock:  # after any write of it already under way
             await self._store.delete(session.client_id)
+        await session.inbound_qos2_settled()
         await self._store.forget_qos2(session.client_id)
 
     def _cancel_timers(self, client_id: str) -> None:
@@ -291,6 +332,7 @@ class SessionRegistry:
                 await self._store.save(record)
             if record.expired(now):
                 await self._store.delete(record.client_id)
+                await self._store.forget_qos2(record.client_id)
                 removed += 1
         return removed
 

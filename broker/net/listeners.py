@@ -89,11 +89,15 @@ async def start_stream_listener(name: str, bind: str,
 async def start_websocket_listener(bind: str, path: str,
                                    make: Callable[[Transport, str, str], EndpointT],
                                    connections: set[EndpointT],
-                                   max_connections: int, backlog: int = 4096) -> web.AppRunner:
+                                   max_connections: int, max_packet_size: int,
+                                   backlog: int = 4096) -> web.AppRunner:
     async def handle(request: web.Request) -> web.StreamResponse:
         if len(connections) >= max_connections:
             raise web.HTTPServiceUnavailable(text="too many connections")
-        socket = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"), max_msg_size=0)
+        # A frame carries at most one packet's worth: aiohttp refuses a frame as soon
+        # as its header announces a length >= max_msg_size, before buffering it.
+        socket = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"),
+                                       max_msg_size=max_packet_size + 1)
         await socket.prepare(request)
         connection = make(WebSocketTransport(socket), "ws", str(request.remote))
         connections.add(connection)

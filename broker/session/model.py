@@ -85,6 +85,7 @@ class SessionRecord:
     will: WillRecord | None = None
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0
+    username: str | None = None  # who made it: only they may resume it
 
     def expired(self, now: float) -> bool:
         return self.disconnected_at is not None and \

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
@@ -125,6 +125,7 @@ class Session:
         self.will: WillRecord | None = None
         self.outlet: Outlet | None = None
         self.owner_epoch = 0
+        self.username: str | None = None  # the user it belongs to
         self.persist_lock = asyncio.Lock()
         # deliveries waiting for their packet identifiers to be saved (see pump)
         self._held: list[tuple[Delivery, int | None]] = []
@@ -132,6 +133,9 @@ class Session:
         # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
         # storage (SessionStore.submit_qos2), loaded from there when a session is restored
         self._inbound_qos2: set[int] = set()
+        # ... and those whose store is under way: a resend (DUP) waits for it, on this
+        # connection or a later one, instead of storing the message a second time
+        self._inbound_qos2_storing: dict[int, asyncio.Future[Any]] = {}
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
@@ -174,12 +178,14 @@ class Session:
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
+            username=self.username,
         )
 
     def restore(self, record: SessionRecord) -> None:
         """Take over the state a durable session left in storage."""
         self.subscriptions = {s.key: s for s in record.subscriptions}
         self.owner_epoch = record.owner_epoch + 1
+        self.username = record.username
         # Messages past PUBREC are never published again: only their PUBREL is.
         placeholder = Message("", b"")
         for packet_id in record.pubrel_pending:
@@ -193,6 +199,16 @@ class Session:
     def configure(self, expiry_interval: int, durable: bool) -> None:
         self.expiry_interval = expiry_interval
         self.durable = durable
+
+    def set_owner(self, username: str | None) -> None:
+        self.username = username
+
+    def drop_subscriptions(self, allowed: Callable[[str], bool]) -> list[Subscription]:
+        """Remove the subscriptions whose filter (as the client wrote it) is no longer
+        allowed; returns them."""
+        denied = [key for key in self.subscriptions if not allowed(key)]
+        return [removed for key in denied
+                if (removed := self.unsubscribe(key)) is not None]
 
     def set_expiry_interval(self, expiry_interval: int) -> None:
         self.expiry_interval = expiry_interval
@@ -217,8 +233,26 @@ class Session:
     def inbound_qos2_pending(self, packet_id: int) -> bool:
         return packet_id in self._inbound_qos2
 
-    def inbound_qos2_stored(self, packet_id: int) -> None:
-        self._inbound_qos2.add(packet_id)
+    def inbound_qos2_storing(self, packet_id: int, store: asyncio.Future[Any]) -> None:
+        """An inbound QoS 2 message is being stored with its packet id: the id counts
+        as received once the store succeeds, whatever becomes of the connection."""
+        self._inbound_qos2_storing[packet_id] = store
+        store.add_done_callback(lambda done: self._inbound_qos2_settled(packet_id, done))
+
+    def _inbound_qos2_settled(self, packet_id: int, store: asyncio.Future[Any]) -> None:
+        if self._inbound_qos2_storing.get(packet_id) is store:
+            del self._inbound_qos2_storing[packet_id]
+        if not store.cancelled() and store.exception() is None:
+            self._inbound_qos2.add(packet_id)
+
+    def inbound_qos2_store(self, packet_id: int) -> asyncio.Future[Any] | None:
+        """The store under way of the message with this packet id, if any."""
+        return self._inbound_qos2_storing.get(packet_id)
+
+    async def inbound_qos2_settled(self) -> None:
+        """Wait until no inbound QoS 2 store is under way (failed ones included)."""
+        while self._inbound_qos2_storing:
+            await asyncio.wait(list(self._inbound_qos2_storing.values()))
 
     def inbound_qos2_released(self, packet_id: int) -> None:
         self._inbound_qos2.discard(packet_id)

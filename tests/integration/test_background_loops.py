@@ -16,7 +16,7 @@ from stratamq.broker.core.broker import Broker
 from stratamq.broker.core.registry import SessionLimits
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.session.model import SessionRecord
-from tests.support import run
+from tests.support.storage import run
 
 TIMEOUT = 30.0
 

@@ -13,7 +13,7 @@ from stratamq.broker.core.broker import Broker
 from stratamq.broker.core.registry import SessionLimits
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.session.session import Session
-from tests.support import run
+from tests.support.storage import run
 
 CLIENTS = 300
 
@@ -30,7 +30,7 @@ class Connection:
 
     async def open(self, clean_start: bool, expiry: int) -> None:
         self.session, _present = await self.broker.registry.open_session(
-            self, clean_start, expiry)
+            self, clean_start, expiry, username=None, may_subscribe=lambda _filter: True)
 
     async def close(self) -> None:
         assert self.session is not None

@@ -7,12 +7,14 @@ its queued messages are untouched, and the owner can still resume it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from stratamq.broker.auth.passwords import set_password
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Packet, Properties, Publish
-from tests.support.clients import RawClient, unique
+from tests.support.clients import RawClient, admin_get, unique
 from tests.support.harness import BrokerProcess, running_broker
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_3_1_1: 5}
@@ -108,3 +110,35 @@ def test_the_owner_can_still_take_over_her_own_session(broker: BrokerProcess) ->
     assert (code, present) == (0, True)
     assert [getattr(p, "reason_code", None) for p in first.wait_closed()] == [0x8E]
     second.disconnect()
+
+
+def test_resumed_subscriptions_are_checked_against_the_acl_again(
+        tmp_path: Path) -> None:
+    """A rule added while a durable session was away applies to its stored
+    subscriptions: on resume the denied ones are dropped, the others kept."""
+    passwords = tmp_path / "passwd"
+    set_password(passwords, "alice", "alice-secret", "pbkdf2", iterations=1000)
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(yaml.safe_dump([]))
+    config = {"access_control": {"allow_anonymous": False, "password_file": str(passwords),
+                                 "acl_file": str(acl), "acl_no_match": "allow"}}
+    client_id = unique("acl-resume")
+    process = BrokerProcess(tmp_path, config).start()
+    try:
+        alice, code, _ = connect(process, "alice", client_id, MQTT_5)
+        assert code == 0
+        assert alice.subscribe("news/#", 1).reason_codes == [1]
+        assert alice.subscribe("open/x", 1).reason_codes == [1]
+        alice.disconnect()
+        assert process.stop() == 0
+        acl.write_text(yaml.safe_dump([
+            {"permission": "deny", "action": "subscribe", "topics": ["news/#"]}]))
+        process.start()
+        alice, code, present = connect(process, "alice", client_id, MQTT_5)
+        assert (code, present) == (0, True)
+        kept = [s["topic_filter"] for s in admin_get(process, "/api/v1/subscriptions")["data"]
+                if s["client_id"] == client_id]
+        assert kept == ["open/x"]
+        alice.disconnect()
+    finally:
+        process.kill()

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from stratamq.broker.supervise import supervise
-from tests.support import run
+from tests.support.storage import run
 
 
 def failures(loop: str) -> float:
