@@ -1,5 +1,6 @@
-"""The commit feed to sessions: each committed message goes to the sessions whose
-subscriptions match it, and to one member of each matching shared group."""
+"""The commit feed to sessions: each committed message goes once to each session
+with a subscription that matches it (the session merges overlapping subscriptions
+into one delivery), and to one member of each matching shared group."""
 
 from __future__ import annotations
 
@@ -45,14 +46,14 @@ class Dispatcher:
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
             stream = Stream(cooked.shard, cooked.generation, static)
+            sessions: dict[Session, None] = {}  # each once, in match order
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
                     self._deliver_shared(subscriber, message)
                 else:
-                    session, key = subscriber
-                    subscription = session.subscriptions.get(key)
-                    if subscription is not None:
-                        session.on_feed(subscription, stream, message)
+                    sessions[subscriber[0]] = None
+            for session in sessions:
+                session.on_feed(stream, message)
 
     def _deliver_shared(self, group: SharedGroup, message: Message,
                         exclude: Session | None = None) -> None:

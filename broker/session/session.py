@@ -2,6 +2,9 @@
 durable session) one cursor per (subscription, stream) that replays from storage
 until it has caught up and then takes the live commit feed.
 
+A message that matches several subscriptions of a session is delivered once, at the
+highest QoS they grant, with all their identifiers.
+
 The connection it is attached to is an `Outlet`; with none attached a durable session
 stays in storage only (nothing queues in memory for it)."""
 
@@ -11,12 +14,13 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..metrics import MESSAGES_DROPPED
+from ..topic import topic_matches
 from .expiry import is_expired
 from .model import (
     CursorState,
@@ -30,6 +34,9 @@ from .model import (
 log = logging.getLogger(__name__)
 
 MAX_PACKET_ID = 0xFFFF
+_T = TypeVar("_T")
+# Topics whose routes a session remembers (oldest forgotten first).
+ROUTE_CACHE_SIZE = 256
 
 
 class Outlet(Protocol):
@@ -154,6 +161,9 @@ class Session:
         self._persist_task: asyncio.Task[None] | None = None
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
+        # Per topic, the subscriptions a message on it goes through; valid for one
+        # set of subscriptions.
+        self._routes: dict[str, list[Subscription]] = {}
 
     # -- persisted form -----------------------------------------------------------
 
@@ -226,6 +236,7 @@ class Session:
 
     def subscribe(self, subscription: Subscription) -> bool:
         """Add or replace a subscription; True when it is new."""
+        self._routes.clear()
         is_new = subscription.key not in self.subscriptions
         if not is_new:
             subscription.since = self.subscriptions[subscription.key].since
@@ -235,6 +246,7 @@ class Session:
         return is_new
 
     def unsubscribe(self, key: str) -> Subscription | None:
+        self._routes.clear()
         subscription = self.subscriptions.pop(key, None)
         if subscription is not None:
             for cursor_id in [k for k, c in self._cursors.items()
@@ -355,17 +367,23 @@ class Session:
 
     # -- the live feed ------------------------------------------------------------
 
-    def on_feed(self, subscription: Subscription, stream: Stream, message: Message) -> None:
-        """A committed message that matches one of this session's subscriptions."""
-        if subscription.no_local and message.client_id == self.client_id:
+    def on_feed(self, stream: Stream, message: Message) -> None:
+        """A committed message that matches at least one of this session's
+        subscriptions (the commit feed calls this once per session and message)."""
+        if self.outlet is None and not self.durable:
             return
-        if not self.durable:
-            if self.outlet is not None:
-                self.offer(self._delivery(subscription, message))
+        routes = self._routes_for(message.topic)
+        if not routes:
             return
-        cursor = self._cursor_for(subscription, stream)
-        if cursor is None:
+        if self.durable:
+            for subscription in routes:
+                cursor = self._cursor_for(subscription, stream)
+                if cursor is not None:
+                    self._feed_cursor(cursor, message)
             return
+        self._offer_live(routes, message)
+
+    def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._blocked(cursor) \
                 and len(self._queue) < self._max_queued and self.outlet is not None:
             if message.timestamp > cursor.last_handed:
@@ -375,23 +393,68 @@ class Session:
             cursor.dirty = True
             self._wake.set()
 
-    def _delivery(self, subscription: Subscription, message: Message) -> Delivery:
-        return Delivery(message, min(message.qos, subscription.qos),
-                        message.retain and subscription.retain_as_published,
-                        (subscription.identifier,) if subscription.identifier else ())
+    def _offer_live(self, routes: list[Subscription], message: Message) -> None:
+        """A transient session's live delivery."""
+        receivers = [subscription for subscription in routes
+                     if not (subscription.no_local and message.client_id == self.client_id)]
+        if receivers:
+            self.offer(self._delivery(receivers, message))
+
+    # -- routes -------------------------------------------------------------------
+
+    def _routes_for(self, topic: str) -> list[Subscription]:
+        """The subscriptions (not shared) a message on the topic reaches this session
+        through, in key order."""
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = self._matching(topic)
+            _remember(self._routes, topic, routes)
+        return routes
+
+    def _matching(self, topic: str) -> list[Subscription]:
+        return sorted((subscription for subscription in self.subscriptions.values()
+                       if subscription.share_group is None
+                       and topic_matches(subscription.topic_filter, topic)),
+                      key=lambda subscription: subscription.key)
+
+    def _receivers(self, message: Message) -> list[Subscription]:
+        """The subscriptions a message read from storage is delivered through: those
+        it reaches, made before it, without no local excluding it."""
+        return [subscription for subscription in self._routes_for(message.topic)
+                if subscription.since <= message.timestamp
+                and not (subscription.no_local and message.client_id == self.client_id)]
+
+    def _delivery(self, receivers: Sequence[Subscription], message: Message) -> Delivery:
+        """One copy for all the subscriptions: at the highest QoS they grant, with
+        all their identifiers (MQTT-3.3.4-2, 3.3.4-4)."""
+        return Delivery(message, max(min(message.qos, s.qos) for s in receivers),
+                        message.retain and any(s.retain_as_published for s in receivers),
+                        tuple(s.identifier for s in receivers if s.identifier))
 
     def _offer_durable(self, cursor: Cursor, message: Message) -> None:
-        if cursor.subscription.no_local and message.client_id == self.client_id:
-            cursor.handed_out(message.timestamp)
-            cursor.done(message.timestamp)
+        """Offer a message a cursor has reached. When several subscriptions reach it,
+        the cursor of the first of them delivers it and the others pass it by; so
+        does every cursor when no subscription may deliver it (no local): it is
+        skipped, never blocking the cursor. A resend keeps its packet identifier and
+        goes out through the cursor it was first sent from."""
+        timestamp = message.timestamp
+        packet_id = self._resend.pop((cursor.key, timestamp), None)
+        receivers = self._receivers(message)
+        keys = [subscription.key for subscription in receivers]
+        own_key = cursor.subscription.key
+        delivers = bool(keys) and (keys[0] == own_key
+                                   or (packet_id is not None and own_key in keys))
+        cursor.handed_out(timestamp)
+        if not delivers:
+            if packet_id is not None:
+                self._reserved_ids.discard(packet_id)
+            cursor.done(timestamp)
             return
-        delivery = self._delivery(cursor.subscription, message)
+        delivery = self._delivery(receivers, message)
         delivery.cursor = cursor
-        packet_id = self._resend.pop((cursor.key, message.timestamp), None)
         if packet_id is not None:
             delivery.packet_id = packet_id
             delivery.dup = True
-        cursor.handed_out(message.timestamp)
         self.offer(delivery)
 
     # -- sending ------------------------------------------------------------------
@@ -629,3 +692,9 @@ class Session:
     async def persist_now(self) -> None:
         if self.durable:
             await self._persist(self)
+
+
+def _remember(cache: dict[str, _T], topic: str, value: _T) -> None:
+    if len(cache) >= ROUTE_CACHE_SIZE:
+        del cache[next(iter(cache))]  # the oldest
+    cache[topic] = value
