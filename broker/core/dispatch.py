@@ -1,6 +1,7 @@
 """The commit feed to sessions: each committed message goes once to each session
 with a subscription that matches it (the session merges overlapping subscriptions
-into one delivery), and to one member of each matching shared group."""
+into one delivery), and to one member of each matching shared group that the ACL
+lets receive it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ class SharedGroup:
     def key(self) -> str:
         return f"{self.name}/{self.topic_filter}"
 
-    def pick(self, exclude: Session | None = None) -> tuple[Session, Subscription] | None:
-        candidates = [m for m in self.members if m[0].outlet is not None and m[0] is not exclude]
+    def pick(self, message: Message,
+             exclude: Session | None = None) -> tuple[Session, Subscription] | None:
+        candidates = [(session, subscription) for session, subscription in self.members
+                      if session is not exclude and session.may_receive(subscription, message)]
         if not candidates:
             return None
         return candidates[next(self._turn) % len(candidates)]
@@ -57,7 +60,7 @@ class Dispatcher:
 
     def _deliver_shared(self, group: SharedGroup, message: Message,
                         exclude: Session | None = None) -> None:
-        picked = group.pick(exclude)
+        picked = group.pick(message, exclude)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
             return

@@ -3,7 +3,8 @@ durable session) one cursor per (subscription, stream) that replays from storage
 until it has caught up and then takes the live commit feed.
 
 A message that matches several subscriptions of a session is delivered once, at the
-highest QoS they grant, with all their identifiers.
+highest QoS they grant, with all their identifiers; each delivery is checked against
+the ACL of the connection (the filter as subscribed, and the topic).
 
 The connection it is attached to is an `Outlet`; with none attached a durable session
 stays in storage only (nothing queues in memory for it)."""
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_PACKET_ID = 0xFFFF
 _T = TypeVar("_T")
-# Topics whose routes a session remembers (oldest forgotten first).
+# Topics whose routes and ACL decisions a session remembers (oldest forgotten first).
 ROUTE_CACHE_SIZE = 256
 
 
@@ -49,6 +50,15 @@ class Outlet(Protocol):
         ...
 
     def send_pubrel(self, packet_id: int) -> None: ...
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """Whether the ACL lets the client hold this subscription (as subscribed)."""
+        ...
+
+    def may_receive(self, topic: str) -> bool:
+        """Whether the ACL lets a message on this topic reach the client through a
+        subscription it may hold."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -161,9 +171,12 @@ class Session:
         self._persist_task: asyncio.Task[None] | None = None
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
-        # Per topic, the subscriptions a message on it goes through; valid for one
-        # set of subscriptions.
+        # Per topic, the subscriptions a message on it goes through (ACL applied);
+        # valid for one outlet and one set of subscriptions.
         self._routes: dict[str, list[Subscription]] = {}
+        self._topic_allowed: dict[str, bool] = {}
+        self._filter_allowed: dict[str, bool] = {}
+        self._decided_for: Outlet | None = None
 
     # -- persisted form -----------------------------------------------------------
 
@@ -400,22 +413,62 @@ class Session:
         if receivers:
             self.offer(self._delivery(receivers, message))
 
-    # -- routes -------------------------------------------------------------------
+    # -- routes and access --------------------------------------------------------
 
     def _routes_for(self, topic: str) -> list[Subscription]:
         """The subscriptions (not shared) a message on the topic reaches this session
-        through, in key order."""
+        through, in key order, those the ACL refuses left out. Without a connection
+        no ACL can be asked, nothing is delivered, and the matches are not cached."""
+        if self.outlet is None:
+            return self._matching(topic)
+        self._decide_for_outlet()
         routes = self._routes.get(topic)
         if routes is None:
-            routes = self._matching(topic)
+            routes = [subscription for subscription in self._matching(topic)
+                      if self._may_hold(subscription)] if self._may_see(topic) else []
             _remember(self._routes, topic, routes)
         return routes
+
+    def _decide_for_outlet(self) -> None:
+        """Decisions hold for the connection they were made for; another one (maybe
+        another user) has everything decided again."""
+        if self._decided_for is not self.outlet:
+            self._routes.clear()
+            self._topic_allowed.clear()
+            self._filter_allowed.clear()
+            self._decided_for = self.outlet
 
     def _matching(self, topic: str) -> list[Subscription]:
         return sorted((subscription for subscription in self.subscriptions.values()
                        if subscription.share_group is None
                        and topic_matches(subscription.topic_filter, topic)),
                       key=lambda subscription: subscription.key)
+
+    def _may_hold(self, subscription: Subscription) -> bool:
+        """The subscription is checked again on delivery: a resumed one was granted
+        on an earlier connection, maybe under other rules."""
+        assert self.outlet is not None
+        allowed = self._filter_allowed.get(subscription.key)
+        if allowed is None:
+            allowed = self._filter_allowed[subscription.key] = \
+                self.outlet.may_subscribe(subscription.key)
+        return allowed
+
+    def _may_see(self, topic: str) -> bool:
+        assert self.outlet is not None
+        allowed = self._topic_allowed.get(topic)
+        if allowed is None:
+            allowed = self.outlet.may_receive(topic)
+            _remember(self._topic_allowed, topic, allowed)
+        return allowed
+
+    def may_receive(self, subscription: Subscription, message: Message) -> bool:
+        """Whether the ACL lets this session's connection receive the message through
+        the subscription (a shared one included)."""
+        if self.outlet is None:
+            return False
+        self._decide_for_outlet()
+        return self._may_hold(subscription) and self._may_see(message.topic)
 
     def _receivers(self, message: Message) -> list[Subscription]:
         """The subscriptions a message read from storage is delivered through: those
@@ -434,7 +487,7 @@ class Session:
     def _offer_durable(self, cursor: Cursor, message: Message) -> None:
         """Offer a message a cursor has reached. When several subscriptions reach it,
         the cursor of the first of them delivers it and the others pass it by; so
-        does every cursor when no subscription may deliver it (no local): it is
+        does every cursor when no subscription may deliver it (no local, ACL): it is
         skipped, never blocking the cursor. A resend keeps its packet identifier and
         goes out through the cursor it was first sent from."""
         timestamp = message.timestamp
@@ -460,10 +513,15 @@ class Session:
     # -- sending ------------------------------------------------------------------
 
     def offer(self, delivery: Delivery) -> None:
-        """Queue a delivery and send what the window allows."""
+        """Queue a delivery and send what the window allows. The ACL is asked once
+        more here, for deliveries that come from elsewhere (retained messages)."""
         if self.outlet is None:
             if delivery.share_group is not None:
                 self._on_shared_loss(delivery)
+            return
+        self._decide_for_outlet()
+        if not self._may_see(delivery.message.topic):
+            self._finished(delivery)
             return
         if len(self._queue) >= self._max_queued and delivery.cursor is None \
                 and not self._make_room(delivery):
