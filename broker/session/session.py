@@ -2,6 +2,11 @@
 durable session) one cursor per (subscription, stream) that replays from storage
 until it has caught up and then takes the live commit feed.
 
+A transient session takes the live feed into its queue. When a QoS 1/2 message finds
+the queue full, the session does not drop it: it opens in-memory cursors on that
+stream from that message on and reads from storage like a durable session until it
+has caught up. Only QoS 0 messages are ever dropped for a full queue (counted).
+
 A message that matches several subscriptions of a session is delivered once, at the
 highest QoS they grant, with all their identifiers; each delivery is checked against
 the ACL of the connection (the filter as subscribed, and the topic).
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
+from ..errors import InvalidIteratorError
 from ..metrics import MESSAGES_DROPPED
 from ..topic import topic_matches
 from .expiry import is_expired
@@ -394,7 +400,11 @@ class Session:
                 if cursor is not None:
                     self._feed_cursor(cursor, message)
             return
-        self._offer_live(routes, message)
+        if self._cursors and any(self._reads_from_storage(subscription, stream)
+                                 for subscription in routes):
+            self._catch_up(routes, stream, message)
+            return
+        self._offer_live(routes, stream, message)
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._blocked(cursor) \
@@ -406,12 +416,62 @@ class Session:
             cursor.dirty = True
             self._wake.set()
 
-    def _offer_live(self, routes: list[Subscription], message: Message) -> None:
-        """A transient session's live delivery."""
+    def _offer_live(self, routes: list[Subscription], stream: Stream,
+                    message: Message) -> None:
+        """A transient session's live delivery. With the queue full, a QoS 0 message
+        already queued makes room (or the new QoS 0 message is dropped), counted; a
+        QoS 1/2 message sends this stream's readers to storage from it on."""
         receivers = [subscription for subscription in routes
                      if not (subscription.no_local and message.client_id == self.client_id)]
-        if receivers:
-            self.offer(self._delivery(receivers, message))
+        if not receivers:
+            return
+        delivery = self._delivery(receivers, message)
+        if len(self._queue) >= self._max_queued and not self._make_room():
+            if delivery.qos == 0:
+                MESSAGES_DROPPED.labels("queue_full").inc()
+            else:
+                self._catch_up(routes, stream, message)
+            return
+        self._queue.append(delivery)
+        self.pump()
+
+    def _reads_from_storage(self, subscription: Subscription, stream: Stream) -> bool:
+        """Whether a transient session reads this stream of the subscription from
+        storage: it has a cursor on it, or on an older generation of its shard that
+        has not ended (generations are read in order)."""
+        if cursor_key(subscription.topic_filter, stream) in self._cursors:
+            return True
+        return any(cursor.subscription.key == subscription.key
+                   and cursor.stream.shard == stream.shard
+                   and cursor.stream.generation < stream.generation and not cursor.ended
+                   for cursor in self._cursors.values())
+
+    def _catch_up(self, routes: list[Subscription], stream: Stream, message: Message) -> None:
+        """Feed the message to a transient session's cursors on its stream; a
+        subscription without one gets one that starts at this message. Every
+        message after it on the stream reaches the subscription through the cursor,
+        so there is no gap and, with its position, no duplicate."""
+        for subscription in routes:
+            key = cursor_key(subscription.topic_filter, stream)
+            cursor = self._cursors.get(key)
+            if cursor is None:
+                cursor = self._catch_up_cursor(key, subscription, stream, message.timestamp)
+            if cursor is not None:
+                self._feed_cursor(cursor, message)
+        if self._replayer is None and self.outlet is not None:
+            self._replayer = asyncio.create_task(self._replay(),
+                                                 name=f"catch-up-{self.client_id}")
+
+    def _catch_up_cursor(self, key: str, subscription: Subscription, stream: Stream,
+                         timestamp: int) -> Cursor | None:
+        try:
+            iterator = self._storage.make_iterator(self._db, stream, subscription.topic_filter,
+                                                   timestamp)
+        except InvalidIteratorError:  # its generation was dropped: nothing left to read
+            return None
+        cursor = Cursor(key, subscription, stream, iterator, CursorState(timestamp - 1))
+        self._cursors[key] = cursor
+        return cursor
 
     # -- routes and access --------------------------------------------------------
 
@@ -524,19 +584,19 @@ class Session:
             self._finished(delivery)
             return
         if len(self._queue) >= self._max_queued and delivery.cursor is None \
-                and not self._make_room(delivery):
+                and not self._make_room():
+            MESSAGES_DROPPED.labels("queue_full").inc()
             return
         self._queue.append(delivery)
         self.pump()
 
-    def _make_room(self, delivery: Delivery) -> bool:
-        """A full queue of a transient session drops QoS 0 first (counted)."""
+    def _make_room(self) -> bool:
+        """Push the oldest queued QoS 0 message of the live feed out (counted)."""
         for index, queued in enumerate(self._queue):
             if queued.qos == 0 and queued.cursor is None:
                 del self._queue[index]
                 MESSAGES_DROPPED.labels("queue_full").inc()
                 return True
-        MESSAGES_DROPPED.labels("queue_full").inc()
         return False
 
     def pump(self) -> None:
