@@ -493,10 +493,14 @@ class Session:
         """Decisions hold for the connection they were made for; another one (maybe
         another user) has everything decided again."""
         if self._decided_for is not self.outlet:
-            self._routes.clear()
-            self._topic_allowed.clear()
-            self._filter_allowed.clear()
+            self._forget_decisions()
             self._decided_for = self.outlet
+
+    def _forget_decisions(self) -> None:
+        self._routes.clear()
+        self._topic_allowed.clear()
+        self._filter_allowed.clear()
+        self._decided_for = None  # and the connection they were made for
 
     def _matching(self, topic: str) -> list[Subscription]:
         return sorted((subscription for subscription in self.subscriptions.values()
@@ -754,6 +758,7 @@ class Session:
         self.outlet = None
         self._wake.set()
         self._held.clear()  # in flight already, or QoS 0
+        self._forget_decisions()
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
