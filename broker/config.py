@@ -264,8 +264,9 @@ class MqttConfig(_Section):
     max_topic_levels: PositiveInt = 128
     # Outbound QoS 1/2 messages in flight per client (also capped by its Receive Maximum).
     max_inflight: Annotated[int, Field(ge=1, le=65535)] = 32
-    # Messages queued per client beyond the in-flight window (transient sessions drop
-    # QoS 0 first when full; durable sessions leave the rest in storage).
+    # Messages queued per client beyond the in-flight window. When it is full, QoS 0
+    # messages are dropped (counted); QoS 1/2 ones wait in storage and are read from
+    # there once there is room again (transient and durable sessions alike).
     max_queued_messages: PositiveInt = 1000
     # Inbound QoS 1/2 messages a client may have unacknowledged (MQTT 5 Receive Maximum).
     receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 128

@@ -188,3 +188,8 @@ class AccessControl:
                             topic_filter: str) -> bool:
         """Whether the client may subscribe to the filter (an invalid one: no)."""
         return self.acl.allows("subscribe", client_id, username, topic_filter)
+
+    def authorize_delivery(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether a message on the topic name may reach the client through a
+        subscription `authorize_subscribe` allows (subscribe rules on every delivery)."""
+        return self.acl.allows_delivery(client_id, username, topic)

@@ -31,6 +31,13 @@ i.e. every topic the subscription can receive matches the rule's filter: rule
 no topic starting with `$`), so a `#` rule does not cover `$SYS/...`. A shared
 subscription `$share/<group>/<filter>` is checked as `<filter>`, so the prefix cannot
 be used to get around a rule.
+
+Delivery: subscribe rules also hold for every message delivered, so a wide filter
+(`#`, `+/x`) cannot reach a topic a narrower deny names. A message on a topic may be
+delivered through a subscription when the subscription's filter is (still) allowed
+and the first subscribe rule whose filter matches the topic name allows it; `eq`
+entries name subscription filters, not topics, and take no part. When no rule matches
+the topic, the subscription's own grant stands.
 """
 
 from __future__ import annotations
@@ -123,6 +130,16 @@ class AclRule:
                 return True
         return False
 
+    def matches_delivered_topic(self, client_id: str, username: str | None,
+                                topic_levels: list[str]) -> bool:
+        for pattern in self.topics:
+            if pattern.exact:
+                continue  # `eq` names a subscription filter, never a topic
+            levels = pattern.levels_for(client_id, username)
+            if levels is not None and levels_match(levels, topic_levels):
+                return True
+        return False
+
 
 def filter_covers(rule_levels: list[str], filter_levels: list[str]) -> bool:
     """Whether every topic matching the filter `filter_levels` also matches the filter
@@ -177,6 +194,16 @@ class Acl:
     def allows(self, action: Action, client_id: str, username: str | None,
                topic: str, levels: list[str] | None = None) -> bool:
         return self.decide(action, client_id, username, topic, levels) == "allow"
+
+    def allows_delivery(self, client_id: str, username: str | None, topic: str) -> bool:
+        """Whether a message on the topic name may be delivered to the client through
+        a subscription it is allowed to hold (see the module's "Delivery")."""
+        levels = topic.split("/")
+        for rule in self.rules:
+            if rule.applies_to("subscribe", client_id, username) and \
+                    rule.matches_delivered_topic(client_id, username, levels):
+                return rule.permission == "allow"
+        return True
 
 
 # --- loading ---------------------------------------------------------------------------

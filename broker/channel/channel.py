@@ -204,6 +204,12 @@ class Channel:
         BYTES_SENT.inc(len(data))
         self.transport.write(data)
 
+    def may_subscribe(self, topic_filter: str) -> bool:
+        return self.access.authorize_subscribe(self.client_id, self.username, topic_filter)
+
+    def may_receive(self, topic: str) -> bool:
+        return self.access.authorize_delivery(self.client_id, self.username, topic)
+
     def send_pubrel(self, packet_id: int) -> None:
         if not self.closing:
             self.send(Pubrel(packet_id))

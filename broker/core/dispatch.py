@@ -1,5 +1,7 @@
-"""The commit feed to sessions: each committed message goes to the sessions whose
-subscriptions match it, and to one member of each matching shared group."""
+"""The commit feed to sessions: each committed message goes once to each session
+with a subscription that matches it (the session merges overlapping subscriptions
+into one delivery), and to one member of each matching shared group that the ACL
+lets receive it."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ class SharedGroup:
     def key(self) -> str:
         return f"{self.name}/{self.topic_filter}"
 
-    def pick(self, exclude: Session | None = None) -> tuple[Session, Subscription] | None:
-        candidates = [m for m in self.members if m[0].outlet is not None and m[0] is not exclude]
+    def pick(self, message: Message,
+             exclude: Session | None = None) -> tuple[Session, Subscription] | None:
+        candidates = [(session, subscription) for session, subscription in self.members
+                      if session is not exclude and session.may_receive(subscription, message)]
         if not candidates:
             return None
         return candidates[next(self._turn) % len(candidates)]
@@ -45,18 +49,18 @@ class Dispatcher:
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
             stream = Stream(cooked.shard, cooked.generation, static)
+            sessions: dict[Session, None] = {}  # each once, in match order
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
                     self._deliver_shared(subscriber, message)
                 else:
-                    session, key = subscriber
-                    subscription = session.subscriptions.get(key)
-                    if subscription is not None:
-                        session.on_feed(subscription, stream, message)
+                    sessions[subscriber[0]] = None
+            for session in sessions:
+                session.on_feed(stream, message)
 
     def _deliver_shared(self, group: SharedGroup, message: Message,
                         exclude: Session | None = None) -> None:
-        picked = group.pick(exclude)
+        picked = group.pick(message, exclude)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
             return

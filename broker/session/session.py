@@ -2,6 +2,15 @@
 durable session) one cursor per (subscription, stream) that replays from storage
 until it has caught up and then takes the live commit feed.
 
+A transient session takes the live feed into its queue. When a QoS 1/2 message finds
+the queue full, the session does not drop it: it opens in-memory cursors on that
+stream from that message on and reads from storage like a durable session until it
+has caught up. Only QoS 0 messages are ever dropped for a full queue (counted).
+
+A message that matches several subscriptions of a session is delivered once, at the
+highest QoS they grant, with all their identifiers; each delivery is checked against
+the ACL of the connection (the filter as subscribed, and the topic).
+
 The connection it is attached to is an `Outlet`; with none attached a durable session
 stays in storage only (nothing queues in memory for it)."""
 
@@ -11,13 +20,15 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
+from ..errors import InvalidIteratorError
 from ..metrics import MESSAGES_DROPPED
 from ..supervise import RESTART_PAUSE, note_failure
+from ..topic import topic_matches
 from .expiry import is_expired
 from .model import (
     CursorState,
@@ -31,6 +42,9 @@ from .model import (
 log = logging.getLogger(__name__)
 
 MAX_PACKET_ID = 0xFFFF
+_T = TypeVar("_T")
+# Topics whose routes and ACL decisions a session remembers (oldest forgotten first).
+ROUTE_CACHE_SIZE = 256
 
 
 class Outlet(Protocol):
@@ -43,6 +57,15 @@ class Outlet(Protocol):
         ...
 
     def send_pubrel(self, packet_id: int) -> None: ...
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        """Whether the ACL lets the client hold this subscription (as subscribed)."""
+        ...
+
+    def may_receive(self, topic: str) -> bool:
+        """Whether the ACL lets a message on this topic reach the client through a
+        subscription it may hold."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -159,6 +182,12 @@ class Session:
         self._persist_task: asyncio.Task[None] | None = None
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
+        # Per topic, the subscriptions a message on it goes through (ACL applied);
+        # valid for one outlet and one set of subscriptions.
+        self._routes: dict[str, list[Subscription]] = {}
+        self._topic_allowed: dict[str, bool] = {}
+        self._filter_allowed: dict[str, bool] = {}
+        self._decided_for: Outlet | None = None
 
     # -- persisted form -----------------------------------------------------------
 
@@ -261,6 +290,7 @@ class Session:
 
     def subscribe(self, subscription: Subscription) -> bool:
         """Add or replace a subscription; True when it is new."""
+        self._routes.clear()
         is_new = subscription.key not in self.subscriptions
         if not is_new:
             subscription.since = self.subscriptions[subscription.key].since
@@ -270,6 +300,7 @@ class Session:
         return is_new
 
     def unsubscribe(self, key: str) -> Subscription | None:
+        self._routes.clear()
         subscription = self.subscriptions.pop(key, None)
         if subscription is not None:
             for cursor_id in [k for k, c in self._cursors.items()
@@ -401,17 +432,27 @@ class Session:
 
     # -- the live feed ------------------------------------------------------------
 
-    def on_feed(self, subscription: Subscription, stream: Stream, message: Message) -> None:
-        """A committed message that matches one of this session's subscriptions."""
-        if subscription.no_local and message.client_id == self.client_id:
+    def on_feed(self, stream: Stream, message: Message) -> None:
+        """A committed message that matches at least one of this session's
+        subscriptions (the commit feed calls this once per session and message)."""
+        if self.outlet is None and not self.durable:
             return
-        if not self.durable:
-            if self.outlet is not None:
-                self.offer(self._delivery(subscription, message))
+        routes = self._routes_for(message.topic)
+        if not routes:
             return
-        cursor = self._cursor_for(subscription, stream)
-        if cursor is None:
+        if self.durable:
+            for subscription in routes:
+                cursor = self._cursor_for(subscription, stream)
+                if cursor is not None:
+                    self._feed_cursor(cursor, message)
             return
+        if self._cursors and any(self._reads_from_storage(subscription, stream)
+                                 for subscription in routes):
+            self._catch_up(routes, stream, message)
+            return
+        self._offer_live(routes, stream, message)
+
+    def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._blocked(cursor) \
                 and len(self._queue) < self._max_queued and self.outlet is not None:
             if message.timestamp > cursor.last_handed:
@@ -421,47 +462,191 @@ class Session:
             cursor.dirty = True
             self._wake.set()
 
-    def _delivery(self, subscription: Subscription, message: Message) -> Delivery:
-        return Delivery(message, min(message.qos, subscription.qos),
-                        message.retain and subscription.retain_as_published,
-                        (subscription.identifier,) if subscription.identifier else ())
+    def _offer_live(self, routes: list[Subscription], stream: Stream,
+                    message: Message) -> None:
+        """A transient session's live delivery. With the queue full, a QoS 0 message
+        already queued makes room (or the new QoS 0 message is dropped), counted; a
+        QoS 1/2 message sends this stream's readers to storage from it on."""
+        receivers = [subscription for subscription in routes
+                     if not (subscription.no_local and message.client_id == self.client_id)]
+        if not receivers:
+            return
+        delivery = self._delivery(receivers, message)
+        if len(self._queue) >= self._max_queued and not self._make_room():
+            if delivery.qos == 0:
+                MESSAGES_DROPPED.labels("queue_full").inc()
+            else:
+                self._catch_up(routes, stream, message)
+            return
+        self._queue.append(delivery)
+        self.pump()
+
+    def _reads_from_storage(self, subscription: Subscription, stream: Stream) -> bool:
+        """Whether a transient session reads this stream of the subscription from
+        storage: it has a cursor on it, or on an older generation of its shard that
+        has not ended (generations are read in order)."""
+        if cursor_key(subscription.topic_filter, stream) in self._cursors:
+            return True
+        return any(cursor.subscription.key == subscription.key
+                   and cursor.stream.shard == stream.shard
+                   and cursor.stream.generation < stream.generation and not cursor.ended
+                   for cursor in self._cursors.values())
+
+    def _catch_up(self, routes: list[Subscription], stream: Stream, message: Message) -> None:
+        """Feed the message to a transient session's cursors on its stream; a
+        subscription without one gets one that starts at this message. Every
+        message after it on the stream reaches the subscription through the cursor,
+        so there is no gap and, with its position, no duplicate."""
+        for subscription in routes:
+            key = cursor_key(subscription.topic_filter, stream)
+            cursor = self._cursors.get(key)
+            if cursor is None:
+                cursor = self._catch_up_cursor(key, subscription, stream, message.timestamp)
+            if cursor is not None:
+                self._feed_cursor(cursor, message)
+        if self._replayer is None and self.outlet is not None:
+            self._replayer = asyncio.create_task(self._replay(),
+                                                 name=f"catch-up-{self.client_id}")
+
+    def _catch_up_cursor(self, key: str, subscription: Subscription, stream: Stream,
+                         timestamp: int) -> Cursor | None:
+        try:
+            iterator = self._storage.make_iterator(self._db, stream, subscription.topic_filter,
+                                                   timestamp)
+        except InvalidIteratorError:  # its generation was dropped: nothing left to read
+            return None
+        cursor = Cursor(key, subscription, stream, iterator, CursorState(timestamp - 1))
+        self._cursors[key] = cursor
+        return cursor
+
+    # -- routes and access --------------------------------------------------------
+
+    def _routes_for(self, topic: str) -> list[Subscription]:
+        """The subscriptions (not shared) a message on the topic reaches this session
+        through, in key order, those the ACL refuses left out. Without a connection
+        no ACL can be asked, nothing is delivered, and the matches are not cached."""
+        if self.outlet is None:
+            return self._matching(topic)
+        self._decide_for_outlet()
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = [subscription for subscription in self._matching(topic)
+                      if self._may_hold(subscription)] if self._may_see(topic) else []
+            _remember(self._routes, topic, routes)
+        return routes
+
+    def _decide_for_outlet(self) -> None:
+        """Decisions hold for the connection they were made for; another one (maybe
+        another user) has everything decided again."""
+        if self._decided_for is not self.outlet:
+            self._forget_decisions()
+            self._decided_for = self.outlet
+
+    def _forget_decisions(self) -> None:
+        self._routes.clear()
+        self._topic_allowed.clear()
+        self._filter_allowed.clear()
+        self._decided_for = None  # and the connection they were made for
+
+    def _matching(self, topic: str) -> list[Subscription]:
+        return sorted((subscription for subscription in self.subscriptions.values()
+                       if subscription.share_group is None
+                       and topic_matches(subscription.topic_filter, topic)),
+                      key=lambda subscription: subscription.key)
+
+    def _may_hold(self, subscription: Subscription) -> bool:
+        """The subscription is checked again on delivery: a resumed one was granted
+        on an earlier connection, maybe under other rules."""
+        assert self.outlet is not None
+        allowed = self._filter_allowed.get(subscription.key)
+        if allowed is None:
+            allowed = self._filter_allowed[subscription.key] = \
+                self.outlet.may_subscribe(subscription.key)
+        return allowed
+
+    def _may_see(self, topic: str) -> bool:
+        assert self.outlet is not None
+        allowed = self._topic_allowed.get(topic)
+        if allowed is None:
+            allowed = self.outlet.may_receive(topic)
+            _remember(self._topic_allowed, topic, allowed)
+        return allowed
+
+    def may_receive(self, subscription: Subscription, message: Message) -> bool:
+        """Whether the ACL lets this session's connection receive the message through
+        the subscription (a shared one included)."""
+        if self.outlet is None:
+            return False
+        self._decide_for_outlet()
+        return self._may_hold(subscription) and self._may_see(message.topic)
+
+    def _receivers(self, message: Message) -> list[Subscription]:
+        """The subscriptions a message read from storage is delivered through: those
+        it reaches, made before it, without no local excluding it."""
+        return [subscription for subscription in self._routes_for(message.topic)
+                if subscription.since <= message.timestamp
+                and not (subscription.no_local and message.client_id == self.client_id)]
+
+    def _delivery(self, receivers: Sequence[Subscription], message: Message) -> Delivery:
+        """One copy for all the subscriptions: at the highest QoS they grant, with
+        all their identifiers (MQTT-3.3.4-2, 3.3.4-4)."""
+        return Delivery(message, max(min(message.qos, s.qos) for s in receivers),
+                        message.retain and any(s.retain_as_published for s in receivers),
+                        tuple(s.identifier for s in receivers if s.identifier))
 
     def _offer_durable(self, cursor: Cursor, message: Message) -> None:
-        if cursor.subscription.no_local and message.client_id == self.client_id:
-            cursor.handed_out(message.timestamp)
-            cursor.done(message.timestamp)
+        """Offer a message a cursor has reached. When several subscriptions reach it,
+        the cursor of the first of them delivers it and the others pass it by; so
+        does every cursor when no subscription may deliver it (no local, ACL): it is
+        skipped, never blocking the cursor. A resend keeps its packet identifier and
+        goes out through the cursor it was first sent from."""
+        timestamp = message.timestamp
+        packet_id = self._resend.pop((cursor.key, timestamp), None)
+        receivers = self._receivers(message)
+        keys = [subscription.key for subscription in receivers]
+        own_key = cursor.subscription.key
+        delivers = bool(keys) and (keys[0] == own_key
+                                   or (packet_id is not None and own_key in keys))
+        cursor.handed_out(timestamp)
+        if not delivers:
+            if packet_id is not None:
+                self._reserved_ids.discard(packet_id)
+            cursor.done(timestamp)
             return
-        delivery = self._delivery(cursor.subscription, message)
+        delivery = self._delivery(receivers, message)
         delivery.cursor = cursor
-        packet_id = self._resend.pop((cursor.key, message.timestamp), None)
         if packet_id is not None:
             delivery.packet_id = packet_id
             delivery.dup = True
-        cursor.handed_out(message.timestamp)
         self.offer(delivery)
 
     # -- sending ------------------------------------------------------------------
 
     def offer(self, delivery: Delivery) -> None:
-        """Queue a delivery and send what the window allows."""
+        """Queue a delivery and send what the window allows. The ACL is asked once
+        more here, for deliveries that come from elsewhere (retained messages)."""
         if self.outlet is None:
             if delivery.share_group is not None:
                 self._on_shared_loss(delivery)
             return
+        self._decide_for_outlet()
+        if not self._may_see(delivery.message.topic):
+            self._finished(delivery)
+            return
         if len(self._queue) >= self._max_queued and delivery.cursor is None \
-                and not self._make_room(delivery):
+                and not self._make_room():
+            MESSAGES_DROPPED.labels("queue_full").inc()
             return
         self._queue.append(delivery)
         self.pump()
 
-    def _make_room(self, delivery: Delivery) -> bool:
-        """A full queue of a transient session drops QoS 0 first (counted)."""
+    def _make_room(self) -> bool:
+        """Push the oldest queued QoS 0 message of the live feed out (counted)."""
         for index, queued in enumerate(self._queue):
             if queued.qos == 0 and queued.cursor is None:
                 del self._queue[index]
                 MESSAGES_DROPPED.labels("queue_full").inc()
                 return True
-        MESSAGES_DROPPED.labels("queue_full").inc()
         return False
 
     def pump(self) -> None:
@@ -626,6 +811,7 @@ class Session:
         self.outlet = None
         self._wake.set()
         self._held.clear()  # in flight already, or QoS 0
+        self._forget_decisions()
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -687,3 +873,9 @@ class Session:
     async def persist_now(self) -> None:
         if self.durable:
             await self._persist(self)
+
+
+def _remember(cache: dict[str, _T], topic: str, value: _T) -> None:
+    if len(cache) >= ROUTE_CACHE_SIZE:
+        del cache[next(iter(cache))]  # the oldest
+    cache[topic] = value

@@ -79,3 +79,37 @@ def test_slow_clean_subscriber_gets_every_qos1_and_qos2_message(broker: BrokerPr
     # QoS 0 may be dropped, but then counted.
     assert dropped(broker) - dropped_before == QOS0 - len(low)
     subscriber.disconnect()
+
+
+def test_slow_subscriber_with_overlapping_filters_gets_each_message_once(
+        broker: BrokerProcess) -> None:
+    """Falling behind on several topics through overlapping filters: every QoS 1
+    message arrives once (one copy for both filters), in publish order per topic."""
+    root = unique("slowov")
+    topics = [f"{root}/a", f"{root}/b", f"{root}/c/d"]
+    subscriber = RawClient(broker.port, MQTT_5)
+    subscriber.connect(unique("slow"), properties=Properties(receive_maximum=1))
+    assert subscriber.subscribe(f"{root}/#", 1, packet_id=1).reason_codes == [1]
+    assert subscriber.subscribe(f"{root}/a", 1, packet_id=2).reason_codes == [1]
+    publisher = PahoClient(broker.port, unique("pub"))
+    try:
+        publisher.connect()
+        for number in range(QOS_HIGH):
+            assert publisher.publish(topics[number % 3], b"%d" % number, 1) == 0
+    finally:
+        publisher.stop()
+    got: list[tuple[str, bytes]] = []
+    while True:
+        try:
+            packet = subscriber.recv(2.0)
+        except TimeoutError:
+            break
+        assert isinstance(packet, Publish), packet
+        assert packet.packet_id is not None and not packet.dup
+        got.append((packet.topic, packet.payload))
+        subscriber.send(Puback(packet.packet_id))
+    for index, topic in enumerate(topics):
+        assert [p for t, p in got if t == topic] == \
+            [b"%d" % n for n in range(index, QOS_HIGH, 3)], topic
+    assert len(got) == QOS_HIGH
+    subscriber.disconnect()

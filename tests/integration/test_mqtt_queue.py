@@ -1,10 +1,11 @@
 """The queue of a transient session is bounded (`mqtt.max_queued_messages`): when it is
-full, QoS 0 messages are dropped first, then new messages."""
+full, queued QoS 0 messages are dropped first (counted); QoS 1/2 messages that still
+find no room are read from storage later, never dropped."""
 
 from __future__ import annotations
 
 from stratamq.broker.mqtt import Properties, Puback, Publish
-from tests.support.clients import PahoClient, RawClient, unique
+from tests.support.clients import PahoClient, RawClient, metric_value, unique
 from tests.support.harness import BrokerProcess
 
 MAX_QUEUED = 10
@@ -15,6 +16,8 @@ BROKER_CONFIG = {"mqtt": {"max_queued_messages": MAX_QUEUED}}
 
 def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
     topic = unique("q")
+    dropped_before = metric_value(broker, "stratamq_messages_dropped_total",
+                                  reason="queue_full")
     # one message in flight at a time, and the client does not acknowledge it yet
     subscriber = RawClient(broker.port)
     subscriber.connect(unique("slow"), properties=Properties(receive_maximum=1))
@@ -27,11 +30,11 @@ def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
         for number in range(5):
             publisher.publish(topic, b"qos0-%d" % number, 0)  # queued behind it
         # 4 more fill the queue (10); each of the next 5 pushes a QoS 0 message out;
-        # the last 2 find nothing to push out and are dropped
+        # the last 2 find nothing to push out and come from storage, after the others
         for number in range(11):
             publisher.publish(topic, b"qos1-%d" % number, 1)
 
-        expected = [b"in flight", b"head"] + [b"qos1-%d" % n for n in range(9)]
+        expected = [b"in flight", b"head"] + [b"qos1-%d" % n for n in range(11)]
         for payload in expected:
             packet = subscriber.expect(Publish)
             assert packet.payload == payload
@@ -41,6 +44,8 @@ def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
     finally:
         publisher.stop()
     subscriber.disconnect()
+    assert metric_value(broker, "stratamq_messages_dropped_total",
+                        reason="queue_full") - dropped_before == 5
 
 
 def test_queue_is_free_again_after_it_drained(broker: BrokerProcess) -> None:

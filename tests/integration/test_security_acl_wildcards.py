@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -33,17 +35,20 @@ RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    workdir = tmp_path_factory.mktemp("acl-wild")
+def access_config(workdir: Path, rules: list[dict[str, Any]]) -> dict[str, Any]:
     passwords = workdir / "passwd"
     for user in ("alice", "bob"):
         set_password(passwords, user, f"{user}-secret", "pbkdf2", iterations=1000)
     acl = workdir / "acl.yaml"
-    acl.write_text(yaml.safe_dump(RULES))
-    config = {"access_control": {"allow_anonymous": False, "password_file": str(passwords),
-                                 "acl_file": str(acl), "acl_no_match": "allow"}}
-    with running_broker(workdir, config) as process:
+    acl.write_text(yaml.safe_dump(rules))
+    return {"access_control": {"allow_anonymous": False, "password_file": str(passwords),
+                               "acl_file": str(acl), "acl_no_match": "allow"}}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    workdir = tmp_path_factory.mktemp("acl-wild")
+    with running_broker(workdir, access_config(workdir, RULES)) as process:
         yield process
 
 
@@ -140,3 +145,41 @@ def test_denied_topic_is_not_replayed_into_a_durable_session(
     bob = login(broker, clients, "bob", client_id=client_id, durable=True)
     got = received_through(bob, f"open/{marker}")
     assert no_secret(got) == []
+
+
+def test_denied_topic_never_reaches_a_shared_subscription(
+        broker: BrokerProcess, clients: list[PahoClient]) -> None:
+    marker = unique("marker")
+    bob = login(broker, clients, "bob")
+    bob.subscribe(f"$share/{unique('g')}/#", 1)
+    bob.subscribe(f"open/{marker}", 1)
+    alice = login(broker, clients, "alice")
+    assert alice.publish("secret/x", b"classified", 1) == 0
+    assert alice.publish(f"open/{marker}", b"marker", 1) == 0
+    got = received_through(bob, f"open/{marker}")
+    assert no_secret(got) == []
+
+
+def test_resumed_subscriptions_are_checked_against_the_rules_of_now(
+        tmp_path: Path, clients: list[PahoClient]) -> None:
+    """A durable session keeps its subscriptions across a restart; when the rules
+    changed meanwhile, what they now deny is not delivered through them."""
+    config = access_config(tmp_path, [])
+    marker = unique("marker")
+    client_id = unique("bob-durable")
+    with running_broker(tmp_path, config) as process:
+        bob = login(process, clients, "bob", client_id=client_id, durable=True)
+        bob.subscribe("#", 1)
+        bob.subscribe(f"open/{marker}", 1)
+        bob.disconnect()
+        assert process.stop() == 0
+        (tmp_path / "acl.yaml").write_text(yaml.safe_dump([
+            {"permission": "deny", "action": "subscribe", "username": "bob",
+             "topics": ["eq #"]}]))
+        process.start()
+        alice = login(process, clients, "alice")
+        assert alice.publish("other/x", b"not through #", 1) == 0
+        assert alice.publish(f"open/{marker}", b"marker", 1) == 0
+        bob = login(process, clients, "bob", client_id=client_id, durable=True)
+        got = received_through(bob, f"open/{marker}")
+        assert [(m.topic, m.payload) for m in got] == [(f"open/{marker}", b"marker")]

@@ -34,6 +34,11 @@ def sub(acl: Acl, topic_filter: str, username: str | None = "alice",
     return acl.allows("subscribe", client_id, username, topic_filter)
 
 
+def delivered(acl: Acl, topic: str, username: str | None = "alice",
+              client_id: str = "c1") -> bool:
+    return acl.allows_delivery(client_id, username, topic)
+
+
 # --- coverage --------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("rule", "subscription", "covered"), [
@@ -88,8 +93,29 @@ def test_first_match_wins(tmp_path: Path) -> None:
     assert not pub(acl, "secret/x") and not sub(acl, "secret/+")
     assert pub(acl, "public/x") and sub(acl, "public/#")
     # `#` covers `+/x`, yet `+/x` can also receive secret/x: the deny rule does not
-    # cover `+/x`, so the allow rule decides. Subscribe rules judge coverage only.
+    # cover `+/x`, so the allow rule decides the SUBSCRIBE; the deny rule then keeps
+    # secret/x from being delivered through it.
     assert sub(acl, "+/x")
+    assert not delivered(acl, "secret/x") and delivered(acl, "other/x")
+
+
+def test_delivery_is_judged_by_the_topic(tmp_path: Path) -> None:
+    acl = acl_from(tmp_path, (
+        '- {permission: deny, action: subscribe, username: bob, topics: ["secret/#"]}\n'
+        '- {permission: deny, action: publish, topics: ["pub-only/#"]}\n'
+        '- {permission: deny, action: subscribe, topics: ["eq exact/x", "%u/private"]}\n'
+        '- {permission: allow, action: subscribe, topics: ["eq #"]}\n'), no_match="deny")
+    assert not delivered(acl, "secret/x", "bob") and delivered(acl, "secret/x", "alice")
+    assert delivered(acl, "pub-only/x", "bob")  # publish rules do not judge delivery
+    assert not delivered(acl, "alice/private", "alice")
+    assert delivered(acl, "alice/private", "bob")
+    # `eq` names a subscription filter, not a topic: it takes no part, and when no
+    # rule matches the topic the subscription's own grant stands (here `eq #`)
+    assert delivered(acl, "exact/x") and delivered(acl, "anything/else")
+    assert sub(acl, "#") and not sub(acl, "anything/else")
+    # the `$` rule: a `#` rule does not match `$SYS/...` topics
+    acl = acl_from(tmp_path, '- {permission: deny, action: subscribe, topics: ["#"]}')
+    assert not delivered(acl, "a/b") and delivered(acl, "$SYS/x")
 
 
 def test_no_match(tmp_path: Path) -> None:
