@@ -154,6 +154,8 @@ class Session:
         self._persist_task: asyncio.Task[None] | None = None
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
+        # cursors complete in their closed generation (see `_forget_if_complete`)
+        self._done_cursors: set[str] = set()
 
     # -- persisted form -----------------------------------------------------------
 
@@ -170,6 +172,7 @@ class Session:
             # in the order they were first sent: resent in that order too
             resend=[(pid, key, timestamp)
                     for (key, timestamp), pid in self._unacknowledged().items()],
+            done=sorted(self._done_cursors),
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
@@ -184,6 +187,7 @@ class Session:
         for packet_id in record.pubrel_pending:
             self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
         self._restored_cursors = dict(record.cursors)
+        self._done_cursors = set(record.done)
         self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
         self._reserved_ids = set(self._resend.values())
 
@@ -236,13 +240,9 @@ class Session:
 
     def unsubscribe(self, key: str) -> Subscription | None:
         subscription = self.subscriptions.pop(key, None)
-        if subscription is not None:
-            for cursor_id in [k for k, c in self._cursors.items()
-                              if c.subscription.key == key]:
-                del self._cursors[cursor_id]
-            for resend_key in [k for k in self._resend
-                               if parse_cursor_key(k[0])[0] == subscription.topic_filter]:
-                self._reserved_ids.discard(self._resend.pop(resend_key))
+        if subscription is not None and subscription.share_group is None:
+            self._forget_cursors(lambda cursor_key: parse_cursor_key(cursor_key)[0]
+                                 == subscription.topic_filter)
         return subscription
 
     # -- durable replay -----------------------------------------------------------
@@ -262,6 +262,8 @@ class Session:
         cursor = self._cursors.get(key)
         if cursor is not None:
             return cursor
+        if key in self._done_cursors:
+            return None  # read to its end already: never again
         state = self._restored_cursors.pop(key, None) or \
             CursorState(max(subscription.since - 1, 0))
         try:
@@ -349,9 +351,26 @@ class Session:
 
     def _forget_if_complete(self, cursor: Cursor) -> None:
         if cursor.ended and not cursor.in_flight:
+            # A closed generation's streams keep coming back from get_streams: the
+            # mark stops a later look from reading this one again from the start.
+            self._done_cursors.add(cursor.key)
             self._cursors.pop(cursor.key, None)
             self.request_persist()
             self._wake.set()
+
+    def _forget_cursors(self, doomed: Callable[[str], bool]) -> int:
+        """Drop every trace of the cursors whose key is `doomed`: the cursor, its saved
+        progress, its done mark and its resends (their packet identifiers are free
+        again). Returns how many resends there were: messages not sent again."""
+        for key in [k for k in self._cursors if doomed(k)]:
+            del self._cursors[key]
+        for key in [k for k in self._restored_cursors if doomed(k)]:
+            del self._restored_cursors[key]
+        self._done_cursors = {k for k in self._done_cursors if not doomed(k)}
+        resends = [k for k in self._resend if doomed(k[0])]
+        for resend_key in resends:
+            self._reserved_ids.discard(self._resend.pop(resend_key))
+        return len(resends)
 
     # -- the live feed ------------------------------------------------------------
 
