@@ -263,7 +263,7 @@ class SessionRegistry:
             await asyncio.sleep(self.limits.renew_streams_interval)
             for session in list(self.sessions.values()):
                 if session.durable and session.outlet is not None:
-                    session.renew_streams()
+                    session.renew_new_streams()
 
     def _update_gauges(self) -> None:
         durable = sum(1 for s in self.sessions.values() if s.durable)

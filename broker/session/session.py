@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -156,6 +156,8 @@ class Session:
         self._restored_cursors: dict[str, CursorState] = {}
         # cursors complete in their closed generation (see `_forget_if_complete`)
         self._done_cursors: set[str] = set()
+        # the storage's stream version at the last look for streams (see renew_*)
+        self._stream_version = 0
 
     # -- persisted form -----------------------------------------------------------
 
@@ -234,8 +236,6 @@ class Session:
         if not is_new:
             subscription.since = self.subscriptions[subscription.key].since
         self.subscriptions[subscription.key] = subscription
-        if self.durable and subscription.share_group is None:
-            self.renew_streams()
         return is_new
 
     def unsubscribe(self, key: str) -> Subscription | None:
@@ -247,14 +247,37 @@ class Session:
 
     # -- durable replay -----------------------------------------------------------
 
-    def renew_streams(self) -> None:
-        """Look for streams the durable subscriptions do not read yet."""
-        for subscription in self.subscriptions.values():
+    def renew_streams(self, subscriptions: Iterable[Subscription] | None = None) -> None:
+        """Look for streams the durable subscriptions do not read yet: those of
+        `subscriptions` only (the new ones of a SUBSCRIBE), or of all."""
+        if not self.durable:
+            return
+        if subscriptions is None:
+            subscriptions = self.subscriptions.values()
+            self._stream_version = self._storage.db(self._db).stream_version
+        for subscription in subscriptions:
             if subscription.share_group is not None:
                 continue
             for _rank, stream in self._storage.get_streams(self._db, subscription.topic_filter,
                                                            subscription.since):
                 self._cursor_for(subscription, stream)
+        self._wake.set()
+
+    def renew_new_streams(self) -> None:
+        """Look only at the streams the storage learned since the last look (the
+        periodic look: nothing to do while no stream is new)."""
+        database = self._storage.db(self._db)
+        if not self.durable or database.stream_version == self._stream_version:
+            return
+        version = database.stream_version
+        for subscription in self.subscriptions.values():
+            if subscription.share_group is not None:
+                continue
+            version, found = database.get_streams_since(subscription.topic_filter,
+                                                        self._stream_version)
+            for _rank, stream in found:
+                self._cursor_for(subscription, stream)
+        self._stream_version = version
         self._wake.set()
 
     def _cursor_for(self, subscription: Subscription, stream: Stream) -> Cursor | None:
