@@ -265,6 +265,16 @@ class SessionRegistry:
                 if session.durable and session.outlet is not None:
                     session.renew_new_streams()
 
+    async def before_generation_drop(self, shard: int, generation: int) -> None:
+        """Retention is about to drop a generation of the messages: each session in
+        memory counts what it loses with it."""
+        for session in list(self.sessions.values()):
+            await session.before_generation_drop(shard, generation)
+
+    def after_generation_drop(self, shard: int, generation: int) -> None:
+        for session in list(self.sessions.values()):
+            session.after_generation_drop(shard, generation)
+
     def _update_gauges(self) -> None:
         durable = sum(1 for s in self.sessions.values() if s.durable)
         SESSIONS.labels("durable").set(durable)
