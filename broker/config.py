@@ -262,6 +262,8 @@ class MqttConfig(_Section):
     max_connections: PositiveInt = 100_000
     max_packet_size: Annotated[ByteSize, Field(le=268_435_460)] = parse_byte_size("1MiB")
     max_topic_levels: PositiveInt = 128
+    # Subscriptions one session may hold; SUBSCRIBE beyond it gets Quota exceeded.
+    max_subscriptions: PositiveInt = 1000
     # Outbound QoS 1/2 messages in flight per client (also capped by its Receive Maximum).
     max_inflight: Annotated[int, Field(ge=1, le=65535)] = 32
     # Messages queued per client beyond the in-flight window. When it is full, QoS 0

@@ -17,6 +17,9 @@ MESSAGES_RECEIVED = Counter("stratamq_messages_received", "PUBLISH messages acce
 MESSAGES_DELIVERED = Counter("stratamq_messages_delivered", "PUBLISH messages sent to clients",
                              ("qos",))
 MESSAGES_DROPPED = Counter("stratamq_messages_dropped", "Messages not delivered", ("reason",))
+SESSION_MESSAGES_EXPIRED = Counter(
+    "stratamq_session_messages_expired",
+    "Messages durable sessions lost before delivering them", ("reason",))
 SESSIONS = Gauge("stratamq_sessions", "Sessions held in memory", ("kind",))
 BACKGROUND_FAILURES = Counter("stratamq_background_failures",
                               "Failures of background loops and tasks (each restarted)",

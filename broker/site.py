@@ -84,6 +84,7 @@ def connection_limits(config: Config) -> ChannelLimits:
     mqtt = config.mqtt
     return ChannelLimits(
         max_packet_size=mqtt.max_packet_size, max_topic_levels=mqtt.max_topic_levels,
+        max_subscriptions=mqtt.max_subscriptions,
         max_inflight=mqtt.max_inflight, receive_maximum=mqtt.receive_maximum,
         topic_alias_maximum=mqtt.topic_alias_maximum, connect_timeout=mqtt.connect_timeout,
         max_keepalive=mqtt.max_keepalive)

@@ -62,6 +62,7 @@ NO_PACKET_LIMIT = 2**31 - 1
 class ChannelLimits:
     max_packet_size: int = 1024 * 1024
     max_topic_levels: int = 128
+    max_subscriptions: int = 1000
     max_inflight: int = 32
     receive_maximum: int = 128  # what clients may have in flight towards us
     topic_alias_maximum: int = 64

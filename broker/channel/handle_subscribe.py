@@ -23,6 +23,7 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
     identifier = identifiers[0] if identifiers else None
     codes: list[int] = []
     retained_to_send: list[Subscription] = []
+    added: list[Subscription] = []
     for raw_filter, options in packet.subscriptions:
         try:
             group, topic_filter = split_shared(raw_filter)
@@ -43,12 +44,20 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
         subscription = Subscription(topic_filter, options.qos, options.no_local,
                                     options.retain_as_published, options.retain_handling,
                                     identifier, group, time.time_ns() // 1000)
+        if subscription.key not in session.subscriptions \
+                and len(session.subscriptions) >= channel.limits.max_subscriptions:
+            codes.append(ReasonCode.QUOTA_EXCEEDED)  # 0x80 in 3.1.1 (the codec maps it)
+            continue
         is_new = session.subscribe(subscription)
         broker.dispatcher.route(session, subscription)
+        added.append(subscription)
         codes.append(options.qos)  # the granted QoS is its reason code
         if group is None and (options.retain_handling == 0
                               or (options.retain_handling == 1 and is_new)):
             retained_to_send.append(subscription)
+    # One look for the streams of this packet's filters, not one per filter: each look
+    # over all subscriptions made a large SUBSCRIBE quadratic.
+    session.renew_streams(added)
     if session.durable:
         await broker.registry.persist(session)
     # Look the retained messages up before SUBACK: one published after the client has

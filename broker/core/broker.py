@@ -25,6 +25,8 @@ class Broker:
         self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
                                         self.dispatcher, limits)
         messages.add_commit_listener(self.dispatcher.on_commit)
+        messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
+        messages.add_generation_drop_listener(self.registry.after_generation_drop)
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,

@@ -337,16 +337,20 @@ class SessionRegistry:
         return removed
 
     async def _renew_streams_loop(self) -> None:
-        messages = self._storage.db(self._messages_db)
-        seen = -1
         while True:
             await asyncio.sleep(self.limits.renew_streams_interval)
-            # A pass costs every connected durable session; with no stream learned
-            # since the last one it finds nothing (a session that subscribes or
-            # connects meanwhile looks for itself).
-            if messages.stream_version == seen:
-                continue
-            seen = messages.stream_version
+            # Cheap per session: it looks only at streams learned since its last look
+            # (and wakes its replay, see Session.renew_new_streams).
             for session in list(self.sessions.values()):
                 if session.durable and session.outlet is not None:
-                    session.renew_streams()
+                    session.renew_new_streams()
+
+    async def before_generation_drop(self, shard: int, generation: int) -> None:
+        """Retention is about to drop a generation of the messages: each session in
+        memory counts what it loses with it."""
+        for session in list(self.sessions.values()):
+            await session.before_generation_drop(shard, generation)
+
+    def after_generation_drop(self, shard: int, generation: int) -> None:
+        for session in list(self.sessions.values()):
+            session.after_generation_drop(shard, generation)

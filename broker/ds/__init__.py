@@ -3,7 +3,7 @@
 API: the rest of the broker imports from here, never from the modules below."""
 
 from .cooked import CookedBatch
-from .database import Database, DropListener, NextResult, shard_of
+from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
@@ -28,6 +28,7 @@ __all__ = [
     "Message",
     "MessageProperties",
     "NextResult",
+    "PreDropListener",
     "Rank",
     "ShardDescription",
     "Stream",

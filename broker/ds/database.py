@@ -11,7 +11,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -41,6 +41,7 @@ META_FILE = "db.json"
 
 NextResult = tuple[Iterator, list[tuple[bytes, Message]]]
 DropListener = Callable[[int, int], None]
+PreDropListener = Callable[[int, int], Awaitable[None]]
 StreamList = list[tuple[Rank, Stream]]
 
 # Streams kept by the per-filter cache of `get_streams`, over all filters.
@@ -85,6 +86,7 @@ class Database:
         self._locks = [asyncio.Lock() for _ in shards]
         self._commit_listeners: list[CommitListener] = []
         self._drop_listeners: list[DropListener] = []
+        self._pre_drop_listeners: list[PreDropListener] = []
         # Every stream in the order this site learned it, with a version number, so a
         # caller can ask for the streams new since the version it last saw.
         self._stream_version = 0
@@ -432,6 +434,9 @@ class Database:
         if not 0 <= shard_id < len(self.shards):
             raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
         shard = self.shards[shard_id]
+        about_to_go = shard.generations.get(generation_id)
+        if about_to_go is not None and not about_to_go.info.is_current:
+            await self._tell_pre_drop_listeners(shard_id, generation_id)
         async with self._locks[shard_id]:
             generation = shard.detach_generation(generation_id)
             async with self._read_finished:
@@ -447,6 +452,21 @@ class Database:
             except Exception:  # a listener's bug must not stop retention
                 log.exception("generation drop listener failed on %s/%d/%d", self.name,
                               shard_id, generation_id)
+
+    async def _tell_pre_drop_listeners(self, shard_id: int, generation_id: int) -> None:
+        # Outside the shard lock: a listener reads the generation, writes go on.
+        for listener in self._pre_drop_listeners:
+            try:
+                await listener(shard_id, generation_id)
+            except Exception:  # a listener's bug must not stop retention
+                log.exception("generation pre-drop listener failed on %s/%d/%d", self.name,
+                              shard_id, generation_id)
+
+    def add_generation_pre_drop_listener(self, listener: PreDropListener) -> None:
+        """Await `listener(shard, generation)` before a closed generation is dropped,
+        while it can still be read (to account for what is lost with it). Reads that
+        start later may still see it until the drop itself."""
+        self._pre_drop_listeners.append(listener)
 
     def add_generation_drop_listener(self, listener: DropListener) -> None:
         """Call `listener(shard, generation)` on the event loop after a generation is

@@ -82,6 +82,9 @@ class SessionRecord:
     pubrel_pending: list[int] = field(default_factory=list)  # outbound QoS 2 after PUBREC
     # outbound QoS 1/2 sent and not acknowledged: (packet id, cursor key, timestamp)
     resend: list[tuple[int, str, int]] = field(default_factory=list)
+    # cursor keys read to the end of their closed generation and fully acknowledged;
+    # kept until that generation is dropped, so the stream is never read again
+    done: list[str] = field(default_factory=list)
     will: WillRecord | None = None
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0

@@ -20,13 +20,13 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
 from ..errors import InvalidIteratorError
-from ..metrics import MESSAGES_DROPPED
+from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
 from .expiry import is_expired
@@ -45,6 +45,8 @@ MAX_PACKET_ID = 0xFFFF
 _T = TypeVar("_T")
 # Topics whose routes and ACL decisions a session remembers (oldest forgotten first).
 ROUTE_CACHE_SIZE = 256
+# Messages one read takes when counting what a dropped generation takes with it.
+_COUNT_BATCH = 1000
 
 
 class Outlet(Protocol):
@@ -188,6 +190,13 @@ class Session:
         self._topic_allowed: dict[str, bool] = {}
         self._filter_allowed: dict[str, bool] = {}
         self._decided_for: Outlet | None = None
+        # cursors complete in their closed generation (see `_forget_if_complete`)
+        self._done_cursors: set[str] = set()
+        # the storage's stream version at the last look for streams (see renew_*)
+        self._stream_version = 0
+        # (shard, generation)s retention is about to drop, their loss already counted:
+        # nothing more of them is read or sent (see `before_generation_drop`)
+        self._going: set[tuple[int, int]] = set()
 
     # -- persisted form -----------------------------------------------------------
 
@@ -204,6 +213,7 @@ class Session:
             # in the order they were first sent: resent in that order too
             resend=[(pid, key, timestamp)
                     for (key, timestamp), pid in self._unacknowledged().items()],
+            done=sorted(self._done_cursors),
             will=self.will,
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
@@ -220,6 +230,7 @@ class Session:
         for packet_id in record.pubrel_pending:
             self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
         self._restored_cursors = dict(record.cursors)
+        self._done_cursors = set(record.done)
         self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
         self._reserved_ids = set(self._resend.values())
 
@@ -295,27 +306,27 @@ class Session:
         if not is_new:
             subscription.since = self.subscriptions[subscription.key].since
         self.subscriptions[subscription.key] = subscription
-        if self.durable and subscription.share_group is None:
-            self.renew_streams()
         return is_new
 
     def unsubscribe(self, key: str) -> Subscription | None:
         self._routes.clear()
         subscription = self.subscriptions.pop(key, None)
-        if subscription is not None:
-            for cursor_id in [k for k, c in self._cursors.items()
-                              if c.subscription.key == key]:
-                del self._cursors[cursor_id]
-            for resend_key in [k for k in self._resend
-                               if parse_cursor_key(k[0])[0] == subscription.topic_filter]:
-                self._reserved_ids.discard(self._resend.pop(resend_key))
+        if subscription is not None and subscription.share_group is None:
+            self._forget_cursors(lambda cursor_key: parse_cursor_key(cursor_key)[0]
+                                 == subscription.topic_filter)
         return subscription
 
     # -- durable replay -----------------------------------------------------------
 
-    def renew_streams(self) -> None:
-        """Look for streams the durable subscriptions do not read yet."""
-        for subscription in self.subscriptions.values():
+    def renew_streams(self, subscriptions: Iterable[Subscription] | None = None) -> None:
+        """Look for streams the durable subscriptions do not read yet: those of
+        `subscriptions` only (the new ones of a SUBSCRIBE), or of all."""
+        if not self.durable:
+            return
+        if subscriptions is None:
+            subscriptions = self.subscriptions.values()
+            self._stream_version = self._storage.db(self._db).stream_version
+        for subscription in subscriptions:
             if subscription.share_group is not None:
                 continue
             for _rank, stream in self._storage.get_streams(self._db, subscription.topic_filter,
@@ -323,18 +334,43 @@ class Session:
                 self._cursor_for(subscription, stream)
         self._wake.set()
 
+    def renew_new_streams(self) -> None:
+        """Look only at the streams the storage learned since the last look (the
+        periodic look: nothing to do while no stream is new)."""
+        if not self.durable:
+            return
+        # The replay is woken on every look, new streams or not, as before this look
+        # became incremental: a crash test (test_broker_crash) then lost a stream's
+        # tail now and then without it, so some wake-up is missed somewhere.
+        self._wake.set()
+        database = self._storage.db(self._db)
+        if database.stream_version == self._stream_version:
+            return
+        version = database.stream_version
+        for subscription in self.subscriptions.values():
+            if subscription.share_group is not None:
+                continue
+            version, found = database.get_streams_since(subscription.topic_filter,
+                                                        self._stream_version)
+            for _rank, stream in found:
+                self._cursor_for(subscription, stream)
+        self._stream_version = version
+        self._wake.set()
+
     def _cursor_for(self, subscription: Subscription, stream: Stream) -> Cursor | None:
         key = cursor_key(subscription.topic_filter, stream)
         cursor = self._cursors.get(key)
         if cursor is not None:
             return cursor
-        state = self._restored_cursors.pop(key, None) or \
-            CursorState(max(subscription.since - 1, 0))
+        if key in self._done_cursors or (stream.shard, stream.generation) in self._going:
+            return None  # read to its end already, or about to be dropped
+        state = self._restored_cursors.get(key) or CursorState(max(subscription.since - 1, 0))
         try:
             iterator = self._storage.make_iterator(self._db, stream, subscription.topic_filter,
                                                    state.position + 1)
-        except Exception:  # the generation was dropped since: nothing left to read
+        except InvalidIteratorError:  # dropped since: the next attach prunes its state
             return None
+        self._restored_cursors.pop(key, None)
         cursor = Cursor(key, subscription, stream, iterator, state,
                         done_early=set(state.done_above))
         self._cursors[key] = cursor
@@ -367,6 +403,7 @@ class Session:
                 continue
             if message is None:  # its generation was dropped by retention meanwhile
                 self._reserved_ids.discard(self._resend.pop((key, timestamp)))
+                self._report_loss(1, f"{cursor.stream.shard}/{cursor.stream.generation}")
                 continue
             self._offer_durable(cursor, message)
 
@@ -396,8 +433,9 @@ class Session:
                     continue
                 cursor.dirty = False
                 result = await self._storage.next(self._db, cursor.reader(), self._batch_size)
-                if self._cursors.get(cursor.key) is not cursor:
-                    continue  # unsubscribed meanwhile
+                if self._cursors.get(cursor.key) is not cursor \
+                        or (cursor.stream.shard, cursor.stream.generation) in self._going:
+                    continue  # unsubscribed meanwhile, or counted as lost to retention
                 if isinstance(result, EndOfStream):
                     cursor.ended = True
                     self._forget_if_complete(cursor)
@@ -425,10 +463,132 @@ class Session:
                         await self._wake.wait()
 
     def _forget_if_complete(self, cursor: Cursor) -> None:
-        if cursor.ended and not cursor.in_flight:
+        if cursor.ended and not cursor.in_flight and self._cursors.get(cursor.key) is cursor:
+            # A closed generation's streams keep coming back from get_streams: the
+            # mark stops a later look from reading this one again from the start.
+            self._done_cursors.add(cursor.key)
             self._cursors.pop(cursor.key, None)
             self.request_persist()
             self._wake.set()
+
+    def _forget_cursors(self, doomed: Callable[[str], bool]) -> tuple[int, int]:
+        """Drop every trace of the cursors whose key is `doomed`: the cursor, its saved
+        progress, its done mark and its resends (their packet identifiers are free
+        again). Returns (cursor states and marks forgotten, resends forgotten): the
+        resends are messages that will not be sent again."""
+        states = [k for k in self._cursors if doomed(k)]
+        for key in states:
+            del self._cursors[key]
+        restored = [k for k in self._restored_cursors if doomed(k)]
+        for key in restored:
+            del self._restored_cursors[key]
+        done = {k for k in self._done_cursors if doomed(k)}
+        self._done_cursors -= done
+        resends = [k for k in self._resend if doomed(k[0])]
+        for resend_key in resends:
+            self._reserved_ids.discard(self._resend.pop(resend_key))
+        return len(states) + len(restored) + len(done), len(resends)
+
+    # -- retention ----------------------------------------------------------------
+
+    async def before_generation_drop(self, shard: int, generation: int) -> None:
+        """Retention is about to drop a generation: count (and log) the messages of it
+        this session has not finished, none of which it can deliver afterwards. From
+        now on it reads and resends nothing more of it, so what is counted is what is
+        lost. Sent messages awaiting an acknowledgement are not counted: the client
+        has them (should they be resent later, the resend counts its loss)."""
+        self._going.add((shard, generation))
+        if not self.durable:
+            return
+        resends: dict[str, set[int]] = {}
+        for key, timestamp in self._resend:
+            if _in_generation(key, shard, generation):
+                resends.setdefault(key, set()).add(timestamp)
+        lost = sum(len(timestamps) for timestamps in resends.values())
+        for subscription in list(self.subscriptions.values()):
+            if subscription.share_group is not None:
+                continue
+            for rank, stream in self._storage.get_streams(self._db, subscription.topic_filter,
+                                                          subscription.since):
+                key = cursor_key(subscription.topic_filter, stream)
+                if (rank.x, rank.y) != (shard, generation) or key in self._done_cursors:
+                    continue
+                unread = await self._unread(subscription, stream, key)
+                lost += len(unread - resends.get(key, set()))
+        self._report_loss(lost, f"{shard}/{generation}")
+
+    async def _unread(self, subscription: Subscription, stream: Stream, key: str) -> set[int]:
+        """Timestamps of the messages of a stream this session has not handed out."""
+        cursor = self._cursors.get(key)
+        if cursor is not None:
+            position, done = cursor.last_handed, set(cursor.done_early)
+        else:
+            state = self._restored_cursors.get(key) or \
+                CursorState(max(subscription.since - 1, 0))
+            position, done = state.position, set(state.done_above)
+        try:
+            iterator = self._storage.make_iterator(self._db, stream, subscription.topic_filter,
+                                                   position + 1)
+        except InvalidIteratorError:
+            return set()
+        unread: set[int] = set()
+        while True:
+            result = await self._storage.next(self._db, iterator, _COUNT_BATCH)
+            if isinstance(result, EndOfStream):
+                return unread
+            iterator, batch = result
+            if not batch:  # not closed: cannot happen for a generation retention drops
+                return unread
+            unread.update(message.timestamp for _key, message in batch
+                          if message.timestamp not in done and not (
+                              subscription.no_local and message.client_id == self.client_id))
+
+    def after_generation_drop(self, shard: int, generation: int) -> None:
+        """A generation is gone: forget every trace of it, and look for streams
+        again (newer generations may have waited on cursors into it)."""
+        counted = (shard, generation) in self._going
+        self._going.discard((shard, generation))
+        states, resends = self._forget_cursors(
+            lambda key: _in_generation(key, shard, generation))
+        if not counted:  # this session came into memory after the count
+            self._report_loss(resends, f"{shard}/{generation}")
+        if self.outlet is not None:
+            if states or resends:
+                self.request_persist()
+            self.renew_streams()
+        self._wake.set()
+
+    def prune_dropped_generations(self) -> None:
+        """Forget cursors, done marks and resends into generations that no longer
+        exist (dropped while this session was not in memory). The unacknowledged
+        resends are counted as lost; unread messages of them cannot be counted any
+        more, but the loss is logged."""
+        existing = self._storage.list_generations(self._db)
+        gone = {(stream.shard, stream.generation)
+                for stream in (parse_cursor_key(key)[1] for key in
+                               [*self._restored_cursors, *self._done_cursors,
+                                *(key for key, _timestamp in self._resend)])
+                if (stream.shard, stream.generation) not in existing}
+        if not gone:
+            return
+        _states, resends = self._forget_cursors(lambda key: _generation_of(key) in gone)
+        names = ", ".join(f"{shard}/{generation}" for shard, generation in sorted(gone))
+        if resends:
+            self._report_loss(resends, names)
+        else:
+            log.warning("session %s: generation(s) %s (shard/generation) dropped by "
+                        "retention while it was away; any unread messages in them are lost",
+                        self.client_id, names)
+        self.request_persist()
+
+    def _report_loss(self, lost: int, generations: str) -> None:
+        if lost <= 0:
+            return
+        SESSION_MESSAGES_EXPIRED.labels("retention").inc(lost)
+        # Not persisted here: a write of an offline session would move its expiry.
+        log.warning("session %s lost %d messages to retention: generation(s) %s "
+                    "(shard/generation) dropped before it delivered them", self.client_id,
+                    lost, generations)
 
     # -- the live feed ------------------------------------------------------------
 
@@ -800,6 +960,7 @@ class Session:
             else:
                 outlet.send_publish(entry.delivery, packet_id, True)
         if self.durable:
+            self.prune_dropped_generations()
             self.renew_streams()
             self._replayer = asyncio.create_task(self._supervised_replay(),
                                                  name=f"replay-{self.client_id}")
@@ -879,3 +1040,12 @@ def _remember(cache: dict[str, _T], topic: str, value: _T) -> None:
     if len(cache) >= ROUTE_CACHE_SIZE:
         del cache[next(iter(cache))]  # the oldest
     cache[topic] = value
+
+
+def _generation_of(key: str) -> tuple[int, int]:
+    stream = parse_cursor_key(key)[1]
+    return stream.shard, stream.generation
+
+
+def _in_generation(key: str, shard: int, generation: int) -> bool:
+    return _generation_of(key) == (shard, generation)
