@@ -66,7 +66,9 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         MESSAGES_DROPPED.labels("not_authorized").inc()
         _ack(channel, packet, ReasonCode.NOT_AUTHORIZED)
         return
-    await _wait_for_room(channel, packet)
+    if (packet.qos > 0 and channel.inbound_qos_pending >= channel.limits.receive_maximum) \
+            or not channel.broker.publisher.has_room(channel.client_id):
+        await _wait_for_room(channel, packet)
     message = Message(topic, packet.payload, channel.client_id, packet.qos, packet.retain,
                       to_message_properties(packet.properties))
     messages_received(packet.qos).inc()

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 
-from ..ds import Database, Message
+from ..ds import Database, Message, shard_of
 from ..errors import InvalidTopicError
 from ..metrics import MESSAGES_DROPPED
 from ..session.store import SessionStore
@@ -60,6 +60,11 @@ class Publisher:
             if wait:
                 waits.append(task)
         return waits
+
+    def has_room(self, client_id: str) -> bool:
+        """Whether the write buffer that takes `client_id`'s messages has room now (the
+        hot path asks this, and awaits `wait_for_room` only when it has not)."""
+        return self._messages.has_room(shard_of(client_id, self._messages.options.n_shards))
 
     async def wait_for_room(self, client_id: str) -> None:
         """Return once the write buffer that takes `client_id`'s messages has room

@@ -750,6 +750,11 @@ class Session:
     def _delivery(self, receivers: Sequence[Subscription], message: Message) -> Delivery:
         """One copy for all the subscriptions: at the highest QoS they grant, with
         all their identifiers (MQTT-3.3.4-2, 3.3.4-4)."""
+        if len(receivers) == 1:  # the common case, without three generator passes
+            only = receivers[0]
+            return Delivery(message, min(message.qos, only.qos),
+                            message.retain and only.retain_as_published,
+                            (only.identifier,) if only.identifier else ())
         return Delivery(message, max(min(message.qos, s.qos) for s in receivers),
                         message.retain and any(s.retain_as_published for s in receivers),
                         tuple(s.identifier for s in receivers if s.identifier))
@@ -763,10 +768,10 @@ class Session:
         timestamp = message.timestamp
         packet_id = self._resend.pop((cursor.key, timestamp), None)
         receivers = self._receivers(message)
-        keys = [subscription.key for subscription in receivers]
-        own_key = cursor.subscription.key
-        delivers = bool(keys) and (keys[0] == own_key
-                                   or (packet_id is not None and own_key in keys))
+        own = cursor.subscription
+        delivers = bool(receivers) and (
+            receivers[0] is own or receivers[0].key == own.key
+            or (packet_id is not None and own.key in {s.key for s in receivers}))
         cursor.handed_out(timestamp)
         if not delivers:
             if packet_id is not None:
