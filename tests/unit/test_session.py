@@ -387,6 +387,46 @@ def test_durable_resends_unacknowledged_with_dup_and_ids_on_reattach() -> None:
     run_resend_test(restore=False)
 
 
+def test_resend_order_is_first_sent_order_not_packet_id_order() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        for n in range(6):
+            storage.db(DB).store("r/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("r/#", qos=1))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "the first window")
+        assert session.on_puback(1) and session.on_puback(2)
+        await wait_until(lambda: len(first.publishes) == 5, "two more")
+        await session.detach()
+        record = record_roundtrip(session)
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await wait_until(lambda: len(second.publishes) == 4, "3 resends and the last one")
+        await settle()
+        # a fresh session counts from 1 again: the last message takes 1, sent after 3-5
+        assert [(s.packet_id, s.payload, s.dup) for s in second.publishes] == \
+            [(3, b"\x02", True), (4, b"\x03", True), (5, b"\x04", True), (1, b"\x05", False)]
+        await session.detach()
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [3, 4, 5, 1]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await wait_until(lambda: len(third.publishes) == 4, "the 4 resends")
+        await settle()
+        assert [(s.packet_id, s.dup) for s in third.publishes] == \
+            [(3, True), (4, True), (5, True), (1, True)]
+        assert [s.payload for s in third.publishes] == [bytes([n]) for n in range(2, 6)]
+        await session.detach()
+
+    run(main())
+
+
 def test_durable_replays_from_saved_position_after_restore() -> None:
     async def main() -> None:
         storage = FakeStorage()
