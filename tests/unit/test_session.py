@@ -427,6 +427,42 @@ def test_resend_order_is_first_sent_order_not_packet_id_order() -> None:
     run(main())
 
 
+def test_resend_order_survives_a_reconnect_with_a_smaller_window() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        for payload in (b"A", b"B", b"C"):
+            storage.db(DB).store("w/x", payload, qos=1)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("w/#", qos=1))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "A, B and C")
+        await session.detach()
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [1, 2, 3]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet(receive_maximum=1)  # A goes out again; B and C wait
+        session.attach(second)
+        await wait_until(lambda: len(second.publishes) == 1, "A again")
+        await settle()
+        assert [(s.payload, s.packet_id, s.dup) for s in second.publishes] == [(b"A", 1, True)]
+        await session.detach()  # none of them acknowledged
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [1, 2, 3]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await wait_until(lambda: len(third.publishes) == 3, "the 3 resends")
+        await settle()
+        assert [(s.payload, s.packet_id, s.dup) for s in third.publishes] == \
+            [(b"A", 1, True), (b"B", 2, True), (b"C", 3, True)]
+        await session.detach()
+
+    run(main())
+
+
 def test_durable_replays_from_saved_position_after_restore() -> None:
     async def main() -> None:
         storage = FakeStorage()
