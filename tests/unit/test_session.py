@@ -79,9 +79,13 @@ class SavedSessions:
 
     def __init__(self) -> None:
         self.records: list[SessionRecord] = []
+        self.gate = asyncio.Event()  # cleared: writes wait (a slow store)
+        self.gate.set()
 
     async def persist(self, session: Session) -> None:
-        self.records.append(SessionRecord.from_json(session.to_record(None).to_json()))
+        record = session.to_record(None).to_json()
+        await self.gate.wait()
+        self.records.append(SessionRecord.from_json(record))
 
 
 def make_session(storage: FakeStorage, *, durable: bool, max_queued: int = 1000,
@@ -521,6 +525,38 @@ def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore(
         assert second.sent == [Sent("pubrel", packet_id)]
         assert session.on_pubcomp(packet_id)
         assert record_roundtrip(session).pubrel_pending == []
+        await session.detach()
+
+    run(main())
+
+
+def test_durable_qos2_packet_id_is_saved_before_the_publish_goes_out() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        storage.db(DB).store("s/x", b"two", qos=2)
+        saved = SavedSessions()
+        saved.gate.clear()
+        session = make_session(storage, durable=True, saved=saved)
+        session.subscribe(Subscription("s/#", qos=2))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await settle()
+        assert outlet.sent == []  # waits for the write of its packet identifier
+        saved.gate.set()
+        await wait_until(lambda: len(outlet.publishes) == 1, "the QoS 2 message")
+        sent = outlet.publishes[0]
+        [(packet_id, _key, timestamp)] = saved.records[0].resend
+        assert (packet_id, timestamp) == (sent.packet_id, sent.timestamp)
+        # the broker dies here (nothing more of this session is written or called):
+        # the next one resumes from the saved record
+        session = make_session(storage, durable=True)
+        session.restore(saved.records[0])
+        again = RecordingOutlet()
+        session.attach(again)
+        await wait_until(lambda: len(again.publishes) == 1, "the resend")
+        await settle()
+        assert [(s.packet_id, s.payload, s.dup) for s in again.publishes] == \
+            [(sent.packet_id, b"two", True)]
         await session.detach()
 
     run(main())
