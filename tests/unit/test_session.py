@@ -1,0 +1,761 @@
+"""The session's own logic (packet identifiers, the in-flight window, QoS 2, the queue,
+durable replay and resend, done marks, overlapping subscriptions), driven through its
+public methods against an in-memory fake of the storage (tests/support/fake_storage.py)
+and a recording fake connection. No broker process, no RocksDB: the integration tests
+cover those; these cover the session in isolation, fast.
+
+Waits are for counts and contents, with generous timeouts. The replay's safety-net
+poll interval is set far beyond them, so a missed wake-up fails a test instead of
+being hidden by the poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY
+
+from stratamq.broker.ds import Message, Stream
+from stratamq.broker.session.model import SessionRecord, Subscription, cursor_key
+from stratamq.broker.session.session import MAX_PACKET_ID, Delivery, Session
+from tests.support.fake_storage import FakeDatabase, FakeStorage
+from tests.support.storage import run
+
+DB = "messages"
+WAIT_TIMEOUT = 3.0  # s; everything here happens in milliseconds
+IDLE_POLL = 600.0  # s: never reached within a test (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One packet the session asked its connection to send."""
+
+    kind: str  # "publish" or "pubrel"
+    packet_id: int | None
+    dup: bool = False
+    topic: str = ""
+    payload: bytes = b""
+    qos: int = 0
+    subscription_ids: tuple[int, ...] = ()
+    timestamp: int = 0
+
+
+class RecordingOutlet:
+    """A connection that records what the session sends through it (a test double)."""
+
+    def __init__(self, receive_maximum: int = 100) -> None:
+        self.receive_maximum = receive_maximum
+        self.sent: list[Sent] = []
+        self.acknowledged = 0  # PUBLISH packets `acknowledge_until` has dealt with
+
+    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> bool:
+        message = delivery.message
+        self.sent.append(Sent("publish", packet_id, dup, message.topic, message.payload,
+                              delivery.qos, delivery.subscription_ids, message.timestamp))
+        return True
+
+    def send_pubrel(self, packet_id: int) -> None:
+        self.sent.append(Sent("pubrel", packet_id))
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        return True
+
+    def may_receive(self, topic: str) -> bool:
+        return True
+
+    @property
+    def publishes(self) -> list[Sent]:
+        return [sent for sent in self.sent if sent.kind == "publish"]
+
+    @property
+    def pubrels(self) -> list[int | None]:
+        return [sent.packet_id for sent in self.sent if sent.kind == "pubrel"]
+
+
+class SavedSessions:
+    """The `persist` callback: keeps every record written, through its JSON form as
+    the real session store does."""
+
+    def __init__(self) -> None:
+        self.records: list[SessionRecord] = []
+        self.gate = asyncio.Event()  # cleared: writes wait (a slow store)
+        self.gate.set()
+
+    async def persist(self, session: Session) -> None:
+        record = session.to_record(None).to_json()
+        await self.gate.wait()
+        self.records.append(SessionRecord.from_json(record))
+
+
+def make_session(storage: FakeStorage, *, durable: bool, max_queued: int = 1000,
+                 batch_size: int = 100, saved: SavedSessions | None = None,
+                 client_id: str = "c1") -> Session:
+    saved = saved or SavedSessions()
+    return Session(client_id, durable=durable, expiry_interval=3600 if durable else 0,
+                   storage=storage.as_storage(), messages_db=DB, max_queued=max_queued,
+                   batch_size=batch_size, idle_poll_interval=IDLE_POLL,
+                   persist=saved.persist, on_shared_loss=lambda _delivery: None)
+
+
+def delivery(topic: str, qos: int, payload: bytes = b"") -> Delivery:
+    return Delivery(Message(topic, payload, "publisher", qos), qos, False)
+
+
+def record_roundtrip(session: Session) -> SessionRecord:
+    return SessionRecord.from_json(session.to_record(1.0).to_json())
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll: the conditions are over plain state that nothing signals."""
+    try:
+        async with asyncio.timeout(WAIT_TIMEOUT):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.001)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def settle() -> None:
+    """Let every runnable task run until it waits (the fake storage never blocks)."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+
+
+async def acknowledge(session: Session, sent: Sent) -> None:
+    assert sent.packet_id is not None
+    if sent.qos == 1:
+        assert session.on_puback(sent.packet_id)
+    else:
+        assert await session.on_pubrec(sent.packet_id, failed=False)
+        assert session.on_pubcomp(sent.packet_id)
+
+
+async def acknowledge_until(session: Session, outlet: RecordingOutlet, count: int) -> None:
+    """Acknowledge every QoS 1/2 PUBLISH as it comes (those not acknowledged by an
+    earlier call), until `count` have come on this connection."""
+    while True:
+        await wait_until(lambda: len(outlet.publishes) > outlet.acknowledged
+                         or len(outlet.publishes) >= count,
+                         f"{count} PUBLISH packets (got {len(outlet.publishes)})")
+        await acknowledge_new(session, outlet)
+        if outlet.acknowledged >= count:
+            return
+
+
+async def acknowledge_new(session: Session, outlet: RecordingOutlet) -> None:
+    """Acknowledge the QoS 1/2 PUBLISH packets not acknowledged yet (each ack may
+    send the next: those are left for the next call)."""
+    publishes = outlet.publishes
+    for sent in publishes[outlet.acknowledged:]:
+        if sent.qos > 0:
+            await acknowledge(session, sent)
+    outlet.acknowledged = len(publishes)
+
+
+def key_of(sent: Sent) -> tuple[str, int]:
+    return sent.topic, sent.timestamp
+
+
+# -- packet identifiers ------------------------------------------------------------
+
+
+def test_packet_ids_are_allocated_in_order_and_not_reused_while_in_flight() -> None:
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=False)
+        outlet = RecordingOutlet(receive_maximum=10)
+        session.attach(outlet)
+        for n in range(3):
+            session.offer(delivery("t", 1, bytes([n])))
+        assert [s.packet_id for s in outlet.publishes] == [1, 2, 3]
+        assert not any(s.dup for s in outlet.publishes)
+        assert session.on_puback(2)
+        assert not session.on_puback(2)  # acknowledged already
+        assert not session.on_puback(9)  # never sent
+        for n in range(3):
+            session.offer(delivery("t", 1, bytes([n])))
+        assert [s.packet_id for s in outlet.publishes] == [1, 2, 3, 4, 5, 6]
+        assert session.in_flight_count == 5
+        session.offer(delivery("t", 0))
+        assert outlet.publishes[-1].packet_id is None  # QoS 0 takes none
+        await session.detach()
+
+    run(main())
+
+
+def test_packet_ids_wrap_past_65535_skipping_those_in_use() -> None:
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=False, max_queued=10)
+        outlet = RecordingOutlet(receive_maximum=MAX_PACKET_ID)
+        session.attach(outlet)
+        for _ in range(MAX_PACKET_ID):
+            session.offer(delivery("t", 1))
+        assert [s.packet_id for s in outlet.publishes] == list(range(1, MAX_PACKET_ID + 1))
+        session.offer(delivery("t", 1, b"waits"))  # every identifier is in use
+        assert len(outlet.publishes) == MAX_PACKET_ID
+        assert session.queued_count == 1
+        kept = {1, 2, 4, MAX_PACKET_ID}
+        for packet_id in range(3, MAX_PACKET_ID):
+            if packet_id not in kept:
+                assert session.on_puback(packet_id)
+        session.offer(delivery("t", 1))
+        session.offer(delivery("t", 1))
+        # after 65535 comes 1 (not 0); 1 and 2 are in use, 3 is free again, 4 is not
+        assert [s.packet_id for s in outlet.publishes[MAX_PACKET_ID:]] == [3, 5, 6]
+        assert outlet.publishes[MAX_PACKET_ID].payload == b"waits"
+        await session.detach()
+
+    run(main())
+
+
+# -- the in-flight window ----------------------------------------------------------
+
+
+def test_in_flight_window_respects_receive_maximum_and_acks_release_the_next() -> None:
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=False)
+        outlet = RecordingOutlet(receive_maximum=2)
+        session.attach(outlet)
+        for payload, qos in [(b"a", 1), (b"b", 2), (b"c", 1), (b"d", 0), (b"e", 1)]:
+            session.offer(delivery("t", qos, payload))
+        assert [s.payload for s in outlet.publishes] == [b"a", b"b"]
+        assert (session.in_flight_count, session.queued_count) == (2, 3)
+        assert session.on_puback(1)
+        # c takes the free slot; d (QoS 0) follows in queue order; e waits
+        assert [(s.payload, s.packet_id) for s in outlet.publishes[2:]] == \
+            [(b"c", 3), (b"d", None)]
+        assert (session.in_flight_count, session.queued_count) == (2, 1)
+        assert await session.on_pubrec(2, failed=False)
+        assert len(outlet.publishes) == 4  # b still holds its slot until PUBCOMP
+        assert session.on_pubcomp(2)
+        assert [(s.payload, s.packet_id) for s in outlet.publishes[4:]] == [(b"e", 4)]
+        assert (session.in_flight_count, session.queued_count) == (2, 0)
+        await session.detach()
+
+    run(main())
+
+
+# -- outbound QoS 2 ----------------------------------------------------------------
+
+
+def test_qos2_pubrec_gets_pubrel_and_pubcomp_frees_the_id() -> None:
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=False)
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        session.offer(delivery("t", 2, b"a"))
+        session.offer(delivery("t", 2, b"b"))
+        assert [(s.payload, s.packet_id, s.qos) for s in outlet.publishes] == [(b"a", 1, 2)]
+        assert not session.on_puback(1)  # not a QoS 1 exchange
+        assert not session.on_pubcomp(1)  # no PUBREC yet
+        assert await session.on_pubrec(1, failed=False)
+        assert outlet.pubrels == [1]
+        assert await session.on_pubrec(1, failed=False)  # a repeated PUBREC: PUBREL again
+        assert outlet.pubrels == [1, 1]
+        assert len(outlet.publishes) == 1 and session.in_flight_count == 1
+        assert session.on_pubcomp(1)
+        assert not session.on_pubcomp(1)
+        assert session.in_flight_count == 1
+        assert [(s.payload, s.packet_id) for s in outlet.publishes[1:]] == [(b"b", 2)]
+        assert session.on_puback(2) is False
+        await session.detach()
+
+    run(main())
+
+
+def test_qos2_failed_pubrec_frees_the_id_without_pubrel() -> None:
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=False)
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        session.offer(delivery("t", 2, b"a"))
+        session.offer(delivery("t", 2, b"b"))
+        assert await session.on_pubrec(1, failed=True)
+        assert outlet.pubrels == []
+        assert not session.on_pubcomp(1)  # the exchange is over
+        assert [(s.payload, s.packet_id) for s in outlet.publishes] == [(b"a", 1), (b"b", 2)]
+        assert session.in_flight_count == 1
+        assert not await session.on_pubrec(1, failed=False)
+        await session.detach()
+
+    run(main())
+
+
+# -- a transient session's full queue ----------------------------------------------
+
+
+def dropped_for_full_queue() -> float:
+    value = REGISTRY.get_sample_value("stratamq_messages_dropped_total",
+                                      {"reason": "queue_full"})
+    return value or 0.0
+
+
+def test_transient_full_queue_drops_qos0_only_and_reads_qos1_2_from_storage() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=False, max_queued=2)
+        session.subscribe(Subscription("t/#", qos=2))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        dropped_before = dropped_for_full_queue()
+        qos_of = {b"1": 1, b"2": 1, b"3": 0, b"4": 0, b"5": 1, b"6": 0, b"7": 2,
+                  b"8": 0, b"9": 1}
+        for payload, qos in qos_of.items():
+            session.on_feed(*db.store("t/x", payload, qos=qos))
+        # 1 is in flight and 2 waits behind it; the queue (2) is full from 3 on: 3 is
+        # pushed out by 4, 4 by 5; 6 finds only QoS 1 queued and is dropped; 7 finds
+        # no QoS 0 to push out: it and all after it on the stream (8 too) come from
+        # storage
+        expected = [b"1", b"2", b"5", b"7", b"8", b"9"]
+        await acknowledge_until(session, outlet, len(expected))
+        await settle()
+        assert [s.payload for s in outlet.publishes] == expected
+        assert [s.qos for s in outlet.publishes] == [qos_of[p] for p in expected]
+        assert dropped_for_full_queue() - dropped_before == 3
+        # caught up: the next one comes live again, exactly once
+        session.on_feed(*db.store("t/x", b"10", qos=1))
+        await acknowledge_until(session, outlet, len(expected) + 1)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [*expected, b"10"]
+        await session.detach()
+
+    run(main())
+
+
+# -- durable replay and resend -----------------------------------------------------
+
+
+def store_interleaved(db: FakeDatabase, count: int) -> list[tuple[Stream, Message]]:
+    stored = []
+    for n in range(count):
+        stored.append(db.store("d/a", f"a{n}".encode(), qos=1))
+        stored.append(db.store("d/b", f"b{n}".encode(), qos=1))
+    return stored
+
+
+def run_resend_test(restore: bool) -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        stored = store_interleaved(db, 3)
+        session = make_session(storage, durable=True, batch_size=1)
+        session.subscribe(Subscription("d/#", qos=1))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "the first window")
+        assert session.on_puback(first.publishes[1].packet_id or 0)  # out of order
+        await wait_until(lambda: len(first.publishes) == 4, "the slot freed by the ack")
+        await settle()
+        unacked = [first.publishes[i] for i in (0, 2, 3)]
+        await session.detach()
+        record = record_roundtrip(session)
+        assert [(pid, ts) for pid, _key, ts in record.resend] == \
+            [(s.packet_id, s.timestamp) for s in unacked]  # in first-sent order
+        if restore:
+            session = make_session(storage, durable=True, batch_size=1)
+            session.restore(record)
+        second = RecordingOutlet(receive_maximum=10)
+        session.attach(second)
+        await acknowledge_until(session, second, len(stored) - 1)
+        await settle()
+        resent = second.publishes[:3]
+        assert [(s.packet_id, s.timestamp, s.payload, s.dup) for s in resent] == \
+            [(s.packet_id, s.timestamp, s.payload, True) for s in unacked]
+        fresh = second.publishes[3:]
+        assert not any(s.dup for s in fresh)
+        assert {key_of(s) for s in fresh}.isdisjoint(key_of(s) for s in first.publishes)
+        assert sorted(key_of(s) for s in [*first.publishes, *fresh]) == \
+            sorted((m.topic, m.timestamp) for _stream, m in stored)
+        assert not {s.packet_id for s in fresh} & {s.packet_id for s in unacked}
+        # everything acknowledged: a third connection gets nothing again
+        await session.detach()
+        record = record_roundtrip(session)
+        assert record.resend == []
+        session = make_session(storage, durable=True, batch_size=1)
+        session.restore(record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await settle()
+        assert third.sent == []
+        await session.detach()
+
+    run(main())
+
+
+def test_durable_resends_unacknowledged_with_dup_and_ids_in_sent_order_after_restore() -> None:
+    run_resend_test(restore=True)
+
+
+def test_durable_resends_unacknowledged_with_dup_and_ids_on_reattach() -> None:
+    run_resend_test(restore=False)
+
+
+def test_resend_order_is_first_sent_order_not_packet_id_order() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        for n in range(6):
+            storage.db(DB).store("r/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("r/#", qos=1))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "the first window")
+        assert session.on_puback(1) and session.on_puback(2)
+        await wait_until(lambda: len(first.publishes) == 5, "two more")
+        await session.detach()
+        record = record_roundtrip(session)
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await wait_until(lambda: len(second.publishes) == 4, "3 resends and the last one")
+        await settle()
+        # a fresh session counts from 1 again: the last message takes 1, sent after 3-5
+        assert [(s.packet_id, s.payload, s.dup) for s in second.publishes] == \
+            [(3, b"\x02", True), (4, b"\x03", True), (5, b"\x04", True), (1, b"\x05", False)]
+        await session.detach()
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [3, 4, 5, 1]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await wait_until(lambda: len(third.publishes) == 4, "the 4 resends")
+        await settle()
+        assert [(s.packet_id, s.dup) for s in third.publishes] == \
+            [(3, True), (4, True), (5, True), (1, True)]
+        assert [s.payload for s in third.publishes] == [bytes([n]) for n in range(2, 6)]
+        await session.detach()
+
+    run(main())
+
+
+def test_resend_order_survives_a_reconnect_with_a_smaller_window() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        for payload in (b"A", b"B", b"C"):
+            storage.db(DB).store("w/x", payload, qos=1)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("w/#", qos=1))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "A, B and C")
+        await session.detach()
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [1, 2, 3]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet(receive_maximum=1)  # A goes out again; B and C wait
+        session.attach(second)
+        await wait_until(lambda: len(second.publishes) == 1, "A again")
+        await settle()
+        assert [(s.payload, s.packet_id, s.dup) for s in second.publishes] == [(b"A", 1, True)]
+        await session.detach()  # none of them acknowledged
+        record = record_roundtrip(session)
+        assert [pid for pid, _key, _ts in record.resend] == [1, 2, 3]
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await wait_until(lambda: len(third.publishes) == 3, "the 3 resends")
+        await settle()
+        assert [(s.payload, s.packet_id, s.dup) for s in third.publishes] == \
+            [(b"A", 1, True), (b"B", 2, True), (b"C", 3, True)]
+        await session.detach()
+
+    run(main())
+
+
+def test_durable_replays_from_saved_position_after_restore() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        stream, _ = db.store("p/x", bytes([0]), qos=1)
+        for n in range(1, 5):
+            db.store("p/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("p/#", qos=1))
+        first = RecordingOutlet()
+        session.attach(first)
+        await acknowledge_until(session, first, 5)
+        await session.detach()
+        record = record_roundtrip(session)
+        assert list(record.cursors) == [cursor_key("p/#", stream)]
+        assert record.cursors[cursor_key("p/#", stream)].position == \
+            first.publishes[-1].timestamp
+        for n in range(5, 8):  # stored while the client was away
+            db.store("p/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await acknowledge_until(session, second, 3)
+        await settle()
+        assert [s.payload for s in second.publishes] == [bytes([n]) for n in range(5, 8)]
+        assert not any(s.dup for s in second.publishes)
+        await session.detach()
+
+    run(main())
+
+
+def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        storage.db(DB).store("q/x", b"once", qos=2)
+        saved = SavedSessions()
+        session = make_session(storage, durable=True, saved=saved)
+        session.subscribe(Subscription("q/#", qos=2))
+        first = RecordingOutlet()
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 1, "the QoS 2 message")
+        packet_id = first.publishes[0].packet_id
+        assert packet_id is not None
+        assert await session.on_pubrec(packet_id, failed=False)
+        # saved before PUBREL went out: a crash now never publishes it again
+        assert saved.records[-1].pubrel_pending == [packet_id]
+        assert first.pubrels == [packet_id]
+        await session.detach()
+        record = record_roundtrip(session)
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await settle()
+        assert second.sent == [Sent("pubrel", packet_id)]
+        assert session.on_pubcomp(packet_id)
+        assert record_roundtrip(session).pubrel_pending == []
+        await session.detach()
+
+    run(main())
+
+
+def test_durable_qos2_packet_id_is_saved_before_the_publish_goes_out() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        storage.db(DB).store("s/x", b"two", qos=2)
+        saved = SavedSessions()
+        saved.gate.clear()
+        session = make_session(storage, durable=True, saved=saved)
+        session.subscribe(Subscription("s/#", qos=2))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await settle()
+        assert outlet.sent == []  # waits for the write of its packet identifier
+        saved.gate.set()
+        await wait_until(lambda: len(outlet.publishes) == 1, "the QoS 2 message")
+        sent = outlet.publishes[0]
+        [(packet_id, _key, timestamp)] = saved.records[0].resend
+        assert (packet_id, timestamp) == (sent.packet_id, sent.timestamp)
+        # the broker dies here (nothing more of this session is written or called):
+        # the next one resumes from the saved record
+        session = make_session(storage, durable=True)
+        session.restore(saved.records[0])
+        again = RecordingOutlet()
+        session.attach(again)
+        await wait_until(lambda: len(again.publishes) == 1, "the resend")
+        await settle()
+        assert [(s.packet_id, s.payload, s.dup) for s in again.publishes] == \
+            [(sent.packet_id, b"two", True)]
+        await session.detach()
+
+    run(main())
+
+
+# -- closed generations ------------------------------------------------------------
+
+
+def test_finished_closed_generation_is_not_replayed_after_renew_or_restore() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        old_stream, _ = db.store("g/x", b"1")
+        db.store("g/x", b"2")
+        db.add_generation(0)
+        db.store("g/x", b"3")
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("g/#", qos=1))
+        first = RecordingOutlet()
+        session.attach(first)
+        await acknowledge_until(session, first, 3)
+        assert [s.payload for s in first.publishes] == [b"1", b"2", b"3"]  # generations in order
+        old_key = cursor_key("g/#", old_stream)
+        await wait_until(lambda: old_key in session.to_record(None).done, "the done mark")
+        reads = db.reads[old_stream]
+        session.renew_streams()
+        await settle()
+        assert len(first.publishes) == 3
+        assert db.reads[old_stream] == reads
+        await session.detach()
+        record = record_roundtrip(session)
+        assert record.done == [old_key]
+        assert old_key not in record.cursors
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await settle()
+        assert second.sent == []
+        session.renew_streams()
+        session.on_feed(*db.store("g/x", b"4"))
+        await acknowledge_until(session, second, 1)
+        await settle()
+        assert [s.payload for s in second.publishes] == [b"4"]
+        assert db.reads[old_stream] == reads
+        await session.detach()
+
+    run(main())
+
+
+def test_closed_generation_with_unacknowledged_message_has_no_done_mark() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        old_stream, _ = db.store("g/x", b"1")
+        db.store("g/x", b"2")
+        db.add_generation(0)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("g/#", qos=1))
+        first = RecordingOutlet()
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 2, "both messages")
+        assert session.on_puback(first.publishes[0].packet_id or 0)
+        await settle()
+        await session.detach()
+        record = record_roundtrip(session)
+        assert record.done == []
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        second = RecordingOutlet()
+        session.attach(second)
+        await acknowledge_until(session, second, 1)
+        await settle()
+        assert [(s.payload, s.dup) for s in second.publishes] == [(b"2", True)]
+        await wait_until(lambda: session.to_record(None).done == [cursor_key("g/#", old_stream)],
+                         "the done mark once the last message is acknowledged")
+        await session.detach()
+
+    run(main())
+
+
+# -- streams that appear later -----------------------------------------------------
+
+
+def test_periodic_look_finds_a_new_stream_through_the_stream_version() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        db.store("n/a", b"first")
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("n/#", qos=1))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, 1)
+        version = db.stream_version
+        db.store("n/b", b"new stream", shard=1)  # not fed: only the look can find it
+        assert db.stream_version == version + 1
+        session.renew_new_streams()
+        await acknowledge_until(session, outlet, 2)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [b"first", b"new stream"]
+        await session.detach()
+
+    run(main())
+
+
+# -- overlapping subscriptions -----------------------------------------------------
+
+
+def overlapping_subscriptions(session: Session) -> None:
+    session.subscribe(Subscription("o/+", qos=1, identifier=1))
+    session.subscribe(Subscription("o/#", qos=2, identifier=2))
+    session.subscribe(Subscription("#", qos=0))  # no identifier
+
+
+def test_overlapping_subscriptions_give_one_transient_delivery_with_all_ids() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        session = make_session(storage, durable=False)
+        overlapping_subscriptions(session)
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        session.on_feed(*storage.db(DB).store("o/x", b"m", qos=2))
+        session.on_feed(*storage.db(DB).store("other", b"n", qos=2))
+        assert [(s.payload, s.qos, sorted(s.subscription_ids)) for s in outlet.publishes] == \
+            [(b"m", 2, [1, 2]), (b"n", 0, [])]
+        await session.detach()
+
+    run(main())
+
+
+def test_overlapping_subscriptions_give_one_durable_delivery_with_all_ids() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        db.store("o/x", b"stored", qos=2)
+        session = make_session(storage, durable=True)
+        overlapping_subscriptions(session)
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, 1)
+        await settle()
+        session.on_feed(*db.store("o/x", b"live", qos=1))
+        await acknowledge_until(session, outlet, 2)
+        await settle()
+        assert [(s.payload, s.qos, sorted(s.subscription_ids)) for s in outlet.publishes] == \
+            [(b"stored", 2, [1, 2]), (b"live", 1, [1, 2])]
+        last = outlet.publishes[-1].timestamp
+        await session.detach()
+        record = record_roundtrip(session)
+        # every subscription's cursor is past both: none sends them again
+        assert sorted(key.rsplit(":", 1)[1] for key in record.cursors) == ["#", "o/#", "o/+"]
+        assert {state.position for state in record.cursors.values()} == {last}
+        session = make_session(storage, durable=True)
+        session.restore(record)
+        again = RecordingOutlet()
+        session.attach(again)
+        await settle()
+        assert again.sent == []
+        await session.detach()
+
+    run(main())
+
+
+# -- a queue of one ----------------------------------------------------------------
+# mqtt.max_queued_messages is a PositiveInt, so 1 is a valid setting. These wait with
+# settle() rather than a timeout: the fake storage answers at once, so a few loop turns
+# are plenty, and a stuck replay fails fast instead of after WAIT_TIMEOUT.
+
+
+def test_durable_session_with_a_queue_of_one_replays_stored_messages() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        storage.db(DB).store("one/x", b"stored", qos=1)
+        session = make_session(storage, durable=True, max_queued=1)
+        session.subscribe(Subscription("one/#", qos=1))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [b"stored"]
+        await session.detach()
+
+    run(main())
+
+
+def test_transient_session_with_a_queue_of_one_catches_up_from_storage() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=False, max_queued=1)
+        session.subscribe(Subscription("one/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        for payload in (b"1", b"2", b"3"):  # 1 in flight, 2 queued, 3 from storage
+            session.on_feed(*db.store("one/x", payload, qos=1))
+        for _ in range(3):
+            await settle()
+            await acknowledge_new(session, outlet)
+        assert [s.payload for s in outlet.publishes] == [b"1", b"2", b"3"]
+        await session.detach()
+
+    run(main())
