@@ -164,6 +164,9 @@ class Session:
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
+        # The replay reads while the queue is under this; at least 1, or a queue of
+        # one would never let it read at all.
+        self._replay_room = max(1, max_queued // 2)
         self._batch_size = batch_size
         self._idle_poll_interval = idle_poll_interval
         self._waiting_for_room = False
@@ -424,7 +427,7 @@ class Session:
             self._wake.clear()
             progressed = False
             for cursor in list(self._cursors.values()):
-                if len(self._queue) >= self._max_queued // 2:
+                if len(self._queue) >= self._replay_room:
                     self._waiting_for_room = True  # acks wake us (see _finished)
                     break
                 if self.outlet is None:
@@ -894,14 +897,19 @@ class Session:
     def _unacknowledged(self) -> dict[tuple[str, int], int]:
         """Durable deliveries that got a packet identifier and are not acknowledged
         (PUBREC counts): (cursor key, message timestamp) -> packet identifier."""
-        found = dict(self._resend)
-        for delivery in self._queue:
-            if delivery.packet_id is not None and delivery.cursor is not None:
-                found[(delivery.cursor.key, delivery.message.timestamp)] = delivery.packet_id
+        # In first-sent order, which resends keep (MQTT-4.6.0-1): what is in flight
+        # went out first, then the queue in its order; resends not offered again yet
+        # (a disconnect in the middle of them) follow what was offered before them.
+        found: dict[tuple[str, int], int] = {}
         for packet_id, entry in self._in_flight.items():
             cursor = entry.delivery.cursor
             if cursor is not None and not entry.released:
                 found[(cursor.key, entry.delivery.message.timestamp)] = packet_id
+        for delivery in self._queue:
+            if delivery.packet_id is not None and delivery.cursor is not None:
+                found[(delivery.cursor.key, delivery.message.timestamp)] = delivery.packet_id
+        for key, packet_id in self._resend.items():
+            found.setdefault(key, packet_id)
         return found
 
     def _finished(self, delivery: Delivery) -> None:
@@ -910,7 +918,7 @@ class Session:
             cursor.done(delivery.message.timestamp)
             self._forget_if_complete(cursor)
             self.request_persist()
-        if self._waiting_for_room and len(self._queue) < self._max_queued // 2:
+        if self._waiting_for_room and len(self._queue) < self._replay_room:
             self._waiting_for_room = False
             self._wake.set()
 
