@@ -30,7 +30,7 @@ from .generation import GenerationInfo, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
 from .lts import END, Edge
-from .message import Message, decode_message, peek_topic
+from .message import Message, decode_message
 from .options import DbOptions
 from .shard import Shard, now_us
 
@@ -388,8 +388,15 @@ class Database:
         # Iterator bytes come from outside (a client's session, another site): a valid
         # checksum does not make the stream/filter pair honest, so every message is
         # checked against the filter. Those that fail are skipped, not returned.
-        messages = [(key, decode_message(value)) for key, value in entries
-                    if levels_match(filter_levels, peek_topic(value).split("/"))]
+        messages = []
+        matched = None  # runs of one topic are the rule in a stream: check each run once
+        for key, value in entries:
+            message = decode_message(value)
+            if message.topic != matched:
+                if not levels_match(filter_levels, message.topic.split("/")):
+                    continue
+                matched = message.topic
+            messages.append((key, message))
         return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
