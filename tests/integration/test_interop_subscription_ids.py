@@ -46,8 +46,8 @@ def stratamq_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def mosquitto_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    if MOSQUITTO is None:
-        pytest.skip("mosquitto is not installed (make install installs it)")
+    # `make test` installs mosquitto; a run without it must fail, not pass by skipping
+    assert MOSQUITTO is not None, "mosquitto is not installed (make install installs it)"
     folder = tmp_path_factory.mktemp("mosquitto")
     port = free_port()
     conf = folder / "mosquitto.conf"
