@@ -3,6 +3,7 @@ at a time, same clients, same loads (see broker_peers.py for their configuration
 
     .venv/bin/python bench/broker_bench.py [--quick] [--out DIR] [--brokers a,b]
                                            [--drain N] [--kill N] [--amqtt-scale F]
+                                           [--only q1,q1w20,drain,...]
 
 Loads (64-byte payloads, Debian's C clients `mosquitto_pub -l` / `mosquitto_sub`, MQTT
 3.1.1, clean sessions unless said otherwise, each publisher with `-M 100` in flight):
@@ -67,8 +68,10 @@ from tests.support.harness import REPO, ManagedProcess
 
 matplotlib.use("Agg")
 
-CPU_AIM = 3.0  # stratamq CPU per message / Mosquitto's, 1->1 QoS 1
 AIM_SCENARIO = "1->1 QoS1"
+WINDOW_AIM_SCENARIO = "1->1 QoS1 -M 20"
+# stratamq CPU per message / Mosquitto's, at most (the issue "One site you can trust")
+CPU_AIMS = {AIM_SCENARIO: 1.5, WINDOW_AIM_SCENARIO: 2.5}
 PEER_ORDER = ("stratamq", "mosquitto", "amqtt")
 DRAIN_PUBLISHERS = 4
 WINDOW = 100  # mosquitto_pub -M: QoS 1 messages in flight per publisher
@@ -109,7 +112,7 @@ LIVE = (
          probe_rate=500, probe_messages=1000, quick_probe_messages=250),
     Live(AIM_SCENARIO, "q1", 1, 1, 1, False, 100_000, 10_000,
          probe_rate=500, probe_messages=1000, quick_probe_messages=250),
-    Live("1->1 QoS1 -M 20", "q1w20", 1, 1, 1, False, 10_000, 2_000, window=20),
+    Live(WINDOW_AIM_SCENARIO, "q1w20", 1, 1, 1, False, 50_000, 5_000, window=20),
     Live("10->10 QoS1", "p10", 1, 10, 10, False, 10_000, 1_000,
          probe_rate=50, probe_messages=100, quick_probe_messages=25),
     Live("1->100 QoS1", "fan", 1, 1, 100, True, 1_000, 200,
@@ -169,6 +172,7 @@ class Settings:
     drain_cap: dict[str, int] = field(default_factory=dict)
     out: Path = REPO / "bench" / "results"
     first_wait: float = 20.0  # seconds a restarted broker has to deliver a first message
+    only: frozenset[str] = frozenset()  # the loads to run (Live slugs, "drain", "kill")
 
 
 # -- runs ----------------------------------------------------------------------------
@@ -303,7 +307,7 @@ def bench_broker(name: str, workroot: Path, files: LineFiles, settings: Settings
     scale = settings.scale.get(name, 1.0)
     broker.start()
     try:
-        for live in LIVE:
+        for live in (live for live in LIVE if live.slug in settings.only):
             messages = max(1, int((live.quick_messages if settings.quick else live.messages)
                                   * scale))
             before = _dropped(broker)
@@ -312,12 +316,15 @@ def bench_broker(name: str, workroot: Path, files: LineFiles, settings: Settings
             rows[-1].dropped = {k: int(v - before.get(k, 0)) for k, v in after.items()
                                 if v > before.get(k, 0)}
             _progress(rows[-1])
-        drain = min(int(settings.drain * scale), settings.drain_cap.get(name, settings.drain))
-        rows.append(run_drain(broker, drain, files, outdir, settings))
-        _progress(rows[-1])
-        kills.append(run_kill(broker, int(settings.kill * scale), files, outdir, settings))
-        print(f"  {name}: kill -9: {kills[-1].acked} acked, {kills[-1].lost} of them lost",
-              flush=True)
+        if "drain" in settings.only:
+            drain = min(int(settings.drain * scale),
+                        settings.drain_cap.get(name, settings.drain))
+            rows.append(run_drain(broker, drain, files, outdir, settings))
+            _progress(rows[-1])
+        if "kill" in settings.only:
+            kills.append(run_kill(broker, int(settings.kill * scale), files, outdir, settings))
+            print(f"  {name}: kill -9: {kills[-1].acked} acked, {kills[-1].lost} of them "
+                  "lost", flush=True)
     except Exception as error:
         print(f"  {name} FAILED: {error!r}\n  its log ends:\n{broker.log_tail(1500)}",
               file=sys.stderr, flush=True)
@@ -401,12 +408,13 @@ def print_kills(kills: Sequence[KillResult]) -> None:
 def print_aims(rows: Sequence[Row], kills: Sequence[KillResult]) -> list[str]:
     """The aims for stratamq, each met or not; returns the lines printed."""
     lines = []
-    ours, theirs = _find(rows, AIM_SCENARIO, "stratamq"), _find(rows, AIM_SCENARIO, "mosquitto")
-    if ours and theirs:
-        ratio = ours.cpu_us / theirs.cpu_us
-        lines.append(f"CPU per message, {AIM_SCENARIO}: stratamq {ours.cpu_us:.1f} us vs "
-                     f"Mosquitto {theirs.cpu_us:.1f} us = {ratio:.2f}x (aim <= {CPU_AIM:.0f}x): "
-                     + ("MET" if ratio <= CPU_AIM else "NOT MET"))
+    for scenario, aim in CPU_AIMS.items():
+        ours, theirs = _find(rows, scenario, "stratamq"), _find(rows, scenario, "mosquitto")
+        if ours and theirs:
+            ratio = ours.cpu_us / theirs.cpu_us
+            lines.append(f"CPU per message, {scenario}: stratamq {ours.cpu_us:.1f} us vs "
+                         f"Mosquitto {theirs.cpu_us:.1f} us = {ratio:.2f}x (aim <= {aim}x): "
+                         + ("MET" if ratio <= aim else "NOT MET"))
     ours, theirs = _find(rows, DRAIN, "stratamq"), _find(rows, DRAIN, "mosquitto")
     if ours and theirs:
         lines.append(f"offline-backlog drain: stratamq {ours.rate:,.0f} msgs/s vs Mosquitto "
@@ -498,7 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amqtt-scale", type=float, default=0.25,
                         help="amqtt's loads relative to the others' (it is ~10x slower)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--only", help="comma-separated subset of the loads: "
+                        + ",".join([*(live.slug for live in LIVE), "drain", "kill"]))
     args = parser.parse_args(argv)
+    known = {*(live.slug for live in LIVE), "drain", "kill"}
+    only = set(args.only.split(",")) if args.only else known
+    if only - known:
+        parser.error(f"unknown loads {sorted(only - known)}; choose from {sorted(known)}")
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     unknown = [b for b in brokers if b not in BROKERS]
     if unknown:
@@ -512,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         drain=args.drain or (20_000 if args.quick else 1_000_000),
         kill=args.kill or (5_000 if args.quick else 50_000),
         idle=3.0 if args.quick else 5.0, drain_cap={"amqtt": AMQTT_DRAIN_CAP}, out=args.out,
-        first_wait=6.0 if args.quick else 20.0)
+        first_wait=6.0 if args.quick else 20.0, only=frozenset(only))
     args.out.mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="broker_bench-"))
     started = time.monotonic()

@@ -1,9 +1,10 @@
 """Where stratamq spends its CPU under a QoS 1 load: py-spy samples the broker process
 (all threads, idle ones left out) while the broker benchmark's 1->1 and 10->10 QoS 1
-loads run, then prints the functions with the most own time (and the most time
-including callees).
+loads and the offline drain run (or those named by --only), then prints the functions
+with the most own time (and the most time including callees).
 
     .venv/bin/python bench/broker_profile.py [--messages N] [--top K] [--out DIR]
+                                             [--only q1,q1w20,p10,drain] [--native]
 
 Needs py-spy in .venv (the `bench` extra; `make bench` installs it); writes the raw
 samples and the report into bench/results/.
@@ -77,9 +78,11 @@ def report(samples: int, own: Counter[str], total: Counter[str], top: int) -> st
 class Sampler:
     """py-spy recording a process from `with` until its end."""
 
-    def __init__(self, py_spy: Path, pid: int, raw: Path) -> None:
+    def __init__(self, py_spy: Path, pid: int, raw: Path, native: bool = False) -> None:
         self.command = [str(py_spy), "record", "--pid", str(pid), "--rate", "200",
-                        "--nonblocking", "--format", "raw", "--output", str(raw)]
+                        "--format", "raw", "--output", str(raw)]
+        # --native must stop the process to unwind C frames; plain sampling need not
+        self.command += ["--native"] if native else ["--nonblocking"]
         self.raw = raw
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -108,8 +111,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="messages of the 1->1 load, of the 10->10 load (all pairs) "
                         "and of the drain")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--only", default="q1,p10,drain",
+                        help="comma-separated loads to profile: slugs of broker_bench's "
+                        "LIVE loads, and drain (default q1,p10,drain)")
+    parser.add_argument("--native", action="store_true",
+                        help="sample C frames too (uvloop, RocksDB); slows the broker")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    known = {*(live.slug for live in LIVE), "drain"}
+    if only - known:
+        parser.error(f"unknown loads {sorted(only - known)}; choose from {sorted(known)}")
+    lives = [live for live in LIVE if live.slug in only]
     py_spy = VENV_BIN / "py-spy"
     if not py_spy.exists():
         print("py-spy is missing: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -124,19 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     texts = []
     broker.start()
     try:
-        with Sampler(py_spy, broker.pid, args.out / "broker_profile_qos1.raw.txt") as qos1:
-            for live in LIVE:
-                if live.name in ("1->1 QoS1", "10->10 QoS1"):
+        if lives:
+            raw = args.out / "broker_profile_live.raw.txt"
+            with Sampler(py_spy, broker.pid, raw, args.native) as sampler:
+                for live in lives:
                     row = run_live(broker, replace(live, probe_rate=0.0),
                                    args.messages // live.publishers, files, outdir, settings)
                     print(f"{row.scenario}: {row.rate:,.0f} msgs/s, {row.cpu_us:.1f} us/msg "
                           "(under py-spy)", flush=True)
-        texts.append(qos1.report("QoS 1 load, 1->1 and 10->10", args.top))
-        published = fill_offline(broker, args.messages, files)
-        with Sampler(py_spy, broker.pid, args.out / "broker_profile_drain.raw.txt") as drain:
-            row = time_drain(broker, published, outdir, settings)
-            print(f"drain: {row.rate:,.0f} msgs/s, {row.cpu_us:.1f} us/msg (under py-spy)")
-        texts.append(drain.report(f"drain of {published} messages", args.top))
+            texts.append(sampler.report(", ".join(live.name for live in lives), args.top))
+        if "drain" in only:
+            published = fill_offline(broker, args.messages, files)
+            raw = args.out / "broker_profile_drain.raw.txt"
+            with Sampler(py_spy, broker.pid, raw, args.native) as sampler:
+                row = time_drain(broker, published, outdir, settings)
+                print(f"drain: {row.rate:,.0f} msgs/s, {row.cpu_us:.1f} us/msg "
+                      "(under py-spy)")
+            texts.append(sampler.report(f"drain of {published} messages", args.top))
     finally:
         broker.stop()
         shutil.rmtree(workroot, ignore_errors=True)

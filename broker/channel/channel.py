@@ -201,7 +201,7 @@ class Channel:
 
     def send(self, packet: Packet) -> None:
         data = encode(packet, self.level)
-        packets_sent(type(packet).__name__.lower()).inc()
+        packets_sent(type(packet).__name__).inc()
         BYTES_SENT.inc(len(data))
         self.transport.write(data)
 
@@ -244,7 +244,7 @@ class Channel:
             if properties.topic_alias is not None and topic:
                 del self._outbound_aliases[topic]
             return False
-        packets_sent("publish").inc()
+        packets_sent("Publish").inc()
         messages_delivered(delivery.qos).inc()
         BYTES_SENT.inc(len(data))
         self.transport.write(data)

@@ -11,6 +11,10 @@ _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 
 BUFFER_BATCHES = Counter("stratamq_ds_buffer_batches", "Write-buffer flushes committed",
                          _LABELS)
+BUFFER_INLINE_REFUSED = Counter(
+    "stratamq_ds_buffer_inline_refused",
+    "Small write-buffer flushes RocksDB would have stalled on the event loop, "
+    "written from the executor instead", _LABELS)
 BUFFER_BATCHES_FAILED = Counter("stratamq_ds_buffer_batches_failed",
                                 "Write-buffer flushes whose commit failed", _LABELS)
 BUFFER_MESSAGES = Counter("stratamq_ds_buffer_messages", "Messages committed from the buffer",

@@ -71,8 +71,14 @@ class Shard:
         self._db = Rdict(str(path), raw_options(create_missing_column_families=True),
                          column_families={name: Options(raw_mode=True) for name in existing
                                           if name != "default"})
+        self.sync_writes = sync_writes
         self._write_options = WriteOptions()
         self._write_options.sync = sync_writes
+        # For writes on the event loop: RocksDB refuses (rather than waits) when the
+        # write would stall behind compaction, and the caller retries off the loop.
+        self._no_stall_options = WriteOptions()
+        self._no_stall_options.sync = sync_writes
+        self._no_stall_options.no_slowdown = True
         self._synced = WriteOptions()
         self._synced.sync = True
         self.generations: dict[int, Generation] = {}
@@ -201,9 +207,10 @@ class Shard:
         if generation is not None:
             generation.trie.remove_edges(cooked.edges)
 
-    def write(self, cooked: CookedBatch) -> None:
+    def write(self, cooked: CookedBatch, *, no_stall: bool = False) -> None:
         """Write a cooked batch, data and trie in one atomic RocksDB batch. Blocking.
-        Writing the same cooked batch again is harmless."""
+        Writing the same cooked batch again is harmless. With `no_stall`, a write that
+        RocksDB would delay (write stall) raises instead of waiting."""
         generation = self.generations.get(cooked.generation)
         if generation is None:
             raise GenerationError(
@@ -222,7 +229,7 @@ class Shard:
             batch.delete(key)
         batch.put(_LAST_TIMESTAMP_KEY,
                   _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
-        self._db.write(batch, self._write_options)
+        self._db.write(batch, self._no_stall_options if no_stall else self._write_options)
 
     def apply(self, cooked: CookedBatch) -> None:
         """Bring memory in line with a written cooked batch (a replica learns the

@@ -48,7 +48,7 @@ async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReade
             raise ConnectionClosed()
         BYTES_RECEIVED.inc(len(data))
         for packet in reader.feed(data):
-            packets_received(type(packet).__name__.lower()).inc()
+            packets_received(type(packet).__name__).inc()
             pending = handler.handle(packet)
             if pending is not None:
                 await pending

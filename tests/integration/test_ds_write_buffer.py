@@ -1,0 +1,77 @@
+"""Where the write buffer writes a batch: small ones on the event loop (the hand-off
+to a thread costs more than the write), large or synced ones in the executor. Real
+shards, real RocksDB. (A write RocksDB would stall is retried in the executor; no test
+here makes RocksDB stall for real.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stratamq.broker.ds.buffer import INLINE_WRITE_ENTRIES, WriteBuffer
+from stratamq.broker.ds.cooked import CookedBatch
+from stratamq.broker.ds.message import Message
+from stratamq.broker.ds.shard import Shard
+
+T = TypeVar("T")
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """A real thread pool that remembers what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.calls: list[str] = []
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        self.calls.append(getattr(fn, "__name__", repr(fn)))
+        return super().submit(fn, *args, **kwargs)
+
+
+def _open_shard(path: Path, sync_writes: bool = False) -> Shard:
+    return Shard(path, 0, "wildcard_optimized_v2", {}, (3, 2), sync_writes)
+
+
+async def _store(shard: Shard, executor: CountingExecutor, count: int) -> list[CookedBatch]:
+    committed: list[CookedBatch] = []
+    buffer = WriteBuffer(shard, "messages", max_items=100_000, max_bytes=64 << 20,
+                         flush_interval=0.0, executor=executor, lock=asyncio.Lock(),
+                         on_commit=committed.append)
+    done = buffer.add([Message(f"t/{i % 7}", b"x" * 10) for i in range(count)],
+                      10 * count, wait=True)
+    assert done is not None
+    await done
+    await buffer.close()
+    return committed
+
+
+def _stored_keys(shard: Shard, committed: list[CookedBatch]) -> int:
+    family = shard.generations[committed[0].generation].data
+    return sum(1 for _ in family.items())
+
+
+def test_small_batch_is_written_on_the_loop(tmp_path: Path) -> None:
+    shard = _open_shard(tmp_path)
+    executor = CountingExecutor()
+    committed = asyncio.run(_store(shard, executor, 10))
+    assert executor.calls == []
+    assert sum(c.message_count for c in committed) == 10
+    assert _stored_keys(shard, committed) == sum(len(c.entries) for c in committed)
+
+
+def test_large_batch_goes_to_the_executor(tmp_path: Path) -> None:
+    shard = _open_shard(tmp_path)
+    executor = CountingExecutor()
+    committed = asyncio.run(_store(shard, executor, INLINE_WRITE_ENTRIES + 1))
+    assert executor.calls == ["write"]
+    assert _stored_keys(shard, committed) == sum(len(c.entries) for c in committed)
+
+
+def test_synced_writes_never_block_the_loop(tmp_path: Path) -> None:
+    shard = _open_shard(tmp_path, sync_writes=True)
+    executor = CountingExecutor()
+    asyncio.run(_store(shard, executor, 1))
+    assert executor.calls == ["write"]
