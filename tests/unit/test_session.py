@@ -759,3 +759,80 @@ def test_transient_session_with_a_queue_of_one_catches_up_from_storage() -> None
         await session.detach()
 
     run(main())
+
+
+# -- wake-ups of the replay --------------------------------------------------------
+# The replay reads while the queue has room and otherwise waits to be woken by an
+# acknowledgement. IDLE_POLL (600 s) rules out the safety-net poll: a backlog that is
+# not read on after the queue empties fails these tests.
+
+
+async def acknowledge_qos2_pipelined(session: Session, outlet: RecordingOutlet,
+                                     count: int) -> None:
+    """Answer like a client that pipelines QoS 2: PUBREC every PUBLISH that has come,
+    then (once their PUBRELs are out) PUBCOMP them all; until `count` have come."""
+    answered = 0
+
+    def more_came() -> bool:
+        return len(outlet.publishes) > answered
+
+    while answered < count:
+        await wait_until(more_came, f"{count} PUBLISH packets (got {len(outlet.publishes)})")
+        fresh = outlet.publishes[answered:]
+        answered += len(fresh)
+        for sent in fresh:
+            assert sent.packet_id is not None and sent.qos == 2
+            assert await session.on_pubrec(sent.packet_id, failed=False)
+        await settle()
+        for sent in fresh:
+            assert sent.packet_id is not None
+            assert session.on_pubcomp(sent.packet_id)
+
+
+def test_durable_qos2_backlog_is_pulled_on_by_pubcomps_past_the_window() -> None:
+    """QoS 2 frees its place in the window only at PUBCOMP (after the PUBREC that
+    completes the cursor's message): the stored messages behind a small window and a
+    small queue must still all come."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        count = 40
+        for n in range(count):
+            db.store(f"w/{n % 3}", bytes([n]), qos=2, shard=n % 2)
+        session = make_session(storage, durable=True, max_queued=4, batch_size=3)
+        session.subscribe(Subscription("w/#", qos=2))
+        outlet = RecordingOutlet(receive_maximum=2)
+        session.attach(outlet)
+        await acknowledge_qos2_pipelined(session, outlet, count)
+        await settle()
+        assert sorted(s.payload for s in outlet.publishes) == [bytes([n]) for n in range(count)]
+        assert (session.in_flight_count, session.queued_count) == (0, 0)
+        await session.detach()
+
+    run(main())
+
+
+def test_replay_stopped_by_a_full_queue_is_woken_when_the_queue_drains() -> None:
+    """A replay round that ends with the queue full (one read hands out a whole batch,
+    more than the queue holds) waits for room; the acknowledgements that drain the
+    queue through a window of one must wake it, for the rest of the stream."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        count = 30
+        for n in range(count):
+            db.store("f/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True, max_queued=2, batch_size=7)
+        session.subscribe(Subscription("f/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, count)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [bytes([n]) for n in range(count)]
+        # and a message stored later comes from the live feed
+        session.on_feed(*db.store("f/x", b"later", qos=1))
+        await acknowledge_until(session, outlet, count + 1)
+        assert outlet.publishes[-1].payload == b"later"
+        await session.detach()
+
+    run(main())
