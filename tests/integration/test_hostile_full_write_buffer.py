@@ -13,6 +13,7 @@ full buffer. Counted, not timed:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -87,7 +88,7 @@ def test_publishers_wait_for_a_full_buffer_and_lose_nothing(
 
     codes: list[list[int]] = [[] for _ in range(PUBLISHERS)]
     failures: list[str] = []
-    in_threads([lambda n=n: publish_all(broker.port, prefix, n, codes[n], failures)
+    in_threads([functools.partial(publish_all, broker.port, prefix, n, codes[n], failures)
                 for n in range(PUBLISHERS)])
     assert failures == []
     refused = [code for per in codes for code in per if code != 0]
