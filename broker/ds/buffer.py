@@ -63,6 +63,10 @@ class WriteBuffer:
         self._pending: deque[_Pending] = deque()
         self._items = 0
         self._bytes = 0
+        self._peak_bytes = 0  # the most ever queued: the bound publishers keep to
+        metrics.BUFFER_QUEUED_BYTES.labels(*self._labels).set_function(lambda: self._bytes)
+        metrics.BUFFER_QUEUED_BYTES_PEAK.labels(*self._labels).set_function(
+            lambda: self._peak_bytes)
         self._oldest_at = 0.0
         self._wakeup = asyncio.Event()
         self._full = asyncio.Event()
@@ -90,6 +94,8 @@ class WriteBuffer:
                                       record_deletes or []))
         self._items += len(messages)
         self._bytes += size
+        if self._bytes > self._peak_bytes:
+            self._peak_bytes = self._bytes
         self._wakeup.set()
         if self._items >= self._max_items or self._bytes >= self._max_bytes:
             self._full.set()
@@ -111,8 +117,13 @@ class WriteBuffer:
         return self._room.is_set()
 
     async def wait_for_room(self) -> None:
-        """Return once the queued bytes are under `max_bytes` (or the buffer closes)."""
-        await self._room.wait()
+        """Return once the queued bytes are under `max_bytes` (or the buffer closes).
+        The caller must add without awaiting anything first."""
+        # Room wakes every waiter at once, and the first to add may fill the buffer
+        # again: each looks once more when its turn comes, or a crowd of publishers
+        # would all add at once, pass OVERFULL and be refused (Server busy).
+        while not self._room.is_set():
+            await self._room.wait()
 
     async def close(self) -> None:
         """Write what is queued, then stop."""

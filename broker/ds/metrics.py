@@ -21,6 +21,11 @@ BUFFER_MESSAGES = Counter("stratamq_ds_buffer_messages", "Messages committed fro
                           _LABELS)
 BUFFER_BYTES = Counter("stratamq_ds_buffer_bytes", "Payload bytes committed from the buffer",
                        _LABELS)
+# Read when /metrics is scraped (set_function): nothing on the write path.
+BUFFER_QUEUED_BYTES = Gauge("stratamq_ds_buffer_queued_bytes",
+                            "Bytes queued in a shard's write buffer, not written yet", _LABELS)
+BUFFER_QUEUED_BYTES_PEAK = Gauge("stratamq_ds_buffer_queued_bytes_peak",
+                                 "Most bytes a shard's write buffer has held queued", _LABELS)
 BUFFER_FLUSH_TIME = Histogram("stratamq_ds_buffer_flush_time_seconds",
                               "Time to cook and commit one buffer flush", _LABELS,
                               buckets=_LATENCY_BUCKETS)

@@ -668,7 +668,9 @@ class Session:
             if cursor is not None:
                 self._feed_cursor(cursor, message)
         if self._replayer is None and self.outlet is not None:
-            self._replayer = asyncio.create_task(self._replay(),
+            # supervised like a durable replay: a failed read is retried, and the
+            # failure never surfaces in detach(), which awaits this task
+            self._replayer = asyncio.create_task(self._supervised_replay(),
                                                  name=f"catch-up-{self.client_id}")
 
     def _catch_up_cursor(self, key: str, subscription: Subscription, stream: Stream,

@@ -17,6 +17,8 @@ What it models, and how it simplifies the real storage:
 - dropping a generation forgets its streams: `make_iterator` on them raises
   `InvalidIteratorError`, `read_message` finds nothing, `next` ends.
 It also counts the reads of each stream, so tests can tell a stream is not read again.
+`fail_reads` makes every read (`next`, `read_message`) raise, as a real read can (a
+closed database, a failing disk); `failed_reads` counts the reads that raised.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class FakeDatabase:
         self._stream_version = 0
         self._stream_log: list[tuple[int, Stream]] = []
         self.reads: Counter[Stream] = Counter()  # `next` calls per stream
+        self.fail_reads: Exception | None = None  # set: every read raises it
+        self.failed_reads = 0
 
     # -- what the tests do to it -----------------------------------------------------
 
@@ -140,6 +144,7 @@ class FakeDatabase:
 
     async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
         await asyncio.sleep(0)  # a real read leaves the event loop too
+        self._maybe_fail()
         self.reads[iterator.stream] += 1
         generation = self._generation(iterator.stream)
         if generation is None:
@@ -154,6 +159,7 @@ class FakeDatabase:
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         await asyncio.sleep(0)
+        self._maybe_fail()
         generation = self._generation(stream)
         if generation is None or stream.static not in generation.streams:
             return None
@@ -164,6 +170,11 @@ class FakeDatabase:
         return {(shard, gid): generation.info
                 for shard, generations in enumerate(self._shards)
                 for gid, generation in sorted(generations.items())}
+
+    def _maybe_fail(self) -> None:
+        if self.fail_reads is not None:
+            self.failed_reads += 1
+            raise self.fail_reads
 
     def _generation(self, stream: Stream) -> _Generation | None:
         if not 0 <= stream.shard < len(self._shards):

@@ -759,3 +759,152 @@ def test_transient_session_with_a_queue_of_one_catches_up_from_storage() -> None
         await session.detach()
 
     run(main())
+
+
+# -- wake-ups of the replay --------------------------------------------------------
+# The replay reads while the queue has room and otherwise waits to be woken by an
+# acknowledgement. IDLE_POLL (600 s) rules out the safety-net poll: a backlog that is
+# not read on after the queue empties fails these tests.
+
+
+async def acknowledge_qos2_pipelined(session: Session, outlet: RecordingOutlet,
+                                     count: int) -> None:
+    """Answer like a client that pipelines QoS 2: PUBREC every PUBLISH that has come,
+    then (once their PUBRELs are out) PUBCOMP them all; until `count` have come."""
+    answered = 0
+
+    def more_came() -> bool:
+        return len(outlet.publishes) > answered
+
+    while answered < count:
+        await wait_until(more_came, f"{count} PUBLISH packets (got {len(outlet.publishes)})")
+        fresh = outlet.publishes[answered:]
+        answered += len(fresh)
+        for sent in fresh:
+            assert sent.packet_id is not None and sent.qos == 2
+            assert await session.on_pubrec(sent.packet_id, failed=False)
+        await settle()
+        for sent in fresh:
+            assert sent.packet_id is not None
+            assert session.on_pubcomp(sent.packet_id)
+
+
+def test_durable_qos2_backlog_is_pulled_on_by_pubcomps_past_the_window() -> None:
+    """QoS 2 frees its place in the window only at PUBCOMP (after the PUBREC that
+    completes the cursor's message): the stored messages behind a small window and a
+    small queue must still all come."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        count = 40
+        for n in range(count):
+            db.store(f"w/{n % 3}", bytes([n]), qos=2, shard=n % 2)
+        session = make_session(storage, durable=True, max_queued=4, batch_size=3)
+        session.subscribe(Subscription("w/#", qos=2))
+        outlet = RecordingOutlet(receive_maximum=2)
+        session.attach(outlet)
+        await acknowledge_qos2_pipelined(session, outlet, count)
+        await settle()
+        assert sorted(s.payload for s in outlet.publishes) == [bytes([n]) for n in range(count)]
+        assert (session.in_flight_count, session.queued_count) == (0, 0)
+        await session.detach()
+
+    run(main())
+
+
+def test_replay_stopped_by_a_full_queue_is_woken_when_the_queue_drains() -> None:
+    """A replay round that ends with the queue full (one read hands out a whole batch,
+    more than the queue holds) waits for room; the acknowledgements that drain the
+    queue through a window of one must wake it, for the rest of the stream."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        count = 30
+        for n in range(count):
+            db.store("f/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True, max_queued=2, batch_size=7)
+        session.subscribe(Subscription("f/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, count)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [bytes([n]) for n in range(count)]
+        # and a message stored later comes from the live feed
+        session.on_feed(*db.store("f/x", b"later", qos=1))
+        await acknowledge_until(session, outlet, count + 1)
+        assert outlet.publishes[-1].payload == b"later"
+        await session.detach()
+
+    run(main())
+
+
+# -- a failing replay ----------------------------------------------------------------
+# Reads are made to fail in the fake storage (a real one raises the same way when its
+# database is closed or its disk fails). A failed replay is retried; it must never make
+# the session's close (detach) raise, nor lose what the session has to keep.
+
+
+def test_failed_durable_replay_does_not_abort_the_close_and_the_session_resumes() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        for n in range(6):
+            db.store("r/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True, max_queued=1, batch_size=1)
+        session.subscribe(Subscription("r/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=2)
+        session.attach(outlet)
+        # 0 and 1 in flight, 2 queued: the replay waits for room
+        await wait_until(lambda: session.queued_count == 1, "a queued message")
+        db.fail_reads = OSError("the disk is gone")
+        assert session.on_puback(1)  # 2 goes out
+        assert session.on_puback(2)  # room: the replay reads, and fails
+        await wait_until(lambda: db.failed_reads > 0, "a failed read")
+        await session.detach()  # must not raise
+        record = record_roundtrip(session)
+        unacknowledged = outlet.publishes[2]
+        assert unacknowledged.payload == bytes([2])
+        assert [(pid, ts) for pid, _key, ts in record.resend] == \
+            [(unacknowledged.packet_id, unacknowledged.timestamp)]
+        [state] = record.cursors.values()
+        assert state.position == outlet.publishes[1].timestamp
+
+        db.fail_reads = None
+        session = make_session(storage, durable=True, max_queued=1, batch_size=1)
+        session.restore(record)
+        again = RecordingOutlet(receive_maximum=2)
+        session.attach(again)
+        await acknowledge_until(session, again, 4)
+        await settle()
+        assert [(s.payload, s.dup) for s in again.publishes] == \
+            [(bytes([2]), True), *((bytes([n]), False) for n in range(3, 6))]
+        assert again.publishes[0].packet_id == unacknowledged.packet_id
+        await session.detach()
+
+    run(main())
+
+
+def test_failed_catch_up_of_a_transient_session_does_not_abort_the_close() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=False, max_queued=1)
+        session.subscribe(Subscription("c/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        db.fail_reads = OSError("the disk is gone")
+        for payload in (b"1", b"2", b"3"):  # 1 in flight, 2 queued, 3 from storage
+            session.on_feed(*db.store("c/x", payload, qos=1))
+        await acknowledge_until(session, outlet, 2)  # room: the catch-up reads, and fails
+        await wait_until(lambda: db.failed_reads > 0, "a failed read")
+        db.fail_reads = None  # the read is retried and succeeds
+        await acknowledge_until(session, outlet, 3)
+        assert [s.payload for s in outlet.publishes] == [b"1", b"2", b"3"]
+        db.fail_reads = OSError("the disk is gone again")
+        for payload in (b"4", b"5", b"6"):
+            session.on_feed(*db.store("c/x", payload, qos=1))
+        await acknowledge_until(session, outlet, 5)
+        await wait_until(lambda: db.failed_reads > 1, "another failed read")
+        await session.detach()  # must not raise
+
+    run(main())
