@@ -52,6 +52,25 @@ class Numbered:
         return self.publisher, self.topic, self.qos
 
 
+class PahoClient(mqtt.Client):
+    """paho's Client, with one bug of paho 2.2 worked around. Before every reconnect
+    attempt paho resets what is in flight: a QoS 2 message waiting for PUBCOMP becomes
+    "resend PUBREL". When that attempt fails (the broker is still restarting) the
+    next attempt resets again and turns "resend PUBREL" into a new PUBLISH with DUP 0,
+    though the broker has released that packet id: a broker must then store it as a
+    new message (MQTT-4.3.3-10), and the test saw it delivered twice. Here "resend
+    PUBREL" survives a failed attempt."""
+
+    def _messages_reconnect_reset_out(self) -> None:
+        with self._out_message_mutex:
+            resending = [message for message in self._out_messages.values()
+                         if message.qos == 2 and message.state == mqtt.mqtt_ms_resend_pubrel]
+        super()._messages_reconnect_reset_out()
+        with self._out_message_mutex:
+            for message in resending:
+                message.state = mqtt.mqtt_ms_resend_pubrel
+
+
 def _session_properties() -> Properties:
     properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     properties.SessionExpiryInterval = SESSION_EXPIRY
@@ -74,7 +93,7 @@ class Publisher:
     def __init__(self, name: str, port: int, topics: list[str], v5: bool) -> None:
         self.name = name
         self.topics = topics
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=name,
+        self.client = PahoClient(CallbackAPIVersion.VERSION2, client_id=name,
                                   protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
                                   clean_session=None if v5 else False)
         self.client.on_publish = self._on_publish
@@ -161,7 +180,7 @@ class DurableSubscriber:
 
     def __init__(self, client_id: str, port: int, topic_filter: str,
                  ack_delay: float) -> None:
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+        self.client = PahoClient(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv5, manual_ack=True)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect

@@ -16,11 +16,19 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5
-from tests.integration.crash_clients import DurableSubscriber, Numbered, Publisher, RawClient
+from tests.integration.crash_clients import (
+    DurableSubscriber,
+    Numbered,
+    PahoClient,
+    Publisher,
+    RawClient,
+)
 from tests.support.harness import BrokerProcess
 from tests.support.storage import read_filter, run
 
@@ -163,3 +171,19 @@ def test_packet_id_reused_after_a_crash_is_a_new_message(tmp_path: Path, level: 
         broker.kill()
     stored = stored_payloads(tmp_path / "data", "reuse/#")
     assert b"second" in stored, f"PUBCOMP received, message not stored: {stored}"
+
+
+def test_crash_clients_resend_pubrel_after_failed_reconnect_attempts() -> None:
+    """The crash test's paho client keeps a released QoS 2 message at "resend PUBREL"
+    however many reconnect attempts fail (paho 2.2 itself turns it into a new PUBLISH
+    on the second attempt, which the broker rightly stores again)."""
+    client = PahoClient(CallbackAPIVersion.VERSION2, client_id="reset-check",
+                        clean_session=False)
+    message = mqtt.MQTTMessage(mid=5, topic=b"t")
+    message.qos = 2
+    message.state = mqtt.mqtt_ms_wait_for_pubcomp
+    client._out_messages[5] = message
+    for _attempt in range(3):
+        client._messages_reconnect_reset_out()
+    assert message.state == mqtt.mqtt_ms_resend_pubrel
+    assert not message.dup
