@@ -317,23 +317,30 @@ class SessionRegistry:
         (after a restart, say) and publish their wills. Returns how many."""
         now = time.time()
         removed = 0
-        for record in await self._store.scan():
-            if record.client_id in self.sessions:
-                continue
-            if record.disconnected_at is None:
-                # It was connected when the site stopped without saying goodbye: its
-                # expiry (and will delay) count from now, when the site is back.
-                record.disconnected_at = now
-                await self._store.save(record)
-            if record.will is not None and record.disconnected_at + min(
-                    record.will.delay, record.expiry_interval) <= now:
-                self._publisher.publish_will(record.will.to_message(record.client_id))
-                record.will = None
-                await self._store.save(record)
-            if record.expired(now):
-                await self._store.delete(record.client_id)
-                await self._store.forget_qos2(record.client_id)
-                removed += 1
+        for scanned in await self._store.scan():
+            # Under the client's lock, and read again: a client that reconnected since
+            # the scan has its session in memory (or has ended it), whose record and
+            # QoS 2 ids must not be touched from here.
+            async with self._lock(scanned.client_id):
+                if scanned.client_id in self.sessions:
+                    continue
+                record = await self._store.load(scanned.client_id)
+                if record is None:
+                    continue
+                if record.disconnected_at is None:
+                    # It was connected when the site stopped without saying goodbye: its
+                    # expiry (and will delay) count from now, when the site is back.
+                    record.disconnected_at = now
+                    await self._store.save(record)
+                if record.will is not None and record.disconnected_at + min(
+                        record.will.delay, record.expiry_interval) <= now:
+                    self._publisher.publish_will(record.will.to_message(record.client_id))
+                    record.will = None
+                    await self._store.save(record)
+                if record.expired(now):
+                    await self._store.delete(record.client_id)
+                    await self._store.forget_qos2(record.client_id)
+                    removed += 1
         return removed
 
     async def _renew_streams_loop(self) -> None:

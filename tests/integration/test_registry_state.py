@@ -6,13 +6,16 @@ RocksDB, with the registry's own open/close calls as a connection makes them."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 
-from stratamq.broker.core.broker import Broker
+from stratamq.broker.core.broker import SESSIONS_DB, Broker
 from stratamq.broker.core.registry import SessionLimits
 from stratamq.broker.ds import DbOptions, DurableStorage
+from stratamq.broker.session.model import SessionRecord
 from stratamq.broker.session.session import Session
+from stratamq.broker.session.store import SessionStore
 from tests.support.storage import run
 
 CLIENTS = 300
@@ -64,6 +67,49 @@ def test_per_client_state_is_freed_when_clients_are_gone(tmp_path: Path) -> None
             while broker.registry.held_state() != before:
                 assert time.monotonic() < deadline, (broker.registry.held_state(), before)
                 await asyncio.sleep(0.1)
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())
+
+
+def test_collecting_expired_sessions_spares_clients_that_reconnect_meanwhile(
+        tmp_path: Path) -> None:
+    """A site restarts with many stored sessions, expired or cut off by the crash;
+    their clients reconnect while the collector walks the records. The collector must
+    neither delete the session a client has just made (nor the ids of its inbound
+    QoS 2 messages), nor write an old record over it."""
+
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        sessions_db = await storage.open_kv_db(SESSIONS_DB, 2, False)
+        store = SessionStore(sessions_db, messages)
+        now = time.time()
+        for n in range(CLIENTS):  # half expired long ago, half connected at the crash
+            await store.save(SessionRecord(
+                f"gc-{n}", expiry_interval=10,
+                disconnected_at=now - 100 if n % 2 else None))
+        broker = await Broker.start(storage, messages, 2, False,
+                                    SessionLimits(session_gc_interval=3600))
+        try:
+            connections = [Connection(broker, f"gc-{n}") for n in range(CLIENTS)]
+
+            async def reconnect(connection: Connection, delay: float) -> None:
+                await asyncio.sleep(delay)  # spread over the collector's walk
+                await connection.open(False, 600)
+                assert connection.session is not None
+                await broker.registry.persist(connection.session)  # as CONNECT does
+
+            rng = random.Random(5)
+            await asyncio.gather(broker.registry.collect_expired_sessions(),
+                                 *(reconnect(c, rng.uniform(0, 0.1)) for c in connections))
+            lost = []
+            for connection in connections:
+                record = await store.load(connection.client_id)
+                if record is None or record.expiry_interval != 600:
+                    lost.append((connection.client_id, record))
+            assert not lost, f"{len(lost)} reconnected sessions lost or overwritten: {lost[:3]}"
         finally:
             await broker.stop()
             await storage.close()
