@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.support.kube import ControlPlane
+from tests.support.kube import ControlPlane, running_control_plane
 
 STATEFUL_SET = {
     "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -46,6 +47,20 @@ def test_server_version(kube: ControlPlane) -> None:
     assert version["serverVersion"]["gitVersion"].startswith("v1.")
     status, ready = kube.get("/readyz")
     assert (status, ready) == (200, "ok")
+
+
+def test_a_second_control_plane_leaves_nothing_behind(kube: ControlPlane) -> None:
+    """Started beside the session's one (ports of its own), and once its block ends its
+    processes are gone and its folder (etcd data, keys, logs) is removed."""
+    with running_control_plane() as plane:
+        assert plane.apiserver.url != kube.apiserver.url
+        plane.kubectl("create", "namespace", "only-here")
+        workdir = plane.workdir
+        pids = [process.pid for process in plane.processes()]
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not workdir.exists()
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+    assert kube.kubectl("get", "namespace", "only-here", check=False).returncode != 0
 
 
 def test_statefulset_gets_pods_from_the_controller_manager(kube: ControlPlane,
