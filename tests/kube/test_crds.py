@@ -163,6 +163,22 @@ def test_nshards_is_fixed_once_created(crds: ControlPlane, namespace: str) -> No
     assert (spec["sites"], spec["messages"]["nShards"]) == (5, 16)
 
 
+def test_volume_can_grow_but_not_shrink_or_change_class(crds: ControlPlane,
+                                                        namespace: str) -> None:
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage(
+        "mq", {"storage": {"size": "10Gi", "storageClassName": "fast"}}))
+    message = refusal(crds, namespace, storage(
+        "mq", {"storage": {"size": "9Gi", "storageClassName": "fast"}}))
+    assert "storage.size cannot shrink (a volume can be expanded, never shrunk)" in message
+    message = refusal(crds, namespace, storage(
+        "mq", {"storage": {"size": "10Gi", "storageClassName": "slow"}}))
+    assert "storage.storageClassName cannot change" in message
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage(
+        "mq", {"storage": {"size": "20Gi", "storageClassName": "fast"}}))
+    spec = get_json(crds, namespace, "durablestorage", "mq")["spec"]
+    assert spec["storage"] == {"size": "20Gi", "storageClassName": "fast"}
+
+
 def test_scale_subresource(crds: ControlPlane, namespace: str) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage("mq"))
     crds.kubectl("scale", "-n", namespace, "durablestorage/mq", "--replicas=5")
