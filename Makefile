@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/stratamq.yaml
 
-.PHONY: install run test lint bench typecheck-tree clean
+.PHONY: install kube-bin run test lint bench typecheck-tree clean
 
 install: $(STAMP)
 
@@ -32,10 +32,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
+# helm), built from source with the Go toolchain through the Go module proxy, at the
+# versions pinned in tools/kube/*/go.mod; a group already built at its pin is skipped.
+# Go is only for this test infrastructure. The first build takes a while (see README).
+KUBE_BIN := .cache/bin
+
+kube-bin:
+	tools/kube/build.sh $(KUBE_BIN)
+
 run: $(STAMP)
 	$(BIN)/stratamq broker --config $(CONFIG)
 
-test: $(STAMP)
+test: $(STAMP) kube-bin
 	$(BIN)/python -m pytest
 
 # mypy does not run import hooks, so it cannot see the editable install's
@@ -61,5 +70,6 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/ds_bench.py
 	$(BIN)/python bench/broker_bench.py
 
+# Keeps .cache/bin: rebuilding the Kubernetes binaries takes long (`rm -rf .cache` does it).
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,42 @@
+"""Fixtures of the tests against a real Kubernetes API server (tests/support/kube.py).
+
+`kube` is one control plane for the whole session: it takes seconds to start. Tests
+share it, so each works in a namespace of its own (`namespace`) and names what it
+creates after itself."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.harness import REPO
+from tests.support.kube import ControlPlane, running_control_plane
+
+CRDS = REPO / "crds"
+CRD_NAMES = ["durablestorages.stratamq.io", "replicatransitions.stratamq.io"]
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[ControlPlane]:
+    with running_control_plane() as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def crds(kube: ControlPlane) -> ControlPlane:
+    """The control plane with the CRDs of crds/ applied and Established."""
+    kube.kubectl("apply", "-f", str(CRDS))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                 *(f"crd/{name}" for name in CRD_NAMES))
+    return kube
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace for this test alone, deleted (without waiting) afterwards."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50].strip("-")
+    kube.kubectl("create", "namespace", name)
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false")

@@ -1,0 +1,80 @@
+"""The Helm chart skeleton (charts/stratamq) with the real helm: it carries the CRDs of
+crds/ unchanged, lints clean, renders, and installs into the test API server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.harness import REPO
+from tests.support.kube import ControlPlane, run_tool, tool_env
+
+CHART = REPO / "charts" / "stratamq"
+CRDS = REPO / "crds"
+
+
+def test_chart_carries_the_crds_unchanged() -> None:
+    names = sorted(path.name for path in CRDS.glob("*.yaml"))
+    assert names == ["durablestorages.stratamq.io.yaml", "replicatransitions.stratamq.io.yaml"]
+    assert sorted(path.name for path in (CHART / "crds").iterdir()) == names
+    for name in names:
+        assert (CHART / "crds" / name).read_bytes() == (CRDS / name).read_bytes(), (
+            f"charts/stratamq/crds/{name} differs from crds/{name}: copy crds/ over it")
+
+
+def test_helm_lint_is_clean(tmp_path: Path) -> None:
+    for values in ([], ["--set", "durableStorage.create=true"]):
+        result = run_tool("helm", ["lint", "--strict", str(CHART), *values], tool_env(tmp_path))
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, (
+            result.stdout)
+
+
+def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", "brokers", *args],
+                   tool_env(tmp_path)).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_helm_template_renders(tmp_path: Path) -> None:
+    assert render(tmp_path) == []  # nothing but the CRDs, which template leaves out
+    docs = render(tmp_path, "--include-crds", "--set", "durableStorage.create=true",
+                  "--set", "durableStorage.spec.sites=5",
+                  "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
+    assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
+        ("CustomResourceDefinition", "durablestorages.stratamq.io"),
+        ("CustomResourceDefinition", "replicatransitions.stratamq.io"),
+        ("DurableStorage", "mq")]
+    for doc in docs[:2]:
+        assert doc == yaml.safe_load((CRDS / f"{doc['metadata']['name']}.yaml").read_text())
+    storage = docs[2]
+    assert storage["apiVersion"] == "stratamq.io/v1alpha1"
+    assert storage["metadata"]["namespace"] == "brokers"
+    assert storage["metadata"]["labels"]["app.kubernetes.io/instance"] == "mq"
+    assert storage["spec"] == {"sites": 5, "messages": {"nShards": 8}}
+
+
+def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:
+    crds.helm("install", "mq", str(CHART), "--namespace", namespace,
+              "--set", "durableStorage.create=true", "--set", "durableStorage.spec.sites=1",
+              "--set", "durableStorage.spec.messages.replicationFactor=1")
+    storage = json.loads(crds.kubectl("get", "-n", namespace, "durablestorage", "mq",
+                                      "-o", "json").stdout)
+    assert storage["spec"]["sites"] == 1
+    assert storage["spec"]["messages"]["nShards"] == 16  # the CRD's default
+    assert storage["metadata"]["annotations"]["meta.helm.sh/release-name"] == "mq"
+
+    # Values that break the schema fail the install with the API server's message.
+    result = crds.helm("install", "bad", str(CHART), "--namespace", namespace,
+                       "--set", "durableStorage.create=true",
+                       "--set", "durableStorage.spec.sites=0", check=False)
+    assert result.returncode != 0
+    assert "spec.sites in body should be greater than or equal to 1" in result.stderr
+
+    crds.helm("uninstall", "mq", "--namespace", namespace, "--wait")
+    assert crds.kubectl("get", "-n", namespace, "durablestorages", "-o", "name").stdout == ""
+    # Helm never deletes CRDs.
+    crds.kubectl("get", "crd", "durablestorages.stratamq.io")
