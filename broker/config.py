@@ -265,7 +265,7 @@ class MqttConfig(_Section):
     # Subscriptions one session may hold; SUBSCRIBE beyond it gets Quota exceeded.
     max_subscriptions: PositiveInt = 1000
     # Outbound QoS 1/2 messages in flight per client (also capped by its Receive Maximum).
-    max_inflight: Annotated[int, Field(ge=1, le=65535)] = 32
+    max_inflight: Annotated[int, Field(ge=1, le=65535)] = 128
     # Messages queued per client beyond the in-flight window. When it is full, QoS 0
     # messages are dropped (counted); QoS 1/2 ones wait in storage and are read from
     # there once there is room again (transient and durable sessions alike).

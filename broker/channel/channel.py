@@ -63,7 +63,7 @@ class ChannelLimits:
     max_packet_size: int = 1024 * 1024
     max_topic_levels: int = 128
     max_subscriptions: int = 1000
-    max_inflight: int = 32
+    max_inflight: int = 128
     receive_maximum: int = 128  # what clients may have in flight towards us
     topic_alias_maximum: int = 64
     connect_timeout: float = 10.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
+from itertools import islice
 from typing import Any
 
 from rocksdict import ReadOptions
@@ -105,12 +106,12 @@ class WildcardOptimizedV2:
         upper = after_prefix(prefix)
         if upper is not None:
             read_options.set_iterate_upper_bound(upper)
-        found: list[tuple[bytes, bytes]] = []
         stats.seeks += 1
-        for entry in data.items(from_key=prefix + _TS.pack(after + 1), read_opt=read_options):
-            found.append(entry)
-            if len(found) >= batch_size:
-                break
+        # islice walks the RocksDB iterator in C: this runs on a thread that must
+        # hold the GIL for every Python step, and the event loop waits for it
+        found: list[tuple[bytes, bytes]] = list(islice(
+            data.items(from_key=prefix + _TS.pack(after + 1), read_opt=read_options),
+            batch_size))
         stats.nexts += len(found)
         return found
 
