@@ -35,6 +35,7 @@ from ..mqtt import (
     Subscribe,
     Unsubscribe,
     encode,
+    encode_publish,
 )
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
 from ..net.read_loop import ConnectionClosed, read_packets
@@ -236,9 +237,8 @@ class Channel:
                 alias = len(self._outbound_aliases) + 1
                 self._outbound_aliases[topic] = alias
                 properties.topic_alias = alias
-        packet = Publish(topic, message.payload, delivery.qos, delivery.retain, dup, packet_id,
-                         properties)
-        data = encode(packet, self.level)
+        data = encode_publish(topic, message.payload, delivery.qos, delivery.retain, dup,
+                              packet_id, properties, self.level)
         if len(data) > self.client_max_packet:
             MESSAGES_DROPPED.labels("too_large_for_client").inc()
             if properties.topic_alias is not None and topic:

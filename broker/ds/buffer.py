@@ -64,6 +64,11 @@ class WriteBuffer:
         self._items = 0
         self._bytes = 0
         self._peak_bytes = 0  # the most ever queued: the bound publishers keep to
+        # the labelled children, made once: .labels() locks and checks on every call
+        self._batches = metrics.BUFFER_BATCHES.labels(*self._labels)
+        self._batch_messages = metrics.BUFFER_MESSAGES.labels(*self._labels)
+        self._batch_bytes = metrics.BUFFER_BYTES.labels(*self._labels)
+        self._flush_time = metrics.BUFFER_FLUSH_TIME.labels(*self._labels)
         metrics.BUFFER_QUEUED_BYTES.labels(*self._labels).set_function(lambda: self._bytes)
         metrics.BUFFER_QUEUED_BYTES_PEAK.labels(*self._labels).set_function(
             lambda: self._peak_bytes)
@@ -193,10 +198,10 @@ class WriteBuffer:
             failure = error or RuntimeError("batch not cooked")
             _settle(taken, lambda done: done.set_exception(failure))
             return
-        metrics.BUFFER_BATCHES.labels(*self._labels).inc()
-        metrics.BUFFER_MESSAGES.labels(*self._labels).inc(len(messages))
-        metrics.BUFFER_BYTES.labels(*self._labels).inc(cooked.payload_bytes)
-        metrics.BUFFER_FLUSH_TIME.labels(*self._labels).observe(time.perf_counter() - started)
+        self._batches.inc()
+        self._batch_messages.inc(len(messages))
+        self._batch_bytes.inc(cooked.payload_bytes)
+        self._flush_time.observe(time.perf_counter() - started)
         _settle(taken, lambda done: done.set_result(None))
         try:
             self._on_commit(cooked)

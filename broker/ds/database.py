@@ -84,6 +84,10 @@ class Database:
         self._executor = executor
         self.executor = executor
         self._locks = [asyncio.Lock() for _ in shards]
+        # read metrics, their labelled children made once (each .labels() call locks)
+        self._seeks = metrics.LAYOUT_SEEK.labels(name)
+        self._nexts = metrics.LAYOUT_NEXT.labels(name)
+        self._next_time = metrics.NEXT_TIME.labels(name)
         self._commit_listeners: list[CommitListener] = []
         self._drop_listeners: list[DropListener] = []
         self._pre_drop_listeners: list[PreDropListener] = []
@@ -378,11 +382,11 @@ class Database:
                 self._read_finished.notify_all()
         if entries is None or (not entries and closed_before_read):
             return END_OF_STREAM
-        metrics.LAYOUT_SEEK.labels(self.name).inc(stats.seeks)
-        metrics.LAYOUT_NEXT.labels(self.name).inc(stats.nexts)
+        self._seeks.inc(stats.seeks)
+        self._nexts.inc(stats.nexts)
         if stats.hash_collisions:
             metrics.LAYOUT_HASH_COLLISION.labels(self.name).inc(stats.hash_collisions)
-        metrics.NEXT_TIME.labels(self.name).observe(time.perf_counter() - started)
+        self._next_time.observe(time.perf_counter() - started)
         if not entries:
             return iterator, []
         # Iterator bytes come from outside (a client's session, another site): a valid

@@ -1,7 +1,7 @@
 """MQTT wire codec: packets as records, their bytes, and a stream reader. Pure code:
 no I/O. Listeners and sessions are built on it."""
 
-from .codec import PacketReader, decode, decode_body, encode
+from .codec import PacketReader, decode, decode_body, encode, encode_publish
 from .errors import (
     MalformedPacketError,
     MqttCodecError,
@@ -74,4 +74,5 @@ __all__ = [
     "decode",
     "decode_body",
     "encode",
+    "encode_publish",
 ]

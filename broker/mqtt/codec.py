@@ -566,22 +566,36 @@ def _frame(first_byte: int, body: bytes) -> bytes:
 
 
 def _encode_publish(packet: Publish, level: int) -> bytes:
-    qos = packet.qos
+    return _publish_bytes(packet.topic, packet.payload, packet.qos, packet.retain, packet.dup,
+                          packet.packet_id, packet.properties, level)
+
+
+def encode_publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                   packet_id: int | None, properties: Properties, level: int) -> bytes:
+    """`encode(Publish(...), level)` without making the packet object: the broker
+    sends every delivered message through here."""
+    _check_level(level)
+    try:
+        return _publish_bytes(topic, payload, qos, retain, dup, packet_id, properties, level)
+    except struct.error as exc:
+        raise ValueError(f"cannot encode PUBLISH of {topic!r}: {exc}") from exc
+
+
+def _publish_bytes(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                   packet_id: int | None, properties: Properties, level: int) -> bytes:
     if qos == 0:
-        if packet.dup:
+        if dup:
             raise ValueError("DUP must be 0 at QoS 0")
-        header = utf8_field(packet.topic)
+        header = utf8_field(topic)
     elif qos == 1 or qos == 2:
-        packet_id = packet.packet_id
         if packet_id is None or packet_id == 0:
             raise ValueError(f"PUBLISH at QoS {qos} needs a non-zero packet identifier")
-        header = utf8_field(packet.topic) + U16.pack(packet_id)
+        header = utf8_field(topic) + U16.pack(packet_id)
     else:
         raise ValueError(f"PUBLISH with QoS {qos}")
     if level == MQTT_5:
-        header += encode_properties(packet.properties, _PUBLISH)
-    first_byte = 0x30 | qos << 1 | (0x08 if packet.dup else 0) | (0x01 if packet.retain else 0)
-    payload = packet.payload
+        header += encode_properties(properties, _PUBLISH)
+    first_byte = 0x30 | qos << 1 | (0x08 if dup else 0) | (0x01 if retain else 0)
     return b"".join((_FIRST_BYTES[first_byte], encode_varint(len(header) + len(payload)),
                      header, payload))
 

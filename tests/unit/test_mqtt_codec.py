@@ -7,6 +7,8 @@ import pytest
 
 from stratamq.broker.errors import StratamqError
 from stratamq.broker.mqtt import (
+    MQTT_3_1_1,
+    MQTT_5,
     Auth,
     Connack,
     ConnackReturnCode,
@@ -38,6 +40,7 @@ from stratamq.broker.mqtt import (
     decode,
     decode_body,
     encode,
+    encode_publish,
 )
 from stratamq.broker.mqtt.wire import encode_varint, scan_varint
 
@@ -433,3 +436,17 @@ def test_reader_protocol_level_is_settable() -> None:
     reader = PacketReader(1024, protocol_level=4)
     reader.protocol_level = 5
     assert reader.feed(h("40 03 000a 10")) == [Puback(10, 0x10)]
+
+
+@pytest.mark.parametrize("level", [MQTT_3_1_1, MQTT_5])
+@pytest.mark.parametrize("qos,dup,retain", [(0, False, False), (1, True, False), (2, False, True)])
+def test_encode_publish_matches_encoding_the_packet(level: int, qos: int, dup: bool,
+                                                    retain: bool) -> None:
+    properties = Properties(message_expiry_interval=30, topic_alias=3,
+                            user_properties=[("k", "v")], subscription_identifiers=[7])
+    packet_id = 42 if qos else None
+    packet = Publish("a/b", b"payload", qos, retain, dup, packet_id, properties)
+    assert encode_publish("a/b", b"payload", qos, retain, dup, packet_id, properties,
+                          level) == encode(packet, level)
+    with pytest.raises(ValueError):
+        encode_publish("a/b", b"", 1, False, False, None, Properties(), level)
