@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..ds import Message
 from ..errors import StratamqError
 from ..metrics import MESSAGES_DROPPED, messages_received
-from ..mqtt import MQTT_5, Puback, Publish, Pubrec, ReasonCode
+from ..mqtt import MQTT_5, NO_PROPERTIES, Puback, Publish, Pubrec, ReasonCode
 from ..mqtt.error_codes import mqtt_reason_code
 from ..net.read_loop import ConnectionClosed
 from ..topic import validate_topic
@@ -138,6 +138,6 @@ def _ack(channel: Channel, packet: Publish, reason_code: int) -> None:
     # MQTT 3.1.1 acknowledgements carry no reason code
     code = reason_code if channel.level == MQTT_5 else ReasonCode.SUCCESS
     if packet.qos == 1:
-        channel.send(Puback(packet_id, code))
+        channel.send(Puback(packet_id, code, NO_PROPERTIES))
     elif packet.qos == 2:
-        channel.send(Pubrec(packet_id, code))
+        channel.send(Pubrec(packet_id, code, NO_PROPERTIES))

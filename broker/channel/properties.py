@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 from ..ds import Message, MessageProperties
-from ..mqtt import Properties
+from ..mqtt import NO_PROPERTIES, Properties
 from ..session.expiry import remaining_interval
 
-# Not written before MQTT 5, so one shared object: it is never changed.
-NO_PROPERTIES = Properties()
+__all__ = ["NO_PROPERTIES", "to_message_properties", "to_publish_properties"]
 
 
 def to_message_properties(properties: Properties) -> MessageProperties:

@@ -33,7 +33,7 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import Properties
+from .properties import NO_PROPERTIES, Properties
 from .reason_codes import ConnackReturnCode, ReasonCode, connack_return_code
 from .wire import PacketType
 
@@ -41,6 +41,7 @@ __all__ = [
     "MQTT_3_1",
     "MQTT_3_1_1",
     "MQTT_5",
+    "NO_PROPERTIES",
     "PROTOCOL_LEVELS",
     "Auth",
     "Connack",

@@ -42,7 +42,13 @@ from .packets import (
     Unsubscribe,
     Will,
 )
-from .properties import WILL_PROPERTIES, Properties, decode_properties, encode_properties
+from .properties import (
+    NO_PROPERTIES,
+    WILL_PROPERTIES,
+    Properties,
+    decode_properties,
+    encode_properties,
+)
 from .reason_codes import (
     AUTH_REASON_CODES,
     CONNACK_REASON_CODES,
@@ -269,7 +275,7 @@ def _publish_ack_decoder(cls: type[_AckT], allowed: frozenset[int]) -> Callable[
         if packet_id == 0:
             raise MalformedPacketError(f"{what} packet identifier is 0")
         if size == 2:
-            return cls(packet_id)
+            return cls(packet_id, 0, NO_PROPERTIES)
         if level != MQTT_5:
             raise MalformedPacketError(f"{size - 2} bytes left over at the end of {what}")
         # MQTT 5 may leave out the reason code (meaning success), or only the properties.
@@ -277,7 +283,7 @@ def _publish_ack_decoder(cls: type[_AckT], allowed: frozenset[int]) -> Callable[
         if code not in allowed:
             raise ProtocolError(f"0x{code:02x} is not a {what} reason code")
         if size == 3:
-            return cls(packet_id, code)
+            return cls(packet_id, code, NO_PROPERTIES)
         properties, pos = decode_properties(buf, pos + 3, end, packet_type)
         _expect_end(pos, end, what)
         return cls(packet_id, code, properties)

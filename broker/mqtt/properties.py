@@ -272,3 +272,8 @@ def encode_properties(props: Properties, kind: int) -> bytes:
         return _EMPTY_BLOCK
     block = b"".join(parts)
     return encode_varint(len(block)) + block
+
+
+# A packet without properties, shared by every such packet the codec decodes and the
+# broker sends (a Properties() per PUBACK cost ~0.3 us): never changed.
+NO_PROPERTIES = Properties()
