@@ -65,9 +65,18 @@ class StreamMatch:
     pattern: tuple[str, ...]
 
 
-def _key_bytes(key: TopicKey) -> int:
-    return (sys.getsizeof(key) + sys.getsizeof(key.static) + sys.getsizeof(key.varying)
-            + sum(sys.getsizeof(level) for level in key.varying))
+# Object sizes (CPython, 64-bit) for bounding a cached TopicKey without measuring
+# each part: the key object, its static bytes and varying tuple; then per varying
+# level a str header and a tuple slot.
+_KEY_OVERHEAD = 48 + 33 + 40
+_LEVEL_OVERHEAD = 80 + 8
+
+
+def _key_bytes(key: TopicKey, topic_bytes: int) -> int:
+    """At least what `key` holds: its varying levels are pieces of the topic, whose
+    own size is `topic_bytes`, and no piece is stored wider than the whole (~10
+    getsizeof calls a miss cost more than the lookup with many topics)."""
+    return _KEY_OVERHEAD + len(key.static) + topic_bytes + _LEVEL_OVERHEAD * len(key.varying)
 
 
 def root_for(first_level: str) -> StaticIndex:
@@ -161,7 +170,7 @@ class Trie:
         else:
             static = self._learn(state, END, learned)
         key = TopicKey(static, tuple(varying))
-        self._topic_cache.put(topic, key, _key_bytes(key))
+        self._topic_cache.put(topic, key, _key_bytes(key, sys.getsizeof(topic)))
         return key
 
     def clear_cache(self) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import sys
 from itertools import islice
 from typing import Any
 
@@ -67,8 +66,9 @@ class WildcardOptimizedV2:
         if prefixes is None:
             prefixes = tuple(index_prefix(key.static, number, level)
                              for number, level in enumerate(key.varying, start=1))
-            self._index_prefixes.put(topic, prefixes, sys.getsizeof(prefixes)
-                                     + sum(sys.getsizeof(prefix) for prefix in prefixes))
+            # a tuple of equally long bytes: 40 + 8 a slot, each 33 + its length
+            self._index_prefixes.put(topic, prefixes, 40 + len(prefixes) * (
+                8 + 33 + (len(prefixes[0]) if prefixes else 0)))
         return prefixes
 
     def clear_cache(self) -> None:
