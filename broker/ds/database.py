@@ -94,6 +94,7 @@ class Database:
         self._seeks = metrics.LAYOUT_SEEK.labels(name)
         self._nexts = metrics.LAYOUT_NEXT.labels(name)
         self._next_time = metrics.NEXT_TIME.labels(name)
+        self._store_batch_time = metrics.STORE_BATCH_TIME.labels(name)
         self._commit_listeners: list[CommitListener] = []
         self._drop_listeners: list[DropListener] = []
         self._pre_drop_listeners: list[PreDropListener] = []
@@ -244,7 +245,7 @@ class Database:
         waits = self.submit(messages, sync)
         if sync:
             await asyncio.gather(*waits)
-            metrics.STORE_BATCH_TIME.labels(self.name).observe(time.perf_counter() - started)
+            self._store_batch_time.observe(time.perf_counter() - started)
 
     # -- the commit feed ----------------------------------------------------------
 
