@@ -162,6 +162,8 @@ class AdminServer:
             status=200 if ready else 503)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
+        if self._parts is not None:
+            await self._parts.storage.refresh_disk_metrics()
         return web.Response(body=generate_latest(REGISTRY),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -48,6 +48,7 @@ class _Pending:
     done: asyncio.Future[None] | None
     record_puts: list[tuple[bytes, bytes]]
     record_deletes: list[bytes]
+    queued_at: float  # time.monotonic() when it was added
 
 
 class WriteBuffer:
@@ -71,6 +72,7 @@ class WriteBuffer:
         self._batch_messages = metrics.BUFFER_MESSAGES.labels(*self._labels)
         self._batch_bytes = metrics.BUFFER_BYTES.labels(*self._labels)
         self._flush_time = metrics.BUFFER_FLUSH_TIME.labels(*self._labels)
+        self._commit_latency = metrics.COMMIT_LATENCY.labels(*self._labels)
         metrics.BUFFER_QUEUED_BYTES.labels(*self._labels).set_function(lambda: self._bytes)
         metrics.BUFFER_QUEUED_BYTES_PEAK.labels(*self._labels).set_function(
             lambda: self._peak_bytes)
@@ -95,10 +97,11 @@ class WriteBuffer:
         # records take buffer room like payloads do
         size += sum(len(key) + len(value) for key, value in record_puts or ())
         size += sum(len(key) for key in record_deletes or ())
+        now = time.monotonic()
         if not self._pending:
-            self._oldest_at = time.monotonic()
+            self._oldest_at = now
         self._pending.append(_Pending(messages, size, done, record_puts or [],
-                                      record_deletes or []))
+                                      record_deletes or [], now))
         self._items += len(messages)
         self._bytes += size
         if self._bytes > self._peak_bytes:
@@ -204,6 +207,7 @@ class WriteBuffer:
         self._batch_messages.inc(len(messages))
         self._batch_bytes.inc(cooked.payload_bytes)
         self._flush_time.observe(time.perf_counter() - started)
+        self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
         _settle(taken, lambda done: done.set_result(None))
         try:
             self._on_commit(cooked)

@@ -40,4 +40,16 @@ LAYOUT_NEXT = Counter("stratamq_ds_layout_next", "Entries stepped over by layout
                       ("db",))
 LAYOUT_HASH_COLLISION = Counter("stratamq_ds_layout_hash_collision",
                                 "Index hits whose topic did not match the filter", ("db",))
+COMMIT_LATENCY = Histogram(
+    "stratamq_ds_commit_latency_seconds",
+    "Time from a write entering a shard's buffer to durable, for the oldest write of each "
+    "flush: the slowest acknowledgement (PUBACK, PUBREC, session write) the flush releases",
+    _LABELS, buckets=_LATENCY_BUCKETS)
+# Measured off the event loop just before each scrape (DurableStorage.refresh_disk_metrics).
+DISK_BYTES = Gauge("stratamq_ds_disk_bytes", "Bytes a database's shards take on disk",
+                   ("db",))
+FILESYSTEM_FREE_BYTES = Gauge("stratamq_ds_filesystem_free_bytes",
+                              "Bytes free on the filesystem of the data directory")
+FILESYSTEM_SIZE_BYTES = Gauge("stratamq_ds_filesystem_size_bytes",
+                              "Size of the filesystem of the data directory")
 GENERATIONS = Gauge("stratamq_ds_generations", "Generations held by a shard", _LABELS)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
 from ..supervise import note_failure, supervise
+from . import metrics
 from .database import Database, DropListener, NextResult
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
@@ -105,6 +107,15 @@ class DurableStorage:
     def kv_databases(self) -> dict[str, KvDatabase]:
         return dict(self._kv_databases)
 
+    async def refresh_disk_metrics(self) -> None:
+        """Measure what the databases take on disk and what the data directory's
+        filesystem has free, off the event loop (the admin server's /metrics calls this
+        before each scrape)."""
+        databases = {**self._databases,
+                     **{name: kv.database for name, kv in self._kv_databases.items()}}
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, _measure_disk, self.data_dir, databases)
+
     # -- the emqx_ds-shaped API ---------------------------------------------------
 
     async def store_batch(self, db: str, messages: list[Message], sync: bool = True) -> None:
@@ -177,3 +188,12 @@ class DurableStorage:
             await kv_database.close()
         self._kv_databases.clear()
         self._executor.shutdown(wait=True)
+
+
+def _measure_disk(data_dir: Path, databases: dict[str, Database]) -> None:
+    for name, database in databases.items():
+        metrics.DISK_BYTES.labels(name).set(
+            sum(shard.disk_usage() for shard in list(database.shards)))
+    usage = shutil.disk_usage(data_dir)
+    metrics.FILESYSTEM_FREE_BYTES.set(usage.free)
+    metrics.FILESYSTEM_SIZE_BYTES.set(usage.total)

@@ -40,8 +40,10 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 
 
 def test_helm_template_renders(tmp_path: Path) -> None:
-    assert render(tmp_path) == []  # nothing but the CRDs, which template leaves out
-    docs = render(tmp_path, "--include-crds", "--set", "durableStorage.create=true",
+    # by default: the dashboards (the CRDs are left out by `template`)
+    assert [doc["kind"] for doc in render(tmp_path)] == ["ConfigMap", "ConfigMap"]
+    docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
+                  "--set", "durableStorage.create=true",
                   "--set", "durableStorage.spec.sites=5",
                   "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
     assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
@@ -55,6 +57,43 @@ def test_helm_template_renders(tmp_path: Path) -> None:
     assert storage["metadata"]["namespace"] == "brokers"
     assert storage["metadata"]["labels"]["app.kubernetes.io/instance"] == "mq"
     assert storage["spec"] == {"sites": 5, "messages": {"nShards": 8}}
+
+
+def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> None:
+    docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq")
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-storage.json"]
+    assert [doc["metadata"]["name"] for doc in docs] == ["mq-stratamq-broker",
+                                                          "mq-stratamq-storage"]
+    for doc, path in zip(docs, files, strict=True):
+        assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert doc["metadata"]["annotations"] == {"grafana_folder": "stratamq"}
+        assert doc["data"] == {path.name: path.read_text().rstrip("\n")}
+        board = json.loads(doc["data"][path.name])
+        ids = [panel["id"] for panel in board["panels"]]
+        assert len(ids) == len(set(ids)), f"{path.name}: panel ids repeat"
+        assert board["uid"] == path.stem and board["templating"]["list"][0]["name"] == \
+            "datasource"
+        for panel in board["panels"]:
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert panel["targets"] and all(target["expr"] for target in panel["targets"])
+    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
+
+
+def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Path) -> None:
+    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
+    docs = render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "prometheusRule.labels.release=kube-prometheus-stack",
+                  "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+    assert [doc["kind"] for doc in docs] == ["PrometheusRule"]
+    rule = docs[0]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rules_file = CHART / "rules" / "stratamq.rules.yaml"
+    assert rule["spec"] == yaml.safe_load(rules_file.read_text())
+    assert render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "prometheusRule.enabled=false",
+                  "--api-versions", "monitoring.coreos.com/v1/PrometheusRule") == []
 
 
 def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:

@@ -1,0 +1,126 @@
+"""The chart's alert rules (charts/stratamq/rules) with the real `promtool`: they
+load, and each alert fires on the condition it names, with the labels its message
+uses, and stays quiet on a healthy site."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.harness import REPO
+from tests.support.prometheus import PROMTOOL
+
+RULES = REPO / "charts" / "stratamq" / "rules" / "stratamq.rules.yaml"
+SITE = 'instance="site-0:18083", job="stratamq"'
+HEALTHY = 'instance="site-1:18083", job="stratamq"'
+GiB = 2**30
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None, "promtool is not installed: `make test` installs prometheus"
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_rules_load() -> None:
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 7 rules found" in result.stdout
+
+
+def described(name: str) -> str:
+    """The description of an alert whose description has no template in it."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    rule = next(rule for group in groups for rule in group["rules"] if rule["alert"] == name)
+    description: str = rule["annotations"]["description"]
+    assert "{{" not in description
+    return description
+
+
+def alert(name: str, summary: str, description: str | None = None,
+          **labels: str) -> dict[str, Any]:
+    return {"exp_labels": {"alertname": name, "severity": labels.pop("severity"), **labels},
+            "exp_annotations": {"summary": summary,
+                                "description": description or described(name)}}
+
+
+def test_each_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
+    # Series one sample per minute; site-0 goes wrong in every way, site-1 stays healthy.
+    series = [
+        # free space: 50 GiB of 100, down to 5 GiB (5%) from minute 10, 2 GiB from 30
+        (f"stratamq_ds_filesystem_size_bytes{{{SITE}}}", f"{100 * GiB}+0x60"),
+        (f"stratamq_ds_filesystem_free_bytes{{{SITE}}}",
+         f"{50 * GiB}+0x9 {5 * GiB}+0x19 {2 * GiB}+0x30"),
+        (f"stratamq_ds_filesystem_size_bytes{{{HEALTHY}}}", f"{100 * GiB}+0x60"),
+        (f"stratamq_ds_filesystem_free_bytes{{{HEALTHY}}}", f"{60 * GiB}+0x60"),
+        # failed flushes from minute 20; healthy: none
+        (f'stratamq_ds_buffer_batches_failed_total{{{SITE}, db="messages", shard="3"}}',
+         "0+0x19 1+1x40"),
+        (f'stratamq_ds_buffer_batches_failed_total{{{HEALTHY}, db="messages", shard="3"}}',
+         "0+0x60"),
+        # commits: every observation under 1 s on the healthy site; on site-0, from
+        # minute 20 every observation takes over 1 s
+        *[(f'stratamq_ds_commit_latency_seconds_bucket{{{SITE}, db="messages", '
+           f'shard="0", le="{le}"}}', "0+100x19 2000+0x40")
+          for le in ("0.01", "1.0")],
+        (f'stratamq_ds_commit_latency_seconds_bucket{{{SITE}, db="messages", shard="0", '
+         f'le="+Inf"}}', "0+100x60"),
+        *[(f'stratamq_ds_commit_latency_seconds_bucket{{{HEALTHY}, db="messages", '
+           f'shard="0", le="{le}"}}', "0+100x60") for le in ("0.01", "1.0", "+Inf")],
+        # QoS 0 dropped on site-0 from minute 20
+        (f'stratamq_messages_dropped_total{{{SITE}, reason="queue_full"}}', "0+0x19 0+7x40"),
+        (f'stratamq_messages_dropped_total{{{HEALTHY}, reason="queue_full"}}', "3+0x60"),
+        (f'stratamq_session_messages_expired_total{{{SITE}, reason="retention"}}',
+         "0+0x19 0+5x40"),
+        (f'stratamq_background_failures_total{{{SITE}, loop="renew_streams"}}',
+         "0+0x19 1+0x40"),
+    ]
+    site = "stratamq site site-0:18083"
+    at_25m = [
+        alert("StratamqDiskNearlyFull", f"{site}: data disk 5% free", severity="warning",
+              instance="site-0:18083", job="stratamq"),
+        alert("StratamqStorageWritesFailing", f"{site}: writes to messages fail",
+              severity="critical", instance="site-0:18083", db="messages"),
+        alert("StratamqMessagesDropped", f"{site}: messages dropped (queue_full)",
+              "35 messages were not delivered in the last 5 minutes for reason queue_full.",
+              severity="warning", instance="site-0:18083", reason="queue_full"),
+        alert("StratamqSessionMessagesLost",
+              f"{site}: durable sessions lost messages to retention",
+              "Generations were dropped before durable sessions delivered their messages "
+              "(25 in 15 minutes). Lengthen retention or look for stuck clients.",
+              severity="warning", instance="site-0:18083", reason="retention"),
+        alert("StratamqBackgroundFailures", f"{site}: background loop renew_streams failed",
+              severity="warning", instance="site-0:18083", loop="renew_streams"),
+    ]
+    names = ["StratamqDiskNearlyFull", "StratamqDiskFull", "StratamqStorageWritesFailing",
+             "StratamqSlowCommits", "StratamqMessagesDropped", "StratamqSessionMessagesLost",
+             "StratamqBackgroundFailures"]
+    expected_at: dict[str, dict[str, list[dict[str, Any]]]] = {
+        # minute 8: all well (disk still at 50%, nothing failed or dropped yet)
+        "8m": {name: [] for name in names},
+        "25m": {name: [item for item in at_25m if item["exp_labels"]["alertname"] == name]
+                for name in names},
+        "35m": {"StratamqDiskFull": [alert("StratamqDiskFull", f"{site}: data disk 2% free",
+                                           severity="critical", instance="site-0:18083",
+                                           job="stratamq")],
+                "StratamqSlowCommits": [alert("StratamqSlowCommits",
+                                              f"{site}: p99 PUBACK latency 1s",
+                                              severity="warning", instance="site-0:18083")]},
+    }
+    tests = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": name, "values": values} for name, values in series],
+            "alert_rule_test": [
+                {"eval_time": at, "alertname": name, "exp_alerts": fired}
+                for at, by_name in expected_at.items() for name, fired in by_name.items()],
+        }],
+    }
+    path = tmp_path / "rules_test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
