@@ -1,0 +1,167 @@
+"""The Dockerfiles in images/ (Docker cannot run on these machines, so what can be
+checked without it is): every file they copy from the repository exists and is not
+ignored, base images are pinned, the images run as a non-root user, every package of
+pyproject.toml is copied for the build, and their default commands start — the
+broker's with the configuration file the image ships, answering /readyz."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import HOST, REPO, free_port
+
+IMAGES = REPO / "images"
+DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+STRATAMQ = Path(sys.executable).with_name("stratamq")
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]]
+
+
+def parse(dockerfile: Path) -> list[Stage]:
+    """The stages of a Dockerfile, `ARG` defaults substituted into `FROM`."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        rest = rest.strip()
+        if keyword == "ARG" and "=" in rest and not stages:
+            name, _, default = rest.partition("=")
+            args[name] = default
+        elif keyword == "FROM":
+            words = re.sub(r"\$\{(\w+)\}", lambda match: args[match.group(1)], rest).split()
+            stages.append(Stage(words[0], words[2] if len(words) > 2 else None, []))
+        elif stages:
+            stages[-1].instructions.append((keyword, rest))
+    return stages
+
+
+def copies(stage: Stage) -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY from the build context."""
+    found = []
+    for keyword, rest in stage.instructions:
+        if keyword == "COPY" and "--from=" not in rest:
+            words = [word for word in shlex.split(rest) if not word.startswith("--")]
+            found.append((words[:-1], words[-1]))
+    return found
+
+
+def ignored(path: str) -> bool:
+    patterns = [line.strip().rstrip("/") for line in
+                (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    parts = Path(path).parts
+    return any(fnmatch.fnmatch(path, pattern) or pattern in parts for pattern in patterns)
+
+
+def exec_form(stage: Stage, keyword: str) -> list[str]:
+    values = [rest for word, rest in stage.instructions if word == keyword]
+    assert values, f"no {keyword}"
+    parsed = json.loads(values[-1])  # the exec form is a JSON list of strings
+    assert isinstance(parsed, list) and all(isinstance(word, str) for word in parsed)
+    return parsed
+
+
+def test_there_are_two_images() -> None:
+    assert [path.parent.name for path in DOCKERFILES] == ["spark", "stratamq"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+def test_dockerfile_builds_from_what_the_repository_has(dockerfile: Path) -> None:
+    stages = parse(dockerfile)
+    names = {stage.name for stage in stages}
+    for stage in stages:
+        if stage.base in names:
+            continue
+        image, _, tag = stage.base.rpartition(":")
+        assert image and re.fullmatch(r"[\w.-]*\d+\.\d+[\w.-]*", tag) and tag != "latest", (
+            f"{dockerfile}: base image {stage.base!r} is not pinned to a version")
+    copied: set[str] = set()
+    for stage in stages:
+        for sources, _ in copies(stage):
+            for source in sources:
+                assert (REPO / source).exists(), f"{dockerfile}: COPY {source}: not in the repo"
+                assert not ignored(source), f"{dockerfile}: COPY {source}: .dockerignore'd"
+                copied.add(source)
+    # a non-editable install needs every package folder of pyproject.toml
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    package_dirs = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert {"pyproject.toml", "README.md"} <= copied
+    assert package_dirs <= copied, f"{dockerfile}: not copied: {package_dirs - copied}"
+    user = [rest for keyword, rest in stages[-1].instructions if keyword == "USER"]
+    assert user and user[-1].split(":")[0].isdigit() and int(user[-1].split(":")[0]) > 0, (
+        f"{dockerfile}: the final stage must run as a numeric non-root user")
+
+
+def in_repository(stage: Stage, image_path: str) -> Path:
+    """The repository file that the image has at `image_path` (by its COPY lines)."""
+    for sources, destination in copies(stage):
+        if destination == image_path and len(sources) == 1:
+            return REPO / sources[0]
+    raise AssertionError(f"the image copies nothing to {image_path}")
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}/readyz", timeout=1) as answer:
+            return bool(answer.status == 200)
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+def test_broker_image_default_command_starts_a_site(tmp_path: Path) -> None:
+    final = parse(IMAGES / "stratamq" / "Dockerfile")[-1]
+    command = exec_form(final, "ENTRYPOINT") + exec_form(final, "CMD")
+    assert command[:2] == ["stratamq", "broker"] and command[2] == "--config"
+    config = in_repository(final, command[3])
+    # the ports are the image's own; here they must not clash with anything
+    admin = free_port()
+    environment = {**os.environ,
+                   "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{free_port()}",
+                   "STRATAMQ__LISTENERS__WS__BIND": f"{HOST}:{free_port()}",
+                   "STRATAMQ__ADMIN__BIND": f"{HOST}:{admin}"}
+    with (tmp_path / "site.log").open("wb") as log:
+        site = subprocess.Popen([str(STRATAMQ), *command[1:3], str(config)], cwd=tmp_path,
+                                env=environment, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready(admin) and site.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert ready(admin), (tmp_path / "site.log").read_text()[-3000:]
+            assert (tmp_path / "data").is_dir()  # data_dir lands in the WORKDIR (the volume)
+        finally:
+            site.send_signal(signal.SIGTERM)
+            assert site.wait(30) == 0, (tmp_path / "site.log").read_text()[-3000:]
+
+
+def test_spark_image_default_command_runs() -> None:
+    final = parse(IMAGES / "spark" / "Dockerfile")[-1]
+    command = exec_form(final, "CMD")
+    assert command[0] == "stratamq"
+    result = subprocess.run([str(STRATAMQ), *command[1:]], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
