@@ -1,0 +1,279 @@
+"""The replicated log of one shard on one site: cooked batches at (epoch, offset).
+
+The leader of a shard appends each cooked batch it makes at the next offset, under its
+leader epoch; followers append what they fetch from it. An entry is applied to the
+shard's data only once committed (held durably by a majority of the replica set, see
+`commit.py`), so an entry that a new leader does not have can be cut off a follower's
+log without anything to undo. Like Raft's log, minus elections: the controller picks
+leaders and bumps epochs (DESIGN.md, "Replication").
+
+On disk: one raw-mode RocksDB per shard log, every write synced. Keys are the offsets
+(8 bytes, big-endian, so RocksDB keeps them in order); values are the entry's epoch
+(8 bytes) and the cooked batch's bytes. Offsets start at 1; offset 0 at epoch 0 is the
+empty log's position. Entries below `first_offset` have been trimmed (every replica
+applied them)."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from rocksdict import Rdict, WriteBatch, WriteOptions
+
+from ...errors import CorruptDataError, StorageError
+from ..rocks import as_bytes, raw_options
+
+_U64 = struct.Struct(">Q")
+_POSITION = struct.Struct(">QQ")
+_ENTRY_PREFIX = b"e"
+_EPOCH_KEY = b"m:epoch"  # the highest leader epoch this log has seen
+_FIRST_KEY = b"m:trimmed"  # the position of the last entry trimmed
+_LAST_KEY = _ENTRY_PREFIX + b"\xff" * 8  # after every entry key
+
+
+class Position(NamedTuple):
+    """Where an entry sits: tuples order by epoch, then offset, which is how a
+    failover compares the replicas' last positions."""
+
+    epoch: int
+    offset: int
+
+
+START = Position(0, 0)
+
+
+class StaleEpochError(StorageError):
+    """An append from a leader of an older epoch than this log has seen: that leader
+    has been replaced, and must stop (not recoverable for it)."""
+
+
+class LogGapError(StorageError):
+    """An append or read past what the log holds, or of entries already trimmed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    position: Position
+    batch: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """A follower's answer to an append. When `accepted` is False the leader's
+    `previous` position is not in this log: the leader retries from `retry_from`
+    (the first offset whose entry may differ), sending entries from there."""
+
+    accepted: bool
+    # the offset up to which this log now equals the leader's (when accepted)
+    matched: int
+    last: Position
+    retry_from: int = 0
+
+
+def _entry_key(offset: int) -> bytes:
+    return _ENTRY_PREFIX + _U64.pack(offset)
+
+
+class ShardLog:
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = Rdict(str(path), raw_options())
+        self._synced = WriteOptions()
+        self._synced.sync = True
+        self._epoch = self._read_u64(_EPOCH_KEY)
+        trimmed = self._db.get(_FIRST_KEY)
+        # the first offset held, and the position of the trimmed entry just before it
+        self._before_first = START if trimmed is None else Position(
+            *_POSITION.unpack(as_bytes(trimmed)))
+        self._first = self._before_first.offset + 1
+        self._last = self._find_last()
+
+    # -- reading ------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The highest leader epoch this log has seen; appends of older ones are refused."""
+        return self._epoch
+
+    @property
+    def last(self) -> Position:
+        return self._last
+
+    @property
+    def first_offset(self) -> int:
+        return self._first
+
+    def epoch_at(self, offset: int) -> int | None:
+        """The epoch of the entry at `offset`; 0 for offset 0; None when not held
+        (beyond the end, or trimmed)."""
+        if offset == 0:
+            return 0
+        if offset == self._before_first.offset:
+            return self._before_first.epoch
+        if offset == self._last.offset:
+            return self._last.epoch
+        raw = self._db.get(_entry_key(offset))
+        return None if raw is None else _U64.unpack_from(as_bytes(raw))[0]
+
+    def read(self, from_offset: int, max_entries: int = 1000,
+             max_bytes: int = 4 * 1024 * 1024) -> list[Entry]:
+        """Entries from `from_offset` on, at most `max_entries` and about `max_bytes`
+        (always at least one when there is one)."""
+        if from_offset < self._first:
+            raise LogGapError(f"entries before offset {self._first} are trimmed "
+                              f"(asked from {from_offset}): bootstrap from a checkpoint")
+        entries: list[Entry] = []
+        size = 0
+        iterator = self._db.iter()
+        iterator.seek(_entry_key(from_offset))
+        while iterator.valid() and len(entries) < max_entries and (not entries or
+                                                                    size < max_bytes):
+            key = as_bytes(iterator.key())
+            if not key.startswith(_ENTRY_PREFIX):
+                break
+            value = as_bytes(iterator.value())
+            (offset,) = _U64.unpack_from(key, 1)
+            (epoch,) = _U64.unpack_from(value)
+            entries.append(Entry(Position(epoch, offset), value[_U64.size:]))
+            size += len(value)
+            iterator.next()
+        del iterator
+        return entries
+
+    # -- writing ------------------------------------------------------------------
+
+    def observe_epoch(self, epoch: int) -> None:
+        """Remember that a leader of `epoch` exists (pushed by the controller, or seen
+        in an append): from now on older leaders are refused."""
+        if epoch < self._epoch:
+            raise StaleEpochError(f"epoch {epoch} is older than this log's {self._epoch}")
+        if epoch > self._epoch:
+            self._db.put(_EPOCH_KEY, _U64.pack(epoch), self._synced)
+            self._epoch = epoch
+
+    def append_as_leader(self, epoch: int, batches: list[bytes]) -> list[Position]:
+        """The leader's own append: each batch at the next offset, under `epoch`."""
+        if epoch != self._epoch:
+            self.observe_epoch(epoch)
+        if self._last.epoch > epoch:
+            raise StaleEpochError(f"the log ends at epoch {self._last.epoch}, "
+                                  f"after leader epoch {epoch}")
+        write = WriteBatch(raw_mode=True)
+        positions = []
+        offset = self._last.offset
+        for batch in batches:
+            offset += 1
+            write.put(_entry_key(offset), _U64.pack(epoch) + batch)
+            positions.append(Position(epoch, offset))
+        self._db.write(write, self._synced)
+        if positions:
+            self._last = positions[-1]
+        return positions
+
+    def append_from_leader(self, epoch: int, previous: Position,
+                           entries: list[Entry]) -> AppendResult:
+        """A follower's append of what the leader of `epoch` sent: `entries` follow
+        the leader's entry at `previous`, offset by offset. Entries this log already
+        holds are kept; at the first that differs (same offset, other epoch) this
+        log's tail is cut and the leader's entries are written in its place."""
+        self.observe_epoch(epoch)
+        if not self._holds(previous):
+            return AppendResult(False, previous.offset, self._last,
+                                self._retry_from(previous.offset))
+        expected = previous.offset + 1
+        for entry in entries:
+            if entry.position.offset != expected:
+                raise LogGapError(f"leader sent offset {entry.position.offset}, "
+                                  f"expected {expected}")
+            if entry.position.epoch > epoch:
+                raise CorruptDataError(f"entry of epoch {entry.position.epoch} from a "
+                                       f"leader of epoch {epoch}")
+            expected += 1
+        matched = previous.offset + len(entries)
+        new = [entry for entry in entries if entry.position.offset >= self._first
+               and self.epoch_at(entry.position.offset) != entry.position.epoch]
+        if new:
+            write = WriteBatch(raw_mode=True)
+            if new[0].position.offset <= self._last.offset:
+                # a divergent tail (written under an older leader, never committed)
+                write.delete_range(_entry_key(new[0].position.offset), _LAST_KEY)
+            for entry in new:
+                write.put(_entry_key(entry.position.offset),
+                          _U64.pack(entry.position.epoch) + entry.batch)
+            self._db.write(write, self._synced)
+            self._last = new[-1].position
+        return AppendResult(True, matched, self._last)
+
+    def truncate_after(self, offset: int) -> None:
+        """Cut every entry after `offset` (a new leader's log ends there)."""
+        if offset >= self._last.offset:
+            return
+        if offset < self._first - 1:
+            raise LogGapError(f"cannot truncate to {offset}: entries before "
+                              f"{self._first} are trimmed")
+        epoch = self.epoch_at(offset)
+        assert epoch is not None  # held: offset is between first - 1 and last
+        write = WriteBatch(raw_mode=True)
+        write.delete_range(_entry_key(offset + 1), _LAST_KEY)
+        self._db.write(write, self._synced)
+        self._last = Position(epoch, offset)
+
+    def trim_before(self, offset: int) -> None:
+        """Forget entries before `offset`: every replica has applied them."""
+        offset = min(offset, self._last.offset + 1)
+        if offset <= self._first:
+            return
+        before = Position(self.epoch_at(offset - 1) or 0, offset - 1)
+        write = WriteBatch(raw_mode=True)
+        write.delete_range(_entry_key(0), _entry_key(offset))
+        write.put(_FIRST_KEY, _POSITION.pack(*before))
+        self._db.write(write, self._synced)
+        self._first, self._before_first = offset, before
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _read_u64(self, key: bytes) -> int:
+        raw = self._db.get(key)
+        return 0 if raw is None else _U64.unpack(as_bytes(raw))[0]
+
+    def _find_last(self) -> Position:
+        iterator = self._db.iter()
+        iterator.seek_for_prev(_LAST_KEY)
+        found = START
+        if iterator.valid():
+            key = as_bytes(iterator.key())
+            if key.startswith(_ENTRY_PREFIX):
+                (offset,) = _U64.unpack_from(key, 1)
+                (epoch,) = _U64.unpack_from(as_bytes(iterator.value()))
+                found = Position(epoch, offset)
+        del iterator
+        if 0 < found.offset < self._before_first.offset:
+            raise CorruptDataError(f"shard log {self.path}: trimmed to "
+                                   f"{self._before_first.offset} but ends at {found.offset}")
+        return found if found.offset else self._before_first
+
+    def _holds(self, position: Position) -> bool:
+        """Whether this log has the leader's entry at `position`. Trimmed entries
+        were applied by every replica, so committed, so equal to every leader's."""
+        if position.offset < self._before_first.offset:
+            return True
+        return self.epoch_at(position.offset) == position.epoch
+
+    def _retry_from(self, offset: int) -> int:
+        """Where the leader should resend from, when its entry at `offset` is not
+        here: after our end, or at the start of our epoch that holds `offset` (that
+        whole epoch's tail may differ), so a divergent tail costs one round trip per
+        epoch, not per entry."""
+        if offset > self._last.offset:
+            return self._last.offset + 1
+        epoch = self.epoch_at(offset)
+        probe = offset
+        while probe > self._first and self.epoch_at(probe - 1) == epoch:
+            probe -= 1
+        return probe

@@ -1,0 +1,121 @@
+"""The shard log (real RocksDB in a temporary folder) and the commit rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stratamq.broker.ds.replication import (
+    START,
+    Entry,
+    LogGapError,
+    Position,
+    ShardLog,
+    StaleEpochError,
+    commit_offset,
+    majority,
+)
+
+
+def batches(*names: str) -> list[bytes]:
+    return [name.encode() for name in names]
+
+
+def content(log: ShardLog) -> list[tuple[int, int, bytes]]:
+    return [(entry.position.epoch, entry.position.offset, entry.batch)
+            for entry in log.read(log.first_offset, 10_000)]
+
+
+def test_leader_appends_at_the_next_offsets_and_it_survives_a_reopen(tmp_path: Path) -> None:
+    log = ShardLog(tmp_path / "log")
+    assert log.last == START and log.read(1) == []
+    assert log.append_as_leader(1, batches("a", "b")) == [Position(1, 1), Position(1, 2)]
+    assert log.append_as_leader(3, batches("c")) == [Position(3, 3)]
+    log.close()
+    log = ShardLog(tmp_path / "log")
+    assert (log.epoch, log.last) == (3, Position(3, 3))
+    assert content(log) == [(1, 1, b"a"), (1, 2, b"b"), (3, 3, b"c")]
+    assert [entry.batch for entry in log.read(2, max_entries=1)] == [b"b"]
+    # one entry at least, whatever max_bytes says
+    assert len(log.read(1, max_bytes=1)) == 1
+
+
+def test_older_epochs_are_refused(tmp_path: Path) -> None:
+    log = ShardLog(tmp_path / "log")
+    log.observe_epoch(5)
+    with pytest.raises(StaleEpochError):
+        log.append_as_leader(4, batches("x"))
+    with pytest.raises(StaleEpochError):
+        log.append_from_leader(4, START, [Entry(Position(4, 1), b"x")])
+    with pytest.raises(StaleEpochError):
+        log.observe_epoch(3)
+    assert log.last == START
+    log.close()
+    assert ShardLog(tmp_path / "log").epoch == 5  # kept on disk
+
+
+def test_a_follower_asks_for_what_it_lacks(tmp_path: Path) -> None:
+    follower = ShardLog(tmp_path / "f")
+    result = follower.append_from_leader(1, Position(1, 4), [Entry(Position(1, 5), b"e")])
+    assert not result.accepted and result.retry_from == 1
+    entries = [Entry(Position(1, offset), b"%d" % offset) for offset in range(1, 6)]
+    result = follower.append_from_leader(1, START, entries)
+    assert result.accepted and result.matched == 5 and follower.last == Position(1, 5)
+    # a resend of what it holds changes nothing and cuts nothing
+    result = follower.append_from_leader(1, Position(1, 1), entries[1:3])
+    assert result.accepted and result.matched == 3 and follower.last == Position(1, 5)
+    assert len(content(follower)) == 5
+
+
+def test_a_divergent_tail_is_cut_against_a_new_leader(tmp_path: Path) -> None:
+    follower = ShardLog(tmp_path / "f")
+    follower.append_as_leader(1, batches("a", "b", "c", "d"))  # it led epoch 1, uncommitted tail
+    # the leader of epoch 2 has a at 1, then its own entries from 2 on
+    result = follower.append_from_leader(2, Position(2, 3), [Entry(Position(2, 4), b"z")])
+    assert not result.accepted and result.retry_from == 1  # its whole epoch-1 run may differ
+    result = follower.append_from_leader(2, Position(1, 1), [Entry(Position(2, 2), b"x"),
+                                                              Entry(Position(2, 3), b"y")])
+    assert result.accepted and result.matched == 3
+    assert content(follower) == [(1, 1, b"a"), (2, 2, b"x"), (2, 3, b"y")]
+    assert follower.last == Position(2, 3)
+    follower.close()
+    assert content(ShardLog(tmp_path / "f")) == [(1, 1, b"a"), (2, 2, b"x"), (2, 3, b"y")]
+
+
+def test_trim_and_truncate(tmp_path: Path) -> None:
+    log = ShardLog(tmp_path / "log")
+    log.append_as_leader(1, batches("a", "b", "c"))
+    log.append_as_leader(2, batches("d", "e"))
+    log.trim_before(3)
+    assert log.first_offset == 3
+    with pytest.raises(LogGapError):
+        log.read(2)
+    assert [entry.batch for entry in log.read(3)] == [b"c", b"d", b"e"]
+    log.truncate_after(4)
+    assert log.last == Position(2, 4)
+    with pytest.raises(LogGapError):
+        log.truncate_after(1)
+    log.trim_before(10)  # everything, up to the end
+    assert (log.first_offset, log.last, log.read(5)) == (5, Position(2, 4), [])
+    log.close()
+    log = ShardLog(tmp_path / "log")
+    assert (log.first_offset, log.last) == (5, Position(2, 4))
+    # a follower append that starts right after the trimmed end still lines up
+    assert log.append_from_leader(2, Position(2, 4), [Entry(Position(2, 5), b"f")]).accepted
+    assert log.epoch_at(4) == 2 and log.epoch_at(3) is None
+
+
+def test_commit_needs_a_majority_of_the_leaders_epoch() -> None:
+    epochs = {1: 1, 2: 1, 3: 2, 4: 2}
+    sites = ["a", "b", "c"]
+    assert majority(1) == 1 and majority(3) == 2 and majority(4) == 3 and majority(5) == 3
+    # a alone holds 4: not a majority; a and b hold 3 (epoch 2): committed
+    assert commit_offset(2, sites, {"a": 4, "b": 3, "c": 0}, epochs.get, 0) == 3
+    # a majority holds 2, but 2 is of epoch 1: a leader of epoch 2 may not count it
+    assert commit_offset(2, sites, {"a": 4, "b": 2, "c": 1}, epochs.get, 0) == 0
+    # never back
+    assert commit_offset(2, sites, {"a": 4, "b": 0, "c": 0}, epochs.get, 3) == 3
+    assert commit_offset(2, ["a"], {"a": 4}, epochs.get, 0) == 4
+    with pytest.raises(ValueError):
+        commit_offset(2, [], {}, epochs.get, 0)
