@@ -9,6 +9,7 @@ import pytest
 from stratamq.broker.ds.replication import (
     START,
     Entry,
+    Leadership,
     LogGapError,
     Position,
     ShardLog,
@@ -119,3 +120,36 @@ def test_commit_needs_a_majority_of_the_leaders_epoch() -> None:
     assert commit_offset(2, ["a"], {"a": 4}, epochs.get, 0) == 4
     with pytest.raises(ValueError):
         commit_offset(2, [], {}, epochs.get, 0)
+
+
+def test_leadership_of_one_replica_commits_at_once_and_steps_down_when_fenced(
+        tmp_path: Path) -> None:
+    log = ShardLog(tmp_path / "log")
+    with pytest.raises(ValueError):
+        Leadership.begin("b", 1, log, ("a",))
+    leadership = Leadership.begin("a", 1, log, ("a",))
+    assert leadership.append(batches("x", "y")) == [Position(1, 1), Position(1, 2)]
+    assert leadership.committed == 2
+    log.observe_epoch(2)  # the controller made another site leader
+    assert not leadership.current
+    with pytest.raises(StaleEpochError):
+        leadership.append(batches("z"))
+
+
+def test_leadership_sends_followers_what_they_lack(tmp_path: Path) -> None:
+    leader_log, follower_log = ShardLog(tmp_path / "a"), ShardLog(tmp_path / "b")
+    follower_log.append_as_leader(1, batches("a", "stale"))  # it led epoch 1 once
+    leader_log.append_from_leader(1, START, follower_log.read(1, max_entries=1))
+    leadership = Leadership.begin("a", 2, leader_log, ("a", "b", "c"))
+    leadership.append(batches("b"))  # (2, 2)
+    assert leadership.committed == 0  # one of three
+    for _ in range(3):
+        request = leadership.request_for("b")
+        leadership.on_result("b", follower_log.append_from_leader(
+            request.epoch, request.previous, request.entries))
+    assert leadership.committed == 2 and leadership.matched == {"b": 2}
+    assert content(follower_log) == [(1, 1, b"a"), (2, 2, b"b")]
+    leader_log.trim_before(3)
+    leadership.next_offset["c"] = 1
+    with pytest.raises(LogGapError):
+        leadership.request_for("c")  # c needs a checkpoint first

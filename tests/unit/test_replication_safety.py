@@ -9,29 +9,21 @@ and once every site has caught up, every log holds it."""
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stratamq.broker.ds.replication import (
+    Leadership,
     Position,
     ShardLog,
     StaleEpochError,
-    commit_offset,
     majority,
 )
 
 SITES = ["s0", "s1", "s2", "s3", "s4"]
-
-
-@dataclass
-class Leadership:
-    epoch: int
-    next_offset: dict[str, int]
-    matched: dict[str, int] = field(default_factory=dict)
-    committed: int = 0
 
 
 class Cluster:
@@ -57,7 +49,7 @@ class Cluster:
         """The site's leadership, while its own log has seen no newer epoch: a site
         that learns of a newer leader (fenced, or sent entries by it) steps down."""
         leadership = self.leaders.get(site)
-        if leadership is not None and self.logs[site].epoch > leadership.epoch:
+        if leadership is not None and not leadership.current:
             del self.leaders[site]
             return None
         return leadership
@@ -67,49 +59,32 @@ class Cluster:
         if leadership is None:
             return
         self.writes += 1
-        try:
-            self.logs[site].append_as_leader(leadership.epoch, [b"w%d" % self.writes])
-        except StaleEpochError:
-            del self.leaders[site]  # it learns it was replaced
+        self.acknowledge(leadership, lambda: leadership.append([b"w%d" % self.writes]))
 
     def replicate(self, site: str, follower: str) -> None:
         leadership = self.leadership(site)
         if leadership is None or follower == site:
             return
-        log = self.logs[site]
-        start = min(leadership.next_offset[follower], log.last.offset + 1)
-        previous_epoch = log.epoch_at(start - 1)
-        assert previous_epoch is not None
-        entries = log.read(start, max_entries=3)
+        request = leadership.request_for(follower, max_entries=3)
         try:
-            result = self.logs[follower].append_from_leader(
-                leadership.epoch, Position(previous_epoch, start - 1), entries)
+            result = self.logs[follower].append_from_leader(request.epoch, request.previous,
+                                                            request.entries)
         except StaleEpochError:
-            del self.leaders[site]
+            del self.leaders[site]  # the follower knows a newer leader
             return
-        if result.accepted:
-            leadership.matched[follower] = max(leadership.matched.get(follower, 0),
-                                               result.matched)
-            leadership.next_offset[follower] = result.matched + 1
-        else:
-            leadership.next_offset[follower] = result.retry_from
-        self.commit(site)
+        self.acknowledge(leadership, lambda: leadership.on_result(follower, result))
 
-    def commit(self, site: str) -> None:
-        leadership = self.leaders[site]
-        log = self.logs[site]
-        matched = {**leadership.matched, site: log.last.offset}
-        committed = commit_offset(leadership.epoch, SITES, matched, log.epoch_at,
-                                  leadership.committed)
-        for entry in log.read(leadership.committed + 1, max_entries=committed) \
-                if committed > leadership.committed else []:
-            if entry.position.offset > committed:
-                break
+    def acknowledge(self, leadership: Leadership, step: Callable[[], object]) -> None:
+        """Run a leader's step; what it newly commits is acknowledged to writers."""
+        before = leadership.committed
+        step()
+        if leadership.committed == before:
+            return
+        for entry in leadership.log.read(before + 1, leadership.committed - before):
             known = self.acknowledged.setdefault(entry.position.offset,
                                                  (entry.position.epoch, entry.batch))
             assert known == (entry.position.epoch, entry.batch), (
                 f"offset {entry.position.offset} committed twice, differently")
-        leadership.committed = committed
 
     def failover(self, voters: set[str]) -> str:
         """Fence the voters with a new epoch, then make the most advanced one leader."""
@@ -118,9 +93,8 @@ class Cluster:
         for voter in sorted(voters):
             self.logs[voter].observe_epoch(self.epoch)
         leader = max(sorted(voters), key=lambda voter: self.logs[voter].last)
-        log = self.logs[leader]
-        self.leaders[leader] = Leadership(self.epoch,
-                                          {site: log.last.offset + 1 for site in SITES})
+        self.leaders[leader] = Leadership.begin(leader, self.epoch, self.logs[leader],
+                                                tuple(SITES))
         self.check_holds_everything_acknowledged(leader)
         return leader
 

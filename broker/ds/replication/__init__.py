@@ -1,15 +1,18 @@
 """Storage replication (DESIGN.md, "Replication"): each shard's log of cooked batches
-at (epoch, offset) and the rule that commits its entries. Built so far: the log of one
-shard on one site and the commit rule. Not built yet: shipping the log between sites
-over the peer port, the controller, failover, replica transitions."""
+at (epoch, offset), the rule that commits its entries, and a leader's bookkeeping.
+Not built yet: shipping the log between sites over the peer port, applying committed
+entries to the shard's data, the controller, failover, replica transitions."""
 
 from .commit import commit_offset, majority
+from .leader import AppendRequest, Leadership
 from .log import START, AppendResult, Entry, LogGapError, Position, ShardLog, StaleEpochError
 
 __all__ = [
     "START",
+    "AppendRequest",
     "AppendResult",
     "Entry",
+    "Leadership",
     "LogGapError",
     "Position",
     "ShardLog",

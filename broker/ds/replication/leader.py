@@ -1,0 +1,88 @@
+"""A shard leader's bookkeeping: what to send each follower next, what each is known
+to hold, and what is committed. No I/O of its own beyond the leader's `ShardLog`:
+the peer transport carries `AppendRequest`s to followers (which answer with
+`ShardLog.append_from_leader`) and brings their `AppendResult`s back here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .commit import commit_offset
+from .log import AppendResult, Entry, LogGapError, Position, ShardLog, StaleEpochError
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """Entries for one follower: they follow the leader's entry at `previous`."""
+
+    epoch: int
+    previous: Position
+    entries: list[Entry]
+
+
+@dataclass(slots=True)
+class Leadership:
+    site: str
+    epoch: int
+    log: ShardLog
+    replica_set: tuple[str, ...]
+    # per follower: the offset to send from next, and the offset up to which its log
+    # is known to equal ours
+    next_offset: dict[str, int] = field(default_factory=dict)
+    matched: dict[str, int] = field(default_factory=dict)
+    committed: int = 0
+
+    @classmethod
+    def begin(cls, site: str, epoch: int, log: ShardLog, replica_set: tuple[str, ...],
+              committed: int = 0) -> Leadership:
+        """Take the lead of a shard at `epoch` (the controller's choice): fence the
+        own log, then start sending each follower from the end of ours (a follower
+        that lacks something says where to resend from)."""
+        if site not in replica_set:
+            raise ValueError(f"site {site} leads a shard it is no replica of")
+        log.observe_epoch(epoch)
+        start = log.last.offset + 1
+        return cls(site, epoch, log, replica_set,
+                   {follower: start for follower in replica_set if follower != site},
+                   {}, committed)
+
+    @property
+    def current(self) -> bool:
+        """False once this site's log has seen a newer epoch: it must step down."""
+        return self.log.epoch == self.epoch
+
+    def append(self, batches: list[bytes]) -> list[Position]:
+        """Append cooked batches; they are committed once `committed` reaches them."""
+        if not self.current:
+            raise StaleEpochError(f"leader of epoch {self.epoch} was replaced "
+                                  f"(epoch {self.log.epoch} seen)")
+        positions = self.log.append_as_leader(self.epoch, batches)
+        self._advance()  # a replica set of one commits at once
+        return positions
+
+    def request_for(self, follower: str, max_entries: int = 1000,
+                    max_bytes: int = 4 * 1024 * 1024) -> AppendRequest:
+        """What to send `follower` now (no entries: a heartbeat that still checks
+        where its log ends)."""
+        start = min(self.next_offset[follower], self.log.last.offset + 1)
+        previous_epoch = self.log.epoch_at(start - 1)
+        if previous_epoch is None:  # trimmed: the follower needs a checkpoint
+            raise LogGapError(f"follower {follower} needs entries from {start}, "
+                                  f"trimmed from this log: bootstrap it from a checkpoint")
+        return AppendRequest(self.epoch, Position(previous_epoch, start - 1),
+                             self.log.read(start, max_entries, max_bytes))
+
+    def on_result(self, follower: str, result: AppendResult) -> int:
+        """Take a follower's answer; returns the commit offset after it."""
+        if result.accepted:
+            self.matched[follower] = max(self.matched.get(follower, 0), result.matched)
+            self.next_offset[follower] = result.matched + 1
+        else:
+            self.next_offset[follower] = result.retry_from
+        return self._advance()
+
+    def _advance(self) -> int:
+        matched = {**self.matched, self.site: self.log.last.offset}
+        self.committed = commit_offset(self.epoch, self.replica_set, matched,
+                                       self.log.epoch_at, self.committed)
+        return self.committed
