@@ -1,0 +1,110 @@
+"""Log shipping on the peer port (aiohttp): a site's `PeerServer` applies appends
+that shard leaders send to its replicas' logs; a leader's `PeerClient` sends them.
+Only the transport lives here: what to send comes from `Leadership`, how a follower
+takes it from `ShardLog.append_from_leader`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+import aiohttp
+from aiohttp import web
+
+from ...errors import CorruptDataError, StorageError
+from .leader import AppendRequest
+from .log import AppendResult, LogGapError, ShardLog, StaleEpochError
+from .wire import decode_request, decode_result, encode_request, encode_result
+
+CONTENT_TYPE = "application/vnd.stratamq.append"
+# An append carries at most the leader's max_bytes of entries (4 MiB) plus framing.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+LogsOf = Callable[[str, int], ShardLog]
+
+
+class PeerError(StorageError):
+    """A peer did not answer, or answered with an error: try again later."""
+
+    recoverable = True
+
+
+class PeerServer:
+    def __init__(self, logs_of: LogsOf, executor: Executor) -> None:
+        self._logs_of = logs_of
+        self._executor = executor
+        # one append at a time per shard log: each checks and moves the log's end
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
+        return app
+
+    async def start(self, host: str, port: int) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _append(self, http: web.Request) -> web.Response:
+        db = http.match_info["db"]
+        try:
+            shard = int(http.match_info["shard"])
+            log = self._logs_of(db, shard)
+        except (ValueError, KeyError):
+            return _error(404, "unknown_shard", f"no replica of {db}/{http.match_info['shard']} "
+                                                f"on this site")
+        try:
+            request = decode_request(await http.read())
+        except CorruptDataError as error:
+            return _error(400, "bad_request", str(error))
+        lock = self._locks.setdefault((db, shard), asyncio.Lock())
+        async with lock:
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, log.append_from_leader, request.epoch, request.previous,
+                    request.entries)
+            except StaleEpochError as error:
+                return _error(409, "stale_epoch", str(error))
+            except (LogGapError, CorruptDataError) as error:
+                return _error(400, "bad_request", str(error))
+        return web.Response(body=encode_result(result), content_type=CONTENT_TYPE)
+
+
+class PeerClient:
+    def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def append(self, address: str, db: str, shard: int,
+                     request: AppendRequest) -> AppendResult:
+        """Send an append to the site at `address` (host:port of its peer port).
+        Raises StaleEpochError when that site knows a newer leader, PeerError when
+        it cannot be reached or refuses."""
+        url = f"http://{address}/peer/v1/logs/{db}/{shard}/append"
+        try:
+            async with self._session.post(url, data=encode_request(request),
+                                          headers={"Content-Type": CONTENT_TYPE},
+                                          timeout=self._timeout) as response:
+                body = await response.read()
+                if response.status == 200:
+                    return decode_result(body)
+                reason = body.decode("utf-8", "replace")
+                if response.status == 409:
+                    raise StaleEpochError(f"{address}: {reason}")
+                raise PeerError(f"{address} refused an append to {db}/{shard} "
+                                f"({response.status}): {reason}")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"{address} did not take an append to {db}/{shard}: "
+                            f"{error!r}") from error
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)

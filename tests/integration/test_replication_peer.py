@@ -1,0 +1,81 @@
+"""Log shipping over the peer port: real aiohttp servers on loopback, real shard logs.
+(The peer port is not part of a running site yet: replication is being built.)"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from stratamq.broker.ds.replication import Leadership, Position, ShardLog, StaleEpochError
+from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
+from tests.support.harness import HOST, free_port
+
+
+def content(log: ShardLog) -> list[tuple[Position, bytes]]:
+    return [(entry.position, entry.batch) for entry in log.read(1, 10_000)]
+
+
+def test_a_leader_ships_its_log_to_followers_over_the_peer_port(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        executor = ThreadPoolExecutor(2)
+        logs = {site: ShardLog(tmp_path / site) for site in ("a", "b", "c")}
+        servers: dict[str, PeerServer] = {}
+        addresses: dict[str, str] = {}
+        for site in ("b", "c"):
+            servers[site] = PeerServer(
+                lambda db, shard, site=site: {("messages", 3): logs[site]}[(db, shard)],
+                executor)
+            port = free_port()
+            await servers[site].start(HOST, port)
+            addresses[site] = f"{HOST}:{port}"
+        leadership = Leadership.begin("a", 1, logs["a"], ("a", "b", "c"))
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = PeerClient(session, timeout=2)
+
+                async def ship(follower: str) -> None:
+                    for _ in range(5):
+                        request = leadership.request_for(follower)
+                        leadership.on_result(follower, await client.append(
+                            addresses[follower], "messages", 3, request))
+
+                leadership.append([b"x" * 1000, b"y"])
+                assert leadership.committed == 0
+                await ship("b")
+                assert leadership.committed == 2  # a and b: a majority
+                await servers["c"].stop()  # c is gone: the majority goes on
+                leadership.append([b"z"])
+                with pytest.raises(PeerError):
+                    await client.append(addresses["c"], "messages", 3,
+                                        leadership.request_for("c"))
+                await ship("b")
+                assert leadership.committed == 3
+                assert content(logs["b"]) == content(logs["a"])
+
+                # b learns of a newer leader: the old one is refused and steps down
+                logs["b"].observe_epoch(2)
+                leadership.append([b"late"])
+                with pytest.raises(StaleEpochError):
+                    await client.append(addresses["b"], "messages", 3,
+                                        leadership.request_for("b"))
+                assert leadership.committed == 3
+
+                with pytest.raises(PeerError, match="404"):
+                    await client.append(addresses["b"], "messages", 9,
+                                        leadership.request_for("b"))
+                async with session.post(f"http://{addresses['b']}/peer/v1/logs/messages/3/"
+                                        "append", data=b"\x01garbage") as response:
+                    assert response.status == 400
+                    assert (await response.json())["error"] == "bad_request"
+        finally:
+            for server in servers.values():
+                await server.stop()
+            executor.shutdown()
+            for log in logs.values():
+                log.close()
+
+    asyncio.run(scenario())
