@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,10 +26,11 @@ def test_a_leader_ships_its_log_to_followers_over_the_peer_port(tmp_path: Path) 
         logs = {site: ShardLog(tmp_path / site) for site in ("a", "b", "c")}
         servers: dict[str, PeerServer] = {}
         addresses: dict[str, str] = {}
+        def logs_of(site: str) -> Callable[[str, int], ShardLog]:
+            return lambda db, shard: {("messages", 3): logs[site]}[(db, shard)]
+
         for site in ("b", "c"):
-            servers[site] = PeerServer(
-                lambda db, shard, site=site: {("messages", 3): logs[site]}[(db, shard)],
-                executor)
+            servers[site] = PeerServer(logs_of(site), executor)
             port = free_port()
             await servers[site].start(HOST, port)
             addresses[site] = f"{HOST}:{port}"
