@@ -1,16 +1,24 @@
 """Replication of the durable storage across sites (DESIGN.md, "Replication").
 
-Built so far: the placement data model (`placement`). The planner, the site's
-on-disk copy of the placement, the log shipping, quorum commit and the controller
-come later.
+Built so far: the placement data model (`placement`), the pure planner that the
+local cluster supervisor and the Kubernetes operator share (`planner`), and the
+site's on-disk copy of the placement (`store`). The log shipping, quorum commit and
+the controller come later.
 """
 
 from .placement import Placement, ShardId, ShardPlacement, Transition, apply_transition
+from .planner import FIRST_EPOCH, Plan, Site, apply_plan, failover, plan
 
 __all__ = [
+    "FIRST_EPOCH",
     "Placement",
+    "Plan",
     "ShardId",
     "ShardPlacement",
+    "Site",
     "Transition",
+    "apply_plan",
     "apply_transition",
+    "failover",
+    "plan",
 ]
