@@ -8,10 +8,12 @@ the controller come later.
 
 from .placement import Placement, ShardId, ShardPlacement, Transition, apply_transition
 from .planner import FIRST_EPOCH, Plan, Site, apply_plan, failover, plan
+from .store import PlacementStore
 
 __all__ = [
     "FIRST_EPOCH",
     "Placement",
+    "PlacementStore",
     "Plan",
     "ShardId",
     "ShardPlacement",
