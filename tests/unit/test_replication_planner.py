@@ -4,13 +4,17 @@ properties over many random cases are in test_replication_planner_properties.py.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from stratamq.broker.ds.replication import (
     FIRST_EPOCH,
     Placement,
+    Plan,
     ShardPlacement,
     Site,
     Transition,
@@ -226,6 +230,45 @@ def test_a_step_of_the_plan_refuses_a_placement_it_was_not_made_for() -> None:
     step = Transition("messages", 0, "remove", "B")
     with pytest.raises(PlacementError, match="B holds no replica of messages/0"):
         apply_plan(first, [step])
+
+
+def test_a_kept_plan_round_trips_and_says_what_remains() -> None:
+    first = plan(sites("ABC"), ["messages"], 3, 2).target
+    grown = plan(sites("ABCD"), ["messages"], 3, 2, first)
+    text = grown.to_json()
+    assert text.splitlines()[-4:] == [
+        '    {"database": "messages", "shard": 2, "action": "add", "site": "D"},',
+        '    {"database": "messages", "shard": 2, "action": "remove", "site": "C"}',
+        "  ]", "}"]
+    kept = Plan.from_json(text)
+    assert kept == grown
+    assert kept.remaining(grown.start) == grown.transitions
+    one_step = apply_plan(grown.start, grown.transitions[:1])
+    assert kept.remaining(one_step) == grown.transitions[1:]
+    assert kept.remaining(grown.target) == ()
+    # A failover changed the placement: the plan no longer applies.
+    moved = failover(one_step, ("messages", 0), {"A", "B"}, {"A": (1, 5), "B": (1, 6)})
+    with pytest.raises(PlanError, match="version 3 is not a step of the plan from "
+                                        "version 1 to 3; plan again"):
+        kept.remaining(moved)
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (lambda d: d.update(format=2), "plan: format 2 is not 1"),
+    (lambda d: d.pop("start"), "expected the keys format, start, transitions"),
+    (lambda d: d["transitions"][0].update(action="move"),
+     r"transitions\[0\]: transition: action 'move' is not add or remove"),
+    (lambda d: d["transitions"][1].update(site="A"), "A holds no replica of messages/2"),
+    (lambda d: d["transitions"].insert(0, d["transitions"][0]), "D already holds messages/2"),
+    (lambda d: d["transitions"][0].update(colour="red"), r"unknown key\(s\) colour"),
+])
+def test_a_damaged_plan_is_refused(change: Callable[[dict[str, Any]], None],
+                                   error: str) -> None:
+    first = plan(sites("ABC"), ["messages"], 3, 2).target
+    document = json.loads(plan(sites("ABCD"), ["messages"], 3, 2, first).to_json())
+    change(document)
+    with pytest.raises(PlacementError, match=error):
+        Plan.from_json(json.dumps(document))
 
 
 # --- failover -------------------------------------------------------------------------

@@ -89,6 +89,12 @@ def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: in
         placement = apply_transition(placement, step)
         if step.action == "remove":
             assert before > factor, step
+    assert placement == result.target
+    # A controller can keep the plan and tell from the sites' placement how far it is.
+    assert Plan.from_json(result.to_json()) == result
+    middle = len(result.transitions) // 2
+    halfway = apply_plan(result.start, result.transitions[:middle])
+    assert result.remaining(halfway) == result.transitions[middle:]
     # The target is balanced: every shard has the replication factor on distinct
     # active sites, and active sites differ by at most one replica per database.
     for database in databases:

@@ -6,7 +6,14 @@ site's on-disk copy of the placement (`store`). The log shipping, quorum commit 
 the controller come later.
 """
 
-from .placement import Placement, ShardId, ShardPlacement, Transition, apply_transition
+from .placement import (
+    Placement,
+    ShardId,
+    ShardPlacement,
+    Transition,
+    apply_transition,
+    apply_transitions,
+)
 from .planner import FIRST_EPOCH, Plan, Site, apply_plan, failover, plan
 from .store import PlacementStore
 
@@ -21,6 +28,7 @@ __all__ = [
     "Transition",
     "apply_plan",
     "apply_transition",
+    "apply_transitions",
     "failover",
     "plan",
 ]

@@ -123,6 +123,60 @@ class Transition:
     def shard_id(self) -> ShardId:
         return (self.database, self.shard)
 
+    def apply_to(self, shard: ShardPlacement) -> ShardPlacement:
+        """`shard` after this step (see `apply_transition`)."""
+        replicas = set(shard.replicas)
+        leader, epoch = shard.leader, shard.epoch
+        if self.action == "add":
+            if self.site in replicas:
+                raise PlacementError(f"{self}: {self.site} already holds "
+                                     f"{shard.database}/{shard.shard}")
+            replicas.add(self.site)
+        else:
+            if self.site not in replicas:
+                raise PlacementError(f"{self}: {self.site} holds no replica of "
+                                     f"{shard.database}/{shard.shard}")
+            if replicas == {self.site}:
+                raise LastReplicaError(f"{self}: {self.site} holds the last replica of "
+                                       f"{shard.database}/{shard.shard}")
+            replicas.discard(self.site)
+            if self.site == leader:
+                if self.leader is None:
+                    raise PlacementError(f"{self}: {self.site} is the leader; the step "
+                                         f"must name the replica that takes over")
+                if self.leader not in replicas:
+                    raise PlacementError(f"{self}: the new leader {self.leader} is not one "
+                                         f"of the remaining replicas {sorted(replicas)}")
+                leader, epoch = self.leader, epoch + 1
+            elif self.leader is not None:
+                raise PlacementError(f"{self}: {self.site} is not the leader ({leader}), "
+                                     f"so the step cannot hand leadership over")
+        return replace(shard, replicas=tuple(sorted(replicas)), leader=leader, epoch=epoch)
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"database": self.database, "shard": self.shard,
+                                 "action": self.action, "site": self.site}
+        if self.leader is not None:
+            entry["leader"] = self.leader
+        return entry
+
+    @classmethod
+    def from_dict(cls, entry: object, where: str = "transition") -> Transition:
+        mapping = _mapping(entry, where)
+        optional = {"leader"} & mapping.keys()
+        _only_keys(mapping, where, required={"database", "shard", "action", "site"} | optional)
+        database = check_database(mapping["database"], f"{where}.database")
+        shard = _check_count(mapping["shard"], f"{where}.shard")
+        site = check_site_id(mapping["site"], f"{where}.site")
+        leader = mapping.get("leader")
+        if leader is not None:
+            check_site_id(leader, f"{where}.leader")
+        try:
+            return cls(database=database, shard=shard, action=mapping["action"], site=site,
+                       leader=leader)
+        except PlacementError as exc:
+            raise PlacementError(f"{where}: {exc.message}") from exc
+
     def __str__(self) -> str:
         sign = "+" if self.action == "add" else "-"
         handover = f" (leader -> {self.leader})" if self.leader is not None else ""
@@ -289,31 +343,19 @@ def apply_transition(placement: Placement, transition: Transition) -> Placement:
     fit the placement (adding a replica it has, removing one it lacks, removing the
     leader without a successor, removing the last replica) raises."""
     shard = placement.shard(transition.database, transition.shard)
-    replicas = set(shard.replicas)
-    leader, epoch = shard.leader, shard.epoch
-    if transition.action == "add":
-        if transition.site in replicas:
-            raise PlacementError(f"{transition}: {transition.site} already holds "
-                                 f"{shard.database}/{shard.shard}")
-        replicas.add(transition.site)
-    else:
-        if transition.site not in replicas:
-            raise PlacementError(f"{transition}: {transition.site} holds no replica of "
-                                 f"{shard.database}/{shard.shard}")
-        if replicas == {transition.site}:
-            raise LastReplicaError(f"{transition}: {transition.site} holds the last "
-                                   f"replica of {shard.database}/{shard.shard}")
-        replicas.discard(transition.site)
-        if transition.site == leader:
-            if transition.leader is None:
-                raise PlacementError(f"{transition}: {transition.site} is the leader; the "
-                                     f"step must name the replica that takes over")
-            if transition.leader not in replicas:
-                raise PlacementError(f"{transition}: the new leader {transition.leader} "
-                                     f"is not one of the remaining replicas {sorted(replicas)}")
-            leader, epoch = transition.leader, epoch + 1
-        elif transition.leader is not None:
-            raise PlacementError(f"{transition}: {transition.site} is not the leader "
-                                 f"({leader}), so the step cannot hand leadership over")
-    return placement.replace_shards([replace(shard, replicas=tuple(sorted(replicas)),
-                                             leader=leader, epoch=epoch)])
+    return placement.replace_shards([transition.apply_to(shard)])
+
+
+def apply_transitions(placement: Placement, transitions: Iterable[Transition]) -> Placement:
+    """`placement` after each step in order, one version newer per step (the same as
+    `apply_transition` one at a time, without building every placement between)."""
+    shards = {shard.id: shard for shard in placement.shards}
+    steps = 0
+    for transition in transitions:
+        shard = shards.get(transition.shard_id)
+        if shard is None:
+            raise PlacementError(f"{transition}: placement version {placement.version} has "
+                                 f"no shard {transition.database}/{transition.shard}")
+        shards[transition.shard_id] = transition.apply_to(shard)
+        steps += 1
+    return Placement(version=placement.version + steps, shards=tuple(shards.values()))

@@ -31,6 +31,7 @@ always gives the same plan.
 
 from __future__ import annotations
 
+import json
 from collections import Counter, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,11 +45,12 @@ from ...errors import (
     UnknownSiteError,
 )
 from .placement import (
+    FORMAT,
     Placement,
     ShardId,
     ShardPlacement,
     Transition,
-    apply_transition,
+    apply_transitions,
     check_database,
     check_site_id,
 )
@@ -85,11 +87,54 @@ class Plan:
         """The steps as people read them: `messages/3: +B`, `messages/3: -A (leader -> C)`."""
         return [str(transition) for transition in self.transitions]
 
+    def remaining(self, placement: Placement) -> tuple[Transition, ...]:
+        """The steps still to do when the sites have `placement`: each step gives the
+        placement one more version, so its version says how far the plan has come. A
+        placement that is not one the plan passes through (a failover changed it)
+        raises `PlanError`: plan again from it."""
+        done = placement.version - self.start.version
+        if (0 <= done <= len(self.transitions)
+                and apply_plan(self.start, self.transitions[:done]) == placement):
+            return self.transitions[done:]
+        raise PlanError(f"placement version {placement.version} is not a step of the plan "
+                        f"from version {self.start.version} to {self.target.version}; "
+                        f"plan again from it")
+
+    def to_json(self) -> str:
+        """The plan as a controller keeps it, to go on after a restart: the start
+        placement and the steps, one line each (the target follows from them)."""
+        start = self.start.to_json().rstrip("\n").replace("\n", "\n  ")
+        steps = ",\n".join(f"    {json.dumps(step.to_dict())}" for step in self.transitions)
+        return (f'{{\n  "format": {FORMAT},\n  "start": {start},\n  "transitions": ['
+                + (f"\n{steps}\n  ]" if steps else "]") + "\n}\n")
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Plan:
+        """Parse and check a kept plan: its steps must apply to its start, in order."""
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PlacementError(f"plan: not JSON: {exc}") from exc
+        if not isinstance(document, dict):
+            raise PlacementError(f"plan: expected an object, got {type(document).__name__}")
+        if sorted(document) != ["format", "start", "transitions"]:
+            raise PlacementError(f"plan: expected the keys format, start, transitions; got "
+                                 f"{', '.join(sorted(document)) or 'none'}")
+        if document["format"] != FORMAT or isinstance(document["format"], bool):
+            raise PlacementError(f"plan: format {document['format']!r} is not {FORMAT}")
+        start = Placement.from_dict(document["start"])
+        steps = document["transitions"]
+        if not isinstance(steps, list):
+            raise PlacementError(f"plan: transitions: expected a list, got "
+                                 f"{type(steps).__name__}")
+        transitions = tuple(Transition.from_dict(step, f"plan: transitions[{number}]")
+                            for number, step in enumerate(steps))
+        return cls(start=start, target=apply_plan(start, transitions), transitions=transitions)
+
 
 def apply_plan(placement: Placement, transitions: Sequence[Transition]) -> Placement:
-    for transition in transitions:
-        placement = apply_transition(placement, transition)
-    return placement
+    """`placement` after `transitions`, in order: one version newer per step."""
+    return apply_transitions(placement, transitions)
 
 
 def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
