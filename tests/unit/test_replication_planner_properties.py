@@ -203,6 +203,28 @@ def test_draining_a_site_moves_each_of_its_replicas_once(
 
 
 @PROPERTIES
+@given(clusters(), st.integers(1, 3), st.booleans())
+def test_leaders_stay_spread_when_sites_come_and_go(
+        cluster: tuple[list[str], list[str], int, int], added: int, drain: bool) -> None:
+    """Leaders only change where a leader's site leaves, so a new site leads only the
+    shards it takes over a leader of, and leaders cannot always be within one of
+    each other; moves choose those handovers so that they stay within two."""
+    site_ids, databases, n_shards, factor = cluster
+    if drain and factor < len(site_ids):
+        first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
+        sites = [Site(site, draining=site == site_ids[0]) for site in site_ids]
+    else:
+        site_ids = site_ids[:max(factor, len(site_ids) - added)]
+        first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
+        site_ids += [site for site in SITE_NAMES if site not in site_ids][:added]
+        sites = [Site(site) for site in site_ids]
+    result = plan(sites, databases, n_shards, factor, first)
+    active = [site.id for site in sites if not site.draining]
+    for database in databases:
+        assert spread(leaders(result.target, database), active) <= 2
+
+
+@PROPERTIES
 @given(clusters(), st.integers(1, 4))
 def test_changing_the_replication_factor_adds_or_removes_the_difference(
         cluster: tuple[list[str], list[str], int, int], new_factor: int) -> None:

@@ -15,10 +15,11 @@ Planning, per database:
   the sites holding the fewest replicas of the other databases (so the cluster stays
   balanced as a whole). Draining sites get 0. Replicas move one at a time from a
   site over its quota to one under it: `+to` immediately followed by `-from`, so no
-  step takes a shard below the replication factor. A site that is not draining
-  always has a shard to give to any site under quota, so the moves are the sites'
-  surplus and no more; only a draining site's replica can need a detour (see
-  `_DatabasePlanner.next_move`).
+  step takes a shard below the replication factor. Draining sites' replicas are
+  matched to sites under quota all at once (augmenting paths again). A site that is
+  not draining always has a shard to give to any site under quota, so the moves are
+  the sites' surplus and no more; only a draining site's replica that no site under
+  quota can take needs a detour (see `_DatabasePlanner.next_move`).
 - A leader changes only when its site leaves the shard; the successor is one of the
   remaining replicas. Moves prefer to carry leaderships away from sites that lead
   more than their share, and at the end the successors are chosen again to spread
@@ -526,6 +527,7 @@ class _DatabasePlanner:
         # to the sites that hold the most (fewer moves).
         self.quota = _quotas(total, sorted(self.active, key=lambda site: (
             -self.count[site], self.other_replicas[site], site)))
+        self.drain()
         # Each move lowers the total surplus by one, except a detour through a full
         # site (see `next_move`), which the following move pays back.
         limit = 2 * sum(max(0, self.surplus(site)) for site in self.count) + 1
@@ -575,16 +577,9 @@ class _DatabasePlanner:
         takers = sorted((site for site in self.active if self.surplus(site) < 0),
                         key=self.receiver_order)
         for giver in givers:
-            if giver in self.draining:
-                move = self.draining_move(giver, takers)
-                if move is not None:
-                    return move
-                continue
-            for taker in takers:
-                shards = self.shards_of[giver] - self.shards_of.get(taker, set())
-                if shards:
-                    return (min(shards, key=lambda shard: self.move_cost(shard, giver, taker)),
-                            giver, taker)
+            move = self.best_move(giver, takers)
+            if move is not None:
+                return move
         # Only a draining site can be stuck like this: a site that is not draining
         # holds more replicas than any site below its quota (quotas differ by at most
         # one), so some shard has it and not the other. A draining site's shards may
@@ -599,16 +594,30 @@ class _DatabasePlanner:
         # its own to a site below quota on the next move.
         return shard, giver, self.best_receiver(shard)
 
-    def draining_move(self, giver: str, takers: Sequence[str]) -> tuple[int, str, str] | None:
-        """A move off a draining site, of the shard with the fewest sites that can
-        take it (so that the last shards do not find every taker holding them)."""
-        best: tuple[tuple[int, int, int], int, str] | None = None
+    def best_move(self, giver: str, takers: Sequence[str]) -> tuple[int, str, str] | None:
+        """The move off `giver` to one of `takers` (most needy first) that spreads
+        leaders best: one that carries a leadership from a site leading too many
+        shards to one leading too few, else a follower's, else a leader's. Off a
+        draining site, the shard that the fewest takers can take goes first, so that
+        its last shards do not find every taker holding them already."""
+        draining = giver in self.draining
+        rank = {taker: position for position, taker in enumerate(takers)}
+        best: tuple[tuple[int, int, int, int], int, str] | None = None
         for shard in self.shards_of[giver]:
-            able = [taker for taker in takers if shard not in self.shards_of.get(taker, set())]
-            if able:
-                key = (len(able), *self.move_cost(shard, giver, able[0]))
-                if best is None or key < best[0]:
-                    best = (key, shard, able[0])
+            able = (taker for taker in takers if shard not in self.shards_of.get(taker, ()))
+            if draining or self.leaders[shard] == giver:
+                options = list(able)
+            else:
+                # A follower's move is as good to every taker: the neediest gets it.
+                first = next(able, None)
+                options = [] if first is None else [first]
+            if not options:
+                continue
+            kind, position, taker = min((self.move_kind(shard, giver, taker), rank[taker], taker)
+                                        for taker in options)
+            key = (len(options) if draining else 0, kind, position, shard)
+            if best is None or key < best[0]:
+                best = (key, shard, taker)
         return None if best is None else (best[1], giver, best[2])
 
     def swap_quota(self, shard: int, takers: Sequence[str]) -> str | None:
@@ -627,15 +636,39 @@ class _DatabasePlanner:
                     return site
         return None
 
-    def move_cost(self, shard: int, giver: str, taker: str) -> tuple[int, int]:
-        """Prefer moves that carry a leadership from a site leading too many shards to
-        one leading too few; then moves of followers; a leader's move that does not
-        help the spread last."""
+    def drain(self) -> None:
+        """Move the replicas off draining sites to sites below quota, matched all at
+        once (a greedy order can leave the last shards of a draining site where
+        every site with room holds them already)."""
+        leaving = {shard: sorted(self.replicas[shard] & self.draining)
+                   for shard in range(len(self.replicas)) if self.replicas[shard] & self.draining}
+        rank = {site: position for position, site in enumerate(
+            sorted(self.active, key=self.receiver_order))}
+        options = {shard: self.takers_of(shard, givers, rank) for shard, givers in leaving.items()}
+        picks = _match({shard: len(sites) for shard, sites in leaving.items()}, options,
+                       {site: max(0, -self.surplus(site)) for site in self.active})
+        for shard in sorted(picks):
+            for taker, giver in zip(picks[shard], leaving[shard], strict=False):
+                self.add(shard, taker)
+                self.remove(shard, giver)
+
+    def takers_of(self, shard: int, givers: Sequence[str],
+                  rank: Mapping[str, int]) -> list[str]:
+        """Sites that may take a replica of `shard` from one of `givers`, best first."""
+        def order(site: str) -> tuple[int, int]:
+            return (min(self.move_kind(shard, giver, site) for giver in givers), rank[site])
+
+        return sorted((site for site in self.active if site not in self.replicas[shard]),
+                      key=order)
+
+    def move_kind(self, shard: int, giver: str, taker: str) -> int:
+        """0: the move hands a leadership from a site leading more than its share to
+        one leading less; 1: it moves a follower; 2: it moves a leader to no gain."""
         if self.leaders[shard] != giver:
-            return (1, shard)
+            return 1
         successor = self.successor(shard, giver, taker)
         helps = self.leader_surplus(giver) > 0 and self.leader_surplus(successor) < 0
-        return (0 if helps else 2, shard)
+        return 0 if helps else 2
 
     def add(self, shard: int, site: str) -> None:
         self.replicas[shard].add(site)
