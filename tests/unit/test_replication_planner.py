@@ -4,9 +4,11 @@ properties over many random cases are in test_replication_planner_properties.py.
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +20,12 @@ from stratamq.broker.ds.replication import (
     ShardPlacement,
     Site,
     Transition,
-    apply_plan,
+    apply_transitions,
     failover,
     plan,
 )
+from stratamq.broker.ds.replication import placement as placement_module
+from stratamq.broker.ds.replication import planner as planner_module
 from stratamq.broker.errors import (
     LastReplicaError,
     NoMajorityError,
@@ -99,7 +103,7 @@ def test_adding_a_site_moves_its_share_adding_before_removing() -> None:
     assert all(add.shard_id == remove.shard_id for add, remove in zip(steps[::2], steps[1::2],
                                                                        strict=True))
     assert replicas_per_site(grown.target, "messages") == {"A": 3, "B": 3, "C": 3, "D": 3}
-    assert apply_plan(grown.start, steps) == grown.target
+    assert apply_transitions(grown.start, steps) == grown.target
     assert grown.target.version == first.version + 6
     # Leadership moved only with a leader's replica, and D leads some shard now.
     leaders = leaders_per_site(grown.target, "messages")
@@ -229,7 +233,7 @@ def test_a_step_of_the_plan_refuses_a_placement_it_was_not_made_for() -> None:
     first = plan(sites("ABC"), ["messages"], 3, 1).target
     step = Transition("messages", 0, "remove", "B")
     with pytest.raises(PlacementError, match="B holds no replica of messages/0"):
-        apply_plan(first, [step])
+        apply_transitions(first, [step])
 
 
 def test_a_kept_plan_round_trips_and_says_what_remains() -> None:
@@ -243,7 +247,7 @@ def test_a_kept_plan_round_trips_and_says_what_remains() -> None:
     kept = Plan.from_json(text)
     assert kept == grown
     assert kept.remaining(grown.start) == grown.transitions
-    one_step = apply_plan(grown.start, grown.transitions[:1])
+    one_step = apply_transitions(grown.start, grown.transitions[:1])
     assert kept.remaining(one_step) == grown.transitions[1:]
     assert kept.remaining(grown.target) == ()
     # A failover changed the placement: the plan no longer applies.
@@ -341,3 +345,20 @@ def test_failover_of_a_single_replica_shard_and_bad_input() -> None:
         failover(single, ("messages", 0), {"A"}, {"A": (1,)})  # type: ignore[dict-item]
     with pytest.raises(PlacementError, match="has no shard messages/3"):
         failover(single, ("messages", 3), {"A"}, {"A": (1, 1)})
+
+
+def test_the_planner_and_placement_do_no_io() -> None:
+    """The operator and the controller import these: they must stay pure, which their
+    imports show (no os, pathlib, socket, asyncio, subprocess, ...)."""
+    pure = {"__future__", "collections", "collections.abc", "dataclasses", "json", "re",
+            "typing", "...errors", ".placement"}
+    for module in (planner_module, placement_module):
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported.add("." * node.level + (node.module or ""))
+        assert imported <= pure, (module.__name__, imported - pure)

@@ -16,8 +16,8 @@ from stratamq.broker.ds.replication import (
     Plan,
     ShardPlacement,
     Site,
-    apply_plan,
     apply_transition,
+    apply_transitions,
     failover,
     plan,
 )
@@ -79,7 +79,7 @@ def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: in
     """What every plan must satisfy, whatever it started from."""
     active = [site.id for site in sites if not site.draining]
     # The steps, applied in order, reach the target, one version each.
-    assert apply_plan(result.start, result.transitions) == result.target
+    assert apply_transitions(result.start, result.transitions) == result.target
     assert result.target.version == result.start.version + len(result.transitions)
     # No step takes a shard below the replication factor (or below what it had, for a
     # shard that starts short), and each move adds before it removes.
@@ -93,7 +93,7 @@ def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: in
     # A controller can keep the plan and tell from the sites' placement how far it is.
     assert Plan.from_json(result.to_json()) == result
     middle = len(result.transitions) // 2
-    halfway = apply_plan(result.start, result.transitions[:middle])
+    halfway = apply_transitions(result.start, result.transitions[:middle])
     assert result.remaining(halfway) == result.transitions[middle:]
     # The target is balanced: every shard has the replication factor on distinct
     # active sites, and active sites differ by at most one replica per database.

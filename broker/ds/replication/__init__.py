@@ -14,7 +14,7 @@ from .placement import (
     apply_transition,
     apply_transitions,
 )
-from .planner import FIRST_EPOCH, Plan, Site, apply_plan, failover, plan
+from .planner import FIRST_EPOCH, Plan, Site, failover, plan
 from .store import PlacementStore
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "ShardPlacement",
     "Site",
     "Transition",
-    "apply_plan",
     "apply_transition",
     "apply_transitions",
     "failover",

@@ -75,7 +75,7 @@ class Site:
 
 @dataclass(frozen=True)
 class Plan:
-    """`transitions` applied in order to `start` give `target` (`apply_plan`).
+    """`transitions` applied in order to `start` give `target` (`apply_transitions`).
     `start` is the current placement, plus an initial placement for any database it
     did not have yet (one version newer then); it is what the sites must be given
     before the first step."""
@@ -95,7 +95,7 @@ class Plan:
         raises `PlanError`: plan again from it."""
         done = placement.version - self.start.version
         if (0 <= done <= len(self.transitions)
-                and apply_plan(self.start, self.transitions[:done]) == placement):
+                and apply_transitions(self.start, self.transitions[:done]) == placement):
             return self.transitions[done:]
         raise PlanError(f"placement version {placement.version} is not a step of the plan "
                         f"from version {self.start.version} to {self.target.version}; "
@@ -130,12 +130,8 @@ class Plan:
                                  f"{type(steps).__name__}")
         transitions = tuple(Transition.from_dict(step, f"plan: transitions[{number}]")
                             for number, step in enumerate(steps))
-        return cls(start=start, target=apply_plan(start, transitions), transitions=transitions)
-
-
-def apply_plan(placement: Placement, transitions: Sequence[Transition]) -> Placement:
-    """`placement` after `transitions`, in order: one version newer per step."""
-    return apply_transitions(placement, transitions)
+        return cls(start=start, target=apply_transitions(start, transitions),
+                   transitions=transitions)
 
 
 def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
