@@ -50,6 +50,16 @@ def test_shards_are_kept_in_order_with_sorted_replica_sets() -> None:
     assert hash(placement) == hash(Placement(version=7, shards=placement.shards))
 
 
+def test_constructors_check_their_fields() -> None:
+    with pytest.raises(PlacementError, match="messages/0: replicas must be a tuple of site "
+                                             "ids, not list"):
+        ShardPlacement("messages", 0, ["A"], "A", 1)  # type: ignore[arg-type]
+    with pytest.raises(PlacementError, match="messages/0: epoch: -1 is not a whole number"):
+        ShardPlacement("messages", 0, ("A",), "A", -1)
+    with pytest.raises(PlacementError, match="shards must be a tuple"):
+        Placement(version=1, shards=[])  # type: ignore[arg-type]
+
+
 def test_placement_is_immutable() -> None:
     placement = sample()
     with pytest.raises(FrozenInstanceError):

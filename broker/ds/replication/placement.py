@@ -71,7 +71,10 @@ class ShardPlacement:
         check_database(self.database, f"{name}: database")
         _check_count(self.shard, f"{name}: shard")
         _check_count(self.epoch, f"{name}: epoch")
-        if not isinstance(self.replicas, tuple) or not self.replicas:
+        if not isinstance(self.replicas, tuple):
+            raise PlacementError(f"{name}: replicas must be a tuple of site ids, not "
+                                 f"{type(self.replicas).__name__}")
+        if not self.replicas:
             raise PlacementError(f"{name}: the replica set is empty")
         for site in self.replicas:
             check_site_id(site, f"{name}: replica")
