@@ -194,6 +194,10 @@ class DurableSessionsConfig(_Section):
     renew_streams_interval: Duration = parse_duration("1s")
     session_gc_interval: Duration = parse_duration("10m")
     message_retention_period: Duration = parse_duration("1d")
+    # How often a site tells the controller it is alive. A site that misses a few in
+    # a row is taken for gone and its shards fail over to other replicas, so this
+    # bounds how fast writes resume after a crash; shorter costs more messages.
+    heartbeat_interval: Duration = parse_duration("1s")
 
 
 class AccessControlConfig(_Section):

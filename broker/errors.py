@@ -72,3 +72,36 @@ class StorageTimeoutError(StorageError):
     """A storage operation did not finish in time; it may succeed when retried."""
 
     recoverable = True
+
+
+class PlacementError(StratamqError):
+    """A placement document (replica sets, leaders, epochs) that is not valid, or a
+    change that does not apply to it (adding a site that already holds the shard)."""
+
+
+class StalePlacementError(PlacementError):
+    """A placement older than (or conflicting with) the one a site keeps: the newest
+    version wins, so an older one pushed later is refused."""
+
+
+class PlanError(StratamqError):
+    """A replication request that no plan can satisfy; the message says why."""
+
+
+class NotEnoughSitesError(PlanError):
+    """Fewer sites that may hold replicas than the replication factor asks for."""
+
+
+class UnknownSiteError(PlanError):
+    """A site id that is not among the sites the request or the cluster knows."""
+
+
+class LastReplicaError(PlanError):
+    """A change that would leave a shard with no replica at all."""
+
+
+class NoMajorityError(StratamqError):
+    """A shard whose alive replicas are no majority of its replica set: no new leader
+    can be chosen without risking acknowledged writes; retry when more are back."""
+
+    recoverable = True

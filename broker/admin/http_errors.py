@@ -10,20 +10,21 @@ from ..errors import (
     InvalidMessageError,
     InvalidTopicError,
     InvalidTopicFilterError,
+    NoMajorityError,
     PayloadTooLargeError,
+    PlacementError,
+    PlanError,
+    StalePlacementError,
     StorageBusyError,
     StorageTimeoutError,
     StratamqError,
     UnknownDatabaseError,
+    UnknownSiteError,
 )
 from ..mqtt.errors import MqttCodecError, PacketTooLargeError
 
 
 class UnknownClientError(StratamqError):
-    pass
-
-
-class UnknownSiteError(StratamqError):
     pass
 
 
@@ -39,6 +40,10 @@ _BY_TYPE: dict[type[StratamqError], int] = {
     PayloadTooLargeError: 413,
     MqttCodecError: 400,
     GenerationError: 409,
+    PlanError: 400,
+    PlacementError: 400,
+    StalePlacementError: 409,
+    NoMajorityError: 503,
     StorageBusyError: 429,
     StorageTimeoutError: 504,
     CorruptDataError: 500,

@@ -22,11 +22,11 @@ from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
 from ..core.broker import Broker
 from ..ds import DbDescription, DurableStorage, describe
-from ..errors import StorageClosedError, StratamqError
+from ..errors import StorageClosedError, StratamqError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .http_errors import UnknownClientError, UnknownSiteError, http_status
+from .http_errors import UnknownClientError, http_status
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)

@@ -46,6 +46,7 @@ durable_sessions:
   renew_streams_interval: 500ms
   session_gc_interval: 2h
   message_retention_period: 7d
+  heartbeat_interval: 250ms
 """
 
 
@@ -80,6 +81,7 @@ def test_defaults_without_a_file() -> None:
     assert sessions.renew_streams_interval == 1.0
     assert sessions.session_gc_interval == 600.0
     assert sessions.message_retention_period == 86400.0
+    assert sessions.heartbeat_interval == 1.0
     assert config == Config()
 
 
@@ -137,6 +139,7 @@ def test_full_yaml_round_trip(tmp_path: Path) -> None:
             renew_streams_interval=0.5,
             session_gc_interval=7200.0,
             message_retention_period=7 * 86400.0,
+            heartbeat_interval=0.25,
         ),
     )
     assert config == expected
@@ -207,6 +210,14 @@ def test_parse_byte_size_rejects_garbage(value: str | int) -> None:
 def test_durations_must_be_positive_and_valid(tmp_path: Path, text: str) -> None:
     path = write(tmp_path, f"durable_sessions:\n  idle_poll_interval: {text}\n")
     assert "durable_sessions.idle_poll_interval: " in config_error(path)
+
+
+@pytest.mark.parametrize("text", ["0ms", "-1s", "often", "[1]"])
+def test_heartbeat_interval_must_be_a_positive_duration(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, f"durable_sessions:\n  heartbeat_interval: {text}\n")
+    assert "durable_sessions.heartbeat_interval: " in config_error(path)
+    env = {"STRATAMQ__DURABLE_SESSIONS__HEARTBEAT_INTERVAL": "250ms"}
+    assert load_config(env=env).durable_sessions.heartbeat_interval == 0.25
 
 
 def test_env_overrides(tmp_path: Path) -> None:

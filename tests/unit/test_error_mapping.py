@@ -10,12 +10,18 @@ from stratamq.broker.errors import (
     GenerationError,
     InvalidIteratorError,
     InvalidTopicError,
+    LastReplicaError,
+    NoMajorityError,
+    NotEnoughSitesError,
     PayloadTooLargeError,
+    PlacementError,
+    StalePlacementError,
     StorageBusyError,
     StorageClosedError,
     StorageTimeoutError,
     StratamqError,
     UnknownDatabaseError,
+    UnknownSiteError,
 )
 from stratamq.broker.mqtt.error_codes import mqtt_reason_code
 from stratamq.broker.mqtt.errors import MalformedPacketError, PacketTooLargeError
@@ -34,6 +40,12 @@ from stratamq.broker.mqtt.errors import MalformedPacketError, PacketTooLargeErro
     (MalformedPacketError("x"), False, 0x81, 400),
     (PacketTooLargeError("x"), False, 0x95, 413),
     (UnknownClientError("x"), False, 0x80, 404),
+    (UnknownSiteError("x"), False, 0x80, 404),
+    (NotEnoughSitesError("x"), False, 0x80, 400),
+    (LastReplicaError("x"), False, 0x80, 400),
+    (PlacementError("x"), False, 0x80, 400),
+    (StalePlacementError("x"), False, 0x80, 409),
+    (NoMajorityError("x"), True, 0x88, 503),
 ])
 def test_recoverable_reason_code_and_status(error: StratamqError, recoverable: bool,
                                             reason: int, status: int) -> None:
