@@ -153,3 +153,18 @@ def test_leadership_sends_followers_what_they_lack(tmp_path: Path) -> None:
     leadership.next_offset["c"] = 1
     with pytest.raises(LogGapError):
         leadership.request_for("c")  # c needs a checkpoint first
+
+
+def test_a_follower_commits_only_what_is_known_to_be_the_leaders(tmp_path: Path) -> None:
+    follower = ShardLog(tmp_path / "f")
+    follower.append_as_leader(1, batches("a", "b", "stale"))  # (1, 3) never committed
+    # the leader of epoch 2 has (1, 1), (1, 2), (2, 3), committed up to 3; it sends 2
+    result = follower.append_from_leader(2, Position(1, 1), [Entry(Position(1, 2), b"b")],
+                                         committed=3)
+    assert result.accepted and result.matched == 2
+    assert follower.committed == 2  # not 3: its own (1, 3) is not the leader's
+    result = follower.append_from_leader(2, Position(1, 2), [Entry(Position(2, 3), b"c")],
+                                         committed=3)
+    assert follower.committed == 3 and content(follower)[-1] == (2, 3, b"c")
+    follower.append_from_leader(2, Position(2, 3), [], committed=1)
+    assert follower.committed == 3  # never back

@@ -67,8 +67,8 @@ class Cluster:
             return
         request = leadership.request_for(follower, max_entries=3)
         try:
-            result = self.logs[follower].append_from_leader(request.epoch, request.previous,
-                                                            request.entries)
+            result = self.logs[follower].append_from_leader(
+                request.epoch, request.previous, request.entries, request.committed)
         except StaleEpochError:
             del self.leaders[site]  # the follower knows a newer leader
             return
@@ -102,6 +102,17 @@ class Cluster:
         """A majority of the sites whose logs are the least advanced."""
         ranked = sorted(SITES, key=lambda site: (self.logs[site].last, site))
         return set(ranked[:majority(len(SITES))])
+
+    def check_applies_only_acknowledged(self) -> None:
+        """What any site may apply (its log up to `committed`) was acknowledged, as
+        it is: no replica's data ever holds an entry that could be cut off."""
+        for site, log in self.logs.items():
+            for entry in log.read(log.first_offset, max(log.committed, 1)):
+                if entry.position.offset > log.committed:
+                    break
+                assert self.acknowledged.get(entry.position.offset) == (
+                    entry.position.epoch, entry.batch), (
+                        f"{site} may apply offset {entry.position.offset}, not acknowledged")
 
     def check_holds_everything_acknowledged(self, site: str) -> None:
         log = self.logs[site]
@@ -140,6 +151,7 @@ def test_no_acknowledged_entry_is_ever_lost(operations: list[tuple]) -> None:  #
                     cluster.failover(cluster.laggards())
                 else:
                     cluster.failover(set(args[0]))
+                cluster.check_applies_only_acknowledged()
             # heal: every site votes, the new leader brings everyone up to date
             leader = cluster.failover(set(SITES))
             cluster.write(leader)
@@ -153,6 +165,9 @@ def test_no_acknowledged_entry_is_ever_lost(operations: list[tuple]) -> None:  #
                 assert [(entry.position, entry.batch) for entry in
                         cluster.logs[site].read(1, 10_000)] == expected, site
                 cluster.check_holds_everything_acknowledged(site)
+                # the last round told every follower the final commit offset
+                assert cluster.logs[site].committed == log.last.offset, site
+            cluster.check_applies_only_acknowledged()
         finally:
             cluster.close()
 

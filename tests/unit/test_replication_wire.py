@@ -18,7 +18,8 @@ from stratamq.broker.errors import CorruptDataError
 u64 = st.integers(0, 2**64 - 1)
 positions = st.builds(Position, u64, u64)
 requests = st.builds(AppendRequest, u64, positions,
-                     st.lists(st.builds(Entry, positions, st.binary(max_size=64)), max_size=5))
+                     st.lists(st.builds(Entry, positions, st.binary(max_size=64)), max_size=5),
+                     u64)
 results = st.builds(AppendResult, st.booleans(), u64, positions, u64)
 
 

@@ -13,11 +13,14 @@ from .log import AppendResult, Entry, LogGapError, Position, ShardLog, StaleEpoc
 
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
-    """Entries for one follower: they follow the leader's entry at `previous`."""
+    """Entries for one follower: they follow the leader's entry at `previous`.
+    `committed` is the leader's commit offset: the follower may apply its entries up
+    to it, where they are the leader's."""
 
     epoch: int
     previous: Position
     entries: list[Entry]
+    committed: int = 0
 
 
 @dataclass(slots=True)
@@ -70,7 +73,7 @@ class Leadership:
             raise LogGapError(f"follower {follower} needs entries from {start}, "
                                   f"trimmed from this log: bootstrap it from a checkpoint")
         return AppendRequest(self.epoch, Position(previous_epoch, start - 1),
-                             self.log.read(start, max_entries, max_bytes))
+                             self.log.read(start, max_entries, max_bytes), self.committed)
 
     def on_result(self, follower: str, result: AppendResult) -> int:
         """Take a follower's answer; returns the commit offset after it."""
@@ -85,4 +88,5 @@ class Leadership:
         matched = {**self.matched, self.site: self.log.last.offset}
         self.committed = commit_offset(self.epoch, self.replica_set, matched,
                                        self.log.epoch_at, self.committed)
+        self.log.commit_to(self.committed)
         return self.committed

@@ -90,6 +90,9 @@ class ShardLog:
             *_POSITION.unpack(as_bytes(trimmed)))
         self._first = self._before_first.offset + 1
         self._last = self._find_last()
+        # Known committed, so safe to apply to the shard's data. Learnt again from the
+        # leader after a restart (what was applied is the shard's to remember).
+        self._committed = self._before_first.offset
 
     # -- reading ------------------------------------------------------------------
 
@@ -101,6 +104,16 @@ class ShardLog:
     @property
     def last(self) -> Position:
         return self._last
+
+    @property
+    def committed(self) -> int:
+        """The offset up to which this log's entries are known to be committed: what
+        a replica may apply to the shard's data."""
+        return self._committed
+
+    def commit_to(self, offset: int) -> None:
+        """The leader's own commit offset (see `Leadership`)."""
+        self._committed = max(self._committed, min(offset, self._last.offset))
 
     @property
     def first_offset(self) -> int:
@@ -173,12 +186,14 @@ class ShardLog:
             self._last = positions[-1]
         return positions
 
-    def append_from_leader(self, epoch: int, previous: Position,
-                           entries: list[Entry]) -> AppendResult:
+    def append_from_leader(self, epoch: int, previous: Position, entries: list[Entry],
+                           committed: int = 0) -> AppendResult:
         """A follower's append of what the leader of `epoch` sent: `entries` follow
         the leader's entry at `previous`, offset by offset. Entries this log already
         holds are kept; at the first that differs (same offset, other epoch) this
-        log's tail is cut and the leader's entries are written in its place."""
+        log's tail is cut and the leader's entries are written in its place.
+        `committed` is the leader's commit offset: this log's `committed` follows it
+        as far as the entries are known to be the leader's."""
         self.observe_epoch(epoch)
         if not self._holds(previous):
             return AppendResult(False, previous.offset, self._last,
@@ -205,6 +220,7 @@ class ShardLog:
                           _U64.pack(entry.position.epoch) + entry.batch)
             self._db.write(write, self._synced)
             self._last = new[-1].position
+        self._committed = max(self._committed, min(committed, matched))
         return AppendResult(True, matched, self._last)
 
     def truncate_after(self, offset: int) -> None:

@@ -70,7 +70,7 @@ class PeerServer:
             try:
                 result = await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.append_from_leader, request.epoch, request.previous,
-                    request.entries)
+                    request.entries, request.committed)
             except StaleEpochError as error:
                 return _error(409, "stale_epoch", str(error))
             except (LogGapError, CorruptDataError) as error:

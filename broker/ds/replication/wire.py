@@ -13,15 +13,16 @@ from .leader import AppendRequest
 from .log import AppendResult, Entry, Position
 
 VERSION = 1
-# version, epoch, previous epoch, previous offset, entries
-_REQUEST = struct.Struct(">BQQQI")
+# version, epoch, previous epoch, previous offset, committed, entries
+_REQUEST = struct.Struct(">BQQQQI")
 _ENTRY = struct.Struct(">QQ")
 # version, accepted, matched, last epoch, last offset, retry from
 _RESULT = struct.Struct(">BBQQQQ")
 
 
 def encode_request(request: AppendRequest) -> bytes:
-    parts = [_REQUEST.pack(VERSION, request.epoch, *request.previous, len(request.entries))]
+    parts = [_REQUEST.pack(VERSION, request.epoch, *request.previous, request.committed,
+                           len(request.entries))]
     for entry in request.entries:
         parts += (_ENTRY.pack(*entry.position), blob(entry.batch))
     return b"".join(parts)
@@ -29,7 +30,8 @@ def encode_request(request: AppendRequest) -> bytes:
 
 def decode_request(raw: bytes) -> AppendRequest:
     try:
-        version, epoch, previous_epoch, previous_offset, count = _REQUEST.unpack_from(raw)
+        (version, epoch, previous_epoch, previous_offset, committed,
+         count) = _REQUEST.unpack_from(raw)
         _check_version(version)
         pos = _REQUEST.size
         entries = []
@@ -41,7 +43,7 @@ def decode_request(raw: bytes) -> AppendRequest:
             raise ValueError("trailing bytes")
     except (struct.error, ValueError) as exc:
         raise CorruptDataError(f"append request does not decode: {exc}") from exc
-    return AppendRequest(epoch, Position(previous_epoch, previous_offset), entries)
+    return AppendRequest(epoch, Position(previous_epoch, previous_offset), entries, committed)
 
 
 def encode_result(result: AppendResult) -> bytes:
