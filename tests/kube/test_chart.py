@@ -18,7 +18,8 @@ CRDS = REPO / "crds"
 
 def test_chart_carries_the_crds_unchanged() -> None:
     names = sorted(path.name for path in CRDS.glob("*.yaml"))
-    assert names == ["durablestorages.stratamq.io.yaml", "replicatransitions.stratamq.io.yaml"]
+    assert names == ["durablestorages.stratamq.io.yaml", "kopfpeerings.kopf.dev.yaml",
+                     "replicatransitions.stratamq.io.yaml"]
     assert sorted(path.name for path in (CHART / "crds").iterdir()) == names
     for name in names:
         assert (CHART / "crds" / name).read_bytes() == (CRDS / name).read_bytes(), (
@@ -48,11 +49,13 @@ def test_helm_template_renders(tmp_path: Path) -> None:
                   "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
     assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
         ("CustomResourceDefinition", "durablestorages.stratamq.io"),
+        ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
+        ("CustomResourceDefinition", "kopfpeerings.kopf.dev"),
         ("CustomResourceDefinition", "replicatransitions.stratamq.io"),
         ("DurableStorage", "mq")]
-    for doc in docs[:2]:
-        assert doc == yaml.safe_load((CRDS / f"{doc['metadata']['name']}.yaml").read_text())
-    storage = docs[2]
+    assert docs[:4] == [doc for path in sorted(CRDS.glob("*.yaml"))
+                        for doc in yaml.safe_load_all(path.read_text())]
+    storage = docs[4]
     assert storage["apiVersion"] == "stratamq.io/v1alpha1"
     assert storage["metadata"]["namespace"] == "brokers"
     assert storage["metadata"]["labels"]["app.kubernetes.io/instance"] == "mq"

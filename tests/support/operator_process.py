@@ -1,0 +1,44 @@
+"""The stratamq operator as a real process: `kopf run -m stratamq.operator.handlers`
+from the venv, against a test control plane's kubeconfig, with its liveness and
+metrics endpoints on loopback ports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.support.harness import HOST, ManagedProcess, free_port
+from tests.support.kube import ControlPlane
+
+PEERING = "stratamq"
+
+
+class OperatorProcess(ManagedProcess):
+    name = "stratamq-operator"
+
+    def __init__(self, workdir: Path, kube: ControlPlane, namespace: str, *,
+                 priority: int | None = None, status_interval: float = 1.0) -> None:
+        super().__init__(workdir)  # self.port: the liveness endpoint
+        self.log_path = workdir / "operator.log"
+        self.kube = kube
+        self.namespace = namespace
+        self.priority = priority
+        self.status_interval = status_interval
+        self.metrics_port = free_port()
+
+    def ports(self) -> list[int]:
+        return [self.port, self.metrics_port]
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), "KUBECONFIG": str(self.kube.kubeconfig),
+                "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
+                "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}"}
+
+    def command(self) -> list[str]:
+        kopf = str(Path(sys.executable).parent / "kopf")
+        command = [kopf, "run", "-m", "stratamq.operator.handlers",
+                   f"--namespace={self.namespace}", f"--peering={PEERING}",
+                   f"--liveness=http://{HOST}:{self.port}/healthz"]
+        if self.priority is not None:
+            command.append(f"--priority={self.priority}")
+        return command
