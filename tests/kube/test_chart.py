@@ -41,9 +41,12 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 
 
 def test_helm_template_renders(tmp_path: Path) -> None:
-    # by default: the dashboards (the CRDs are left out by `template`)
-    assert [doc["kind"] for doc in render(tmp_path)] == ["ConfigMap", "ConfigMap"]
+    # by default: the operator and the dashboards (the CRDs are left out by `template`)
+    assert [doc["kind"] for doc in render(tmp_path)] == [
+        "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
+        "Deployment", "ClusterKopfPeering"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
                   "--set", "durableStorage.spec.sites=5",
                   "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
@@ -63,7 +66,8 @@ def test_helm_template_renders(tmp_path: Path) -> None:
 
 
 def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> None:
-    docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq")
+    docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq",
+                  "--set", "operator.enabled=false")
     files = sorted((CHART / "dashboards").glob("*.json"))
     assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-storage.json"]
     assert [doc["metadata"]["name"] for doc in docs] == ["mq-stratamq-broker",
@@ -80,12 +84,14 @@ def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> N
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
             assert panel["targets"] and all(target["expr"] for target in panel["targets"])
-    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
+    assert render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false") == []
 
 
 def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Path) -> None:
-    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
-    docs = render(tmp_path, "--set", "dashboards.enabled=false",
+    assert render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false") == []
+    docs = render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.labels.release=kube-prometheus-stack",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
     assert [doc["kind"] for doc in docs] == ["PrometheusRule"]
@@ -94,7 +100,7 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     rules_file = CHART / "rules" / "stratamq.rules.yaml"
     assert rule["spec"] == yaml.safe_load(rules_file.read_text())
-    assert render(tmp_path, "--set", "dashboards.enabled=false",
+    assert render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.enabled=false",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule") == []
 

@@ -62,7 +62,7 @@ from tests.support.kube import ControlPlane
 
 log = logging.getLogger(__name__)
 
-NODE = "stratamq-test-node"
+NODE_PREFIX = "stratamq-test-node"
 # Listener binds of the broker config the node turns into the Pod's own address.
 BIND_KEYS = (("listeners", "tcp"), ("listeners", "ws"), ("listeners", "tls"), ("admin",))
 LEASE_SECONDS = 40
@@ -175,6 +175,7 @@ class Kubelet:
         self.secrets = self.dynamic.resources.get(api_version="v1", kind="Secret")
         self._terminating: set[str] = set()  # uids of pods being stopped
         self.base = loopback_base()
+        self.node = f"{NODE_PREFIX}-{self.base.split('.')[1]}-{self.base.split('.')[2]}"
         self._next_ip = 1
         self.containers: dict[str, Container] = {}  # pod uid -> its container
         self._lock = threading.Lock()
@@ -206,7 +207,7 @@ class Kubelet:
         for container in containers:
             container.stop(grace=5)
         with contextlib.suppress(DynamicApiError):
-            self.dynamic.delete(self.nodes, name=NODE)
+            self.dynamic.delete(self.nodes, name=self.node)
         self.api.close()
 
     # -- what the tests look at -----------------------------------------------------
@@ -228,9 +229,9 @@ class Kubelet:
     # -- node -----------------------------------------------------------------------
 
     def _register_node(self) -> None:
-        body = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE,
-                                                      "kubernetes.io/os": "linux"}}}
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": self.node,
+            "labels": {"kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux"}}}
         with contextlib.suppress(ConflictError):
             self.dynamic.create(self.nodes, body=body)
         self._heartbeat()
@@ -243,18 +244,18 @@ class Kubelet:
                             "message": "the stratamq test node is serving",
                             "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": NODE}],
+                          {"type": "Hostname", "address": self.node}],
             "capacity": {"cpu": "64", "memory": "256Gi", "pods": "250"},
             "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "250"},
         }}
-        self.dynamic.patch(self.nodes.subresources["status"], name=NODE, body=status,
+        self.dynamic.patch(self.nodes.subresources["status"], name=self.node, body=status,
                            content_type="application/merge-patch+json")
         lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": NODE, "namespace": "kube-node-lease"},
-                 "spec": {"holderIdentity": NODE, "leaseDurationSeconds": LEASE_SECONDS,
+                 "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": LEASE_SECONDS,
                           "renewTime": now_micro()}}
         self.dynamic.server_side_apply(self.leases, body=lease, namespace="kube-node-lease",
-                                       field_manager=NODE, force_conflicts=True)
+                                       field_manager=self.node, force_conflicts=True)
         self._last_heartbeat = time.monotonic()
 
     # -- loops ----------------------------------------------------------------------
@@ -303,7 +304,7 @@ class Kubelet:
                 if not meta.get("deletionTimestamp"):
                     self._bind(meta["namespace"], meta["name"])
                 continue
-            if spec["nodeName"] != NODE:
+            if spec["nodeName"] != self.node:
                 continue
             with self._lock:
                 container = self.containers.get(meta["uid"])
@@ -324,7 +325,7 @@ class Kubelet:
 
     def _bind(self, namespace: str, name: str) -> None:
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}}
         # Gone, or bound meanwhile: nothing to do.
         with contextlib.suppress(NotFoundError, ConflictError):
             self.dynamic.create(self.bindings, body=binding, namespace=namespace)
@@ -506,7 +507,7 @@ class Kubelet:
             path = source["fieldRef"]["fieldPath"]
             fields = {"metadata.name": pod["metadata"]["name"],
                       "metadata.namespace": namespace, "status.podIP": ip,
-                      "spec.nodeName": NODE}
+                      "spec.nodeName": self.node}
             return str(fields[path])
         raise RuntimeError(f"env {variable['name']}: {sorted(source)} is not played")
 

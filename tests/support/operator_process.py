@@ -16,12 +16,18 @@ PEERING = "stratamq"
 class OperatorProcess(ManagedProcess):
     name = "stratamq-operator"
 
-    def __init__(self, workdir: Path, kube: ControlPlane, namespace: str, *,
-                 priority: int | None = None, status_interval: float = 1.0) -> None:
+    def __init__(self, workdir: Path, kube: ControlPlane, namespace: str | None, *,
+                 priority: int | None = None, status_interval: float = 1.0,
+                 kubeconfig: Path | None = None, peering: str = PEERING) -> None:
+        """`namespace` None: all namespaces (a ClusterKopfPeering `peering`), else that
+        one (a KopfPeering there); `kubeconfig`: whose credentials (the admin's by
+        default)."""
         super().__init__(workdir)  # self.port: the liveness endpoint
         self.log_path = workdir / "operator.log"
         self.kube = kube
+        self.kubeconfig = kubeconfig or kube.kubeconfig
         self.namespace = namespace
+        self.peering = peering
         self.priority = priority
         self.status_interval = status_interval
         self.metrics_port = free_port()
@@ -30,14 +36,16 @@ class OperatorProcess(ManagedProcess):
         return [self.port, self.metrics_port]
 
     def environment(self) -> dict[str, str]:
-        return {**super().environment(), "KUBECONFIG": str(self.kube.kubeconfig),
+        return {**super().environment(), "KUBECONFIG": str(self.kubeconfig),
                 "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
                 "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}"}
 
     def command(self) -> list[str]:
         kopf = str(Path(sys.executable).parent / "kopf")
-        command = [kopf, "run", "-m", "stratamq.operator.handlers",
-                   f"--namespace={self.namespace}", f"--peering={PEERING}",
+        scope = ("--all-namespaces" if self.namespace is None
+                 else f"--namespace={self.namespace}")
+        command = [kopf, "run", "-m", "stratamq.operator.handlers", scope,
+                   f"--peering={self.peering}",
                    f"--liveness=http://{HOST}:{self.port}/healthz"]
         if self.priority is not None:
             command.append(f"--priority={self.priority}")
