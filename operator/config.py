@@ -15,6 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import ValidationError
+
+from stratamq.broker.config import Config
+
 # Where the pod's volumes are mounted (absolute, for the pod spec) ...
 CONFIG_MOUNT = "/etc/stratamq"
 DATA_MOUNT = "/var/lib/stratamq"
@@ -118,3 +122,15 @@ def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
         config["access_control"] = access
     config["admin"] = {"enable": True, "bind": _bind(admin_port(spec))}
     return config
+
+
+def config_problems(spec: dict[str, Any]) -> list[str]:
+    """What the broker would refuse in the config made of this spec (the CRD's schema
+    cannot say everything, e.g. mqtt.maxPacketSize above 256MiB), as `key: why` lines;
+    empty when the broker accepts it. Checked by the broker's own config model."""
+    try:
+        Config.model_validate(broker_config(spec))
+    except ValidationError as error:
+        return [".".join(str(part) for part in problem["loc"]) + ": " + problem["msg"]
+                for problem in error.errors()]
+    return []

@@ -6,7 +6,8 @@ and everything they call (the `kubernetes` client, the sites' admin API) blocks.
 - create / update of the spec / resume (at operator start): apply the objects, then
   refresh the status;
 - a timer: refresh the status (pods come and go and become ready without any change
-  to the DurableStorage itself);
+  to the DurableStorage itself); another re-applies the objects now and then, which
+  repairs drift;
 - delete: nothing to undo (owner references let the garbage collector remove the
   objects), so no finalizer; an optional handler forgets the metrics' series.
 """
@@ -25,16 +26,19 @@ from typing import Any
 import kopf
 
 from . import kube, metrics
-from .config import admin_port
+from .config import admin_port, config_problems
 from .resources import GROUP, PLURAL, VERSION, Owner, desired_objects
 from .sites import SiteUnreachableError, site_id
-from .status import Observed, compute_status, known_site_ids
+from .status import Observed, compute_status, invalid_conditions, known_site_ids
 
 log = logging.getLogger(__name__)
 
 # Seconds between status refreshes; pods becoming ready show up within this.
 STATUS_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_STATUS_INTERVAL", "10"))
 METRICS_BIND = os.environ.get("STRATAMQ_OPERATOR_METRICS_BIND", "0.0.0.0:8081")
+# Seconds between re-applying every object, which repairs drift (an object deleted or
+# edited by hand) without waiting for the next change of the spec.
+REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
 
 # DurableStorage uid -> the generation whose objects were last applied. The timer and
 # the reconcile run concurrently, each with the body it was handed; a timer holding an
@@ -110,6 +114,16 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
               **_: Any) -> None:
     assert namespace is not None  # DurableStorage is namespaced
     owner = Owner(name=name, namespace=namespace, uid=uid)
+    problems = config_problems(plain(spec))
+    if problems:
+        # Nothing is applied: running sites keep the config they have.
+        message = "the broker would refuse this spec: " + "; ".join(problems)
+        kopf.warn(body, reason="InvalidConfig", message=message)
+        patch["status"] = {"phase": "Failed", "conditions": invalid_conditions(
+            plain(status).get("conditions", []), message, int(meta.get("generation", 0)),
+            now())}
+        metrics.RECONCILES.labels("invalid").inc()
+        raise kopf.PermanentError(message)
     started = time.monotonic()
     try:
         apply_objects(owner, plain(spec))
@@ -126,6 +140,17 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
     refresh(owner, plain(spec), applied_generation(uid, current), current, body, patch)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
+def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, **_: Any) -> None:
+    assert namespace is not None
+    try:
+        apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec))
+    except Exception:
+        metrics.RECONCILES.labels("error").inc()
+        raise
+    metrics.RECONCILES.labels("ok").inc()
 
 
 # --- status ---------------------------------------------------------------------------
@@ -172,6 +197,8 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
                    **_: Any) -> None:
     assert namespace is not None
     current = plain(status)
+    if config_problems(plain(spec)):
+        return  # the reconcile reported it (phase Failed), which stays until it is fixed
     try:
         # The generation the objects were last applied for: a spec change the
         # reconcile has not handled yet is not "observed".

@@ -108,3 +108,14 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
         "sites": [{"id": observed.site_ids[pod.name], "pod": pod.name, "ready": pod.ready}
                   for pod in live if pod.name in observed.site_ids],
     }
+
+
+def invalid_conditions(previous_conditions: list[dict[str, Any]], message: str,
+                       generation: int, now: str) -> list[dict[str, Any]]:
+    """The conditions of a spec the broker would refuse (phase Failed): not Ready."""
+    previous = {condition["type"]: condition for condition in previous_conditions}
+    return [_condition("Ready", False, "InvalidConfig", message, generation, previous, now),
+            _condition("Degraded", False, "InvalidConfig", message, generation, previous, now),
+            _condition("Rebalancing", False, REPLICATION_NOT_BUILT,
+                       "replication between sites is not built: each site holds its own data",
+                       generation, previous, now)]

@@ -28,6 +28,8 @@ from tests.support.operator_process import PEERING, OperatorProcess
 NAMESPACE = "operator-e2e"
 NAME = "mq"
 TIMEOUT = 180.0
+# Short, so that the drift repair shows within the test.
+REAPPLY_INTERVAL = 5.0
 SPEC: dict[str, Any] = {
     "sites": 3,
     # Few shards start faster; replication is not built, so one copy per site.
@@ -95,7 +97,8 @@ class Operators:
         # until its lifetime (60 s) ends, and one of a higher priority would make its
         # successor wait that long.
         process = OperatorProcess(self.workdir / f"operator-{len(self.started)}", self.kube,
-                                  NAMESPACE, priority=100 + len(self.started))
+                                  NAMESPACE, priority=100 + len(self.started),
+                                  reapply_interval=REAPPLY_INTERVAL)
         self.started.append(process)
         process.start(timeout=60)
         return process
@@ -272,6 +275,32 @@ def test_spec_change_rolls_into_the_config_and_the_pods(
         assert config["mqtt"]["max_inflight"] == 7
 
 
+def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
+        cluster: ControlPlane, node: Kubelet) -> None:
+    """The schema lets mqtt.maxPacketSize above 256MiB through; the operator checks the
+    config with the broker's own model, applies nothing, and says why."""
+    config_before = get(cluster, "configmap", f"{NAME}-config")
+    assert config_before is not None
+    pods_before = {name: c.uid for name, c in node.running(NAMESPACE).items()}
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "512MiB"}}}))
+
+    def failed() -> dict[str, Any] | None:
+        status = storage(cluster).get("status", {})
+        return status if status.get("phase") == "Failed" else None
+    status = wait_for("phase Failed", failed)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidConfig")
+    assert "mqtt.max_packet_size" in ready["message"]
+    config_after = get(cluster, "configmap", f"{NAME}-config")
+    assert config_after is not None and config_after["data"] == config_before["data"]
+    assert {name: c.uid for name, c in node.running(NAMESPACE).items()} == pods_before
+
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "1MiB"}}}))
+    wait_for("Ready again", lambda: ready_with(cluster, 4))
+
+
 def test_operator_restart_resumes(cluster: ControlPlane, node: Kubelet,
                                   operators: Operators) -> None:
     """Killed (no goodbye), the operator misses a scale; the next one picks it up and
@@ -301,6 +330,23 @@ def test_operator_restart_resumes(cluster: ControlPlane, node: Kubelet,
     assert 'stratamq_operator_reconciles_total{result="ok"}' in metrics
     assert f'stratamq_operator_sites_ready{{name="{NAME}",namespace="{NAMESPACE}"}} 3.0' in (
         metrics)
+
+
+def test_drift_is_repaired(cluster: ControlPlane) -> None:
+    """An owned object deleted by hand comes back (the periodic re-apply), as the same
+    spec says."""
+    before = get(cluster, "service", f"{NAME}-peers")
+    assert before is not None
+    cluster.kubectl("delete", "-n", NAMESPACE, "service", f"{NAME}-peers")
+
+    def recreated() -> dict[str, Any] | None:
+        found = get(cluster, "service", f"{NAME}-peers", check=False)
+        if found is None or found["metadata"]["uid"] == before["metadata"]["uid"]:
+            return None
+        return found
+    found = wait_for("the headless Service back", recreated, timeout=60)
+    assert found["spec"]["clusterIP"] == "None"
+    assert found["metadata"]["ownerReferences"][0]["uid"] == owner_uid(cluster)
 
 
 def test_a_second_operator_waits_its_turn(cluster: ControlPlane, operators: Operators

@@ -105,7 +105,6 @@ class Container:
     cwd: Path
     log_path: Path
     probe_url: str | None
-    grace_seconds: float
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     ready: bool = False
@@ -464,8 +463,7 @@ class Kubelet:
             namespace=namespace, pod=meta["name"], uid=meta["uid"], ip=ip,
             command=[str(program), *argv[1:]], env=env, cwd=cwd,
             log_path=pod_dir / "container.log",
-            probe_url=self._probe_url(container, ip),
-            grace_seconds=float(spec.get("terminationGracePeriodSeconds", 30)))
+            probe_url=self._probe_url(container, ip))
 
     def _volume(self, namespace: str, volume: dict[str, Any], under: Path) -> Path:
         if "persistentVolumeClaim" in volume:

@@ -18,6 +18,7 @@ class OperatorProcess(ManagedProcess):
 
     def __init__(self, workdir: Path, kube: ControlPlane, namespace: str | None, *,
                  priority: int | None = None, status_interval: float = 1.0,
+                 reapply_interval: float = 300.0,
                  kubeconfig: Path | None = None, peering: str = PEERING) -> None:
         """`namespace` None: all namespaces (a ClusterKopfPeering `peering`), else that
         one (a KopfPeering there); `kubeconfig`: whose credentials (the admin's by
@@ -30,6 +31,7 @@ class OperatorProcess(ManagedProcess):
         self.peering = peering
         self.priority = priority
         self.status_interval = status_interval
+        self.reapply_interval = reapply_interval
         self.metrics_port = free_port()
 
     def ports(self) -> list[int]:
@@ -38,6 +40,7 @@ class OperatorProcess(ManagedProcess):
     def environment(self) -> dict[str, str]:
         return {**super().environment(), "KUBECONFIG": str(self.kubeconfig),
                 "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
+                "STRATAMQ_OPERATOR_REAPPLY_INTERVAL": str(self.reapply_interval),
                 "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}"}
 
     def command(self) -> list[str]:

@@ -210,3 +210,12 @@ def test_every_object_is_owned_and_labelled() -> None:
         assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "stratamq-operator"
     assert resources.selector("mq") == ("app.kubernetes.io/name=stratamq,"
                                         "app.kubernetes.io/instance=mq")
+
+
+def test_config_problems_are_the_brokers() -> None:
+    """What the schema cannot check, the broker's own config model does."""
+    spec = crd_defaults()
+    assert operator_config.config_problems(spec) == []
+    spec["mqtt"]["maxPacketSize"] = "512MiB"
+    [problem] = operator_config.config_problems(spec)
+    assert problem.startswith("mqtt.max_packet_size: ")
