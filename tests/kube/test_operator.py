@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -228,6 +229,24 @@ def test_mqtt_through_a_pod(cluster: ControlPlane, node: Kubelet) -> None:
     finally:
         subscriber.stop()
         publisher.stop()
+
+
+def test_a_crashed_site_comes_back_as_itself(cluster: ControlPlane, node: Kubelet,
+                                             operators: Operators) -> None:
+    """kill -9 of a pod's broker: the node restarts the container (restartCount 1), and
+    the site is back, Ready, with the id on its volume."""
+    sites = {site["pod"]: site["id"] for site in storage(cluster)["status"]["sites"]}
+    container = node.container(NAMESPACE, f"{NAME}-0")
+    assert container.process is not None
+    container.process.send_signal(signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        pod = get(cluster, "pod", f"{NAME}-0")
+        assert pod is not None
+        [state] = pod["status"]["containerStatuses"]
+        return ready_with(cluster, 3) if state["restartCount"] == 1 and state["ready"] else None
+    found = wait_for("the site back", restarted, explain=explain(cluster, operators, node))
+    assert {site["pod"]: site["id"] for site in found["status"]["sites"]} == sites
 
 
 def test_scale_subresource_adds_a_site(cluster: ControlPlane, node: Kubelet,
