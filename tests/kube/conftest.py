@@ -16,6 +16,8 @@ from tests.support.kube import ControlPlane, running_control_plane
 
 CRDS = REPO / "crds"
 CRD_NAMES = ["durablestorages.stratamq.io", "replicatransitions.stratamq.io"]
+# Kopf's peering resources, which the operator's leader election uses.
+PEERING_CRD_NAMES = ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +31,7 @@ def crds(kube: ControlPlane) -> ControlPlane:
     """The control plane with the CRDs of crds/ applied and Established."""
     kube.kubectl("apply", "-f", str(CRDS))
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                 *(f"crd/{name}" for name in CRD_NAMES))
+                 *(f"crd/{name}" for name in CRD_NAMES + PEERING_CRD_NAMES))
     return kube
 
 

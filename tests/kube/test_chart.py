@@ -18,7 +18,8 @@ CRDS = REPO / "crds"
 
 def test_chart_carries_the_crds_unchanged() -> None:
     names = sorted(path.name for path in CRDS.glob("*.yaml"))
-    assert names == ["durablestorages.stratamq.io.yaml", "replicatransitions.stratamq.io.yaml"]
+    assert names == ["durablestorages.stratamq.io.yaml", "kopfpeerings.kopf.dev.yaml",
+                     "replicatransitions.stratamq.io.yaml"]
     assert sorted(path.name for path in (CHART / "crds").iterdir()) == names
     for name in names:
         assert (CHART / "crds" / name).read_bytes() == (CRDS / name).read_bytes(), (
@@ -40,19 +41,24 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 
 
 def test_helm_template_renders(tmp_path: Path) -> None:
-    # by default: the dashboards (the CRDs are left out by `template`)
-    assert [doc["kind"] for doc in render(tmp_path)] == ["ConfigMap", "ConfigMap"]
+    # by default: the operator and the dashboards (the CRDs are left out by `template`)
+    assert [doc["kind"] for doc in render(tmp_path)] == [
+        "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRoleBinding",
+        "Deployment", "ClusterKopfPeering"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
                   "--set", "durableStorage.spec.sites=5",
                   "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
     assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
         ("CustomResourceDefinition", "durablestorages.stratamq.io"),
+        ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
+        ("CustomResourceDefinition", "kopfpeerings.kopf.dev"),
         ("CustomResourceDefinition", "replicatransitions.stratamq.io"),
         ("DurableStorage", "mq")]
-    for doc in docs[:2]:
-        assert doc == yaml.safe_load((CRDS / f"{doc['metadata']['name']}.yaml").read_text())
-    storage = docs[2]
+    assert docs[:4] == [doc for path in sorted(CRDS.glob("*.yaml"))
+                        for doc in yaml.safe_load_all(path.read_text())]
+    storage = docs[4]
     assert storage["apiVersion"] == "stratamq.io/v1alpha1"
     assert storage["metadata"]["namespace"] == "brokers"
     assert storage["metadata"]["labels"]["app.kubernetes.io/instance"] == "mq"
@@ -60,7 +66,8 @@ def test_helm_template_renders(tmp_path: Path) -> None:
 
 
 def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> None:
-    docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq")
+    docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq",
+                  "--set", "operator.enabled=false")
     files = sorted((CHART / "dashboards").glob("*.json"))
     assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-storage.json"]
     assert [doc["metadata"]["name"] for doc in docs] == ["mq-stratamq-broker",
@@ -77,12 +84,14 @@ def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> N
         for panel in board["panels"]:
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
             assert panel["targets"] and all(target["expr"] for target in panel["targets"])
-    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
+    assert render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false") == []
 
 
 def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Path) -> None:
-    assert render(tmp_path, "--set", "dashboards.enabled=false") == []
-    docs = render(tmp_path, "--set", "dashboards.enabled=false",
+    assert render(tmp_path, "--set", "dashboards.enabled=false",
+                  "--set", "operator.enabled=false") == []
+    docs = render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.labels.release=kube-prometheus-stack",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
     assert [doc["kind"] for doc in docs] == ["PrometheusRule"]
@@ -91,7 +100,7 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     rules_file = CHART / "rules" / "stratamq.rules.yaml"
     assert rule["spec"] == yaml.safe_load(rules_file.read_text())
-    assert render(tmp_path, "--set", "dashboards.enabled=false",
+    assert render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.enabled=false",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule") == []
 

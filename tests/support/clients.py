@@ -119,8 +119,10 @@ class PahoClient:
     reconnects by itself: a test decides when a client comes back."""
 
     def __init__(self, port: int, client_id: str = "", *, version: int = 5,
-                 clean_session: bool | None = None, manual_ack: bool = False) -> None:
+                 clean_session: bool | None = None, manual_ack: bool = False,
+                 host: str = HOST) -> None:
         self.port = port
+        self.host = host
         self.version = version
         protocol = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -181,10 +183,10 @@ class PahoClient:
                 properties: PahoProperties | None = None) -> PahoConnack:
         """Connect and return the CONNACK (also a refusal)."""
         if self.version == 5:
-            self.client.connect(HOST, self.port, keepalive, clean_start=clean_start,
+            self.client.connect(self.host, self.port, keepalive, clean_start=clean_start,
                                 properties=properties)
         else:
-            self.client.connect(HOST, self.port, keepalive)
+            self.client.connect(self.host, self.port, keepalive)
         self.client.loop_start()
         try:
             return self.connacks.get(timeout=TIMEOUT)

@@ -81,6 +81,9 @@ class ManagedProcess:
     def ports(self) -> list[int]:
         return [self.port]
 
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
     @property
     def pid(self) -> int:
         assert self.process is not None, f"{self.name} not started"
@@ -90,7 +93,7 @@ class ManagedProcess:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             self.command(), cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            stdin=subprocess.DEVNULL, env=self.environment())
         deadline = time.monotonic() + timeout
         waiting = list(self.ports())
         while waiting and time.monotonic() < deadline:

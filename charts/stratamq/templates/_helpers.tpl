@@ -6,3 +6,15 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/* The operator's name: its ServiceAccount, ClusterRole(Binding), Deployment and
+     peering object are all called this. */}}
+{{- define "stratamq.operatorName" -}}
+{{ .Release.Name }}-stratamq-operator
+{{- end -}}
+
+{{- define "stratamq.operatorSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}

@@ -1,0 +1,218 @@
+"""The Kopf handlers of the operator: `kopf run -m stratamq.operator.handlers` loads
+this module, and importing it registers them (see operator/README.md for the command
+line). The handlers are sync functions on purpose: Kopf runs those in its thread pool,
+and everything they call (the `kubernetes` client, the sites' admin API) blocks.
+
+- create / update of the spec / resume (at operator start): apply the objects, then
+  refresh the status;
+- a timer: refresh the status (pods come and go and become ready without any change
+  to the DurableStorage itself); another re-applies the objects now and then, which
+  repairs drift;
+- delete: nothing to undo (owner references let the garbage collector remove the
+  objects), so no finalizer; an optional handler forgets the metrics' series.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from . import kube, metrics
+from .config import admin_port, config_problems
+from .resources import GROUP, PLURAL, VERSION, Owner, desired_objects
+from .sites import SiteUnreachableError, site_id
+from .status import Observed, compute_status, invalid_conditions, known_site_ids
+
+log = logging.getLogger(__name__)
+
+# Seconds between status refreshes; pods becoming ready show up within this.
+STATUS_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_STATUS_INTERVAL", "10"))
+METRICS_BIND = os.environ.get("STRATAMQ_OPERATOR_METRICS_BIND", "0.0.0.0:8081")
+# Seconds between re-applying every object, which repairs drift (an object deleted or
+# edited by hand) without waiting for the next change of the spec.
+REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
+
+# DurableStorage uid -> the generation whose objects were last applied. The timer and
+# the reconcile run concurrently, each with the body it was handed; a timer holding an
+# older body must not write an older observedGeneration over a newer one.
+_applied: dict[str, int] = {}
+_applied_lock = threading.Lock()
+
+
+def applied_generation(uid: str, status: dict[str, Any]) -> int:
+    with _applied_lock:
+        return _applied.get(uid, int(status.get("observedGeneration", 0)))
+
+
+def plain(value: Any) -> Any:
+    """Kopf's views of the body as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {key: plain(child) for key, child in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return value
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Kopf's own bookkeeping in annotations: the CRD's status schema has no room for
+    # it (the API server would prune it).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    # Peering (--peering): the operator with the highest priority acts and the others
+    # pause; replicas with equal priorities would all pause, so each replica that was
+    # not given a --priority draws its own.
+    if settings.peering.priority == 0:
+        settings.peering.priority = random.randint(1, 2**31 - 1)
+    metrics.serve(METRICS_BIND)
+    log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
+             settings.peering.priority)
+
+
+# --- reconcile --------------------------------------------------------------------------
+
+def apply_objects(owner: Owner, spec: dict[str, Any]) -> None:
+    """Make or update every object of the storage; idempotent."""
+    if kube.ensure_admin_secret(owner):
+        log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
+    monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
+    for manifest in desired_objects(owner, spec, service_monitors=monitors):
+        if manifest["kind"] == "StatefulSet":
+            existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
+            if existing is not None:
+                # Claim templates are immutable; a grown volume size goes to the claims.
+                manifest["spec"]["volumeClaimTemplates"] = existing["spec"][
+                    "volumeClaimTemplates"]
+        kube.apply(manifest)
+    if not spec.get("podDisruptionBudget", {}).get("enable", True):
+        kube.delete_owned("policy/v1", "PodDisruptionBudget", owner, owner.name)
+    patched = kube.expand_volumes(owner, spec.get("storage", {}).get("size", "10Gi"))
+    if patched:
+        log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
+                 ", ".join(patched))
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
+              status: kopf.Status, body: kopf.Body, patch: kopf.Patch, reason: str,
+              **_: Any) -> None:
+    assert namespace is not None  # DurableStorage is namespaced
+    owner = Owner(name=name, namespace=namespace, uid=uid)
+    problems = config_problems(plain(spec))
+    if problems:
+        # Nothing is applied: running sites keep the config they have.
+        message = "the broker would refuse this spec: " + "; ".join(problems)
+        kopf.warn(body, reason="InvalidConfig", message=message)
+        patch["status"] = {"phase": "Failed", "conditions": invalid_conditions(
+            plain(status).get("conditions", []), message, int(meta.get("generation", 0)),
+            now())}
+        metrics.RECONCILES.labels("invalid").inc()
+        raise kopf.PermanentError(message)
+    started = time.monotonic()
+    try:
+        apply_objects(owner, plain(spec))
+    except Exception:
+        metrics.RECONCILES.labels("error").inc()
+        raise  # Kopf retries with back-off and logs it
+    metrics.RECONCILES.labels("ok").inc()
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    generation = int(meta.get("generation", 0))
+    with _applied_lock:
+        _applied[uid] = max(_applied.get(uid, 0), generation)
+    if reason != "resume":
+        kopf.info(body, reason="Reconciled",
+                  message=f"objects applied for generation {generation} ({reason})")
+    current = plain(status)
+    refresh(owner, plain(spec), applied_generation(uid, current), current, body, patch)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
+def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, **_: Any) -> None:
+    assert namespace is not None
+    try:
+        apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec))
+    except Exception:
+        metrics.RECONCILES.labels("error").inc()
+        raise
+    metrics.RECONCILES.labels("ok").inc()
+
+
+# --- status ---------------------------------------------------------------------------
+
+def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> dict[str, str]:
+    """Pod name -> site id, from the admin API of each ready pod that answers."""
+    token = kube.admin_token(owner)
+    if token is None:
+        return {}
+    found = {}
+    for pod in pods:
+        if pod.ready and not pod.terminating and pod.ip:
+            try:
+                found[pod.name] = site_id(pod.ip, admin_port(spec), token)
+            except SiteUnreachableError as error:
+                log.warning("%s/%s: site of pod %s unknown: %s", owner.namespace,
+                            owner.name, pod.name, error)
+    return found
+
+
+def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[str, Any],
+            body: kopf.Body, patch: kopf.Patch) -> None:
+    pods = kube.site_pods(owner)
+    observed = Observed(
+        name=owner.name, generation=generation, sites=int(spec.get("sites", 3)), pods=pods,
+        stateful_set=kube.stateful_set_status(owner),
+        site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)))
+    new = compute_status(observed, status.get("conditions", []), now())
+    patch["status"] = new
+    metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
+    metrics.SITES_READY.labels(owner.namespace, owner.name).set(len(
+        [site for site in new["sites"] if site["ready"]]))
+    if new["phase"] != status.get("phase"):
+        message = new["conditions"][0]["message"]
+        if new["phase"] == "Degraded":
+            kopf.warn(body, reason="Degraded", message=message)
+        else:
+            kopf.info(body, reason=new["phase"], message=message)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL)
+def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
+                   status: kopf.Status, body: kopf.Body, patch: kopf.Patch,
+                   **_: Any) -> None:
+    assert namespace is not None
+    current = plain(status)
+    if config_problems(plain(spec)):
+        return  # the reconcile reported it (phase Failed), which stays until it is fixed
+    try:
+        # The generation the objects were last applied for: a spec change the
+        # reconcile has not handled yet is not "observed".
+        refresh(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
+                applied_generation(uid, current), current, body, patch)
+    except Exception:
+        metrics.STATUS_REFRESHES.labels("error").inc()
+        raise
+    metrics.STATUS_REFRESHES.labels("ok").inc()
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+    """Optional: no finalizer; the owned objects go by garbage collection."""
+    metrics.forget(namespace or "", name)
+    with _applied_lock:
+        _applied.pop(uid, None)

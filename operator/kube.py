@@ -1,0 +1,160 @@
+"""The operator's calls to the Kubernetes API (the `kubernetes` client's dynamic API,
+plain dicts in and out; blocking: the
+handlers that use it are sync functions, which Kopf runs in its thread pool, so the
+event loop never waits on them)."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
+from kubernetes.utils import parse_quantity
+
+from .resources import TOKEN_KEY, Manifest, Owner, admin_secret, admin_secret_name, selector
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "stratamq-operator"
+
+
+@functools.cache
+def api_client() -> client.ApiClient:
+    """In a pod: its ServiceAccount; elsewhere: the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+@functools.cache
+def dynamic() -> DynamicClient:
+    return DynamicClient(api_client())
+
+
+def has_kind(api_version: str, kind: str) -> bool:
+    """Whether the API server serves this kind (a CRD such as ServiceMonitor may be
+    missing; discovery is asked again on a miss, so a CRD installed later is seen)."""
+    try:
+        dynamic().resources.get(api_version=api_version, kind=kind)
+    except ResourceNotFoundError:
+        return False
+    return True
+
+
+def apply(manifest: Manifest) -> None:
+    """Server-side apply as the operator's field manager: creates or updates exactly
+    the fields given, so applying the same manifest again changes nothing. Conflicts
+    are forced: these objects are the operator's to keep as the spec says."""
+    resource = dynamic().resources.get(api_version=manifest["apiVersion"],
+                                       kind=manifest["kind"])
+    dynamic().server_side_apply(resource, body=manifest,
+                                namespace=manifest["metadata"]["namespace"],
+                                field_manager=FIELD_MANAGER, force_conflicts=True)
+
+
+def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    try:
+        found: dict[str, Any] = dynamic().get(resource, name=name,
+                                              namespace=namespace).to_dict()
+    except NotFoundError:
+        return None
+    return found
+
+
+def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
+    """Delete the object if it exists and belongs to `owner` (never one a user made
+    under the same name); True when one was deleted."""
+    found = get(api_version, kind, owner.namespace, name)
+    if found is None or not any(reference.get("uid") == owner.uid for reference in
+                                found["metadata"].get("ownerReferences", [])):
+        return False
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    try:
+        dynamic().delete(resource, name=name, namespace=owner.namespace)
+    except NotFoundError:
+        return False
+    return True
+
+
+def _list(api_version: str, kind: str, namespace: str, label_selector: str
+          ) -> list[dict[str, Any]]:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    found: list[dict[str, Any]] = dynamic().get(
+        resource, namespace=namespace, label_selector=label_selector).to_dict()["items"]
+    return found
+
+
+def ensure_admin_secret(owner: Owner) -> bool:
+    """Make the admin token Secret unless it exists; True when made now."""
+    resource = dynamic().resources.get(api_version="v1", kind="Secret")
+    try:
+        dynamic().create(resource, body=admin_secret(owner, secrets.token_urlsafe(32)),
+                         namespace=owner.namespace)
+    except ConflictError:  # made before: keep its token, the sites use it
+        return False
+    return True
+
+
+def admin_token(owner: Owner) -> str | None:
+    secret = get("v1", "Secret", owner.namespace, admin_secret_name(owner.name))
+    encoded = None if secret is None else (secret.get("data") or {}).get(TOKEN_KEY)
+    return None if encoded is None else base64.b64decode(encoded).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the status needs of one site's pod."""
+
+    name: str
+    ip: str | None
+    ready: bool
+    terminating: bool
+
+
+def site_pods(owner: Owner) -> list[PodView]:
+    found = []
+    for pod in _list("v1", "Pod", owner.namespace, selector(owner.name)):
+        status = pod.get("status") or {}
+        ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
+                    for condition in status.get("conditions") or [])
+        found.append(PodView(name=pod["metadata"]["name"], ip=status.get("podIP"),
+                             ready=ready,
+                             terminating=bool(pod["metadata"].get("deletionTimestamp"))))
+    return sorted(found, key=lambda pod: pod.name)
+
+
+def stateful_set_status(owner: Owner) -> dict[str, Any] | None:
+    """The StatefulSet's metadata.generation and status, or None when it is missing."""
+    found = get("apps/v1", "StatefulSet", owner.namespace, owner.name)
+    if found is None:
+        return None
+    status: dict[str, Any] = dict(found.get("status") or {})
+    status["generation"] = found["metadata"].get("generation", 0)
+    return status
+
+
+def expand_volumes(owner: Owner, size: str) -> list[str]:
+    """Ask for `size` on each site's volume claim that is smaller (a StatefulSet's claim
+    template is immutable, so a grown spec.storage.size reaches the claims here; the
+    CRD refuses a shrink). Returns the claims patched."""
+    wanted = parse_quantity(size)
+    resource = dynamic().resources.get(api_version="v1", kind="PersistentVolumeClaim")
+    patched = []
+    for claim in _list("v1", "PersistentVolumeClaim", owner.namespace, selector(owner.name)):
+        requests = claim["spec"].get("resources", {}).get("requests", {})
+        if "storage" not in requests or parse_quantity(requests["storage"]) < wanted:
+            name: str = claim["metadata"]["name"]
+            dynamic().patch(resource, name=name, namespace=owner.namespace,
+                            body={"spec": {"resources": {"requests": {"storage": size}}}},
+                            content_type="application/merge-patch+json")
+            patched.append(name)
+    return patched

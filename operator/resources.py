@@ -1,0 +1,294 @@
+"""The Kubernetes objects a DurableStorage is made of, built from its spec: pure
+functions of (name, namespace, spec), no API calls, so every field can be unit-tested.
+
+One pod of the StatefulSet is one site. Every object carries the same labels and an
+owner reference to the DurableStorage, so deleting the storage garbage-collects them
+(the volumes stay: a StatefulSet's claims are retained, as the data should be).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from . import config as broker_config_module
+from .config import (
+    ACL_MOUNT,
+    CONFIG_FILE,
+    CONFIG_MOUNT,
+    CONFIG_PATH,
+    DATA_MOUNT,
+    PASSWORD_MOUNT,
+    TLS_MOUNT,
+    admin_port,
+)
+
+Manifest = dict[str, Any]
+
+GROUP = "stratamq.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DurableStorage"
+PLURAL = "durablestorages"
+
+MANAGED_BY = "stratamq-operator"
+CONTAINER = "broker"
+DATA_VOLUME = "data"
+TOKEN_KEY = "token"
+TOKEN_ENV = "STRATAMQ__ADMIN__TOKEN"
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+SERVICE_LABEL = f"{GROUP}/service"
+# Long enough for a site to close connections, persist sessions and flush storage.
+TERMINATION_GRACE_SECONDS = 60
+# The user of the image (images/): the volume is made writable for its group.
+RUN_AS_USER = 10001
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The DurableStorage the objects belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True, "blockOwnerDeletion": True}
+
+
+# --- names and labels -----------------------------------------------------------------
+
+def config_map_name(name: str) -> str:
+    return f"{name}-config"
+
+
+def peer_service_name(name: str) -> str:
+    return f"{name}-peers"
+
+
+def admin_secret_name(name: str) -> str:
+    return f"{name}-admin"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "stratamq", "app.kubernetes.io/instance": name}
+
+
+def selector(name: str) -> str:
+    """The pods' label selector as a string (status.selector, for the scale subresource)."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), "app.kubernetes.io/component": "broker",
+            "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def metadata(owner: Owner, name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace, "labels": labels(owner.name),
+            "ownerReferences": [owner.reference()]}
+
+
+# --- ports ----------------------------------------------------------------------------
+
+def _listener(spec: dict[str, Any], name: str, default_port: int,
+              default_enable: bool) -> tuple[bool, int]:
+    given = spec.get("listeners", {}).get(name, {})
+    return bool(given.get("enable", default_enable)), int(given.get("port", default_port))
+
+
+def container_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The broker's ports, named (Services and probes refer to them by name)."""
+    ports = []
+    for listener, port_name, default_port, default_enable in (
+            ("tcp", "mqtt", 1883, True), ("ws", "mqtt-ws", 8083, True),
+            ("tls", "mqtts", 8883, False)):
+        enabled, port = _listener(spec, listener, default_port, default_enable)
+        if enabled:
+            ports.append({"name": port_name, "containerPort": port, "protocol": "TCP"})
+    ports.append({"name": "admin", "containerPort": admin_port(spec), "protocol": "TCP"})
+    return ports
+
+
+def _service_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": port["name"], "port": port["containerPort"], "targetPort": port["name"],
+             "protocol": "TCP"} for port in container_ports(spec)]
+
+
+# --- objects --------------------------------------------------------------------------
+
+def rendered_config(spec: dict[str, Any]) -> str:
+    return yaml.safe_dump(broker_config_module.broker_config(spec), sort_keys=True)
+
+
+def config_map(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(owner, config_map_name(owner.name)),
+            "data": {CONFIG_FILE: rendered_config(spec)}}
+
+
+def admin_secret(owner: Owner, token: str) -> Manifest:
+    """The admin API token the sites accept and the operator calls them with. Made
+    once (a new token on every reconcile would lock the operator out of running pods)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": metadata(owner, admin_secret_name(owner.name)),
+            "stringData": {TOKEN_KEY: token}}
+
+
+def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    """Headless: one DNS name per pod (<pod>.<name>-peers), published before the pods
+    are ready, since sites and the operator must reach a site while it is joining."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": metadata(owner, peer_service_name(owner.name)),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": selector_labels(owner.name),
+                     "ports": [{"name": "admin", "port": admin_port(spec),
+                                "targetPort": "admin", "protocol": "TCP"}]}}
+
+
+def client_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    meta = metadata(owner, owner.name)
+    meta["labels"][SERVICE_LABEL] = "client"  # what the ServiceMonitor selects
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+            "spec": {"type": "ClusterIP", "selector": selector_labels(owner.name),
+                     "ports": _service_ports(spec)}}
+
+
+def _secret_volumes(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(volume name, Secret name, mount path) of the Secrets the config refers to."""
+    found = []
+    tls = spec.get("listeners", {}).get("tls", {})
+    if "secretName" in tls:
+        found.append(("tls", tls["secretName"], TLS_MOUNT))
+    access = spec.get("accessControl", {})
+    if "passwordSecret" in access:
+        found.append(("passwd", access["passwordSecret"]["name"], PASSWORD_MOUNT))
+    if "aclSecret" in access:
+        found.append(("acl", access["aclSecret"]["name"], ACL_MOUNT))
+    return found
+
+
+def image(spec: dict[str, Any]) -> str:
+    given = spec.get("image", {})
+    return f"{given.get('repository', 'stratamq/stratamq')}:{given.get('tag', '0.1.0')}"
+
+
+def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image(spec),
+        "imagePullPolicy": spec.get("image", {}).get("pullPolicy", "IfNotPresent"),
+        "command": ["stratamq", "broker", "--config", CONFIG_PATH],
+        # The config's paths are relative to the root (see config.py).
+        "workingDir": "/",
+        "ports": container_ports(spec),
+        "env": [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": admin_secret_name(owner.name), "key": TOKEN_KEY}}}],
+        # /healthz answers while a large storage is still opening; /readyz only once
+        # the site serves clients.
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"},
+                           "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "admin"},
+                          "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": DATA_VOLUME, "mountPath": DATA_MOUNT},
+            *({"name": volume, "mountPath": path, "readOnly": True}
+              for volume, _, path in _secret_volumes(spec)),
+        ],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    if spec.get("resources"):
+        container["resources"] = spec["resources"]
+    return container
+
+
+def _volume_claim_template(spec: dict[str, Any]) -> dict[str, Any]:
+    storage = spec.get("storage", {})
+    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": storage.get("size", "10Gi")}}}
+    if "storageClassName" in storage:
+        claim["storageClassName"] = storage["storageClassName"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": DATA_VOLUME}, "spec": claim}
+
+
+def config_hash(spec: dict[str, Any]) -> str:
+    """Changes whenever the rendered config does: the pod template carries it, so a new
+    config rolls the pods (the broker reads its config at start only)."""
+    return hashlib.sha256(rendered_config(spec).encode()).hexdigest()[:16]
+
+
+def stateful_set(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
+    volumes += [{"name": volume, "secret": {"secretName": secret}}
+                for volume, secret, _ in _secret_volumes(spec)]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": metadata(owner, owner.name),
+        "spec": {
+            "replicas": spec.get("sites", 3),
+            "serviceName": peer_service_name(owner.name),
+            # Sites start independently; nothing is gained by starting them in order.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain",
+                                                     "whenScaled": "Retain"},
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "template": {
+                "metadata": {"labels": labels(owner.name),
+                             "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)}},
+                "spec": {
+                    "containers": [_container(owner, spec)],
+                    "volumes": volumes,
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER,
+                                        "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+                },
+            },
+            "volumeClaimTemplates": [_volume_claim_template(spec)],
+        },
+    }
+
+
+def pod_disruption_budget(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
+    """None when the spec turns it off."""
+    budget = spec.get("podDisruptionBudget", {})
+    if not budget.get("enable", True):
+        return None
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": metadata(owner, owner.name),
+            "spec": {"maxUnavailable": budget.get("maxUnavailable", 1),
+                     "selector": {"matchLabels": selector_labels(owner.name)}}}
+
+
+def service_monitor(owner: Owner) -> Manifest:
+    """For the Prometheus operator (made only where its CRD exists): scrapes every
+    site's /metrics through the client Service's endpoints."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": metadata(owner, owner.name),
+            "spec": {"selector": {"matchLabels": {**selector_labels(owner.name),
+                                                  SERVICE_LABEL: "client"}},
+                     "endpoints": [{"port": "admin", "path": "/metrics"}]}}
+
+
+def desired_objects(owner: Owner, spec: dict[str, Any], *,
+                    service_monitors: bool) -> list[Manifest]:
+    """Everything but the admin Secret (made once, see admin_secret), in the order to
+    apply: what the pods mount before the pods."""
+    objects = [config_map(owner, spec), peer_service(owner, spec),
+               client_service(owner, spec), stateful_set(owner, spec)]
+    budget = pod_disruption_budget(owner, spec)
+    if budget is not None:
+        objects.append(budget)
+    if service_monitors:
+        objects.append(service_monitor(owner))
+    return objects

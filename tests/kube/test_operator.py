@@ -1,0 +1,412 @@
+"""The operator end to end: a real `kopf run` process against the real API server and
+controller manager, with tests/support/kubelet.py playing the node, so every Pod is a
+real broker process on a loopback address of its own.
+
+One DurableStorage (`mq`, 3 sites) lives through the whole module; the tests run in
+order and each takes it one step further: ready, MQTT through a pod, scaled by the
+scale subresource, a config change rolled through the pods, the operator restarted,
+deleted and garbage-collected."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.clients import PahoClient
+from tests.support.kube import ControlPlane
+from tests.support.kubelet import Kubelet, running_kubelet
+from tests.support.operator_process import PEERING, OperatorProcess
+
+NAMESPACE = "operator-e2e"
+NAME = "mq"
+TIMEOUT = 180.0
+# Short, so that the drift repair shows within the test.
+REAPPLY_INTERVAL = 5.0
+SPEC: dict[str, Any] = {
+    "sites": 3,
+    # Few shards start faster; replication is not built, so one copy per site.
+    "messages": {"nShards": 2, "replicationFactor": 1},
+    "storage": {"size": "1Gi"},
+}
+OWNED = [("configmap", f"{NAME}-config"), ("service", NAME), ("service", f"{NAME}-peers"),
+         ("statefulset", NAME), ("poddisruptionbudget", NAME), ("secret", f"{NAME}-admin")]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
+             explain: Callable[[], str] = lambda: "") -> Any:
+    """Poll `check` until it returns something true, and return that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+        time.sleep(0.5)
+
+
+def get(kube: ControlPlane, *what: str, check: bool = True) -> dict[str, Any] | None:
+    result = kube.kubectl("get", "-n", NAMESPACE, "-o", "json", *what, check=check)
+    if result.returncode != 0:
+        return None
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+def storage(kube: ControlPlane) -> dict[str, Any]:
+    found = get(kube, "durablestorage", NAME)
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
+    """The namespace of this module, with the peering object of the operator."""
+    crds.kubectl("create", "namespace", NAMESPACE)
+    crds.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
+    yield crds
+    crds.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
+    with running_kubelet(cluster, tmp_path_factory.mktemp("node"), {NAMESPACE}) as kubelet:
+        yield kubelet
+    assert not kubelet.errors, kubelet.errors
+
+
+class Operators:
+    """The operator process of the module; `restart()` kills it and starts another."""
+
+    def __init__(self, kube: ControlPlane, workdir: Path) -> None:
+        self.kube = kube
+        self.workdir = workdir
+        self.started: list[OperatorProcess] = []
+
+    def start(self) -> OperatorProcess:
+        # Each above the last: a killed operator stays listed in the peering object
+        # until its lifetime (60 s) ends, and one of a higher priority would make its
+        # successor wait that long.
+        process = OperatorProcess(self.workdir / f"operator-{len(self.started)}", self.kube,
+                                  NAMESPACE, priority=100 + len(self.started),
+                                  reapply_interval=REAPPLY_INTERVAL)
+        self.started.append(process)
+        process.start(timeout=60)
+        return process
+
+    @property
+    def current(self) -> OperatorProcess:
+        return self.started[-1]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {process.workdir.name}:\n{process.log_tail(6000)}"
+                         for process in self.started)
+
+
+@pytest.fixture(scope="module")
+def operators(cluster: ControlPlane, node: Kubelet,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
+    made = Operators(cluster, tmp_path_factory.mktemp("operator"))
+    made.start()
+    yield made
+    for process in made.started:
+        process.kill()
+    for process in made.started:
+        assert "Traceback" not in process.log(), process.log_tail(6000)
+
+
+def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
+    """The storage when its status says Ready with `sites` sites for its generation."""
+    found = storage(kube)
+    status = found.get("status", {})
+    if (status.get("phase") == "Ready" and len(status.get("sites", [])) == sites
+            and status.get("observedGeneration") == found["metadata"]["generation"]
+            and status.get("readyReplicas") == sites):
+        return found
+    return None
+
+
+def explain(kube: ControlPlane, operators: Operators, node: Kubelet) -> Callable[[], str]:
+    def text() -> str:
+        pods = kube.kubectl("get", "-n", NAMESPACE, "pods", "-o", "wide", check=False).stdout
+        status = json.dumps(storage(kube).get("status"), indent=1)
+        containers = "\n".join(f"--- {name}:\n{container.log_tail(1500)}"
+                               for name, container in node.running(NAMESPACE).items())
+        return (f"status: {status}\npods:\n{pods}\nkubelet errors: {node.errors}\n"
+                f"{operators.logs()}\n{containers}")
+    return text
+
+
+def owner_uid(kube: ControlPlane) -> str:
+    uid: str = storage(kube)["metadata"]["uid"]
+    return uid
+
+
+# --- the tests, in order ------------------------------------------------------------------
+
+def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kubelet,
+                                                operators: Operators) -> None:
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": SPEC}))
+    found = wait_for("3 sites ready", lambda: ready_with(cluster, 3),
+                     explain=explain(cluster, operators, node))
+    status = found["status"]
+    uid = found["metadata"]["uid"]
+
+    # Every object is there once, owned by the storage.
+    for kind, name in OWNED:
+        made = get(cluster, kind, name)
+        assert made is not None, (kind, name)
+        [reference] = made["metadata"]["ownerReferences"]
+        assert (reference["kind"], reference["name"], reference["uid"]) == (
+            "DurableStorage", NAME, uid), (kind, name)
+        assert reference["controller"] is True
+
+    # One site per pod, each id the one its broker's admin API reports.
+    pods = {site["pod"]: site for site in status["sites"]}
+    assert sorted(pods) == [f"{NAME}-0", f"{NAME}-1", f"{NAME}-2"]
+    assert all(site["ready"] for site in status["sites"])
+    assert len({site["id"] for site in status["sites"]}) == 3
+    token = cluster.kubectl("get", "-n", NAMESPACE, "secret", f"{NAME}-admin", "-o",
+                            "jsonpath={.data.token}").stdout
+    bearer = base64.b64decode(token).decode()
+    for pod, site in pods.items():
+        ip = node.container(NAMESPACE, pod).ip
+        request = urllib.request.Request(f"http://{ip}:18083/api/v1/ds/sites",
+                                         headers={"Authorization": f"Bearer {bearer}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert json.load(response)["data"][0]["site"] == site["id"]
+
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Degraded"]["status"] == "False"
+    assert (conditions["Rebalancing"]["status"], conditions["Rebalancing"]["reason"]) == (
+        "False", "ReplicationNotBuilt")
+    # The scale subresource's status side and the printer columns.
+    assert status["replicas"] == 3
+    assert status["selector"] == ("app.kubernetes.io/name=stratamq,"
+                                  "app.kubernetes.io/instance=mq")
+    table = cluster.kubectl("get", "-n", NAMESPACE, "durablestorage", NAME).stdout
+    assert table.splitlines()[1].split()[:4] == [NAME, "3", "3", "2"], table
+    # The broker config the pods run with is the spec's.
+    config_map = get(cluster, "configmap", f"{NAME}-config")
+    assert config_map is not None
+    config = yaml.safe_load(config_map["data"]["stratamq.yaml"])
+    assert config["durable_storage"]["messages"]["n_shards"] == 2
+    events = cluster.kubectl("get", "-n", NAMESPACE, "events", "--field-selector",
+                             f"involvedObject.name={NAME},involvedObject.kind=DurableStorage",
+                             "-o", "json").stdout
+    reasons = {event["reason"] for event in json.loads(events)["items"]}
+    assert {"Reconciled", "Ready"} <= reasons, reasons
+
+
+def test_mqtt_through_a_pod(cluster: ControlPlane, node: Kubelet) -> None:
+    """A client reaches a site at its pod's address. (Not through the Service: there is
+    no kube-proxy, and EndpointSlices refuse loopback addresses, so the Services have
+    no endpoints here.)"""
+    ip = node.container(NAMESPACE, f"{NAME}-1").ip
+    subscriber = PahoClient(1883, "e2e-sub", host=ip)
+    publisher = PahoClient(1883, "e2e-pub", host=ip)
+    try:
+        assert subscriber.connect().reason_code == 0
+        assert subscriber.subscribe("e2e/#", qos=1) == [1]
+        assert publisher.connect().reason_code == 0
+        for number in range(5):
+            assert publisher.publish(f"e2e/{number}", f"m{number}".encode(), qos=1) == 0
+        got = subscriber.expect(5)
+        assert [message.payload for message in got] == [f"m{n}".encode() for n in range(5)]
+    finally:
+        subscriber.stop()
+        publisher.stop()
+
+
+def test_a_crashed_site_comes_back_as_itself(cluster: ControlPlane, node: Kubelet,
+                                             operators: Operators) -> None:
+    """kill -9 of a pod's broker: the node restarts the container (restartCount 1), and
+    the site is back, Ready, with the id on its volume."""
+    sites = {site["pod"]: site["id"] for site in storage(cluster)["status"]["sites"]}
+    container = node.container(NAMESPACE, f"{NAME}-0")
+    assert container.process is not None
+    container.process.send_signal(signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        pod = get(cluster, "pod", f"{NAME}-0")
+        assert pod is not None
+        [state] = pod["status"]["containerStatuses"]
+        return ready_with(cluster, 3) if state["restartCount"] == 1 and state["ready"] else None
+    found = wait_for("the site back", restarted, explain=explain(cluster, operators, node))
+    assert {site["pod"]: site["id"] for site in found["status"]["sites"]} == sites
+
+
+def test_scale_subresource_adds_a_site(cluster: ControlPlane, node: Kubelet,
+                                       operators: Operators) -> None:
+    before = {site["pod"]: site["id"] for site in storage(cluster)["status"]["sites"]}
+    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=4")
+    found = wait_for("4 sites ready", lambda: ready_with(cluster, 4),
+                     explain=explain(cluster, operators, node))
+    after = {site["pod"]: site["id"] for site in found["status"]["sites"]}
+    assert after.items() >= before.items()  # the first three are the same sites
+    assert len(set(after.values())) == 4
+    stateful_set = get(cluster, "statefulset", NAME)
+    assert stateful_set is not None and stateful_set["spec"]["replicas"] == 4
+    assert found["spec"]["sites"] == 4
+
+
+def test_spec_change_rolls_into_the_config_and_the_pods(
+        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+    """A new maxInflight reaches the ConfigMap; the pods restart with it one at a time
+    and come back as the same sites (their ids live on their volumes)."""
+    before = storage(cluster)
+    sites = {site["pod"]: site["id"] for site in before["status"]["sites"]}
+    old_pods = {name: container.uid for name, container in node.running(NAMESPACE).items()}
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"mqtt": {"maxInflight": 7}}}))
+
+    def config_has_it() -> bool:
+        made = get(cluster, "configmap", f"{NAME}-config")
+        assert made is not None
+        return bool(yaml.safe_load(made["data"]["stratamq.yaml"])["mqtt"]["max_inflight"] == 7)
+    wait_for("the new config", config_has_it)
+
+    def rolled() -> dict[str, Any] | None:
+        found = ready_with(cluster, 4)
+        running = node.running(NAMESPACE)
+        if found is None or len(running) != 4 or any(
+                old_pods.get(name) == container.uid for name, container in running.items()):
+            return None
+        return found
+    found = wait_for("every pod restarted with the new config", rolled,
+                     explain=explain(cluster, operators, node))
+    assert {site["pod"]: site["id"] for site in found["status"]["sites"]} == sites
+    for container in node.running(NAMESPACE).values():
+        config = yaml.safe_load((container.cwd / "etc/stratamq/stratamq.yaml").read_text())
+        assert config["mqtt"]["max_inflight"] == 7
+
+
+def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
+        cluster: ControlPlane, node: Kubelet) -> None:
+    """The schema lets mqtt.maxPacketSize above 256MiB through; the operator checks the
+    config with the broker's own model, applies nothing, and says why."""
+    config_before = get(cluster, "configmap", f"{NAME}-config")
+    assert config_before is not None
+    pods_before = {name: c.uid for name, c in node.running(NAMESPACE).items()}
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "512MiB"}}}))
+
+    def failed() -> dict[str, Any] | None:
+        status = storage(cluster).get("status", {})
+        return status if status.get("phase") == "Failed" else None
+    status = wait_for("phase Failed", failed)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidConfig")
+    assert "mqtt.max_packet_size" in ready["message"]
+    config_after = get(cluster, "configmap", f"{NAME}-config")
+    assert config_after is not None and config_after["data"] == config_before["data"]
+    assert {name: c.uid for name, c in node.running(NAMESPACE).items()} == pods_before
+
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "1MiB"}}}))
+    wait_for("Ready again", lambda: ready_with(cluster, 4))
+
+
+def test_operator_restart_resumes(cluster: ControlPlane, node: Kubelet,
+                                  operators: Operators) -> None:
+    """Killed (no goodbye), the operator misses a scale; the next one picks it up and
+    makes no second copy of anything."""
+    operators.current.kill()
+    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
+    time.sleep(1)  # nobody acts meanwhile: the StatefulSet still has 4
+    stateful_set = get(cluster, "statefulset", NAME)
+    assert stateful_set is not None and stateful_set["spec"]["replicas"] == 4
+    operators.start()
+    wait_for("3 sites ready again", lambda: ready_with(cluster, 3),
+             explain=explain(cluster, operators, node))
+    labels = "app.kubernetes.io/instance=mq"
+    for kind, count in (("configmaps", 1), ("services", 2), ("statefulsets", 1),
+                        ("poddisruptionbudgets", 1), ("secrets", 1)):
+        listed = get(cluster, kind, "-l", labels)
+        assert listed is not None
+        assert len(listed["items"]) == count, (kind, listed["items"])
+    # The operator serves its health and metrics endpoints.
+    operator = operators.current
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.port}/healthz",
+                                timeout=10) as response:
+        assert response.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics",
+                                timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'stratamq_operator_reconciles_total{result="ok"}' in metrics
+    assert f'stratamq_operator_sites_ready{{name="{NAME}",namespace="{NAMESPACE}"}} 3.0' in (
+        metrics)
+
+
+def test_drift_is_repaired(cluster: ControlPlane) -> None:
+    """An owned object deleted by hand comes back (the periodic re-apply), as the same
+    spec says."""
+    before = get(cluster, "service", f"{NAME}-peers")
+    assert before is not None
+    cluster.kubectl("delete", "-n", NAMESPACE, "service", f"{NAME}-peers")
+
+    def recreated() -> dict[str, Any] | None:
+        found = get(cluster, "service", f"{NAME}-peers", check=False)
+        if found is None or found["metadata"]["uid"] == before["metadata"]["uid"]:
+            return None
+        return found
+    found = wait_for("the headless Service back", recreated, timeout=60)
+    assert found["spec"]["clusterIP"] == "None"
+    assert found["metadata"]["ownerReferences"][0]["uid"] == owner_uid(cluster)
+
+
+def test_a_second_operator_waits_its_turn(cluster: ControlPlane, operators: Operators
+                                          ) -> None:
+    """Peering: an operator with a lower priority than the running one stays paused
+    (it starts paused and never resumes) until the first leaves; then it takes over."""
+    first = operators.current
+    second = OperatorProcess(operators.workdir / "second", cluster, NAMESPACE, priority=1)
+    operators.started.append(second)
+    second.start(timeout=60)
+    refreshed = "Timer 'refresh_status' succeeded"
+    runs = first.log().count(refreshed)
+    wait_for("three more status refreshes by the first operator",
+             lambda: first.log().count(refreshed) >= runs + 3, explain=first.log_tail)
+    assert "refresh_status" not in second.log(), second.log_tail()
+    assert "Resuming operations" not in second.log(), second.log_tail()
+    # Stopped cleanly, the first leaves the peering object; the second takes over.
+    assert first.stop(timeout=30) == 0, first.log_tail()
+    wait_for("the second operator to act", lambda: refreshed in second.log(),
+             explain=second.log_tail)
+    assert ready_with(cluster, 3) is not None
+
+
+def test_delete_garbage_collects(cluster: ControlPlane, node: Kubelet) -> None:
+    uid = owner_uid(cluster)
+    cluster.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
+                    timeout=120)
+    def collected() -> list[tuple[str, str]]:
+        left = [(kind, name) for kind, name in OWNED
+                if get(cluster, kind, name, check=False) is not None]
+        pods = get(cluster, "pods")
+        assert pods is not None
+        left += [("pod", pod["metadata"]["name"]) for pod in pods["items"]]
+        return left
+    wait_for("the owned objects collected", lambda: not collected(),
+             explain=lambda: str(collected()))
+    wait_for("the brokers stopped", lambda: not node.running(NAMESPACE))
+    # The volumes stay (the StatefulSet's claims are retained, as data should be).
+    claims = get(cluster, "pvc")
+    assert claims is not None
+    assert sorted(claim["metadata"]["name"] for claim in claims["items"]) == [
+        f"data-{NAME}-{n}" for n in range(4)]
+    assert all(reference.get("uid") != uid for claim in claims["items"]
+               for reference in claim["metadata"].get("ownerReferences", []))

@@ -1,0 +1,98 @@
+"""The chart's operator ServiceAccount and ClusterRole suffice: helm installs the chart,
+the operator runs as a real process with a token of that ServiceAccount (all
+namespaces, the chart's ClusterKopfPeering), and a DurableStorage comes up Ready
+through it, its budget is deleted when turned off; nothing it does is forbidden.
+
+The chart's Deployment runs 0 replicas here: the test node cannot give a pod its
+in-cluster credentials (absolute paths under /var/run/secrets), so this process
+stands in for the operator's pod, with the same account."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tests.kube.test_operator import wait_for
+from tests.support.harness import REPO
+from tests.support.kube import ControlPlane
+from tests.support.kubelet import running_kubelet
+from tests.support.operator_process import OperatorProcess
+
+CHART = REPO / "charts" / "stratamq"
+NAMESPACE = "operator-rbac"
+RELEASE = "rbac"
+ACCOUNT = f"{RELEASE}-stratamq-operator"
+
+
+def token_kubeconfig(kube: ControlPlane, path: Path, token: str) -> Path:
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": admin["clusters"],
+        "users": [{"name": ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": admin["clusters"][0]["name"],
+                                                      "user": ACCOUNT}}]}))
+    path.chmod(0o600)
+    return path
+
+
+def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
+    kube = crds
+    kube.kubectl("create", "namespace", NAMESPACE)
+    try:
+        kube.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                  "--set", "operator.replicas=0", "--set", "dashboards.enabled=false")
+        token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE,
+                             "--duration=1h").stdout.strip()
+        kubeconfig = token_kubeconfig(kube, tmp_path / "operator.kubeconfig", token)
+        # The account really is limited: it may not read Secrets' list or Nodes.
+        for verb, what in (("list", "secrets"), ("get", "nodes"), ("delete", "statefulsets")):
+            allowed = kube.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE,
+                                   f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
+                                   check=False).stdout.strip()
+            assert allowed == "no", (verb, what)
+        # An operator of all namespaces would take on the storages other tests left
+        # behind in namespaces being deleted: wait until they are gone.
+        wait_for("no DurableStorage in other namespaces", lambda: not [
+            line for line in kube.kubectl("get", "durablestorages", "-A", "-o", "name")
+            .stdout.splitlines() if line])
+
+        with running_kubelet(kube, tmp_path / "node", {NAMESPACE}) as node:
+            operator = OperatorProcess(tmp_path / "operator", kube, None, kubeconfig=kubeconfig,
+                                       peering=ACCOUNT)
+            operator.start(timeout=60)
+            try:
+                kube.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+                    "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+                    "metadata": {"name": "mq"},
+                    "spec": {"sites": 1, "messages": {"nShards": 1, "replicationFactor": 1},
+                             "storage": {"size": "1Gi"}}}))
+
+                def ready() -> bool:
+                    status = json.loads(kube.kubectl(
+                        "get", "-n", NAMESPACE, "durablestorage", "mq", "-o", "json").stdout
+                    ).get("status", {})
+                    return status.get("phase") == "Ready" and len(status.get("sites", [])) == 1
+                wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
+                         + f"\nkubelet errors: {node.errors}")
+
+                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                             "-p", '{"spec": {"podDisruptionBudget": {"enable": false}}}')
+                wait_for("the budget deleted", lambda: kube.kubectl(
+                    "get", "-n", NAMESPACE, "pdb", "mq", check=False).returncode != 0,
+                    explain=operator.log_tail)
+                events = json.loads(kube.kubectl("get", "-n", NAMESPACE, "events", "-o",
+                                                 "json").stdout)["items"]
+                assert "Reconciled" in {event["reason"] for event in events}
+                kube.kubectl("delete", "-n", NAMESPACE, "durablestorage", "mq", "--wait=true",
+                             timeout=120)
+            finally:
+                operator.kill()
+            log = operator.log()
+            assert "forbidden" not in log.lower(), log[-6000:]
+            assert "Traceback" not in log, log[-6000:]
+    finally:
+        kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, check=False)
+        kube.kubectl("delete", "namespace", NAMESPACE, "--wait=false")

@@ -1,0 +1,55 @@
+"""The stratamq operator as a real process: `kopf run -m stratamq.operator.handlers`
+from the venv, against a test control plane's kubeconfig, with its liveness and
+metrics endpoints on loopback ports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tests.support.harness import HOST, ManagedProcess, free_port
+from tests.support.kube import ControlPlane
+
+PEERING = "stratamq"
+
+
+class OperatorProcess(ManagedProcess):
+    name = "stratamq-operator"
+
+    def __init__(self, workdir: Path, kube: ControlPlane, namespace: str | None, *,
+                 priority: int | None = None, status_interval: float = 1.0,
+                 reapply_interval: float = 300.0,
+                 kubeconfig: Path | None = None, peering: str = PEERING) -> None:
+        """`namespace` None: all namespaces (a ClusterKopfPeering `peering`), else that
+        one (a KopfPeering there); `kubeconfig`: whose credentials (the admin's by
+        default)."""
+        super().__init__(workdir)  # self.port: the liveness endpoint
+        self.log_path = workdir / "operator.log"
+        self.kube = kube
+        self.kubeconfig = kubeconfig or kube.kubeconfig
+        self.namespace = namespace
+        self.peering = peering
+        self.priority = priority
+        self.status_interval = status_interval
+        self.reapply_interval = reapply_interval
+        self.metrics_port = free_port()
+
+    def ports(self) -> list[int]:
+        return [self.port, self.metrics_port]
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), "KUBECONFIG": str(self.kubeconfig),
+                "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
+                "STRATAMQ_OPERATOR_REAPPLY_INTERVAL": str(self.reapply_interval),
+                "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}"}
+
+    def command(self) -> list[str]:
+        kopf = str(Path(sys.executable).parent / "kopf")
+        scope = ("--all-namespaces" if self.namespace is None
+                 else f"--namespace={self.namespace}")
+        command = [kopf, "run", "-m", "stratamq.operator.handlers", scope,
+                   f"--peering={self.peering}",
+                   f"--liveness=http://{HOST}:{self.port}/healthz"]
+        if self.priority is not None:
+            command.append(f"--priority={self.priority}")
+        return command

@@ -1,0 +1,221 @@
+"""The objects the operator makes of a DurableStorage spec (stratamq.operator.resources):
+every spec field that matters lands where it should, and the rendered broker config
+is one the broker itself accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from stratamq.broker.config import Config
+from stratamq.operator import config as operator_config
+from stratamq.operator import resources
+from stratamq.operator.resources import Owner
+from tests.unit.test_crd_config_keys import spec_schema
+
+OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")
+
+
+def crd_defaults() -> dict[str, Any]:
+    """A spec as the API server stores an empty one: the CRD's defaults, camelCase."""
+    def camel_defaults(schema: dict[str, Any]) -> Any:
+        if "properties" in schema and schema.get("type") == "object":
+            return {key: camel_defaults(child) for key, child in schema["properties"].items()
+                    if "default" in child}
+        return schema["default"]
+    return {key: camel_defaults(child) for key, child in spec_schema()["properties"].items()
+            if "default" in child}
+
+
+def container(spec: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"][
+        "containers"][0]
+    return found
+
+
+def test_snake_case() -> None:
+    assert operator_config.snake("maxInflight") == "max_inflight"
+    assert operator_config.snake_keys({"localWriteBuffer": {"maxItems": 3},
+                                       "wildcardThresholds": [1, 2]}) == {
+        "local_write_buffer": {"max_items": 3}, "wildcard_thresholds": [1, 2]}
+
+
+def test_defaults_render_a_config_the_broker_accepts() -> None:
+    """The config made from the CRD's defaults parses as the broker's Config and means
+    the broker's defaults, apart from what the operator sets on purpose."""
+    spec = crd_defaults()
+    data = yaml.safe_load(resources.config_map(OWNER, spec)["data"]["stratamq.yaml"])
+    config = Config.model_validate(data)
+    built_in = Config()
+    assert config.durable_storage.messages.data_dir == "var/lib/stratamq/data"
+    assert config.durable_storage.messages.model_copy(update={"data_dir": "data"}) == (
+        built_in.durable_storage.messages)
+    assert config.durable_sessions == built_in.durable_sessions
+    assert config.mqtt == built_in.mqtt
+    assert config.access_control == built_in.access_control
+    assert config.listeners == built_in.listeners
+    assert config.admin.bind == "0.0.0.0:18083"
+    assert config.admin.token is None  # it comes from the Secret through the environment
+
+
+def test_spec_fields_land_in_the_config() -> None:
+    spec = crd_defaults()
+    spec["messages"] |= {"nShards": 8, "replicationFactor": 1, "syncWrites": True,
+                         "localWriteBuffer": {"maxItems": 50, "flushInterval": "5ms",
+                                              "maxBytes": "1MiB"}}
+    spec["mqtt"] |= {"maxInflight": 7, "connectTimeout": "3s"}
+    spec["durableSessions"] |= {"messageRetentionPeriod": "2h"}
+    spec["listeners"] = {"backlog": 64, "tcp": {"enable": True, "port": 1884},
+                         "ws": {"enable": False, "port": 8084, "path": "/ws"},
+                         "tls": {"enable": True, "port": 8884, "secretName": "certs",
+                                 "verifyPeer": True}}
+    spec["accessControl"] = {"allowAnonymous": False, "aclNoMatch": "deny",
+                             "passwordSecret": {"name": "users", "key": "passwd"},
+                             "aclSecret": {"name": "rules", "key": "acl.yaml"}}
+    spec["admin"] = {"port": 9000}
+    config = Config.model_validate(yaml.safe_load(resources.rendered_config(spec)))
+    messages = config.durable_storage.messages
+    assert (messages.n_shards, messages.sync_writes) == (8, True)
+    assert messages.local_write_buffer.max_items == 50
+    assert messages.local_write_buffer.flush_interval == 0.005
+    assert messages.local_write_buffer.max_bytes == 1024 * 1024
+    assert (config.mqtt.max_inflight, config.mqtt.connect_timeout) == (7, 3.0)
+    assert config.durable_sessions.message_retention_period == 7200.0
+    assert config.listeners.backlog == 64
+    assert config.listeners.tcp.bind == "0.0.0.0:1884"
+    assert (config.listeners.ws.enable, config.listeners.ws.path) == (False, "/ws")
+    tls = config.listeners.tls
+    assert (tls.enable, tls.bind, tls.verify_peer) == (True, "0.0.0.0:8884", True)
+    assert (tls.certfile, tls.keyfile, tls.cafile) == (
+        "etc/stratamq-tls/tls.crt", "etc/stratamq-tls/tls.key", "etc/stratamq-tls/ca.crt")
+    access = config.access_control
+    assert (access.allow_anonymous, access.acl_no_match) == (False, "deny")
+    assert access.password_file == "etc/stratamq-passwd/passwd"
+    assert access.acl_file == "etc/stratamq-acl/acl.yaml"
+    assert config.admin.bind == "0.0.0.0:9000"
+
+    # The same spec in the pod: ports, probes and the Secrets' volumes.
+    found = container(spec)
+    assert {port["name"]: port["containerPort"] for port in found["ports"]} == {
+        "mqtt": 1884, "mqtts": 8884, "admin": 9000}
+    mounts = {mount["name"]: mount["mountPath"] for mount in found["volumeMounts"]}
+    assert mounts == {"config": "/etc/stratamq", "data": "/var/lib/stratamq",
+                      "tls": "/etc/stratamq-tls", "passwd": "/etc/stratamq-passwd",
+                      "acl": "/etc/stratamq-acl"}
+    pod = resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"]
+    assert {volume["name"]: volume.get("secret", {}).get("secretName")
+            for volume in pod["volumes"]} == {
+        "config": None, "tls": "certs", "passwd": "users", "acl": "rules"}
+    service = resources.client_service(OWNER, spec)
+    assert [(port["name"], port["port"]) for port in service["spec"]["ports"]] == [
+        ("mqtt", 1884), ("mqtts", 8884), ("admin", 9000)]
+
+
+def test_stateful_set() -> None:
+    spec = crd_defaults() | {
+        "sites": 5, "image": {"repository": "registry.example/mq", "tag": "1.2",
+                              "pullPolicy": "Always"},
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        "storage": {"size": "20Gi", "storageClassName": "fast"}}
+    made = resources.stateful_set(OWNER, spec)
+    assert made["metadata"]["name"] == "mq"
+    assert made["metadata"]["namespace"] == "brokers"
+    assert made["metadata"]["ownerReferences"] == [{
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage", "name": "mq",
+        "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True}]
+    assert made["spec"]["replicas"] == 5
+    assert made["spec"]["serviceName"] == "mq-peers"
+    assert made["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "stratamq", "app.kubernetes.io/instance": "mq"}
+    template = made["spec"]["template"]
+    assert template["metadata"]["labels"].items() >= made["spec"]["selector"][
+        "matchLabels"].items()
+    found = container(spec)
+    assert found["image"] == "registry.example/mq:1.2"
+    assert found["imagePullPolicy"] == "Always"
+    assert found["command"] == ["stratamq", "broker", "--config", "etc/stratamq/stratamq.yaml"]
+    assert found["workingDir"] == "/"
+    assert found["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    assert found["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert found["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert found["env"] == [{"name": "STRATAMQ__ADMIN__TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "mq-admin", "key": "token"}}}]
+    assert template["spec"]["volumes"][0] == {"name": "config",
+                                              "configMap": {"name": "mq-config"}}
+    [claim] = made["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "data"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert claim["spec"]["storageClassName"] == "fast"
+    # Without a class the cluster's default applies.
+    assert "storageClassName" not in resources.stateful_set(OWNER, crd_defaults())["spec"][
+        "volumeClaimTemplates"][0]["spec"]
+
+
+def test_a_config_change_changes_the_pod_template() -> None:
+    """The broker reads its config at start, so a new config must roll the pods."""
+    spec = crd_defaults()
+    before = resources.stateful_set(OWNER, spec)["spec"]["template"]
+    changed = crd_defaults()
+    changed["mqtt"]["maxInflight"] = 3
+    after = resources.stateful_set(OWNER, changed)["spec"]["template"]
+    assert before != after
+    assert before == resources.stateful_set(OWNER, crd_defaults())["spec"]["template"]
+    # A scale is no config change: the template stays.
+    assert resources.stateful_set(OWNER, crd_defaults() | {"sites": 7})["spec"][
+        "template"] == before
+
+
+def test_services() -> None:
+    spec = crd_defaults()
+    peers = resources.peer_service(OWNER, spec)
+    assert peers["metadata"]["name"] == "mq-peers"
+    assert peers["spec"]["clusterIP"] == "None"
+    assert peers["spec"]["publishNotReadyAddresses"] is True
+    client = resources.client_service(OWNER, spec)
+    assert client["metadata"]["name"] == "mq"
+    assert [(port["name"], port["port"]) for port in client["spec"]["ports"]] == [
+        ("mqtt", 1883), ("mqtt-ws", 8083), ("admin", 18083)]
+    for service in (peers, client):
+        assert service["spec"]["selector"] == {"app.kubernetes.io/name": "stratamq",
+                                               "app.kubernetes.io/instance": "mq"}
+
+
+def test_pod_disruption_budget_and_service_monitor() -> None:
+    spec = crd_defaults()
+    budget = resources.pod_disruption_budget(OWNER, spec)
+    assert budget is not None and budget["spec"]["maxUnavailable"] == 1
+    spec["podDisruptionBudget"] = {"enable": True, "maxUnavailable": 2}
+    budget = resources.pod_disruption_budget(OWNER, spec)
+    assert budget is not None and budget["spec"]["maxUnavailable"] == 2
+    spec["podDisruptionBudget"] = {"enable": False, "maxUnavailable": 2}
+    assert resources.pod_disruption_budget(OWNER, spec) is None
+    kinds = [made["kind"] for made in resources.desired_objects(OWNER, spec,
+                                                                service_monitors=True)]
+    assert kinds == ["ConfigMap", "Service", "Service", "StatefulSet", "ServiceMonitor"]
+    monitor = resources.service_monitor(OWNER)
+    client = resources.client_service(OWNER, spec)
+    # It selects the client Service only (the headless one would scrape each site twice).
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= client["metadata"][
+        "labels"].items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= resources.peer_service(
+        OWNER, spec)["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics"}]
+
+
+def test_every_object_is_owned_and_labelled() -> None:
+    for made in resources.desired_objects(OWNER, crd_defaults(), service_monitors=True):
+        assert made["metadata"]["namespace"] == "brokers"
+        assert made["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+        assert made["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "stratamq-operator"
+    assert resources.selector("mq") == ("app.kubernetes.io/name=stratamq,"
+                                        "app.kubernetes.io/instance=mq")
+
+
+def test_config_problems_are_the_brokers() -> None:
+    """What the schema cannot check, the broker's own config model does."""
+    spec = crd_defaults()
+    assert operator_config.config_problems(spec) == []
+    spec["mqtt"]["maxPacketSize"] = "512MiB"
+    [problem] = operator_config.config_problems(spec)
+    assert problem.startswith("mqtt.max_packet_size: ")

@@ -1,0 +1,118 @@
+"""The status the operator writes on a DurableStorage (stratamq.operator.status), from
+observed pods, StatefulSet and site ids: phase, conditions and their transition times,
+sites, and the scale subresource's fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stratamq.operator.kube import PodView
+from stratamq.operator.status import Observed, compute_status, known_site_ids, rolled_out
+
+T0 = "2026-01-01T00:00:00Z"
+T1 = "2026-01-01T00:01:00Z"
+
+
+def pods(ready: int, not_ready: int = 0, terminating: int = 0) -> list[PodView]:
+    made = [PodView(f"mq-{n}", f"127.9.9.{n + 1}", True, False) for n in range(ready)]
+    made += [PodView(f"mq-{ready + n}", None, False, False) for n in range(not_ready)]
+    made += [PodView(f"mq-{ready + not_ready + n}", "127.9.9.99", False, True)
+             for n in range(terminating)]
+    return made
+
+
+def stateful_set(replicas: int, updated: int | None = None, *, generation: int = 1,
+                 observed: int = 1, current: str = "r1", update: str = "r1") -> dict[str, Any]:
+    return {"generation": generation, "observedGeneration": observed, "replicas": replicas,
+            "updatedReplicas": replicas if updated is None else updated,
+            "currentRevision": current, "updateRevision": update}
+
+
+def observed(sites: int, found: list[PodView], sts: dict[str, Any] | None,
+             ids: dict[str, str] | None = None) -> Observed:
+    if ids is None:
+        ids = {pod.name: f"SITE{pod.name[-1]}" for pod in found if pod.ready}
+    return Observed(name="mq", generation=4, sites=sites, pods=found, stateful_set=sts,
+                    site_ids=ids)
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_ready() -> None:
+    status = compute_status(observed(3, pods(3), stateful_set(3)), [], T0)
+    assert status["phase"] == "Ready"
+    assert conditions(status) == {"Ready": ("True", "AllSitesReady"),
+                                  "Degraded": ("False", "AllSitesReady"),
+                                  "Rebalancing": ("False", "ReplicationNotBuilt")}
+    assert status["observedGeneration"] == 4
+    assert all(c["observedGeneration"] == 4 for c in status["conditions"])
+    assert (status["replicas"], status["readyReplicas"]) == (3, 3)
+    assert status["selector"] == "app.kubernetes.io/name=stratamq,app.kubernetes.io/instance=mq"
+    assert status["sites"] == [{"id": f"SITE{n}", "pod": f"mq-{n}", "ready": True}
+                               for n in range(3)]
+    assert status["pendingTransitions"] == 0
+
+
+def test_pending_while_rolling_out() -> None:
+    cases = [
+        (3, None, pods(0)),  # no StatefulSet yet
+        (3, stateful_set(3, generation=2, observed=1), pods(3)),  # spec not acted on
+        (3, stateful_set(3, updated=2, update="r2"), pods(3)),  # a new template rolling
+        (4, stateful_set(4, updated=3), pods(3)),  # scaled to 4, the 4th pod not made
+        (4, stateful_set(3), pods(3)),  # scaled to 4, the StatefulSet not yet
+    ]
+    for sites, sts, found in cases:
+        status = compute_status(observed(sites, found, sts), [], T0)
+        assert status["phase"] == "Pending", (sites, sts)
+        assert conditions(status)["Ready"] == ("False", "RollingOut")
+        assert conditions(status)["Degraded"][0] == "False"
+
+
+def test_degraded_when_rolled_out_but_a_site_is_not_ready() -> None:
+    status = compute_status(observed(3, pods(2, 1), stateful_set(3)), [], T0)
+    assert status["phase"] == "Degraded"
+    assert conditions(status)["Degraded"] == ("True", "SitesNotReady")
+    assert "not ready: mq-2" in status["conditions"][1]["message"]
+    assert status["readyReplicas"] == 2
+    # A ready pod whose admin API does not answer is not a known site.
+    status = compute_status(observed(3, pods(3), stateful_set(3),
+                                     ids={"mq-0": "A", "mq-1": "B"}), [], T0)
+    assert status["phase"] == "Degraded"
+    assert "admin API not answering: mq-2" in status["conditions"][0]["message"]
+
+
+def test_terminating_pods_are_not_sites() -> None:
+    status = compute_status(observed(3, pods(3, terminating=1), stateful_set(3)), [], T0)
+    assert status["replicas"] == 3
+    assert [site["pod"] for site in status["sites"]] == ["mq-0", "mq-1", "mq-2"]
+
+
+def test_transition_times_change_only_with_the_status() -> None:
+    first = compute_status(observed(3, pods(3), stateful_set(3)), [], T0)
+    again = compute_status(observed(3, pods(3), stateful_set(3)), first["conditions"], T1)
+    assert [c["lastTransitionTime"] for c in again["conditions"]] == [T0, T0, T0]
+    degraded = compute_status(observed(3, pods(2, 1), stateful_set(3)), again["conditions"], T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in degraded["conditions"]}
+    assert times == {"Ready": T1, "Degraded": T1, "Rebalancing": T0}
+
+
+def test_known_site_ids_keep_a_site_that_stops_answering() -> None:
+    previous = [{"id": "A", "pod": "mq-0", "ready": True}, {"id": "B", "pod": "mq-1",
+                                                            "ready": True}]
+    ids = known_site_ids(previous, {"mq-0": "A", "mq-2": "C"})
+    assert ids == {"mq-0": "A", "mq-1": "B", "mq-2": "C"}
+    status = compute_status(observed(3, [PodView("mq-0", "i", True, False),
+                                         PodView("mq-1", "i", False, False),
+                                         PodView("mq-2", "i", True, False)],
+                                     stateful_set(3), ids), [], T0)
+    assert status["sites"] == [{"id": "A", "pod": "mq-0", "ready": True},
+                               {"id": "B", "pod": "mq-1", "ready": False},
+                               {"id": "C", "pod": "mq-2", "ready": True}]
+
+
+def test_rolled_out() -> None:
+    assert rolled_out(observed(3, pods(3), stateful_set(3)))
+    assert not rolled_out(observed(3, pods(3), stateful_set(3, current="r1", update="r2")))
+    assert not rolled_out(observed(3, pods(3), None))
