@@ -165,3 +165,22 @@ def test_spark_image_default_command_runs() -> None:
     result = subprocess.run([str(STRATAMQ), *command[1:]], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_operator_runs_from_the_broker_image() -> None:
+    """The chart's operator Deployment runs `kopf run -m MODULE` in the broker image:
+    the image installs the operator extra, so kopf and the module must be there."""
+    final = parse(IMAGES / "stratamq" / "Dockerfile")
+    assert any("[operator]" in rest for stage in final for keyword, rest in stage.instructions
+               if keyword == "RUN")
+    deployment = (REPO / "charts" / "stratamq" / "templates" / "operator-deployment.yaml")
+    command = re.search(r"command:\s*\n\s*- kopf\s*\n\s*- run\s*\n\s*- -m\s*\n\s*- ([\w.]+)",
+                        deployment.read_text())
+    assert command, "the operator Deployment does not run `kopf run -m MODULE`"
+    kopf = Path(sys.executable).with_name("kopf")
+    result = subprocess.run([str(kopf), "run", "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-c", f"import {command.group(1)}"],
+                            capture_output=True, text=True, timeout=60, cwd="/")
+    assert result.returncode == 0, result.stderr
