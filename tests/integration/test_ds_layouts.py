@@ -4,6 +4,7 @@ test_ds_storage.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from prometheus_client import REGISTRY
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Iterator, Message
 from stratamq.broker.ds.layouts import ReadStats
 from stratamq.broker.ds.layouts.wildcard_optimized import WildcardOptimized
+from stratamq.broker.ds.message import peek_timestamp
 from stratamq.broker.ds.shard import now_us
 from tests.support.storage import read_filter, run
 
@@ -192,5 +194,29 @@ def test_both_layouts_count_seeks_and_nexts(tmp_path: Path) -> None:
         assert len(await read_filter(storage, "messages", "c/#")) == 40
         for key, value in before.items():
             assert counter(*key) > value, key
+        await storage.close()
+    run(scenario())
+
+
+def test_a_reader_waits_for_messages_past_the_open_epoch(tmp_path: Path) -> None:
+    """Timestamps may run ahead of the clock (a clash becomes last + 1): messages in
+    epochs after the open one still make a wildcard reader wait, not end."""
+    async def scenario() -> None:
+        storage = await open_storage(tmp_path, BITFIELD)  # epochs of 2**12 µs
+        iterator = await wildcard_stream(storage, "p", "q")
+        await storage.store_batch("messages", [Message("p/a/q", b"a")])
+        generation = storage.db("messages").shards[0].current
+        stored = generation.layout.read(generation.data, iterator.stream.static, ("+",),
+                                        ["p", "+", "q"], 0, 100, ReadStats(), None)
+        last = max(peek_timestamp(value) for _key, value in stored)
+        # the next message in a later epoch: sleep past the end of `last`'s
+        await asyncio.sleep(max((((last >> 12) + 1) << 12) - now_us(), 0) / 1e6 + 0.001)
+        await storage.store_batch("messages", [Message("p/b/q", b"b")])
+        # a reader past everything of `last`'s epoch, with the clock (horizon) still
+        # in that epoch: the later message is beyond the open epoch
+        stats = ReadStats()
+        assert generation.layout.read(generation.data, iterator.stream.static, ("+",),
+                                      ["p", "+", "q"], last, 100, stats, last) == []
+        assert stats.wait_until is not None and stats.wait_until > ((last >> 12) + 1) << 12
         await storage.close()
     run(scenario())

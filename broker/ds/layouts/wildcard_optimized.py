@@ -312,10 +312,9 @@ class WildcardOptimized:
                 break
             room = batch_size - len(found)
             if wildcard and horizon is not None and (epoch + 1) << self.epoch_bits > horizon:
-                # open: wait for it, but only if it holds something for this reader
-                if not found and self._epoch(iterator, scheme, prefix, epoch, mask, value,
-                                             after, 1, False, check):
-                    stats.wait_until = (epoch + 1) << self.epoch_bits
+                if not found:
+                    stats.wait_until = self._open_epoch_end(iterator, scheme, prefix, epoch,
+                                                            mask, value, after, check)
                 break
             entries = self._epoch(iterator, scheme, prefix, epoch, mask, value, after, room,
                                   wildcard, check)
@@ -327,6 +326,20 @@ class WildcardOptimized:
             found += entries
             next_epoch = epoch + 1
         return [(key, stored) for _timestamp, key, stored in found]
+
+    def _open_epoch_end(self, iterator: Any, scheme: KeyScheme, prefix: bytes, epoch: int,
+                        mask: int, value: int, after: int, check: _Check) -> int | None:
+        """When the reader must wait: the end of the first epoch from `epoch` (open)
+        on that holds something for it; None when none does (the reader has caught
+        up). Epochs past the open one exist only when timestamps ran ahead of the
+        clock (a clash becomes last + 1)."""
+        current: int | None = epoch
+        while current is not None:
+            if self._epoch(iterator, scheme, prefix, current, mask, value, after, 1, False,
+                           check):
+                return (current + 1) << self.epoch_bits
+            current = self._first_epoch(iterator, scheme, prefix, current + 1, check.stats)
+        return None
 
     def _scan(self, data: KeyValueReader, static: StaticIndex, scheme: KeyScheme, after: int,
               batch_size: int, check: _Check) -> list[tuple[bytes, bytes]]:
