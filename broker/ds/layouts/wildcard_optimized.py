@@ -306,8 +306,10 @@ class WildcardOptimized:
             read_options.set_iterate_upper_bound(upper)
         iterator = data.iter(read_options)
         next_epoch = (after + 1) >> self.epoch_bits
+        at_next = False
         while len(found) < batch_size:
-            epoch = self._first_epoch(iterator, scheme, prefix, next_epoch, stats)
+            epoch = self._first_epoch(iterator, scheme, prefix, next_epoch, stats,
+                                      seek=not at_next)
             if epoch is None:
                 break
             room = batch_size - len(found)
@@ -316,8 +318,8 @@ class WildcardOptimized:
                     stats.wait_until = self._open_epoch_end(iterator, scheme, prefix, epoch,
                                                             mask, value, after, check)
                 break
-            entries = self._epoch(iterator, scheme, prefix, epoch, mask, value, after, room,
-                                  wildcard, check)
+            entries, at_next = self._epoch(iterator, scheme, prefix, epoch, mask, value, after,
+                                           room, wildcard, check)
             if wildcard:
                 entries.sort(key=_BY_TIMESTAMP)
                 if len(entries) > room:
@@ -335,10 +337,12 @@ class WildcardOptimized:
         clock (a clash becomes last + 1)."""
         current: int | None = epoch
         while current is not None:
-            if self._epoch(iterator, scheme, prefix, current, mask, value, after, 1, False,
-                           check):
+            found, at_next = self._epoch(iterator, scheme, prefix, current, mask, value, after,
+                                         1, False, check)
+            if found:
                 return (current + 1) << self.epoch_bits
-            current = self._first_epoch(iterator, scheme, prefix, current + 1, check.stats)
+            current = self._first_epoch(iterator, scheme, prefix, current + 1, check.stats,
+                                        seek=not at_next)
         return None
 
     def _scan(self, data: KeyValueReader, static: StaticIndex, scheme: KeyScheme, after: int,
@@ -368,11 +372,13 @@ class WildcardOptimized:
         return found
 
     def _first_epoch(self, iterator: Any, scheme: KeyScheme, prefix: bytes, epoch: int,
-                     stats: ReadStats) -> int | None:
+                     stats: ReadStats, *, seek: bool = True) -> int | None:
         """The first epoch at or after `epoch` with a key of the stream (epochs with
-        nothing are skipped in one seek)."""
-        iterator.seek(prefix + (epoch << self.epoch_bits).to_bytes(8, "big"))
-        stats.seeks += 1
+        nothing are skipped in one seek). Without `seek`, the iterator already stands
+        at or before that key, past everything earlier."""
+        if seek:
+            iterator.seek(prefix + (epoch << self.epoch_bits).to_bytes(8, "big"))
+            stats.seeks += 1
         size = len(prefix) + scheme.size
         while iterator.valid():
             key = iterator.key()
@@ -385,10 +391,12 @@ class WildcardOptimized:
 
     def _epoch(self, iterator: Any, scheme: KeyScheme, prefix: bytes, epoch: int, mask: int,
                value: int, after: int, limit: int, read_all: bool,
-               check: _Check) -> list[_Entry]:
+               check: _Check) -> tuple[list[_Entry], bool]:
         """The entries of one epoch whose field matches (mask, value), with a
         timestamp after `after`, in key order; all of them with `read_all`, else up
-        to `limit`. The iterator stands where `_first_epoch` left it."""
+        to `limit`. The iterator stands where `_first_epoch` left it. Also whether
+        the iterator ends at the first key after the epoch (or the end), so the next
+        epoch needs no seek: a `#` read of sparse streams would seek once an epoch."""
         stats = check.stats
         found: list[_Entry] = []
         size = len(prefix) + scheme.size
@@ -400,7 +408,7 @@ class WildcardOptimized:
         skip_to = (after + 1) & offset_mask if (after + 1) >> self.epoch_bits == epoch else None
         target = next_matching(epoch << shift, mask, value, width)
         if target is None or target >> shift != epoch:
-            return found
+            return found, False
         if target != epoch << shift:  # else the iterator is there (see _first_epoch)
             iterator.seek(scheme.key(prefix, target))
             stats.seeks += 1
@@ -412,7 +420,7 @@ class WildcardOptimized:
                 continue
             field = int.from_bytes(key[len(prefix):], "big") >> scheme.pad
             if field >> shift != epoch:
-                break
+                return found, True
             timestamp = epoch_start | (field & offset_mask)
             if field & mask != value or timestamp <= after:
                 if field & mask != value:
@@ -422,7 +430,7 @@ class WildcardOptimized:
                 else:  # cannot happen: a whole epoch at or before `after` is not read
                     target = next_matching(field + 1, mask, value, width)
                 if target is None or target >> shift != epoch:
-                    break
+                    return found, False
                 iterator.seek(scheme.key(prefix, target))
                 stats.seeks += 1
                 continue
@@ -430,10 +438,10 @@ class WildcardOptimized:
             if check.accepts(stored):
                 found.append((timestamp, key, stored))
                 if not read_all and len(found) >= limit:
-                    break
+                    return found, False
             iterator.next()
             stats.nexts += 1
-        return found
+        return found, True
 
     def _take_tail(self, tail_key: tuple[bytes, tuple[str, ...], str], after: int,
                    batch_size: int) -> list[_Entry]:
