@@ -219,11 +219,12 @@ class WildcardOptimized:
         # per topic name: its scheme and the hash part of its field, shifted for `pad`
         self._topic_parts: BytesBoundedCache[str, tuple[KeyScheme, int]] = \
             BytesBoundedCache(cache_bytes)
-        # The sorted rest of a closed epoch whose read a batch size cut short, under
+        # The sorted rest of a closed epoch a read did not return (empty when the read
+        # ended with the epoch: the next one starts after it), with the epoch, under
         # (stream, pattern, filter, last timestamp returned). Reads may run on several
         # executor threads at once, hence the lock.
-        self._tails: BytesBoundedCache[tuple[bytes, tuple[str, ...], str, int], list[_Entry]] = \
-            BytesBoundedCache(cache_bytes)
+        self._tails: BytesBoundedCache[tuple[bytes, tuple[str, ...], str, int],
+                                       tuple[int, list[_Entry]]] = BytesBoundedCache(cache_bytes)
         self._tails_lock = threading.Lock()
         self._schemes: dict[int, KeyScheme] = {}
 
@@ -295,7 +296,10 @@ class WildcardOptimized:
         if not pattern:
             return self._scan(data, static, scheme, after, batch_size, check)
         tail_key = (static, pattern, "/".join(filter_levels))
-        found: list[_Entry] = self._take_tail(tail_key, after, batch_size) if wildcard else []
+        found: list[_Entry] = []
+        read_out: int | None = None  # an epoch the tail shows was returned to its end
+        if wildcard:
+            found, read_out = self._take_tail(tail_key, after, batch_size)
         if found:
             after = found[-1][0]
             stats.nexts += len(found)
@@ -305,7 +309,9 @@ class WildcardOptimized:
         if upper is not None:
             read_options.set_iterate_upper_bound(upper)
         iterator = data.iter(read_options)
-        next_epoch = (after + 1) >> self.epoch_bits
+        # An epoch read to its end is not read again: with `+` levels each topic is a
+        # group, and skipping a group's old entries takes a seek.
+        next_epoch = (after + 1) >> self.epoch_bits if read_out is None else read_out + 1
         at_next = False
         while len(found) < batch_size:
             epoch = self._first_epoch(iterator, scheme, prefix, next_epoch, stats,
@@ -320,13 +326,19 @@ class WildcardOptimized:
                 break
             entries, at_next = self._epoch(iterator, scheme, prefix, epoch, mask, value, after,
                                            room, wildcard, check)
-            if wildcard:
+            if wildcard and entries:
                 entries.sort(key=_BY_TIMESTAMP)
-                if len(entries) > room:
-                    self._keep_tail(tail_key, entries[room - 1][0], entries[room:])
+                if len(entries) > room:  # the rest, for the next read
+                    self._keep_tail(tail_key, entries[room - 1][0], epoch, entries[room:])
                     del entries[room:]
+                    read_out = None
+                else:
+                    read_out = epoch
             found += entries
             next_epoch = epoch + 1
+        if read_out is not None and found:
+            # the last entry ends its epoch: the next read starts after it
+            self._keep_tail(tail_key, found[-1][0], read_out, [])
         return [(key, stored) for _timestamp, key, stored in found]
 
     def _open_epoch_end(self, iterator: Any, scheme: KeyScheme, prefix: bytes, epoch: int,
@@ -444,21 +456,25 @@ class WildcardOptimized:
         return found, True
 
     def _take_tail(self, tail_key: tuple[bytes, tuple[str, ...], str], after: int,
-                   batch_size: int) -> list[_Entry]:
+                   batch_size: int) -> tuple[list[_Entry], int | None]:
+        """Up to `batch_size` entries of the kept rest of an epoch after `after`, and
+        that epoch when they are all of it (it is read out)."""
         with self._tails_lock:
-            tail = self._tails.pop((*tail_key, after))
-        if tail is None:
-            return []
+            kept = self._tails.pop((*tail_key, after))
+        if kept is None:
+            return [], None
+        epoch, tail = kept
         if len(tail) > batch_size:
-            self._keep_tail(tail_key, tail[batch_size - 1][0], tail[batch_size:])
-        return tail[:batch_size]
+            self._keep_tail(tail_key, tail[batch_size - 1][0], epoch, tail[batch_size:])
+            return tail[:batch_size], None
+        return tail, epoch
 
-    def _keep_tail(self, tail_key: tuple[bytes, tuple[str, ...], str], last: int,
+    def _keep_tail(self, tail_key: tuple[bytes, tuple[str, ...], str], last: int, epoch: int,
                    tail: list[_Entry]) -> None:
         # tuples and ints, plus the keys and messages (shared with nothing else now)
-        size = sum(len(key) + len(stored) + 160 for _timestamp, key, stored in tail)
+        size = 64 + sum(len(key) + len(stored) + 160 for _timestamp, key, stored in tail)
         with self._tails_lock:
-            self._tails.put((*tail_key, last), tail, size)
+            self._tails.put((*tail_key, last), (epoch, tail), size)
 
 
 class _Check:
