@@ -274,9 +274,8 @@ class WildcardOptimized:
         prefix = static[:self.topic_index_bytes]
         epoch = timestamp >> self.epoch_bits
         read_options = ReadOptions()
-        upper = after_prefix(prefix + ((epoch + 1) << self.epoch_bits).to_bytes(8, "big"))
-        if upper is not None:
-            read_options.set_iterate_upper_bound(upper)
+        read_options.set_iterate_upper_bound(
+            prefix + ((epoch + 1) << self.epoch_bits).to_bytes(8, "big"))
         start = prefix + (epoch << self.epoch_bits).to_bytes(8, "big")
         for _key, value in data.items(from_key=start, read_opt=read_options):
             if isinstance(value, bytes) and peek_timestamp(value) == timestamp:
