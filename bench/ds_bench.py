@@ -1,11 +1,18 @@
-"""Benchmark of the durable storage (`stratamq.broker.ds`) on this disk, next to the
-limit of the stack under it: raw rocksdict batched puts and iteration.
+"""Benchmark of the durable storage (`stratamq.broker.ds`) on this disk, per layout
+(`wildcard_optimized_v2`, `wildcard_optimized`), next to the limit of the stack under
+it: raw rocksdict batched puts and iteration.
 
-    .venv/bin/python bench/ds_bench.py [--quick] [--out DIR] [--data-dir DIR]
+    .venv/bin/python bench/ds_bench.py [--quick] [--many-topics N] [--layouts A,B]
+                                       [--payloads 64,1024] [--out DIR] [--data-dir DIR]
 
-Measures write throughput through `store_batch` (many concurrent publishers with
-small batches, sync=True, and large batches), replay throughput with index seeks per
-delivered message, and bytes on disk per message; prints a table and saves a PNG.
+Measures, for each layout on the same workloads: write throughput through
+`store_batch` (many concurrent publishers with small batches, sync=True, and large
+batches), bytes on disk per message, replay throughput of exact topics, `+` filters
+and `#` with RocksDB seeks per delivered message (replays read a closed generation:
+a generation is added after the writes), and the end-to-end latency of a wildcard
+subscriber that reads the current generation from storage while publishers write.
+`--many-topics` sets the "many distinct topics" workload (default 1M; shorter runs
+pass less). Prints tables and saves a PNG.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +35,10 @@ import matplotlib
 from prometheus_client import REGISTRY
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Message
+from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Message, Stream
+from stratamq.broker.ds import Iterator as StreamIterator
+from stratamq.broker.ds.layouts import KNOWN_LAYOUTS
+from stratamq.broker.ds.shard import now_us
 
 matplotlib.use("Agg")
 
@@ -134,6 +144,7 @@ class MessageSource:
 @dataclass
 class WriteResult:
     label: str
+    layout: str
     workload: Workload
     publishers: int
     seconds: float
@@ -161,6 +172,7 @@ class WriteResult:
 @dataclass
 class ReplayResult:
     dataset: str
+    layout: str
     kind: str
     topic_filter: str
     streams: int
@@ -198,10 +210,30 @@ class RawResult:
 
 
 @dataclass
+class LatencyResult:
+    """Publish-to-read latency of a subscriber reading a wildcard filter from the
+    current generation, polling its streams (as a session that has fallen behind
+    does; a caught-up session takes the commit feed instead)."""
+
+    layout: str
+    topic_filter: str
+    published: int
+    delivered: int
+    latencies_us: list[int]
+
+    def percentile(self, fraction: float) -> float:
+        ordered = sorted(self.latencies_us)
+        if not ordered:
+            return float("nan")
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] / 1000
+
+
+@dataclass
 class Report:
     writes: list[WriteResult] = field(default_factory=list)
     replays: list[ReplayResult] = field(default_factory=list)
     raws: dict[tuple[int, int], RawResult] = field(default_factory=dict)
+    latencies: list[LatencyResult] = field(default_factory=list)
 
 
 # -- helpers -----------------------------------------------------------------------
@@ -225,11 +257,18 @@ def disk_usage(path: Path) -> DiskUsage:
 
 
 def seek_count() -> float:
-    return REGISTRY.get_sample_value("stratamq_ds_layout_seek_total", {"db": DB}) or 0.0
+    return sum(REGISTRY.get_sample_value("stratamq_ds_layout_seek_total",
+                                         {"db": DB, "layout": layout}) or 0.0
+               for layout in KNOWN_LAYOUTS)
 
 
-def db_options(shards: int) -> DbOptions:
-    return DbOptions(n_shards=shards)  # the shipped defaults (WAL, no fsync, group commit)
+def db_options(shards: int, layout: str) -> DbOptions:
+    # the shipped defaults (WAL, no fsync, group commit, the layout's default options)
+    return DbOptions(n_shards=shards, layout=layout)
+
+
+def layout_label(layout: str) -> str:
+    return {"wildcard_optimized_v2": "v2", "wildcard_optimized": "bitfield"}.get(layout, layout)
 
 
 def human(n: float) -> str:
@@ -335,11 +374,11 @@ def replay_filters(workload: Workload) -> list[tuple[str, str, Callable[[int, in
     ]
 
 
-async def engine_run(path: Path, label: str, workload: Workload, shards: int, publishers: int,
-                     with_replay: bool) -> tuple[WriteResult, list[ReplayResult]]:
+async def engine_run(path: Path, label: str, layout: str, workload: Workload, shards: int,
+                     publishers: int, with_replay: bool) -> tuple[WriteResult, list[ReplayResult]]:
     source = MessageSource(workload)
     storage = DurableStorage(path)
-    await storage.open_db(DB, db_options(shards))
+    await storage.open_db(DB, db_options(shards, layout))
     started, cpu_started = time.perf_counter(), time.process_time()
     await write_all(storage, source, publishers)
     seconds = time.perf_counter() - started
@@ -347,22 +386,87 @@ async def engine_run(path: Path, label: str, workload: Workload, shards: int, pu
     dataset = f"{human(workload.n_topics)} topics {payload_label(workload.payload_size)}"
     replays: list[ReplayResult] = []
     if with_replay:
+        # Replays read history: a closed generation, where no layout waits for
+        # anything (the current generation's wildcard readers of `wildcard_optimized`
+        # wait for the open epoch; that is measured by the latency run).
+        await storage.add_generation(DB)
         for kind, topic_filter, matches in replay_filters(workload):
             runs = [await replay(storage, topic_filter) for _ in range(REPEATS)]
             streams, delivered, read_seconds, seeks = min(runs, key=lambda run: run[2])
-            replays.append(ReplayResult(dataset, kind, topic_filter, streams, delivered,
-                                        workload.count_matching(matches), read_seconds,
-                                        seeks))
+            replays.append(ReplayResult(dataset, layout, kind, topic_filter, streams,
+                                        delivered, workload.count_matching(matches),
+                                        read_seconds, seeks))
     await storage.close()
     # Reopen once: the write-ahead log a close leaves behind (its data is already in
     # SST files) is dropped when RocksDB recovers it, so what is measured is the data
     # as it rests.
     storage = DurableStorage(path)
-    await storage.open_db(DB, db_options(shards))
+    await storage.open_db(DB, db_options(shards, layout))
     await storage.close()
-    write = WriteResult(label, workload, publishers, seconds, cpu_seconds,
+    write = WriteResult(label, layout, workload, publishers, seconds, cpu_seconds,
                         disk_usage(path / DB))
     return write, replays
+
+
+# -- latency of a wildcard subscriber ------------------------------------------------
+
+LATENCY_TOPICS = 1000
+LATENCY_RATE = 2000  # messages/s, in calls of LATENCY_CALL
+LATENCY_CALL = 20
+LATENCY_SECONDS = 5.0
+LATENCY_FILTER = "site/+/device/+/temp"
+POLL_PAUSE = 0.001  # a reader with nothing new looks again this much later
+
+
+async def latency_run(path: Path, layout: str, shards: int, seconds: float) -> LatencyResult:
+    """Publishers write LATENCY_RATE messages/s over LATENCY_TOPICS topics for
+    `seconds`; one reader polls every stream of LATENCY_FILTER in the current
+    generation and notes, per message, now minus its timestamp (set when its batch
+    was cooked, just before it was written)."""
+    workload = Workload(LATENCY_TOPICS, int(LATENCY_RATE * seconds), 64, LATENCY_CALL)
+    source = MessageSource(workload)
+    storage = DurableStorage(path)
+    await storage.open_db(DB, db_options(shards, layout))
+    # learn the topic structure first, so the streams exist when the clock starts
+    await write_all(storage, MessageSource(Workload(LATENCY_TOPICS, LATENCY_TOPICS, 64,
+                                                    LATENCY_CALL)), 4)
+    start = now_us()
+    latencies: list[int] = []
+    done = asyncio.Event()
+
+    async def publish() -> None:
+        started = time.perf_counter()
+        for index in range(workload.calls):
+            delay = started + index * LATENCY_CALL / LATENCY_RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await storage.store_batch(DB, source.batch(index), sync=True)
+        await asyncio.sleep(2 ** 20 / 1e6 * 2)  # let readers reach the last epoch
+        done.set()
+
+    async def read() -> None:
+        iterators: dict[Stream, StreamIterator] = {}
+        while not done.is_set():
+            for _rank, stream in storage.get_streams(DB, LATENCY_FILTER, start):
+                if stream not in iterators:
+                    iterators[stream] = storage.make_iterator(DB, stream, LATENCY_FILTER,
+                                                              start)
+            progressed = False
+            for stream, iterator in iterators.items():
+                result = await storage.next(DB, iterator, 100)
+                if isinstance(result, EndOfStream):
+                    continue
+                iterators[stream], batch = result
+                now = now_us()
+                latencies.extend(now - message.timestamp for _key, message in batch)
+                progressed = progressed or bool(batch)
+            if not progressed:
+                await asyncio.sleep(POLL_PAUSE)
+
+    await asyncio.gather(publish(), read())
+    await storage.close()
+    return LatencyResult(layout, LATENCY_FILTER, workload.n_messages, len(latencies),
+                         latencies)
 
 
 # -- the run -----------------------------------------------------------------------
@@ -373,17 +477,18 @@ class Sizes:
     messages: int  # for 10 and 10k topics
     many_topics: int  # the "1M distinct topics" case (as many messages)
     big_batch_callers: int
+    latency_seconds: float = LATENCY_SECONDS
 
 
-QUICK = Sizes(messages=20_000, many_topics=20_000, big_batch_callers=16)
+QUICK = Sizes(messages=20_000, many_topics=20_000, big_batch_callers=16, latency_seconds=2.0)
 DEFAULT = Sizes(messages=200_000, many_topics=1_000_000, big_batch_callers=16)
 BIG_BATCH = 1000
 
 
-def scenarios(sizes: Sizes, publishers: int, call_batch: int,
+def scenarios(sizes: Sizes, publishers: int, call_batch: int, payloads: list[int],
               ) -> Iterator[tuple[str, Workload, int, bool]]:
     """(label, workload, concurrent callers, replay it)."""
-    for payload in (64, 1024):
+    for payload in payloads:
         for n_topics in (10, 10_000, sizes.many_topics):
             n = max(sizes.messages, n_topics)
             workload = Workload(n_topics, n, payload, call_batch)
@@ -395,10 +500,11 @@ def scenarios(sizes: Sizes, publishers: int, call_batch: int,
         yield label, workload, sizes.big_batch_callers, False
 
 
-def run(sizes: Sizes, work_dir: Path, shards: int, publishers: int, call_batch: int) -> Report:
+def run(sizes: Sizes, work_dir: Path, shards: int, publishers: int, call_batch: int,
+        layouts: list[str], payloads: list[int]) -> Report:
     report = Report()
     for index, (label, workload, callers, with_replay) in enumerate(
-            scenarios(sizes, publishers, call_batch)):
+            scenarios(sizes, publishers, call_batch, payloads)):
         raw_key = (workload.n_messages, workload.payload_size)
         if raw_key not in report.raws:
             raw_path = work_dir / f"raw-{index}"
@@ -407,17 +513,25 @@ def run(sizes: Sizes, work_dir: Path, shards: int, publishers: int, call_batch: 
             report.raws[raw_key] = raw_baseline(raw_path, *raw_key)
             shutil.rmtree(raw_path)
         raw = report.raws[raw_key]
-        print(f"  engine: {label} ({human(workload.n_messages)} messages) ...",
-              file=sys.stderr, flush=True)
-        path = work_dir / f"engine-{index}"
-        write, replays = asyncio.run(engine_run(path, label, workload, shards, callers,
-                                                with_replay))
+        for layout in layouts:
+            print(f"  engine {layout_label(layout)}: {label} "
+                  f"({human(workload.n_messages)} messages) ...", file=sys.stderr, flush=True)
+            path = work_dir / f"engine-{index}-{layout}"
+            write, replays = asyncio.run(engine_run(path, label, layout, workload, shards,
+                                                    callers, with_replay))
+            shutil.rmtree(path)
+            write.raw = raw
+            for result in replays:
+                result.raw = raw
+            report.writes.append(write)
+            report.replays += replays
+    for layout in layouts:
+        print(f"  latency {layout_label(layout)}: {LATENCY_FILTER} ...", file=sys.stderr,
+              flush=True)
+        path = work_dir / f"latency-{layout}"
+        report.latencies.append(asyncio.run(latency_run(path, layout, shards,
+                                                        sizes.latency_seconds)))
         shutil.rmtree(path)
-        write.raw = raw
-        for result in replays:
-            result.raw = raw
-        report.writes.append(write)
-        report.replays += replays
     return report
 
 
@@ -441,14 +555,15 @@ def render(report: Report) -> str:
     for w in report.writes:
         assert w.raw is not None
         write_rows.append([
-            w.label, human(w.workload.n_messages), f"{w.rate:,.0f}",
+            w.label, layout_label(w.layout), human(w.workload.n_messages), f"{w.rate:,.0f}",
             f"{w.cpu_us_per_message:.1f}", f"{w.bytes_per_message:.0f}",
             f"{w.du_per_message:.0f}",
             f"{w.raw.put_rate:,.0f}", f"{w.rate / w.raw.put_rate:.0%}",
             "yes" if w.rate / w.raw.put_rate >= WRITE_AIM else "NO"])
     out.append("Writes (store_batch, sync=True; label: payload, topics, concurrent callers x "
                "messages per call, each call one publisher's)")
-    out.append(table(["scenario", "msgs", "msg/s", "cpu us/msg", "data B/msg", "du B/msg",
+    out.append(table(["scenario", "layout", "msgs", "msg/s", "cpu us/msg", "data B/msg",
+                      "du B/msg",
                       "raw put/s", "vs raw", f">={WRITE_AIM:.0%}"], write_rows))
     out.append("")
     replay_rows = []
@@ -458,12 +573,14 @@ def render(report: Report) -> str:
         aim = ("yes" if ratio >= REPLAY_AIM else "NO") if r.kind == "exact" else ""
         check = "" if r.delivered == r.expected else f" (expected {r.expected})"
         replay_rows.append([
-            r.dataset, r.topic_filter, str(r.streams), f"{r.delivered}{check}",
+            r.dataset, layout_label(r.layout), r.topic_filter, str(r.streams),
+            f"{r.delivered}{check}",
             f"{r.rate:,.0f}", f"{r.seeks_per_message:.3f}", f"{r.raw.iter_rate:,.0f}",
             f"{ratio:.0%}", aim])
     out.append(f"Replay (next, batch_size {READ_BATCH}, streams one after another, best of "
                f"{REPEATS}; raw = rocksdict items() over as many values)")
-    out.append(table(["dataset", "filter", "streams", "delivered", "msg/s", "seeks/msg",
+    out.append(table(["dataset", "layout", "filter", "streams", "delivered", "msg/s",
+                      "seeks/msg",
                       "raw iter/s", "vs raw", f"exact>={REPLAY_AIM:.0%}"], replay_rows))
     out.append("")
     raw_rows = [[f"{human(r.n_messages)} x {payload_label(r.payload_size)}",
@@ -475,6 +592,17 @@ def render(report: Report) -> str:
     out.append("data B = SST files + write-ahead log after close and reopen; du B = every "
                "file, with RocksDB's per-shard info LOG and OPTIONS files")
     out.append("")
+    if report.latencies:
+        latency_rows = [[layout_label(r.layout), r.topic_filter, str(r.published),
+                         str(r.delivered), f"{r.percentile(0.5):.1f}",
+                         f"{r.percentile(0.99):.1f}", f"{r.percentile(1.0):.1f}"]
+                        for r in report.latencies]
+        out.append(f"Wildcard subscriber reading the current generation from storage "
+                   f"({LATENCY_RATE} msg/s over {LATENCY_TOPICS} topics; latency = read "
+                   "time - timestamp, ms)")
+        out.append(table(["layout", "filter", "published", "read", "p50 ms", "p99 ms",
+                          "max ms"], latency_rows))
+        out.append("")
     out += aims(report)
     return "\n".join(out)
 
@@ -508,7 +636,7 @@ def plot(report: Report, path: Path, title: str) -> None:
 
     figure, (left, middle, right) = plt.subplots(1, 3, figsize=(20, 9),
                                                  gridspec_kw={"width_ratios": [3, 4, 2]})
-    labels = [w.label for w in report.writes]
+    labels = [f"{layout_label(w.layout)} {w.label}" for w in report.writes]
     positions = range(len(labels))
     width = 0.4
     left.barh([p - width / 2 for p in positions], [w.rate for w in report.writes], width,
@@ -528,7 +656,7 @@ def plot(report: Report, path: Path, title: str) -> None:
     left.legend(fontsize=8, loc="lower right")
 
     replays = report.replays
-    replay_labels = [f"{r.dataset}: {r.topic_filter}" for r in replays]
+    replay_labels = [f"{layout_label(r.layout)} {r.dataset}: {r.topic_filter}" for r in replays]
     positions = range(len(replays))
     middle.barh([p - width / 2 for p in positions], [r.rate for r in replays], width,
                 label="engine next()")
@@ -588,8 +716,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishers", type=int, default=64)
     parser.add_argument("--call-batch", type=int, default=8,
                         help="messages per store_batch call of each publisher")
+    parser.add_argument("--many-topics", type=int, default=None,
+                        help="distinct topics of the many-topics workload (default 1M; "
+                             "20k with --quick)")
+    parser.add_argument("--layouts", default=",".join(KNOWN_LAYOUTS),
+                        help=f"comma-separated layouts to compare (default: all, "
+                             f"{','.join(KNOWN_LAYOUTS)})")
+    parser.add_argument("--payloads", default="64,1024",
+                        help="comma-separated payload sizes in bytes (default 64,1024)")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else DEFAULT
+    if args.many_topics is not None:
+        sizes = replace(sizes, many_topics=args.many_topics)
+    layouts = args.layouts.split(",")
+    unknown = set(layouts) - set(KNOWN_LAYOUTS)
+    if unknown:
+        parser.error(f"unknown layouts {sorted(unknown)}; known: {', '.join(KNOWN_LAYOUTS)}")
+    payloads = [int(size) for size in args.payloads.split(",")]
     parent = args.data_dir if args.data_dir is not None else default_data_parent()
     parent.mkdir(parents=True, exist_ok=True)
     work_dir = Path(tempfile.mkdtemp(prefix="ds-bench-", dir=parent))
@@ -597,7 +740,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     try:
-        report = run(sizes, work_dir, args.shards, args.publishers, args.call_batch)
+        report = run(sizes, work_dir, args.shards, args.publishers, args.call_batch, layouts,
+                     payloads)
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     elapsed = time.perf_counter() - started

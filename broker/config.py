@@ -16,11 +16,12 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -30,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from .ds.layouts import wildcard_optimized
 from .ds.options import MAX_MQTT_PAYLOAD
 from .errors import ConfigError
 from .yamlfile import load_yaml_file
@@ -156,6 +158,16 @@ class WriteBufferConfig(_Section):
     max_bytes: ByteSize = parse_byte_size("16MiB")
 
 
+def _no_problem(problem: Callable[[int], str | None]) -> Callable[[int], int]:
+    """A validator from a function that describes what is wrong with a value."""
+    def check(value: int) -> int:
+        found = problem(value)
+        if found is not None:
+            raise ValueError(found)
+        return value
+    return check
+
+
 class LayoutConfig(_Section):
     """Storage layout of new generations (old generations keep the layout they have)."""
 
@@ -166,6 +178,27 @@ class LayoutConfig(_Section):
     wildcard_thresholds: Annotated[
         tuple[PositiveInt, ...], BeforeValidator(_parse_int_list), Field(min_length=1)
     ] = (100, 10)
+    # The key of `wildcard_optimized` (ignored by `wildcard_optimized_v2`): bytes of
+    # the stream's topic index, bits of each varying level's hash, and bits of the
+    # time within an epoch (an epoch is 2**epoch_bits µs; wildcard readers of that
+    # layout lag by up to one epoch).
+    topic_index_bytes: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+        _no_problem(wildcard_optimized.topic_index_bytes_problem))] = \
+        wildcard_optimized.DEFAULT_TOPIC_INDEX_BYTES
+    bits_per_topic_level: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+        _no_problem(wildcard_optimized.bits_per_topic_level_problem))] = \
+        wildcard_optimized.DEFAULT_BITS_PER_TOPIC_LEVEL
+    epoch_bits: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+        _no_problem(wildcard_optimized.epoch_bits_problem))] = \
+        wildcard_optimized.DEFAULT_EPOCH_BITS
+
+    def layout_options(self) -> dict[str, int]:
+        """The options a new generation of `type` records."""
+        if self.type != wildcard_optimized.NAME:
+            return {}
+        return {"topic_index_bytes": self.topic_index_bytes,
+                "bits_per_topic_level": self.bits_per_topic_level,
+                "epoch_bits": self.epoch_bits}
 
 
 class MessagesDbConfig(_Section):

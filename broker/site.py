@@ -33,6 +33,7 @@ def messages_db_options(messages: MessagesDbConfig, retention_period: float) -> 
     return DbOptions(
         n_shards=messages.n_shards,
         layout=messages.layout.type,
+        layout_options=messages.layout.layout_options(),
         wildcard_thresholds=tuple(messages.layout.wildcard_thresholds),
         max_items=buffer.max_items,
         flush_interval=buffer.flush_interval,

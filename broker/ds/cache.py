@@ -46,6 +46,13 @@ class BytesBoundedCache(Generic[K, V]):
         self.entries[key] = (value, size)
         self.bytes += size
 
+    def pop(self, key: K) -> V | None:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return None
+        self.bytes -= entry[1]
+        return entry[0]
+
     def clear(self) -> None:
         self.entries.clear()
         self.bytes = 0

@@ -22,6 +22,7 @@ from ..errors import (
     PayloadTooLargeError,
 )
 from ..files import write_atomically
+from ..metrics import Tally
 from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
@@ -30,7 +31,7 @@ from .generation import GenerationInfo, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
 from .lts import END, Edge
-from .message import Message, decode_message
+from .message import Message, decode_message, peek_timestamp
 from .options import DbOptions
 from .shard import Shard, now_us
 
@@ -91,8 +92,7 @@ class Database:
         self.executor = executor
         self._locks = [asyncio.Lock() for _ in shards]
         # read metrics, their labelled children made once (each .labels() call locks)
-        self._seeks = metrics.LAYOUT_SEEK.labels(name)
-        self._nexts = metrics.LAYOUT_NEXT.labels(name)
+        self._layout_tallies: dict[str, tuple[Tally, Tally, Tally]] = {}
         self._next_time = metrics.NEXT_TIME.labels(name)
         self._store_batch_time = metrics.STORE_BATCH_TIME.labels(name)
         self._commit_listeners: list[CommitListener] = []
@@ -371,32 +371,40 @@ class Database:
         generation = shard.generations.get(stream.generation)
         if generation is None:
             return END_OF_STREAM
-        stats = ReadStats()
         read_key = (stream.shard, stream.generation)
-        # Captured before the read: a generation closed before the read started holds
-        # nothing the read missed, so an empty read of it is the end. One closed
-        # during the read may have taken a batch the read did not see.
-        closed_before_read = not generation.info.is_current
         filter_levels = iterator.topic_filter.split("/")
-        self._reads_in_flight[read_key] += 1
-        try:
-            if batch_size <= INLINE_READ_ENTRIES:
-                entries = shard.read(stream.generation, stream.static, iterator.pattern,
-                                     filter_levels, iterator.last_timestamp, batch_size, stats)
-            else:
-                entries = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, shard.read, stream.generation, stream.static,
-                    iterator.pattern, filter_levels, iterator.last_timestamp, batch_size, stats)
-        finally:
-            self._reads_in_flight[read_key] -= 1
-            async with self._read_finished:
-                self._read_finished.notify_all()
-        if entries is None or (not entries and closed_before_read):
-            return END_OF_STREAM
-        self._seeks.inc(stats.seeks)
-        self._nexts.inc(stats.nexts)
-        if stats.hash_collisions:
-            metrics.LAYOUT_HASH_COLLISION.labels(self.name).inc(stats.hash_collisions)
+        while True:
+            stats = ReadStats()
+            # Captured before the read: a generation closed before the read started
+            # holds nothing the read missed, so an empty read of it is the end. One
+            # closed during the read may have taken a batch the read did not see.
+            closed_before_read = not generation.info.is_current
+            self._reads_in_flight[read_key] += 1
+            try:
+                if batch_size <= INLINE_READ_ENTRIES:
+                    entries = shard.read(stream.generation, stream.static, iterator.pattern,
+                                         filter_levels, iterator.last_timestamp, batch_size,
+                                         stats)
+                else:
+                    entries = await asyncio.get_running_loop().run_in_executor(
+                        self._executor, shard.read, stream.generation, stream.static,
+                        iterator.pattern, filter_levels, iterator.last_timestamp, batch_size,
+                        stats)
+            finally:
+                self._reads_in_flight[read_key] -= 1
+                async with self._read_finished:
+                    self._read_finished.notify_all()
+            self._count_read(generation.layout.name, stats)
+            if entries is None or (not entries and closed_before_read):
+                return END_OF_STREAM
+            if entries or stats.wait_until is None:
+                break
+            # An open epoch of the `wildcard_optimized` layout holds messages for this
+            # reader: they are readable once it closes (at most one epoch from now).
+            # An empty answer instead would tell the caller it has caught up.
+            await asyncio.sleep(max(stats.wait_until - now_us(), 0) / 1_000_000)
+            if shard.generations.get(stream.generation) is not generation:
+                return END_OF_STREAM
         self._next_time.observe(time.perf_counter() - started)
         if not entries:
             return iterator, []
@@ -412,7 +420,18 @@ class Database:
                     continue
                 matched = message.topic
             messages.append((key, message))
-        return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
+        return iterator.advanced_to(peek_timestamp(entries[-1][1])), messages
+
+    def _count_read(self, layout: str, stats: ReadStats) -> None:
+        tallies = self._layout_tallies.get(layout)
+        if tallies is None:
+            tallies = self._layout_tallies[layout] = (
+                metrics.LAYOUT_SEEK.labels(self.name, layout),
+                metrics.LAYOUT_NEXT.labels(self.name, layout),
+                metrics.LAYOUT_HASH_COLLISIONS.labels(self.name, layout))
+        tallies[0].value += stats.seeks
+        tallies[1].value += stats.nexts
+        tallies[2].value += stats.hash_collisions
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)

@@ -18,6 +18,8 @@ _HEADER = struct.Struct(">BBQHHI")
 _U16 = struct.Struct(">H")
 _TOPIC_LENGTH_OFFSET = 10  # after version, flags and timestamp
 _U32 = struct.Struct(">I")
+_TIMESTAMP = struct.Struct(">Q")
+_TIMESTAMP_OFFSET = 2  # after version and flags
 
 _FLAG_RETAIN = 0x04
 _FLAG_HAS_PROPERTIES = 0x08
@@ -183,3 +185,8 @@ def peek_topic(data: bytes) -> str:
     """The topic of a stored message without decoding the rest (for filter checks)."""
     (topic_len,) = _U16.unpack_from(data, _TOPIC_LENGTH_OFFSET)
     return data[_HEADER.size:_HEADER.size + topic_len].decode("utf-8")
+
+
+def peek_timestamp(data: bytes) -> int:
+    """The timestamp of a stored message without decoding the rest."""
+    return int(_TIMESTAMP.unpack_from(data, _TIMESTAMP_OFFSET)[0])

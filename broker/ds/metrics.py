@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from ..metrics import LoopCounter
+
 _LABELS = ("db", "shard")
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0)
@@ -34,12 +36,16 @@ STORE_BATCH_TIME = Histogram("stratamq_ds_store_batch_time_seconds",
                              buckets=_LATENCY_BUCKETS)
 NEXT_TIME = Histogram("stratamq_ds_next_time_seconds", "Time of one iterator next call",
                       ("db",), buckets=_LATENCY_BUCKETS)
-LAYOUT_SEEK = Counter("stratamq_ds_layout_seek", "RocksDB seeks made by layout reads",
-                      ("db",))
-LAYOUT_NEXT = Counter("stratamq_ds_layout_next", "Entries stepped over by layout reads",
-                      ("db",))
-LAYOUT_HASH_COLLISION = Counter("stratamq_ds_layout_hash_collision",
-                                "Index hits whose topic did not match the filter", ("db",))
+# Counted on the event loop after each read (lock-free, see LoopCounter), per
+# database and layout, so layouts can be compared on one dashboard.
+LAYOUT_SEEK = LoopCounter("stratamq_ds_layout_seek", "RocksDB seeks made by layout reads",
+                          ("db", "layout"))
+LAYOUT_NEXT = LoopCounter("stratamq_ds_layout_next", "Entries stepped over by layout reads",
+                          ("db", "layout"))
+LAYOUT_HASH_COLLISIONS = LoopCounter(
+    "stratamq_ds_layout_hash_collisions",
+    "Entries a layout read found under the reader's key whose topic the reader did not "
+    "want (level hashes or topic index bytes shared by another topic)", ("db", "layout"))
 COMMIT_LATENCY = Histogram(
     "stratamq_ds_commit_latency_seconds",
     "Time from a write entering a shard's buffer to durable, for the oldest write of each "

@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
@@ -38,6 +39,11 @@ def now_us() -> int:
 
 def _generation_key(generation_id: int) -> bytes:
     return _GENERATION_PREFIX + b"%010d" % generation_id
+
+
+def _stream_of(trie: Trie, topic: str) -> bytes | None:
+    key = trie.lookup(topic.split("/"))
+    return None if key is None else key.static
 
 
 def _edge_key(edge: Edge) -> bytes:
@@ -86,6 +92,8 @@ class Shard:
         stored = self._db.get(_LAST_TIMESTAMP_KEY)
         self.last_timestamp = _U64.unpack(stored)[0] if stored is not None else 0
         self._next_timestamp = self.last_timestamp + 1
+        # first timestamp of a batch cooked but not yet written and applied
+        self._unsettled_from: int | None = None
         if not self.generations:
             self._create_generation(previous=None)
 
@@ -122,7 +130,10 @@ class Shard:
         at = max(now_us(), self.last_timestamp + 1)
         new_id = previous.info.id + 1 if previous else 1
         layout, layout_options = self._new_layout
-        info = GenerationInfo(new_id, layout, layout_options, created_at=at, since=at)
+        # every option recorded, defaults included: a later default must not change
+        # how this generation's keys are read
+        recorded = make_layout(layout, layout_options).options()
+        info = GenerationInfo(new_id, layout, recorded, created_at=at, since=at)
         for name in (info.data_column_family(), info.trie_column_family()):
             self._db.create_column_family(name, Options(raw_mode=True))
         inherited = previous.trie.wildcard_paths() if previous else []
@@ -186,6 +197,8 @@ class Shard:
         entries: list[tuple[bytes, bytes]] = []
         cooked_messages: list[tuple[bytes, Message]] = []
         timestamp = max(now_us(), self._next_timestamp)
+        if self._unsettled_from is None:
+            self._unsettled_from = timestamp
         payload_bytes = 0
         for message in messages:
             # topics were validated when the batch was submitted
@@ -203,6 +216,7 @@ class Shard:
 
     def forget(self, cooked: CookedBatch) -> None:
         """Undo what `prepare` learned, after its write failed."""
+        self._unsettled_from = None
         generation = self.generations.get(cooked.generation)
         if generation is not None:
             generation.trie.remove_edges(cooked.edges)
@@ -240,6 +254,7 @@ class Shard:
                 generation.trie.add_edge(edge)
         self.last_timestamp = max(self.last_timestamp, cooked.last_timestamp)
         self._next_timestamp = max(self._next_timestamp, self.last_timestamp + 1)
+        self._unsettled_from = None
 
     def commit(self, cooked: CookedBatch) -> None:
         """Write and apply: what a replica does with a batch the leader cooked."""
@@ -255,8 +270,19 @@ class Shard:
         generation = self.generations.get(generation_id)
         if generation is None:
             return None
+        horizon = self.settled_before() if generation.info.is_current else None
         return generation.layout.read(generation.data, static, pattern, filter_levels, after,
-                                      batch_size, stats)
+                                      batch_size, stats, horizon,
+                                      partial(_stream_of, generation.trie))
+
+    def settled_before(self) -> int:
+        """Every message of this shard with a timestamp below this one is written and
+        visible to a read started now, or will never exist: later batches take
+        timestamps from the clock and past the last one, and the batch being written
+        (the buffer writes one at a time) starts at `_unsettled_from`. A replica
+        applying a leader's batches would need the leader's value instead."""
+        now = now_us()
+        return now if self._unsettled_from is None else min(now, self._unsettled_from)
 
     def get_record(self, key: bytes) -> bytes | None:
         """One record (see CookedBatch.record_puts). Blocking."""

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 
 from stratamq.broker.ds import DbOptions, DurableStorage, Message
 
 OPTIONS = DbOptions(n_shards=4, flush_interval=0.002, wildcard_thresholds=(5, 3))
+# The writer's layout for new generations, by name (epochs of 2**14 µs, ~16 ms).
+LAYOUTS = {"wildcard_optimized_v2": OPTIONS,
+           "wildcard_optimized": replace(OPTIONS, layout="wildcard_optimized",
+                                         layout_options={"epoch_bits": 14})}
 
 
 def batch_messages(run_id: int, writer: int, batch: int) -> list[Message]:
@@ -30,9 +35,9 @@ def kv_entry(run_id: int, writer: int, number: int) -> tuple[str, bytes, bytes]:
             b"%d:%d:%d" % (run_id, writer, number))
 
 
-async def main(data_dir: str, run_id: int) -> None:
+async def main(data_dir: str, run_id: int, layout: str) -> None:
     storage = DurableStorage(data_dir)
-    await storage.open_db("messages", OPTIONS)
+    await storage.open_db("messages", LAYOUTS[layout])
     kv = await storage.open_kv_db("sessions", KV_SHARDS)
     print("ready", flush=True)
 
@@ -57,4 +62,4 @@ async def main(data_dir: str, run_id: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stratamq.broker.ds import DurableStorage
 from tests.integration.ds_crash_writer import KV_SHARDS, OPTIONS, batch_messages, kv_entry
 from tests.support.storage import read_filter, run
@@ -17,9 +19,11 @@ from tests.support.storage import read_filter, run
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_writer_until_killed(data_dir: Path, run_id: int, acks_before_kill: int) -> list[str]:
+def run_writer_until_killed(data_dir: Path, run_id: int, acks_before_kill: int,
+                            layout: str) -> list[str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.ds_crash_writer", str(data_dir), str(run_id)],
+        [sys.executable, "-m", "tests.integration.ds_crash_writer", str(data_dir), str(run_id),
+         layout],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     acked: list[str] = []
@@ -39,13 +43,21 @@ def run_writer_until_killed(data_dir: Path, run_id: int, acks_before_kill: int) 
     return acked
 
 
-def test_acknowledged_batches_survive_sigkill(tmp_path: Path) -> None:
+# The layout each of the three writer runs gives its new generations: the writer
+# adds generations as it goes, so "mixed" leaves generations of both layouts, and a
+# crash in the middle of either.
+LAYOUT_PLANS = {"v2": ["wildcard_optimized_v2"] * 3,
+                "mixed": ["wildcard_optimized", "wildcard_optimized_v2", "wildcard_optimized"]}
+
+
+@pytest.mark.parametrize("plan", LAYOUT_PLANS)
+def test_acknowledged_batches_survive_sigkill(tmp_path: Path, plan: str) -> None:
     rng = random.Random(7)
     expected: set[bytes] = set()
     kv_expected: set[bytes] = set()
     kv_last: dict[bytes, int] = {}  # newest acknowledged value per overwritten key
-    for run_id in range(3):
-        for line in run_writer_until_killed(tmp_path, run_id, rng.randint(150, 600)):
+    for run_id, layout in enumerate(LAYOUT_PLANS[plan]):
+        for line in run_writer_until_killed(tmp_path, run_id, rng.randint(150, 600), layout):
             word, writer, batch = line.split()
             if word == "kv-acked":
                 _routing, key, value = kv_entry(run_id, int(writer), int(batch))
@@ -75,6 +87,7 @@ def test_acknowledged_batches_survive_sigkill(tmp_path: Path) -> None:
             assert [info.is_current for info in infos] == [False] * (len(infos) - 1) + [True]
             assert all(a.until == b.since for a, b in itertools.pairwise(infos))
         assert len(generations) > 4  # the writers added generations before dying
+        assert {info.layout for info in generations.values()} == set(LAYOUT_PLANS[plan])
         # every acknowledged key-value write is there; an overwritten key holds its
         # newest acknowledged value or a later one
         kv = await storage.open_kv_db("sessions", KV_SHARDS)

@@ -51,7 +51,8 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["messages"] == {
         "nShards": 16, "replicationFactor": 3, "syncWrites": False,
         "localWriteBuffer": {"maxItems": 1000, "flushInterval": "0ms", "maxBytes": "16MiB"},
-        "layout": {"type": "wildcard_optimized_v2", "wildcardThresholds": [100, 10]},
+        "layout": {"type": "wildcard_optimized_v2", "wildcardThresholds": [100, 10],
+                   "topicIndexBytes": 8, "bitsPerTopicLevel": 64, "epochBits": 20},
         "maxPayloadBytes": 268435455, "topicCacheBytes": "64MiB"}
     assert spec["durableSessions"]["messageRetentionPeriod"] == "1d"
     assert spec["listeners"]["tcp"] == {"enable": True, "port": 1883}
@@ -107,9 +108,12 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "zero-sites": ({"sites": 0}, "spec.sites in body should be greater than or equal to 1"),
     "sites-not-a-number": ({"sites": "three"}, 'spec.sites: Invalid value: "string": '
                                                'spec.sites in body must be of type integer'),
-    "layout-not-built": ({"messages": {"layout": {"type": "wildcard_optimized"}}},
-                         'spec.messages.layout.type: Unsupported value: "wildcard_optimized": '
-                         'supported values: "wildcard_optimized_v2"'),
+    "epoch-bits-zero": ({"messages": {"layout": {"type": "wildcard_optimized", "epochBits": 0}}},
+                        "spec.messages.layout.epochBits in body should be greater than or "
+                        "equal to 1"),
+    "topic-index-too-wide": ({"messages": {"layout": {"topicIndexBytes": 9}}},
+                             "spec.messages.layout.topicIndexBytes in body should be less than "
+                             "or equal to 8"),
     "layout-unknown": ({"messages": {"layout": {"type": "btree"}}}, 'Unsupported value: "btree"'),
     "bad-byte-size": ({"messages": {"localWriteBuffer": {"maxBytes": "16 megs"}}},
                       "spec.messages.localWriteBuffer.maxBytes: Invalid value: \"string\": "

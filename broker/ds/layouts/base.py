@@ -4,6 +4,7 @@ a new layout is a new generation and old data is never migrated."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -12,11 +13,19 @@ from ..lts import StaticIndex, TopicKey
 
 @dataclass(slots=True)
 class ReadStats:
-    """Work a read did; feeds the `stratamq_ds_layout_*` counters."""
+    """Work a read did (feeds the `stratamq_ds_layout_*` counters), and when a read
+    that stopped at an open epoch holding messages for it can go on."""
 
     seeks: int = 0
     nexts: int = 0
     hash_collisions: int = 0
+    # µs: once the shard's settled time reaches this, the epoch the read stopped at
+    # is closed and readable (None: the read did not stop at one)
+    wait_until: int | None = None
+
+
+# The stream a topic belongs to in the generation (None: unknown there).
+StreamOf = Callable[[str], StaticIndex | None]
 
 
 class KeyValueReader(Protocol):
@@ -42,18 +51,20 @@ class Layout(Protocol):
         ...
 
     def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],
-             filter_levels: list[str], after: int, batch_size: int,
-             stats: ReadStats) -> list[tuple[bytes, bytes]]:
+             filter_levels: list[str], after: int, batch_size: int, stats: ReadStats,
+             horizon: int | None = None,
+             stream_of: StreamOf | None = None) -> list[tuple[bytes, bytes]]:
         """Up to `batch_size` (data key, stored message) of one stream with a
-        timestamp greater than `after`, in timestamp order, matching the filter."""
+        timestamp greater than `after`, in timestamp order, matching the filter.
+        `horizon`: every message below this timestamp is written (None: all are, the
+        generation is closed); a layout that must not read past it says so in
+        `stats.wait_until`. `stream_of` tells which stream a topic belongs to, for a
+        layout whose streams may share keys."""
         ...
 
     def read_one(self, data: KeyValueReader, static: StaticIndex,
                  timestamp: int) -> bytes | None:
         """The stored message of a stream at a timestamp, if there is one."""
-        ...
-
-    def timestamp_of(self, data_key: bytes) -> int:
         ...
 
     def clear_cache(self) -> None:

@@ -23,7 +23,7 @@ from ..cache import BytesBoundedCache
 from ..lts import DEFAULT_TOPIC_CACHE_BYTES, PLUS, StaticIndex, TopicKey
 from ..message import peek_topic
 from ..rocks import after_prefix
-from .base import KeyValueReader, ReadStats
+from .base import KeyValueReader, ReadStats, StreamOf
 
 NAME = "wildcard_optimized_v2"
 
@@ -74,9 +74,6 @@ class WildcardOptimizedV2:
     def clear_cache(self) -> None:
         self._index_prefixes.clear()
 
-    def timestamp_of(self, data_key: bytes) -> int:
-        return int(_TS.unpack_from(data_key, len(data_key) - 8)[0])
-
     def encode(self, topic: str, key: TopicKey, timestamp: int,
                value: bytes) -> list[tuple[bytes, bytes]]:
         ts = _TS.pack(timestamp)
@@ -91,8 +88,11 @@ class WildcardOptimizedV2:
         return value if isinstance(value, bytes) else None
 
     def read(self, data: KeyValueReader, static: StaticIndex, pattern: tuple[str, ...],
-             filter_levels: list[str], after: int, batch_size: int,
-             stats: ReadStats) -> list[tuple[bytes, bytes]]:
+             filter_levels: list[str], after: int, batch_size: int, stats: ReadStats,
+             horizon: int | None = None,
+             stream_of: StreamOf | None = None) -> list[tuple[bytes, bytes]]:
+        # Keys are in timestamp order and every stream has its own: neither the
+        # horizon nor stream membership matters.
         constrained = [index_prefix(static, number, level)
                        for number, level in enumerate(pattern, start=1) if level != PLUS]
         if not constrained:
