@@ -12,6 +12,8 @@ import paho.mqtt.client as mqtt
 import pytest
 import yaml
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.support.clients import PahoClient
 from tests.support.harness import REPO, BrokerProcess
@@ -59,7 +61,8 @@ def test_prometheus_scrapes_broker_metrics(broker: BrokerProcess, prometheus: st
 ONLY_ON_TROUBLE = ("stratamq_messages_dropped_total", "stratamq_session_messages_expired_total",
                    "stratamq_background_failures_total",
                    "stratamq_ds_buffer_batches_failed_total",
-                   "stratamq_ds_buffer_inline_refused_total")
+                   "stratamq_ds_buffer_inline_refused_total",
+                   "stratamq_ds_layout_hash_collisions_total")
 
 
 def dashboard_queries() -> list[tuple[str, str, str]]:
@@ -91,6 +94,16 @@ def test_dashboard_and_alert_queries_see_a_real_broker(
     clients.append(subscriber)
     subscriber.connect()
     subscriber.subscribe("dash/#", qos=1)
+    # a durable session that is away while messages come: it replays them from
+    # storage when it is back (the layout panels count those reads)
+    away = PahoClient(broker.port, "dash-away")
+    clients.append(away)
+    expiry = Properties(PacketTypes.CONNECT)
+    expiry.SessionExpiryInterval = 300
+    away.connect(clean_start=True, properties=expiry)
+    away.subscribe("dash/#", qos=1)
+    away.client.disconnect()
+    away.client.loop_stop()
     publisher = PahoClient(broker.port, "dash-pub")
     clients.append(publisher)
     publisher.connect()
@@ -106,7 +119,13 @@ def test_dashboard_and_alert_queries_see_a_real_broker(
         for _ in range(20):
             publisher.publish(f"dash/{sent % 3}", b"x" * 100, qos=1)
             sent += 1
+        if sent == 100:
+            back = PahoClient(broker.port, "dash-away")
+            clients.append(back)
+            back.connect(clean_start=False, properties=expiry)
+            assert len(back.expect(100)) == 100  # from storage
         if seen('count(rate(stratamq_messages_delivered_total[1m]) > 0)') >= 1 and \
+                seen("count(rate(stratamq_ds_layout_next_total[1m]) > 0)") >= 1 and \
                 seen("count(stratamq_ds_disk_bytes > 0)") == 3:
             break
         time.sleep(0.3)
