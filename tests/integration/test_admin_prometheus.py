@@ -98,7 +98,7 @@ def test_dashboard_and_alert_queries_see_a_real_broker(
     # storage when it is back (the layout panels count those reads)
     away = PahoClient(broker.port, "dash-away")
     clients.append(away)
-    expiry = Properties(PacketTypes.CONNECT)
+    expiry = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     expiry.SessionExpiryInterval = 300
     away.connect(clean_start=True, properties=expiry)
     away.subscribe("dash/#", qos=1)
