@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 # The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
@@ -52,10 +52,11 @@ test: $(STAMP) kube-bin
 typecheck-tree:
 	mkdir -p .typecheck/stratamq
 	ln -sfn ../../broker .typecheck/stratamq/broker
+	ln -sfn ../../spark .typecheck/stratamq/spark
 
 lint: $(STAMP) typecheck-tree
-	$(BIN)/ruff check broker tests bench
-	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker
+	$(BIN)/ruff check broker spark tests bench
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker -p stratamq.spark
 	MYPYPATH=.typecheck $(BIN)/mypy tests bench
 
 # The benchmarks' peers: Mosquitto (Debian, installed with the stamp above) and
@@ -63,7 +64,7 @@ lint: $(STAMP) typecheck-tree
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = commands.add_parser("ctl", help="administration commands")
     ctl.add_argument("ctl_command", choices=["passwd", "clients", "ds"],
                      help="passwd: edit a password file; clients: connected clients; "
-                          "ds info: databases, shards, sites, generations (these two ask "
-                          "a running site's admin API)")
+                          "ds info: databases, shards, sites, generations; ds checkpoint "
+                          "DB DIR: a checkpoint for the Spark jobs (these ask a running "
+                          "site's admin API)")
     ctl.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
     return parser
 

@@ -52,6 +52,10 @@ class GenerationError(StorageError):
     """A generation operation that the shard refuses (drop the current one, unknown id)."""
 
 
+class CheckpointExistsError(StorageError):
+    """A checkpoint's target folder exists already: checkpoints never overwrite."""
+
+
 class CorruptDataError(StorageError):
     """Stored bytes that do not decode: a bug or a damaged disk, never bad input."""
 

@@ -1,5 +1,5 @@
-"""`stratamq ctl clients` and `stratamq ctl ds info`: read the admin API of a running
-site over HTTP and print readable tables.
+"""`stratamq ctl clients`, `stratamq ctl ds info` and `stratamq ctl ds checkpoint DB
+DIR`: call the admin API of a running site over HTTP and print readable tables.
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -40,7 +40,17 @@ class AdminClient:
         self.timeout = timeout
 
     def get(self, path: str) -> Any:
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        return self._call(path, None)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self._call(path, json.dumps(body).encode("utf-8"))
+
+    def _call(self, path: str, body: bytes | None) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=body, headers=headers,
+                                         method="GET" if body is None else "POST")
         if self.authorization is not None:
             request.add_header("Authorization", self.authorization)
         try:
@@ -177,8 +187,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
-        parser.add_argument("action", choices=["info"],
-                            help="info: sites, databases, shards and generations")
+        parser.add_argument("action", choices=["info", "checkpoint"],
+                            help="info: sites, databases, shards and generations; "
+                                 "checkpoint DB DIR: a checkpoint of database DB in the new "
+                                 "folder DIR on the site's machine")
+        parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
 
@@ -205,6 +218,32 @@ def _ds_info(client: AdminClient, arguments: argparse.Namespace) -> str:
     return format_ds_info(sites, storages)
 
 
+def _ds_checkpoint(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 2:
+        raise CtlError("usage: stratamq ctl ds checkpoint DB DIR")
+    db, folder = arguments.arguments
+    # relative to where ctl runs, which is where a user typing a path means it
+    answer = client.post(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}/checkpoints",
+                         {"dir": os.path.abspath(folder)})
+    if arguments.json:
+        return json.dumps(answer, indent=2)
+    manifest = answer["manifest"]
+    rows = [[f"{db}/{shard['id']}", g["id"], g["layout"], microseconds(g["since"]),
+             "current" if g["until"] is None else microseconds(g["until"]),
+             human_bytes(g["bytes"])]
+            for shard in manifest["shards"] for g in shard["generations"]]
+    return "\n".join([f"checkpoint of {db} (site {manifest['site']}) in {answer['dir']}",
+                      table(["Shard", "Generation", "Layout", "Since", "Until", "Size"], rows)])
+
+
+def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action == "checkpoint":
+        return _ds_checkpoint(client, arguments)
+    if arguments.arguments:
+        raise CtlError(f"`ds {arguments.action}` takes no arguments")
+    return _ds_info(client, arguments)
+
+
 def ctl_main(command: str, argv: list[str]) -> int:
     """`stratamq ctl clients|ds ...`. Returns the exit code: 0 done, 1 failed,
     2 bad usage."""
@@ -215,7 +254,7 @@ def ctl_main(command: str, argv: list[str]) -> int:
     try:
         client = AdminClient(arguments.url, authorization(arguments))
         output = _clients(client, arguments) if command == "clients" \
-            else _ds_info(client, arguments)
+            else _ds(client, arguments)
     except CtlError as exc:
         print(f"stratamq ctl {command}: {exc}", file=sys.stderr)
         return 1

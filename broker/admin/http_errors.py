@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import (
+    CheckpointExistsError,
     ConfigError,
     CorruptDataError,
     GenerationError,
@@ -27,9 +28,14 @@ class UnknownSiteError(StratamqError):
     pass
 
 
+class BadRequestError(StratamqError):
+    """A request body the API cannot use (not JSON, a missing or wrong field)."""
+
+
 _BY_TYPE: dict[type[StratamqError], int] = {
     UnknownClientError: 404,
     UnknownSiteError: 404,
+    BadRequestError: 400,
     UnknownDatabaseError: 404,
     InvalidTopicError: 400,
     InvalidTopicFilterError: 400,
@@ -39,6 +45,7 @@ _BY_TYPE: dict[type[StratamqError], int] = {
     PayloadTooLargeError: 413,
     MqttCodecError: 400,
     GenerationError: 409,
+    CheckpointExistsError: 409,
     StorageBusyError: 429,
     StorageTimeoutError: 504,
     CorruptDataError: 500,

@@ -2,6 +2,7 @@
 (see DESIGN.md, "Data model"). This package's names are the storage's one public
 API: the rest of the broker imports from here, never from the modules below."""
 
+from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
@@ -10,10 +11,12 @@ from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase
 from .message import Message, MessageProperties, decode_message, encode_message
 from .options import DbOptions
+from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 
 __all__ = [
     "END_OF_STREAM",
+    "MANIFEST_FILE",
     "CookedBatch",
     "Database",
     "DbDescription",
@@ -31,7 +34,10 @@ __all__ = [
     "PreDropListener",
     "Rank",
     "ShardDescription",
+    "ShardSnapshot",
+    "Snapshot",
     "Stream",
+    "create_checkpoint",
     "decode_message",
     "describe",
     "encode_message",

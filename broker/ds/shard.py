@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from ..errors import CorruptDataError, GenerationError
 from .cooked import CookedBatch
@@ -42,6 +42,33 @@ def _generation_key(generation_id: int) -> bytes:
 
 def _edge_key(edge: Edge) -> bytes:
     return edge.parent + edge.label.encode("utf-8")
+
+
+def read_generation_table(db: Rdict) -> list[GenerationInfo]:
+    """The generations a shard's RocksDB records, in id order. Blocking. Shared with
+    the read-only snapshots of checkpoints (`snapshot.py`)."""
+    found = []
+    for key, raw in db.items(from_key=_GENERATION_PREFIX):
+        if not as_bytes(key).startswith(_GENERATION_PREFIX):
+            break
+        found.append(GenerationInfo.from_json(as_bytes(raw)))
+    return found
+
+
+def read_trie(db: Rdict, info: GenerationInfo, thresholds: Sequence[int],
+              cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> Trie:
+    """The learned topic structure of one generation, from its trie family. Blocking."""
+    trie = Trie(thresholds, cache_bytes)
+    for key, child in db.get_column_family(info.trie_column_family()).items():
+        raw_key = as_bytes(key)
+        trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
+    return trie
+
+
+def read_last_timestamp(db: Rdict) -> int:
+    """The last timestamp a shard committed (0 before the first batch). Blocking."""
+    stored = db.get(_LAST_TIMESTAMP_KEY)
+    return int(_U64.unpack(stored)[0]) if stored is not None else 0
 
 
 @dataclass(slots=True)
@@ -83,8 +110,7 @@ class Shard:
         self._synced.sync = True
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
-        stored = self._db.get(_LAST_TIMESTAMP_KEY)
-        self.last_timestamp = _U64.unpack(stored)[0] if stored is not None else 0
+        self.last_timestamp = read_last_timestamp(self._db)
         self._next_timestamp = self.last_timestamp + 1
         if not self.generations:
             self._create_generation(previous=None)
@@ -92,10 +118,7 @@ class Shard:
     # -- generations --------------------------------------------------------------
 
     def _load_generations(self, column_families: list[str]) -> None:
-        for key, raw in self._db.items(from_key=_GENERATION_PREFIX):
-            if not as_bytes(key).startswith(_GENERATION_PREFIX):
-                break
-            info = GenerationInfo.from_json(as_bytes(raw))
+        for info in read_generation_table(self._db):
             self.generations[info.id] = self._open_generation(info)
         known = {name for g in self.generations.values()
                  for name in (g.info.data_column_family(), g.info.trie_column_family())}
@@ -106,10 +129,7 @@ class Shard:
                 self._db.drop_column_family(name)
 
     def _open_generation(self, info: GenerationInfo) -> Generation:
-        trie = Trie(self.thresholds, self._cache_bytes)
-        for key, child in self._db.get_column_family(info.trie_column_family()).items():
-            raw_key = as_bytes(key)
-            trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
+        trie = read_trie(self._db, info, self.thresholds, self._cache_bytes)
         return Generation(info, make_layout(info.layout, dict(info.layout_options),
                                             self._cache_bytes), trie,
                           self._db.get_column_family(info.data_column_family()))
@@ -302,6 +322,12 @@ class Shard:
             for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += family.property_int_value(name) or 0
         return total
+
+    def checkpoint(self, path: Path) -> None:
+        """A consistent copy of this shard's RocksDB at `path` (which must not exist):
+        hard links to its table files and a flushed memtable. Blocking; the caller
+        holds the shard's lock so no batch or generation change lands halfway."""
+        Checkpoint(self._db).create_checkpoint(str(path))
 
     def disk_usage(self) -> int:
         total = 0
