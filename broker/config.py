@@ -26,12 +26,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 
 from .ds.options import MAX_MQTT_PAYLOAD
-from .errors import ConfigError
+from .errors import ConfigError, InvalidTopicFilterError
+from .topic import validate_filter
 from .yamlfile import load_yaml_file
 
 ENV_PREFIX = "STRATAMQ__"
@@ -194,6 +196,21 @@ class DurableSessionsConfig(_Section):
     renew_streams_interval: Duration = parse_duration("1s")
     session_gc_interval: Duration = parse_duration("10m")
     message_retention_period: Duration = parse_duration("1d")
+    # Per-topic retention (`sensors/#: 7d`): the most specific matching filter wins,
+    # other topics keep `message_retention_period`. The Spark GC job applies them
+    # (`stratamq spark gc`); the site drops a generation whole only once the longest
+    # retention has passed.
+    retention_rules: dict[str, Duration] = Field(default_factory=dict)
+
+    @field_validator("retention_rules")
+    @classmethod
+    def _rules_are_filters(cls, rules: dict[str, float]) -> dict[str, float]:
+        for topic_filter in rules:
+            try:
+                validate_filter(topic_filter)
+            except InvalidTopicFilterError as exc:
+                raise ValueError(f"retention rule {topic_filter!r}: {exc.message}") from exc
+        return rules
 
 
 class AccessControlConfig(_Section):

@@ -9,7 +9,9 @@ holds more than `split_bytes`. Each partition reads the streams its filter needs
 the storage's iterators (`stratamq.broker.ds.ShardSnapshot`), so a narrow filter or
 time range reads only what it asks for:
 
-- `topic_filter` (option, an MQTT filter, default `#`) and an equality on `topic`;
+- `topic_filter` (option, an MQTT filter, default `#`; as in MQTT, `#` does not read
+  `$` topics: the option `all_topics` reads every stream, `$` topics too) and an
+  equality on `topic`;
 - the time range: options `start_time` / `end_time` (µs, end exclusive) and
   comparisons on `timestamp`;
 - comparisons on `shard` and `generation` prune partitions.
@@ -43,7 +45,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from stratamq.broker.ds import EndOfStream, Message, ShardSnapshot, Snapshot, decode_message
+from stratamq.broker.ds import (
+    EndOfStream,
+    Message,
+    ShardSnapshot,
+    Snapshot,
+    Stream,
+    decode_message,
+)
 from stratamq.broker.ds.message import peek_topic
 from stratamq.broker.errors import InvalidTopicFilterError
 from stratamq.broker.topic import is_wildcard, levels_match, validate_filter
@@ -101,6 +110,7 @@ class ReadPlan:
 
     path: str
     topic_filter: str = "#"
+    all_topics: bool = False
     start_time: int = 0
     end_time: int = NO_END
     # None: every shard / generation
@@ -143,7 +153,7 @@ class StratamqDataSource(DataSource):
         if unknown:
             raise ValueError(f"unknown columns {unknown}; the source has {sorted(known)}")
         return StratamqReader(ReadPlan(
-            path=path, topic_filter=topic_filter,
+            path=path, topic_filter=topic_filter, all_topics=_flag(options, "all_topics"),
             start_time=int(options.get("start_time", 0)),
             end_time=int(options.get("end_time", NO_END)),
             batch_size=int(options.get("batch_size", DEFAULT_BATCH)),
@@ -207,18 +217,14 @@ class StratamqReader(DataSourceReader):
 
 def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[tuple[Any, ...]]:
     """The rows of one slice: each stream the filter needs, in stream order, each
-    read with an iterator from the slice's start until its end."""
+    read with the storage's iterators from the slice's start until its end."""
     columns = plan.columns
     decode = not KEY_COLUMNS.issuperset(columns)
-    for stream in shard.get_streams(piece.generation, plan.topic_filter):
+    for stream, batches in _stream_batches(shard, piece, plan):
         stream_hex = stream.static.hex()
-        iterator = shard.make_iterator(stream, plan.topic_filter, piece.start_time)
-        while not isinstance(result := shard.next_raw(iterator, plan.batch_size), EndOfStream):
-            iterator, entries = result
+        for entries in batches:
             for key, value in entries:
                 timestamp = shard.timestamp_of(piece.generation, key)
-                if timestamp >= piece.end_time:
-                    break
                 message = decode_message(value) if decode else None
                 row: list[Any] = []
                 for name in columns:
@@ -236,9 +242,52 @@ def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[t
                         assert message is not None
                         row.append(_COLUMNS[name](message))
                 yield tuple(row)
-            else:
-                continue
-            break  # the slice's end came inside this batch
+
+
+Batches = Iterator[list[tuple[bytes, bytes]]]
+
+
+def _stream_batches(shard: ShardSnapshot, piece: Slice,
+                    plan: ReadPlan) -> Iterator[tuple[Stream, Batches]]:
+    """Each stream of the slice with its batches of (data key, stored message), cut
+    at the slice's end."""
+    if plan.all_topics:
+        for stream, pattern in shard.all_streams(piece.generation):
+            yield stream, _whole_stream(shard, stream, pattern, piece, plan.batch_size)
+        return
+    for stream in shard.get_streams(piece.generation, plan.topic_filter):
+        yield stream, _filtered_stream(shard, stream, piece, plan)
+
+
+def _filtered_stream(shard: ShardSnapshot, stream: Stream, piece: Slice,
+                     plan: ReadPlan) -> Batches:
+    iterator = shard.make_iterator(stream, plan.topic_filter, piece.start_time)
+    while not isinstance(result := shard.next_raw(iterator, plan.batch_size), EndOfStream):
+        iterator, entries = result
+        kept = _before(shard, piece, entries)
+        yield kept
+        if len(kept) < len(entries) or iterator.last_timestamp >= piece.end_time - 1:
+            return
+
+
+def _whole_stream(shard: ShardSnapshot, stream: Stream, pattern: tuple[str, ...],
+                  piece: Slice, batch_size: int) -> Batches:
+    after = max(piece.start_time - 1, 0)
+    while entries := shard.read_stream(stream, pattern, after, batch_size):
+        kept = _before(shard, piece, entries)
+        yield kept
+        after = shard.timestamp_of(piece.generation, entries[-1][0])
+        if len(kept) < len(entries) or after >= piece.end_time - 1:
+            return
+
+
+def _before(shard: ShardSnapshot, piece: Slice,
+            entries: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The entries before the slice's end (entries are in timestamp order)."""
+    for position, (key, _value) in enumerate(entries):
+        if shard.timestamp_of(piece.generation, key) >= piece.end_time:
+            return entries[:position]
+    return entries
 
 
 def _slices(shard_id: int, generation: dict[str, Any], end: int,
@@ -301,5 +350,5 @@ def _narrow(plan: ReadPlan, pushed: Filter) -> tuple[ReadPlan, bool] | None:
         if is_wildcard(value) or not levels_match(plan.topic_filter.split("/"),
                                                   value.split("/")):
             return replace(plan, nothing=True), True
-        return replace(plan, topic_filter=value), True
+        return replace(plan, topic_filter=value, all_topics=False), True
     return None

@@ -1,5 +1,6 @@
-"""`stratamq ctl clients`, `stratamq ctl ds info` and `stratamq ctl ds checkpoint DB
-DIR`: call the admin API of a running site over HTTP and print readable tables.
+"""`stratamq ctl clients`, `stratamq ctl ds info`, `stratamq ctl ds checkpoint DB DIR`
+and `stratamq ctl ds apply-gc PLAN`: call the admin API of a running site over HTTP
+and print readable tables.
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -187,10 +188,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
-        parser.add_argument("action", choices=["info", "checkpoint"],
+        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc"],
                             help="info: sites, databases, shards and generations; "
                                  "checkpoint DB DIR: a checkpoint of database DB in the new "
-                                 "folder DIR on the site's machine")
+                                 "folder DIR on the site's machine; apply-gc PLAN: apply a "
+                                 "GC plan file of `stratamq spark gc`")
         parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
@@ -236,9 +238,33 @@ def _ds_checkpoint(client: AdminClient, arguments: argparse.Namespace) -> str:
                       table(["Shard", "Generation", "Layout", "Since", "Until", "Size"], rows)])
 
 
+def _ds_apply_gc(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 1:
+        raise CtlError("usage: stratamq ctl ds apply-gc PLAN")
+    try:
+        plan = json.loads(Path(arguments.arguments[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read the plan {arguments.arguments[0]}: {exc}") from exc
+    if not isinstance(plan, dict) or not isinstance(plan.get("db"), str):
+        raise CtlError(f"{arguments.arguments[0]} is not a GC plan (no db)")
+    db = plan["db"]
+    report = client.post(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}/gc-plan", plan)
+    if arguments.json:
+        return json.dumps(report, indent=2)
+    rows = [[f"{db}/{g['shard']}", g["generation"], g["action"], g["status"],
+             g["deleted_messages"], human_bytes(g["bytes_freed"]), g.get("reason", "")]
+            for g in report["generations"]]
+    return "\n".join([
+        table(["Shard", "Generation", "Action", "Status", "Deleted", "Freed", "Reason"], rows),
+        f"{report['deleted_messages']} messages deleted, "
+        f"{human_bytes(report['bytes_freed'])} freed"])
+
+
 def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
     if arguments.action == "checkpoint":
         return _ds_checkpoint(client, arguments)
+    if arguments.action == "apply-gc":
+        return _ds_apply_gc(client, arguments)
     if arguments.arguments:
         raise CtlError(f"`ds {arguments.action}` takes no arguments")
     return _ds_info(client, arguments)

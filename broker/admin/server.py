@@ -21,7 +21,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
 from ..core.broker import Broker
-from ..ds import Database, DbDescription, DurableStorage, create_checkpoint, describe
+from ..ds import (
+    Database,
+    DbDescription,
+    DurableStorage,
+    apply_gc_plan,
+    create_checkpoint,
+    describe,
+)
 from ..errors import StorageClosedError, StratamqError, UnknownDatabaseError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
@@ -83,6 +90,7 @@ class AdminServer:
             web.get(f"{API}/ds/storages", self._storages),
             web.get(f"{API}/ds/storages/{{db}}", self._storage),
             web.post(f"{API}/ds/storages/{{db}}/checkpoints", self._checkpoint),
+            web.post(f"{API}/ds/storages/{{db}}/gc-plan", self._gc_plan),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
         ])
@@ -225,6 +233,15 @@ class AdminServer:
         manifest = await create_checkpoint(database, target)
         log.info("checkpoint of %r made in %s", database.name, target)
         return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
+
+    async def _gc_plan(self, request: web.Request) -> web.Response:
+        """Apply a generation GC plan of `stratamq spark gc` (the body): what was
+        dropped or rewritten per generation, and the bytes freed."""
+        database = self._running().storage.db(request.match_info["db"])
+        report = await apply_gc_plan(database, await json_body(request))
+        log.info("GC plan applied to %r: %d messages deleted, %d bytes freed",
+                 database.name, report["deleted_messages"], report["bytes_freed"])
+        return web.json_response(report)
 
     async def _sites(self, _request: web.Request) -> web.Response:
         return listing([await self._site_view()])

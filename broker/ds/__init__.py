@@ -6,11 +6,13 @@ from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
+from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase
 from .message import Message, MessageProperties, decode_message, encode_message
 from .options import DbOptions
+from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 
@@ -33,10 +35,12 @@ __all__ = [
     "NextResult",
     "PreDropListener",
     "Rank",
+    "RetentionRules",
     "ShardDescription",
     "ShardSnapshot",
     "Snapshot",
     "Stream",
+    "apply_gc_plan",
     "create_checkpoint",
     "decode_message",
     "describe",

@@ -4,6 +4,7 @@ write buffers, and the asyncio operations of the storage API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -11,7 +12,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -414,6 +415,19 @@ class Database:
             messages.append((key, message))
         return iterator.advanced_to(generation.layout.timestamp_of(entries[-1][0])), messages
 
+    @contextlib.asynccontextmanager
+    async def reading(self, shard_id: int, generation_id: int) -> AsyncIterator[None]:
+        """Count as a read in flight on a generation: a drop of it waits until the
+        block ends (for long scans off the event loop, such as generation GC)."""
+        read_key = (shard_id, generation_id)
+        self._reads_in_flight[read_key] += 1
+        try:
+            yield
+        finally:
+            self._reads_in_flight[read_key] -= 1
+            async with self._read_finished:
+                self._read_finished.notify_all()
+
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)
         is not there."""
@@ -505,7 +519,10 @@ class Database:
             return False, 0
         at = now_us() if now is None else now
         retention_us = int(self.options.message_retention_period * 1_000_000)
-        plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us)
+        longest = self.options.longest_retention_period
+        drop_after_us = None if longest is None else int(longest * 1_000_000)
+        plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us,
+                                drop_after_us)
                  for shard in self.shards]
         added = any(plan.add_generation for plan in plans)
         if added:

@@ -323,6 +323,32 @@ class Shard:
                 total += family.property_int_value(name) or 0
         return total
 
+    def gc_write(self, generation_id: int, deletes: Sequence[bytes],
+                 record_puts: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """Delete data entries of a closed generation and put records, in one atomic,
+        synced batch (generation GC). Blocking; the caller holds the shard's lock."""
+        generation = self.generations.get(generation_id)
+        if generation is None:
+            raise GenerationError(f"shard {self.shard_id} has no generation {generation_id}")
+        if generation.info.is_current and deletes:
+            raise GenerationError(f"generation {generation_id} of shard {self.shard_id} is "
+                                  "current; GC never rewrites the current generation")
+        batch = WriteBatch(raw_mode=True)
+        family = self._db.get_column_family_handle(generation.info.data_column_family())
+        for key in deletes:
+            batch.delete(key, family)
+        for key, value in record_puts:
+            batch.put(RECORD_PREFIX + key, value)
+        self._db.write(batch, self._synced)
+
+    def compact_generation(self, generation_id: int) -> None:
+        """Flush and compact a generation's data, so deleted entries free their space.
+        Blocking."""
+        generation = self.generations.get(generation_id)
+        if generation is not None:
+            generation.data.flush()
+            generation.data.compact_range(None, None)
+
     def checkpoint(self, path: Path) -> None:
         """A consistent copy of this shard's RocksDB at `path` (which must not exist):
         hard links to its table files and a flushed memtable. Blocking; the caller

@@ -20,7 +20,7 @@ from ..topic import levels_match, validate_filter
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import Layout, ReadStats, make_layout
-from .lts import Trie
+from .lts import END, PLUS, StaticIndex, Trie
 from .message import Message, decode_message, peek_topic
 from .shard import read_generation_table, read_last_timestamp, read_trie
 from .site_id import SITE_ID_FILE
@@ -32,6 +32,25 @@ DB_META_FILE = "db.json"  # as `database.META_FILE`; repeated to keep imports on
 _READ_THRESHOLDS = (100, 10)
 
 RawEntries = list[tuple[bytes, bytes]]
+
+
+def stream_patterns(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
+    """Every stream of a generation with its all-`+` pattern (one `+` per varying
+    level): what an iterator reading the whole stream uses."""
+    parents = {edge.child: edge for edge in trie.edges()}
+    found = {}
+    for edge in trie.edges():
+        if edge.label != END:
+            continue
+        pattern: list[str] = []
+        state = edge.parent
+        while state in parents:
+            above = parents[state]
+            if above.label == PLUS:
+                pattern.append(PLUS)
+            state = above.parent
+        found[edge.child] = tuple(pattern)
+    return found
 
 
 @dataclass(slots=True)
@@ -75,6 +94,21 @@ class ShardSnapshot:
         trie = self.generation(generation_id).trie
         return [Stream(self.shard_id, generation_id, static)
                 for static in sorted(match.static for match in trie.match(levels))]
+
+    def all_streams(self, generation_id: int) -> list[tuple[Stream, tuple[str, ...]]]:
+        """Every stream of a generation (`$` topics too, which no wildcard filter
+        reads), each with the all-`+` pattern that reads the whole stream."""
+        patterns = stream_patterns(self.generation(generation_id).trie)
+        return [(Stream(self.shard_id, generation_id, static), patterns[static])
+                for static in sorted(patterns)]
+
+    def read_stream(self, stream: Stream, pattern: tuple[str, ...], after: int,
+                    batch_size: int) -> RawEntries:
+        """Up to `batch_size` (data key, stored message) of a whole stream after the
+        timestamp `after`, every topic (see `all_streams`)."""
+        generation = self.generation(stream.generation)
+        return generation.layout.read(generation.data, stream.static, pattern, ["#"], after,
+                                      batch_size, ReadStats())
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
         levels = validate_filter(topic_filter)

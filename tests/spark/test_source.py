@@ -203,6 +203,9 @@ def test_key_columns_alone_and_no_payload_by_default(spark: SparkSession, checkp
         .option("topic_filter", "alerts/+").load(str(checkpoint))
     assert sorted((r.topic, r.timestamp) for r in keys.collect()) == sorted(
         (row[3], row[4]) for row in replay.rows("alerts/+", 0, 2**63 - 1))
+    # every stream (`$` topics too, none here): the same rows as `#`
+    every = spark.read.format("stratamq").option("all_topics", "true").load(str(checkpoint))
+    assert sorted(every.collect()) == sorted(default.collect())
     sizes = default.where("topic = 'misc/one'").select("payload_size").collect()
     assert sorted(r.payload_size for r in sizes) == sorted(
         len(row[7]) for row in replay.rows("misc/one", 0, 2**63 - 1))
