@@ -6,6 +6,8 @@ machine sees (a volume in Kubernetes): nothing here assumes a local folder.
     stratamq spark gc --checkpoint /ckpt/messages-1 --config stratamq.yaml --dry-run
     stratamq spark gc --checkpoint /ckpt/messages-1 --rule 'sensors/#=7d' \\
         --default 1d --plan gc-plan.json
+    stratamq spark learn-topics --checkpoint /ckpt/messages-1 --seed seed.json
+    stratamq spark export --checkpoint /ckpt/messages-1 --out usage.parquet --plot usage.png
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from stratamq.broker.config import load_config, parse_duration
 from stratamq.broker.ds import RetentionRules
 from stratamq.broker.errors import StratamqError
 
-JOBS = ("gc",)
+JOBS = ("gc", "learn-topics", "export")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +42,21 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--plan", help="write the plan to this file")
     gc.add_argument("--dry-run", action="store_true",
                     help="print the plan and write nothing")
-    for job in (gc,):
+    learn = jobs.add_parser("learn-topics", help="a seed topic structure for the next "
+                                                 "generation, from the whole topic population")
+    learn.add_argument("--checkpoint", required=True)
+    learn.add_argument("--config", help="broker config file: the wildcard thresholds")
+    learn.add_argument("--hot-share", type=float, default=None,
+                       help="share of a level's messages that earns a value its own "
+                            "streams (default 0.25)")
+    learn.add_argument("--seed", help="write the seed to this file (else print it)")
+    export = jobs.add_parser("export", help="usage per topic pattern and hour to Parquet")
+    export.add_argument("--checkpoint", required=True)
+    export.add_argument("--out", required=True, help="a new Parquet folder")
+    export.add_argument("--plot", help="also draw messages per hour of the top patterns "
+                                       "into this PNG")
+    export.add_argument("--top", type=int, default=8, help="patterns in the plot")
+    for job in (gc, learn, export):
         job.add_argument("--master", default="local[*]",
                          help='Spark master (default local[*]; "" keeps spark-submit\'s)')
     return parser
@@ -81,6 +97,42 @@ def _gc(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _learn_topics(arguments: argparse.Namespace) -> int:
+    thresholds = load_config(arguments.config).durable_storage.messages.layout.wildcard_thresholds
+    from .session import spark_session
+    from .topics import DEFAULT_HOT_SHARE, make_seed
+
+    hot_share = DEFAULT_HOT_SHARE if arguments.hot_share is None else arguments.hot_share
+    spark = spark_session("stratamq-learn-topics", arguments.master or None)
+    try:
+        seed = make_seed(spark, arguments.checkpoint, thresholds, hot_share)
+    finally:
+        spark.stop()
+    text = json.dumps(seed, indent=2)
+    if arguments.seed:
+        Path(arguments.seed).write_text(text + "\n", encoding="utf-8")
+        print(f"seed of {len(seed['patterns'])} stream patterns ({seed['topics']} topics) "
+              f"written to {arguments.seed}. Apply it with: stratamq ctl ds seed-topics "
+              f"{seed['db']} {arguments.seed}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def _export(arguments: argparse.Namespace) -> int:
+    from .export import export_usage
+    from .session import spark_session
+
+    spark = spark_session("stratamq-export", arguments.master or None)
+    try:
+        summary = export_usage(spark, arguments.checkpoint, arguments.out, arguments.plot,
+                               arguments.top)
+    finally:
+        spark.stop()
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def _summary_line(plan: dict[str, Any], path: str) -> str:
     summary = plan["summary"]
     return (f"plan written to {path}: drop {summary['drop_generations']}, rewrite "
@@ -97,6 +149,10 @@ def spark_main(argv: list[str]) -> int:
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
+        if arguments.job == "learn-topics":
+            return _learn_topics(arguments)
+        if arguments.job == "export":
+            return _export(arguments)
         return _gc(arguments)
     except (StratamqError, ValueError, OSError) as exc:
         print(f"stratamq spark {arguments.job}: {exc}", file=sys.stderr)

@@ -22,7 +22,9 @@ def spark_session(app_name: str, master: str | None = None,
                   shuffle_partitions: int | None = None,
                   config: dict[str, str] | None = None) -> SparkSession:
     """A session for one job. `master` None keeps what spark-submit set."""
-    builder = SparkSession.builder.appName(app_name).config(PUSHDOWN, "true")
+    # UTC: hours in the usage export are UTC hours wherever the job runs
+    builder = SparkSession.builder.appName(app_name).config(PUSHDOWN, "true") \
+        .config("spark.sql.session.timeZone", "UTC")
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):

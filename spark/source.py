@@ -66,10 +66,11 @@ PROPERTIES_TYPE = (
     "struct<payload_format_indicator: int, message_expiry_interval: bigint, "
     "content_type: string, response_topic: string, correlation_data: binary, "
     "user_properties: array<struct<name: string, value: string>>>")
-BASE_COLUMNS = ("shard int, generation int, stream string, topic string, timestamp bigint, "
-                "publisher string, qos int, retain boolean, payload_size int")
+BASE_COLUMNS = ("shard int, generation int, stream string, pattern string, topic string, "
+                "timestamp bigint, publisher string, qos int, retain boolean, "
+                "payload_size int")
 # Columns that need no decoding of the stored message.
-KEY_COLUMNS = frozenset({"shard", "generation", "stream", "topic", "timestamp"})
+KEY_COLUMNS = frozenset({"shard", "generation", "stream", "pattern", "topic", "timestamp"})
 
 
 def default_schema(payload: bool) -> str:
@@ -222,6 +223,7 @@ def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[t
     decode = not KEY_COLUMNS.issuperset(columns)
     for stream, batches in _stream_batches(shard, piece, plan):
         stream_hex = stream.static.hex()
+        pattern = shard.topic_pattern(stream) if "pattern" in columns else ""
         for entries in batches:
             for key, value in entries:
                 timestamp = shard.timestamp_of(piece.generation, key)
@@ -234,6 +236,8 @@ def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[t
                         row.append(piece.generation)
                     elif name == "stream":
                         row.append(stream_hex)
+                    elif name == "pattern":
+                        row.append(pattern)
                     elif name == "topic":
                         row.append(message.topic if message is not None else peek_topic(value))
                     elif name == "timestamp":

@@ -1,6 +1,6 @@
-"""`stratamq ctl clients`, `stratamq ctl ds info`, `stratamq ctl ds checkpoint DB DIR`
-and `stratamq ctl ds apply-gc PLAN`: call the admin API of a running site over HTTP
-and print readable tables.
+"""`stratamq ctl clients`, `stratamq ctl ds info`, `stratamq ctl ds checkpoint DB DIR`,
+`stratamq ctl ds apply-gc PLAN` and `stratamq ctl ds seed-topics DB FILE`: call the
+admin API of a running site over HTTP and print readable tables.
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -44,14 +44,17 @@ class AdminClient:
         return self._call(path, None)
 
     def post(self, path: str, body: Any) -> Any:
-        return self._call(path, json.dumps(body).encode("utf-8"))
+        return self._call(path, json.dumps(body).encode("utf-8"), "POST")
 
-    def _call(self, path: str, body: bytes | None) -> Any:
+    def put(self, path: str, body: Any) -> Any:
+        return self._call(path, json.dumps(body).encode("utf-8"), "PUT")
+
+    def _call(self, path: str, body: bytes | None, method: str = "GET") -> Any:
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=body, headers=headers,
-                                         method="GET" if body is None else "POST")
+                                         method=method)
         if self.authorization is not None:
             request.add_header("Authorization", self.authorization)
         try:
@@ -188,11 +191,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
-        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc"],
+        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics"],
                             help="info: sites, databases, shards and generations; "
                                  "checkpoint DB DIR: a checkpoint of database DB in the new "
                                  "folder DIR on the site's machine; apply-gc PLAN: apply a "
-                                 "GC plan file of `stratamq spark gc`")
+                                 "GC plan file of `stratamq spark gc`; seed-topics DB FILE: "
+                                 "seed the next generation's topic structure with a file "
+                                 "of `stratamq spark learn-topics`")
         parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
@@ -260,7 +265,27 @@ def _ds_apply_gc(client: AdminClient, arguments: argparse.Namespace) -> str:
         f"{human_bytes(report['bytes_freed'])} freed"])
 
 
+def _ds_seed_topics(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 2:
+        raise CtlError("usage: stratamq ctl ds seed-topics DB FILE")
+    db, path = arguments.arguments
+    try:
+        seed = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read the seed {path}: {exc}") from exc
+    patterns = seed.get("patterns") if isinstance(seed, dict) else None
+    if not isinstance(patterns, list):
+        raise CtlError(f"{path} is not a topic seed (no patterns)")
+    answer = client.put(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}"
+                        "/topic-structure", {"patterns": patterns})
+    if arguments.json:
+        return json.dumps(answer, indent=2)
+    return f"{answer['patterns']} stream patterns seeded into {db}: {answer['applies_to']}"
+
+
 def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action == "seed-topics":
+        return _ds_seed_topics(client, arguments)
     if arguments.action == "checkpoint":
         return _ds_checkpoint(client, arguments)
     if arguments.action == "apply-gc":

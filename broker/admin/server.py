@@ -91,6 +91,7 @@ class AdminServer:
             web.get(f"{API}/ds/storages/{{db}}", self._storage),
             web.post(f"{API}/ds/storages/{{db}}/checkpoints", self._checkpoint),
             web.post(f"{API}/ds/storages/{{db}}/gc-plan", self._gc_plan),
+            web.put(f"{API}/ds/storages/{{db}}/topic-structure", self._topic_structure),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
         ])
@@ -242,6 +243,19 @@ class AdminServer:
         log.info("GC plan applied to %r: %d messages deleted, %d bytes freed",
                  database.name, report["deleted_messages"], report["bytes_freed"])
         return web.json_response(report)
+
+    async def _topic_structure(self, request: web.Request) -> web.Response:
+        """Seed the next generation's learned topic structure: body `{"patterns":
+        [...]}` (a seed of `stratamq spark learn-topics`)."""
+        database = self._running().storage.db(request.match_info["db"])
+        patterns = (await json_body(request)).get("patterns")
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise BadRequestError('give the seed as {"patterns": ["fleet/+/+/temp", ...]}')
+        await database.set_topic_seed(patterns)
+        log.info("topic seed of %d patterns set on %r: used from its next generation",
+                 len(patterns), database.name)
+        return web.json_response({"db": database.name, "patterns": len(patterns),
+                                  "applies_to": "the next generation of every shard"})
 
     async def _sites(self, _request: web.Request) -> web.Response:
         return listing([await self._site_view()])

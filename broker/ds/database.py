@@ -20,6 +20,7 @@ from ..errors import (
     ConfigError,
     InvalidIteratorError,
     InvalidMessageError,
+    InvalidTopicFilterError,
     PayloadTooLargeError,
 )
 from ..files import write_atomically
@@ -459,6 +460,20 @@ class Database:
                 self._note_streams(shard.shard_id, info.id,
                                    shard.generations[info.id].trie.edges())
         self._update_generation_gauges()
+
+    async def set_topic_seed(self, patterns: list[str]) -> None:
+        """Seed the learned topic structure of every shard's next generation with
+        stream patterns (`fleet/north/+/temp`: literal and `+` levels, no `#`), as
+        `stratamq spark learn-topics` makes them. The current generations keep theirs."""
+        for pattern in patterns:
+            levels = validate_filter(pattern)
+            if "#" in levels:
+                raise InvalidTopicFilterError(f"seed pattern {pattern!r}: a stream pattern "
+                                              "has literal and + levels only, no #")
+        loop = asyncio.get_running_loop()
+        for shard, lock in zip(self.shards, self._locks, strict=True):
+            async with lock:
+                await loop.run_in_executor(self._executor, shard.set_topic_seed, patterns)
 
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
         return {(shard.shard_id, generation_id): generation.info

@@ -8,6 +8,7 @@ in-memory state (tries, next timestamp) is only changed on the event loop, by
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import struct
 import time
@@ -21,12 +22,14 @@ from ..errors import CorruptDataError, GenerationError
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
-from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie
+from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie, seed_edges
 from .message import Message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
+# The seed structure (stream patterns) new generations start their trie with.
+_TOPIC_SEED_KEY = b"topic_seed"
 # Records written with cooked batches live under this prefix of the metadata family.
 RECORD_PREFIX = b"rec/"
 _U64 = struct.Struct(">Q")
@@ -111,6 +114,9 @@ class Shard:
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
         self.last_timestamp = read_last_timestamp(self._db)
+        stored_seed = self._db.get(_TOPIC_SEED_KEY)
+        self.topic_seed: tuple[str, ...] = tuple(json.loads(as_bytes(stored_seed))) \
+            if stored_seed is not None else ()
         self._next_timestamp = self.last_timestamp + 1
         if not self.generations:
             self._create_generation(previous=None)
@@ -146,6 +152,7 @@ class Shard:
         for name in (info.data_column_family(), info.trie_column_family()):
             self._db.create_column_family(name, Options(raw_mode=True))
         inherited = previous.trie.wildcard_paths() if previous else []
+        inherited += seed_edges(self.topic_seed)
         batch = WriteBatch(raw_mode=True)
         trie_family = self._db.get_column_family_handle(info.trie_column_family())
         for edge in inherited:
@@ -160,6 +167,12 @@ class Shard:
         generation = self._open_generation(info)
         self.generations[info.id] = generation
         return info
+
+    def set_topic_seed(self, patterns: Sequence[str]) -> None:
+        """Keep a seed structure for the generations created from now on (see
+        `lts.seed_edges`); an empty one ends seeding. Blocking."""
+        self._db.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode(), self._synced)
+        self.topic_seed = tuple(patterns)
 
     def add_generation(self) -> GenerationInfo:
         """Close the current generation and start a new one. Blocking."""

@@ -34,23 +34,29 @@ _READ_THRESHOLDS = (100, 10)
 RawEntries = list[tuple[bytes, bytes]]
 
 
-def stream_patterns(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
-    """Every stream of a generation with its all-`+` pattern (one `+` per varying
-    level): what an iterator reading the whole stream uses."""
+def stream_paths(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
+    """Every stream of a generation with the labels from the root to it: its topic
+    pattern, literal levels and `+` where topics vary (`fleet/+/+/temp`)."""
     parents = {edge.child: edge for edge in trie.edges()}
     found = {}
     for edge in trie.edges():
         if edge.label != END:
             continue
-        pattern: list[str] = []
+        labels: list[str] = []
         state = edge.parent
         while state in parents:
             above = parents[state]
-            if above.label == PLUS:
-                pattern.append(PLUS)
+            labels.append(above.label)
             state = above.parent
-        found[edge.child] = tuple(pattern)
+        found[edge.child] = tuple(reversed(labels))
     return found
+
+
+def stream_patterns(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
+    """Every stream of a generation with its all-`+` pattern (one `+` per varying
+    level): what an iterator reading the whole stream uses."""
+    return {static: tuple(PLUS for label in labels if label == PLUS)
+            for static, labels in stream_paths(trie).items()}
 
 
 @dataclass(slots=True)
@@ -59,6 +65,7 @@ class SnapshotGeneration:
     layout: Layout
     trie: Trie
     data: Rdict
+    paths: dict[StaticIndex, str] | None = None  # topic patterns, made on first use
 
 
 class ShardSnapshot:
@@ -101,6 +108,14 @@ class ShardSnapshot:
         patterns = stream_patterns(self.generation(generation_id).trie)
         return [(Stream(self.shard_id, generation_id, static), patterns[static])
                 for static in sorted(patterns)]
+
+    def topic_pattern(self, stream: Stream) -> str:
+        """The stream's topic pattern (`fleet/+/+/temp`, see `stream_paths`)."""
+        generation = self.generation(stream.generation)
+        if generation.paths is None:
+            generation.paths = {static: "/".join(labels)
+                                for static, labels in stream_paths(generation.trie).items()}
+        return generation.paths.get(stream.static, "")
 
     def read_stream(self, stream: Stream, pattern: tuple[str, ...], after: int,
                     batch_size: int) -> RawEntries:
