@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stratamq.broker.config import load_config, parse_duration
-from stratamq.broker.ds import RetentionRules
+from stratamq.broker.ds import RetentionRules, Snapshot
 from stratamq.broker.errors import StratamqError
 
 JOBS = ("gc", "learn-topics", "export")
@@ -76,10 +76,17 @@ def retention_rules(arguments: argparse.Namespace) -> RetentionRules:
     return RetentionRules(default, rules)
 
 
+def _check_checkpoint(path: str) -> None:
+    """Fail before Spark starts (seconds) when the checkpoint cannot be read."""
+    with Snapshot(path) as snapshot:
+        snapshot.manifest()
+
+
 def _gc(arguments: argparse.Namespace) -> int:
     if not arguments.dry_run and not arguments.plan:
         raise ValueError("give --plan FILE to write the plan, or --dry-run to print it")
     rules = retention_rules(arguments)
+    _check_checkpoint(arguments.checkpoint)
     from .gc import make_plan
     from .session import spark_session
 
@@ -103,6 +110,7 @@ def _learn_topics(arguments: argparse.Namespace) -> int:
     from .topics import DEFAULT_HOT_SHARE, make_seed
 
     hot_share = DEFAULT_HOT_SHARE if arguments.hot_share is None else arguments.hot_share
+    _check_checkpoint(arguments.checkpoint)
     spark = spark_session("stratamq-learn-topics", arguments.master or None)
     try:
         seed = make_seed(spark, arguments.checkpoint, thresholds, hot_share)
@@ -123,6 +131,7 @@ def _export(arguments: argparse.Namespace) -> int:
     from .export import export_usage
     from .session import spark_session
 
+    _check_checkpoint(arguments.checkpoint)
     spark = spark_session("stratamq-export", arguments.master or None)
     try:
         summary = export_usage(spark, arguments.checkpoint, arguments.out, arguments.plot,

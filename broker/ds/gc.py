@@ -49,7 +49,6 @@ class GenerationScan:
 
     messages: int = 0
     expired: int = 0
-    expired_payload_bytes: int = 0
     deletes: list[bytes] = field(default_factory=list)
 
 
@@ -75,7 +74,6 @@ def scan_generation(generation: Generation, rules: RetentionRules, now: int) -> 
                 if topic_key is None or topic_key.static != static:
                     raise CorruptDataError(f"stored topic {topic!r} is not in its stream's trie")
                 scan.expired += 1
-                scan.expired_payload_bytes += len(value)
                 scan.deletes += [entry_key for entry_key, _ in
                                  layout.encode(topic, topic_key, timestamp, b"")]
             after = layout.timestamp_of(entries[-1][0])

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
@@ -102,6 +103,7 @@ def plan_of(checkpoint: Path, now: int, config: Path) -> dict[str, Any]:
     return plan
 
 
+@pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
 def test_gc_plan_applied_keeps_live_messages_for_a_durable_session(tmp_path: Path) -> None:
     with running_broker(tmp_path / "site", CONFIG) as broker:
         reader = PahoClient(broker.port, "gc-reader")

@@ -156,6 +156,8 @@ def test_workload_covers_generations_and_wildcard_streams(checkpoint: Path,
     assert {row[0] for row in every} == set(range(N_SHARDS))
 
 
+# Spark local on a shared 2-core machine: each example is a Spark job.
+@pytest.mark.timeout(900)
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(topic_filter=topic_filters, data=st.data())

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -105,6 +106,7 @@ def wait_for_generation_after(broker: BrokerProcess, after: dict[int, int]) -> N
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
 def test_seed_cuts_streams_and_seeks_and_export_counts(spark: SparkSession,
                                                        tmp_path: Path) -> None:
     with running_broker(tmp_path / "site", CONFIG) as broker:
