@@ -57,7 +57,7 @@ async def open_storage(config: Config) -> DurableStorage:
     retention = config.durable_sessions.message_retention_period
     storage = DurableStorage(Path(messages.data_dir))
     rules = config.durable_sessions.retention_rules
-    longest = max(rules.values(), default=retention) if rules else None
+    longest = max(rules.values()) if rules else None
     await storage.open_db(MESSAGES_DB, messages_db_options(messages, retention, longest))
     storage.start_retention(retention_check_interval(retention))
     log.info("storage open in %s: %s with %d shards", messages.data_dir, MESSAGES_DB,
