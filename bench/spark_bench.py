@@ -1,9 +1,11 @@
-"""Benchmark of the Spark data pipeline on this machine: rows per second through the
-`stratamq` data source next to plain rocksdict iteration of the same checkpoint, and
-the GC job (plan on Spark, apply on the storage) against data size, with the bytes
-it frees.
+"""Benchmark of the Spark data pipeline on this machine: topic learning on
+`fleet/{region}/{vehicle}/{sensor}` (streams per shard, index seeks per message for
+exact-topic and `+` filters, replay throughput, learned locally and seeded), rows
+per second through the `stratamq` data source next to plain rocksdict iteration of
+the same checkpoint, and the GC job (plan on Spark, apply on the storage) against
+data size, with the bytes it frees.
 
-    .venv/bin/python bench/spark_bench.py [--sizes 1000000,10000000] [--master local[*]]
+    .venv/bin/python bench/spark_bench.py [--sizes 1000000,10000000] [--vehicles 20000]
 
 Each size is a fresh storage of `n` messages (random payloads, 256 bytes by default)
 over 4 shards and two generations, half of them on topics whose retention rule has
@@ -28,13 +30,18 @@ from rocksdict import AccessType, Options, Rdict
 from stratamq.broker.ds import (
     DbOptions,
     DurableStorage,
+    EndOfStream,
     Message,
     RetentionRules,
+    Snapshot,
     apply_gc_plan,
     create_checkpoint,
+    decode_message,
 )
+from stratamq.broker.ds.layouts import ReadStats
 from stratamq.spark.gc import make_plan
 from stratamq.spark.session import spark_session
+from stratamq.spark.topics import make_seed
 
 matplotlib.use("Agg")
 
@@ -149,6 +156,110 @@ def run(size: int, payload: int, master: str, workdir: Path) -> Result:
     return result
 
 
+@dataclass
+class LearnResult:
+    generation: str
+    streams_per_shard: float
+    exact_seeks_per_message: float
+    plus_seeks_per_message: float
+    replay_messages_per_s: float
+
+
+def fleet(regions: int, vehicles: int, sensors: int, tag: str) -> list[Message]:
+    messages = [Message(f"fleet/r{r}/v{v}/s{s}", tag.encode(), f"r{r}-v{v}", 1)
+                for r in range(regions) for v in range(vehicles) for s in range(sensors)]
+    random.shuffle(messages)  # arrival order decides what a site learns
+    return messages
+
+
+def measure(snapshot: Snapshot, generation: int, name: str, exact: list[str],
+            plus: list[str]) -> tuple[LearnResult, list[str]]:
+    streams = [len(snapshot.shard(s).all_streams(generation)) for s in range(N_SHARDS)]
+    rates = []
+    topics: list[str] = []
+    for filters in (exact, plus):
+        stats = ReadStats()
+        delivered = 0
+        started = time.perf_counter()
+        for topic_filter in filters:
+            for shard_id in range(N_SHARDS):
+                shard = snapshot.shard(shard_id)
+                for stream in shard.get_streams(generation, topic_filter):
+                    iterator = shard.make_iterator(stream, topic_filter)
+                    while not isinstance(result := shard.next_raw(iterator, 1000, stats),
+                                         EndOfStream):
+                        iterator, entries = result
+                        delivered += len(entries)
+                        if filters is plus:
+                            topics += [decode_message(value).topic for _k, value in entries]
+        rates.append((stats.seeks / max(delivered, 1), delivered / (time.perf_counter()
+                                                                     - started)))
+    return LearnResult(name, sum(streams) / N_SHARDS, rates[0][0], rates[1][0],
+                       rates[1][1]), sorted(topics)
+
+
+def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
+    """fleet/{8 regions}/{vehicles}/{5 sensors}, published by each vehicle: the
+    streams and seeks of a generation learned locally, then of one seeded by
+    `learn-topics` from the same population."""
+    data = workdir / "fleet"
+    storage = DurableStorage(data)
+    loop = asyncio.new_event_loop()
+
+    async def store(tag: str) -> None:
+        messages = fleet(8, vehicles, 5, tag)
+        for start in range(0, len(messages), CALL_BATCH):
+            await storage.store_batch("messages", messages[start:start + CALL_BATCH])
+
+    async def first() -> None:
+        await storage.open_db("messages", DbOptions(n_shards=N_SHARDS))
+        await store("one")
+
+    loop.run_until_complete(first())
+    learned = workdir / "fleet-learned"
+    loop.run_until_complete(create_checkpoint(storage.db("messages"), learned))
+    spark = spark_session("stratamq-bench-learn", master, shuffle_partitions=8,
+                          config={"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        seed = make_seed(spark, str(learned), (100, 10))
+    finally:
+        spark.stop()
+
+    async def second() -> None:
+        await storage.db("messages").set_topic_seed(seed["patterns"])
+        await storage.add_generation("messages")
+        await store("two")
+
+    loop.run_until_complete(second())
+    both = workdir / "fleet-both"
+    loop.run_until_complete(create_checkpoint(storage.db("messages"), both))
+    loop.run_until_complete(storage.close())
+    loop.close()
+    rng = random.Random(7)
+    exact = [f"fleet/r{rng.randrange(8)}/v{rng.randrange(vehicles)}/s{rng.randrange(5)}"
+             for _ in range(50)]
+    plus = [f"fleet/r{r}/+/s{s}" for r in range(8) for s in range(5)]
+    with Snapshot(both) as snapshot:
+        local, topics_local = measure(snapshot, 1, "learned locally", exact, plus)
+        seeded, topics_seeded = measure(snapshot, 2, f"seeded ({len(seed['patterns'])} "
+                                                     "patterns)", exact, plus)
+    assert topics_local == topics_seeded, "the seeded generation replays other messages"
+    for folder in (data, learned, both):
+        shutil.rmtree(folder)
+    return [local, seeded]
+
+
+def learn_table(vehicles: int, results: list[LearnResult]) -> str:
+    lines = [f"fleet/{{8 regions}}/{{{vehicles:,} vehicles}}/{{5 sensors}}, {N_SHARDS} shards",
+             "| generation | streams per shard | seeks per message (exact) | "
+             "seeks per message (+) | replay msgs/s (+) |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.generation} | {r.streams_per_shard:,.0f} | "
+              f"{r.exact_seeks_per_message:.2f} | {r.plus_seeks_per_message:.3f} | "
+              f"{r.replay_messages_per_s:,.0f} |" for r in results]
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
     lines = ["| messages | checkpoint | rocksdict rows/s | source rows/s (keys) | "
              "source rows/s (payload) | GC plan s | GC apply s | deleted | freed |",
@@ -191,19 +302,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000000,10000000",
-                        help="messages per run, comma separated")
+                        help="messages per run, comma separated (empty: skip)")
     parser.add_argument("--payload", type=int, default=256, help="payload bytes")
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--workdir", help="where the storages go (default: a temp folder)")
+    parser.add_argument("--vehicles", type=int, default=20_000,
+                        help="vehicles of the topic-learning workload (0: skip it)")
     arguments = parser.parse_args()
     workdir = Path(arguments.workdir or tempfile.mkdtemp(prefix="spark-bench-"))
+    if arguments.vehicles:
+        print(learn_table(arguments.vehicles,
+                          learn_run(arguments.vehicles, arguments.master, workdir)), flush=True)
     results = []
-    for size in (int(text) for text in arguments.sizes.split(",")):
+    for size in (int(text) for text in arguments.sizes.split(",") if text):
         results.append(run(size, arguments.payload, arguments.master, workdir))
         print(table(results[-1:]).splitlines()[-1], flush=True)
-    print(table(results))
-    plot(results, Path(arguments.out) / "spark_bench.png")
+    if results:
+        print(table(results))
+        plot(results, Path(arguments.out) / "spark_bench.png")
 
 
 if __name__ == "__main__":
