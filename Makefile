@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,operator]'
+	$(BIN)/python -m pip install --quiet -e '.[test,operator,spark]'
 	touch $(STAMP)
 
 # The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
@@ -53,11 +53,12 @@ typecheck-tree:
 	mkdir -p .typecheck/stratamq
 	ln -sfn ../../broker .typecheck/stratamq/broker
 	ln -sfn ../../operator .typecheck/stratamq/operator
+	ln -sfn ../../spark .typecheck/stratamq/spark
 
 lint: $(STAMP) typecheck-tree
-	$(BIN)/ruff check broker operator tests bench
+	$(BIN)/ruff check broker operator spark tests bench
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker \
-	  -p stratamq.operator
+	  -p stratamq.operator -p stratamq.spark
 	MYPYPATH=.typecheck $(BIN)/mypy tests bench
 
 # The benchmarks' peers: Mosquitto (Debian, installed with the stamp above) and
@@ -65,7 +66,7 @@ lint: $(STAMP) typecheck-tree
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

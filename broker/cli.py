@@ -39,10 +39,26 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = commands.add_parser("ctl", help="administration commands")
     ctl.add_argument("ctl_command", choices=["passwd", "clients", "ds"],
                      help="passwd: edit a password file; clients: connected clients; "
-                          "ds info: databases, shards, sites, generations (these two ask "
-                          "a running site's admin API)")
+                          "ds info: databases, shards, sites, generations; ds checkpoint "
+                          "DB DIR: a checkpoint for the Spark jobs (these ask a running "
+                          "site's admin API)")
     ctl.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
+    spark = commands.add_parser("spark", help="the data pipeline's Spark jobs (gc); needs the "
+                                              "spark extra (PySpark) and Java",
+                                add_help=False)
+    spark.add_argument("rest", nargs=argparse.REMAINDER, help="the job and its arguments")
     return parser
+
+
+def run_spark(argv: list[str]) -> int:
+    # Imported here: the broker runs without PySpark, which only the jobs need.
+    try:
+        from stratamq.spark.cli import spark_main
+    except ImportError as exc:
+        print(f"stratamq spark: {exc}: install the spark extra (pip install "
+              "'stratamq[spark]'; Java 17+ must be on the machine)", file=sys.stderr)
+        return 1
+    return spark_main(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
             import uvloop
 
             uvloop.run(run_broker(arguments.config))
+        elif arguments.command == "spark":
+            raise SystemExit(run_spark(arguments.rest))
         elif arguments.ctl_command == "passwd":
             raise SystemExit(passwd_main(arguments.rest))
         else:

@@ -27,13 +27,15 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails
 
 from .ds.layouts import wildcard_optimized
 from .ds.options import MAX_MQTT_PAYLOAD
-from .errors import ConfigError
+from .errors import ConfigError, InvalidTopicFilterError
+from .topic import validate_filter
 from .yamlfile import load_yaml_file
 
 ENV_PREFIX = "STRATAMQ__"
@@ -231,6 +233,21 @@ class DurableSessionsConfig(_Section):
     # a row is taken for gone and its shards fail over to other replicas, so this
     # bounds how fast writes resume after a crash; shorter costs more messages.
     heartbeat_interval: Duration = parse_duration("1s")
+    # Per-topic retention (`sensors/#: 7d`): the most specific matching filter wins,
+    # other topics keep `message_retention_period`. The Spark GC job applies them
+    # (`stratamq spark gc`); the site drops a generation whole only once the longest
+    # retention has passed.
+    retention_rules: dict[str, Duration] = Field(default_factory=dict)
+
+    @field_validator("retention_rules")
+    @classmethod
+    def _rules_are_filters(cls, rules: dict[str, float]) -> dict[str, float]:
+        for topic_filter in rules:
+            try:
+                validate_filter(topic_filter)
+            except InvalidTopicFilterError as exc:
+                raise ValueError(f"retention rule {topic_filter!r}: {exc.message}") from exc
+        return rules
 
 
 class AccessControlConfig(_Section):

@@ -52,6 +52,16 @@ class GenerationError(StorageError):
     """A generation operation that the shard refuses (drop the current one, unknown id)."""
 
 
+class CheckpointExistsError(StorageError):
+    """A checkpoint's target folder exists already: checkpoints never overwrite."""
+
+
+class GcPlanRefusedError(StorageError):
+    """A generation GC plan the site will not apply: not for this site or database,
+    malformed, or older than the data (made from a checkpoint older than one whose
+    plan was applied already)."""
+
+
 class CorruptDataError(StorageError):
     """Stored bytes that do not decode: a bug or a damaged disk, never bad input."""
 

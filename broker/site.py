@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 MESSAGES_DB = "messages"
 
 
-def messages_db_options(messages: MessagesDbConfig, retention_period: float) -> DbOptions:
+def messages_db_options(messages: MessagesDbConfig, retention_period: float,
+                        longest_retention_period: float | None = None) -> DbOptions:
     buffer = messages.local_write_buffer
     return DbOptions(
         n_shards=messages.n_shards,
@@ -41,6 +42,7 @@ def messages_db_options(messages: MessagesDbConfig, retention_period: float) -> 
         sync_writes=messages.sync_writes,
         max_payload_bytes=messages.max_payload_bytes,
         message_retention_period=retention_period,
+        longest_retention_period=longest_retention_period,
         topic_cache_bytes=messages.topic_cache_bytes,
     )
 
@@ -55,7 +57,9 @@ async def open_storage(config: Config) -> DurableStorage:
     messages = config.durable_storage.messages
     retention = config.durable_sessions.message_retention_period
     storage = DurableStorage(Path(messages.data_dir))
-    await storage.open_db(MESSAGES_DB, messages_db_options(messages, retention))
+    rules = config.durable_sessions.retention_rules
+    longest = max(rules.values()) if rules else None
+    await storage.open_db(MESSAGES_DB, messages_db_options(messages, retention, longest))
     storage.start_retention(retention_check_interval(retention))
     log.info("storage open in %s: %s with %d shards", messages.data_dir, MESSAGES_DB,
              messages.n_shards)

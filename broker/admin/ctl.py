@@ -1,5 +1,6 @@
-"""`stratamq ctl clients` and `stratamq ctl ds info`: read the admin API of a running
-site over HTTP and print readable tables.
+"""`stratamq ctl clients`, `stratamq ctl ds info`, `stratamq ctl ds checkpoint DB DIR`,
+`stratamq ctl ds apply-gc PLAN` and `stratamq ctl ds seed-topics DB FILE`: call the
+admin API of a running site over HTTP and print readable tables.
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -40,7 +41,20 @@ class AdminClient:
         self.timeout = timeout
 
     def get(self, path: str) -> Any:
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
+        return self._call(path, None)
+
+    def post(self, path: str, body: Any) -> Any:
+        return self._call(path, json.dumps(body).encode("utf-8"), "POST")
+
+    def put(self, path: str, body: Any) -> Any:
+        return self._call(path, json.dumps(body).encode("utf-8"), "PUT")
+
+    def _call(self, path: str, body: bytes | None, method: str = "GET") -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=body, headers=headers,
+                                         method=method)
         if self.authorization is not None:
             request.add_header("Authorization", self.authorization)
         try:
@@ -177,8 +191,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
-        parser.add_argument("action", choices=["info"],
-                            help="info: sites, databases, shards and generations")
+        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics"],
+                            help="info: sites, databases, shards and generations; "
+                                 "checkpoint DB DIR: a checkpoint of database DB in the new "
+                                 "folder DIR on the site's machine; apply-gc PLAN: apply a "
+                                 "GC plan file of `stratamq spark gc`; seed-topics DB FILE: "
+                                 "seed the next generation's topic structure with a file "
+                                 "of `stratamq spark learn-topics`")
+        parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
 
@@ -205,6 +225,76 @@ def _ds_info(client: AdminClient, arguments: argparse.Namespace) -> str:
     return format_ds_info(sites, storages)
 
 
+def _ds_checkpoint(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 2:
+        raise CtlError("usage: stratamq ctl ds checkpoint DB DIR")
+    db, folder = arguments.arguments
+    # relative to where ctl runs, which is where a user typing a path means it
+    answer = client.post(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}/checkpoints",
+                         {"dir": os.path.abspath(folder)})
+    if arguments.json:
+        return json.dumps(answer, indent=2)
+    manifest = answer["manifest"]
+    rows = [[f"{db}/{shard['id']}", g["id"], g["layout"], microseconds(g["since"]),
+             "current" if g["until"] is None else microseconds(g["until"]),
+             human_bytes(g["bytes"])]
+            for shard in manifest["shards"] for g in shard["generations"]]
+    return "\n".join([f"checkpoint of {db} (site {manifest['site']}) in {answer['dir']}",
+                      table(["Shard", "Generation", "Layout", "Since", "Until", "Size"], rows)])
+
+
+def _ds_apply_gc(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 1:
+        raise CtlError("usage: stratamq ctl ds apply-gc PLAN")
+    try:
+        plan = json.loads(Path(arguments.arguments[0]).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read the plan {arguments.arguments[0]}: {exc}") from exc
+    if not isinstance(plan, dict) or not isinstance(plan.get("db"), str):
+        raise CtlError(f"{arguments.arguments[0]} is not a GC plan (no db)")
+    db = plan["db"]
+    report = client.post(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}/gc-plan", plan)
+    if arguments.json:
+        return json.dumps(report, indent=2)
+    rows = [[f"{db}/{g['shard']}", g["generation"], g["action"], g["status"],
+             g["deleted_messages"], human_bytes(g["bytes_freed"]), g.get("reason", "")]
+            for g in report["generations"]]
+    return "\n".join([
+        table(["Shard", "Generation", "Action", "Status", "Deleted", "Freed", "Reason"], rows),
+        f"{report['deleted_messages']} messages deleted, "
+        f"{human_bytes(report['bytes_freed'])} freed"])
+
+
+def _ds_seed_topics(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if len(arguments.arguments) != 2:
+        raise CtlError("usage: stratamq ctl ds seed-topics DB FILE")
+    db, path = arguments.arguments
+    try:
+        seed = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read the seed {path}: {exc}") from exc
+    patterns = seed.get("patterns") if isinstance(seed, dict) else None
+    if not isinstance(patterns, list):
+        raise CtlError(f"{path} is not a topic seed (no patterns)")
+    answer = client.put(f"/api/v1/ds/storages/{urllib.parse.quote(db, safe='')}"
+                        "/topic-structure", {"patterns": patterns})
+    if arguments.json:
+        return json.dumps(answer, indent=2)
+    return f"{answer['patterns']} stream patterns seeded into {db}: {answer['applies_to']}"
+
+
+def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action == "seed-topics":
+        return _ds_seed_topics(client, arguments)
+    if arguments.action == "checkpoint":
+        return _ds_checkpoint(client, arguments)
+    if arguments.action == "apply-gc":
+        return _ds_apply_gc(client, arguments)
+    if arguments.arguments:
+        raise CtlError(f"`ds {arguments.action}` takes no arguments")
+    return _ds_info(client, arguments)
+
+
 def ctl_main(command: str, argv: list[str]) -> int:
     """`stratamq ctl clients|ds ...`. Returns the exit code: 0 done, 1 failed,
     2 bad usage."""
@@ -215,7 +305,7 @@ def ctl_main(command: str, argv: list[str]) -> int:
     try:
         client = AdminClient(arguments.url, authorization(arguments))
         output = _clients(client, arguments) if command == "clients" \
-            else _ds_info(client, arguments)
+            else _ds(client, arguments)
     except CtlError as exc:
         print(f"stratamq ctl {command}: {exc}", file=sys.stderr)
         return 1

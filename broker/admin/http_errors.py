@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from ..errors import (
+    CheckpointExistsError,
     ConfigError,
     CorruptDataError,
+    GcPlanRefusedError,
     GenerationError,
     InvalidIteratorError,
     InvalidMessageError,
@@ -28,9 +30,14 @@ class UnknownClientError(StratamqError):
     pass
 
 
+class BadRequestError(StratamqError):
+    """A request body the API cannot use (not JSON, a missing or wrong field)."""
+
+
 _BY_TYPE: dict[type[StratamqError], int] = {
     UnknownClientError: 404,
     UnknownSiteError: 404,
+    BadRequestError: 400,
     UnknownDatabaseError: 404,
     InvalidTopicError: 400,
     InvalidTopicFilterError: 400,
@@ -44,6 +51,8 @@ _BY_TYPE: dict[type[StratamqError], int] = {
     PlacementError: 400,
     StalePlacementError: 409,
     NoMajorityError: 503,
+    CheckpointExistsError: 409,
+    GcPlanRefusedError: 409,
     StorageBusyError: 429,
     StorageTimeoutError: 504,
     CorruptDataError: 500,

@@ -21,12 +21,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
 from ..core.broker import Broker
-from ..ds import DbDescription, DurableStorage, describe
-from ..errors import StorageClosedError, StratamqError, UnknownSiteError
+from ..ds import (
+    Database,
+    DbDescription,
+    DurableStorage,
+    apply_gc_plan,
+    create_checkpoint,
+    describe,
+)
+from ..errors import StorageClosedError, StratamqError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .http_errors import UnknownClientError, http_status
+from .http_errors import BadRequestError, UnknownClientError, http_status
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)
@@ -82,6 +89,9 @@ class AdminServer:
             web.get(f"{API}/subscriptions", self._subscriptions),
             web.get(f"{API}/ds/storages", self._storages),
             web.get(f"{API}/ds/storages/{{db}}", self._storage),
+            web.post(f"{API}/ds/storages/{{db}}/checkpoints", self._checkpoint),
+            web.post(f"{API}/ds/storages/{{db}}/gc-plan", self._gc_plan),
+            web.put(f"{API}/ds/storages/{{db}}/topic-structure", self._topic_structure),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
         ])
@@ -202,6 +212,53 @@ class AdminServer:
         database = self._running().storage.db(request.match_info["db"])
         return web.json_response(storage_view(await describe(database)))
 
+    def _any_database(self, name: str) -> Database:
+        """A messages or key-value database of this site, by name."""
+        storage = self._running().storage
+        if name in storage.databases:
+            return storage.databases[name]
+        if name in storage.kv_databases:
+            return storage.kv_databases[name].database
+        known = sorted([*storage.databases, *storage.kv_databases])
+        raise UnknownDatabaseError(f"no database {name!r} (this site has: {', '.join(known)})")
+
+    async def _checkpoint(self, request: web.Request) -> web.Response:
+        """Make a checkpoint of a database: body `{"dir": FOLDER}`, a new folder on
+        the site's machine; relative folders are taken under `<data dir>/checkpoints`."""
+        database = self._any_database(request.match_info["db"])
+        body = await json_body(request)
+        folder = body.get("dir")
+        if not isinstance(folder, str) or not folder:
+            raise BadRequestError('give the checkpoint folder as {"dir": "/some/new/folder"}')
+        target = Path(folder)
+        if not target.is_absolute():
+            target = self._running().storage.data_dir / "checkpoints" / target
+        manifest = await create_checkpoint(database, target)
+        log.info("checkpoint of %r made in %s", database.name, target)
+        return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
+
+    async def _gc_plan(self, request: web.Request) -> web.Response:
+        """Apply a generation GC plan of `stratamq spark gc` (the body): what was
+        dropped or rewritten per generation, and the bytes freed."""
+        database = self._running().storage.db(request.match_info["db"])
+        report = await apply_gc_plan(database, await json_body(request))
+        log.info("GC plan applied to %r: %d messages deleted, %d bytes freed",
+                 database.name, report["deleted_messages"], report["bytes_freed"])
+        return web.json_response(report)
+
+    async def _topic_structure(self, request: web.Request) -> web.Response:
+        """Seed the next generation's learned topic structure: body `{"patterns":
+        [...]}` (a seed of `stratamq spark learn-topics`)."""
+        database = self._running().storage.db(request.match_info["db"])
+        patterns = (await json_body(request)).get("patterns")
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise BadRequestError('give the seed as {"patterns": ["fleet/+/+/temp", ...]}')
+        await database.set_topic_seed(patterns)
+        log.info("topic seed of %d patterns set on %r: used from its next generation",
+                 len(patterns), database.name)
+        return web.json_response({"db": database.name, "patterns": len(patterns),
+                                  "applies_to": "the next generation of every shard"})
+
     async def _sites(self, _request: web.Request) -> web.Response:
         return listing([await self._site_view()])
 
@@ -214,6 +271,17 @@ class AdminServer:
 
     async def _site_view(self) -> Json:
         return site_view(self._running().storage.site_id, await self._descriptions())
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; BadRequestError when it is not one."""
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
 
 
 def listing(items: list[Any]) -> web.Response:

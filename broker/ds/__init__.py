@@ -2,18 +2,30 @@
 (see DESIGN.md, "Data model"). This package's names are the storage's one public
 API: the rest of the broker imports from here, never from the modules below."""
 
+from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
+from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase
-from .message import Message, MessageProperties, decode_message, encode_message
+from .message import (
+    Message,
+    MessageProperties,
+    decode_message,
+    encode_message,
+    peek_timestamp,
+    peek_topic,
+)
 from .options import DbOptions
+from .retention import RetentionRules
+from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 
 __all__ = [
     "END_OF_STREAM",
+    "MANIFEST_FILE",
     "CookedBatch",
     "Database",
     "DbDescription",
@@ -30,10 +42,17 @@ __all__ = [
     "NextResult",
     "PreDropListener",
     "Rank",
+    "RetentionRules",
     "ShardDescription",
+    "ShardSnapshot",
+    "Snapshot",
     "Stream",
+    "apply_gc_plan",
+    "create_checkpoint",
     "decode_message",
     "describe",
     "encode_message",
+    "peek_timestamp",
+    "peek_topic",
     "shard_of",
 ]

@@ -4,6 +4,7 @@ write buffers, and the asyncio operations of the storage API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -11,7 +12,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..errors import (
     ConfigError,
     InvalidIteratorError,
     InvalidMessageError,
+    InvalidTopicFilterError,
     PayloadTooLargeError,
 )
 from ..files import write_atomically
@@ -433,6 +435,19 @@ class Database:
         tallies[1].value += stats.nexts
         tallies[2].value += stats.hash_collisions
 
+    @contextlib.asynccontextmanager
+    async def reading(self, shard_id: int, generation_id: int) -> AsyncIterator[None]:
+        """Count as a read in flight on a generation: a drop of it waits until the
+        block ends (for long scans off the event loop, such as generation GC)."""
+        read_key = (shard_id, generation_id)
+        self._reads_in_flight[read_key] += 1
+        try:
+            yield
+        finally:
+            self._reads_in_flight[read_key] -= 1
+            async with self._read_finished:
+                self._read_finished.notify_all()
+
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)
         is not there."""
@@ -464,6 +479,20 @@ class Database:
                 self._note_streams(shard.shard_id, info.id,
                                    shard.generations[info.id].trie.edges())
         self._update_generation_gauges()
+
+    async def set_topic_seed(self, patterns: list[str]) -> None:
+        """Seed the learned topic structure of every shard's next generation with
+        stream patterns (`fleet/north/+/temp`: literal and `+` levels, no `#`), as
+        `stratamq spark learn-topics` makes them. The current generations keep theirs."""
+        for pattern in patterns:
+            levels = validate_filter(pattern)
+            if "#" in levels:
+                raise InvalidTopicFilterError(f"seed pattern {pattern!r}: a stream pattern "
+                                              "has literal and + levels only, no #")
+        loop = asyncio.get_running_loop()
+        for shard, lock in zip(self.shards, self._locks, strict=True):
+            async with lock:
+                await loop.run_in_executor(self._executor, shard.set_topic_seed, patterns)
 
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
         return {(shard.shard_id, generation_id): generation.info
@@ -524,7 +553,10 @@ class Database:
             return False, 0
         at = now_us() if now is None else now
         retention_us = int(self.options.message_retention_period * 1_000_000)
-        plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us)
+        longest = self.options.longest_retention_period
+        drop_after_us = None if longest is None else int(longest * 1_000_000)
+        plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us,
+                                drop_after_us)
                  for shard in self.shards]
         added = any(plan.add_generation for plan in plans)
         if added:

@@ -305,3 +305,19 @@ class Trie:
             state, label = parents[state]
             labels.append(label)
         return list(reversed(labels)) if state in (ROOT, DOLLAR_ROOT) else None
+
+
+def seed_edges(patterns: Iterable[str]) -> list[Edge]:
+    """The edges of a seed structure: stream patterns (`fleet/north/+/temp`), each a
+    path of literal and `+` levels ending in a stream, with the ids learning them
+    would give. A trie that starts with them sends a level through `+` where the
+    seed says so, and keeps the seed's literal levels literal."""
+    found: dict[Edge, None] = {}
+    for pattern in patterns:
+        levels = pattern.split("/")
+        state = root_for(levels[0])
+        for label in [*levels, END]:
+            edge = Edge(state, label, child_id(state, label))
+            found[edge] = None
+            state = edge.child
+    return list(found)

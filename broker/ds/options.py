@@ -25,6 +25,10 @@ class DbOptions:
     sync_writes: bool = False
     max_payload_bytes: int = MAX_MQTT_PAYLOAD
     message_retention_period: float = 86_400.0
+    # With per-topic retention rules: the longest of them. A generation is dropped
+    # whole only once it is older than this (None: `message_retention_period`); the
+    # Spark GC job removes what shorter rules let go before that.
+    longest_retention_period: float | None = None
     # Bytes the write path's topic caches (learned topic keys, index key prefixes)
     # may hold in all, over every shard.
     topic_cache_bytes: int = 64 * 1024 * 1024

@@ -8,6 +8,7 @@ in-memory state (tries, next timestamp) is only changed on the event loop, by
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import struct
 import time
@@ -16,18 +17,20 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from ..errors import CorruptDataError, GenerationError
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
-from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie
+from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie, seed_edges
 from .message import Message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
+# The seed structure (stream patterns) new generations start their trie with.
+_TOPIC_SEED_KEY = b"topic_seed"
 # Records written with cooked batches live under this prefix of the metadata family.
 RECORD_PREFIX = b"rec/"
 _U64 = struct.Struct(">Q")
@@ -48,6 +51,33 @@ def _stream_of(trie: Trie, topic: str) -> bytes | None:
 
 def _edge_key(edge: Edge) -> bytes:
     return edge.parent + edge.label.encode("utf-8")
+
+
+def read_generation_table(db: Rdict) -> list[GenerationInfo]:
+    """The generations a shard's RocksDB records, in id order. Blocking. Shared with
+    the read-only snapshots of checkpoints (`snapshot.py`)."""
+    found = []
+    for key, raw in db.items(from_key=_GENERATION_PREFIX):
+        if not as_bytes(key).startswith(_GENERATION_PREFIX):
+            break
+        found.append(GenerationInfo.from_json(as_bytes(raw)))
+    return found
+
+
+def read_trie(db: Rdict, info: GenerationInfo, thresholds: Sequence[int],
+              cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> Trie:
+    """The learned topic structure of one generation, from its trie family. Blocking."""
+    trie = Trie(thresholds, cache_bytes)
+    for key, child in db.get_column_family(info.trie_column_family()).items():
+        raw_key = as_bytes(key)
+        trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
+    return trie
+
+
+def read_last_timestamp(db: Rdict) -> int:
+    """The last timestamp a shard committed (0 before the first batch). Blocking."""
+    stored = db.get(_LAST_TIMESTAMP_KEY)
+    return int(_U64.unpack(stored)[0]) if stored is not None else 0
 
 
 @dataclass(slots=True)
@@ -89,8 +119,10 @@ class Shard:
         self._synced.sync = True
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
-        stored = self._db.get(_LAST_TIMESTAMP_KEY)
-        self.last_timestamp = _U64.unpack(stored)[0] if stored is not None else 0
+        self.last_timestamp = read_last_timestamp(self._db)
+        stored_seed = self._db.get(_TOPIC_SEED_KEY)
+        self.topic_seed: tuple[str, ...] = tuple(json.loads(as_bytes(stored_seed))) \
+            if stored_seed is not None else ()
         self._next_timestamp = self.last_timestamp + 1
         # first timestamp of a batch cooked but not yet written and applied
         self._unsettled_from: int | None = None
@@ -100,10 +132,7 @@ class Shard:
     # -- generations --------------------------------------------------------------
 
     def _load_generations(self, column_families: list[str]) -> None:
-        for key, raw in self._db.items(from_key=_GENERATION_PREFIX):
-            if not as_bytes(key).startswith(_GENERATION_PREFIX):
-                break
-            info = GenerationInfo.from_json(as_bytes(raw))
+        for info in read_generation_table(self._db):
             self.generations[info.id] = self._open_generation(info)
         known = {name for g in self.generations.values()
                  for name in (g.info.data_column_family(), g.info.trie_column_family())}
@@ -114,10 +143,7 @@ class Shard:
                 self._db.drop_column_family(name)
 
     def _open_generation(self, info: GenerationInfo) -> Generation:
-        trie = Trie(self.thresholds, self._cache_bytes)
-        for key, child in self._db.get_column_family(info.trie_column_family()).items():
-            raw_key = as_bytes(key)
-            trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
+        trie = read_trie(self._db, info, self.thresholds, self._cache_bytes)
         return Generation(info, make_layout(info.layout, dict(info.layout_options),
                                             self._cache_bytes), trie,
                           self._db.get_column_family(info.data_column_family()))
@@ -137,6 +163,7 @@ class Shard:
         for name in (info.data_column_family(), info.trie_column_family()):
             self._db.create_column_family(name, Options(raw_mode=True))
         inherited = previous.trie.wildcard_paths() if previous else []
+        inherited += seed_edges(self.topic_seed)
         batch = WriteBatch(raw_mode=True)
         trie_family = self._db.get_column_family_handle(info.trie_column_family())
         for edge in inherited:
@@ -151,6 +178,12 @@ class Shard:
         generation = self._open_generation(info)
         self.generations[info.id] = generation
         return info
+
+    def set_topic_seed(self, patterns: Sequence[str]) -> None:
+        """Keep a seed structure for the generations created from now on (see
+        `lts.seed_edges`); an empty one ends seeding. Blocking."""
+        self._db.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode(), self._synced)
+        self.topic_seed = tuple(patterns)
 
     def add_generation(self) -> GenerationInfo:
         """Close the current generation and start a new one. Blocking."""
@@ -328,6 +361,38 @@ class Shard:
             for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += family.property_int_value(name) or 0
         return total
+
+    def gc_write(self, generation_id: int, deletes: Sequence[bytes],
+                 record_puts: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """Delete data entries of a closed generation and put records, in one atomic,
+        synced batch (generation GC). Blocking; the caller holds the shard's lock."""
+        generation = self.generations.get(generation_id)
+        if generation is None:
+            raise GenerationError(f"shard {self.shard_id} has no generation {generation_id}")
+        if generation.info.is_current and deletes:
+            raise GenerationError(f"generation {generation_id} of shard {self.shard_id} is "
+                                  "current; GC never rewrites the current generation")
+        batch = WriteBatch(raw_mode=True)
+        family = self._db.get_column_family_handle(generation.info.data_column_family())
+        for key in deletes:
+            batch.delete(key, family)
+        for key, value in record_puts:
+            batch.put(RECORD_PREFIX + key, value)
+        self._db.write(batch, self._synced)
+
+    def compact_generation(self, generation_id: int) -> None:
+        """Flush and compact a generation's data, so deleted entries free their space.
+        Blocking."""
+        generation = self.generations.get(generation_id)
+        if generation is not None:
+            generation.data.flush()
+            generation.data.compact_range(None, None)
+
+    def checkpoint(self, path: Path) -> None:
+        """A consistent copy of this shard's RocksDB at `path` (which must not exist):
+        hard links to its table files and a flushed memtable. Blocking; the caller
+        holds the shard's lock so no batch or generation change lands halfway."""
+        Checkpoint(self._db).create_checkpoint(str(path))
 
     def disk_usage(self) -> int:
         total = 0

@@ -110,7 +110,7 @@ def test_shipped_default_file_shows_every_key() -> None:
     def yaml_keys(node: Any, prefix: str = "") -> set[str]:
         found: set[str] = set()
         for name, value in node.items():
-            if isinstance(value, dict):
+            if isinstance(value, dict) and value:  # `{}`: a key whose value is a mapping
                 found |= yaml_keys(value, f"{prefix}{name}.")
             else:
                 found.add(prefix + name)

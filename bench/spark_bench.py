@@ -1,0 +1,327 @@
+"""Benchmark of the Spark data pipeline on this machine: topic learning on
+`fleet/{region}/{vehicle}/{sensor}` (streams per shard, index seeks per message for
+exact-topic and `+` filters, replay throughput, learned locally and seeded), rows
+per second through the `stratamq` data source next to plain rocksdict iteration of
+the same checkpoint, and the GC job (plan on Spark, apply on the storage) against
+data size, with the bytes it frees.
+
+    .venv/bin/python bench/spark_bench.py [--sizes 1000000,10000000] [--vehicles 20000]
+
+Each size is a fresh storage of `n` messages (random payloads, 256 bytes by default)
+over 4 shards and two generations, half of them on topics whose retention rule has
+expired at the plan's time (so the closed generation is rewritten); prints a table
+and saves a PNG in bench/results/. The issue's sizes are the default; a quick look:
+`--sizes 100000,300000`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+from rocksdict import AccessType, Options, Rdict
+
+from stratamq.broker.ds import (
+    DbOptions,
+    DurableStorage,
+    EndOfStream,
+    Message,
+    RetentionRules,
+    Snapshot,
+    apply_gc_plan,
+    create_checkpoint,
+    decode_message,
+)
+from stratamq.broker.ds.layouts import ReadStats
+from stratamq.spark.gc import make_plan
+from stratamq.spark.session import spark_session
+from stratamq.spark.topics import make_seed
+
+matplotlib.use("Agg")
+
+REPO = Path(__file__).resolve().parent.parent
+N_SHARDS = 4
+CALL_BATCH = 1000
+DAY = 86_400.0
+
+
+@dataclass
+class Result:
+    messages: int
+    checkpoint_bytes: int
+    rocksdict_rows_per_s: float
+    source_rows_per_s: float
+    source_decoded_rows_per_s: float
+    plan_s: float
+    apply_s: float
+    bytes_freed: int
+    deleted: int
+
+
+def topic_of(i: int) -> str:
+    # even: logs (1 day, expired at the plan's time); odd: sensors (7 days, live)
+    kind = "logs" if i % 2 == 0 else "sensors"
+    return f"{kind}/site{i % 50}/dev{i % 1000}/v"
+
+
+async def fill(storage: DurableStorage, n: int, payload: int) -> None:
+    pool = [random.randbytes(payload) for _ in range(64)]
+    await storage.open_db("messages", DbOptions(n_shards=N_SHARDS))
+    for start in range(0, n, CALL_BATCH):
+        if start == n // 2:
+            await storage.add_generation("messages")  # the first half is closed
+        await storage.store_batch("messages", [
+            Message(topic_of(i), pool[i % 64], f"gw{i % 40}", 1)
+            for i in range(start, min(n, start + CALL_BATCH))])
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def rocksdict_rows(checkpoint: Path) -> tuple[int, float]:
+    """Every entry of every generation's data family, read raw (the floor)."""
+    rows = 0
+    started = time.perf_counter()
+    for shard in range(N_SHARDS):
+        path = str(checkpoint / str(shard))
+        families = [name for name in Rdict.list_cf(path, Options(raw_mode=True))
+                    if name.endswith(".data")]
+        db = Rdict(path, Options(raw_mode=True),
+                   column_families={name: Options(raw_mode=True) for name in
+                                    Rdict.list_cf(path, Options(raw_mode=True))
+                                    if name != "default"},
+                   access_type=AccessType.read_only())
+        for name in families:
+            family = db.get_column_family(name)
+            for _key, value in family.items():
+                if value:  # index entries are empty
+                    rows += 1
+            family.close()
+        db.close()
+    return rows, time.perf_counter() - started
+
+
+def run(size: int, payload: int, master: str, workdir: Path) -> Result:
+    data = workdir / f"data-{size}"
+    checkpoint = workdir / f"checkpoint-{size}"
+    storage = DurableStorage(data)
+
+    async def prepare() -> dict[str, object]:
+        await fill(storage, size, payload)
+        return await create_checkpoint(storage.db("messages"), checkpoint)
+
+    loop = asyncio.new_event_loop()
+    manifest = loop.run_until_complete(prepare())
+    created_at = int(manifest["created_at"])  # type: ignore[call-overload]
+    raw_rows, raw_s = rocksdict_rows(checkpoint)
+    spark = spark_session("stratamq-bench", master, shuffle_partitions=8,
+                          config={"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # Python workers and the JVM's first query: not what the source costs per row
+        spark.read.format("stratamq").load(str(checkpoint)).where("shard = 0").limit(1).collect()
+        keys = spark.read.format("stratamq").schema("topic string, timestamp bigint") \
+            .load(str(checkpoint))
+        started = time.perf_counter()
+        key_rows = keys.selectExpr("count(topic)").collect()[0][0]
+        key_s = time.perf_counter() - started
+        full = spark.read.format("stratamq").option("payload", "true").load(str(checkpoint))
+        started = time.perf_counter()
+        full_rows = full.selectExpr("sum(length(payload))", "count(*)").collect()[0][1]
+        full_s = time.perf_counter() - started
+        assert key_rows == full_rows == raw_rows == size, (key_rows, full_rows, raw_rows)
+        rules = RetentionRules(DAY, {"sensors/#": 7 * DAY})
+        started = time.perf_counter()
+        plan = make_plan(spark, str(checkpoint), rules, now=created_at + int(2 * DAY * 1e6))
+        plan_s = time.perf_counter() - started
+    finally:
+        spark.stop()
+    started = time.perf_counter()
+    report = loop.run_until_complete(apply_gc_plan(storage.db("messages"), plan))
+    apply_s = time.perf_counter() - started
+    loop.run_until_complete(storage.close())
+    loop.close()
+    result = Result(size, folder_bytes(checkpoint), raw_rows / raw_s, key_rows / key_s,
+                    full_rows / full_s, plan_s, apply_s, int(report["bytes_freed"]),
+                    int(report["deleted_messages"]))
+    shutil.rmtree(data)
+    shutil.rmtree(checkpoint)
+    return result
+
+
+@dataclass
+class LearnResult:
+    generation: str
+    streams_per_shard: float
+    exact_seeks_per_message: float
+    plus_seeks_per_message: float
+    replay_messages_per_s: float
+
+
+def fleet(regions: int, vehicles: int, sensors: int, tag: str) -> list[Message]:
+    messages = [Message(f"fleet/r{r}/v{v}/s{s}", tag.encode(), f"r{r}-v{v}", 1)
+                for r in range(regions) for v in range(vehicles) for s in range(sensors)]
+    random.shuffle(messages)  # arrival order decides what a site learns
+    return messages
+
+
+def measure(snapshot: Snapshot, generation: int, name: str, exact: list[str],
+            plus: list[str]) -> tuple[LearnResult, list[str]]:
+    streams = [len(snapshot.shard(s).all_streams(generation)) for s in range(N_SHARDS)]
+    rates = []
+    topics: list[str] = []
+    for filters in (exact, plus):
+        stats = ReadStats()
+        delivered = 0
+        started = time.perf_counter()
+        for topic_filter in filters:
+            for shard_id in range(N_SHARDS):
+                shard = snapshot.shard(shard_id)
+                for stream in shard.get_streams(generation, topic_filter):
+                    iterator = shard.make_iterator(stream, topic_filter)
+                    while not isinstance(result := shard.next_raw(iterator, 1000, stats),
+                                         EndOfStream):
+                        iterator, entries = result
+                        delivered += len(entries)
+                        if filters is plus:
+                            topics += [decode_message(value).topic for _k, value in entries]
+        rates.append((stats.seeks / max(delivered, 1), delivered / (time.perf_counter()
+                                                                     - started)))
+    return LearnResult(name, sum(streams) / N_SHARDS, rates[0][0], rates[1][0],
+                       rates[1][1]), sorted(topics)
+
+
+def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
+    """fleet/{8 regions}/{vehicles}/{5 sensors}, published by each vehicle: the
+    streams and seeks of a generation learned locally, then of one seeded by
+    `learn-topics` from the same population."""
+    data = workdir / "fleet"
+    storage = DurableStorage(data)
+    loop = asyncio.new_event_loop()
+
+    async def store(tag: str) -> None:
+        messages = fleet(8, vehicles, 5, tag)
+        for start in range(0, len(messages), CALL_BATCH):
+            await storage.store_batch("messages", messages[start:start + CALL_BATCH])
+
+    async def first() -> None:
+        await storage.open_db("messages", DbOptions(n_shards=N_SHARDS))
+        await store("one")
+
+    loop.run_until_complete(first())
+    learned = workdir / "fleet-learned"
+    loop.run_until_complete(create_checkpoint(storage.db("messages"), learned))
+    spark = spark_session("stratamq-bench-learn", master, shuffle_partitions=8,
+                          config={"spark.ui.enabled": "false"})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        seed = make_seed(spark, str(learned), (100, 10))
+    finally:
+        spark.stop()
+
+    async def second() -> None:
+        await storage.db("messages").set_topic_seed(seed["patterns"])
+        await storage.add_generation("messages")
+        await store("two")
+
+    loop.run_until_complete(second())
+    both = workdir / "fleet-both"
+    loop.run_until_complete(create_checkpoint(storage.db("messages"), both))
+    loop.run_until_complete(storage.close())
+    loop.close()
+    rng = random.Random(7)
+    exact = [f"fleet/r{rng.randrange(8)}/v{rng.randrange(vehicles)}/s{rng.randrange(5)}"
+             for _ in range(50)]
+    plus = [f"fleet/r{r}/+/s{s}" for r in range(8) for s in range(5)]
+    with Snapshot(both) as snapshot:
+        local, topics_local = measure(snapshot, 1, "learned locally", exact, plus)
+        seeded, topics_seeded = measure(snapshot, 2, f"seeded ({len(seed['patterns'])} "
+                                                     "patterns)", exact, plus)
+    assert topics_local == topics_seeded, "the seeded generation replays other messages"
+    for folder in (data, learned, both):
+        shutil.rmtree(folder)
+    return [local, seeded]
+
+
+def learn_table(vehicles: int, results: list[LearnResult]) -> str:
+    lines = [f"fleet/{{8 regions}}/{{{vehicles:,} vehicles}}/{{5 sensors}}, {N_SHARDS} shards",
+             "| generation | streams per shard | seeks per message (exact) | "
+             "seeks per message (+) | replay msgs/s (+) |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.generation} | {r.streams_per_shard:,.0f} | "
+              f"{r.exact_seeks_per_message:.2f} | {r.plus_seeks_per_message:.3f} | "
+              f"{r.replay_messages_per_s:,.0f} |" for r in results]
+    return "\n".join(lines)
+
+
+def table(results: list[Result]) -> str:
+    lines = ["| messages | checkpoint | rocksdict rows/s | source rows/s (keys) | "
+             "source rows/s (payload) | GC plan s | GC apply s | deleted | freed |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.messages:,} | {r.checkpoint_bytes / 2**20:.0f} MiB | "
+                     f"{r.rocksdict_rows_per_s:,.0f} | {r.source_rows_per_s:,.0f} | "
+                     f"{r.source_decoded_rows_per_s:,.0f} | {r.plan_s:.1f} | {r.apply_s:.1f} | "
+                     f"{r.deleted:,} | {r.bytes_freed / 2**20:.0f} MiB |")
+    return "\n".join(lines)
+
+
+def plot(results: list[Result], path: Path) -> None:
+    from matplotlib import pyplot
+
+    figure, (rates, times) = pyplot.subplots(1, 2, figsize=(11, 4))
+    sizes = [r.messages for r in results]
+    rates.plot(sizes, [r.rocksdict_rows_per_s for r in results], marker="o", label="rocksdict")
+    rates.plot(sizes, [r.source_rows_per_s for r in results], marker="o", label="source (keys)")
+    rates.plot(sizes, [r.source_decoded_rows_per_s for r in results], marker="o",
+               label="source (payload)")
+    rates.set_xscale("log")
+    rates.set_yscale("log")
+    rates.set_xlabel("messages")
+    rates.set_ylabel("rows per second")
+    rates.legend()
+    times.plot(sizes, [r.plan_s for r in results], marker="o", label="plan (Spark)")
+    times.plot(sizes, [r.apply_s for r in results], marker="o", label="apply (site)")
+    times.set_xscale("log")
+    times.set_xlabel("messages")
+    times.set_ylabel("seconds")
+    times.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1000000,10000000",
+                        help="messages per run, comma separated (empty: skip)")
+    parser.add_argument("--payload", type=int, default=256, help="payload bytes")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--workdir", help="where the storages go (default: a temp folder)")
+    parser.add_argument("--vehicles", type=int, default=20_000,
+                        help="vehicles of the topic-learning workload (0: skip it)")
+    arguments = parser.parse_args()
+    workdir = Path(arguments.workdir or tempfile.mkdtemp(prefix="spark-bench-"))
+    if arguments.vehicles:
+        print(learn_table(arguments.vehicles,
+                          learn_run(arguments.vehicles, arguments.master, workdir)), flush=True)
+    results = []
+    for size in (int(text) for text in arguments.sizes.split(",") if text):
+        results.append(run(size, arguments.payload, arguments.master, workdir))
+        print(table(results[-1:]).splitlines()[-1], flush=True)
+    if results:
+        print(table(results))
+        plot(results, Path(arguments.out) / "spark_bench.png")
+
+
+if __name__ == "__main__":
+    main()

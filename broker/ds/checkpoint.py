@@ -1,0 +1,64 @@
+"""Consistent, read-only checkpoints of a database on this site, for batch jobs (the
+Spark data pipeline) and for bootstrapping replicas.
+
+A checkpoint folder looks like the database's own folder (`db.json`, one RocksDB per
+shard in `0/`, `1/`, ...) plus `manifest.json`: the site, the shards, their committed
+positions and generations with time ranges and layouts, and the time it was made.
+It is built under a temporary name and renamed when complete, so a folder with a
+manifest is always a whole checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointExistsError
+from ..files import write_atomically
+from .database import META_FILE, Database
+from .shard import now_us
+from .snapshot import MANIFEST_FILE, Snapshot, describe_snapshot
+
+_PARTIAL_SUFFIX = ".partial"
+
+
+async def create_checkpoint(database: Database, target: str | Path) -> dict[str, Any]:
+    """Checkpoint every shard of `database` into the new folder `target` and return
+    its manifest. Each shard is copied under its lock, so no batch and no generation
+    change lands halfway; the RocksDB work runs on the storage's executor."""
+    final = Path(target)
+    partial = final.with_name(final.name + _PARTIAL_SUFFIX)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(database.executor, _prepare, final, partial)
+    try:
+        for shard in database.shards:
+            async with database.shard_lock(shard.shard_id):
+                await loop.run_in_executor(database.executor, shard.checkpoint,
+                                           partial / str(shard.shard_id))
+        return await loop.run_in_executor(
+            database.executor, _finish, database, partial, final, now_us())
+    except BaseException:
+        await loop.run_in_executor(database.executor, shutil.rmtree, partial, True)
+        raise
+
+
+def _prepare(final: Path, partial: Path) -> None:
+    if final.exists():
+        raise CheckpointExistsError(f"checkpoint folder {final} already exists; "
+                                    "give a new folder")
+    if partial.exists():
+        raise CheckpointExistsError(f"{partial} exists: another checkpoint to {final} is "
+                                    "being made (or one failed; remove the folder)")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial.mkdir()
+
+
+def _finish(database: Database, partial: Path, final: Path, created_at: int) -> dict[str, Any]:
+    shutil.copyfile(database.path / META_FILE, partial / META_FILE)
+    with Snapshot(partial) as snapshot:
+        manifest = describe_snapshot(snapshot, database.site_id, database.name, created_at)
+    write_atomically(partial / MANIFEST_FILE, json.dumps(manifest, indent=2))
+    partial.rename(final)
+    return manifest

@@ -1,0 +1,41 @@
+"""The SparkSession the jobs run in, with the `stratamq` data source registered.
+
+Locally (`local[*]`) Python workers run this interpreter, so they import the same
+installed `stratamq`; under `spark-submit --master k8s://...` the master, the image
+and its Python come from spark-submit's own configuration and are left alone. Java
+comes from the machine (JAVA_HOME or `java` on the PATH)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from .source import StratamqDataSource
+
+# Pushing topic filters and time ranges into the read (Python data sources, Spark 4.1+).
+PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+
+
+def spark_session(app_name: str, master: str | None = None,
+                  shuffle_partitions: int | None = None,
+                  config: dict[str, str] | None = None) -> SparkSession:
+    """A session for one job. `master` None keeps what spark-submit set."""
+    # UTC: hours in the usage export are UTC hours wherever the job runs
+    builder = SparkSession.builder.appName(app_name).config(PUSHDOWN, "true") \
+        .config("spark.sql.session.timeZone", "UTC")
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        # The workers that plan a Python data source's read follow the environment,
+        # not `spark.pyspark.python`; both are set so every worker is this Python.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.pyspark.python", sys.executable)
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.dataSource.register(StratamqDataSource)
+    return session

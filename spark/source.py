@@ -1,0 +1,359 @@
+"""`spark.read.format("stratamq")`: stored messages as a DataFrame, read from a
+checkpoint (or a stopped site's database folder) through the storage's own code.
+
+    spark.read.format("stratamq").option("topic_filter", "sensors/+/temp")
+         .option("payload", "true").load("/checkpoints/messages-1")
+
+One partition per (shard, generation), split into time slices where a generation
+holds more than `split_bytes`. Each partition reads the streams its filter needs with
+the storage's iterators (`stratamq.broker.ds.ShardSnapshot`), so a narrow filter or
+time range reads only what it asks for:
+
+- `topic_filter` (option, an MQTT filter, default `#`; as in MQTT, `#` does not read
+  `$` topics: the option `all_topics` reads every stream, `$` topics too) and an
+  equality on `topic`;
+- the time range: options `start_time` / `end_time` (µs, end exclusive) and
+  comparisons on `timestamp`;
+- comparisons on `shard` and `generation` prune partitions.
+
+Payloads are read only with the option `payload` (default false). With a schema of
+only `shard`, `generation`, `stream`, `topic` and `timestamp`, stored messages are not
+decoded at all (the topic is peeked, the timestamp is in the key).
+
+Filter pushdown needs `spark.sql.python.filterPushdown.enabled` (set by
+`stratamq.spark.session.spark_session`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from stratamq.broker.ds import (
+    EndOfStream,
+    Message,
+    ShardSnapshot,
+    Snapshot,
+    Stream,
+    decode_message,
+    peek_timestamp,
+    peek_topic,
+)
+from stratamq.broker.errors import InvalidTopicFilterError
+from stratamq.broker.topic import is_wildcard, levels_match, validate_filter
+
+NAME = "stratamq"
+DEFAULT_BATCH = 1000
+DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
+NO_END = 2**63 - 1
+
+PROPERTIES_TYPE = (
+    "struct<payload_format_indicator: int, message_expiry_interval: bigint, "
+    "content_type: string, response_topic: string, correlation_data: binary, "
+    "user_properties: array<struct<name: string, value: string>>>")
+BASE_COLUMNS = ("shard int, generation int, stream string, pattern string, topic string, "
+                "timestamp bigint, publisher string, qos int, retain boolean, "
+                "payload_size int")
+# Columns that need no decoding of the stored message.
+KEY_COLUMNS = frozenset({"shard", "generation", "stream", "pattern", "topic", "timestamp"})
+
+
+def default_schema(payload: bool) -> str:
+    return BASE_COLUMNS + (", payload binary" if payload else "") \
+        + f", properties {PROPERTIES_TYPE}"
+
+
+def _flag(options: dict[str, str], name: str) -> bool:
+    value = options.get(name, "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"option {name!r}: true or false, got {value!r}")
+    return value == "true"
+
+
+def _properties(message: Message) -> tuple[Any, ...] | None:
+    props = message.properties
+    if props.is_empty():
+        return None
+    return (props.payload_format_indicator, props.message_expiry_interval,
+            props.content_type, props.response_topic, props.correlation_data,
+            [(name, value) for name, value in props.user_properties])
+
+
+# the columns read from the decoded message
+_COLUMNS: dict[str, Callable[[Message], Any]] = {
+    "publisher": lambda m: m.client_id,
+    "qos": lambda m: m.qos,
+    "retain": lambda m: m.retain,
+    "payload_size": lambda m: len(m.payload),
+    "payload": lambda m: m.payload,
+    "properties": _properties,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """What the reader reads, after the options and the pushed filters."""
+
+    path: str
+    topic_filter: str = "#"
+    all_topics: bool = False
+    start_time: int = 0
+    end_time: int = NO_END
+    # None: every shard / generation
+    shards: frozenset[int] | None = None
+    generations: frozenset[int] | None = None
+    nothing: bool = False  # the filters cannot all hold
+    batch_size: int = DEFAULT_BATCH
+    split_bytes: int = DEFAULT_SPLIT_BYTES
+    columns: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One input partition: a (shard, generation), or a time slice of a large one."""
+
+    shard: int
+    generation: int
+    start_time: int
+    end_time: int
+
+
+class StratamqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return default_schema(_flag(dict(self.options), "payload"))
+
+    def reader(self, schema: StructType) -> StratamqReader:
+        options = dict(self.options)
+        path = options.get("path")
+        if not path:
+            raise ValueError('give the checkpoint folder: .load("/path/to/checkpoint")')
+        topic_filter = options.get("topic_filter", "#")
+        validate_filter(topic_filter)
+        columns = tuple(schema.fieldNames())
+        known = KEY_COLUMNS | set(_COLUMNS)
+        unknown = [name for name in columns if name not in known]
+        if unknown:
+            raise ValueError(f"unknown columns {unknown}; the source has {sorted(known)}")
+        return StratamqReader(ReadPlan(
+            path=path, topic_filter=topic_filter, all_topics=_flag(options, "all_topics"),
+            start_time=int(options.get("start_time", 0)),
+            end_time=int(options.get("end_time", NO_END)),
+            batch_size=int(options.get("batch_size", DEFAULT_BATCH)),
+            split_bytes=int(options.get("split_bytes", DEFAULT_SPLIT_BYTES)),
+            columns=columns))
+
+
+class StratamqReader(DataSourceReader):
+    def __init__(self, plan: ReadPlan) -> None:
+        self.plan = plan
+
+    # -- planning (driver) -------------------------------------------------------------
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Take what the storage can do itself; hand the rest back to Spark."""
+        for pushed in filters:
+            narrowed = _narrow(self.plan, pushed)
+            if narrowed is None:
+                yield pushed
+            else:
+                self.plan, exact = narrowed
+                if not exact:
+                    yield pushed
+
+    def partitions(self) -> Sequence[InputPartition]:
+        plan = self.plan
+        if plan.nothing or plan.start_time >= plan.end_time:
+            return [InputPartition(None)]
+        with Snapshot(plan.path) as snapshot:
+            manifest = snapshot.manifest()
+        found: list[InputPartition] = []
+        for shard in manifest["shards"]:
+            if plan.shards is not None and shard["id"] not in plan.shards:
+                continue
+            for generation in shard["generations"]:
+                if plan.generations is not None and generation["id"] not in plan.generations:
+                    continue
+                until = generation["until"]
+                # as `get_streams`: a generation closed at or before the start holds
+                # nothing from then on
+                if until is not None and until <= plan.start_time:
+                    continue
+                found += [InputPartition(piece) for piece in _slices(
+                    shard["id"], generation, until if until is not None
+                    else shard["committed_timestamp"] + 1, plan)]
+        return found or [InputPartition(None)]
+
+    # -- reading (executors) -----------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        piece = partition.value
+        if piece is None:
+            return
+        assert isinstance(piece, Slice)
+        with Snapshot(self.plan.path) as snapshot:
+            shard = snapshot.shard(piece.shard)
+            if piece.generation not in shard.generations:
+                return
+            yield from read_slice(shard, piece, self.plan)
+
+
+def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[tuple[Any, ...]]:
+    """The rows of one slice: each stream the filter needs, in stream order, each
+    read with the storage's iterators from the slice's start until its end."""
+    columns = plan.columns
+    decode = not KEY_COLUMNS.issuperset(columns)
+    for stream, batches in _stream_batches(shard, piece, plan):
+        stream_hex = stream.static.hex()
+        pattern = shard.topic_pattern(stream) if "pattern" in columns else ""
+        for entries in batches:
+            for _key, value in entries:
+                timestamp = peek_timestamp(value)
+                message = decode_message(value) if decode else None
+                row: list[Any] = []
+                for name in columns:
+                    if name == "shard":
+                        row.append(piece.shard)
+                    elif name == "generation":
+                        row.append(piece.generation)
+                    elif name == "stream":
+                        row.append(stream_hex)
+                    elif name == "pattern":
+                        row.append(pattern)
+                    elif name == "topic":
+                        row.append(message.topic if message is not None else peek_topic(value))
+                    elif name == "timestamp":
+                        row.append(timestamp)
+                    else:
+                        assert message is not None
+                        row.append(_COLUMNS[name](message))
+                yield tuple(row)
+
+
+Batches = Iterator[list[tuple[bytes, bytes]]]
+
+
+def _stream_batches(shard: ShardSnapshot, piece: Slice,
+                    plan: ReadPlan) -> Iterator[tuple[Stream, Batches]]:
+    """Each stream of the slice with its batches of (data key, stored message), cut
+    at the slice's end."""
+    if plan.all_topics:
+        for stream, pattern in shard.all_streams(piece.generation):
+            yield stream, _whole_stream(shard, stream, pattern, piece, plan.batch_size)
+        return
+    for stream in shard.get_streams(piece.generation, plan.topic_filter):
+        yield stream, _filtered_stream(shard, stream, piece, plan)
+
+
+def _filtered_stream(shard: ShardSnapshot, stream: Stream, piece: Slice,
+                     plan: ReadPlan) -> Batches:
+    iterator = shard.make_iterator(stream, plan.topic_filter, piece.start_time)
+    while not isinstance(result := shard.next_raw(iterator, plan.batch_size), EndOfStream):
+        iterator, entries = result
+        kept = _before(shard, piece, entries)
+        yield kept
+        if len(kept) < len(entries) or iterator.last_timestamp >= piece.end_time - 1:
+            return
+
+
+def _whole_stream(shard: ShardSnapshot, stream: Stream, pattern: tuple[str, ...],
+                  piece: Slice, batch_size: int) -> Batches:
+    after = max(piece.start_time - 1, 0)
+    while entries := shard.read_stream(stream, pattern, after, batch_size):
+        kept = _before(shard, piece, entries)
+        yield kept
+        after = peek_timestamp(entries[-1][1])
+        if len(kept) < len(entries) or after >= piece.end_time - 1:
+            return
+
+
+def _before(shard: ShardSnapshot, piece: Slice,
+            entries: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The entries before the slice's end (entries are in timestamp order)."""
+    for position, (_key, value) in enumerate(entries):
+        if peek_timestamp(value) >= piece.end_time:
+            return entries[:position]
+    return entries
+
+
+def _slices(shard_id: int, generation: dict[str, Any], end: int,
+            plan: ReadPlan) -> list[Slice]:
+    """A generation's part of the plan's time range, cut into `bytes / split_bytes`
+    slices of equal time. The first and last slices keep the plan's own bounds, so a
+    message outside the generation's recorded range (a clock that went back) is
+    still read by exactly one slice."""
+    pieces = math.ceil(generation.get("bytes", 0) / plan.split_bytes)
+    low = max(plan.start_time, generation["since"])
+    high = min(plan.end_time, end)
+    if pieces <= 1 or high - low < pieces:
+        return [Slice(shard_id, generation["id"], plan.start_time, plan.end_time)]
+    step = (high - low) // pieces
+    bounds = [plan.start_time, *(low + step * k for k in range(1, pieces)), plan.end_time]
+    return [Slice(shard_id, generation["id"], start, stop)
+            for start, stop in pairwise(bounds)]
+
+
+def _narrow(plan: ReadPlan, pushed: Filter) -> tuple[ReadPlan, bool] | None:
+    """The plan narrowed by one pushed filter and whether that filter is then fully
+    done by the read; None when the storage cannot use it."""
+    attribute: tuple[str, ...] = getattr(pushed, "attribute", ())
+    if len(attribute) != 1:
+        return None
+    column = attribute[0]
+    value = getattr(pushed, "value", None)
+    if column == "timestamp" and isinstance(value, int):
+        if isinstance(pushed, GreaterThan):
+            return replace(plan, start_time=max(plan.start_time, value + 1)), True
+        if isinstance(pushed, GreaterThanOrEqual):
+            return replace(plan, start_time=max(plan.start_time, value)), True
+        if isinstance(pushed, LessThan):
+            return replace(plan, end_time=min(plan.end_time, value)), True
+        if isinstance(pushed, LessThanOrEqual):
+            return replace(plan, end_time=min(plan.end_time, value + 1)), True
+        if isinstance(pushed, EqualTo):
+            return replace(plan, start_time=max(plan.start_time, value),
+                           end_time=min(plan.end_time, value + 1)), True
+        return None
+    if column in ("shard", "generation"):
+        if isinstance(pushed, EqualTo) and isinstance(value, int):
+            wanted = frozenset({value})
+        elif isinstance(pushed, In) and all(isinstance(v, int) for v in pushed.value):
+            wanted = frozenset(pushed.value)
+        else:
+            return None
+        if column == "shard":
+            shards = wanted if plan.shards is None else plan.shards & wanted
+            return replace(plan, shards=shards), True
+        generations = wanted if plan.generations is None else plan.generations & wanted
+        return replace(plan, generations=generations), True
+    if column == "topic" and isinstance(pushed, EqualTo) and isinstance(value, str):
+        # A topic name is a filter without wildcards: read just that topic, when the
+        # plan's filter takes it. No stored topic has wildcards or fails validation.
+        try:
+            validate_filter(value)
+        except InvalidTopicFilterError:
+            return replace(plan, nothing=True), True
+        if is_wildcard(value) or not levels_match(plan.topic_filter.split("/"),
+                                                  value.split("/")):
+            return replace(plan, nothing=True), True
+        return replace(plan, topic_filter=value, all_topics=False), True
+    return None

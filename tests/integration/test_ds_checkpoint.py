@@ -1,0 +1,118 @@
+"""Checkpoints of a running site (`POST /api/v1/ds/storages/{db}/checkpoints`,
+`stratamq ctl ds checkpoint`): every shard copied with a manifest, readable through
+the storage's read-only snapshots; a stopped site's data folder reads the same way;
+clear errors for an unknown database, an existing folder and a bad body."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stratamq.broker.ds import EndOfStream, Snapshot
+from tests.support.checkpoints import Published, admin_post, make_checkpoint, publish_all
+from tests.support.clients import ADMIN_TOKEN
+from tests.support.harness import BrokerProcess, running_broker
+
+MESSAGES = [Published(f"pub-{i % 5}", f"plant/{i % 3}/line/{i % 7}", b"m%d" % i, 1 + i % 2)
+            for i in range(120)]
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with running_broker(tmp_path / "site") as process:
+        yield process
+
+
+def read_everything(snapshot: Snapshot) -> list[tuple[str, str, bytes, int, int]]:
+    """(client, topic, payload, qos, timestamp) of every message, by replaying `#`
+    through each shard's streams with the snapshot's iterators."""
+    found = []
+    for shard_id in range(snapshot.n_shards):
+        shard = snapshot.shard(shard_id)
+        for generation_id in shard.generations:
+            for stream in shard.get_streams(generation_id, "#"):
+                iterator = shard.make_iterator(stream, "#")
+                while not isinstance(result := shard.next(iterator, 50), EndOfStream):
+                    iterator, batch = result
+                    found += [(m.client_id, m.topic, m.payload, m.qos, m.timestamp)
+                              for _key, m in batch]
+    return found
+
+
+def expected() -> list[tuple[str, str, bytes, int]]:
+    return sorted((m.client_id, m.topic, m.payload, m.qos) for m in MESSAGES)
+
+
+def test_checkpoint_holds_every_shard_and_reads_back(broker: BrokerProcess,
+                                                     tmp_path: Path) -> None:
+    publish_all(broker, MESSAGES)
+    folder = tmp_path / "checkpoints" / "one"
+    manifest = make_checkpoint(broker, folder)
+    assert manifest["db"] == "messages" and manifest["n_shards"] == 4
+    assert manifest["site"] == (broker.workdir / "data" / "site-id").read_text().strip()
+    assert [shard["id"] for shard in manifest["shards"]] == [0, 1, 2, 3]
+    for shard in manifest["shards"]:
+        (current,) = [g for g in shard["generations"] if g["current"]]
+        assert current["until"] is None and current["layout"] == "wildcard_optimized_v2"
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
+    assert not (tmp_path / "checkpoints" / "one.partial").exists()
+    with Snapshot(folder) as snapshot:
+        assert snapshot.manifest() == manifest
+        found = read_everything(snapshot)
+    assert sorted(row[:4] for row in found) == expected()
+    # the committed position covers every message copied
+    newest = max(shard["committed_timestamp"] for shard in manifest["shards"])
+    assert max(row[4] for row in found) <= newest
+    # publishing goes on; the checkpoint does not change
+    publish_all(broker, [Published("late", "plant/late", b"x", 1)])
+    with Snapshot(folder) as snapshot:
+        assert len(read_everything(snapshot)) == len(MESSAGES)
+
+
+def test_checkpoint_errors_are_clear(broker: BrokerProcess, tmp_path: Path) -> None:
+    status, answer = admin_post(broker, "/api/v1/ds/storages/nope/checkpoints",
+                                {"dir": str(tmp_path / "a")})
+    assert status == 404 and "nope" in answer["message"], answer
+    make_checkpoint(broker, tmp_path / "a")
+    status, answer = admin_post(broker, "/api/v1/ds/storages/messages/checkpoints",
+                                {"dir": str(tmp_path / "a")})
+    assert status == 409 and "already exists" in answer["message"], answer
+    status, answer = admin_post(broker, "/api/v1/ds/storages/messages/checkpoints",
+                                {"folder": "x"})
+    assert status == 400 and "dir" in answer["message"], answer
+    # a relative folder goes under the site's data dir
+    status, answer = admin_post(broker, "/api/v1/ds/storages/sessions/checkpoints",
+                                {"dir": "sessions-copy"})
+    assert status == 201, answer
+    assert Path(answer["dir"]) == broker.workdir / "data" / "checkpoints" / "sessions-copy"
+    assert answer["manifest"]["key_value"] is True
+
+
+def test_ctl_checkpoint_and_stopped_site_folder(broker: BrokerProcess,
+                                                tmp_path: Path) -> None:
+    publish_all(broker, MESSAGES)
+    done = subprocess.run(
+        [sys.executable, "-m", "stratamq.broker", "ctl", "ds", "checkpoint", "messages",
+         "ctl-copy", "--url", f"http://127.0.0.1:{broker.admin_port}"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert done.returncode == 0, done.stderr
+    assert f"in {tmp_path / 'ctl-copy'}" in done.stdout
+    assert "messages/3" in done.stdout and "current" in done.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "stratamq.broker", "ctl", "ds", "checkpoint", "messages",
+         "ctl-copy", "--url", f"http://127.0.0.1:{broker.admin_port}"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert again.returncode == 1 and "409" in again.stderr and "already exists" in again.stderr
+    assert broker.stop() == 0
+    with Snapshot(broker.workdir / "data" / "messages") as stopped:
+        manifest = stopped.manifest()
+        assert manifest["created_at"] is None and manifest["n_shards"] == 4
+        assert sorted(row[:4] for row in read_everything(stopped)) == expected()

@@ -1,0 +1,173 @@
+"""Topic-pattern learning and the usage export on a real site.
+
+`fleet/{region}/{vehicle}/{sensor}` published by each vehicle (so every shard sees
+only its vehicles, too few per region to reach the threshold, and learns one stream
+per topic). `stratamq spark learn-topics` sees the whole population: the vehicle
+level varies, regions and sensors do not, one vehicle is hot. After `stratamq ctl ds
+seed-topics` the next generation starts from that structure: fewer streams per
+shard, fewer seeks for a `+` filter, and the same messages replayed. The usage
+export then counts what the checkpoint holds per pattern and hour."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from stratamq.broker.ds import EndOfStream, ShardSnapshot, Snapshot
+from stratamq.broker.ds.layouts import ReadStats
+from stratamq.spark.export import export_usage
+from stratamq.spark.topics import seed_patterns
+from tests.support.checkpoints import Published, make_checkpoint, publish_all
+from tests.support.clients import ADMIN_TOKEN, generations
+from tests.support.harness import BrokerProcess, running_broker
+
+REGIONS = ["north", "south", "east", "west"]
+VEHICLES = [f"v{i}" for i in range(16)]
+SENSORS = ["temp", "speed", "fuel"]
+THRESHOLDS = [100, 6]
+N_SHARDS = 4
+CONFIG = {"durable_storage": {"messages": {"n_shards": N_SHARDS,
+                                           "layout": {"wildcard_thresholds": THRESHOLDS}}},
+          # rolls over every 6 s; keeps everything for the test's length
+          "durable_sessions": {"message_retention_period": "6s",
+                               "retention_rules": {"fleet/#": "1h"}}}
+HOT = ("north", "v0")
+
+
+def workload(tag: str) -> list[Published]:
+    messages = []
+    for region in REGIONS:
+        for vehicle in VEHICLES:
+            for sensor in SENSORS:
+                repeat = 16 if (region, vehicle) == HOT else 1
+                messages += [Published(f"{region}-{vehicle}",
+                                       f"fleet/{region}/{vehicle}/{sensor}",
+                                       f"{tag}-{i}".encode(), 1) for i in range(repeat)]
+    return messages
+
+
+def test_seed_patterns_vary_levels_by_the_whole_population() -> None:
+    counts = Counter(m.topic for m in workload("x"))
+    patterns = seed_patterns(counts.items(), THRESHOLDS, 0.25)
+    assert patterns == sorted(
+        [f"fleet/{r}/+/{s}" for r in REGIONS for s in SENSORS]
+        + [f"fleet/north/v0/{s}" for s in SENSORS])
+    # below the thresholds everything stays literal
+    assert seed_patterns([("a/b", 1), ("a/c", 2)], [100, 10]) == ["a/b", "a/c"]
+
+
+def streams_after(snapshot: Snapshot, since_generation: dict[int, int]) -> dict[int, int]:
+    """Most streams any generation after the given one holds, per shard."""
+    return {shard_id: max(len(snapshot.shard(shard_id).all_streams(g))
+                          for g in snapshot.shard(shard_id).generations if g > after)
+            for shard_id, after in since_generation.items()}
+
+
+def count_seeks(shard: ShardSnapshot, generation: int, topic_filter: str,
+                stats: ReadStats) -> None:
+    """Read what the filter reads in one generation, counting the layout's work."""
+    for stream in shard.get_streams(generation, topic_filter):
+        iterator = shard.make_iterator(stream, topic_filter)
+        while not isinstance(result := shard.next_raw(iterator, 100, stats), EndOfStream):
+            iterator, _entries = result
+
+
+def replayed(snapshot: Snapshot, pick: dict[int, list[int]], topic_filter: str
+             ) -> tuple[list[tuple[str, bytes]], int]:
+    """(topic, payload) of every message the filter reads in the picked generations,
+    and the index seeks that took."""
+    stats = ReadStats()
+    found = []
+    for shard_id, generation_ids in pick.items():
+        shard = snapshot.shard(shard_id)
+        for generation in generation_ids:
+            for stream in shard.get_streams(generation, topic_filter):
+                iterator = shard.make_iterator(stream, topic_filter)
+                while not isinstance(result := shard.next(iterator, 100), EndOfStream):
+                    iterator, messages = result
+                    found += [(m.topic, m.payload.split(b"-")[1]) for _k, m in messages]
+            count_seeks(shard, generation, topic_filter, stats)
+    return sorted(found), stats.seeks
+
+
+def wait_for_generation_after(broker: BrokerProcess, after: dict[int, int]) -> None:
+    deadline = time.monotonic() + 60
+    while not all(max(ids) > after[shard] for shard, ids in generations(broker).items()):
+        assert time.monotonic() < deadline, "no generation rollover"
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
+def test_seed_cuts_streams_and_seeks_and_export_counts(spark: SparkSession,
+                                                       tmp_path: Path) -> None:
+    with running_broker(tmp_path / "site", CONFIG) as broker:
+        publish_all(broker, workload("one"))
+        learned = tmp_path / "learned"
+        make_checkpoint(broker, learned)
+        seed_file = tmp_path / "seed.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "stratamq.broker", "spark", "learn-topics", "--checkpoint",
+             str(learned), "--config", str(broker.config_path), "--seed", str(seed_file),
+             "--master", "local[2]"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seed = json.loads(seed_file.read_text())
+        assert "fleet/north/+/temp" in seed["patterns"]
+        assert "fleet/north/v0/temp" in seed["patterns"]  # hot: streams of its own
+
+        seeded_at = {shard: max(ids) for shard, ids in generations(broker).items()}
+        applied = subprocess.run(
+            [sys.executable, "-m", "stratamq.broker", "ctl", "ds", "seed-topics", "messages",
+             str(seed_file), "--url", f"http://127.0.0.1:{broker.admin_port}"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN})
+        assert applied.returncode == 0, applied.stderr
+        assert "next generation" in applied.stdout
+        wait_for_generation_after(broker, seeded_at)
+        first_seeded = {shard: max(ids) for shard, ids in generations(broker).items()}
+        publish_all(broker, workload("two"))
+        final = tmp_path / "final"
+        make_checkpoint(broker, final)
+
+    with Snapshot(learned) as before, Snapshot(final) as after:
+        # (a rollover may have cut the first workload in two: every generation counts)
+        streams_before = streams_after(before, dict.fromkeys(range(N_SHARDS), 0))
+        streams_seeded = streams_after(after, {s: first_seeded[s] - 1 for s in range(N_SHARDS)})
+        for shard in range(N_SHARDS):
+            assert streams_seeded[shard] < streams_before[shard], (streams_seeded, streams_before)
+        old = {s: list(before.shard(s).generations) for s in range(N_SHARDS)}
+        new = {s: [g for g in after.shard(s).generations if g >= first_seeded[s]]
+               for s in range(N_SHARDS)}
+        for topic_filter in ("fleet/north/+/temp", "fleet/+/v3/speed", "fleet/north/v0/fuel",
+                             "fleet/east/v5/temp", "#"):
+            messages_before, seeks_before = replayed(before, old, topic_filter)
+            messages_after, seeks_after = replayed(after, new, topic_filter)
+            assert messages_after == messages_before, topic_filter
+            if topic_filter == "fleet/north/+/temp":
+                assert seeks_after < seeks_before, (seeks_after, seeks_before)
+
+    # The usage export of the final checkpoint: per pattern and hour.
+    summary = export_usage(spark, str(final), str(tmp_path / "usage.parquet"),
+                           str(tmp_path / "usage.png"), top=5)
+    usage = spark.read.parquet(str(tmp_path / "usage.parquet")).collect()
+    assert sum(row.messages for row in usage) == 2 * len(workload("x"))
+    assert sum(row.bytes for row in usage) == sum(
+        len(m.payload) for m in workload("one") + workload("two"))
+    source = spark.read.format("stratamq").load(str(final))
+    by_pattern = {row.pattern: row["count"] for row in source.groupBy("pattern").count().collect()}
+    exported: Counter[str] = Counter()
+    for row in usage:
+        exported[row.pattern] += row.messages
+    assert exported == by_pattern and "fleet/north/+/temp" in exported
+    publishers = {row.pattern: row.publishers for row in source.groupBy("pattern").agg(
+        F.countDistinct("publisher").alias("publishers")).collect()}
+    assert all(row.publishers <= publishers[row.pattern] for row in usage)
+    assert summary["top_patterns"] and (tmp_path / "usage.png").read_bytes()[:4] == b"\x89PNG"
