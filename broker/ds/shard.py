@@ -88,6 +88,16 @@ class Generation:
     data: Rdict
 
 
+def generation_bytes(db: Rdict, info: GenerationInfo, data: Rdict) -> int:
+    """Bytes a generation holds in a shard's RocksDB `db`: table files and memtables of
+    its data and trie families. Blocking."""
+    total = 0
+    for family in (data, db.get_column_family(info.trie_column_family())):
+        for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+            total += family.property_int_value(name) or 0
+    return total
+
+
 class Shard:
     def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
                  thresholds: Sequence[int], sync_writes: bool,
@@ -355,12 +365,7 @@ class Shard:
     def generation_bytes(self, generation: Generation) -> int:
         """Bytes a generation holds: table files and memtables of its families.
         Blocking."""
-        total = 0
-        for family in (generation.data,
-                       self._db.get_column_family(generation.info.trie_column_family())):
-            for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
-                total += family.property_int_value(name) or 0
-        return total
+        return generation_bytes(self._db, generation.info, generation.data)
 
     def gc_write(self, generation_id: int, deletes: Sequence[bytes],
                  record_puts: Sequence[tuple[bytes, bytes]] = ()) -> None:

@@ -22,7 +22,7 @@ from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import Layout, ReadStats, make_layout
 from .lts import END, PLUS, StaticIndex, Trie
 from .message import Message, decode_message, peek_timestamp, peek_topic
-from .shard import read_generation_table, read_last_timestamp, read_trie
+from .shard import generation_bytes, read_generation_table, read_last_timestamp, read_trie
 from .site_id import SITE_ID_FILE
 
 MANIFEST_FILE = "manifest.json"
@@ -172,12 +172,7 @@ class ShardSnapshot:
     def generation_bytes(self, generation_id: int) -> int:
         """Bytes of a generation's table files and memtables (its data and trie)."""
         generation = self.generation(generation_id)
-        total = 0
-        for family in (generation.data,
-                       self._db.get_column_family(generation.info.trie_column_family())):
-            for name in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
-                total += family.property_int_value(name) or 0
-        return total
+        return generation_bytes(self._db, generation.info, generation.data)
 
     def close(self) -> None:
         for generation in self.generations.values():
