@@ -76,6 +76,13 @@ def _entry_key(offset: int) -> bytes:
     return _ENTRY_PREFIX + _U64.pack(offset)
 
 
+def _entry(key: bytes, value: bytes) -> Entry:
+    """The entry stored under an entry key: its value is its epoch, then the batch."""
+    (offset,) = _U64.unpack_from(key, len(_ENTRY_PREFIX))
+    (epoch,) = _U64.unpack_from(value)
+    return Entry(Position(epoch, offset), value[_U64.size:])
+
+
 class ShardLog:
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -88,7 +95,6 @@ class ShardLog:
         # the first offset held, and the position of the trimmed entry just before it
         self._before_first = START if trimmed is None else Position(
             *_POSITION.unpack(as_bytes(trimmed)))
-        self._first = self._before_first.offset + 1
         self._last = self._find_last()
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
@@ -117,7 +123,8 @@ class ShardLog:
 
     @property
     def first_offset(self) -> int:
-        return self._first
+        """The first offset still held (entries before it are trimmed)."""
+        return self._before_first.offset + 1
 
     def epoch_at(self, offset: int) -> int | None:
         """The epoch of the entry at `offset`; 0 for offset 0; None when not held
@@ -135,8 +142,8 @@ class ShardLog:
              max_bytes: int = 4 * 1024 * 1024) -> list[Entry]:
         """Entries from `from_offset` on, at most `max_entries` and about `max_bytes`
         (always at least one when there is one)."""
-        if from_offset < self._first:
-            raise LogGapError(f"entries before offset {self._first} are trimmed "
+        if from_offset < self.first_offset:
+            raise LogGapError(f"entries before offset {self.first_offset} are trimmed "
                               f"(asked from {from_offset}): bootstrap from a checkpoint")
         entries: list[Entry] = []
         size = 0
@@ -147,11 +154,9 @@ class ShardLog:
             key = as_bytes(iterator.key())
             if not key.startswith(_ENTRY_PREFIX):
                 break
-            value = as_bytes(iterator.value())
-            (offset,) = _U64.unpack_from(key, 1)
-            (epoch,) = _U64.unpack_from(value)
-            entries.append(Entry(Position(epoch, offset), value[_U64.size:]))
-            size += len(value)
+            entry = _entry(key, as_bytes(iterator.value()))
+            entries.append(entry)
+            size += _U64.size + len(entry.batch)
             iterator.next()
         del iterator
         return entries
@@ -169,8 +174,7 @@ class ShardLog:
 
     def append_as_leader(self, epoch: int, batches: list[bytes]) -> list[Position]:
         """The leader's own append: each batch at the next offset, under `epoch`."""
-        if epoch != self._epoch:
-            self.observe_epoch(epoch)
+        self.observe_epoch(epoch)
         if self._last.epoch > epoch:
             raise StaleEpochError(f"the log ends at epoch {self._last.epoch}, "
                                   f"after leader epoch {epoch}")
@@ -208,7 +212,7 @@ class ShardLog:
                                        f"leader of epoch {epoch}")
             expected += 1
         matched = previous.offset + len(entries)
-        new = [entry for entry in entries if entry.position.offset >= self._first
+        new = [entry for entry in entries if entry.position.offset >= self.first_offset
                and self.epoch_at(entry.position.offset) != entry.position.epoch]
         if new:
             write = WriteBatch(raw_mode=True)
@@ -227,9 +231,9 @@ class ShardLog:
         """Cut every entry after `offset` (a new leader's log ends there)."""
         if offset >= self._last.offset:
             return
-        if offset < self._first - 1:
+        if offset < self._before_first.offset:
             raise LogGapError(f"cannot truncate to {offset}: entries before "
-                              f"{self._first} are trimmed")
+                              f"{self.first_offset} are trimmed")
         epoch = self.epoch_at(offset)
         assert epoch is not None  # held: offset is between first - 1 and last
         write = WriteBatch(raw_mode=True)
@@ -240,14 +244,14 @@ class ShardLog:
     def trim_before(self, offset: int) -> None:
         """Forget entries before `offset`: every replica has applied them."""
         offset = min(offset, self._last.offset + 1)
-        if offset <= self._first:
+        if offset <= self.first_offset:
             return
         before = Position(self.epoch_at(offset - 1) or 0, offset - 1)
         write = WriteBatch(raw_mode=True)
         write.delete_range(_entry_key(0), _entry_key(offset))
         write.put(_FIRST_KEY, _POSITION.pack(*before))
         self._db.write(write, self._synced)
-        self._first, self._before_first = offset, before
+        self._before_first = before
 
     def close(self) -> None:
         self._db.close()
@@ -265,9 +269,7 @@ class ShardLog:
         if iterator.valid():
             key = as_bytes(iterator.key())
             if key.startswith(_ENTRY_PREFIX):
-                (offset,) = _U64.unpack_from(key, 1)
-                (epoch,) = _U64.unpack_from(as_bytes(iterator.value()))
-                found = Position(epoch, offset)
+                found = _entry(key, as_bytes(iterator.value())).position
         del iterator
         if 0 < found.offset < self._before_first.offset:
             raise CorruptDataError(f"shard log {self.path}: trimmed to "
@@ -290,6 +292,6 @@ class ShardLog:
             return self._last.offset + 1
         epoch = self.epoch_at(offset)
         probe = offset
-        while probe > self._first and self.epoch_at(probe - 1) == epoch:
+        while probe > self.first_offset and self.epoch_at(probe - 1) == epoch:
             probe -= 1
         return probe
