@@ -346,15 +346,11 @@ class Database:
             self._stream_cache_size -= len(by_generation.pop((shard_id, generation_id), []))
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
-        levels = validate_filter(topic_filter)
         generation = self._shard(stream).generations.get(stream.generation)
         if generation is None:
             raise InvalidIteratorError(
                 f"shard {stream.shard} has no generation {stream.generation} (dropped?)")
-        for match in generation.trie.match(levels):
-            if match.static == stream.static:
-                return Iterator(stream, topic_filter, match.pattern, max(start_time - 1, 0))
-        raise InvalidIteratorError(f"filter {topic_filter!r} does not read stream {stream}")
+        return Iterator.start(generation.trie, stream, topic_filter, start_time)
 
     def _shard(self, stream: Stream) -> Shard:
         if not 0 <= stream.shard < len(self.shards):

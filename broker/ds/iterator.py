@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidIteratorError
 from ..topic import validate_filter
-from .lts import STATIC_INDEX_BYTES, StaticIndex
+from .lts import STATIC_INDEX_BYTES, StaticIndex, Trie
 from .rocks import blob, read_blob
 
 FORMAT_VERSION = 1
@@ -44,6 +44,17 @@ class Iterator:
     topic_filter: str
     pattern: tuple[str, ...]
     last_timestamp: int
+
+    @classmethod
+    def start(cls, trie: Trie, stream: Stream, topic_filter: str,
+              start_time: int = 0) -> Iterator:
+        """An iterator over the messages of `stream` (a stream of `trie`'s generation)
+        matching `topic_filter`, from `start_time` (µs) on."""
+        levels = validate_filter(topic_filter)
+        for match in trie.match(levels):
+            if match.static == stream.static:
+                return cls(stream, topic_filter, match.pattern, max(start_time - 1, 0))
+        raise InvalidIteratorError(f"filter {topic_filter!r} does not read stream {stream}")
 
     def advanced_to(self, timestamp: int) -> Iterator:
         return Iterator(self.stream, self.topic_filter, self.pattern, timestamp)

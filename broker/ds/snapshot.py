@@ -126,11 +126,8 @@ class ShardSnapshot:
                                       batch_size, ReadStats())
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
-        levels = validate_filter(topic_filter)
-        for match in self.generation(stream.generation).trie.match(levels):
-            if match.static == stream.static:
-                return Iterator(stream, topic_filter, match.pattern, max(start_time - 1, 0))
-        raise InvalidIteratorError(f"filter {topic_filter!r} does not read stream {stream}")
+        return Iterator.start(self.generation(stream.generation).trie, stream, topic_filter,
+                              start_time)
 
     def next_raw(self, iterator: Iterator, batch_size: int,
                  stats: ReadStats | None = None) -> tuple[Iterator, RawEntries] | EndOfStream:
