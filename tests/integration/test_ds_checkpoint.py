@@ -14,8 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.ds import EndOfStream, Snapshot
-from tests.support.checkpoints import Published, admin_post, make_checkpoint, publish_all
+from stratamq.broker.ds import Snapshot
+from tests.support.checkpoints import (
+    Published,
+    admin_post,
+    make_checkpoint,
+    publish_all,
+    snapshot_messages,
+)
 from tests.support.clients import ADMIN_TOKEN
 from tests.support.harness import BrokerProcess, running_broker
 
@@ -32,17 +38,8 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 def read_everything(snapshot: Snapshot) -> list[tuple[str, str, bytes, int, int]]:
     """(client, topic, payload, qos, timestamp) of every message, by replaying `#`
     through each shard's streams with the snapshot's iterators."""
-    found = []
-    for shard_id in range(snapshot.n_shards):
-        shard = snapshot.shard(shard_id)
-        for generation_id in shard.generations:
-            for stream in shard.get_streams(generation_id, "#"):
-                iterator = shard.make_iterator(stream, "#")
-                while not isinstance(result := shard.next(iterator, 50), EndOfStream):
-                    iterator, batch = result
-                    found += [(m.client_id, m.topic, m.payload, m.qos, m.timestamp)
-                              for _key, m in batch]
-    return found
+    return [(m.client_id, m.topic, m.payload, m.qos, m.timestamp)
+            for _shard, _generation, _stream, m in snapshot_messages(snapshot, batch_size=50)]
 
 
 def expected() -> list[tuple[str, str, bytes, int]]:

@@ -22,8 +22,14 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from stratamq.broker.ds import EndOfStream, Snapshot, shard_of
-from tests.support.checkpoints import Published, admin_post, make_checkpoint, publish_all
+from stratamq.broker.ds import Snapshot, shard_of
+from tests.support.checkpoints import (
+    Published,
+    admin_post,
+    make_checkpoint,
+    publish_all,
+    snapshot_messages,
+)
 from tests.support.clients import ADMIN_TOKEN, PahoClient, generations, paho_properties
 from tests.support.harness import BrokerProcess, running_broker
 
@@ -71,19 +77,9 @@ def live_under_rules(message: Published) -> bool:
 
 def stored(folder: Path) -> dict[tuple[str, bytes], tuple[int, int, str, int]]:
     """(topic, payload) -> (shard, generation, stream, timestamp) of every message."""
-    found = {}
     with Snapshot(folder) as snapshot:
-        for shard_id in range(snapshot.n_shards):
-            shard = snapshot.shard(shard_id)
-            for generation_id in shard.generations:
-                for stream in shard.get_streams(generation_id, "#"):
-                    iterator = shard.make_iterator(stream, "#")
-                    while not isinstance(result := shard.next(iterator, 100), EndOfStream):
-                        iterator, messages = result
-                        for _key, m in messages:
-                            found[(m.topic, m.payload)] = (shard_id, generation_id,
-                                                           stream.static.hex(), m.timestamp)
-    return found
+        return {(m.topic, m.payload): (shard_id, generation_id, stream.static.hex(), m.timestamp)
+                for shard_id, generation_id, stream, m in snapshot_messages(snapshot)}
 
 
 def ctl(broker: BrokerProcess, *arguments: str) -> subprocess.CompletedProcess[str]:

@@ -26,7 +26,7 @@ from stratamq.broker.ds import EndOfStream, ShardSnapshot, Snapshot
 from stratamq.broker.ds.layouts import ReadStats
 from stratamq.spark.export import export_usage
 from stratamq.spark.topics import seed_patterns
-from tests.support.checkpoints import Published, make_checkpoint, publish_all
+from tests.support.checkpoints import Published, make_checkpoint, publish_all, snapshot_messages
 from tests.support.clients import ADMIN_TOKEN, generations
 from tests.support.harness import BrokerProcess, running_broker
 
@@ -86,16 +86,11 @@ def replayed(snapshot: Snapshot, pick: dict[int, list[int]], topic_filter: str
     """(topic, payload) of every message the filter reads in the picked generations,
     and the index seeks that took."""
     stats = ReadStats()
-    found = []
+    found = [(m.topic, m.payload.split(b"-")[1])
+             for _shard, _generation, _stream, m in snapshot_messages(snapshot, topic_filter, pick)]
     for shard_id, generation_ids in pick.items():
-        shard = snapshot.shard(shard_id)
         for generation in generation_ids:
-            for stream in shard.get_streams(generation, topic_filter):
-                iterator = shard.make_iterator(stream, topic_filter)
-                while not isinstance(result := shard.next(iterator, 100), EndOfStream):
-                    iterator, messages = result
-                    found += [(m.topic, m.payload.split(b"-")[1]) for _k, m in messages]
-            count_seeks(shard, generation, topic_filter, stats)
+            count_seeks(snapshot.shard(shard_id), generation, topic_filter, stats)
     return sorted(found), stats.seeks
 
 

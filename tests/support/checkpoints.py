@@ -7,10 +7,12 @@ import json
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stratamq.broker.ds import EndOfStream, Message, Snapshot, Stream
 from tests.support.clients import ADMIN_TOKEN, TIMEOUT, PahoClient
 from tests.support.harness import HOST, BrokerProcess
 
@@ -61,3 +63,24 @@ def make_checkpoint(broker: BrokerProcess, folder: Path, db: str = "messages") -
     assert status == 201, answer
     manifest: dict[str, Any] = answer["manifest"]
     return manifest
+
+
+def snapshot_messages(snapshot: Snapshot, topic_filter: str = "#",
+                      generations: dict[int, list[int]] | None = None,
+                      batch_size: int = 100) -> Iterator[tuple[int, int, Stream, Message]]:
+    """(shard, generation, stream, message) of every message the filter reads, shard
+    by shard, generation by generation (all, or those picked per shard), stream by
+    stream, through the snapshot's own iterators."""
+    picked = generations if generations is not None else {
+        shard_id: list(snapshot.shard(shard_id).generations)
+        for shard_id in range(snapshot.n_shards)}
+    for shard_id, generation_ids in picked.items():
+        shard = snapshot.shard(shard_id)
+        for generation_id in generation_ids:
+            for stream in shard.get_streams(generation_id, topic_filter):
+                iterator = shard.make_iterator(stream, topic_filter)
+                while not isinstance(result := shard.next(iterator, batch_size),
+                                     EndOfStream):
+                    iterator, batch = result
+                    for _key, message in batch:
+                        yield shard_id, generation_id, stream, message
