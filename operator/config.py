@@ -25,6 +25,9 @@ DATA_MOUNT = "/var/lib/stratamq"
 TLS_MOUNT = "/etc/stratamq-tls"
 PASSWORD_MOUNT = "/etc/stratamq-passwd"
 ACL_MOUNT = "/etc/stratamq-acl"
+# The Spark jobs' shared volume (spec.spark.volume): a site writes the checkpoints the
+# jobs read there, so it is at the same absolute path on the sites and the Spark pods.
+SPARK_WORK_MOUNT = "/var/lib/stratamq-spark"
 CONFIG_FILE = "stratamq.yaml"
 # ... and the same places as the broker sees them from `workingDir: /`.
 CONFIG_PATH = CONFIG_MOUNT.lstrip("/") + "/" + CONFIG_FILE

@@ -25,9 +25,9 @@ from typing import Any
 
 import kopf
 
-from . import kube, metrics
+from . import kube, metrics, spark
 from .config import admin_port, config_problems
-from .resources import GROUP, PLURAL, VERSION, Owner, desired_objects
+from .resources import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION, Owner, desired_objects
 from .sites import SiteUnreachableError, site_id
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
 
@@ -104,6 +104,36 @@ def apply_objects(owner: Owner, spec: dict[str, Any]) -> None:
     if patched:
         log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
                  ", ".join(patched))
+    apply_spark(owner, spec)
+
+
+def spark_operator_served() -> bool:
+    """Whether the Spark operator's CRDs are served: what it runs on a schedule, and
+    what it makes for each run (whose status is the last run's)."""
+    return (kube.has_kind(spark.SPARK_OPERATOR_API, "ScheduledSparkApplication")
+            and kube.has_kind(spark.SPARK_OPERATOR_API, "SparkApplication"))
+
+
+def apply_spark(owner: Owner, spec: dict[str, Any]) -> None:
+    """A scheduler object per enabled Spark job; those of disabled jobs (and of the
+    other kind, when the Spark operator came or went) are deleted."""
+    served = spark_operator_served()
+    for manifest in spark.spark_objects(owner, spec, spark_operator=served):
+        kube.apply(manifest)
+    enabled = spark.enabled_jobs(spec)
+    kinds = [("batch/v1", "CronJob", not served)]
+    if served:
+        kinds.append((spark.SPARK_OPERATOR_API, "ScheduledSparkApplication", True))
+    for api_version, kind, in_use in kinds:
+        for job in spark.JOBS.values():
+            if not (in_use and job in enabled) and kube.delete_owned(
+                    api_version, kind, owner, spark.name_of(owner.name, job)):
+                log.info("%s/%s: %s of Spark job %s deleted", owner.namespace, owner.name,
+                         kind, job)
+    if not enabled:
+        name = spark.service_account_name(owner.name)
+        kube.delete_owned("rbac.authorization.k8s.io/v1", "RoleBinding", owner, name)
+        kube.delete_owned("v1", "ServiceAccount", owner, name)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -208,6 +238,56 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
     metrics.STATUS_REFRESHES.labels("ok").inc()
+
+
+# --- the Spark jobs' last runs -------------------------------------------------------------
+
+# One writer of status.spark at a time: events of two Jobs of one CronJob run in
+# different threads, and the one that listed first must not write last.
+_runs_lock = threading.Lock()
+
+
+def record_last_run(namespace: str, storage: str, job: str, api_version: str, kind: str
+                    ) -> None:
+    """Write the newest run of `job` (its Jobs or SparkApplications, by labels) into
+    the storage's status.spark, unless it is there already."""
+    if job not in spark.SPEC_KEY:
+        return
+    with _runs_lock:
+        newest = spark.last_run(kube.list_labeled(api_version, kind, namespace,
+                                                  spark.runs_selector(storage, job)))
+        if newest is None:
+            return  # the runs went with their CronJob: the last one stays reported
+        run = (spark.job_run(newest) if kind == "Job"
+               else spark.spark_application_run(newest))
+        found = kube.get(API_VERSION, KIND, namespace, storage)
+        if found is None:
+            return
+        key = spark.SPEC_KEY[job]
+        if (found.get("status") or {}).get("spark", {}).get(key) == run:
+            return
+        if kube.patch_status(API_VERSION, KIND, namespace, storage,
+                             {"spark": {key: spark.status_patch(run)}}):
+            log.info("%s/%s: Spark job %s: %s %s", namespace, storage, job, run["job"],
+                     run["result"])
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={
+    "app.kubernetes.io/managed-by": MANAGED_BY, spark.STORAGE_LABEL: kopf.PRESENT,
+    spark.JOB_LABEL: kopf.PRESENT})
+def spark_job_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    assert namespace is not None
+    record_last_run(namespace, labels[spark.STORAGE_LABEL], labels[spark.JOB_LABEL],
+                    "batch/v1", "Job")
+
+
+@kopf.on.event("sparkoperator.k8s.io", "v1beta2", "sparkapplications", labels={
+    "app.kubernetes.io/managed-by": MANAGED_BY, spark.STORAGE_LABEL: kopf.PRESENT,
+    spark.JOB_LABEL: kopf.PRESENT})
+def spark_application_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    assert namespace is not None
+    record_last_run(namespace, labels[spark.STORAGE_LABEL], labels[spark.JOB_LABEL],
+                    spark.SPARK_OPERATOR_API, "SparkApplication")
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

@@ -85,8 +85,8 @@ def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
     return True
 
 
-def _list(api_version: str, kind: str, namespace: str, label_selector: str
-          ) -> list[dict[str, Any]]:
+def list_labeled(api_version: str, kind: str, namespace: str, label_selector: str
+                 ) -> list[dict[str, Any]]:
     resource = dynamic().resources.get(api_version=api_version, kind=kind)
     found: list[dict[str, Any]] = dynamic().get(
         resource, namespace=namespace, label_selector=label_selector).to_dict()["items"]
@@ -122,7 +122,7 @@ class PodView:
 
 def site_pods(owner: Owner) -> list[PodView]:
     found = []
-    for pod in _list("v1", "Pod", owner.namespace, selector(owner.name)):
+    for pod in list_labeled("v1", "Pod", owner.namespace, selector(owner.name)):
         status = pod.get("status") or {}
         ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
                     for condition in status.get("conditions") or [])
@@ -149,7 +149,7 @@ def expand_volumes(owner: Owner, size: str) -> list[str]:
     wanted = parse_quantity(size)
     resource = dynamic().resources.get(api_version="v1", kind="PersistentVolumeClaim")
     patched = []
-    for claim in _list("v1", "PersistentVolumeClaim", owner.namespace, selector(owner.name)):
+    for claim in list_labeled("v1", "PersistentVolumeClaim", owner.namespace, selector(owner.name)):
         requests = claim["spec"].get("resources", {}).get("requests", {})
         if "storage" not in requests or parse_quantity(requests["storage"]) < wanted:
             name: str = claim["metadata"]["name"]
@@ -158,3 +158,15 @@ def expand_volumes(owner: Owner, size: str) -> list[str]:
                             content_type="application/merge-patch+json")
             patched.append(name)
     return patched
+
+
+def patch_status(api_version: str, kind: str, namespace: str, name: str,
+                 status: dict[str, Any]) -> bool:
+    """Merge `status` into the object's status subresource; False when it is gone."""
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    try:
+        dynamic().patch(resource.subresources["status"], name=name, namespace=namespace,
+                        body={"status": status}, content_type="application/merge-patch+json")
+    except NotFoundError:
+        return False
+    return True

@@ -22,6 +22,7 @@ from .config import (
     CONFIG_PATH,
     DATA_MOUNT,
     PASSWORD_MOUNT,
+    SPARK_WORK_MOUNT,
     TLS_MOUNT,
     admin_port,
 )
@@ -37,6 +38,7 @@ PLURAL = "durablestorages"
 MANAGED_BY = "stratamq-operator"
 CONTAINER = "broker"
 DATA_VOLUME = "data"
+SPARK_WORK_VOLUME = "spark-work"
 TOKEN_KEY = "token"
 TOKEN_ENV = "STRATAMQ__ADMIN__TOKEN"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
@@ -172,6 +174,12 @@ def _secret_volumes(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
     return found
 
 
+def spark_claim(spec: dict[str, Any]) -> str | None:
+    """The Spark jobs' shared volume claim (spec.spark.volume), if any."""
+    claim: str | None = spec.get("spark", {}).get("volume", {}).get("claimName")
+    return claim
+
+
 def image(spec: dict[str, Any]) -> str:
     given = spec.get("image", {})
     return f"{given.get('repository', 'stratamq/stratamq')}:{given.get('tag', '0.1.0')}"
@@ -199,6 +207,8 @@ def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
             {"name": DATA_VOLUME, "mountPath": DATA_MOUNT},
             *({"name": volume, "mountPath": path, "readOnly": True}
               for volume, _, path in _secret_volumes(spec)),
+            *([{"name": SPARK_WORK_VOLUME, "mountPath": SPARK_WORK_MOUNT}]
+              if spark_claim(spec) else []),
         ],
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
@@ -229,6 +239,10 @@ def stateful_set(owner: Owner, spec: dict[str, Any]) -> Manifest:
         {"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
     volumes += [{"name": volume, "secret": {"secretName": secret}}
                 for volume, secret, _ in _secret_volumes(spec)]
+    claim = spark_claim(spec)
+    if claim:
+        volumes.append({"name": SPARK_WORK_VOLUME,
+                        "persistentVolumeClaim": {"claimName": claim}})
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),

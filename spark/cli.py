@@ -8,6 +8,10 @@ machine sees (a volume in Kubernetes): nothing here assumes a local folder.
         --default 1d --plan gc-plan.json
     stratamq spark learn-topics --checkpoint /ckpt/messages-1 --seed seed.json
     stratamq spark export --checkpoint /ckpt/messages-1 --out usage.parquet --plot usage.png
+
+`stratamq spark launch JOB --site URL ... --workdir DIR` is what the operator's
+scheduled runs execute (checkpoint of every site, the job, its result applied; see
+stratamq.spark.launch and `stratamq spark launch --help`).
 """
 
 from __future__ import annotations
@@ -153,6 +157,10 @@ def _summary_line(plan: dict[str, Any], path: str) -> str:
 
 def spark_main(argv: list[str]) -> int:
     """Returns the exit code: 0 done, 1 failed, 2 bad usage."""
+    if argv[:1] == ["launch"]:
+        from .launch import launch_main
+
+        return launch_main(argv[1:])
     try:
         arguments = _parser().parse_args(argv)
     except SystemExit as exit_:

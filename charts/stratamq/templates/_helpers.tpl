@@ -13,6 +13,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Release.Name }}-stratamq-operator
 {{- end -}}
 
+{{/* The ClusterRole the operator binds each storage's Spark driver account to. */}}
+{{- define "stratamq.sparkDriverRole" -}}
+{{ .Release.Name }}-stratamq-spark
+{{- end -}}
+
 {{- define "stratamq.operatorSelector" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}

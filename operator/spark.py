@@ -1,0 +1,351 @@
+"""The scheduled Spark jobs of a DurableStorage (`spec.spark`), as Kubernetes objects,
+and the status of their last run: pure functions, no API calls.
+
+Per enabled job one scheduler object, owned by the storage:
+
+- a CronJob whose Job runs `spark-submit --master k8s://https://kubernetes.default.svc
+  --deploy-mode cluster` in the Spark image (the Job's pod is spark-submit's client;
+  the driver and the executors are pods of their own), or
+- a ScheduledSparkApplication where the Spark operator's CRDs are served (the Spark
+  operator then runs the same application on the schedule).
+
+Either way the driver runs `stratamq spark launch JOB` (stratamq.spark.launch): for
+every site a checkpoint through its admin API (each site's own address through the
+headless Service, the token from the storage's admin Secret) into the shared volume
+`spec.spark.volume`, the job on it, and the result applied through the same API.
+Spark's own configuration (`--conf`) carries the volume and the token to the driver
+and the executors, so both paths need nothing of the Spark operator's webhook.
+
+The driver creates executor pods as the storage's ServiceAccount `<name>-spark`,
+bound (RoleBinding in the storage's namespace) to the chart's ClusterRole for Spark
+drivers; the operator itself holds only `bind` on that ClusterRole.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .config import SPARK_WORK_MOUNT, admin_port
+from .resources import (
+    MANAGED_BY,
+    RUN_AS_USER,
+    SPARK_WORK_VOLUME,
+    TOKEN_KEY,
+    Manifest,
+    Owner,
+    admin_secret_name,
+    peer_service_name,
+    spark_claim,
+)
+
+# spec.spark key -> the job of `stratamq spark` (also the label value and name part).
+JOBS = {"gc": "gc", "learnTopics": "learn-topics", "export": "export"}
+SPEC_KEY = {job: key for key, job in JOBS.items()}
+
+K8S_MASTER = "k8s://https://kubernetes.default.svc"
+# Where images/spark/Dockerfile puts spark/main.py.
+APPLICATION = "local:///opt/stratamq/spark-main.py"
+SPARK_VERSION = "4.3.0"  # the Spark of images/spark/Dockerfile
+TOKEN_ENV = "STRATAMQ_ADMIN_TOKEN"  # what `stratamq ctl` and the launch read
+RUN_ENV = "STRATAMQ_SPARK_RUN"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+# The ClusterRole of Spark drivers (the chart's, named by the chart in the operator's
+# environment).
+DRIVER_CLUSTER_ROLE = os.environ.get("STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE", "stratamq-spark")
+
+STORAGE_LABEL = "stratamq.io/durable-storage"
+JOB_LABEL = "stratamq.io/spark-job"
+SPARK_OPERATOR_API = "sparkoperator.k8s.io/v1beta2"
+# Made by the Spark operator on each SparkApplication of a ScheduledSparkApplication.
+SCHEDULED_APP_LABEL = "sparkoperator.k8s.io/scheduled-app-name"
+HISTORY = 3
+# status.spark.<job> (the CRD's schema).
+RUN_FIELDS = ("job", "startTime", "completionTime", "result", "message")
+# A run that misses its time by more than this (operator or controller down) is
+# skipped rather than started late.
+STARTING_DEADLINE_SECONDS = 600
+
+
+def name_of(owner_name: str, job: str) -> str:
+    """The CronJob / ScheduledSparkApplication of one job."""
+    return f"{owner_name}-spark-{job}"
+
+
+def service_account_name(owner_name: str) -> str:
+    return f"{owner_name}-spark"
+
+
+def storage_labels(owner_name: str) -> dict[str, str]:
+    """Not the sites' selector labels: a Spark pod is no site."""
+    return {"app.kubernetes.io/name": "stratamq-spark", "app.kubernetes.io/instance": owner_name,
+            "app.kubernetes.io/managed-by": MANAGED_BY, STORAGE_LABEL: owner_name}
+
+
+def labels(owner_name: str, job: str) -> dict[str, str]:
+    """On the scheduler object, its Jobs / SparkApplications and their pods."""
+    return {**storage_labels(owner_name), "app.kubernetes.io/component": f"spark-{job}",
+            JOB_LABEL: job}
+
+
+def runs_selector(owner_name: str, job: str) -> str:
+    """The Jobs (or SparkApplications) of one job of one storage."""
+    return (f"app.kubernetes.io/managed-by={MANAGED_BY},{STORAGE_LABEL}={owner_name},"
+            f"{JOB_LABEL}={job}")
+
+
+def _metadata(owner: Owner, name: str, job: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace,
+            "labels": labels(owner.name, job) if job else storage_labels(owner.name),
+            "ownerReferences": [owner.reference()]}
+
+
+def enabled_jobs(spec: dict[str, Any]) -> list[str]:
+    """The jobs (`stratamq spark` names) whose spec enables them, in a fixed order."""
+    spark = spec.get("spark", {})
+    return [job for key, job in JOBS.items() if spark.get(key, {}).get("enable", False)]
+
+
+def image(spec: dict[str, Any]) -> str:
+    given = spec.get("spark", {}).get("image", {})
+    return (f"{given.get('repository', 'stratamq/stratamq-spark')}:"
+            f"{given.get('tag', '0.1.0')}")
+
+
+def pull_policy(spec: dict[str, Any]) -> str:
+    policy: str = spec.get("spark", {}).get("image", {}).get("pullPolicy", "IfNotPresent")
+    return policy
+
+
+def site_urls(owner: Owner, spec: dict[str, Any]) -> list[str]:
+    """Each site's admin API through the headless Service (one DNS name per pod):
+    until replication is built every site holds its own data, so each is checkpointed
+    and maintained."""
+    return [f"http://{owner.name}-{index}.{peer_service_name(owner.name)}."
+            f"{owner.namespace}.svc:{admin_port(spec)}" for index in range(spec.get("sites", 3))]
+
+
+def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
+    """The arguments of `spark-main.py` (= `stratamq spark`): `launch JOB ...`, with the
+    rules the job needs from the storage's config (so the driver needs no ConfigMap)."""
+    arguments = ["launch", job, *(part for url in site_urls(owner, spec)
+                                  for part in ("--site", url)),
+                 "--workdir", f"{SPARK_WORK_MOUNT}/{job}"]
+    if job == "gc":
+        sessions = spec.get("durableSessions", {})
+        arguments += ["--default", str(sessions.get("messageRetentionPeriod", "1d"))]
+        for topic_filter, duration in sorted(sessions.get("retentionRules", {}).items()):
+            arguments += ["--rule", f"{topic_filter}={duration}"]
+    if job == "learn-topics":
+        thresholds = spec.get("messages", {}).get("layout", {}).get("wildcardThresholds")
+        if thresholds:
+            arguments += ["--wildcard-thresholds", ",".join(str(n) for n in thresholds)]
+    return arguments
+
+
+def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
+    """Spark's configuration of a run: the image, the driver's account, the shared
+    volume on the driver and the executors, the admin token into the driver."""
+    conf = {
+        "spark.kubernetes.namespace": owner.namespace,
+        "spark.kubernetes.container.image": image(spec),
+        "spark.kubernetes.container.image.pullPolicy": pull_policy(spec),
+        "spark.kubernetes.authenticate.driver.serviceAccountName":
+            service_account_name(owner.name),
+        "spark.executor.instances": str(spec.get("spark", {}).get("executors", 2)),
+        f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}":
+            f"{admin_secret_name(owner.name)}:{TOKEN_KEY}",
+    }
+    claim = spark_claim(spec)
+    if claim is not None:
+        for role in ("driver", "executor"):
+            prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.{SPARK_WORK_VOLUME}"
+            conf[f"{prefix}.options.claimName"] = claim
+            conf[f"{prefix}.mount.path"] = SPARK_WORK_MOUNT
+    return conf
+
+
+def submit_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
+    """The CronJob's container: spark-submit in cluster mode against the cluster's own
+    API server. `$(STRATAMQ_SPARK_RUN)` is expanded by the kubelet to the Job's name,
+    the run's folder."""
+    command = ["spark-submit", "--master", K8S_MASTER, "--deploy-mode", "cluster",
+               "--name", name_of(owner.name, job)]
+    for key, value in spark_conf(owner, spec).items():
+        command += ["--conf", f"{key}={value}"]
+    for key, value in labels(owner.name, job).items():
+        command += ["--conf", f"spark.kubernetes.driver.label.{key}={value}",
+                    "--conf", f"spark.kubernetes.executor.label.{key}={value}"]
+    return [*command, APPLICATION, *launch_arguments(owner, spec, job),
+            "--run", f"$({RUN_ENV})"]
+
+
+def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
+    key = SPEC_KEY[job]
+    pod_labels = labels(owner.name, job)
+    return {
+        "apiVersion": "batch/v1", "kind": "CronJob",
+        "metadata": _metadata(owner, name_of(owner.name, job), job),
+        "spec": {
+            "schedule": spec["spark"][key].get("schedule", "0 3 * * *"),
+            "timeZone": "Etc/UTC",  # the CRD's schedules are in UTC
+            # One run at a time: two GC plans of one site would race.
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": STARTING_DEADLINE_SECONDS,
+            "successfulJobsHistoryLimit": HISTORY,
+            "failedJobsHistoryLimit": HISTORY,
+            "jobTemplate": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    # A failed run waits for the next schedule: its folder exists, a
+                    # retry would take a new checkpoint anyway.
+                    "backoffLimit": 0,
+                    "template": {
+                        "metadata": {"labels": pod_labels},
+                        "spec": {
+                            "serviceAccountName": service_account_name(owner.name),
+                            "restartPolicy": "Never",
+                            "enableServiceLinks": False,
+                            "securityContext": {"runAsNonRoot": True,
+                                                "runAsUser": RUN_AS_USER,
+                                                "runAsGroup": RUN_AS_USER},
+                            "containers": [{
+                                "name": "spark-submit",
+                                "image": image(spec),
+                                "imagePullPolicy": pull_policy(spec),
+                                "command": submit_command(owner, spec, job),
+                                "env": [{"name": RUN_ENV, "valueFrom": {"fieldRef": {
+                                    "fieldPath": f"metadata.labels['{JOB_NAME_LABEL}']"}}}],
+                                "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
+                                "securityContext": {"allowPrivilegeEscalation": False,
+                                                    "capabilities": {"drop": ["ALL"]}},
+                            }],
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
+    """For the Spark operator: the same application, run on the same schedule; the
+    Spark operator copies these labels onto each SparkApplication it makes."""
+    key = SPEC_KEY[job]
+    pod_labels = labels(owner.name, job)
+    conf = spark_conf(owner, spec)
+    executors = int(conf.pop("spark.executor.instances"))
+    return {
+        "apiVersion": SPARK_OPERATOR_API, "kind": "ScheduledSparkApplication",
+        "metadata": _metadata(owner, name_of(owner.name, job), job),
+        "spec": {
+            "schedule": spec["spark"][key].get("schedule", "0 3 * * *"),
+            "concurrencyPolicy": "Forbid",
+            "successfulRunHistoryLimit": HISTORY,
+            "failedRunHistoryLimit": HISTORY,
+            "template": {
+                "type": "Python",
+                "mode": "cluster",
+                "sparkVersion": SPARK_VERSION,
+                "image": image(spec),
+                "imagePullPolicy": pull_policy(spec),
+                "mainApplicationFile": APPLICATION,
+                "arguments": launch_arguments(owner, spec, job),
+                "sparkConf": conf,
+                "restartPolicy": {"type": "Never"},
+                "driver": {"serviceAccount": service_account_name(owner.name),
+                           "cores": 1, "memory": "1g", "labels": pod_labels},
+                "executor": {"instances": executors, "cores": 1, "memory": "1g",
+                             "labels": pod_labels},
+            },
+        },
+    }
+
+
+def service_account(owner: Owner) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _metadata(owner, service_account_name(owner.name))}
+
+
+def role_binding(owner: Owner) -> Manifest:
+    """The driver's rights (executor pods, their Service and ConfigMap) in the storage's
+    namespace only, from the chart's ClusterRole."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _metadata(owner, service_account_name(owner.name)),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": DRIVER_CLUSTER_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": service_account_name(owner.name),
+                          "namespace": owner.namespace}]}
+
+
+def spark_objects(owner: Owner, spec: dict[str, Any], *,
+                  spark_operator: bool) -> list[Manifest]:
+    """What the enabled jobs need, in the order to apply; empty when none is enabled."""
+    jobs = enabled_jobs(spec)
+    if not jobs:
+        return []
+    schedule = scheduled_spark_application if spark_operator else cron_job
+    return [service_account(owner), role_binding(owner),
+            *(schedule(owner, spec, job) for job in jobs)]
+
+
+# --- the last run ------------------------------------------------------------------------
+
+def job_run(job: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes Job as `status.spark.<job>`: its name, times and outcome (Running
+    until a Complete or Failed condition says otherwise; Failed with its reason)."""
+    status = job.get("status") or {}
+    run: dict[str, Any] = {"job": job["metadata"]["name"], "result": "Running"}
+    if status.get("startTime"):
+        run["startTime"] = status["startTime"]
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            run["result"] = "Succeeded"
+            run["completionTime"] = status.get("completionTime",
+                                               condition.get("lastTransitionTime"))
+        elif condition.get("type") == "Failed":
+            run["result"] = "Failed"
+            run["completionTime"] = condition.get("lastTransitionTime")
+            reason = condition.get("reason", "")
+            message = condition.get("message", "")
+            run["message"] = f"{reason}: {message}" if message else reason
+    return run
+
+
+# SparkApplication states (the Spark operator's) that end a run.
+_SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed",
+               "FAILING": "Failed"}
+
+
+def spark_application_run(application: dict[str, Any]) -> dict[str, Any]:
+    """A SparkApplication as `status.spark.<job>`."""
+    status = application.get("status") or {}
+    state = (status.get("applicationState") or {})
+    run: dict[str, Any] = {"job": application["metadata"]["name"],
+                           "result": _SPARK_DONE.get(state.get("state", ""), "Running")}
+    started = status.get("lastSubmissionAttemptTime")
+    if started:
+        run["startTime"] = started
+    if run["result"] != "Running":
+        if status.get("terminationTime"):
+            run["completionTime"] = status["terminationTime"]
+        if run["result"] == "Failed":
+            run["message"] = f"{state.get('state')}: {state.get('errorMessage', '')}"
+    return run
+
+
+def last_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest of one job's Jobs (or SparkApplications), by creation time then name
+    (a CronJob's Job names grow with their scheduled time)."""
+    if not runs:
+        return None
+    return max(runs, key=lambda run: (run["metadata"].get("creationTimestamp", ""),
+                                      run["metadata"]["name"]))
+
+
+def status_patch(run: dict[str, Any]) -> dict[str, Any]:
+    """A run as a merge patch of `status.spark.<job>`: the fields it lacks are nulled,
+    so nothing of the run before stays (a new run has no completionTime yet)."""
+    return {field: run.get(field) for field in RUN_FIELDS}

@@ -1,0 +1,164 @@
+"""`stratamq spark launch JOB --site URL ... --workdir DIR`: one scheduled run of a job,
+the program the operator's Spark driver runs (`spark-submit ... spark-main.py launch
+...`, or a SparkApplication's `mainApplicationFile`).
+
+For each site in turn: a checkpoint through the site's admin API into the shared work
+folder (a volume every site and every Spark pod mounts at the same path), the job on
+that checkpoint in this driver's SparkSession, the result applied through the same
+admin API (`gc`: the plan, `learn-topics`: the seed; `export` leaves its Parquet in
+the folder), then the checkpoint is removed (its results stay). Every site, because
+until replication is built each site holds its own data.
+
+The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
+writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run
+started twice by hand never writes over another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratamq.broker.admin.ctl import TOKEN_ENV, AdminClient, CtlError
+from stratamq.broker.config import parse_duration
+from stratamq.broker.ds import RetentionRules
+from stratamq.broker.errors import StratamqError
+
+DATABASE = "messages"
+
+
+@dataclass(frozen=True, slots=True)
+class SiteRun:
+    """What one site's part of a run left: its folder and what the site answered."""
+
+    site: str
+    folder: Path
+    applied: dict[str, Any] | None
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stratamq spark launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("job", choices=["gc", "learn-topics", "export"])
+    parser.add_argument("--site", action="append", required=True, metavar="URL",
+                        help="a site's admin API base URL (repeatable: every site)")
+    parser.add_argument("--workdir", required=True,
+                        help="the shared folder (same path on the sites and here)")
+    parser.add_argument("--run", default="", help="this run's name (default: the time)")
+    parser.add_argument("--db", default=DATABASE, help=f"the database (default {DATABASE})")
+    parser.add_argument("--default", default="1d", help="gc: retention of topics no rule "
+                                                        "takes (the config's "
+                                                        "message_retention_period)")
+    parser.add_argument("--rule", action="append", default=[], metavar="FILTER=DURATION",
+                        help="gc: a retention rule (repeatable)")
+    parser.add_argument("--wildcard-thresholds", default="",
+                        help="learn-topics: the sites' layout.wildcard_thresholds, "
+                             "comma-separated (default: the broker's)")
+    parser.add_argument("--hot-share", type=float, default=None,
+                        help="learn-topics: see `stratamq spark learn-topics`")
+    parser.add_argument("--top", type=int, default=8, help="export: patterns in the plot")
+    parser.add_argument("--master", default="",
+                        help='Spark master ("" (default) keeps spark-submit\'s)')
+    return parser
+
+
+def rules(arguments: argparse.Namespace) -> RetentionRules:
+    found = {}
+    for rule in arguments.rule:
+        topic_filter, equals, duration = rule.rpartition("=")
+        if not equals or not topic_filter:
+            raise ValueError(f"--rule {rule!r}: write FILTER=DURATION, such as sensors/#=7d")
+        found[topic_filter] = parse_duration(duration)
+    return RetentionRules(parse_duration(arguments.default), found)
+
+
+def thresholds(arguments: argparse.Namespace) -> list[int] | None:
+    text: str = arguments.wildcard_thresholds
+    return [int(part) for part in text.split(",")] if text else None
+
+
+def client(url: str) -> AdminClient:
+    token = os.environ.get(TOKEN_ENV)
+    # A checkpoint of a large database takes a while.
+    return AdminClient(url, f"Bearer {token}" if token else None, timeout=600.0)
+
+
+def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
+             folder: Path) -> dict[str, Any] | None:
+    """Checkpoint, job, apply for one site; the site's answer to the apply (None for
+    export)."""
+    database = urllib.parse.quote(arguments.db, safe="")
+    checkpoint = folder / "checkpoint"
+    folder.mkdir(parents=True)
+    site.post(f"/api/v1/ds/storages/{database}/checkpoints", {"dir": str(checkpoint)})
+    try:
+        if arguments.job == "gc":
+            from .gc import make_plan
+
+            plan = make_plan(spark, str(checkpoint), rules(arguments))
+            (folder / "gc-plan.json").write_text(json.dumps(plan, indent=2) + "\n",
+                                                 encoding="utf-8")
+            answer: dict[str, Any] = site.post(f"/api/v1/ds/storages/{database}/gc-plan",
+                                               plan)
+            return answer
+        if arguments.job == "learn-topics":
+            from .topics import DEFAULT_HOT_SHARE, make_seed
+
+            hot_share = (DEFAULT_HOT_SHARE if arguments.hot_share is None
+                         else arguments.hot_share)
+            seed = make_seed(spark, str(checkpoint), thresholds(arguments), hot_share)
+            (folder / "seed.json").write_text(json.dumps(seed, indent=2) + "\n",
+                                              encoding="utf-8")
+            answer = site.put(f"/api/v1/ds/storages/{database}/topic-structure",
+                              {"patterns": seed["patterns"]})
+            return answer
+        from .export import export_usage
+
+        export_usage(spark, str(checkpoint), str(folder / "usage.parquet"),
+                     str(folder / "usage.png"), arguments.top)
+        return None
+    finally:
+        # The checkpoint holds the site's files (hard links on the site's side, or
+        # copies on this volume): only the results are worth keeping.
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def launch(arguments: argparse.Namespace) -> list[SiteRun]:
+    from .session import spark_session
+
+    run = arguments.run or time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
+    done = []
+    try:
+        for index, url in enumerate(arguments.site):
+            folder = Path(arguments.workdir).absolute() / run / f"site-{index}"
+            answer = run_site(spark, arguments, client(url), folder)
+            done.append(SiteRun(site=url, folder=folder, applied=answer))
+            print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
+                  file=sys.stderr)
+    finally:
+        spark.stop()
+    return done
+
+
+def launch_main(argv: list[str]) -> int:
+    """Returns the exit code: 0 done, 1 failed (a site's part failed: the runs of the
+    sites before it stand), 2 bad usage."""
+    try:
+        arguments = parser().parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        launch(arguments)
+    except (CtlError, StratamqError, ValueError, OSError) as exc:
+        print(f"stratamq spark launch {arguments.job}: {exc}", file=sys.stderr)
+        return 1
+    return 0
