@@ -135,11 +135,14 @@ def launch(arguments: argparse.Namespace) -> list[SiteRun]:
     from .session import spark_session
 
     run = arguments.run or time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run_folder = Path(arguments.workdir).absolute() / run
+    if run_folder.exists():  # before Spark starts (seconds)
+        raise FileExistsError(f"{run_folder} exists: give each run a name of its own")
     spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
     done = []
     try:
         for index, url in enumerate(arguments.site):
-            folder = Path(arguments.workdir).absolute() / run / f"site-{index}"
+            folder = run_folder / f"site-{index}"
             answer = run_site(spark, arguments, client(url), folder)
             done.append(SiteRun(site=url, folder=folder, applied=answer))
             print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",

@@ -1,7 +1,8 @@
 """The chart's operator ServiceAccount and ClusterRole suffice: helm installs the chart,
 the operator runs as a real process with a token of that ServiceAccount (all
 namespaces, the chart's ClusterKopfPeering), and a DurableStorage comes up Ready
-through it, its budget is deleted when turned off; nothing it does is forbidden.
+through it, its budget is deleted when turned off, its Spark job's CronJob and driver
+account are made and deleted; nothing it does is forbidden.
 
 The chart's Deployment runs 0 replicas here: the test node cannot give a pod its
 in-cluster credentials (absolute paths under /var/run/secrets), so this process
@@ -47,8 +48,10 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE,
                              "--duration=1h").stdout.strip()
         kubeconfig = token_kubeconfig(kube, tmp_path / "operator.kubeconfig", token)
-        # The account really is limited: it may not read Secrets' list or Nodes.
-        for verb, what in (("list", "secrets"), ("get", "nodes"), ("delete", "statefulsets")):
+        # The account really is limited: it may not read Secrets' list or Nodes, nor
+        # make the pods it lets Spark drivers make.
+        for verb, what in (("list", "secrets"), ("get", "nodes"), ("delete", "statefulsets"),
+                           ("create", "pods")):
             allowed = kube.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE,
                                    f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
                                    check=False).stdout.strip()
@@ -61,14 +64,17 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
 
         with running_kubelet(kube, tmp_path / "node", {NAMESPACE}) as node:
             operator = OperatorProcess(tmp_path / "operator", kube, None, kubeconfig=kubeconfig,
-                                       peering=ACCOUNT)
+                                       peering=ACCOUNT,
+                                       spark_driver_role=f"{RELEASE}-stratamq-spark")
             operator.start(timeout=60)
             try:
                 kube.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
                     "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
                     "metadata": {"name": "mq"},
                     "spec": {"sites": 1, "messages": {"nShards": 1, "replicationFactor": 1},
-                             "storage": {"size": "1Gi"}}}))
+                             "storage": {"size": "1Gi"},
+                             "spark": {"volume": {"claimName": "spark"},
+                                       "gc": {"enable": True}}}}))
 
                 def ready() -> bool:
                     status = json.loads(kube.kubectl(
@@ -82,6 +88,20 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                              "-p", '{"spec": {"podDisruptionBudget": {"enable": false}}}')
                 wait_for("the budget deleted", lambda: kube.kubectl(
                     "get", "-n", NAMESPACE, "pdb", "mq", check=False).returncode != 0,
+                    explain=operator.log_tail)
+                # The Spark job: its CronJob, and the driver's account bound to the
+                # chart's ClusterRole (the operator may bind that one role, nothing
+                # more); turned off, all three go.
+                binding = json.loads(kube.kubectl("get", "-n", NAMESPACE, "rolebinding",
+                                                  "mq-spark", "-o", "json").stdout)
+                assert binding["roleRef"]["name"] == f"{RELEASE}-stratamq-spark"
+                kube.kubectl("get", "-n", NAMESPACE, "cronjob", "mq-spark-gc")
+                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                             "-p", '{"spec": {"spark": {"gc": {"enable": false}}}}')
+                wait_for("the Spark objects deleted", lambda: all(kube.kubectl(
+                    "get", "-n", NAMESPACE, kind, name, check=False).returncode != 0
+                    for kind, name in (("cronjob", "mq-spark-gc"), ("rolebinding", "mq-spark"),
+                                       ("serviceaccount", "mq-spark"))),
                     explain=operator.log_tail)
                 events = json.loads(kube.kubectl("get", "-n", NAMESPACE, "events", "-o",
                                                  "json").stdout)["items"]

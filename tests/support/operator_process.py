@@ -19,10 +19,12 @@ class OperatorProcess(ManagedProcess):
     def __init__(self, workdir: Path, kube: ControlPlane, namespace: str | None, *,
                  priority: int | None = None, status_interval: float = 1.0,
                  reapply_interval: float = 300.0,
-                 kubeconfig: Path | None = None, peering: str = PEERING) -> None:
+                 kubeconfig: Path | None = None, peering: str = PEERING,
+                 spark_driver_role: str = "stratamq-spark") -> None:
         """`namespace` None: all namespaces (a ClusterKopfPeering `peering`), else that
         one (a KopfPeering there); `kubeconfig`: whose credentials (the admin's by
-        default)."""
+        default); `spark_driver_role`: the ClusterRole the Spark drivers' accounts are
+        bound to (the chart's Deployment names its own)."""
         super().__init__(workdir)  # self.port: the liveness endpoint
         self.log_path = workdir / "operator.log"
         self.kube = kube
@@ -33,6 +35,7 @@ class OperatorProcess(ManagedProcess):
         self.status_interval = status_interval
         self.reapply_interval = reapply_interval
         self.metrics_port = free_port()
+        self.spark_driver_role = spark_driver_role
 
     def ports(self) -> list[int]:
         return [self.port, self.metrics_port]
@@ -41,7 +44,8 @@ class OperatorProcess(ManagedProcess):
         return {**super().environment(), "KUBECONFIG": str(self.kubeconfig),
                 "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
                 "STRATAMQ_OPERATOR_REAPPLY_INTERVAL": str(self.reapply_interval),
-                "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}"}
+                "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}",
+                "STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE": self.spark_driver_role}
 
     def command(self) -> list[str]:
         kopf = str(Path(sys.executable).parent / "kopf")

@@ -1,0 +1,121 @@
+"""The Spark jobs' objects and last-run status (stratamq.operator.spark): pure parts.
+The same objects against the real API server: tests/kube/test_operator_spark.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stratamq.operator import resources, spark
+from stratamq.operator.resources import Owner
+from tests.unit.test_operator_resources import crd_defaults
+
+OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")
+
+
+def with_spark(**jobs: dict[str, Any]) -> dict[str, Any]:
+    spec = crd_defaults()
+    spec["spark"] = {**spec["spark"], "volume": {"claimName": "shared"}}
+    for key, given in jobs.items():
+        spec["spark"][key] = {**spec["spark"][key], **given}
+    return spec
+
+
+def test_nothing_is_made_by_default() -> None:
+    spec = crd_defaults()
+    assert spark.spark_objects(OWNER, spec, spark_operator=False) == []
+    assert spark.spark_objects(OWNER, spec, spark_operator=True) == []
+    assert resources.spark_claim(spec) is None
+    volumes = resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"]["volumes"]
+    assert all("persistentVolumeClaim" not in volume for volume in volumes)
+
+
+def test_each_enabled_job_gets_its_scheduler() -> None:
+    spec = with_spark(gc={"enable": True}, export={"enable": True, "schedule": "@hourly"})
+    made = spark.spark_objects(OWNER, spec, spark_operator=False)
+    assert [(m["kind"], m["metadata"]["name"]) for m in made] == [
+        ("ServiceAccount", "mq-spark"), ("RoleBinding", "mq-spark"),
+        ("CronJob", "mq-spark-gc"), ("CronJob", "mq-spark-export")]
+    assert [m["spec"]["schedule"] for m in made[2:]] == ["0 3 * * *", "@hourly"]
+    scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)
+    assert [m["kind"] for m in scheduled[2:]] == ["ScheduledSparkApplication"] * 2
+    # No Spark pod carries the sites' selector (it would count as a site).
+    site_selector = resources.selector_labels("mq").items()
+    for manifest in made[2:]:
+        template = manifest["spec"]["jobTemplate"]["spec"]["template"]
+        assert not site_selector <= template["metadata"]["labels"].items()
+
+
+def test_launch_arguments_carry_the_storages_rules() -> None:
+    spec = with_spark()
+    spec["sites"] = 3
+    spec["durableSessions"]["messageRetentionPeriod"] = "2d"
+    spec["durableSessions"]["retentionRules"] = {"b/#": "7d", "a/+": "1h"}
+    spec["messages"]["layout"]["wildcardThresholds"] = [20, 4]
+    gc = spark.launch_arguments(OWNER, spec, "gc")
+    assert gc[:2] == ["launch", "gc"]
+    assert gc.count("--site") == 3
+    assert gc[gc.index("--default") + 1] == "2d"
+    assert [gc[i + 1] for i, part in enumerate(gc) if part == "--rule"] == ["a/+=1h", "b/#=7d"]
+    learn = spark.launch_arguments(OWNER, spec, "learn-topics")
+    assert learn[learn.index("--wildcard-thresholds") + 1] == "20,4"
+    assert "--rule" not in learn
+
+
+def test_the_sites_mount_the_shared_volume() -> None:
+    pod = resources.stateful_set(OWNER, with_spark())["spec"]["template"]["spec"]
+    assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": "shared"}} in (
+        pod["volumes"])
+    assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
+        pod["containers"][0]["volumeMounts"])
+
+
+def job(name: str, created: str, status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "creationTimestamp": created}, "status": status}
+
+
+def test_job_runs() -> None:
+    assert spark.job_run(job("j", "", {})) == {"job": "j", "result": "Running"}
+    complete = spark.job_run(job("j", "", {
+        "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:02:00Z",
+        "conditions": [{"type": "SuccessCriteriaMet", "status": "True"},
+                       {"type": "Complete", "status": "True"}]}))
+    assert complete == {"job": "j", "result": "Succeeded", "startTime": "2026-01-01T00:00:00Z",
+                        "completionTime": "2026-01-01T00:02:00Z"}
+    failed = spark.job_run(job("j", "", {
+        "startTime": "2026-01-01T00:00:00Z",
+        "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                        "lastTransitionTime": "2026-01-01T00:03:00Z"}]}))
+    assert failed["result"] == "Failed"
+    assert failed["completionTime"] == "2026-01-01T00:03:00Z"
+    assert failed["message"] == ("BackoffLimitExceeded: Job has reached the specified "
+                                 "backoff limit")
+    # A condition that is not True yet decides nothing.
+    assert spark.job_run(job("j", "", {"conditions": [
+        {"type": "Failed", "status": "False"}]}))["result"] == "Running"
+
+
+def test_spark_application_runs() -> None:
+    def application(state: dict[str, Any], **times: str) -> dict[str, Any]:
+        return {"metadata": {"name": "a"}, "status": {"applicationState": state, **times}}
+    assert spark.spark_application_run({"metadata": {"name": "a"}}) == {
+        "job": "a", "result": "Running"}
+    assert spark.spark_application_run(application(
+        {"state": "COMPLETED"}, lastSubmissionAttemptTime="t0", terminationTime="t1")) == {
+        "job": "a", "result": "Succeeded", "startTime": "t0", "completionTime": "t1"}
+    failed = spark.spark_application_run(application(
+        {"state": "SUBMISSION_FAILED", "errorMessage": "no image"}))
+    assert (failed["result"], failed["message"]) == ("Failed", "SUBMISSION_FAILED: no image")
+
+
+def test_the_last_run_is_the_newest_and_replaces_the_one_before() -> None:
+    runs = [job("mq-spark-gc-29000001", "2026-01-01T00:01:00Z", {}),
+            job("mq-spark-gc-29000003", "2026-01-01T00:03:00Z", {}),
+            job("mq-spark-gc-29000002", "2026-01-01T00:02:00Z", {})]
+    newest = spark.last_run(runs)
+    assert newest is not None and newest["metadata"]["name"] == "mq-spark-gc-29000003"
+    assert spark.last_run([]) is None
+    # A merge patch: what the new run lacks is nulled, so nothing of the last stays.
+    assert spark.status_patch({"job": "j", "result": "Running"}) == {
+        "job": "j", "result": "Running", "startTime": None, "completionTime": None,
+        "message": None}
