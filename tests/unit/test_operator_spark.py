@@ -7,6 +7,7 @@ from typing import Any
 
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
+from tests.support.harness import REPO
 from tests.unit.test_operator_resources import crd_defaults
 
 OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")
@@ -119,3 +120,10 @@ def test_the_last_run_is_the_newest_and_replaces_the_one_before() -> None:
     assert spark.status_patch({"job": "j", "result": "Running"}) == {
         "job": "j", "result": "Running", "startTime": None, "completionTime": None,
         "message": None}
+
+
+def test_the_application_is_where_the_spark_image_puts_it() -> None:
+    dockerfile = (REPO / "images" / "spark" / "Dockerfile").read_text()
+    [destination] = [line.split()[2] for line in dockerfile.splitlines()
+                     if line.startswith("COPY spark/main.py ")]
+    assert f"local://{destination}" == spark.APPLICATION
