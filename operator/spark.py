@@ -5,7 +5,8 @@ Per enabled job one scheduler object, owned by the storage:
 
 - a CronJob whose Job runs `spark-submit --master k8s://https://kubernetes.default.svc
   --deploy-mode cluster` in the Spark image (the Job's pod is spark-submit's client;
-  the driver and the executors are pods of their own), or
+  the driver and the executors are pods of their own), under `stratamq spark submit`,
+  which gives the Job the driver's outcome (spark-submit exits 0 either way), or
 - a ScheduledSparkApplication where the Spark operator's CRDs are served (the Spark
   operator then runs the same application on the schedule).
 
@@ -180,9 +181,21 @@ def submit_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
             "--run", f"$({RUN_ENV})"]
 
 
+def job_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
+    """spark-submit under `stratamq spark submit`, which fails the Job unless the run's
+    result file (written by the driver on the shared volume) says Succeeded:
+    spark-submit itself exits 0 whatever the driver did."""
+    result = f"{SPARK_WORK_MOUNT}/{job}/$({RUN_ENV})/result.json"
+    return ["stratamq", "spark", "submit", "--result", result, "--",
+            *submit_command(owner, spec, job)]
+
+
 def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
     key = SPEC_KEY[job]
     pod_labels = labels(owner.name, job)
+    claim = spark_claim(spec)
+    volumes = ([{"name": SPARK_WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
+               if claim else [])
     return {
         "apiVersion": "batch/v1", "kind": "CronJob",
         "metadata": _metadata(owner, name_of(owner.name, job), job),
@@ -213,13 +226,19 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                                 "name": "spark-submit",
                                 "image": image(spec),
                                 "imagePullPolicy": pull_policy(spec),
-                                "command": submit_command(owner, spec, job),
+                                "command": job_command(owner, spec, job),
                                 "env": [{"name": RUN_ENV, "valueFrom": {"fieldRef": {
                                     "fieldPath": f"metadata.labels['{JOB_NAME_LABEL}']"}}}],
+                                "volumeMounts": [{"name": volume["name"],
+                                                  "mountPath": SPARK_WORK_MOUNT,
+                                                  "readOnly": True} for volume in volumes],
+                                # the end of the log, where spark-submit says why
+                                "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
                                 "securityContext": {"allowPrivilegeEscalation": False,
                                                     "capabilities": {"drop": ["ALL"]}},
                             }],
+                            "volumes": volumes,
                         },
                     },
                 },
@@ -240,6 +259,9 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
         "metadata": _metadata(owner, name_of(owner.name, job), job),
         "spec": {
             "schedule": spec["spark"][key].get("schedule", "0 3 * * *"),
+            # (the Spark operator's field since v2.1; an older one prunes it and uses
+            # its own local time)
+            "timeZone": "Etc/UTC",
             "concurrencyPolicy": "Forbid",
             "successfulRunHistoryLimit": HISTORY,
             "failedRunHistoryLimit": HISTORY,

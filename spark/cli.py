@@ -161,6 +161,10 @@ def spark_main(argv: list[str]) -> int:
         from .launch import launch_main
 
         return launch_main(argv[1:])
+    if argv[:1] == ["submit"]:
+        from .launch import submit_main
+
+        return submit_main(argv[1:])
     try:
         arguments = _parser().parse_args(argv)
     except SystemExit as exit_:

@@ -11,7 +11,9 @@ until replication is built each site holds its own data.
 
 The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
 writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run
-started twice by hand never writes over another.
+started twice by hand never writes over another. Its outcome goes to
+`DIR/RUN/result.json`, which `stratamq spark submit` (the launching Job's command,
+around spark-submit) turns into the Job's exit code.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -33,6 +36,8 @@ from stratamq.broker.ds import RetentionRules
 from stratamq.broker.errors import StratamqError
 
 DATABASE = "messages"
+# The outcome of a run, in its folder.
+RESULT_FILE = "result.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,24 +137,41 @@ def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
 
 
 def launch(arguments: argparse.Namespace) -> list[SiteRun]:
+    """The run; its outcome is also written to `RUN/result.json` (what `stratamq spark
+    submit` checks: spark-submit in cluster mode does not pass the driver's exit
+    code on)."""
     from .session import spark_session
 
     run = arguments.run or time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     run_folder = Path(arguments.workdir).absolute() / run
-    if run_folder.exists():  # before Spark starts (seconds)
+    if run_folder.exists():  # before Spark starts (seconds), and never another run's
         raise FileExistsError(f"{run_folder} exists: give each run a name of its own")
-    spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
-    done = []
+    run_folder.mkdir(parents=True)
+    done: list[SiteRun] = []
     try:
-        for index, url in enumerate(arguments.site):
-            folder = run_folder / f"site-{index}"
-            answer = run_site(spark, arguments, client(url), folder)
-            done.append(SiteRun(site=url, folder=folder, applied=answer))
-            print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
-                  file=sys.stderr)
-    finally:
-        spark.stop()
+        spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
+        try:
+            for index, url in enumerate(arguments.site):
+                folder = run_folder / f"site-{index}"
+                answer = run_site(spark, arguments, client(url), folder)
+                done.append(SiteRun(site=url, folder=folder, applied=answer))
+                print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
+                      file=sys.stderr)
+        finally:
+            spark.stop()
+    except BaseException as exc:
+        write_result(run_folder, "Failed", done, f"{type(exc).__name__}: {exc}")
+        raise
+    write_result(run_folder, "Succeeded", done, "")
     return done
+
+
+def write_result(run_folder: Path, result: str, done: list[SiteRun], message: str) -> None:
+    sites = [{"site": run.site, "folder": str(run.folder), "applied": run.applied}
+             for run in done]
+    (run_folder / RESULT_FILE).write_text(json.dumps(
+        {"result": result, "message": message, "sites_done": sites}, indent=2) + "\n",
+        encoding="utf-8")
 
 
 def launch_main(argv: list[str]) -> int:
@@ -163,5 +185,41 @@ def launch_main(argv: list[str]) -> int:
         launch(arguments)
     except (CtlError, StratamqError, ValueError, OSError) as exc:
         print(f"stratamq spark launch {arguments.job}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def submit_main(argv: list[str]) -> int:
+    """`stratamq spark submit --result FILE -- spark-submit ...`: run spark-submit, then
+    fail unless the run's result file says Succeeded. spark-submit in Kubernetes
+    cluster mode exits 0 whatever the driver did (Spark 4.x), so the launching Job's
+    own outcome (status.spark) comes from the file the driver writes (`launch`)."""
+    if "--" not in argv:
+        print("usage: stratamq spark submit --result FILE -- spark-submit ...",
+              file=sys.stderr)
+        return 2
+    own, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    submit = argparse.ArgumentParser(prog="stratamq spark submit")
+    submit.add_argument("--result", required=True, help="the run's result.json")
+    try:
+        arguments = submit.parse_args(own)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    if not command:
+        print("stratamq spark submit: no command after --", file=sys.stderr)
+        return 2
+    code = subprocess.run(command, check=False).returncode  # its output is the pod's log
+    if code != 0:
+        print(f"stratamq spark submit: {command[0]} exited with {code}", file=sys.stderr)
+        return code
+    try:
+        result = json.loads(Path(arguments.result).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"stratamq spark submit: the driver left no result ({exc}): it stopped "
+              f"before the end; see the driver pod's log", file=sys.stderr)
+        return 1
+    if result.get("result") != "Succeeded":
+        print(f"stratamq spark submit: the run failed: {result.get('message')}",
+              file=sys.stderr)
         return 1
     return 0

@@ -189,11 +189,19 @@ def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: Operator
     assert pod["serviceAccountName"] == f"{NAME}-spark"
     [container] = pod["containers"]
     assert container["image"] == "stratamq/stratamq-spark:9.9.9"
-    command = container["command"]
     # spark-submit in cluster mode on the cluster's own API server, the application
-    # `stratamq spark launch gc` over every site's admin API
+    # `stratamq spark launch gc` over every site's admin API; under `stratamq spark
+    # submit`, which fails the Job unless the driver's result file says Succeeded
+    wrapper = container["command"][:container["command"].index("--") + 1]
+    assert wrapper == ["stratamq", "spark", "submit", "--result",
+                       "/var/lib/stratamq-spark/gc/$(STRATAMQ_SPARK_RUN)/result.json", "--"]
+    command = container["command"][len(wrapper):]
     assert command[:5] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc",
                            "--deploy-mode", "cluster"]
+    assert container["volumeMounts"] == [{"name": "spark-work", "readOnly": True,
+                                          "mountPath": "/var/lib/stratamq-spark"}]
+    assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": CLAIM}} in (
+        pod["volumes"])
     application = command.index(spark.APPLICATION)
     assert command[application + 1:application + 3] == ["launch", "gc"]
     flags = arguments(command[application:])

@@ -2,7 +2,9 @@
 `spark-submit` (local master here instead of `k8s://`, the same `--master ""` path of
 the driver) against two real sites: each site is checkpointed through its admin API
 into the shared folder, GC is planned on Spark and applied through the same API, and
-the checkpoints are removed while the plans stay.
+the checkpoints are removed while the plans stay; `stratamq spark submit` (the
+operator's Job command around spark-submit) passes the run's outcome on, also when a
+site does not answer.
 
 Both sites keep alerts 90 days (the site itself drops a generation only after the
 longest rule), so generation 1 goes only if the launched plan drops it. The run's
@@ -23,11 +25,26 @@ import pytest
 from tests.spark.test_gc import wait_for_rollover
 from tests.support.checkpoints import Published, publish_all
 from tests.support.clients import ADMIN_TOKEN, admin_get, generations
-from tests.support.harness import REPO, running_broker
+from tests.support.harness import REPO, free_port, running_broker
 
 CONFIG = {"durable_storage": {"messages": {"n_shards": 1}},
           "durable_sessions": {"message_retention_period": "4s",
                                "retention_rules": {"alerts/#": "90d"}}}
+
+
+def submit(work: Path, run: str, sites: list[str]) -> subprocess.CompletedProcess[str]:
+    """The operator's Job command, but for the master: `stratamq spark submit` around
+    spark-submit of spark/main.py `launch gc` with the storage's rules."""
+    command = [
+        str(Path(sys.executable).parent / "stratamq"), "spark", "submit",
+        "--result", str(work / run / "result.json"), "--",
+        str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
+        "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "main.py"),
+        "launch", "gc", *(part for site in sites for part in ("--site", site)),
+        "--workdir", str(work), "--run", run, "--default", "1s", "--rule", "alerts/#=90d"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=800, env={
+        **os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN,
+        "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
 
 
 @pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
@@ -44,18 +61,11 @@ def test_launch_plans_and_applies_gc_on_every_site(tmp_path: Path) -> None:
             wait_for_rollover(site)
 
         work = tmp_path / "shared"
-        command = [
-            str(Path(sys.executable).parent / "spark-submit"), "--master", "local[1]",
-            "--conf", "spark.ui.enabled=false", str(REPO / "spark" / "main.py"),
-            "launch", "gc",
-            "--site", f"http://127.0.0.1:{first.admin_port}",
-            "--site", f"http://127.0.0.1:{second.admin_port}",
-            "--workdir", str(work), "--run", "run-1",
-            "--default", "1s", "--rule", "alerts/#=90d"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=800, env={
-            **os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN,
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable})
+        done = submit(work, "run-1", [f"http://127.0.0.1:{first.admin_port}",
+                                      f"http://127.0.0.1:{second.admin_port}"])
         assert done.returncode == 0, done.stderr[-4000:]
+        result = json.loads((work / "run-1" / "result.json").read_text())
+        assert (result["result"], len(result["sites_done"])) == ("Succeeded", 2)
 
         for index, site in enumerate((first, second)):
             folder = work / "run-1" / f"site-{index}"
@@ -67,6 +77,19 @@ def test_launch_plans_and_applies_gc_on_every_site(tmp_path: Path) -> None:
             assert actions[1] == ("drop" if site is first else "rewrite"), plan
         assert 1 not in generations(first)[0]
         assert 1 in generations(second)[0]
+
+        # A site that does not answer: the run fails, says why in its result, and the
+        # launching command fails with it.
+        failed = submit(work, "run-2", [f"http://127.0.0.1:{second.admin_port}",
+                                        f"http://127.0.0.1:{free_port()}"])
+        assert failed.returncode == 1, failed.stderr[-4000:]
+        result = json.loads((work / "run-2" / "result.json").read_text())
+        assert result["result"] == "Failed" and "cannot reach" in result["message"], result
+        assert [done["site"] for done in result["sites_done"]] == [
+            f"http://127.0.0.1:{second.admin_port}"]
+        # (locally the driver is spark-submit's own process, whose exit code it passes
+        # on; in Kubernetes cluster mode only the result file tells)
+        assert "spark-submit exited with 1" in failed.stderr
 
         # A second run of the same name writes over nothing: it fails at once.
         again = subprocess.run([sys.executable, "-m", "stratamq.broker", "spark", "launch",
