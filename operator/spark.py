@@ -126,12 +126,18 @@ def site_urls(owner: Owner, spec: dict[str, Any]) -> list[str]:
             f"{owner.namespace}.svc:{admin_port(spec)}" for index in range(spec.get("sites", 3))]
 
 
+def work_folder(owner: Owner, job: str) -> str:
+    """Where a job's runs write on the shared volume: per storage, since storages of
+    one namespace may share the claim (and their schedules the same minute)."""
+    return f"{SPARK_WORK_MOUNT}/{owner.name}/{job}"
+
+
 def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     """The arguments of `spark-main.py` (= `stratamq spark`): `launch JOB ...`, with the
     rules the job needs from the storage's config (so the driver needs no ConfigMap)."""
     arguments = ["launch", job, *(part for url in site_urls(owner, spec)
                                   for part in ("--site", url)),
-                 "--workdir", f"{SPARK_WORK_MOUNT}/{job}"]
+                 "--workdir", work_folder(owner, job)]
     if job == "gc":
         sessions = spec.get("durableSessions", {})
         arguments += ["--default", str(sessions.get("messageRetentionPeriod", "1d"))]
@@ -185,7 +191,7 @@ def job_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     """spark-submit under `stratamq spark submit`, which fails the Job unless the run's
     result file (written by the driver on the shared volume) says Succeeded:
     spark-submit itself exits 0 whatever the driver did."""
-    result = f"{SPARK_WORK_MOUNT}/{job}/$({RUN_ENV})/result.json"
+    result = f"{work_folder(owner, job)}/$({RUN_ENV})/result.json"
     return ["stratamq", "spark", "submit", "--result", result, "--",
             *submit_command(owner, spec, job)]
 

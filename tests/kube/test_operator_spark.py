@@ -194,7 +194,7 @@ def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: Operator
     # submit`, which fails the Job unless the driver's result file says Succeeded
     wrapper = container["command"][:container["command"].index("--") + 1]
     assert wrapper == ["stratamq", "spark", "submit", "--result",
-                       "/var/lib/stratamq-spark/gc/$(STRATAMQ_SPARK_RUN)/result.json", "--"]
+                       "/var/lib/stratamq-spark/mq/gc/$(STRATAMQ_SPARK_RUN)/result.json", "--"]
     command = container["command"][len(wrapper):]
     assert command[:5] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc",
                            "--deploy-mode", "cluster"]
@@ -207,7 +207,7 @@ def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: Operator
     flags = arguments(command[application:])
     assert flags["--site"] == [f"http://{NAME}-{n}.{NAME}-peers.{NAMESPACE}.svc:18083"
                                for n in range(2)]
-    assert flags["--workdir"] == ["/var/lib/stratamq-spark/gc"]
+    assert flags["--workdir"] == ["/var/lib/stratamq-spark/mq/gc"]
     assert flags["--rule"] == ["sensors/#=7d"]
     assert flags["--default"] == ["1d"]
     assert flags["--run"] == ["$(STRATAMQ_SPARK_RUN)"]
