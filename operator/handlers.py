@@ -258,8 +258,14 @@ def record_last_run(namespace: str, storage: str, job: str, api_version: str, ki
                                                   spark.runs_selector(storage, job)))
         if newest is None:
             return  # the runs went with their CronJob: the last one stays reported
-        run = (spark.job_run(newest) if kind == "Job"
-               else spark.spark_application_run(newest))
+        if kind == "Job":
+            run = spark.job_run(newest)
+            if run["result"] == "Failed":
+                run = spark.with_pod_failure(run, kube.list_labeled(
+                    "v1", "Pod", namespace,
+                    f"{spark.JOB_NAME_LABEL}={newest['metadata']['name']}"))
+        else:
+            run = spark.spark_application_run(newest)
         found = kube.get(API_VERSION, KIND, namespace, storage)
         if found is None:
             return

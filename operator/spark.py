@@ -342,6 +342,26 @@ def job_run(job: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+def pod_failure(pods: list[dict[str, Any]]) -> str | None:
+    """Why a failed run's pod ended: the last line of its container's termination
+    message (`FallbackToLogsOnError`: the end of its log, where `stratamq spark
+    submit` says why), or None."""
+    for pod in sorted(pods, key=lambda pod: pod["metadata"].get("creationTimestamp", ""),
+                      reverse=True):
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            message = ((container.get("state") or {}).get("terminated") or {}).get("message")
+            lines = [line for line in (message or "").splitlines() if line.strip()]
+            if lines:
+                return lines[-1].strip()
+    return None
+
+
+def with_pod_failure(run: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """A failed Job's run with its pod's reason added to the Job's own."""
+    why = pod_failure(pods) if run["result"] == "Failed" else None
+    return {**run, "message": f"{run['message']}; {why}"} if why else run
+
+
 # SparkApplication states (the Spark operator's) that end a run.
 _SPARK_DONE = {"COMPLETED": "Succeeded", "FAILED": "Failed", "SUBMISSION_FAILED": "Failed",
                "FAILING": "Failed"}

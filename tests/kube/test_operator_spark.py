@@ -143,15 +143,17 @@ def spark_operator_crds(cluster: ControlPlane, operator: OperatorProcess) -> Ite
                     *(f"{plural}.sparkoperator.k8s.io" for plural in SPARK_OPERATOR_CRDS))
 
 
-def finish_pod_of(kube: ControlPlane, job: str, exit_code: int) -> None:
-    """What a kubelet reports when the Job's container exits with `exit_code`."""
+def finish_pod_of(kube: ControlPlane, job: str, exit_code: int, log_end: str = "") -> None:
+    """What a kubelet reports when the Job's container exits with `exit_code`, its
+    log ending with `log_end` (the termination message, FallbackToLogsOnError)."""
     def pod() -> str | None:
         pods = items(kube, "pods", "-l", f"{spark.JOB_NAME_LABEL}={job}")
         return str(pods[0]["metadata"]["name"]) if pods else None
     name = wait_for(f"the pod of Job {job}", pod, timeout=TIMEOUT)
     phase = "Succeeded" if exit_code == 0 else "Failed"
     terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                  "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:01:00Z"}
+                  "startedAt": "2026-01-01T00:00:00Z", "finishedAt": "2026-01-01T00:01:00Z",
+                  **({"message": log_end} if log_end else {})}
     kube.kubectl("patch", "-n", NAMESPACE, "pod", name, "--subresource=status",
                  "--type=merge", "-p", json.dumps({"status": {
                      "phase": phase,
@@ -273,11 +275,14 @@ def test_a_run_that_succeeds_then_one_that_fails_show_in_status(cluster: Control
                     f"--from=cronjob/{NAME}-spark-gc")
     wait_for("the second run Running", lambda: run_is(cluster, "gc", second, "Running"),
              timeout=TIMEOUT)
-    finish_pod_of(cluster, second, 1)
+    why = "stratamq spark submit: the run failed: CtlError: http://mq-1: 409 Conflict"
+    finish_pod_of(cluster, second, 1, f"INFO spark-submit log\n{why}\n")
     failed = wait_for("the second run Failed", lambda: run_is(cluster, "gc", second, "Failed"),
                       timeout=TIMEOUT)
     # backoffLimit 0: the Job controller gives up on the first failed pod
     assert failed["message"].startswith("BackoffLimitExceeded"), failed
+    # and why, from the end of the pod's log
+    assert failed["message"].endswith(f"; {why}"), failed
     assert "completionTime" in failed
 
 

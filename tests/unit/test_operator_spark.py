@@ -96,6 +96,22 @@ def test_job_runs() -> None:
         {"type": "Failed", "status": "False"}]}))["result"] == "Running"
 
 
+def test_a_failed_jobs_message_says_why_its_pod_failed() -> None:
+    def pod(created: str, message: str | None) -> dict[str, Any]:
+        terminated = {"exitCode": 1, **({"message": message} if message is not None else {})}
+        return {"metadata": {"creationTimestamp": created},
+                "status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+    run = {"job": "j", "result": "Failed", "message": "BackoffLimitExceeded"}
+    pods = [pod("2026-01-01T00:00:00Z", "old\nolder reason"),
+            pod("2026-01-01T00:01:00Z", "log\nthe run failed: 409\n\n")]
+    assert spark.with_pod_failure(run, pods)["message"] == (
+        "BackoffLimitExceeded; the run failed: 409")
+    assert spark.with_pod_failure(run, [pod("2026-01-01T00:00:00Z", None)]) == run
+    assert spark.with_pod_failure(run, []) == run
+    succeeded = {"job": "j", "result": "Succeeded"}
+    assert spark.with_pod_failure(succeeded, pods) == succeeded
+
+
 def test_spark_application_runs() -> None:
     def application(state: dict[str, Any], **times: str) -> dict[str, Any]:
         return {"metadata": {"name": "a"}, "status": {"applicationState": state, **times}}
