@@ -256,7 +256,12 @@ def record_last_run(namespace: str, storage: str, job: str, api_version: str, ki
     with _runs_lock:
         newest = spark.last_run(kube.list_labeled(api_version, kind, namespace,
                                                   spark.runs_selector(storage, job)))
-        if newest is None:
+        found = kube.get(API_VERSION, KIND, namespace, storage)
+        if found is None:
+            return
+        key = spark.SPEC_KEY[job]
+        recorded = (found.get("status") or {}).get("spark", {}).get(key)
+        if newest is None or not spark.replaces(newest, recorded):
             return  # the runs went with their CronJob: the last one stays reported
         if kind == "Job":
             run = spark.job_run(newest)
@@ -266,11 +271,7 @@ def record_last_run(namespace: str, storage: str, job: str, api_version: str, ki
                     f"{spark.JOB_NAME_LABEL}={newest['metadata']['name']}"))
         else:
             run = spark.spark_application_run(newest)
-        found = kube.get(API_VERSION, KIND, namespace, storage)
-        if found is None:
-            return
-        key = spark.SPEC_KEY[job]
-        if (found.get("status") or {}).get("spark", {}).get(key) == run:
+        if recorded == run:
             return
         if kube.patch_status(API_VERSION, KIND, namespace, storage,
                              {"spark": {key: spark.status_patch(run)}}):

@@ -393,6 +393,16 @@ def last_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
                                       run["metadata"]["name"]))
 
 
+def replaces(newest: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+    """Whether the newest run that exists is reported over the recorded one: it is
+    that run, or it was made after that run started. (When the recorded run's Job is
+    deleted with its CronJob, an older one still being collected is no newer run.)"""
+    if not recorded or recorded.get("job") == newest["metadata"]["name"]:
+        return True
+    started = recorded.get("startTime")
+    return not started or newest["metadata"].get("creationTimestamp", "") >= started
+
+
 def status_patch(run: dict[str, Any]) -> dict[str, Any]:
     """A run as a merge patch of `status.spark.<job>`: the fields it lacks are nulled,
     so nothing of the run before stays (a new run has no completionTime yet)."""

@@ -132,6 +132,13 @@ def test_the_last_run_is_the_newest_and_replaces_the_one_before() -> None:
     newest = spark.last_run(runs)
     assert newest is not None and newest["metadata"]["name"] == "mq-spark-gc-29000003"
     assert spark.last_run([]) is None
+    # Once the recorded run's Job is gone (its CronJob deleted), an older one still
+    # being collected does not come back as the last run; a newer one does.
+    recorded = {"job": "mq-spark-gc-29000003", "startTime": "2026-01-01T00:03:01Z"}
+    assert spark.replaces(newest, recorded)
+    assert not spark.replaces(runs[2], recorded)
+    assert spark.replaces(job("manual", "2026-01-01T00:04:00Z", {}), recorded)
+    assert spark.replaces(runs[0], None)
     # A merge patch: what the new run lacks is nulled, so nothing of the last stays.
     assert spark.status_patch({"job": "j", "result": "Running"}) == {
         "job": "j", "result": "Running", "startTime": None, "completionTime": None,
