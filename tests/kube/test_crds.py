@@ -145,6 +145,9 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
                      'values: "allow", "deny"'),
     "bad-cron": ({"spark": {"gc": {"enable": True, "schedule": "every night"}}},
                  "spec.spark.gc.schedule: Invalid value: \"string\": must be a cron schedule"),
+    "spark-without-volume": ({"spark": {"export": {"enable": True}}},
+                             "a Spark job is enabled, so spark.volume.claimName must name "
+                             "the shared (ReadWriteMany) volume claim"),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }
