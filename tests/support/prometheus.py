@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -40,7 +41,9 @@ def running_prometheus(folder: Path, targets: list[str]) -> Iterator[str]:
              f"--web.listen-address=127.0.0.1:{port}"],
             stdout=log, stderr=subprocess.STDOUT)
         try:
-            yield f"http://127.0.0.1:{port}"
+            base = f"http://127.0.0.1:{port}"
+            _wait_until_ready(base, process)
+            yield base
         finally:
             process.terminate()
             try:
@@ -48,6 +51,23 @@ def running_prometheus(folder: Path, targets: list[str]) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _wait_until_ready(base: str, process: subprocess.Popen[bytes],
+                      timeout: float = 60.0) -> None:
+    """Return once Prometheus answers `/-/ready` (it answers queries with 503 until it
+    has replayed its write-ahead log, which takes seconds on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"prometheus exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"prometheus at {base} not ready within {timeout:.0f} s")
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:
