@@ -29,15 +29,17 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..admin.credentials import Credentials
 from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
-from ..errors import UnknownDatabaseError, UnknownSiteError
+from ..errors import PlacementError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from . import decisions
 from .decisions import ClusterState, Settings
+from .metrics import Snapshot, controller_registry
 from .sites import BadReportError, Report, SiteState, parse_report
 from .state import KnownSite, StateFiles
 from .views import site_view, storage_summary, storage_view
@@ -45,7 +47,7 @@ from .views import site_view, storage_summary, storage_view
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 REPLICATION_PATH = f"{API}/ds/replication"
 PLACEMENT_PATH = f"{API}/ds/placement"
 
@@ -80,6 +82,9 @@ class Controller:
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
         self._unreachable: dict[str, str] = {}
+        self.leader_changes = 0
+        self._registry = controller_registry(
+            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes), self.settings)
         self.port = 0
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -91,6 +96,7 @@ class Controller:
             errors, authentication(Credentials(token=self.config.token), OPEN_PATHS)])
         app.add_routes([
             web.get("/healthz", self._healthz),
+            web.get("/metrics", self._metrics),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site),
             web.delete(f"{API}/ds/sites/{{site}}", self._forget),
@@ -163,6 +169,8 @@ class Controller:
                 await self._save(decision.state)
             self.state = decision.state
         changed = self.state.placement != before.placement
+        if changed:
+            self.leader_changes += leader_changes(before.placement, self.state.placement)
         await self._push(self.state.placement, everyone=changed)
 
     def _take_reports(self, urls: list[str], reports: list[Report | None], now: float) -> bool:
@@ -240,6 +248,10 @@ class Controller:
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _site_state(self, site: str) -> SiteState:
         found = self.sites.get(site)
@@ -321,6 +333,17 @@ class Controller:
             self.state = state
         log.info("site %s (%s) forgotten", site, gone.admin_url)
         return web.json_response({"site": site, "forgotten": True})
+
+
+def leader_changes(before: Placement, after: Placement) -> int:
+    """Shards of `before` whose leader is another in `after`."""
+    changed = 0
+    for shard in before.shards:
+        try:
+            changed += int(after.shard(*shard.id).leader != shard.leader)
+        except PlacementError:
+            continue
+    return changed
 
 
 def site_url(address: str) -> str:

@@ -126,6 +126,14 @@ class LocalCluster:
         assert status == 200, found
         return dict(found)
 
+    def metrics(self) -> dict[str, float]:
+        """The controller's /metrics, sample -> value."""
+        url = self.layout["controller"]["url"] + "/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
+
     def site(self, index: int) -> dict[str, Any]:
         found: dict[str, Any] = self.layout["sites"][index]
         return found
@@ -321,6 +329,11 @@ def test_kill_9_of_a_leader_moves_its_leadership(cluster: LocalCluster) -> None:
     for shard in after["shards"]:
         assert victim_id in shard["replicas"]  # a failover changes leaders, not replicas
         assert shard["leader"] != victim_id
+    metrics = wait_for("the metrics to show the failover", lambda: (
+        found if (found := cluster.metrics()).get(
+            'stratamq_cluster_sites{state="down"}') == 1 else None))
+    assert metrics["stratamq_cluster_leader_changes_total"] >= len(moved)
+    assert metrics[f'stratamq_cluster_under_replicated_shards{{db="{DB}"}}'] == N_SHARDS
 
     # Publishes to another site reach a committed write again, for every shard that
     # moved: the first acknowledged one says when writes resumed.
