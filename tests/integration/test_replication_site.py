@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.ds import Snapshot
+from stratamq.broker.ds import Snapshot, shard_of
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from tests.support.checkpoints import make_checkpoint, snapshot_messages
-from tests.support.clients import PahoClient, unique
+from tests.support.clients import PahoClient, metric_value, unique
 from tests.support.harness import HOST, BrokerProcess, free_port, merge_config
 
 N_SHARDS = 2
@@ -76,18 +76,18 @@ class Sites:
         return {site_id: f"{HOST}:{port}"
                 for site_id, port in zip(self.ids, self.peer_ports, strict=True)}
 
-    def placement(self, version: int = 1, epoch: int = 1) -> Placement:
+    def placement(self, version: int = 1, epoch: int = 1, leader: int = 0) -> Placement:
         replicas = tuple(sorted(self.ids))
         return Placement(version, tuple(
-            ShardPlacement("messages", shard, replicas, self.ids[0], epoch)
+            ShardPlacement("messages", shard, replicas, self.ids[leader], epoch)
             for shard in range(N_SHARDS)))
 
     def push(self, site: BrokerProcess, placement: Placement) -> tuple[int, Any]:
         return admin(site, "PUT", "/api/v1/ds/placement",
                      {"placement": json.loads(placement.to_json()), "peers": self.peers()})
 
-    def push_all(self, placement: Placement) -> None:
-        for site in self.sites:
+    def push_all(self, placement: Placement, to: list[BrokerProcess] | None = None) -> None:
+        for site in self.sites if to is None else to:
             status, body = self.push(site, placement)
             assert status == 200 and body == {"accepted": True, "version": placement.version}
 
@@ -157,8 +157,8 @@ def stored_payloads(site: BrokerProcess, folder: Path, prefix: str) -> list[byte
                           snapshot, f"{prefix}/#"))
 
 
-def publisher(site: BrokerProcess, name: str) -> PahoClient:
-    client = PahoClient(site.port, unique(name))
+def publisher(site: BrokerProcess, name: str, client_id: str | None = None) -> PahoClient:
+    client = PahoClient(site.port, client_id or unique(name))
     assert client.connect().reason_code == 0
     return client
 
@@ -186,13 +186,22 @@ def test_writes_commit_on_a_majority_and_every_replica_applies_them(
         assert sorted(m.payload for m in got) == sorted(
             f"{name}-{n}".encode() for name in ("pub-a", "pub-b") for n in range(5))
         wait_for("the same offsets on every site", lambda: caught_up(sites.sites))
+        for shard in map(str, range(N_SHARDS)):
+            labels = {"db": "messages", "shard": shard}
+            assert metric_value(a, "stratamq_ds_replica_leader", **labels) == 1
+            assert metric_value(b, "stratamq_ds_replica_leader", **labels) == 0
+            assert metric_value(a, "stratamq_ds_leader_changes_total", **labels) == 1
 
         # one follower gone: a majority (A and B) still commits
         subscriber.stop()
         c.kill()
-        client = publisher(a, "pub-a2")
+        client_id = unique("pub-a2")
+        client = publisher(a, "pub-a2", client_id)
         clients.append(client)
         assert client.publish(f"{prefix}/a2", b"with-two") == 0
+        wait_for("the leader reports C behind", lambda: metric_value(
+            a, "stratamq_ds_under_replicated", db="messages",
+            shard=str(shard_of(client_id, N_SHARDS))) == 1)
 
         # both followers gone: nothing commits, the write is not acknowledged and the
         # broker ends the connection once cluster.write_timeout has passed
@@ -275,3 +284,51 @@ def test_generations_change_only_through_the_leaders_log(tmp_path: Path) -> None
             writer.stop()
     finally:
         sites.stop()
+
+
+def roles(site: BrokerProcess) -> list[str]:
+    return [shard["role"] for shard in replication(site)["shards"]]
+
+
+def test_a_new_leader_takes_over_and_the_old_one_follows_it_when_back(
+        sites: Sites, tmp_path: Path) -> None:
+    # the site side of a failover: the controller's newer placement names B leader at
+    # epoch 2; A, killed, comes back with epoch 1 on disk, is refused by the others,
+    # then takes the newer placement and follows B
+    a, b, c = sites.sites
+    sites.push_all(sites.placement())
+    wait_for("A leads", lambda: roles(a) == ["leader"] * N_SHARDS)
+    prefix = unique("failover")
+    clients: list[PahoClient] = []
+    try:
+        first = publisher(a, "pub-a")
+        clients.append(first)
+        for number in range(3):
+            assert first.publish(f"{prefix}/a", b"a-%d" % number) == 0
+        a.kill()
+        sites.push_all(sites.placement(version=2, epoch=2, leader=1), to=[b, c])
+        wait_for("B leads at epoch 2", lambda: roles(b) == ["leader"] * N_SHARDS)
+        subscriber = PahoClient(c.port, unique("sub-c"))
+        clients.append(subscriber)
+        assert subscriber.connect().reason_code == 0
+        assert subscriber.subscribe(f"{prefix}/#", qos=1) == [1]
+        for site, name in ((b, "pub-b"), (c, "pub-c")):
+            client = publisher(site, name)
+            clients.append(client)
+            for number in range(3):
+                assert client.publish(f"{prefix}/{name}", f"{name}-{number}".encode()) == 0
+        assert len(subscriber.expect(6, timeout=WAIT)) == 6
+
+        a.start()  # placement version 1 on its disk: it leads epoch 1 until refused
+        wait_for("A stops leading epoch 1", lambda: roles(a) == ["follower"] * N_SHARDS)
+        status, body = sites.push(a, sites.placement(version=2, epoch=2, leader=1))
+        assert status == 200 and body == {"accepted": True, "version": 2}
+        wait_for("A caught up with B", lambda: caught_up(sites.sites))
+        assert all(shard["epoch"] == 2 for shard in replication(a)["shards"])
+        expected = sorted([b"a-%d" % n for n in range(3)] + [
+            f"{name}-{n}".encode() for name in ("pub-b", "pub-c") for n in range(3)])
+        for site, name in zip(sites.sites, "abc", strict=True):
+            assert stored_payloads(site, tmp_path / f"checkpoint-{name}", prefix) == expected
+    finally:
+        for client in clients:
+            client.stop()

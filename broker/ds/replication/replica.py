@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from ...errors import StorageError, StorageTimeoutError
+from .. import metrics
 from ..cooked import CookedBatch
 from ..database import Database
 from ..message import Message
@@ -90,6 +91,16 @@ class ShardReplica:
         self._committed_moved = asyncio.Event()
         self._placement_changed = asyncio.Event()
         self._closed = False
+        # What was applied was committed: known again at once after a restart, not
+        # only once the leader speaks.
+        self.log.commit_to(self.applied)
+        labels = (database.name, str(shard_id))
+        metrics.REPLICA_LAG.labels(*labels).set_function(
+            lambda: max(0, self.log.last.offset - self.applied))
+        metrics.UNDER_REPLICATED.labels(*labels).set_function(self._under_replicated)
+        metrics.REPLICA_ROLE.labels(*labels).set_function(
+            lambda: 1 if self.leadership is not None else 0)
+        self._leader_changes = metrics.LEADER_CHANGES.labels(*labels)
         self._applier = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
 
     # -- what the site sees -------------------------------------------------------
@@ -111,6 +122,13 @@ class ShardReplica:
         return {"db": self.database.name, "shard": self.shard_id, "role": self.role,
                 "epoch": self.log.epoch, "last": [last.epoch, last.offset],
                 "committed": self.log.committed, "applied": self.applied}
+
+    def _under_replicated(self) -> int:
+        leadership = self.leadership
+        if leadership is None:
+            return 0
+        return int(any(leadership.matched.get(site, 0) < leadership.committed
+                       for site in leadership.replica_set if site != leadership.site))
 
     def committed_moved(self) -> None:
         """The log's commit offset may have grown (a leader's append arrived)."""
@@ -142,8 +160,9 @@ class ShardReplica:
         site = self._settings.site
         async with self._log_lock:
             leadership = await self._run(Leadership.begin, site, placement.epoch, self.log,
-                                         placement.replicas)
+                                         placement.replicas, self.log.committed)
         self.leadership = leadership
+        self._leader_changes.inc()
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
                  ", ".join(placement.replicas))
         self._start_senders()
@@ -177,6 +196,7 @@ class ShardReplica:
             return
         log.warning("%s: stops leading epoch %d: %s", self._label, self.leadership.epoch, why)
         self.leadership = None
+        self._leader_changes.inc()
         self._ready_at = None
         self._stop_senders()
         # Entries appended but not applied may be cut by the new leader: what their
