@@ -75,6 +75,10 @@ class Replication(Protocol):
     async def drop_generation(self, shard_id: int, generation_id: int) -> None:
         """Drop a closed generation of a shard (on its leader; nothing elsewhere)."""
 
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        """The shard's replica set and leader as this site knows them (none and ""
+        before the first placement)."""
+
     async def close(self) -> None:
         """Stop applying: the shards are about to close."""
 
@@ -296,6 +300,12 @@ class Database:
         self._commit_listeners.remove(listener)
 
     # -- replication --------------------------------------------------------------
+
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        """The shard's replica set and leader: this site alone without replication."""
+        if self._replication is None:
+            return (self.site_id,), self.site_id
+        return self._replication.placement_of(shard_id)
 
     def attach_replication(self, replication: Replication) -> None:
         """From now on, writes and generation changes go through `replication`."""

@@ -141,6 +141,10 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
              ["follower"] * N_SHARDS)
     after = replication(b)
     assert after["placement_version"] == 1
+    status, storage = admin(b, "GET", "/api/v1/ds/storages/messages")
+    assert status == 200
+    assert [(shard["replicas"], shard["leader"]) for shard in storage["shards"]] == \
+        [(sorted(sites.ids), sites.ids[0])] * N_SHARDS
     assert all(shard["epoch"] == 1 for shard in after["shards"])
     # each leader's first entry of its epoch, committed and applied everywhere
     wait_for("the first entries applied everywhere", lambda: caught_up(sites.sites)
@@ -182,9 +186,13 @@ def test_writes_commit_on_a_majority_and_every_replica_applies_them(
             clients.append(client)
             for number in range(5):
                 assert client.publish(f"{prefix}/{name}", f"{name}-{number}".encode()) == 0
-        got = subscriber.expect(10, timeout=WAIT)
+            # exactly once through the leader too: the packet id's record is written
+            # in the leader's batch, with the message
+            assert client.publish(f"{prefix}/{name}", f"{name}-qos2".encode(), qos=2) == 0
+        got = subscriber.expect(12, timeout=WAIT)
+        subscriber.quiet()
         assert sorted(m.payload for m in got) == sorted(
-            f"{name}-{n}".encode() for name in ("pub-a", "pub-b") for n in range(5))
+            f"{name}-{n}".encode() for name in ("pub-a", "pub-b") for n in [*range(5), "qos2"])
         wait_for("the same offsets on every site", lambda: caught_up(sites.sites))
         for shard in map(str, range(N_SHARDS)):
             labels = {"db": "messages", "shard": shard}
@@ -221,7 +229,7 @@ def test_writes_commit_on_a_majority_and_every_replica_applies_them(
         assert again.publish(f"{prefix}/b2", b"back") == 0
         wait_for("the restarted followers caught up", lambda: caught_up(sites.sites))
         expected = sorted([f"{name}-{n}".encode() for name in ("pub-a", "pub-b")
-                           for n in range(5)] + [b"with-two", b"alone", b"back"])
+                           for n in [*range(5), "qos2"]] + [b"with-two", b"alone", b"back"])
         for site, name in zip(sites.sites, "abc", strict=True):
             assert stored_payloads(site, tmp_path / f"before-{name}", prefix) == expected
 

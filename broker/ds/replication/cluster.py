@@ -175,6 +175,10 @@ class SiteReplication:
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
         await self.replicas[shard_id].write(messages, record_puts, record_deletes)
 
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        placement = self.replicas[shard_id].placement
+        return ((), "") if placement is None else (placement.replicas, placement.leader)
+
     async def add_generation(self, shard_id: int) -> None:
         await self.replicas[shard_id].add_generation()
 
