@@ -32,7 +32,7 @@ from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
-from .generation import GenerationInfo, plan_retention
+from .generation import GenerationInfo, RetentionPlan, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
 from .lts import END, Edge
@@ -69,11 +69,11 @@ class Replication(Protocol):
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
         """Commit one flush of a shard's write buffer; returns once applied here."""
 
-    async def add_generation(self, shard_id: int) -> None:
-        """Start a new generation of a shard (on its leader; nothing elsewhere)."""
+    async def add_generation(self, shard_id: int) -> bool:
+        """Start a new generation of a shard on its leader; False elsewhere."""
 
-    async def drop_generation(self, shard_id: int, generation_id: int) -> None:
-        """Drop a closed generation of a shard (on its leader; nothing elsewhere)."""
+    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
+        """Drop a closed generation of a shard on its leader; False elsewhere."""
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         """The shard's replica set and leader as this site knows them (none and ""
@@ -674,6 +674,8 @@ class Database:
         plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us,
                                 drop_after_us)
                  for shard in self.shards]
+        if self._replication is not None:
+            return await self._replicated_retention(plans)
         added = any(plan.add_generation for plan in plans)
         if added:
             await self.add_generation()
@@ -682,6 +684,20 @@ class Database:
             for generation_id in plan.drop:
                 await self.drop_generation(shard.shard_id, generation_id)
                 dropped += 1
+        return added, dropped
+
+    async def _replicated_retention(self, plans: list[RetentionPlan]) -> tuple[bool, int]:
+        """Retention on a replicated site: each shard's leader changes its
+        generations through the shard's log; the other replicas follow it there."""
+        assert self._replication is not None
+        added = False
+        dropped = 0
+        for shard, plan in zip(self.shards, plans, strict=True):
+            if plan.add_generation:
+                added |= await self._replication.add_generation(shard.shard_id)
+            for generation_id in plan.drop:
+                dropped += await self._replication.drop_generation(shard.shard_id,
+                                                                   generation_id)
         return added, dropped
 
     def _update_generation_gauges(self) -> None:

@@ -179,11 +179,11 @@ class SiteReplication:
         placement = self.replicas[shard_id].placement
         return ((), "") if placement is None else (placement.replicas, placement.leader)
 
-    async def add_generation(self, shard_id: int) -> None:
-        await self.replicas[shard_id].add_generation()
+    async def add_generation(self, shard_id: int) -> bool:
+        return await self.replicas[shard_id].add_generation()
 
-    async def drop_generation(self, shard_id: int, generation_id: int) -> None:
-        await self.replicas[shard_id].propose(entries.DropGeneration(generation_id))
+    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
+        return await self.replicas[shard_id].propose(entries.DropGeneration(generation_id))
 
     async def close(self) -> None:
         """Stop serving the peer port, stop every replica's loops, close the logs."""

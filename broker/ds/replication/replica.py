@@ -257,24 +257,25 @@ class ShardReplica:
             self._own[offset] = cooked
         await self._wait_applied(offset, deadline)
 
-    async def propose(self, change: entries.Change) -> None:
+    async def propose(self, change: entries.Change) -> bool:
         """Append a generation change as the shard's leader and wait until it is
-        applied here; nothing when this site does not lead the shard."""
+        applied here; False (nothing done) when this site does not lead the shard."""
         if self.leadership is None:
-            return
+            return False
         deadline = time.monotonic() + self._settings.write_timeout
         async with self._append_lock:
             await self._wait_applied(max(self._last_own, self._ready_at or 0), deadline)
             offset = await self._append(entries.encode(change))
         await self._wait_applied(offset, deadline)
+        return True
 
-    async def add_generation(self) -> None:
+    async def add_generation(self) -> bool:
         if self.leadership is None:
-            return
+            return False
         shard = self.database.shards[self.shard_id]
         # after every timestamp this leader has handed out
         at = max(now_us(), shard.last_timestamp + 1)
-        await self.propose(entries.AddGeneration(at, shard.topic_seed))
+        return await self.propose(entries.AddGeneration(at, shard.topic_seed))
 
     async def _append(self, raw: bytes) -> int:
         """Append one entry as leader; its offset."""
