@@ -340,3 +340,34 @@ def test_a_new_leader_takes_over_and_the_old_one_follows_it_when_back(
     finally:
         for client in clients:
             client.stop()
+
+
+def test_a_follower_killed_and_restarted_under_load_loses_and_duplicates_nothing(
+        sites: Sites, tmp_path: Path) -> None:
+    a, b, c = sites.sites
+    sites.push_all(sites.placement())
+    wait_for("A leads", lambda: roles(a) == ["leader"] * N_SHARDS)
+    prefix = unique("load")
+    writers = [publisher(a, "pub-a"), publisher(b, "pub-b")]
+    try:
+        sent = []
+        for round_ in range(3):
+            infos = []
+            for number in range(100):
+                for writer, name in zip(writers, "ab", strict=True):
+                    payload = f"{name}-{round_}-{number}".encode()
+                    infos.append(writer.client.publish(f"{prefix}/{name}", payload, qos=1))
+                    sent.append(payload)
+                if round_ == 1 and number == 50:
+                    c.kill()  # while writes are in flight
+            for info in infos:
+                info.wait_for_publish(WAIT)
+                assert info.is_published()
+        c.start()
+        wait_for("C caught up", lambda: caught_up(sites.sites))
+        for site, name in zip(sites.sites, "abc", strict=True):
+            assert stored_payloads(site, tmp_path / f"checkpoint-{name}", prefix) == \
+                sorted(sent)
+    finally:
+        for writer in writers:
+            writer.stop()
