@@ -203,7 +203,7 @@ class Controller:
             self._unreachable[url] = problem
             return None
         if self._unreachable.pop(url, None) is not None:
-            log.info("site at %s answers again", url)
+            log.info("site at %s answers", url)
         return report
 
     async def _save(self, state: ClusterState) -> None:
