@@ -342,7 +342,7 @@ class Controller:
     async def _forget(self, request: web.Request) -> web.Response:
         site = request.match_info["site"]
         async with self._lock:
-            state = decisions.check_forget(self.state, site, self.sites, time.monotonic(),
+            state = decisions.forget(self.state, site, self.sites, time.monotonic(),
                                            self.settings)
             gone = self.sites.pop(site)
             self.forgotten.add(site)

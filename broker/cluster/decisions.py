@@ -367,9 +367,7 @@ def set_replicas(state: ClusterState, database: str, wanted: Collection[str],
                              f"placed there now")
     goals = {**state.goals, database: goal}
     new = plan_goals(state.placement, {database: goal}, sites, settings)
-    catch_up = state.catch_up
-    return replace(state, plan=new if new.transitions else None, goals=goals,
-                   catch_up=catch_up)
+    return replace(state, plan=new if new.transitions else None, goals=goals)
 
 
 def join(state: ClusterState, database: str, site: str, sites: Mapping[str, SiteState],
@@ -388,7 +386,7 @@ def leave(state: ClusterState, database: str, site: str, sites: Mapping[str, Sit
                         settings)
 
 
-def check_forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: float,
+def forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: float,
                  settings: Settings) -> ClusterState:
     """The state without `site` in any goal. Only a site that is down and holds no
     replica (now, or in the pending plan's target) may be forgotten."""

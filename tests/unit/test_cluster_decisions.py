@@ -325,8 +325,8 @@ def test_bad_requests_are_refused_and_change_nothing() -> None:
         (lambda: decisions.join(state, DB, "E", sites, 100.0, SETTINGS), SiteStateError),
         (lambda: decisions.join(state, "nope", "A", sites, 100.0, SETTINGS),
          UnknownDatabaseError),
-        (lambda: decisions.check_forget(state, "A", sites, 100.0, SETTINGS), SiteStateError),
-        (lambda: decisions.check_forget(state, "Z", sites, 100.0, SETTINGS), UnknownSiteError),
+        (lambda: decisions.forget(state, "A", sites, 100.0, SETTINGS), SiteStateError),
+        (lambda: decisions.forget(state, "Z", sites, 100.0, SETTINGS), UnknownSiteError),
         (lambda: decisions.join(ClusterState(), DB, "A", sites, 100.0, SETTINGS),
          ClusterNotReadyError),
     ]
@@ -351,7 +351,7 @@ def test_a_down_site_holding_nothing_can_be_forgotten() -> None:
     sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABC"),
                      site("E", now=0.0))
     state = replace(state, goals={DB: ("A", "B", "C", "E")})
-    after = decisions.check_forget(state, "E", sites, 100.0, SETTINGS)
+    after = decisions.forget(state, "E", sites, 100.0, SETTINGS)
     assert after.goals == {DB: ("A", "B", "C")}
     assert after.placement == state.placement
 
