@@ -9,11 +9,8 @@ again once it starts stopping. Every response of `/api/v1` is JSON; every error 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -25,15 +22,17 @@ from ..ds import (
     Database,
     DbDescription,
     DurableStorage,
+    SiteReplication,
     apply_gc_plan,
     create_checkpoint,
     describe,
 )
-from ..errors import StorageClosedError, StratamqError, UnknownDatabaseError, UnknownSiteError
+from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .http_errors import BadRequestError, UnknownClientError, http_status
+from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
+from .middleware import authentication, errors, json_body, listing
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)
@@ -43,21 +42,13 @@ API = "/api/v1"
 # needs them, so a typo in a route never opens it.
 OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 @dataclass(frozen=True, slots=True)
 class SiteParts:
     storage: DurableStorage
     broker: Broker
     listeners: ListenerSet
-
-
-def error_response(status: int, message: str,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    code = HTTPStatus(status).phrase.upper().replace(" ", "_").replace("-", "_")
-    return web.json_response({"error": code, "message": message}, status=status,
-                             headers=headers)
+    replication: SiteReplication | None = None
 
 
 class AdminServer:
@@ -69,9 +60,10 @@ class AdminServer:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet) -> None:
+    def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet,
+               replication: SiteReplication | None = None) -> None:
         """The site is up: serve the API and report ready."""
-        self._parts = SiteParts(storage, broker, listeners)
+        self._parts = SiteParts(storage, broker, listeners, replication)
         log.info("admin API serving site %s", storage.site_id)
 
     def detach(self) -> None:
@@ -79,7 +71,7 @@ class AdminServer:
         self._parts = None
 
     async def start(self, bind: str) -> None:
-        app = web.Application(middlewares=[self._errors, self._authenticate])
+        app = web.Application(middlewares=[errors, authentication(self.credentials, OPEN_PATHS)])
         app.add_routes([
             web.get("/healthz", self._healthz),
             web.get("/readyz", self._readyz),
@@ -94,6 +86,8 @@ class AdminServer:
             web.put(f"{API}/ds/storages/{{db}}/topic-structure", self._topic_structure),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
+            web.get(f"{API}/ds/replication", self._replication_status),
+            web.put(f"{API}/ds/placement", self._placement),
         ])
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
@@ -117,41 +111,6 @@ class AdminServer:
         if self._parts is None:
             raise StorageClosedError("the site is starting or stopping")
         return self._parts
-
-    # -- middlewares ----------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            if exc.status == 404:
-                message = f"no such resource: {request.path}"
-            elif exc.status == 405:
-                message = f"method {request.method} is not allowed on {request.path}"
-            else:
-                message = exc.reason
-            return error_response(exc.status, message, headers)
-        except StratamqError as exc:
-            return error_response(http_status(exc), exc.message)
-        except Exception:
-            log.exception("admin API: %s %s failed", request.method, request.path)
-            return error_response(500, "internal error (see the broker log)")
-
-    @web.middleware
-    async def _authenticate(self, request: web.Request,
-                            handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS or \
-                self.credentials.check(request.headers.get("Authorization")):
-            return await handler(request)
-        response = error_response(401, "missing or invalid credentials: send "
-                                       "'Authorization: Bearer <token>' or basic credentials")
-        for challenge in self.credentials.challenges():
-            response.headers.add("WWW-Authenticate", challenge)
-        return response
 
     # -- probes and metrics -----------------------------------------------------------
 
@@ -269,23 +228,31 @@ class AdminServer:
                                    f"{site_id}; no other site is known)")
         return web.json_response(await self._site_view())
 
+    def _replication(self) -> SiteReplication:
+        replication = self._running().replication
+        if replication is None:
+            raise ReplicationOffError("this site runs without replication (cluster.enable "
+                                      "is false)")
+        return replication
+
+    async def _replication_status(self, _request: web.Request) -> web.Response:
+        """This site's shard replicas: role, epoch, log end, committed and applied
+        offsets. Also the controller's heartbeat probe."""
+        return web.json_response(self._replication().status())
+
+    async def _placement(self, request: web.Request) -> web.Response:
+        """Take a placement pushed by the controller: body `{"placement": document,
+        "peers": {site: "host:port"}}`."""
+        replication = self._replication()
+        body = await json_body(request)
+        if "placement" not in body or "peers" not in body:
+            raise BadRequestError('give {"placement": {...}, "peers": {"<site>": '
+                                  '"host:port", ...}}')
+        accepted, version = await replication.offer(body["placement"], body["peers"])
+        return web.json_response({"accepted": accepted, "version": version})
+
     async def _site_view(self) -> Json:
         return site_view(self._running().storage.site_id, await self._descriptions())
-
-
-async def json_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; BadRequestError when it is not one."""
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise BadRequestError(f"the request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body
-
-
-def listing(items: list[Any]) -> web.Response:
-    return web.json_response({"data": items, "meta": {"count": len(items)}})
 
 
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:
