@@ -39,10 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl = commands.add_parser("ctl", help="administration commands")
     ctl.add_argument("ctl_command", choices=["passwd", "clients", "ds"],
                      help="passwd: edit a password file; clients: connected clients; "
-                          "ds info: databases, shards, sites, generations; ds checkpoint "
-                          "DB DIR: a checkpoint for the Spark jobs (these ask a running "
-                          "site's admin API)")
+                          "ds info: databases, shards, sites, generations (of a site, or "
+                          "of a cluster from its controller); ds checkpoint DB DIR: a "
+                          "checkpoint for the Spark jobs; ds set-replicas DB SITE..., ds "
+                          "join DB SITE, ds leave DB SITE, ds forget SITE: replica "
+                          "placement, asked of the cluster controller")
     ctl.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of the command")
+    cluster = commands.add_parser(
+        "cluster", help="a local cluster: controller and sites on one machine "
+                        "(`cluster controller`: the controller alone)", add_help=False)
+    cluster.add_argument("rest", nargs=argparse.REMAINDER,
+                         help="options of `stratamq cluster` (--help for them)")
     spark = commands.add_parser("spark", help="the data pipeline's Spark jobs (gc); needs the "
                                               "spark extra (PySpark) and Java",
                                 add_help=False)
@@ -62,6 +69,10 @@ def run_spark(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cluster"]:
+        # Its own parser: argparse's REMAINDER would not take options that come first.
+        argv = ["cluster", "--", *argv[1:]]
     arguments = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
             import uvloop
 
             uvloop.run(run_broker(arguments.config))
+        elif arguments.command == "cluster":
+            from .cluster.commands import cluster_main
+
+            raise SystemExit(cluster_main(arguments.rest[1:]))
         elif arguments.command == "spark":
             raise SystemExit(run_spark(arguments.rest))
         elif arguments.ctl_command == "passwd":

@@ -110,6 +110,17 @@ class LastReplicaError(PlanError):
     """A change that would leave a shard with no replica at all."""
 
 
+class SiteStateError(PlanError):
+    """A request the site's state forbids now: forgetting a site that is up or still
+    holds replicas, placing a replica on a site that is down."""
+
+
+class ClusterNotReadyError(StratamqError):
+    """The controller has no placement yet (too few sites have answered)."""
+
+    recoverable = True
+
+
 class NoMajorityError(StratamqError):
     """A shard whose alive replicas are no majority of its replica set: no new leader
     can be chosen without risking acknowledged writes; retry when more are back."""

@@ -1,6 +1,9 @@
 """`stratamq ctl clients`, `stratamq ctl ds info`, `stratamq ctl ds checkpoint DB DIR`,
 `stratamq ctl ds apply-gc PLAN` and `stratamq ctl ds seed-topics DB FILE`: call the
-admin API of a running site over HTTP and print readable tables.
+admin API of a running site over HTTP and print readable tables. `stratamq ctl ds
+set-replicas DB SITE...`, `ds join DB SITE`, `ds leave DB SITE` and `ds forget SITE`
+call the cluster controller (default URL and token file: those of `stratamq
+cluster`); `ds info` against the controller shows the whole cluster.
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -25,6 +28,10 @@ from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:18083"
 DEFAULT_TOKEN_FILE = "data/admin-token"
+# `stratamq cluster` with its defaults: the controller's API and the shared token.
+CONTROLLER_URL = "http://127.0.0.1:18090"
+CLUSTER_TOKEN_FILE = "data/cluster/admin-token"
+CLUSTER_ACTIONS = {"set-replicas", "join", "leave", "forget"}
 TOKEN_ENV = "STRATAMQ_ADMIN_TOKEN"
 
 
@@ -48,6 +55,9 @@ class AdminClient:
 
     def put(self, path: str, body: Any) -> Any:
         return self._call(path, json.dumps(body).encode("utf-8"), "PUT")
+
+    def delete(self, path: str) -> Any:
+        return self._call(path, None, "DELETE")
 
     def _call(self, path: str, body: bytes | None, method: str = "GET") -> Any:
         headers = {"Accept": "application/json"}
@@ -173,31 +183,90 @@ def format_ds_info(sites: list[dict[str, Any]], storages: list[dict[str, Any]]) 
     return "\n".join(lines)
 
 
+def format_cluster_info(sites: list[dict[str, Any]], storages: list[dict[str, Any]]) -> str:
+    """The cluster as its controller sees it: sites, then per database every shard's
+    replicas, leader, epoch, committed offset, lag per replica and pending steps."""
+    lines = ["SITES:", table(
+        ["Site", "Status", "Admin", "Peer", "Placement", "Leads", "Shards"],
+        [[s["site"], "up" if s["up"] else "down", s["admin_url"], s["peer"] or "-",
+          "-" if s["placement_version"] is None else s["placement_version"],
+          sum(1 for shard in s["shards"] if shard["role"] == "leader"), len(s["shards"])]
+         for s in sites])]
+    for db in storages:
+        lines += ["", f"STORAGE {db['name']}: placement version {db['placement_version']}, "
+                      f"replication factor {db['replication_factor']}, sites "
+                      f"{','.join(db['sites']) or '-'}"]
+        rows = [[f"{db['name']}/{shard['id']}", ",".join(shard["replicas"]), shard["leader"],
+                 shard["epoch"], "-" if shard["committed"] is None else shard["committed"],
+                 ",".join(f"{site}:{'-' if lag is None else lag}"
+                          for site, lag in shard["lag"].items()),
+                 " ".join(shard["transitions"]) or "-"] for shard in db["shards"]]
+        lines.append(table(["Shard", "Replicas", "Leader", "Epoch", "Committed", "Lag",
+                            "Transitions"], rows))
+        if db["plan"]:
+            lines += ["", f"PLAN ({len(db['plan'])} steps left):",
+                      *(f"  {step}" for step in db["plan"])]
+    return "\n".join(lines)
+
+
+def _ds_replicas(client: AdminClient, arguments: argparse.Namespace) -> str:
+    """set-replicas / join / leave / forget: ask the controller, show its answer."""
+    given, action = arguments.arguments, arguments.action
+    if action == "forget":
+        if len(given) != 1:
+            raise CtlError("usage: stratamq ctl ds forget SITE")
+        answer = client.delete("/api/v1/ds/sites/" + urllib.parse.quote(given[0], safe=""))
+        return json.dumps(answer, indent=2) if arguments.json else f"site {given[0]} forgotten"
+    if action == "set-replicas":
+        if len(given) < 2:
+            raise CtlError("usage: stratamq ctl ds set-replicas DB SITE...")
+        path = f"/api/v1/ds/storages/{urllib.parse.quote(given[0], safe='')}/replicas"
+        answer = client.put(path, given[1:])
+    else:
+        if len(given) != 2:
+            raise CtlError(f"usage: stratamq ctl ds {action} DB SITE")
+        path = (f"/api/v1/ds/storages/{urllib.parse.quote(given[0], safe='')}/replicas/"
+                f"{urllib.parse.quote(given[1], safe='')}")
+        answer = client.put(path, None) if action == "join" else client.delete(path)
+    if arguments.json:
+        return json.dumps(answer, indent=2)
+    steps = answer["plan"]
+    return "\n".join([f"{answer['name']}: sites {','.join(answer['sites'])}; "
+                      + (f"{len(steps)} steps planned:" if steps else "nothing to move"),
+                      *(f"  {step}" for step in steps)])
+
+
 # -- commands --------------------------------------------------------------------------
 
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"stratamq ctl {command}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"admin API base URL (default {DEFAULT_URL})")
+    parser.add_argument("--url", help=f"admin API base URL (default {DEFAULT_URL}; for the "
+                                      f"cluster actions the controller, {CONTROLLER_URL})")
     parser.add_argument("--token", help=f"admin API token (else ${TOKEN_ENV} or the token file)")
     parser.add_argument("--user", metavar="NAME[:PASSWORD]",
                         help="HTTP basic credentials (the password is asked for when left out)")
-    parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE,
-                        help=f"file holding a generated token (default {DEFAULT_TOKEN_FILE})")
+    parser.add_argument("--token-file",
+                        help=f"file holding a generated token (default {DEFAULT_TOKEN_FILE}; "
+                             f"for the cluster actions {CLUSTER_TOKEN_FILE})")
     parser.add_argument("--json", action="store_true", help="print the API's JSON instead")
     if command == "clients":
         parser.add_argument("action", nargs="?", choices=["list", "show"], default="list",
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
-        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics"],
-                            help="info: sites, databases, shards and generations; "
+        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics",
+                                               *sorted(CLUSTER_ACTIONS)],
+                            help="info: sites, databases, shards and generations (of a "
+                                 "site; of the cluster when --url is the controller); "
                                  "checkpoint DB DIR: a checkpoint of database DB in the new "
                                  "folder DIR on the site's machine; apply-gc PLAN: apply a "
                                  "GC plan file of `stratamq spark gc`; seed-topics DB FILE: "
                                  "seed the next generation's topic structure with a file "
-                                 "of `stratamq spark learn-topics`")
+                                 "of `stratamq spark learn-topics`; set-replicas DB SITE...: "
+                                 "move DB onto exactly these sites; join DB SITE / leave DB "
+                                 "SITE: add or drain one site; forget SITE: drop a site that "
+                                 "is down and holds nothing (these four: the controller)")
         parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
@@ -222,6 +291,8 @@ def _ds_info(client: AdminClient, arguments: argparse.Namespace) -> str:
                 for name in names]
     if arguments.json:
         return json.dumps({"sites": sites, "storages": storages}, indent=2)
+    if all("placement_version" in storage for storage in storages):
+        return format_cluster_info(sites, storages)
     return format_ds_info(sites, storages)
 
 
@@ -284,6 +355,8 @@ def _ds_seed_topics(client: AdminClient, arguments: argparse.Namespace) -> str:
 
 
 def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action in CLUSTER_ACTIONS:
+        return _ds_replicas(client, arguments)
     if arguments.action == "seed-topics":
         return _ds_seed_topics(client, arguments)
     if arguments.action == "checkpoint":
@@ -302,6 +375,11 @@ def ctl_main(command: str, argv: list[str]) -> int:
         arguments = _parser(command).parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, message printed)
         return exit_.code if isinstance(exit_.code, int) else 2
+    cluster = command == "ds" and arguments.action in CLUSTER_ACTIONS
+    if arguments.url is None:
+        arguments.url = CONTROLLER_URL if cluster else DEFAULT_URL
+    if arguments.token_file is None:
+        arguments.token_file = CLUSTER_TOKEN_FILE if cluster else DEFAULT_TOKEN_FILE
     try:
         client = AdminClient(arguments.url, authorization(arguments))
         output = _clients(client, arguments) if command == "clients" \

@@ -9,11 +9,8 @@ again once it starts stopping. Every response of `/api/v1` is JSON; every error 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -29,11 +26,12 @@ from ..ds import (
     create_checkpoint,
     describe,
 )
-from ..errors import StorageClosedError, StratamqError, UnknownDatabaseError, UnknownSiteError
+from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .http_errors import BadRequestError, UnknownClientError, http_status
+from .http_errors import BadRequestError, UnknownClientError
+from .middleware import authentication, errors, json_body, listing
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
 log = logging.getLogger(__name__)
@@ -43,21 +41,12 @@ API = "/api/v1"
 # needs them, so a typo in a route never opens it.
 OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 @dataclass(frozen=True, slots=True)
 class SiteParts:
     storage: DurableStorage
     broker: Broker
     listeners: ListenerSet
-
-
-def error_response(status: int, message: str,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    code = HTTPStatus(status).phrase.upper().replace(" ", "_").replace("-", "_")
-    return web.json_response({"error": code, "message": message}, status=status,
-                             headers=headers)
 
 
 class AdminServer:
@@ -79,7 +68,7 @@ class AdminServer:
         self._parts = None
 
     async def start(self, bind: str) -> None:
-        app = web.Application(middlewares=[self._errors, self._authenticate])
+        app = web.Application(middlewares=[errors, authentication(self.credentials, OPEN_PATHS)])
         app.add_routes([
             web.get("/healthz", self._healthz),
             web.get("/readyz", self._readyz),
@@ -117,41 +106,6 @@ class AdminServer:
         if self._parts is None:
             raise StorageClosedError("the site is starting or stopping")
         return self._parts
-
-    # -- middlewares ----------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            if exc.status == 404:
-                message = f"no such resource: {request.path}"
-            elif exc.status == 405:
-                message = f"method {request.method} is not allowed on {request.path}"
-            else:
-                message = exc.reason
-            return error_response(exc.status, message, headers)
-        except StratamqError as exc:
-            return error_response(http_status(exc), exc.message)
-        except Exception:
-            log.exception("admin API: %s %s failed", request.method, request.path)
-            return error_response(500, "internal error (see the broker log)")
-
-    @web.middleware
-    async def _authenticate(self, request: web.Request,
-                            handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS or \
-                self.credentials.check(request.headers.get("Authorization")):
-            return await handler(request)
-        response = error_response(401, "missing or invalid credentials: send "
-                                       "'Authorization: Bearer <token>' or basic credentials")
-        for challenge in self.credentials.challenges():
-            response.headers.add("WWW-Authenticate", challenge)
-        return response
 
     # -- probes and metrics -----------------------------------------------------------
 
@@ -271,21 +225,6 @@ class AdminServer:
 
     async def _site_view(self) -> Json:
         return site_view(self._running().storage.site_id, await self._descriptions())
-
-
-async def json_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; BadRequestError when it is not one."""
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise BadRequestError(f"the request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body
-
-
-def listing(items: list[Any]) -> web.Response:
-    return web.json_response({"data": items, "meta": {"count": len(items)}})
 
 
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:

@@ -1,0 +1,369 @@
+"""The controller process (`stratamq cluster controller`): it owns the placement of
+every shard (DESIGN.md, "Replication").
+
+Every heartbeat interval it asks each site's `GET /api/v1/ds/replication` (the
+heartbeat probe), hands what it learned to `decisions.decide` (first placement,
+failover, the next step of a pending plan), keeps the result in its data folder
+(`state.StateFiles`), and pushes the placement with `PUT /api/v1/ds/placement` to
+every site whenever it changes and to any site that reports an older version. It
+serves the cluster API of the admin CLI (`stratamq ctl ds ...`) with the same
+bearer-token scheme as the sites, and calls the sites with that same token.
+
+All decisions and state changes happen on the event loop, one at a time under a
+lock; files are written in an executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..admin.credentials import Credentials
+from ..admin.http_errors import BadRequestError
+from ..admin.middleware import authentication, errors, json_value, listing
+from ..ds.replication import Placement
+from ..errors import PlacementError, UnknownDatabaseError, UnknownSiteError
+from ..net.address import split_bind
+from . import decisions
+from .decisions import ClusterState, Settings
+from .metrics import Snapshot, controller_registry
+from .sites import BadReportError, Report, SiteState, parse_report
+from .state import KnownSite, StateFiles
+from .views import site_view, storage_summary, storage_view
+
+log = logging.getLogger(__name__)
+
+API = "/api/v1"
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+REPLICATION_PATH = f"{API}/ds/replication"
+PLACEMENT_PATH = f"{API}/ds/placement"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    data_dir: Path
+    bind: str
+    site_urls: tuple[str, ...]
+    token: str
+    settings: Settings
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.settings = config.settings
+        self.files = StateFiles(config.data_dir)
+        self.state, known = self.files.load()
+        self.started = time.monotonic()
+        # Sites known from disk get the grace of one that answered just now.
+        self.sites: dict[str, SiteState] = {
+            site.id: SiteState(id=site.id, admin_url=site.admin_url, last_seen=self.started,
+                               peer=site.peer) for site in known}
+        self.urls: list[str] = sorted({*(url.rstrip("/") for url in config.site_urls),
+                                       *(site.admin_url for site in known)})
+        self.forgotten: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._headers = {"Authorization": f"Bearer {config.token}"}
+        self._http: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._last_notes: tuple[str, ...] = ()
+        self._unreachable: dict[str, str] = {}
+        self.leader_changes = 0
+        self._registry = controller_registry(
+            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes), self.settings)
+        self.port = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5))
+        self._http = aiohttp.ClientSession(timeout=timeout)
+        app = web.Application(middlewares=[
+            errors, authentication(Credentials(token=self.config.token), OPEN_PATHS)])
+        app.add_routes([
+            web.get("/healthz", self._healthz),
+            web.get("/metrics", self._metrics),
+            web.get(f"{API}/ds/sites", self._sites),
+            web.get(f"{API}/ds/sites/{{site}}", self._site),
+            web.delete(f"{API}/ds/sites/{{site}}", self._forget),
+            web.get(f"{API}/ds/storages", self._storages),
+            web.get(f"{API}/ds/storages/{{db}}", self._storage),
+            web.put(f"{API}/ds/storages/{{db}}/replicas", self._set_replicas),
+            web.put(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._join),
+            web.delete(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._leave),
+        ])
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        host, port = split_bind(self.config.bind)
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await runner.cleanup()
+            await self._http.close()
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        log.info("controller API on http://%s:%d; sites %s; placement version %d%s", host,
+                 self.port, ", ".join(self.urls) or "none", self.state.placement.version,
+                 "" if self.state.plan is None else ", resuming a plan")
+        self._loop_task = asyncio.create_task(self._run(), name="controller-rounds")
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _run(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while True:
+            began = time.monotonic()
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One bad round (a file that cannot be written) must not end the
+                # controller; the next round tries again.
+                log.exception("controller round failed")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+
+    # -- one round ------------------------------------------------------------------------
+
+    async def round(self) -> None:
+        """Probe every site, decide, keep, push."""
+        urls = list(self.urls)
+        reports = await asyncio.gather(*(self._probe(url) for url in urls))
+        now = time.monotonic()
+        async with self._lock:
+            before = self.state
+            sites_changed = self._take_reports(urls, reports, now)
+            decision = decisions.decide(self.state, self.sites, now, self.started,
+                                        self.settings)
+            if decision.notes != self._last_notes:
+                for note in decision.notes:
+                    log.info("%s", note)
+                self._last_notes = decision.notes
+            if decision.state != before or sites_changed:
+                await self._save(decision.state)
+            self.state = decision.state
+        changed = self.state.placement != before.placement
+        if changed:
+            self.leader_changes += leader_changes(before.placement, self.state.placement)
+        await self._push(self.state.placement, everyone=changed)
+
+    def _take_reports(self, urls: list[str], reports: list[Report | None], now: float) -> bool:
+        """Record the answers; True when a site is new or moved (to keep on disk)."""
+        changed = False
+        for url, report in zip(urls, reports, strict=True):
+            if report is None or report.site in self.forgotten:
+                continue
+            known = self.sites.get(report.site)
+            if known is None or known.admin_url != url or known.peer != report.peer:
+                changed = True
+                if known is None:
+                    log.info("site %s found at %s (peer %s)", report.site, url, report.peer)
+            if known is None or known.admin_url != url:
+                known = SiteState(id=report.site, admin_url=url, last_seen=now)
+            self.sites[report.site] = known.seen(report, now)
+        return changed
+
+    async def _probe(self, url: str) -> Report | None:
+        assert self._http is not None
+        try:
+            async with self._http.get(url + REPLICATION_PATH, headers=self._headers) as answer:
+                if answer.status != 200:
+                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
+                report = parse_report(await answer.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError, BadReportError) as exc:
+            problem = str(exc) or type(exc).__name__
+            if self._unreachable.get(url) is None:
+                log.warning("site at %s does not answer: %s", url, problem)
+            self._unreachable[url] = problem
+            return None
+        if self._unreachable.pop(url, None) is not None:
+            log.info("site at %s answers again", url)
+        return report
+
+    async def _save(self, state: ClusterState) -> None:
+        known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
+                 for site in self.sites.values()]
+        await asyncio.get_running_loop().run_in_executor(None, self.files.save, state, known)
+
+    def _peers(self) -> dict[str, str]:
+        return {site.id: site.peer for site in self.sites.values() if site.peer is not None}
+
+    async def _push(self, placement: Placement, everyone: bool) -> None:
+        """Send `placement` to every site (`everyone`) or to those reporting an older
+        version; a site that misses it reports the old version and gets it next round."""
+        if placement.version == 0:
+            return
+        targets = [site for site in self.sites.values() if site.answered and (
+            everyone or site.placement_version is None
+            or site.placement_version < placement.version)]
+        if not targets:
+            return
+        body = {"placement": json.loads(placement.to_json()), "peers": self._peers()}
+        await asyncio.gather(*(self._push_to(site, body, placement.version)
+                               for site in targets))
+
+    async def _push_to(self, site: SiteState, body: Mapping[str, Any], version: int) -> None:
+        assert self._http is not None
+        try:
+            async with self._http.put(site.admin_url + PLACEMENT_PATH, json=body,
+                                      headers=self._headers) as answer:
+                found = await answer.json() if answer.status == 200 else None
+                if found is None:
+                    log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
+                                version, answer.status, await answer.text())
+                elif found.get("version", version) > version:
+                    log.warning("site %s keeps placement version %s, newer than this "
+                                "controller's %d (was the controller's data lost?)",
+                                site.id, found.get("version"), version)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("push of placement version %d to %s failed: %s", version, site.id, exc)
+
+    # -- API ------------------------------------------------------------------------------
+
+    async def _healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _site_state(self, site: str) -> SiteState:
+        found = self.sites.get(site)
+        if found is None:
+            raise UnknownSiteError(f"unknown site {site!r} (known: "
+                                   f"{', '.join(sorted(self.sites)) or 'none'})")
+        return found
+
+    async def _sites(self, _request: web.Request) -> web.Response:
+        now = time.monotonic()
+        return listing([site_view(self.sites[site], self.state.placement, now, self.settings)
+                        for site in sorted(self.sites)])
+
+    async def _site(self, request: web.Request) -> web.Response:
+        found = self._site_state(request.match_info["site"])
+        return web.json_response(site_view(found, self.state.placement, time.monotonic(),
+                                           self.settings))
+
+    def _database(self, request: web.Request) -> str:
+        database = request.match_info["db"]
+        if database not in self.settings.databases:
+            raise UnknownDatabaseError(f"no database {database!r} (the cluster has: "
+                                       f"{', '.join(self.settings.databases)})")
+        return database
+
+    async def _storages(self, _request: web.Request) -> web.Response:
+        return listing([storage_summary(database, self.state, self.settings)
+                        for database in self.settings.databases])
+
+    async def _storage(self, request: web.Request) -> web.Response:
+        return web.json_response(storage_view(self._database(request), self.state,
+                                              self.sites, self.settings))
+
+    async def _change(self, database: str,
+                      change: Callable[[ClusterState, float], ClusterState]) -> web.Response:
+        """Apply an operator request: a new plan (or a refusal that changes nothing),
+        kept on disk before it is answered; the rounds carry it out."""
+        async with self._lock:
+            state = change(self.state, time.monotonic())
+            if state != self.state:
+                await self._save(state)
+                self.state = state
+                steps = [] if state.plan is None else state.plan.describe()
+                log.info("%s: new goal %s; plan: %s", database,
+                         ", ".join(decisions.goal_of(state, database)),
+                         "; ".join(steps) or "nothing to do")
+        return web.json_response(storage_view(database, self.state, self.sites,
+                                              self.settings))
+
+    async def _set_replicas(self, request: web.Request) -> web.Response:
+        database = self._database(request)
+        body = await json_value(request)
+        wanted = body.get("sites") if isinstance(body, dict) else body
+        if not isinstance(wanted, list) or not all(isinstance(site, str) for site in wanted):
+            raise BadRequestError('give the sites as a JSON list of site ids, or as '
+                                  '{"sites": ["SITE", ...]}')
+        return await self._change(database, lambda state, now: decisions.set_replicas(
+            state, database, wanted, self.sites, now, self.settings))
+
+    async def _join(self, request: web.Request) -> web.Response:
+        database, site = self._database(request), request.match_info["site"]
+        return await self._change(database, lambda state, now: decisions.join(
+            state, database, site, self.sites, now, self.settings))
+
+    async def _leave(self, request: web.Request) -> web.Response:
+        database, site = self._database(request), request.match_info["site"]
+        return await self._change(database, lambda state, now: decisions.leave(
+            state, database, site, self.sites, now, self.settings))
+
+    async def _forget(self, request: web.Request) -> web.Response:
+        site = request.match_info["site"]
+        async with self._lock:
+            state = decisions.check_forget(self.state, site, self.sites, time.monotonic(),
+                                           self.settings)
+            gone = self.sites.pop(site)
+            self.forgotten.add(site)
+            self.urls = [url for url in self.urls if url != gone.admin_url]
+            await self._save(state)
+            self.state = state
+        log.info("site %s (%s) forgotten", site, gone.admin_url)
+        return web.json_response({"site": site, "forgotten": True})
+
+
+def leader_changes(before: Placement, after: Placement) -> int:
+    """Shards of `before` whose leader is another in `after`."""
+    changed = 0
+    for shard in before.shards:
+        try:
+            changed += int(after.shard(*shard.id).leader != shard.leader)
+        except PlacementError:
+            continue
+    return changed
+
+
+def site_url(address: str) -> str:
+    """`host:port` or a URL -> the base URL of a site's admin API."""
+    if "://" not in address:
+        address = "http://" + address
+    parsed = urllib.parse.urlsplit(address)
+    if not parsed.hostname or parsed.port is None:
+        raise ValueError(f"{address!r} is not host:port or http://host:port")
+    return address.rstrip("/")
+
+
+async def run_controller(config: ControllerConfig) -> None:
+    controller = Controller(config)
+    await controller.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("controller stopping")
+    await controller.stop()
+    log.info("controller stopped")

@@ -1,0 +1,395 @@
+"""The controller's decisions as pure functions of what it knows (DESIGN.md,
+"Replication"): which sites are gone, which shards fail over, the first placement,
+the next step of a pending plan, and the plans that operator requests ask for. No
+I/O and no clock: `controller.py` gathers the inputs (heartbeats, requests) and
+carries the answers out (files, pushes).
+
+Every new placement is one version newer than the last: `planner.failover`,
+`planner.plan` and `apply_transition` each bump it, and nothing else makes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from ..ds.replication import (
+    Placement,
+    Plan,
+    ShardId,
+    Site,
+    Transition,
+    apply_transition,
+    failover,
+    plan,
+)
+from ..errors import (
+    ClusterNotReadyError,
+    NoMajorityError,
+    PlanError,
+    SiteStateError,
+    UnknownDatabaseError,
+    UnknownSiteError,
+)
+from .sites import SiteState
+
+# A site that has not answered for this many heartbeat intervals is taken for gone.
+MISSED_HEARTBEATS = 3
+# Without every expected site up, the first placement waits this many heartbeat
+# intervals for the late ones, then goes ahead with those up (if enough).
+STARTUP_GRACE_HEARTBEATS = 10
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The cluster's fixed parameters. `expected_sites`: how many sites the controller
+    was told of at start; the first placement waits a little for all of them."""
+
+    replication_factor: int
+    n_shards: int
+    heartbeat_interval: float
+    databases: tuple[str, ...] = ("messages",)
+    missed_heartbeats: int = MISSED_HEARTBEATS
+    expected_sites: int = 0
+
+    @property
+    def gone_after(self) -> float:
+        return self.missed_heartbeats * self.heartbeat_interval
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A replica that joined `shard` in placement `version` and must apply up to
+    `target` (the leader's committed offset as of when it joined, None until that is
+    known) before the plan takes its next step."""
+
+    shard: ShardId
+    site: str
+    version: int
+    target: int | None = None
+
+    def __str__(self) -> str:
+        target = "?" if self.target is None else str(self.target)
+        return f"{self.shard[0]}/{self.shard[1]}: +{self.site} catching up to {target}"
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What the controller decides on and keeps: the placement (empty before the first
+    one), the pending plan, the sites each database should live on (`goals`), and the
+    replica the plan waits for."""
+
+    placement: Placement = field(default_factory=Placement.empty)
+    plan: Plan | None = None
+    goals: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    catch_up: CatchUp | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: ClusterState
+    notes: tuple[str, ...] = ()
+
+
+# --- sites ------------------------------------------------------------------------------
+
+def is_gone(site: SiteState, now: float, settings: Settings) -> bool:
+    """Missed `missed_heartbeats` heartbeats in a row."""
+    return now - site.last_seen > settings.gone_after
+
+
+def alive_sites(sites: Mapping[str, SiteState], now: float, settings: Settings) -> set[str]:
+    return {site.id for site in sites.values() if not is_gone(site, now, settings)}
+
+
+def up_sites(sites: Mapping[str, SiteState], now: float, settings: Settings) -> list[str]:
+    """Alive sites that have answered since the controller started."""
+    return sorted(site.id for site in sites.values()
+                  if site.answered and not is_gone(site, now, settings))
+
+
+# --- one round ------------------------------------------------------------------------
+
+def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, started: float,
+           settings: Settings) -> Decision:
+    """The state after one heartbeat round: the first placement once enough sites are
+    up; else failovers of shards whose leader is gone (and the plan redone around
+    them); else the next step of the pending plan."""
+    placed = set(state.placement.databases())
+    if not set(settings.databases) <= placed:
+        return _first_placement(state, sites, now, started, settings)
+    notes: list[str] = []
+    placement = failovers(state.placement, sites, now, settings, notes)
+    if placement != state.placement:
+        # No plan step in the same round: sites take their new leaders first.
+        new_plan = _replan(state, placement, sites, settings, notes)
+        return Decision(replace(state, placement=placement, plan=new_plan), tuple(notes))
+    if state.plan is None:
+        return Decision(state, tuple(notes))
+    current = state
+    try:
+        state.plan.remaining(state.placement)
+    except PlanError:
+        # A failover in a round the plan was saved in, or a restart between the two
+        # files: plan again from where the sites are.
+        current = replace(state, plan=_replan(state, placement, sites, settings, notes))
+        if current.plan is None:
+            return Decision(current, tuple(notes))
+    return Decision(advance(current, sites, now, settings, notes), tuple(notes))
+
+
+def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: float,
+                     started: float, settings: Settings) -> Decision:
+    up = up_sites(sites, now, settings)
+    waited = now - started >= STARTUP_GRACE_HEARTBEATS * settings.heartbeat_interval
+    if len(up) < settings.replication_factor or (
+            len(up) < settings.expected_sites and not waited):
+        return Decision(state, (f"waiting for sites: {len(up)} up, replication factor "
+                                f"{settings.replication_factor}, {settings.expected_sites} "
+                                f"expected",))
+    first = plan([Site(site) for site in up], list(settings.databases), settings.n_shards,
+                 settings.replication_factor, state.placement)
+    goals = {**state.goals, **{database: tuple(up) for database in settings.databases}}
+    return Decision(ClusterState(placement=first.start, plan=None, goals=goals),
+                    (f"first placement (version {first.start.version}) on {', '.join(up)}",))
+
+
+def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
+              settings: Settings, notes: list[str]) -> Placement:
+    """`placement` with a new leader (and epoch) for every shard whose leader is gone,
+    chosen by `planner.failover` among the alive replicas' reported log ends. A shard
+    whose alive replicas are no majority keeps its leader (and is noted)."""
+    alive = alive_sites(sites, now, settings)
+    for shard in placement.shards:
+        if shard.leader in alive:
+            continue
+        positions = {}
+        for site in shard.replicas:
+            report = sites[site].shards.get(shard.id) if site in alive else None
+            if report is not None:
+                positions[site] = report.last
+        try:
+            placement = failover(placement, shard.id, alive, positions)
+        except NoMajorityError as exc:
+            notes.append(exc.message)
+            continue
+        new = placement.shard(*shard.id)
+        notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is gone; "
+                     f"{new.leader} leads from epoch {new.epoch}")
+    return placement
+
+
+def _replan(state: ClusterState, placement: Placement, sites: Mapping[str, SiteState],
+            settings: Settings, notes: list[str]) -> Plan | None:
+    """The pending plan again, from `placement`, to the same goals; None when there
+    was none, when nothing is left to do, or when no plan reaches them now."""
+    if state.plan is None:
+        return None
+    try:
+        new = plan_goals(placement, state.goals, sites, settings)
+    except PlanError as exc:
+        notes.append(f"pending plan dropped: {exc.message}")
+        return None
+    return new if new.transitions else None
+
+
+def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
+               sites: Collection[str], settings: Settings) -> Plan:
+    """The plan that puts each database of `goals` on its sites: those sites may hold
+    replicas, any other site holding some is drained. Databases are planned one after
+    the other, each on its own set of sites."""
+    result = Plan(start=placement, target=placement, transitions=())
+    for database in sorted(goals):
+        wanted = set(goals[database])
+        holders = {site for shard in placement.shards_of(database) for site in shard.replicas}
+        unknown = sorted((wanted | holders) - set(sites))
+        if unknown:
+            raise UnknownSiteError(f"unknown site(s) {', '.join(unknown)}")
+        chosen = [Site(site, draining=site not in wanted) for site in sorted(wanted | holders)]
+        step = plan(chosen, [database], settings.n_shards, settings.replication_factor,
+                    result.target)
+        result = Plan(start=result.start, target=step.target,
+                      transitions=result.transitions + step.transitions)
+    return result
+
+
+# --- the pending plan ------------------------------------------------------------------
+
+def advance(state: ClusterState, sites: Mapping[str, SiteState], now: float,
+            settings: Settings, notes: list[str]) -> ClusterState:
+    """Take the next step of the pending plan when it may go: a replica that joined
+    has caught up, a new leader has what its predecessor committed, a joining site is
+    up. One step per round."""
+    assert state.plan is not None
+    catch_up = state.catch_up
+    if catch_up is not None:
+        catch_up = check_catch_up(catch_up, state.placement, sites, now, settings)
+        if catch_up is not None:
+            notes.append(f"waiting: {catch_up}")
+            return replace(state, catch_up=catch_up)
+    remaining = state.plan.remaining(state.placement)
+    if not remaining:
+        notes.append(f"plan done at placement version {state.placement.version}")
+        return replace(state, plan=None, catch_up=None)
+    step = remaining[0]
+    waiting = _blocked(step, state.placement, sites, now, settings)
+    if waiting is not None:
+        notes.append(f"waiting: {step}: {waiting}")
+        return replace(state, catch_up=None)
+    placement = apply_transition(state.placement, step)
+    notes.append(f"step {step} (placement version {placement.version})")
+    if step.action == "add":
+        catch_up = CatchUp(shard=step.shard_id, site=step.site, version=placement.version)
+    return replace(state, placement=placement, catch_up=catch_up)
+
+
+def check_catch_up(catch_up: CatchUp, placement: Placement, sites: Mapping[str, SiteState],
+                   now: float, settings: Settings) -> CatchUp | None:
+    """None once the joined replica has applied up to the leader's committed offset as
+    of when it joined (or has left the shard meanwhile); else the catch-up, with its
+    target set once the joiner holds the placement that added it."""
+    shard = placement.shard(*catch_up.shard)
+    if catch_up.site not in shard.replicas:
+        return None
+    joiner, leader = sites.get(catch_up.site), sites.get(shard.leader)
+    if joiner is None or leader is None or not joiner.answered or not leader.answered:
+        return catch_up
+    if is_gone(joiner, now, settings) or is_gone(leader, now, settings):
+        return catch_up
+    if joiner.placement_version is None or joiner.placement_version < catch_up.version:
+        return catch_up
+    leader_report = leader.shards.get(catch_up.shard)
+    joiner_report = joiner.shards.get(catch_up.shard)
+    if leader_report is None or joiner_report is None:
+        return catch_up
+    if catch_up.target is None:
+        catch_up = replace(catch_up, target=leader_report.committed)
+    assert catch_up.target is not None
+    return None if joiner_report.applied >= catch_up.target else catch_up
+
+
+def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteState],
+             now: float, settings: Settings) -> str | None:
+    """Why `step` may not go now, or None."""
+    if step.action == "add":
+        joiner = sites.get(step.site)
+        if joiner is None or not joiner.answered or is_gone(joiner, now, settings):
+            return f"{step.site} is down"
+        return None
+    if step.leader is None:
+        return None
+    # A handover: the successor must hold what the leader committed, or the new epoch
+    # would start without acknowledged writes.
+    shard = placement.shard(step.database, step.shard)
+    leader, successor = sites.get(shard.leader), sites.get(step.leader)
+    if successor is None or not successor.answered or is_gone(successor, now, settings):
+        return f"the next leader {step.leader} is down"
+    if leader is None or is_gone(leader, now, settings):
+        return None  # failover's business: the successor's log is the best there is
+    leader_report = leader.shards.get(step.shard_id)
+    successor_report = successor.shards.get(step.shard_id)
+    if leader_report is None or successor_report is None:
+        return "positions not reported yet"
+    if successor_report.applied < leader_report.committed:
+        return (f"{step.leader} has applied {successor_report.applied} of "
+                f"{leader_report.committed} committed")
+    return None
+
+
+def resumed_catch_up(plan_: Plan, placement: Placement) -> CatchUp | None:
+    """After a restart: when the last step the sites have is a `+site`, that replica
+    must still be seen catching up (its target: the leader's committed offset now,
+    which is no less than when it joined)."""
+    try:
+        plan_.remaining(placement)
+    except PlanError:
+        return None
+    done = placement.version - plan_.start.version
+    if done <= 0:
+        return None
+    last = plan_.transitions[done - 1]
+    if last.action != "add":
+        return None
+    return CatchUp(shard=last.shard_id, site=last.site, version=placement.version)
+
+
+# --- requests ----------------------------------------------------------------------------
+
+def _check_ready(state: ClusterState, database: str, settings: Settings) -> None:
+    if database not in settings.databases:
+        raise UnknownDatabaseError(f"no database {database!r} (the cluster has: "
+                                   f"{', '.join(settings.databases)})")
+    if database not in state.placement.databases():
+        raise ClusterNotReadyError(f"{database} has no placement yet: too few sites have "
+                                   f"answered so far")
+
+
+def goal_of(state: ClusterState, database: str) -> tuple[str, ...]:
+    """The sites `database` should live on: the last goal set, else where it is."""
+    found = state.goals.get(database)
+    if found is not None:
+        return tuple(found)
+    return tuple(sorted({site for shard in state.placement.shards_of(database)
+                         for site in shard.replicas}))
+
+
+def set_replicas(state: ClusterState, database: str, wanted: Collection[str],
+                 sites: Mapping[str, SiteState], now: float,
+                 settings: Settings) -> ClusterState:
+    """The state with `database` to be moved onto exactly the sites `wanted`: a new
+    plan from the current placement (replacing any pending one). Raises, changing
+    nothing, for an unknown database or site, a site that would join while down,
+    fewer sites than the replication factor, or no replica left."""
+    _check_ready(state, database, settings)
+    goal = tuple(sorted(set(wanted)))
+    unknown = sorted(set(goal) - set(sites))
+    if unknown:
+        raise UnknownSiteError(f"unknown site(s) {', '.join(unknown)} (known: "
+                               f"{', '.join(sorted(sites)) or 'none'})")
+    holders = {site for shard in state.placement.shards_of(database) for site in shard.replicas}
+    down = sorted(site for site in set(goal) - holders
+                  if not sites[site].answered or is_gone(sites[site], now, settings))
+    if down:
+        raise SiteStateError(f"site(s) {', '.join(down)} are down: a replica cannot be "
+                             f"placed there now")
+    goals = {**state.goals, database: goal}
+    new = plan_goals(state.placement, {database: goal}, sites, settings)
+    catch_up = state.catch_up
+    return replace(state, plan=new if new.transitions else None, goals=goals,
+                   catch_up=catch_up)
+
+
+def join(state: ClusterState, database: str, site: str, sites: Mapping[str, SiteState],
+         now: float, settings: Settings) -> ClusterState:
+    _check_ready(state, database, settings)
+    return set_replicas(state, database, {*goal_of(state, database), site}, sites, now,
+                        settings)
+
+
+def leave(state: ClusterState, database: str, site: str, sites: Mapping[str, SiteState],
+          now: float, settings: Settings) -> ClusterState:
+    _check_ready(state, database, settings)
+    if site not in sites:
+        raise UnknownSiteError(f"unknown site {site} (known: {', '.join(sorted(sites))})")
+    return set_replicas(state, database, set(goal_of(state, database)) - {site}, sites, now,
+                        settings)
+
+
+def check_forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: float,
+                 settings: Settings) -> ClusterState:
+    """The state without `site` in any goal. Only a site that is down and holds no
+    replica (now, or in the pending plan's target) may be forgotten."""
+    found = sites.get(site)
+    if found is None:
+        raise UnknownSiteError(f"unknown site {site} (known: {', '.join(sorted(sites))})")
+    if found.answered and not is_gone(found, now, settings):
+        raise SiteStateError(f"site {site} is up: stop it before forgetting it")
+    held = [str(shard.id) for shard in state.placement.shards if site in shard.replicas]
+    if state.plan is not None and site in state.plan.target.sites():
+        held.append("the pending plan's target")
+    if held:
+        raise SiteStateError(f"site {site} still holds replicas ({len(held)} shards): "
+                             f"move them off first (`ctl ds leave DB {site}`)")
+    goals = {database: tuple(other for other in wanted if other != site)
+             for database, wanted in state.goals.items()}
+    return replace(state, goals=goals)

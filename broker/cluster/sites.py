@@ -1,0 +1,109 @@
+"""What the controller knows of each site: where to reach it, when it last answered
+its heartbeat probe (`GET /api/v1/ds/replication`), and what it reported there.
+Pure data and parsing; the controller does the polling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ds.replication import ShardId
+from ..ds.replication.placement import check_database, check_site_id
+from ..errors import StratamqError
+
+ROLES = frozenset({"leader", "follower", "none"})
+
+
+class BadReportError(StratamqError):
+    """A site's answer to the heartbeat probe that does not have the agreed shape."""
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """One shard as a site reports it: its role, the epoch it knows, where its log
+    ends (`last`, (epoch, offset)), the committed offset it knows, and how far it has
+    applied committed entries to its storage."""
+
+    role: str
+    epoch: int
+    last: tuple[int, int]
+    committed: int
+    applied: int
+
+
+@dataclass(frozen=True)
+class Report:
+    """One answer of `GET /api/v1/ds/replication`."""
+
+    site: str
+    peer: str
+    placement_version: int | None
+    shards: Mapping[ShardId, ShardReport]
+
+
+@dataclass(frozen=True)
+class SiteState:
+    """A site the controller knows. `last_seen` is the controller's monotonic clock
+    at the last answer (for a site known from disk, at the controller's start, so that
+    a restarted controller gives it the same grace as a site that just answered);
+    `answered` says whether it has answered since the controller started."""
+
+    id: str
+    admin_url: str
+    last_seen: float
+    answered: bool = False
+    peer: str | None = None
+    placement_version: int | None = None
+    shards: Mapping[ShardId, ShardReport] = field(default_factory=dict)
+
+    def seen(self, report: Report, now: float) -> SiteState:
+        return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,
+                         peer=report.peer, placement_version=report.placement_version,
+                         shards=report.shards)
+
+
+def _count(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadReportError(f"{where}: {value!r} is not a whole number >= 0")
+    return value
+
+
+def parse_report(document: Any) -> Report:
+    """Check and read a site's answer; `BadReportError` says what is wrong."""
+    if not isinstance(document, dict):
+        raise BadReportError(f"expected an object, got {type(document).__name__}")
+    try:
+        site = check_site_id(document.get("site"), "site")
+        peer = document.get("peer")
+        if not isinstance(peer, str) or not peer:
+            raise BadReportError(f"peer: {peer!r} is not host:port")
+        version = document.get("placement_version")
+        if version is not None:
+            version = _count(version, "placement_version")
+        entries = document.get("shards")
+        if not isinstance(entries, list):
+            raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")
+        shards: dict[ShardId, ShardReport] = {}
+        for number, entry in enumerate(entries):
+            where = f"shards[{number}]"
+            if not isinstance(entry, dict):
+                raise BadReportError(f"{where}: expected an object")
+            database = check_database(entry.get("db"), f"{where}.db")
+            shard = _count(entry.get("shard"), f"{where}.shard")
+            role = entry.get("role")
+            if role not in ROLES:
+                raise BadReportError(f"{where}.role: {role!r} is not one of {sorted(ROLES)}")
+            last = entry.get("last")
+            if not isinstance(last, list) or len(last) != 2:
+                raise BadReportError(f"{where}.last: {last!r} is not [epoch, offset]")
+            shards[(database, shard)] = ShardReport(
+                role=str(role), epoch=_count(entry.get("epoch"), f"{where}.epoch"),
+                last=(_count(last[0], f"{where}.last"), _count(last[1], f"{where}.last")),
+                committed=_count(entry.get("committed"), f"{where}.committed"),
+                applied=_count(entry.get("applied"), f"{where}.applied"))
+    except StratamqError as exc:
+        if isinstance(exc, BadReportError):
+            raise
+        raise BadReportError(exc.message) from exc
+    return Report(site=site, peer=peer, placement_version=version, shards=shards)

@@ -1,0 +1,100 @@
+"""The controller's state on disk, in its data folder, so that a restarted controller
+goes on where it stopped: `placement.json` (the newest placement, `PlacementStore`),
+`plan.json` (the pending plan, `Plan.to_json`; absent when none) and `cluster.json`
+(the sites it knows, with their admin URLs and peer addresses, and the sites each
+database should live on). Every file is written atomically.
+
+Blocking file I/O on small files; the controller calls it in an executor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..ds.replication import Placement, PlacementStore, Plan
+from ..ds.replication.placement import check_database, check_site_id
+from ..errors import CorruptDataError, PlacementError
+from ..files import write_atomically
+from .decisions import ClusterState, resumed_catch_up
+
+PLAN_FILE = "plan.json"
+CLUSTER_FILE = "cluster.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class KnownSite:
+    id: str
+    admin_url: str
+    peer: str | None
+
+
+class StateFiles:
+    """The three files of one controller data folder."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.placements = PlacementStore(data_dir)
+        self.plan_path = data_dir / PLAN_FILE
+        self.cluster_path = data_dir / CLUSTER_FILE
+
+    def load(self) -> tuple[ClusterState, list[KnownSite]]:
+        """The state as kept, and the sites known; a pending plan that the kept
+        placement is a step of resumes (waiting on a replica that joined last)."""
+        placement = self.placements.current or Placement.empty()
+        plan = self._load_plan()
+        sites, goals = self._load_cluster()
+        catch_up = None if plan is None else resumed_catch_up(plan, placement)
+        return ClusterState(placement=placement, plan=plan, goals=goals,
+                            catch_up=catch_up), sites
+
+    def save(self, state: ClusterState, sites: list[KnownSite]) -> None:
+        """Keep `state`. The placement goes first: it is the one document sites may
+        already hold, and a restart must never go back to an older version."""
+        if state.placement.version > 0:
+            self.placements.offer(state.placement)
+        if state.plan is None:
+            self.plan_path.unlink(missing_ok=True)
+        else:
+            write_atomically(self.plan_path, state.plan.to_json())
+        document = {
+            "format": FORMAT,
+            "sites": [{"id": site.id, "admin_url": site.admin_url, "peer": site.peer}
+                      for site in sorted(sites, key=lambda site: site.id)],
+            "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
+        }
+        write_atomically(self.cluster_path, json.dumps(document, indent=2) + "\n")
+
+    def _load_plan(self) -> Plan | None:
+        try:
+            text = self.plan_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return Plan.from_json(text)
+        except PlacementError as exc:
+            raise CorruptDataError(f"{self.plan_path}: the kept plan is damaged "
+                                   f"({exc.message}); remove it to drop the plan") from exc
+
+    def _load_cluster(self) -> tuple[list[KnownSite], dict[str, tuple[str, ...]]]:
+        try:
+            document: Any = json.loads(self.cluster_path.read_bytes())
+        except FileNotFoundError:
+            return [], {}
+        except ValueError as exc:
+            raise CorruptDataError(f"{self.cluster_path}: not JSON: {exc}") from exc
+        try:
+            if not isinstance(document, dict) or document.get("format") != FORMAT:
+                raise PlacementError(f"expected an object of format {FORMAT}")
+            sites = [KnownSite(id=check_site_id(entry["id"]), admin_url=str(entry["admin_url"]),
+                               peer=None if entry.get("peer") is None else str(entry["peer"]))
+                     for entry in document["sites"]]
+            goals = {check_database(database): tuple(check_site_id(site) for site in goal)
+                     for database, goal in document["goals"].items()}
+        except (PlacementError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptDataError(f"{self.cluster_path}: damaged ({exc})") from exc
+        return sites, goals

@@ -1,0 +1,253 @@
+"""`stratamq cluster`: a local cluster on one machine. Site k (k = 0..N-1) listens on
+its own loopback address 127.0.0.(k+1) with the standard ports (as pods each have
+their own IP), keeps its data in D/site-k, and the controller (D/controller) listens
+on 127.0.0.1. The supervisor writes each site's configuration, one admin token shared
+by all (D/admin-token), starts the controller and the sites, restarts nothing by
+itself (a site that dies stays down, as a crashed machine would, until someone
+restarts it with `stratamq broker --config D/site-k/stratamq.yaml`), and on Ctrl-C
+or SIGTERM stops them all: SIGTERM, a wait, then SIGKILL for any still running.
+
+`D/cluster.json` says where everything is (addresses, ports, pids, configs, logs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import yaml
+
+from ..admin.credentials import TOKEN_FILE, load_or_create_token
+from ..errors import ConfigError
+from ..files import write_atomically
+from ..yamlfile import load_yaml_file
+
+log = logging.getLogger(__name__)
+
+STANDARD_PORTS = {"mqtt": 1883, "ws": 8083, "admin": 18083, "peer": 18084}
+CONTROLLER_PORT = 18090
+LAYOUT_FILE = "cluster.json"
+STOP_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class SiteLayout:
+    index: int
+    host: str
+    mqtt: int
+    ws: int
+    admin: int
+    peer: int
+    folder: str
+    config: str
+    log: str
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin}"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    sites: int
+    data_dir: Path
+    replication_factor: int
+    n_shards: int
+    heartbeat_interval: float
+    ports_from: int | None = None
+    site_config: Path | None = None
+
+
+def site_host(index: int) -> str:
+    return f"127.0.0.{index + 1}"
+
+
+def ports(ports_from: int | None) -> tuple[dict[str, int], int]:
+    """The site ports (the same on every site's address) and the controller's port:
+    the standard ones, or consecutive ones from `ports_from` (tests)."""
+    if ports_from is None:
+        return dict(STANDARD_PORTS), CONTROLLER_PORT
+    return ({name: ports_from + number for number, name in enumerate(STANDARD_PORTS)},
+            ports_from + len(STANDARD_PORTS))
+
+
+def layout(options: ClusterOptions) -> tuple[list[SiteLayout], str]:
+    """Every site's addresses and files, and the controller's bind address."""
+    site_ports, controller_port = ports(options.ports_from)
+    sites = []
+    for index in range(options.sites):
+        folder = options.data_dir.resolve() / f"site-{index}"
+        sites.append(SiteLayout(index=index, host=site_host(index), folder=str(folder),
+                                config=str(folder / "stratamq.yaml"),
+                                log=str(folder / "broker.log"), **site_ports))
+    return sites, f"127.0.0.1:{controller_port}"
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def site_config(site: SiteLayout, token: str, options: ClusterOptions,
+                base: dict[str, Any]) -> dict[str, Any]:
+    """A site's configuration: `base` (the `--site-config` file) with the cluster's
+    own settings over it."""
+    return _merge(base, {
+        "durable_storage": {"messages": {"data_dir": str(Path(site.folder) / "data"),
+                                         "n_shards": options.n_shards}},
+        "durable_sessions": {"heartbeat_interval": options.heartbeat_interval},
+        "listeners": {"tcp": {"bind": f"{site.host}:{site.mqtt}"},
+                      "ws": {"bind": f"{site.host}:{site.ws}"}},
+        "admin": {"bind": f"{site.host}:{site.admin}", "token": token},
+        "cluster": {"enable": True, "peer_bind": f"{site.host}:{site.peer}"},
+    })
+
+
+def controller_command(options: ClusterOptions, bind: str, sites: list[SiteLayout],
+                       token_file: Path) -> list[str]:
+    command = [sys.executable, "-m", "stratamq.broker", "cluster", "controller",
+               "--data-dir", str(options.data_dir.resolve() / "controller"), "--bind", bind,
+               "--token-file", str(token_file),
+               "--replication-factor", str(options.replication_factor),
+               "--n-shards", str(options.n_shards),
+               "--heartbeat-interval", str(options.heartbeat_interval)]
+    for site in sites:
+        command += ["--site", site.admin_url]
+    return command
+
+
+class Supervisor:
+    """The controller and site processes of one local cluster."""
+
+    def __init__(self, options: ClusterOptions) -> None:
+        self.options = options
+        self.sites, self.controller_bind = layout(options)
+        self.token_file = options.data_dir.resolve() / TOKEN_FILE
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        self._stopping = False
+
+    def prepare(self) -> None:
+        """Write the token and every site's configuration."""
+        base: dict[str, Any] = {}
+        if self.options.site_config is not None:
+            loaded = load_yaml_file(self.options.site_config, "site config")
+            if loaded is not None and not isinstance(loaded, dict):
+                raise ConfigError(f"{self.options.site_config}: expected a mapping")
+            base = loaded or {}
+        self.options.data_dir.mkdir(parents=True, exist_ok=True)
+        token = load_or_create_token(self.token_file)
+        for site in self.sites:
+            Path(site.folder).mkdir(parents=True, exist_ok=True)
+            text = yaml.safe_dump(site_config(site, token, self.options, base),
+                                  sort_keys=False)
+            write_atomically(Path(site.config), text)  # 0600: it holds the token
+
+    def _spawn(self, name: str, command: list[str], log_path: Path) -> None:
+        stream = log_path.open("ab")
+        self._logs.append(stream)
+        # A session of its own: Ctrl-C reaches the supervisor only, which then stops
+        # every process in order.
+        self.processes[name] = subprocess.Popen(
+            command, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+    def start(self) -> None:
+        controller_dir = self.options.data_dir.resolve() / "controller"
+        controller_dir.mkdir(parents=True, exist_ok=True)
+        self._spawn("controller", controller_command(self.options, self.controller_bind,
+                                                     self.sites, self.token_file),
+                    controller_dir / "controller.log")
+        for site in self.sites:
+            self._spawn(f"site-{site.index}", [sys.executable, "-m", "stratamq.broker",
+                                               "broker", "--config", site.config],
+                        Path(site.log))
+        self._write_layout()
+
+    def _write_layout(self) -> None:
+        document = {
+            "controller": {"url": f"http://{self.controller_bind}",
+                           "pid": self.processes["controller"].pid,
+                           "log": str(self.options.data_dir.resolve() / "controller"
+                                      / "controller.log")},
+            "token_file": str(self.token_file),
+            "replication_factor": self.options.replication_factor,
+            "n_shards": self.options.n_shards,
+            "sites": [{**asdict(site), "pid": self.processes[f"site-{site.index}"].pid}
+                      for site in self.sites],
+        }
+        write_atomically(self.options.data_dir.resolve() / LAYOUT_FILE,
+                         json.dumps(document, indent=2) + "\n")
+
+    def describe(self) -> str:
+        lines = [f"controller  http://{self.controller_bind}  (ctl: stratamq ctl ds info "
+                 f"--url http://{self.controller_bind} --token-file {self.token_file})"]
+        for site in self.sites:
+            lines.append(f"site-{site.index}  mqtt {site.host}:{site.mqtt}  ws {site.host}:"
+                         f"{site.ws}  admin {site.admin_url}  peer {site.host}:{site.peer}"
+                         f"  log {site.log}")
+        return "\n".join(lines)
+
+    def watch(self) -> None:
+        """Until asked to stop: report processes that exit (and restart none)."""
+        reported: set[str] = set()
+        while not self._stopping:
+            for name, process in self.processes.items():
+                code = process.poll()
+                if code is not None and name not in reported:
+                    reported.add(name)
+                    log.warning("%s (pid %d) exited with %d; not restarted", name,
+                                process.pid, code)
+            time.sleep(0.2)
+
+    def request_stop(self, _signum: int, _frame: FrameType | None) -> None:
+        self._stopping = True
+
+    def stop(self) -> None:
+        """SIGTERM to every process, a wait for all, SIGKILL for any left."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for name, process in self.processes.items():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) did not stop in %.0fs: killed", name, process.pid,
+                            STOP_TIMEOUT)
+                process.kill()
+                process.wait()
+        for stream in self._logs:
+            stream.close()
+
+
+def run_cluster(options: ClusterOptions) -> int:
+    supervisor = Supervisor(options)
+    supervisor.prepare()
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
+    supervisor.start()
+    print(supervisor.describe(), flush=True)
+    log.info("local cluster of %d sites running. Stop with Ctrl-C or SIGTERM.",
+             options.sites)
+    try:
+        supervisor.watch()
+    finally:
+        log.info("stopping the controller and the sites")
+        supervisor.stop()
+        log.info("stopped")
+    return 0

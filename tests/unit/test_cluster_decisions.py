@@ -1,0 +1,345 @@
+"""The controller's pure decisions (`broker/cluster/decisions.py`): sites gone after
+missed heartbeats, the first placement, failover to the most advanced replica of a
+majority, plans carried out one step at a time (never below the replication factor,
+a joining replica caught up before anyone leaves), requests refused without change,
+and a plan resumed from the controller's files after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stratamq.broker.cluster import decisions
+from stratamq.broker.cluster.decisions import ClusterState, Settings
+from stratamq.broker.cluster.sites import BadReportError, ShardReport, SiteState, parse_report
+from stratamq.broker.cluster.state import KnownSite, StateFiles
+from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.errors import (
+    ClusterNotReadyError,
+    LastReplicaError,
+    NotEnoughSitesError,
+    SiteStateError,
+    UnknownDatabaseError,
+    UnknownSiteError,
+)
+
+SETTINGS = Settings(replication_factor=3, n_shards=4, heartbeat_interval=1.0,
+                    expected_sites=3)
+DB = "messages"
+
+
+def site(name: str, now: float = 100.0, placement: Placement | None = None,
+         positions: dict[int, tuple[int, int]] | None = None, applied: int = 0,
+         committed: int = 0, answered: bool = True) -> SiteState:
+    """A site that answered at `now`, reporting every shard of `placement` it holds
+    (log end from `positions`, default (epoch, 0))."""
+    shards = {}
+    if placement is not None:
+        for shard in placement.shards:
+            if name in shard.replicas:
+                last = (positions or {}).get(shard.shard, (shard.epoch, 0))
+                shards[shard.id] = ShardReport(
+                    role="leader" if shard.leader == name else "follower", epoch=shard.epoch,
+                    last=last, committed=committed, applied=applied)
+    return SiteState(id=name, admin_url=f"http://{name}", last_seen=now, answered=answered,
+                     peer=f"{name}:1", placement_version=None if placement is None
+                     else placement.version, shards=shards)
+
+
+def sites_of(*states: SiteState) -> dict[str, SiteState]:
+    return {state.id: state for state in states}
+
+
+def placed(names: Iterable[str] = "ABC", now: float = 100.0) -> ClusterState:
+    sites = sites_of(*(site(name, now) for name in names))
+    decision = decisions.decide(ClusterState(), sites, now, started=0.0, settings=SETTINGS)
+    assert decision.state.placement.version == 1
+    return decision.state
+
+
+def one_shard(replicas: str, leader: str, epoch: int = 1, version: int = 5) -> Placement:
+    return Placement(version=version, shards=(ShardPlacement(
+        database=DB, shard=0, replicas=tuple(replicas), leader=leader, epoch=epoch),))
+
+
+# --- sites ------------------------------------------------------------------------------
+
+def test_a_site_is_gone_after_three_missed_heartbeats() -> None:
+    state = site("A", now=100.0)
+    assert not decisions.is_gone(state, 103.0, SETTINGS)
+    assert decisions.is_gone(state, 103.01, SETTINGS)
+    slow = replace(SETTINGS, heartbeat_interval=0.5)
+    assert decisions.is_gone(state, 101.6, slow)
+
+
+def test_reports_are_checked() -> None:
+    entry: dict[str, Any] = {"db": DB, "shard": 0, "role": "none", "epoch": 0,
+                             "last": [0, 0], "committed": 0, "applied": 0}
+    good: dict[str, Any] = {"site": "A", "peer": "127.0.0.1:18084",
+                            "placement_version": None, "shards": [entry]}
+    report = parse_report(good)
+    assert report.shards[(DB, 0)] == ShardReport("none", 0, (0, 0), 0, 0)
+    for broken in ({**good, "site": "a b"}, {**good, "shards": {}},
+                   {**good, "shards": [{**entry, "role": "boss"}]},
+                   {**good, "shards": [{**entry, "last": [1]}]},
+                   {**good, "shards": [{**entry, "applied": -1}]}):
+        with pytest.raises(BadReportError):
+            parse_report(broken)
+
+
+# --- first placement ---------------------------------------------------------------------
+
+def test_first_placement_waits_for_enough_sites() -> None:
+    two = sites_of(site("A"), site("B"))
+    decision = decisions.decide(ClusterState(), two, 100.0, started=0.0, settings=SETTINGS)
+    assert decision.state == ClusterState()
+    assert "waiting for sites" in decision.notes[0]
+    state = placed("ABC")
+    assert state.goals == {DB: ("A", "B", "C")}
+    assert state.plan is None
+    for shard in state.placement.shards_of(DB):
+        assert sorted(shard.replicas) == ["A", "B", "C"]
+        assert shard.epoch == 1
+
+
+def test_first_placement_waits_a_little_for_expected_sites() -> None:
+    settings = replace(SETTINGS, expected_sites=4)
+    three = sites_of(site("A"), site("B"), site("C"))
+    early = decisions.decide(ClusterState(), three, 5.0, started=0.0, settings=settings)
+    assert early.state.placement.version == 0
+    late = decisions.decide(ClusterState(), three, 10.0, started=0.0, settings=settings)
+    assert late.state.placement.sites() == {"A", "B", "C"}
+
+
+def test_sites_that_never_answered_do_not_count() -> None:
+    sites = sites_of(site("A"), site("B"), site("C", answered=False))
+    decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
+    assert decision.state.placement.version == 0
+
+
+# --- failover ---------------------------------------------------------------------------
+
+def test_failover_picks_the_highest_position_among_the_alive_majority() -> None:
+    placement = one_shard("ABC", leader="A", epoch=2)
+    state = ClusterState(placement=placement, goals={DB: ("A", "B", "C")})
+    settings = replace(SETTINGS, n_shards=1)
+    sites = sites_of(site("A", now=90.0, placement=placement),
+                     site("B", placement=placement, positions={0: (2, 10)}),
+                     site("C", placement=placement, positions={0: (2, 12)}))
+    decision = decisions.decide(state, sites, 100.0, started=0.0, settings=settings)
+    shard = decision.state.placement.shard(DB, 0)
+    assert (shard.leader, shard.epoch) == ("C", 3)
+    assert decision.state.placement.version == placement.version + 1
+    assert shard.replicas == ("A", "B", "C")  # the gone site stays a replica
+
+
+def test_a_higher_epoch_beats_a_longer_log() -> None:
+    placement = one_shard("ABC", leader="A", epoch=3)
+    settings = replace(SETTINGS, n_shards=1)
+    sites = sites_of(site("A", now=0.0, placement=placement),
+                     site("B", placement=placement, positions={0: (3, 4)}),
+                     site("C", placement=placement, positions={0: (2, 50)}))
+    notes: list[str] = []
+    after = decisions.failovers(placement, sites, 100.0, settings, notes)
+    assert after.shard(DB, 0).leader == "B"
+    assert after.shard(DB, 0).epoch == 4
+
+
+def test_no_failover_without_a_majority() -> None:
+    placement = one_shard("ABC", leader="A")
+    state = ClusterState(placement=placement, goals={DB: ("A", "B", "C")})
+    sites = sites_of(site("A", now=0.0, placement=placement),
+                     site("B", now=0.0, placement=placement),
+                     site("C", placement=placement))
+    decision = decisions.decide(state, sites, 100.0, started=0.0,
+                                settings=replace(SETTINGS, n_shards=1))
+    assert decision.state == state
+    assert any("a new leader needs 2" in note for note in decision.notes)
+
+
+def test_only_shards_led_by_the_gone_site_move() -> None:
+    state = placed("ABCD")
+    placement = state.placement
+    sites = sites_of(site("A", now=0.0, placement=placement),
+                     *(site(name, placement=placement) for name in "BCD"))
+    decision = decisions.decide(state, sites, 100.0, started=0.0, settings=SETTINGS)
+    for before in placement.shards:
+        after = decision.state.placement.shard(*before.id)
+        if before.leader == "A":
+            assert after.leader != "A" and after.epoch == before.epoch + 1
+        else:
+            assert after == before
+    moved = sum(1 for shard in placement.shards if shard.leader == "A")
+    assert moved > 0
+    assert decision.state.placement.version == placement.version + moved
+
+
+# --- plans ------------------------------------------------------------------------------
+
+def run_plan(state: ClusterState, names: str, settings: Settings = SETTINGS,
+             rounds: int = 200) -> tuple[ClusterState, list[Placement]]:
+    """Rounds of `decide` with every site up and each replica applying everything
+    once it has the placement, until the plan is done; the placements passed."""
+    seen = [state.placement]
+    for number in range(rounds):
+        now = 100.0 + number
+        sites = sites_of(*(site(name, now, state.placement, committed=7, applied=7)
+                           for name in names))
+        state = decisions.decide(state, sites, now, started=0.0, settings=settings).state
+        if state.placement != seen[-1]:
+            seen.append(state.placement)
+        if state.plan is None:
+            return state, seen
+    raise AssertionError("the plan did not finish")
+
+
+def test_a_join_is_carried_out_step_by_step_never_below_the_replication_factor() -> None:
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    assert state.plan is not None and state.plan.transitions
+    assert state.goals[DB] == ("A", "B", "C", "D")
+    final, seen = run_plan(state, "ABCD")
+    assert final.placement == state.plan.target
+    for placement in seen:
+        for shard in placement.shards:
+            assert len(shard.replicas) >= SETTINGS.replication_factor
+    assert {site for shard in final.placement.shards for site in shard.replicas} \
+        == {"A", "B", "C", "D"}
+    assert [p.version for p in seen] == list(range(1, 2 + len(state.plan.transitions)))
+
+
+def test_the_next_step_waits_until_the_joined_replica_has_caught_up() -> None:
+    state = placed("ABC")
+    first = state.placement
+    sites = sites_of(*(site(name, 100.0, first) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    assert state.plan is not None
+    step = state.plan.transitions[0]
+    assert (step.action, step.site) == ("add", "D")
+    state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state
+    added = state.placement
+    assert added.version == first.version + 1
+    assert state.catch_up is not None and state.catch_up.site == "D"
+
+    def round_with(applied_by_d: int, d_version: int) -> ClusterState:
+        others = [site(name, 101.0, added, committed=40, applied=40) for name in "ABC"]
+        joiner = replace(site("D", 101.0, added, committed=0, applied=applied_by_d),
+                         placement_version=d_version)
+        return decisions.decide(state, sites_of(*others, joiner), 101.0, 0.0, SETTINGS).state
+
+    # D has not got the placement yet: no target, no step.
+    waiting = round_with(applied_by_d=0, d_version=first.version)
+    assert waiting.placement == added and waiting.catch_up == state.catch_up
+    # D has it: the target is the leader's committed offset; not reached, no step.
+    state = round_with(applied_by_d=39, d_version=added.version)
+    assert state.placement == added
+    assert state.catch_up is not None and state.catch_up.target == 40
+    # Reached: the next step (a removal) goes.
+    state = round_with(applied_by_d=40, d_version=added.version)
+    assert state.placement.version == added.version + 1
+    assert state.catch_up is None
+
+
+def test_a_failover_during_a_plan_plans_again_and_still_reaches_the_goal() -> None:
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D
+    victim = next(shard.leader for shard in state.placement.shards)
+    gone = sites_of(*(site(name, 0.0 if name == victim else 105.0, state.placement)
+                      for name in "ABCD"))
+    after = decisions.decide(state, gone, 105.0, 0.0, SETTINGS).state
+    assert all(shard.leader != victim for shard in after.placement.shards)
+    assert after.plan is not None
+    after.plan.remaining(after.placement)  # the new plan starts where the sites are
+    final, _ = run_plan(after, "ABCD")
+    assert {site for shard in final.placement.shards for site in shard.replicas} \
+        == {"A", "B", "C", "D"}
+
+
+def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D, catching up
+    files = StateFiles(tmp_path)
+    known = [KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1") for name in "ABCD"]
+    files.save(state, known)
+
+    loaded, loaded_sites = StateFiles(tmp_path).load()
+    assert loaded_sites == known
+    assert loaded.placement == state.placement
+    assert loaded.plan == state.plan
+    assert loaded.goals == state.goals
+    # The replica that joined last is waited for again after the restart.
+    assert loaded.catch_up is not None and loaded.catch_up.site == "D"
+    final, _ = run_plan(loaded, "ABCD")
+    assert state.plan is not None
+    assert final.placement == state.plan.target
+    files.save(final, known)
+    assert not (tmp_path / "plan.json").exists()
+    again, _ = StateFiles(tmp_path).load()
+    assert again.plan is None and again.placement == final.placement
+
+
+# --- requests ---------------------------------------------------------------------------
+
+def test_bad_requests_are_refused_and_change_nothing() -> None:
+    state = placed("ABC")
+    placement = state.placement
+    sites = sites_of(*(site(name, 100.0, placement) for name in "ABC"),
+                     site("E", now=0.0))
+    cases: list[tuple[Callable[[], object], type[Exception]]] = [
+        (lambda: decisions.set_replicas(state, DB, ["A", "B"], sites, 100.0, SETTINGS),
+         NotEnoughSitesError),
+        (lambda: decisions.set_replicas(state, DB, ["A", "B", "Z"], sites, 100.0, SETTINGS),
+         UnknownSiteError),
+        (lambda: decisions.leave(state, DB, "A", sites, 100.0, SETTINGS), NotEnoughSitesError),
+        (lambda: decisions.join(state, DB, "E", sites, 100.0, SETTINGS), SiteStateError),
+        (lambda: decisions.join(state, "nope", "A", sites, 100.0, SETTINGS),
+         UnknownDatabaseError),
+        (lambda: decisions.check_forget(state, "A", sites, 100.0, SETTINGS), SiteStateError),
+        (lambda: decisions.check_forget(state, "Z", sites, 100.0, SETTINGS), UnknownSiteError),
+        (lambda: decisions.join(ClusterState(), DB, "A", sites, 100.0, SETTINGS),
+         ClusterNotReadyError),
+    ]
+    for request, error in cases:
+        with pytest.raises(error):
+            request()
+    assert state.placement == placement and state.plan is None
+
+
+def test_removing_the_last_replica_is_refused() -> None:
+    settings = replace(SETTINGS, replication_factor=1, n_shards=2)
+    one = sites_of(site("A"))
+    state = decisions.decide(ClusterState(), one, 100.0, 0.0, replace(settings,
+                                                                        expected_sites=1)).state
+    assert state.placement.version == 1
+    with pytest.raises(LastReplicaError):
+        decisions.set_replicas(state, DB, [], one, 100.0, settings)
+
+
+def test_a_down_site_holding_nothing_can_be_forgotten() -> None:
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABC"),
+                     site("E", now=0.0))
+    state = replace(state, goals={DB: ("A", "B", "C", "E")})
+    after = decisions.check_forget(state, "E", sites, 100.0, SETTINGS)
+    assert after.goals == {DB: ("A", "B", "C")}
+    assert after.placement == state.placement
+
+
+def test_leaving_a_site_drains_it() -> None:
+    state = placed("ABCD")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.leave(state, DB, "B", sites, 100.0, SETTINGS)
+    final, seen = run_plan(state, "ABCD")
+    assert "B" not in final.placement.sites()
+    for placement in seen:
+        for shard in placement.shards:
+            assert len(shard.replicas) >= SETTINGS.replication_factor
