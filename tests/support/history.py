@@ -228,6 +228,10 @@ class History:
         with self._lock:
             return sorted(m for m, p in self.publications.items() if p.acked_at is not None)
 
+    def published_messages(self) -> list[Message]:
+        with self._lock:
+            return sorted(self.publications)
+
     def missing(self) -> dict[str, list[Message]]:
         """Session name -> acknowledged messages it should have and has not (yet):
         poll this until it is empty before `check()`."""

@@ -26,6 +26,7 @@ removes what runs whose process is gone left behind (it runs at every open).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -53,8 +54,10 @@ def _pid_alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
+@functools.cache
 def namespaces_unavailable() -> str | None:
-    """Why network namespaces cannot be made here, or None when they can."""
+    """Why network namespaces cannot be made here, or None when they can (asked
+    once per process)."""
     if os.geteuid() != 0:
         return "not root"
     if shutil.which("ip") is None:

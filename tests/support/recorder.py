@@ -46,19 +46,25 @@ def _connect(client: mqtt.Client, host: str, port: int, durable: bool) -> None:
 
 class RecordingPublisher:
     """MQTT 5, clean start false. Publishes to its topics in turn, each at every QoS of
-    `qos_levels` in turn, never more than WINDOW unacknowledged."""
+    `qos_levels` in turn, never more than WINDOW unacknowledged. `prefill` messages
+    are handed to paho before it connects (it sends them once connected); every later
+    one only while connected (see `_may_publish`)."""
 
     def __init__(self, history: History, name: str, host: str, port: int,
-                 topics: list[str], qos_levels: tuple[int, ...] = (1, 2)) -> None:
+                 topics: list[str], qos_levels: tuple[int, ...] = (1, 2), *,
+                 prefill: int = 0) -> None:
+        assert prefill <= WINDOW
         self.history = history
         self.name = name
         self.topics = topics
         self.qos_levels = qos_levels
+        self.prefill = prefill
         self.client = _client(name)
         self.client.on_publish = self._on_publish
         self.client.on_connect = self._on_connect
         self.connects = 0
         self.sent = 0
+        self._numbers: collections.Counter[tuple[str, int]] = collections.Counter()
         self._by_mid: dict[int, Message] = {}
         self._early: dict[int, int] = {}  # mid -> reason code that came before publish() returned
         self._done = 0  # acknowledged or refused
@@ -98,31 +104,46 @@ class RecordingPublisher:
             return self.sent - self._done
 
     def start(self) -> None:
+        for index in range(self.prefill):
+            self._publish(index)
         _connect(self.client, *self._address, durable=True)
         self._thread.start()
 
+    def _may_publish(self) -> bool:
+        """Connected, and paho has sent what it kept to send after a (re)connect.
+        paho marks the connection up before it sends those (under its message lock,
+        after on_connect): a message handed over in between would overtake them (the
+        recorder's own test saw QoS 2 message 4 arrive before 0..3)."""
+        client = self.client
+        with client._out_message_mutex:
+            return client.is_connected() and all(
+                m.state != mqtt.mqtt_ms_publish for m in client._out_messages.values())
+
     def _run(self) -> None:
-        numbers: collections.Counter[tuple[str, int]] = collections.Counter()
-        for index in range(MAX_PER_PUBLISHER):
-            while self.unacked() >= WINDOW and not self._stop.is_set():
+        for index in range(self.prefill, MAX_PER_PUBLISHER):
+            while (self.unacked() >= WINDOW or not self._may_publish()) \
+                    and not self._stop.is_set():
                 time.sleep(0.002)
             if self._stop.is_set():
                 return
-            topic = self.topics[index % len(self.topics)]
-            qos = self.qos_levels[(index // len(self.topics)) % len(self.qos_levels)]
-            message = Message(self.name, topic, qos, numbers[topic, qos])
-            numbers[topic, qos] += 1
-            self.history.published(message)
-            with self._lock:
-                self.sent += 1
-            # while disconnected paho queues the message and sends it on reconnect
-            info = self.client.publish(topic, message.encode(), qos)
-            with self._lock:
-                code = self._early.pop(info.mid, None)
-                if code is None:
-                    self._by_mid[info.mid] = message
-                else:
-                    self._settle(message, code)
+            self._publish(index)
+
+    def _publish(self, index: int) -> None:
+        topic = self.topics[index % len(self.topics)]
+        qos = self.qos_levels[(index // len(self.topics)) % len(self.qos_levels)]
+        message = Message(self.name, topic, qos, self._numbers[topic, qos])
+        self._numbers[topic, qos] += 1
+        self.history.published(message)
+        with self._lock:
+            self.sent += 1
+        # if the connection drops now, paho keeps the message and sends it on reconnect
+        info = self.client.publish(topic, message.encode(), qos)
+        with self._lock:
+            code = self._early.pop(info.mid, None)
+            if code is None:
+                self._by_mid[info.mid] = message
+            else:
+                self._settle(message, code)
 
     def stop_publishing(self) -> None:
         self._stop.set()
