@@ -343,6 +343,27 @@ class AdminConfig(_Section):
     password: Annotated[str, Field(min_length=8)] | None = None
 
 
+class ClusterConfig(_Section):
+    """Replication across sites (DESIGN.md, "Replication"). Off: a single site with
+    no shard log, exactly as before."""
+
+    enable: bool = False
+    # The peer port: log shipping between shard replicas, writes forwarded to leaders.
+    peer_bind: Annotated[str, Field(pattern=r"^.*:\d+$")] = "0.0.0.0:18084"
+    # host:port other sites reach the peer port at; empty: peer_bind, with 0.0.0.0
+    # read as 127.0.0.1.
+    advertise: Annotated[str, Field(pattern=r"^(.*:\d+)?$")] = ""
+    # A write not committed by a majority of its shard's replicas by then fails; the
+    # client is not acknowledged and may resend.
+    write_timeout: Duration = parse_duration("5s")
+
+    def advertised_peer(self) -> str:
+        if self.advertise:
+            return self.advertise
+        host, _, port = self.peer_bind.rpartition(":")
+        return f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+
+
 class Config(_Section):
     """The whole broker configuration. New top-level sections go here."""
 
@@ -352,6 +373,7 @@ class Config(_Section):
     listeners: ListenersConfig = Field(default_factory=ListenersConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 # --- loading --------------------------------------------------------------------------

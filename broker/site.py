@@ -13,7 +13,7 @@ from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
 from .core.broker import Broker
 from .core.registry import SessionLimits
-from .ds import DbOptions, DurableStorage
+from .ds import DbOptions, DurableStorage, ReplicaSettings, SiteReplication
 from .errors import ConfigError
 from .net.listeners import (
     ListenerSet,
@@ -72,6 +72,8 @@ class RunningSite:
     broker: Broker
     listeners: ListenerSet
     admin: AdminServer | None = None
+    # when cluster.enable; closed with the storage (after the write buffers flush)
+    replication: SiteReplication | None = None
 
     async def stop(self) -> None:
         """Stop accepting, close connections (persisting their sessions), flush the
@@ -109,13 +111,32 @@ async def start_site(config: Config) -> RunningSite:
         raise
     if admin is not None:
         site.admin = admin
-        admin.attach(site.storage, site.broker, site.listeners)
+        admin.attach(site.storage, site.broker, site.listeners, site.replication)
     return site
+
+
+async def start_replication(config: Config, storage: DurableStorage) -> SiteReplication:
+    """The peer port and a shard log per shard of `messages`; from now on its writes
+    are committed by a majority of each shard's replicas."""
+    cluster = config.cluster
+    messages = storage.db(MESSAGES_DB)
+    settings = ReplicaSettings(storage.site_id, cluster.write_timeout,
+                               config.durable_sessions.heartbeat_interval)
+    return await SiteReplication.start(messages, storage.data_dir, storage.site_id,
+                                       cluster.peer_bind, cluster.advertised_peer(), settings,
+                                       messages.executor)
 
 
 async def _start_parts(config: Config) -> RunningSite:
     storage = await open_storage(config)
     messages = storage.db(MESSAGES_DB)
+    replication = None
+    if config.cluster.enable:
+        try:
+            replication = await start_replication(config, storage)
+        except BaseException:
+            await storage.close()
+            raise
     sessions = config.durable_sessions
     broker = await Broker.start(
         storage, messages, config.durable_storage.messages.n_shards,
@@ -164,4 +185,5 @@ async def _start_parts(config: Config) -> RunningSite:
         await broker.stop()
         await storage.close()
         raise
-    return RunningSite(storage, broker, ListenerSet(servers, runners, connections, ports))
+    return RunningSite(storage, broker, ListenerSet(servers, runners, connections, ports),
+                       replication=replication)

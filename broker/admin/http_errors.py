@@ -31,12 +31,17 @@ class UnknownClientError(StratamqError):
     pass
 
 
+class ReplicationOffError(StratamqError):
+    """A replication resource on a site that runs without replication."""
+
+
 class BadRequestError(StratamqError):
     """A request body the API cannot use (not JSON, a missing or wrong field)."""
 
 
 _BY_TYPE: dict[type[StratamqError], int] = {
     UnknownClientError: 404,
+    ReplicationOffError: 404,
     UnknownSiteError: 404,
     BadRequestError: 400,
     UnknownDatabaseError: 404,

@@ -22,6 +22,7 @@ from ..ds import (
     Database,
     DbDescription,
     DurableStorage,
+    SiteReplication,
     apply_gc_plan,
     create_checkpoint,
     describe,
@@ -30,7 +31,7 @@ from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
-from .http_errors import BadRequestError, UnknownClientError
+from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
 from .middleware import authentication, errors, json_body, listing
 from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
 
@@ -47,6 +48,7 @@ class SiteParts:
     storage: DurableStorage
     broker: Broker
     listeners: ListenerSet
+    replication: SiteReplication | None = None
 
 
 class AdminServer:
@@ -58,9 +60,10 @@ class AdminServer:
 
     # -- lifecycle ------------------------------------------------------------------
 
-    def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet) -> None:
+    def attach(self, storage: DurableStorage, broker: Broker, listeners: ListenerSet,
+               replication: SiteReplication | None = None) -> None:
         """The site is up: serve the API and report ready."""
-        self._parts = SiteParts(storage, broker, listeners)
+        self._parts = SiteParts(storage, broker, listeners, replication)
         log.info("admin API serving site %s", storage.site_id)
 
     def detach(self) -> None:
@@ -83,6 +86,8 @@ class AdminServer:
             web.put(f"{API}/ds/storages/{{db}}/topic-structure", self._topic_structure),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
+            web.get(f"{API}/ds/replication", self._replication_status),
+            web.put(f"{API}/ds/placement", self._placement),
         ])
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
         await runner.setup()
@@ -222,6 +227,29 @@ class AdminServer:
             raise UnknownSiteError(f"no site {request.match_info['site']!r} (this site is "
                                    f"{site_id}; no other site is known)")
         return web.json_response(await self._site_view())
+
+    def _replication(self) -> SiteReplication:
+        replication = self._running().replication
+        if replication is None:
+            raise ReplicationOffError("this site runs without replication (cluster.enable "
+                                      "is false)")
+        return replication
+
+    async def _replication_status(self, _request: web.Request) -> web.Response:
+        """This site's shard replicas: role, epoch, log end, committed and applied
+        offsets. Also the controller's heartbeat probe."""
+        return web.json_response(self._replication().status())
+
+    async def _placement(self, request: web.Request) -> web.Response:
+        """Take a placement pushed by the controller: body `{"placement": document,
+        "peers": {site: "host:port"}}`."""
+        replication = self._replication()
+        body = await json_body(request)
+        if "placement" not in body or "peers" not in body:
+            raise BadRequestError('give {"placement": {...}, "peers": {"<site>": '
+                                  '"host:port", ...}}')
+        accepted, version = await replication.offer(body["placement"], body["peers"])
+        return web.json_response({"accepted": accepted, "version": version})
 
     async def _site_view(self) -> Json:
         return site_view(self._running().storage.site_id, await self._descriptions())

@@ -19,6 +19,8 @@ from .message import (
     peek_topic,
 )
 from .options import DbOptions
+from .replication.cluster import SiteReplication
+from .replication.replica import ReplicaSettings
 from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
@@ -42,9 +44,11 @@ __all__ = [
     "NextResult",
     "PreDropListener",
     "Rank",
+    "ReplicaSettings",
     "RetentionRules",
     "ShardDescription",
     "ShardSnapshot",
+    "SiteReplication",
     "Snapshot",
     "Stream",
     "apply_gc_plan",

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -26,6 +26,9 @@ from .message import Message
 from .shard import Shard
 
 CommitListener = Callable[[CookedBatch], None]
+# On a replicated site: commit one flush (messages, record puts, record deletes)
+# through the shard's log; returns once committed and applied, or raises.
+Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes]], Awaitable[None]]
 
 # Queued bytes, in multiples of `max_bytes`, past which new messages are refused.
 OVERFULL = 4
@@ -84,6 +87,9 @@ class WriteBuffer:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        # Set on a replicated site (`Database.attach_replication`): flushes go through
+        # the shard's log instead of straight to RocksDB.
+        self.replicate: Replicate | None = None
         self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
 
     def add(self, messages: list[Message], size: int, wait: bool,
@@ -181,6 +187,9 @@ class WriteBuffer:
     async def _flush(self, taken: list[_Pending]) -> None:
         messages = [message for entry in taken for message in entry.messages]
         record_puts, record_deletes = _final_records(taken)
+        if self.replicate is not None:
+            await self._flush_replicated(taken, messages, record_puts, record_deletes)
+            return
         started = time.perf_counter()
         error: BaseException | None = None
         cooked = None
@@ -214,6 +223,29 @@ class WriteBuffer:
         except Exception:  # a listener's bug must not stop the writer
             log.exception("commit listener failed on shard %s", self._labels)
 
+
+    async def _flush_replicated(self, taken: list[_Pending], messages: list[Message],
+                                record_puts: list[tuple[bytes, bytes]],
+                                record_deletes: list[bytes]) -> None:
+        """The flush of a replicated site: the shard's replication commits the batch
+        (here or at the shard's leader) and feeds the commit listeners when it
+        applies it; writers are answered only once it is committed."""
+        assert self.replicate is not None
+        started = time.perf_counter()
+        try:
+            await self.replicate(messages, record_puts, record_deletes)
+        except Exception as exc:  # handed to every waiting writer
+            failure = exc
+            metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
+            log.error("shard %s: batch of %d messages not committed: %s",
+                      self._labels, len(messages), failure)
+            _settle(taken, lambda done: done.set_exception(failure))
+            return
+        self._batches.inc()
+        self._batch_messages.inc(len(messages))
+        self._flush_time.observe(time.perf_counter() - started)
+        self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
+        _settle(taken, lambda done: done.set_result(None))
 
     def _write_inline(self, cooked: CookedBatch) -> bool:
         """Write a small batch on the loop; False when it must go to the executor

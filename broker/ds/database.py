@@ -14,10 +14,13 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Executor
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from ..errors import (
     ConfigError,
+    GenerationError,
     InvalidIteratorError,
     InvalidMessageError,
     InvalidTopicFilterError,
@@ -29,7 +32,7 @@ from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
-from .generation import GenerationInfo, plan_retention
+from .generation import GenerationInfo, RetentionPlan, plan_retention
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
 from .lts import END, Edge
@@ -55,6 +58,29 @@ StreamList = list[tuple[Rank, Stream]]
 INLINE_READ_ENTRIES = 256
 # Streams kept by the per-filter cache of `get_streams`, over all filters.
 _STREAM_CACHE_ENTRIES = 1_000_000
+
+
+class Replication(Protocol):
+    """What a replicated site puts between a database and its shards (see
+    `replication.cluster`): writes and generation changes go through each shard's
+    log, and come back to the database through its `apply_*` methods, in log order."""
+
+    async def write(self, shard_id: int, messages: list[Message],
+                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
+        """Commit one flush of a shard's write buffer; returns once applied here."""
+
+    async def add_generation(self, shard_id: int) -> bool:
+        """Start a new generation of a shard on its leader; False elsewhere."""
+
+    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
+        """Drop a closed generation of a shard on its leader; False elsewhere."""
+
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        """The shard's replica set and leader as this site knows them (none and ""
+        before the first placement)."""
+
+    async def close(self) -> None:
+        """Stop applying: the shards are about to close."""
 
 
 def shard_of(client_id: str, n_shards: int) -> int:
@@ -118,6 +144,7 @@ class Database:
             for shard, lock in zip(shards, self._locks, strict=True)]
         self._reads_in_flight: Counter[tuple[int, int]] = Counter()
         self._read_finished = asyncio.Condition()
+        self._replication: Replication | None = None
         self._update_generation_gauges()
 
     @classmethod
@@ -202,6 +229,19 @@ class Database:
                  for shard_id, batch in by_shard.items()]
         return [w for w in waits if w is not None]
 
+    def submit_to_shard(self, shard_id: int, messages: list[Message],
+                        record_puts: list[tuple[bytes, bytes]],
+                        record_deletes: list[bytes]) -> asyncio.Future[None]:
+        """Queue a write forwarded by another site to this shard's leader: the
+        messages and records go into one batch of this shard, as they were in the
+        sender's. Its topics and sizes were checked where the client published."""
+        if not 0 <= shard_id < len(self._buffers):
+            raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
+        size = sum(len(message.payload) + len(message.topic) for message in messages)
+        done = self._buffers[shard_id].add(messages, size, True, record_puts, record_deletes)
+        assert done is not None
+        return done
+
     def shard_lock(self, shard_id: int) -> asyncio.Lock:
         """Held while a shard writes, adds or drops a generation: a holder sees its
         generations stay put."""
@@ -258,6 +298,75 @@ class Database:
 
     def remove_commit_listener(self, listener: CommitListener) -> None:
         self._commit_listeners.remove(listener)
+
+    # -- replication --------------------------------------------------------------
+
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        """The shard's replica set and leader: this site alone without replication."""
+        if self._replication is None:
+            return (self.site_id,), self.site_id
+        return self._replication.placement_of(shard_id)
+
+    def attach_replication(self, replication: Replication) -> None:
+        """From now on, writes and generation changes go through `replication`."""
+        self._replication = replication
+        for shard, buffer in zip(self.shards, self._buffers, strict=True):
+            shard.replicated = True
+            buffer.replicate = partial(replication.write, shard.shard_id)
+
+    async def apply_batch(self, shard_id: int, cooked: CookedBatch, offset: int) -> None:
+        """Write and apply a committed batch of a shard's log, recording `offset` as
+        applied in the same write, then feed it to the commit listeners."""
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, partial(shard.write, cooked, applied=offset))
+            shard.apply(cooked)
+        if not cooked.messages and cooked.message_count:
+            cooked.messages = shard.messages_of(cooked)
+        try:
+            self._feed(cooked)
+        except Exception:  # a listener's bug must not stop applying
+            log.exception("commit listener failed on %s/%d", self.name, shard_id)
+
+    async def apply_add_generation(self, shard_id: int, at: int, seed: tuple[str, ...],
+                                   offset: int) -> None:
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            info = await asyncio.get_running_loop().run_in_executor(
+                self._executor, partial(shard.add_generation, at, seed, applied=offset))
+            self._note_streams(shard_id, info.id, shard.generations[info.id].trie.edges())
+        self._update_generation_gauges()
+
+    async def apply_drop_generation(self, shard_id: int, generation_id: int,
+                                    offset: int) -> None:
+        """Drop a generation as a log entry says. One that is not there, or current,
+        is refused the same way on every replica: the entry is then only recorded."""
+        shard = self.shards[shard_id]
+        loop = asyncio.get_running_loop()
+        about_to_go = shard.generations.get(generation_id)
+        if about_to_go is not None and not about_to_go.info.is_current:
+            await self._tell_pre_drop_listeners(shard_id, generation_id)
+        async with self._locks[shard_id]:
+            try:
+                generation = shard.detach_generation(generation_id)
+            except GenerationError as exc:
+                log.warning("%s/%d: log entry %d drops no generation: %s", self.name,
+                            shard_id, offset, exc)
+                await loop.run_in_executor(self._executor, shard.record_applied, offset)
+                return
+            async with self._read_finished:
+                await self._read_finished.wait_for(
+                    lambda: not self._reads_in_flight[(shard_id, generation_id)])
+            await loop.run_in_executor(self._executor, partial(
+                shard.destroy_generation, generation, applied=offset))
+        self._after_drop(shard_id, generation_id)
+
+    async def apply_noop(self, shard_id: int, offset: int) -> None:
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, shard.record_applied, offset)
 
     def _feed(self, cooked: CookedBatch) -> None:
         if cooked.edges:
@@ -466,7 +575,12 @@ class Database:
     # -- generations --------------------------------------------------------------
 
     async def add_generation(self) -> None:
-        """Start a new generation in every shard; the old ones stop taking writes."""
+        """Start a new generation in every shard; the old ones stop taking writes.
+        On a replicated site: in every shard this site leads, through its log."""
+        if self._replication is not None:
+            for shard in self.shards:
+                await self._replication.add_generation(shard.shard_id)
+            return
         loop = asyncio.get_running_loop()
         for shard, lock in zip(self.shards, self._locks, strict=True):
             async with lock:
@@ -499,6 +613,9 @@ class Database:
         """Delete a closed generation of one shard, once reads in flight are done."""
         if not 0 <= shard_id < len(self.shards):
             raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
+        if self._replication is not None:
+            await self._replication.drop_generation(shard_id, generation_id)
+            return
         shard = self.shards[shard_id]
         about_to_go = shard.generations.get(generation_id)
         if about_to_go is not None and not about_to_go.info.is_current:
@@ -510,6 +627,9 @@ class Database:
                     lambda: not self._reads_in_flight[(shard_id, generation_id)])
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, shard.destroy_generation, generation)
+        self._after_drop(shard_id, generation_id)
+
+    def _after_drop(self, shard_id: int, generation_id: int) -> None:
         self._forget_generation_streams(shard_id, generation_id)
         self._update_generation_gauges()
         for listener in self._drop_listeners:
@@ -554,6 +674,8 @@ class Database:
         plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us,
                                 drop_after_us)
                  for shard in self.shards]
+        if self._replication is not None:
+            return await self._replicated_retention(plans)
         added = any(plan.add_generation for plan in plans)
         if added:
             await self.add_generation()
@@ -562,6 +684,20 @@ class Database:
             for generation_id in plan.drop:
                 await self.drop_generation(shard.shard_id, generation_id)
                 dropped += 1
+        return added, dropped
+
+    async def _replicated_retention(self, plans: list[RetentionPlan]) -> tuple[bool, int]:
+        """Retention on a replicated site: each shard's leader changes its
+        generations through the shard's log; the other replicas follow it there."""
+        assert self._replication is not None
+        added = False
+        dropped = 0
+        for shard, plan in zip(self.shards, plans, strict=True):
+            if plan.add_generation:
+                added |= await self._replication.add_generation(shard.shard_id)
+            for generation_id in plan.drop:
+                dropped += await self._replication.drop_generation(shard.shard_id,
+                                                                   generation_id)
         return added, dropped
 
     def _update_generation_gauges(self) -> None:
@@ -574,6 +710,8 @@ class Database:
     async def close(self) -> None:
         """Write what the buffers hold, then close every shard."""
         await asyncio.gather(*(buffer.close() for buffer in self._buffers))
+        if self._replication is not None:
+            await self._replication.close()
         loop = asyncio.get_running_loop()
         for shard in self.shards:
             await loop.run_in_executor(self._executor, shard.close)

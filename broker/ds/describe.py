@@ -56,14 +56,15 @@ class DbDescription:
 
 async def describe(db: Database) -> DbDescription:
     """The database as this site holds it. Reads file sizes off the event loop.
-    On one site, this site is every shard's only replica and its leader."""
+    On one site, this site is every shard's only replica and its leader; with
+    replication, replicas and leader are the placement's."""
     loop = asyncio.get_running_loop()
     shards = []
     for shard in list(db.shards):
         # under the shard's lock, so no generation is dropped while its size is read
         async with db.shard_lock(shard.shard_id):
             shards.append(await loop.run_in_executor(db.executor, _describe_shard, shard,
-                                                     db.site_id))
+                                                     db.placement_of(shard.shard_id)))
     options = db.options
     return DbDescription(db.name, db.site_id, options.key_value, options.n_shards,
                          options.layout, dict(options.layout_options),
@@ -71,12 +72,13 @@ async def describe(db: Database) -> DbDescription:
                          options.message_retention_period, tuple(shards))
 
 
-def _describe_shard(shard: Shard, site_id: str) -> ShardDescription:
+def _describe_shard(shard: Shard, placement: tuple[tuple[str, ...], str]) -> ShardDescription:
     generations = []
     for _id, generation in sorted(shard.generations.items()):
         info = generation.info
         generations.append(GenerationDescription(
             info.id, info.layout, dict(info.layout_options), info.created_at, info.since,
             info.until, info.is_current, shard.generation_bytes(generation)))
-    return ShardDescription(shard.shard_id, (site_id,), site_id, shard.last_timestamp,
+    replicas, leader = placement
+    return ShardDescription(shard.shard_id, replicas, leader, shard.last_timestamp,
                             shard.disk_usage(), tuple(generations))

@@ -59,3 +59,15 @@ FILESYSTEM_FREE_BYTES = Gauge("stratamq_ds_filesystem_free_bytes",
 FILESYSTEM_SIZE_BYTES = Gauge("stratamq_ds_filesystem_size_bytes",
                               "Size of the filesystem of the data directory")
 GENERATIONS = Gauge("stratamq_ds_generations", "Generations held by a shard", _LABELS)
+# Replication (cluster.enable), read at scrape time (set_function) per shard replica.
+REPLICA_LAG = Gauge("stratamq_ds_replica_lag",
+                    "Entries of a shard's log on this site not applied to its data yet",
+                    _LABELS)
+UNDER_REPLICATED = Gauge(
+    "stratamq_ds_under_replicated",
+    "1 on a shard's leader while some replica does not hold every committed entry",
+    _LABELS)
+REPLICA_ROLE = Gauge("stratamq_ds_replica_leader",
+                     "1 while this site leads the shard, else 0", _LABELS)
+LEADER_CHANGES = Counter("stratamq_ds_leader_changes",
+                         "Times this site started or stopped leading a shard", _LABELS)

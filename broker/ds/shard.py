@@ -24,13 +24,16 @@ from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
 from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie, seed_edges
-from .message import Message, encode_message
+from .message import Message, decode_message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
 _GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
 # The seed structure (stream patterns) new generations start their trie with.
 _TOPIC_SEED_KEY = b"topic_seed"
+# The offset of the last shard log entry applied here (replicated sites only), kept in
+# the same RocksDB write as what the entry changed, so a restart resumes after it.
+_APPLIED_KEY = b"replication_applied"
 # Records written with cooked batches live under this prefix of the metadata family.
 RECORD_PREFIX = b"rec/"
 _U64 = struct.Struct(">Q")
@@ -136,6 +139,12 @@ class Shard:
         self._next_timestamp = self.last_timestamp + 1
         # first timestamp of a batch cooked but not yet written and applied
         self._unsettled_from: int | None = None
+        stored_applied = self._db.get(_APPLIED_KEY)
+        self.applied_offset = int(_U64.unpack(as_bytes(stored_applied))[0]) \
+            if stored_applied is not None else 0
+        # Set by replication: batches are applied in the leader's log order, possibly
+        # long after they were cooked (see `settled_before`).
+        self.replicated = False
         if not self.generations:
             self._create_generation(previous=None)
 
@@ -162,8 +171,11 @@ class Shard:
     def current(self) -> Generation:
         return self.generations[max(self.generations)]
 
-    def _create_generation(self, previous: Generation | None) -> GenerationInfo:
-        at = max(now_us(), self.last_timestamp + 1)
+    def _create_generation(self, previous: Generation | None, at: int | None = None,
+                           seed: Sequence[str] | None = None,
+                           applied: int | None = None) -> GenerationInfo:
+        if at is None:
+            at = max(now_us(), self.last_timestamp + 1)
         new_id = previous.info.id + 1 if previous else 1
         layout, layout_options = self._new_layout
         # every option recorded, defaults included: a later default must not change
@@ -173,7 +185,7 @@ class Shard:
         for name in (info.data_column_family(), info.trie_column_family()):
             self._db.create_column_family(name, Options(raw_mode=True))
         inherited = previous.trie.wildcard_paths() if previous else []
-        inherited += seed_edges(self.topic_seed)
+        inherited += seed_edges(self.topic_seed if seed is None else tuple(seed))
         batch = WriteBatch(raw_mode=True)
         trie_family = self._db.get_column_family_handle(info.trie_column_family())
         for edge in inherited:
@@ -184,7 +196,11 @@ class Shard:
             previous.layout.clear_cache()
             batch.put(_generation_key(previous.info.id), previous.info.to_json())
         batch.put(_generation_key(info.id), info.to_json())
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
         self._db.write(batch, self._write_options)
+        if applied is not None:
+            self.applied_offset = applied
         generation = self._open_generation(info)
         self.generations[info.id] = generation
         return info
@@ -195,9 +211,12 @@ class Shard:
         self._db.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode(), self._synced)
         self.topic_seed = tuple(patterns)
 
-    def add_generation(self) -> GenerationInfo:
-        """Close the current generation and start a new one. Blocking."""
-        return self._create_generation(self.current)
+    def add_generation(self, at: int | None = None, seed: Sequence[str] | None = None,
+                       applied: int | None = None) -> GenerationInfo:
+        """Close the current generation and start a new one. Blocking. A replica
+        applying a log entry gives the leader's start time and topic seed, and the
+        entry's offset to record as applied."""
+        return self._create_generation(self.current, at, seed, applied)
 
     def detach_generation(self, generation_id: int) -> Generation:
         """Take a closed generation out of the table, so no new read starts on it.
@@ -212,12 +231,19 @@ class Shard:
         del self.generations[generation_id]
         return generation
 
-    def destroy_generation(self, generation: Generation) -> None:
+    def destroy_generation(self, generation: Generation, applied: int | None = None) -> None:
         """Forget a detached generation on disk and drop its data. Blocking."""
         # Synced whatever `sync_writes` says: if power failed after the families were
         # dropped but before an unsynced delete reached the disk, the generation
         # would come back without its data.
-        self._db.delete(_generation_key(generation.info.id), self._synced)
+        if applied is None:
+            self._db.delete(_generation_key(generation.info.id), self._synced)
+        else:
+            batch = WriteBatch(raw_mode=True)
+            batch.delete(_generation_key(generation.info.id))
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
+            self._db.write(batch, self._synced)
+            self.applied_offset = applied
         generation.data.close()
         for name in (generation.info.data_column_family(), generation.info.trie_column_family()):
             self._db.drop_column_family(name)
@@ -264,10 +290,12 @@ class Shard:
         if generation is not None:
             generation.trie.remove_edges(cooked.edges)
 
-    def write(self, cooked: CookedBatch, *, no_stall: bool = False) -> None:
+    def write(self, cooked: CookedBatch, *, no_stall: bool = False,
+              applied: int | None = None) -> None:
         """Write a cooked batch, data and trie in one atomic RocksDB batch. Blocking.
         Writing the same cooked batch again is harmless. With `no_stall`, a write that
-        RocksDB would delay (write stall) raises instead of waiting."""
+        RocksDB would delay (write stall) raises instead of waiting. `applied`: the
+        shard log offset of the batch (replicated sites), recorded in the same write."""
         generation = self.generations.get(cooked.generation)
         if generation is None:
             raise GenerationError(
@@ -286,7 +314,34 @@ class Shard:
             batch.delete(key)
         batch.put(_LAST_TIMESTAMP_KEY,
                   _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
         self._db.write(batch, self._no_stall_options if no_stall else self._write_options)
+        if applied is not None:
+            self.applied_offset = applied
+
+    def record_applied(self, applied: int) -> None:
+        """Record a log entry that changes no data (a no-op) as applied. Blocking."""
+        self._db.put(_APPLIED_KEY, _U64.pack(applied), self._write_options)
+        self.applied_offset = applied
+
+    def messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
+        """The messages of an applied batch with the static index of each one's stream:
+        what a replica feeds its subscribers (the leader's cooked batch carries them,
+        a replica's decoded one does not). Entries with no value are index entries of
+        layouts that keep them."""
+        generation = self.generations.get(cooked.generation)
+        if generation is None:
+            return []
+        found = []
+        for _key, value in cooked.entries:
+            if not value:
+                continue
+            message = decode_message(value)
+            static = _stream_of(generation.trie, message.topic)
+            if static is not None:
+                found.append((static, message))
+        return found
 
     def apply(self, cooked: CookedBatch) -> None:
         """Bring memory in line with a written cooked batch (a replica learns the
@@ -323,7 +378,11 @@ class Shard:
         visible to a read started now, or will never exist: later batches take
         timestamps from the clock and past the last one, and the batch being written
         (the buffer writes one at a time) starts at `_unsettled_from`. A replica
-        applying a leader's batches would need the leader's value instead."""
+        applying a leader's batches needs the leader's order instead: with
+        `replicated`, batches are applied in log order, so everything up to the last
+        timestamp applied is there, and nothing before it can come later."""
+        if self.replicated:
+            return self.last_timestamp + 1
         now = now_us()
         return now if self._unsettled_from is None else min(now, self._unsettled_from)
 

@@ -63,6 +63,11 @@ class Leadership:
         self._advance()  # a replica set of one commits at once
         return positions
 
+    def advance(self) -> int:
+        """Recount the commit offset after this site appended to its own log outside
+        `append` (a site appends off the event loop, then counts on it); returns it."""
+        return self._advance()
+
     def request_for(self, follower: str, max_entries: int = 1000,
                     max_bytes: int = 4 * 1024 * 1024) -> AppendRequest:
         """What to send `follower` now (no entries: a heartbeat that still checks

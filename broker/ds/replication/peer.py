@@ -6,7 +6,7 @@ takes it from `ShardLog.append_from_leader`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
 import aiohttp
@@ -22,6 +22,12 @@ CONTENT_TYPE = "application/vnd.stratamq.append"
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 LogsOf = Callable[[str, int], ShardLog]
+# Told (db, shard) after an append was taken: the site applies what became committed.
+OnAppend = Callable[[str, int], None]
+# A write forwarded to this site as the shard's leader: (db, shard, request body);
+# returns once committed.
+Submit = Callable[[str, int, bytes], Awaitable[None]]
+SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
 
 
 class PeerError(StorageError):
@@ -31,16 +37,25 @@ class PeerError(StorageError):
 
 
 class PeerServer:
-    def __init__(self, logs_of: LogsOf, executor: Executor) -> None:
+    def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
+                 submit: Submit | None = None) -> None:
         self._logs_of = logs_of
         self._executor = executor
+        self._on_append = on_append
+        self._submit = submit
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
 
+    def lock(self, db: str, shard: int) -> asyncio.Lock:
+        """Held while a shard log is written through this server; the site's own
+        writes to that log (as its leader) hold it too."""
+        return self._locks.setdefault((db, shard), asyncio.Lock())
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
+        app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -65,8 +80,7 @@ class PeerServer:
             request = decode_request(await http.read())
         except CorruptDataError as error:
             return _error(400, "bad_request", str(error))
-        lock = self._locks.setdefault((db, shard), asyncio.Lock())
-        async with lock:
+        async with self.lock(db, shard):
             try:
                 result = await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.append_from_leader, request.epoch, request.previous,
@@ -75,7 +89,27 @@ class PeerServer:
                 return _error(409, "stale_epoch", str(error))
             except (LogGapError, CorruptDataError) as error:
                 return _error(400, "bad_request", str(error))
+        if self._on_append is not None:
+            self._on_append(db, shard)
         return web.Response(body=encode_result(result), content_type=CONTENT_TYPE)
+
+    async def _submit_write(self, http: web.Request) -> web.Response:
+        if self._submit is None:
+            return _error(404, "unknown_shard", "this site takes no forwarded writes")
+        db = http.match_info["db"]
+        try:
+            shard = int(http.match_info["shard"])
+        except ValueError:
+            return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        try:
+            await self._submit(db, shard, await http.read())
+        except CorruptDataError as error:
+            return _error(400, "bad_request", str(error))
+        except StorageError as error:
+            # not the leader (any more), no majority in time: the sender may retry
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"committed": True})
 
 
 class PeerClient:
@@ -104,6 +138,25 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise PeerError(f"{address} did not take an append to {db}/{shard}: "
                             f"{error!r}") from error
+
+    async def submit(self, address: str, db: str, shard: int, body: bytes,
+                     within: float) -> None:
+        """Forward a write (`wire.encode_submit`) to the shard's leader at `address`;
+        returns once it is committed. PeerError (recoverable) otherwise."""
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
+        try:
+            async with self._session.post(url, data=body,
+                                          headers={"Content-Type": SUBMIT_CONTENT_TYPE},
+                                          timeout=aiohttp.ClientTimeout(total=within)
+                                          ) as response:
+                reason = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"the leader of {db}/{shard} at {address} did not "
+                                    f"commit a forwarded write ({response.status}): "
+                                    f"{reason.decode('utf-8', 'replace')}")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
+                            f"forwarded write: {error!r}") from error
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

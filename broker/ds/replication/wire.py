@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 
 from ...errors import CorruptDataError
+from ..message import Message, decode_message, encode_message
 from ..rocks import blob, read_blob
 from .leader import AppendRequest
 from .log import AppendResult, Entry, Position
@@ -58,6 +59,47 @@ def decode_result(raw: bytes) -> AppendResult:
     except (struct.error, ValueError) as exc:
         raise CorruptDataError(f"append result does not decode: {exc}") from exc
     return AppendResult(bool(accepted), matched, Position(last_epoch, last_offset), retry_from)
+
+
+# version, messages, record puts, record deletes
+_SUBMIT = struct.Struct(">BIII")
+
+
+def encode_submit(messages: list[Message], record_puts: list[tuple[bytes, bytes]],
+                  record_deletes: list[bytes]) -> bytes:
+    """A write forwarded to a shard's leader: messages and the records to write with
+    them in one batch."""
+    parts = [_SUBMIT.pack(VERSION, len(messages), len(record_puts), len(record_deletes))]
+    parts += (blob(encode_message(message)) for message in messages)
+    for key, value in record_puts:
+        parts += (blob(key), blob(value))
+    parts += (blob(key) for key in record_deletes)
+    return b"".join(parts)
+
+
+def decode_submit(raw: bytes) -> tuple[list[Message], list[tuple[bytes, bytes]], list[bytes]]:
+    try:
+        version, n_messages, n_puts, n_deletes = _SUBMIT.unpack_from(raw)
+        _check_version(version)
+        pos = _SUBMIT.size
+        messages = []
+        for _ in range(n_messages):
+            encoded, pos = read_blob(raw, pos)
+            messages.append(decode_message(encoded))
+        puts = []
+        for _ in range(n_puts):
+            key, pos = read_blob(raw, pos)
+            value, pos = read_blob(raw, pos)
+            puts.append((key, value))
+        deletes = []
+        for _ in range(n_deletes):
+            key, pos = read_blob(raw, pos)
+            deletes.append(key)
+        if pos != len(raw):
+            raise ValueError("trailing bytes")
+    except (struct.error, ValueError) as exc:
+        raise CorruptDataError(f"forwarded write does not decode: {exc}") from exc
+    return messages, puts, deletes
 
 
 def _check_version(version: int) -> None:

@@ -1,0 +1,452 @@
+"""One shard of a database on one site: its log, its role under the placement, and
+the loops of that role (DESIGN.md, "Replication").
+
+- Every replica runs an applier: committed log entries are applied to the shard's
+  data in log order, each recording its offset as applied in the same RocksDB write.
+- The leader appends each flush of the shard's write buffer to its log as a cooked
+  batch, ships the log to every follower (one sender task each, heartbeats when
+  idle) and answers the writers once the entry is committed and applied.
+- A site that does not lead the shard forwards its writes to the leader's peer port.
+
+One write is in flight per shard: a flush waits until the previous entry this site
+appended is applied before it cooks the next (the buffer gathers writes meanwhile),
+so a batch is always cooked against the shard's applied state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from ...errors import StorageError, StorageTimeoutError
+from .. import metrics
+from ..cooked import CookedBatch
+from ..database import Database
+from ..message import Message
+from ..shard import now_us
+from . import entries
+from .leader import Leadership
+from .log import LogGapError, ShardLog, StaleEpochError
+from .peer import PeerClient, PeerError
+from .placement import ShardPlacement
+from .wire import encode_submit
+
+log = logging.getLogger(__name__)
+
+Role = Literal["leader", "follower", "none"]
+T = TypeVar("T")
+
+# How long a sender waits before it tries an unreachable follower again.
+RETRY_INTERVAL = 0.5
+# Entries an applier reads from its log at a time.
+APPLY_BATCH = 100
+
+
+class NotLeaderError(StorageError):
+    """This site stopped leading the shard (a newer leader exists) before a write
+    was committed: the writer may retry, and reaches the new leader."""
+
+    recoverable = True
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    site: str
+    write_timeout: float
+    heartbeat_interval: float
+
+
+class ShardReplica:
+    def __init__(self, database: Database, shard_id: int, log_: ShardLog,
+                 log_lock: asyncio.Lock, executor: Executor, client: PeerClient,
+                 settings: ReplicaSettings) -> None:
+        self.database = database
+        self.shard_id = shard_id
+        self.log = log_
+        self._log_lock = log_lock  # shared with the peer server's appends to this log
+        self._executor = executor
+        self._client = client
+        self._settings = settings
+        self._label = f"{database.name}/{shard_id}"
+        self.placement: ShardPlacement | None = None
+        self.peers: dict[str, str] = {}
+        self.leadership: Leadership | None = None
+        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._send_now: dict[str, asyncio.Event] = {}
+        # Applied offsets that writers wait for, and this site's own cooked batches by
+        # offset (applied from memory: the leader's copy carries the messages).
+        self._applied_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._own: dict[int, CookedBatch] = {}
+        # The last offset this site appended as leader: the next write waits for it.
+        self._last_own = 0
+        # The offset of this leader's first entry of its epoch: writes wait until it
+        # is applied (every entry it inherited is applied by then).
+        self._ready_at: int | None = None
+        self._append_lock = asyncio.Lock()
+        self._committed_moved = asyncio.Event()
+        self._placement_changed = asyncio.Event()
+        self._closed = False
+        # What was applied was committed: known again at once after a restart, not
+        # only once the leader speaks.
+        self.log.commit_to(self.applied)
+        labels = (database.name, str(shard_id))
+        metrics.REPLICA_LAG.labels(*labels).set_function(
+            lambda: max(0, self.log.last.offset - self.applied))
+        metrics.UNDER_REPLICATED.labels(*labels).set_function(self._under_replicated)
+        metrics.REPLICA_ROLE.labels(*labels).set_function(
+            lambda: 1 if self.leadership is not None else 0)
+        self._leader_changes = metrics.LEADER_CHANGES.labels(*labels)
+        self._applier = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
+
+    # -- what the site sees -------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        if self.leadership is not None:
+            return "leader"
+        if self.placement is not None and self._settings.site in self.placement.replicas:
+            return "follower"
+        return "none"
+
+    @property
+    def applied(self) -> int:
+        return self.database.shards[self.shard_id].applied_offset
+
+    def status(self) -> dict[str, object]:
+        last = self.log.last
+        return {"db": self.database.name, "shard": self.shard_id, "role": self.role,
+                "epoch": self.log.epoch, "last": [last.epoch, last.offset],
+                "committed": self.log.committed, "applied": self.applied}
+
+    def _under_replicated(self) -> int:
+        leadership = self.leadership
+        if leadership is None:
+            return 0
+        return int(any(leadership.matched.get(site, 0) < leadership.committed
+                       for site in leadership.replica_set if site != leadership.site))
+
+    def committed_moved(self) -> None:
+        """The log's commit offset may have grown (a leader's append arrived)."""
+        self._committed_moved.set()
+
+    # -- taking a placement -------------------------------------------------------
+
+    async def take(self, placement: ShardPlacement, peers: dict[str, str]) -> None:
+        """Take this site's role in the shard under a new placement."""
+        site = self._settings.site
+        self.peers = dict(peers)
+        previous, self.placement = self.placement, placement
+        if placement.epoch > self.log.epoch:
+            async with self._log_lock:
+                await self._run(self.log.observe_epoch, placement.epoch)
+        leading = self.leadership
+        if leading is not None and (placement.leader != site or placement.epoch != leading.epoch
+                                    or not leading.current):
+            self._step_down(f"placement names {placement.leader} at epoch {placement.epoch}")
+        if placement.leader == site and placement.epoch >= self.log.epoch:
+            if self.leadership is None:
+                await self._begin(placement)
+            elif previous is None or previous.replicas != placement.replicas:
+                self._change_replica_set(placement)
+        self._placement_changed.set()
+        self._placement_changed = asyncio.Event()
+
+    async def _begin(self, placement: ShardPlacement) -> None:
+        site = self._settings.site
+        async with self._log_lock:
+            leadership = await self._run(Leadership.begin, site, placement.epoch, self.log,
+                                         placement.replicas, self.log.committed)
+        self.leadership = leadership
+        self._leader_changes.inc()
+        log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
+                 ", ".join(placement.replicas))
+        self._start_senders()
+        # The first entry of the epoch commits everything inherited before it; writes
+        # wait until it is applied.
+        try:
+            self._ready_at = await self._append(entries.encode(entries.Noop()))
+        except StaleEpochError as exc:
+            self._step_down(str(exc))
+
+    def _change_replica_set(self, placement: ShardPlacement) -> None:
+        leading = self.leadership
+        assert leading is not None
+        start = self.log.last.offset + 1
+        followers = [site for site in placement.replicas if site != leading.site]
+        self.leadership = Leadership(
+            leading.site, leading.epoch, leading.log, placement.replicas,
+            {site: leading.next_offset.get(site, start) for site in followers},
+            {site: offset for site, offset in leading.matched.items() if site in followers},
+            leading.committed)
+        self._stop_senders()
+        self._start_senders()
+        self._advance()
+
+    def step_down_for_newer_epoch(self) -> None:
+        """An append of a newer leader reached this site's log."""
+        self._step_down(f"an append of epoch {self.log.epoch} arrived")
+
+    def _step_down(self, why: str) -> None:
+        if self.leadership is None:
+            return
+        log.warning("%s: stops leading epoch %d: %s", self._label, self.leadership.epoch, why)
+        self.leadership = None
+        self._leader_changes.inc()
+        self._ready_at = None
+        self._stop_senders()
+        # Entries appended but not applied may be cut by the new leader: what their
+        # cooking learned in memory goes, and their writers fail (they may retry).
+        shard = self.database.shards[self.shard_id]
+        for cooked in self._own.values():
+            shard.forget(cooked)
+        self._own.clear()
+        self._last_own = 0
+        error = NotLeaderError(f"{self._label}: this site stopped leading ({why})")
+        for waiters in self._applied_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        self._applied_waiters.clear()
+        self._placement_changed.set()
+        self._placement_changed = asyncio.Event()
+
+    # -- writing ------------------------------------------------------------------
+
+    async def write(self, messages: list[Message], record_puts: list[tuple[bytes, bytes]],
+                    record_deletes: list[bytes]) -> None:
+        """Commit one flush of the shard's write buffer: as its leader, or at the
+        leader. Raises a recoverable StorageError when that does not happen within
+        `write_timeout` (the writers are then not acknowledged)."""
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            if self.leadership is not None:
+                await self._write_as_leader(messages, record_puts, record_deletes, deadline)
+                return
+            if placement is not None and placement.leader != self._settings.site \
+                    and placement.leader in self.peers:
+                await self._forward(placement.leader, messages, record_puts, record_deletes,
+                                    deadline)
+                return
+            # no leader known yet (or this site is about to lead): wait for a placement
+            changed = self._placement_changed
+            try:
+                await asyncio.wait_for(changed.wait(), self._remaining(deadline))
+            except TimeoutError:
+                raise StorageTimeoutError(f"{self._label}: no leader known within "
+                                          f"{self._settings.write_timeout}s") from None
+
+    async def _write_as_leader(self, messages: list[Message],
+                               record_puts: list[tuple[bytes, bytes]],
+                               record_deletes: list[bytes], deadline: float) -> None:
+        async with self._append_lock:
+            # cook against the applied state: this site's earlier entries first
+            await self._wait_applied(max(self._last_own, self._ready_at or 0), deadline)
+            shard = self.database.shards[self.shard_id]
+            cooked = shard.prepare(messages, record_puts, record_deletes)
+            try:
+                offset = await self._append(entries.encode_batch(cooked.to_bytes()))
+            except BaseException:
+                shard.forget(cooked)
+                raise
+            self._own[offset] = cooked
+        await self._wait_applied(offset, deadline)
+
+    async def propose(self, change: entries.Change) -> bool:
+        """Append a generation change as the shard's leader and wait until it is
+        applied here; False (nothing done) when this site does not lead the shard."""
+        if self.leadership is None:
+            return False
+        deadline = time.monotonic() + self._settings.write_timeout
+        async with self._append_lock:
+            await self._wait_applied(max(self._last_own, self._ready_at or 0), deadline)
+            offset = await self._append(entries.encode(change))
+        await self._wait_applied(offset, deadline)
+        return True
+
+    async def add_generation(self) -> bool:
+        if self.leadership is None:
+            return False
+        shard = self.database.shards[self.shard_id]
+        # after every timestamp this leader has handed out
+        at = max(now_us(), shard.last_timestamp + 1)
+        return await self.propose(entries.AddGeneration(at, shard.topic_seed))
+
+    async def _append(self, raw: bytes) -> int:
+        """Append one entry as leader; its offset."""
+        leadership = self.leadership
+        if leadership is None or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+        try:
+            async with self._log_lock:
+                positions = await self._run(self.log.append_as_leader, leadership.epoch, [raw])
+        except StaleEpochError as exc:
+            self._step_down(str(exc))
+            raise NotLeaderError(f"{self._label}: {exc.message}") from exc
+        offset = positions[0].offset
+        self._last_own = offset
+        if self.leadership is leadership:
+            self._advance()
+            for event in self._send_now.values():
+                event.set()
+        return offset
+
+    async def _wait_applied(self, offset: int, deadline: float) -> None:
+        if offset <= self.applied:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._applied_waiters.setdefault(offset, []).append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self._remaining(deadline))
+        except TimeoutError:
+            raise StorageTimeoutError(
+                f"{self._label}: entry {offset} not committed within "
+                f"{self._settings.write_timeout}s (no majority of replicas reached)") from None
+
+    async def _forward(self, leader: str, messages: list[Message],
+                       record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
+                       deadline: float) -> None:
+        body = encode_submit(messages, record_puts, record_deletes)
+        await self._client.submit(self.peers[leader], self.database.name, self.shard_id, body,
+                                  self._remaining(deadline))
+
+    async def submit_forwarded(self, messages: list[Message],
+                               record_puts: list[tuple[bytes, bytes]],
+                               record_deletes: list[bytes]) -> None:
+        """A write another site forwarded to this site as the shard's leader."""
+        if self.leadership is None:
+            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+        done = self.database.submit_to_shard(self.shard_id, messages, record_puts,
+                                             record_deletes)
+        await done
+
+    def _remaining(self, deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    # -- the leader's senders -------------------------------------------------------
+
+    def _start_senders(self) -> None:
+        leadership = self.leadership
+        assert leadership is not None
+        for follower in leadership.replica_set:
+            if follower == leadership.site:
+                continue
+            self._send_now[follower] = asyncio.Event()
+            self._send_now[follower].set()
+            self._senders[follower] = asyncio.create_task(
+                self._send_loop(leadership, follower),
+                name=f"ds-send-{self._label}-{follower}")
+
+    def _stop_senders(self) -> None:
+        for task in self._senders.values():
+            task.cancel()
+        self._senders.clear()
+        self._send_now.clear()
+
+    async def _send_loop(self, leadership: Leadership, follower: str) -> None:
+        told_committed = -1
+        wake = self._send_now[follower]
+        while self.leadership is leadership and leadership.current:
+            behind = leadership.next_offset.get(follower, 0) <= self.log.last.offset
+            if not behind and told_committed >= leadership.committed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), self._settings.heartbeat_interval)
+            wake.clear()
+            if self.leadership is not leadership:
+                return
+            address = self.peers.get(follower)
+            if address is None:
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            try:
+                request = await self._run(leadership.request_for, follower)
+                result = await self._client.append(address, self.database.name,
+                                                   self.shard_id, request)
+            except StaleEpochError as exc:
+                if self.leadership is leadership:
+                    self._step_down(f"{follower} knows a newer leader: {exc.message}")
+                return
+            except (PeerError, LogGapError) as exc:
+                log.debug("%s: append to %s failed: %s", self._label, follower, exc)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            if self.leadership is not leadership:
+                return
+            told_committed = request.committed
+            before = leadership.committed
+            leadership.on_result(follower, result)
+            if leadership.committed != before:
+                self._committed_moved.set()
+                for event in self._send_now.values():
+                    event.set()
+
+    def _advance(self) -> None:
+        leadership = self.leadership
+        if leadership is not None:
+            before = leadership.committed
+            leadership.advance()
+            if leadership.committed != before:
+                self._committed_moved.set()
+
+    # -- applying ---------------------------------------------------------------------
+
+    async def _apply_loop(self) -> None:
+        while not self._closed:
+            if self.applied >= self.log.committed:
+                self._committed_moved.clear()
+                if self.applied >= self.log.committed:
+                    await self._committed_moved.wait()
+                continue
+            try:
+                await self._apply_some()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed write: try again, in order, after a pause
+                log.exception("%s: applying committed entries failed", self._label)
+                await asyncio.sleep(RETRY_INTERVAL)
+
+    async def _apply_some(self) -> None:
+        start = self.applied + 1
+        found = await self._run(self.log.read, start, APPLY_BATCH)
+        for entry in found:
+            offset = entry.position.offset
+            if offset > self.log.committed or offset != self.applied + 1:
+                return
+            await self._apply(offset, entries.decode(entry.batch))
+            self._wake_writers()
+
+    async def _apply(self, offset: int, change: entries.Change) -> None:
+        database = self.database
+        if isinstance(change, bytes):
+            cooked = self._own.pop(offset, None) or CookedBatch.from_bytes(change)
+            await database.apply_batch(self.shard_id, cooked, offset)
+        elif isinstance(change, entries.AddGeneration):
+            await database.apply_add_generation(self.shard_id, change.at, change.seed, offset)
+        elif isinstance(change, entries.DropGeneration):
+            await database.apply_drop_generation(self.shard_id, change.generation, offset)
+        else:
+            await database.apply_noop(self.shard_id, offset)
+
+    def _wake_writers(self) -> None:
+        applied = self.applied
+        for offset in [offset for offset in self._applied_waiters if offset <= applied]:
+            for waiter in self._applied_waiters.pop(offset):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _run(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._step_down("the site is stopping")
+        self._applier.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._applier
