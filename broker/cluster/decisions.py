@@ -157,15 +157,20 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
 def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
               settings: Settings, notes: list[str]) -> Placement:
     """`placement` with a new leader (and epoch) for every shard whose leader is gone,
-    chosen by `planner.failover` among the alive replicas' reported log ends. A shard
-    whose alive replicas are no majority keeps its leader (and is noted)."""
+    chosen by `planner.failover` among the log ends that alive replicas reported in
+    this round (`now`). A shard with no majority of such replicas keeps its leader
+    (and is noted) until a later round has one."""
     alive = alive_sites(sites, now, settings)
+    # Only positions reported in this round count: an older report may understate a
+    # replica's log, and the choice must not pass over one that holds more.
+    fresh = {site.id for site in sites.values()
+             if site.id in alive and now - site.last_seen <= settings.heartbeat_interval / 2}
     for shard in placement.shards:
         if shard.leader in alive:
             continue
         positions = {}
         for site in shard.replicas:
-            report = sites[site].shards.get(shard.id) if site in alive else None
+            report = sites[site].shards.get(shard.id) if site in fresh else None
             if report is not None:
                 positions[site] = report.last
         try:

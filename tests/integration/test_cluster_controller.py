@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -77,15 +78,16 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT) ->
 class LocalCluster:
     """`stratamq cluster` as a user runs it, with its own ports and folder."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, sites: int = SITES) -> None:
         self.workdir = workdir
+        self.sites = sites
         self.data_dir = workdir / "cluster"
-        self.ports_from = free_port_block([f"127.0.0.{k + 1}" for k in range(SITES)], 5)
+        self.ports_from = free_port_block([f"127.0.0.{k + 1}" for k in range(sites)], 5)
         base = workdir / "site-base.yaml"
         base.write_text(yaml.safe_dump({
             "durable_sessions": {"renew_streams_interval": "200ms"}}))
         self.command = [sys.executable, "-m", "stratamq.broker", "cluster",
-                        "--sites", str(SITES), "--data-dir", str(self.data_dir),
+                        "--sites", str(sites), "--data-dir", str(self.data_dir),
                         "--n-shards", str(N_SHARDS), "--ports-from", str(self.ports_from),
                         "--site-config", str(base)]
         self.log_path = workdir / "supervisor.log"
@@ -145,7 +147,7 @@ class LocalCluster:
         return dict(found)
 
     def site_ids(self) -> dict[int, str]:
-        return {index: self.replication(index)["site"] for index in range(SITES)}
+        return {index: self.replication(index)["site"] for index in range(self.sites)}
 
     def ctl(self, *arguments: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -392,3 +394,69 @@ def test_sigterm_stops_the_whole_cluster_cleanly(cluster: LocalCluster) -> None:
     assert not any(pid_alive(pid) for pid in pids)
     supervisor_log = cluster.log_path.read_text()
     assert "stopped" in supervisor_log
+
+
+def test_leave_drains_a_site_one_step_at_a_time(tmp_path: Path) -> None:
+    """Four sites, replication factor 3: `ctl ds leave` plans `+site`/`-site` steps,
+    the controller takes them one at a time (each joined replica caught up first),
+    no shard is ever below 3 replicas, the site ends up holding nothing, can then be
+    forgotten once stopped, and writes to every shard are acknowledged throughout."""
+    cluster = LocalCluster(tmp_path, sites=4)
+    cluster.start()
+    try:
+        wait_for("every site to take its roles", lambda: roles_taken(cluster))
+        ids = cluster.site_ids()
+        leaving_index = max(ids)
+        leaving = ids[leaving_index]
+        entry = cluster.site(0)
+        for shard in range(N_SHARDS):  # something for the joining replicas to catch up on
+            for _ in range(5):
+                publish_until_acknowledged(entry["mqtt"], entry["host"],
+                                           client_for_shard(shard, "before"), "plan/before")
+
+        planned = cluster.ctl("leave", DB, leaving)
+        assert planned.returncode == 0, planned.stderr
+        steps = [line.strip() for line in planned.stdout.splitlines()[1:]]
+        step_form = re.compile(rf"{DB}/\d+: [+-][0-9A-F]{{16}}( \(leader -> [0-9A-F]{{16}}\))?")
+        assert steps and all(step_form.fullmatch(step) for step in steps), steps
+        removals = [step for step in steps if f": -{leaving}" in step]
+        assert len(removals) == N_SHARDS * 3 // 4, steps  # every replica it held
+
+        seen_versions: set[int] = set()
+
+        def plan_done() -> dict[str, Any] | None:
+            storage = cluster.storage()
+            seen_versions.add(storage["placement_version"])
+            for shard in storage["shards"]:
+                assert len(shard["replicas"]) >= 3, shard
+            if storage["plan"] or any(shard["transitions"] for shard in storage["shards"]):
+                return None
+            return storage
+
+        began = time.monotonic()
+        done = wait_for("the plan to finish", plan_done, timeout=120)
+        print(f"\ndrained {leaving}: {len(steps)} steps in {time.monotonic() - began:.1f}s")
+        assert all(leaving not in shard["replicas"] for shard in done["shards"])
+        assert all(len(shard["replicas"]) == 3 for shard in done["shards"])
+        assert done["placement_version"] == 1 + len(steps)
+        assert len(seen_versions) > 1
+        # Every shard still takes writes, on a site that stays.
+        wait_for("the sites to take the final roles", lambda: roles_taken(cluster))
+        for shard in range(N_SHARDS):
+            publish_until_acknowledged(entry["mqtt"], entry["host"],
+                                       client_for_shard(shard, "after"), "plan/after")
+
+        # Forgetting: refused while it runs, done once it is stopped.
+        refused = cluster.ctl("forget", leaving)
+        assert refused.returncode == 1 and "409" in refused.stderr, refused.stderr
+        os.kill(cluster.site(leaving_index)["pid"], signal.SIGKILL)
+        wait_for("the controller to see the site down", lambda: any(
+            site["site"] == leaving and not site["up"]
+            for site in cluster.controller("GET", "/api/v1/ds/sites")[1]["data"]))
+        forgotten = cluster.ctl("forget", leaving)
+        assert forgotten.returncode == 0, forgotten.stderr
+        known = [site["site"] for site in cluster.controller("GET", "/api/v1/ds/sites")[1]["data"]]
+        assert leaving not in known and len(known) == 3
+        assert cluster.stop() == 0
+    finally:
+        cluster.kill()

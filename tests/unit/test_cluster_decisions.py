@@ -161,6 +161,18 @@ def test_no_failover_without_a_majority() -> None:
     assert any("a new leader needs 2" in note for note in decision.notes)
 
 
+def test_only_positions_reported_in_this_round_count() -> None:
+    placement = one_shard("ABC", leader="A")
+    settings = replace(SETTINGS, n_shards=1)
+    # B did not answer this round: its report (from 2s ago) may be behind its log.
+    sites = sites_of(site("A", now=0.0, placement=placement),
+                     site("B", now=98.0, placement=placement, positions={0: (1, 10)}),
+                     site("C", placement=placement, positions={0: (1, 8)}))
+    notes: list[str] = []
+    assert decisions.failovers(placement, sites, 100.0, settings, notes) == placement
+    assert notes and "a new leader needs 2" in notes[0]
+
+
 def test_only_shards_led_by_the_gone_site_move() -> None:
     state = placed("ABCD")
     placement = state.placement
