@@ -19,13 +19,15 @@ import pytest
 
 from stratamq.broker.config import Config
 from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, xfail_on_known_bugs
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
     RecordingSubscriber,
     all_connected,
+    connect_counts,
+    describe_clients,
     more_acknowledged,
     wait_until,
 )
@@ -67,7 +69,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
     clients: list[RecordingClient] = []
     subscribers: list[RecordingSubscriber] = []
     publishers: list[RecordingPublisher] = []
-    site_of: dict[str, int] = {}  # publisher -> the site it is connected to
+    site_of: dict[str, int] = {}  # client -> the site it is connected to
     failovers: list[str] = []
     try:
         cluster.start()
@@ -75,6 +77,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
             subscriber = RecordingSubscriber(history, f"fo-sub-{site.index}", site.host,
                                              site.port, "fo/#")
             subscriber.start()
+            site_of[subscriber.name] = site.index
             subscribers.append(subscriber)
             clients.append(subscriber)
         for subscriber in subscribers:
@@ -90,9 +93,9 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
                 site_of[name] = site.index
                 publisher.start()
 
+        assert all_connected(clients, 30, clients), \
+            f"clients did not connect: {describe_clients(clients)}"
         for kill in range(KILLS):
-            assert all_connected(clients, kill + 1, 30), \
-                f"clients not back before kill {kill}:\n{cluster.describe()}"
             assert more_acknowledged(history, 100, 30), \
                 f"no progress before kill {kill}: {history.summary()}\n{cluster.describe()}"
             victim = cluster.busiest_leader()
@@ -100,6 +103,8 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
             # publishers on the other sites writing to a shard the victim leads
             affected = [p for p in publishers if site_of[p.name] != victim
                         and shard_of(p.name, N_SHARDS) in led]
+            own = [c for c in clients if site_of[c.name] == victim]
+            before = connect_counts(own)
             killed_at = time.monotonic()
             cluster.sites[victim].kill()
             moved = cluster.wait_leaders_moved(victim, led, 30)
@@ -113,12 +118,15 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
                     f"{resumed_after:.2f}s" if resumed else
                     "no publisher on another site writes to those shards" if not affected
                     else "writes to those shards not acknowledged again within 30s"))
+            print(failovers[-1])
             assert moved, f"leaders did not move off site-{victim}:\n{cluster.describe()}"
             cluster.sites[victim].start()
             assert cluster.wait_ready(60), f"site-{victim} did not take its roles back:\n" \
                                            f"{cluster.describe()}"
+            assert all_connected(clients, 30, own, before), \
+                f"clients not back after kill {kill}: {describe_clients(clients)}\n" \
+                f"{cluster.describe()}"
 
-        assert all_connected(clients, KILLS + 1, 30), "clients not back after the last kill"
         assert more_acknowledged(history, 100, 30), history.summary()
         for publisher in publishers:
             publisher.stop_publishing()
@@ -128,14 +136,17 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
         converged = wait_until(cluster.converged, 30)
         final_state = cluster.describe()
     finally:
+        client_state = describe_clients(clients)
         for client in clients:
             client.close()
         tracebacks = cluster.tracebacks() if cluster.site_ids else {}
         alive = [site.alive() for site in cluster.sites]
         cluster.close()
-    print("\n".join(["", *failovers, history.summary(), f"tracebacks in logs: {tracebacks}"]))
+    print("\n".join(["", *failovers, history.summary(), f"clients: {client_state}",
+                     f"tracebacks in logs: {tracebacks}"]))
     assert all(alive), f"a site died by itself: {alive}\n{cluster.logs()}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
+    assert converged, f"replicas differ at the end:\n{final_state}"
+    xfail_on_known_bugs(history)
     history.check()
     assert delivered
-    assert converged, f"replicas differ at the end:\n{final_state}"

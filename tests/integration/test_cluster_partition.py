@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stratamq.broker.config import Config
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, xfail_on_known_bugs
 from tests.support.history import History, Message
 from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
@@ -25,6 +25,7 @@ from tests.support.recorder import (
     RecordingPublisher,
     RecordingSubscriber,
     all_connected,
+    describe_clients,
     more_acknowledged,
     wait_until,
 )
@@ -34,6 +35,7 @@ if "cluster" not in Config.model_fields:
     pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
+WRITE_TIMEOUT = "3s"
 
 pytestmark = pytest.mark.skipif(
     namespaces_unavailable() is not None,
@@ -50,11 +52,11 @@ def acknowledged_by(history: History, publisher: str) -> set[Message]:
 def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
         tmp_path: Path) -> None:
     history = History()
-    clients: list[RecordingClient] = []
     subscribers: list[RecordingSubscriber] = []
     publishers: list[RecordingPublisher] = []
     with open_network(SITES + 1) as network:
-        cluster = Cluster(tmp_path, SITES, network=network)
+        cluster = Cluster(tmp_path, SITES, network=network,
+                          site_config={"cluster": {"write_timeout": WRITE_TIMEOUT}})
         try:
             cluster.start()
             for site in cluster.sites:
@@ -69,8 +71,8 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
                     history, f"pt-pub-{site.index}", site.host, site.port,
                     [f"pt/{site.index}/a", f"pt/{site.index}/b"]))
                 publishers[-1].start()
-            clients = [*subscribers, *publishers]
-            assert all_connected(clients, 1, 30), "clients did not connect"
+            clients: list[RecordingClient] = [*subscribers, *publishers]
+            assert all_connected(clients, 30, clients), "clients did not connect"
             assert more_acknowledged(history, 200, 30), history.summary()
 
             cut = cluster.busiest_leader()
@@ -88,7 +90,6 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
                                       prefill=10)
             late.start()
             publishers.append(late)
-            clients.append(late)
             moved = cluster.wait_leaders_moved(cut, led, 60)
             moved_after = time.monotonic() - cut_at
             assert moved, f"no new leaders for {led} after cutting site-{cut} off:\n" \
@@ -99,6 +100,9 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
                                           for p in majority) >= acked_majority + 200, 60), \
                 f"the majority does not go on: {history.summary()}\n{cluster.describe()}"
             cut_side = {minority.name, late.name}
+            # the cut lasts until the cut-off site gave up a write of the late publisher
+            # (write_timeout) and dropped it (bounded: not waited for beyond 30s)
+            timed_out = wait_until(lambda: late.connects >= 2, 30)
             published_while_cut = {m for m in history.published_messages()
                                    if m.publisher in cut_side} - before_cut
             acked_while_cut = {m for m in history.acknowledged_messages()
@@ -118,21 +122,25 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
             converged = wait_until(cluster.converged, 60)
             final_state = cluster.describe()
         finally:
-            for client in clients:
+            everyone: list[RecordingClient] = [*subscribers, *publishers]
+            client_state = describe_clients(everyone)
+            for client in everyone:
                 client.close()
             tracebacks = cluster.tracebacks() if cluster.site_ids else {}
             alive = [site.alive() for site in cluster.sites]
             cluster.close()
     print(f"\nsite-{cut} (leader of shards {led}) cut off: new leaders after "
           f"{moved_after:.2f}s; after healing its roles taken after {ready_after:.2f}s; "
-          f"its publisher had {len(published_while_cut)} messages published while cut, "
-          f"{len(acked_while_cut)} acknowledged while cut")
-    print(history.summary(), f"tracebacks in logs: {tracebacks}")
+          f"its publishers had {len(published_while_cut)} messages published while cut, "
+          f"{len(acked_while_cut)} acknowledged while cut; the late publisher "
+          f"{'was' if timed_out else 'was not'} dropped and back while cut")
+    print(history.summary(), f"\nclients: {client_state}\ntracebacks in logs: {tracebacks}")
     assert all(alive), f"a site died by itself: {alive}"
     assert published_while_cut
     assert not acked_while_cut, \
         f"the cut-off side acknowledged {sorted(acked_while_cut)[:5]}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
+    assert converged, f"replicas differ at the end:\n{final_state}"
+    xfail_on_known_bugs(history)
     history.check()
     assert delivered
-    assert converged, f"replicas differ at the end:\n{final_state}"

@@ -18,11 +18,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port, merge_config
+from tests.support.history import History
 from tests.support.netns import NetnsNetwork, Network
 
 DB = "messages"
 TIMEOUT = 5.0  # one HTTP request
+
+# Product bugs these tests found (issue 7 branch, November 2026), by the kind of
+# history problem they cause; see `xfail_on_known_bugs`.
+KNOWN_BUGS = {
+    "QoS 2 duplicate":
+        "a QoS 2 PUBLISH resent after its site restarted is stored again: the site reads "
+        "the client's inbound QoS 2 packet ids from its own replica of the client's shard "
+        "(SessionStore.inbound_qos2_ids, a local scan_records), which may not have "
+        "applied what the leader committed",
+    "order":
+        "when a client's write fails (its shard's leader stepped down), the site closes "
+        "the connection but still commits that client's later writes waiting in the "
+        "shard's write buffer; the client's resend of the failed ones lands after them "
+        "(MQTT-4.6.0-5)",
+}
 
 
 def http_json(method: str, url: str, body: Any = None) -> Any:
@@ -246,3 +264,19 @@ class Cluster:
     def close(self) -> None:
         for process in [self.controller, *self.sites]:
             process.kill()
+
+
+def xfail_on_known_bugs(history: History) -> None:
+    """xfail when every problem of the history is one of KNOWN_BUGS: order problems
+    only on (session, publisher, topic, QoS) keys where the order bug shows, a first
+    delivery after a newer message (at QoS 2, where nothing repeats, the final-copies
+    rule then breaks too); any other problem is left to `history.check()`."""
+    problems = history.problems_by_kind()
+    if not problems or not set(problems) <= set(KNOWN_BUGS):
+        return
+    order = problems.get("order", [])
+    bug_keys = {line.split(": ", 1)[0] for line in order if "never delivered before" in line}
+    if any(line.split(": ", 1)[0] not in bug_keys for line in order):
+        return
+    pytest.xfail("known product bugs: " + " | ".join(
+        f"{KNOWN_BUGS[kind]}: {'; '.join(lines)}" for kind, lines in problems.items()))

@@ -34,8 +34,10 @@ What `check()` demands (and `problems()` lists):
    key holds the published QoS: 4.6 orders per QoS, so a QoS 1 and a QoS 2 message
    of one publisher and topic may pass each other. Precisely, with H the highest
    seq this session received for the key before:
-   a. a delivery with seq <= H is a re-delivery: allowed only at QoS 1 and of a seq
-      this session received before (a first delivery never comes after a newer one).
+   A QoS 2 delivery of a message received before is left out here (rule 2 reports
+   it), so order is judged on first deliveries at QoS 2.
+   a. a delivery with seq <= H is a re-delivery: allowed only of a seq this session
+      received before (a first delivery never comes after a newer one).
       A re-delivery must carry the DUP flag (MQTT-3.3.1-1), but a site killed with
       -9 forgets what it had sent and not yet recorded, and sends it again after the
       restart as a first attempt, DUP 0 (the single-site crash test accepts that
@@ -257,27 +259,35 @@ class History:
     def problems(self) -> list[str]:
         """Every violation of the rules in the module docstring, one line per kind and
         session, with examples."""
+        return [line for lines in self.problems_by_kind().values() for line in lines]
+
+    def problems_by_kind(self) -> dict[str, list[str]]:
+        """The violations under their rule: "session lost", "lost" (rule 1), "QoS 2
+        duplicate" (2), "order" (3), "unknown" (4); only kinds that occur."""
         with self._lock:
-            found = []
+            found: dict[str, list[str]] = collections.defaultdict(list)
             for session in self._all_sessions():
                 if session.lost:
-                    found.append(f"{session.name}: durable session lost (a reconnect "
-                                 "got session present 0)")
+                    found["session lost"].append(
+                        f"{session.name}: durable session lost (a reconnect got session "
+                        "present 0)")
             for name, lost in sorted(self._missing().items()):
-                found.append(f"{name}: {len(lost)} acknowledged messages never delivered, "
-                             f"e.g. {_examples(lost)}")
+                found["lost"].append(f"{name}: {len(lost)} acknowledged messages never "
+                                     f"delivered, e.g. {_examples(lost)}")
             for session in self._all_sessions():
-                found += self._delivery_problems(session)
-            return found
+                for kind, lines in self._delivery_problems(session).items():
+                    found[kind] += lines
+            return dict(found)
 
-    def _delivery_problems(self, session: Session) -> list[str]:
-        found = []
+    def _delivery_problems(self, session: Session) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = collections.defaultdict(list)
         unknown = [d for d in session.deliveries
                    if d.message is None or d.message not in self.publications
                    or d.message.topic != d.topic]
         if unknown:
-            found.append(f"{session.name}: {len(unknown)} deliveries of messages never "
-                         f"published, e.g. {[(d.topic, d.payload) for d in unknown[:EXAMPLES]]}")
+            found["unknown"].append(
+                f"{session.name}: {len(unknown)} deliveries of messages never published, "
+                f"e.g. {[(d.topic, d.payload) for d in unknown[:EXAMPLES]]}")
         by_key: dict[tuple[str, str, int], list[Delivery]] = collections.defaultdict(list)
         for delivery in session.deliveries:
             if delivery.message is not None:
@@ -285,12 +295,13 @@ class History:
         twice: list[str] = []
         for key, deliveries in sorted(by_key.items()):
             twice += _qos2_duplicates(deliveries)
-            found += [f"{session.name} {'/'.join(map(str, key))}: {problem}"
-                      for problem in _order_problems(deliveries, self.dup_required)]
+            found["order"] += [f"{session.name} {'/'.join(map(str, key))}: {problem}"
+                               for problem in _order_problems(deliveries, self.dup_required)]
         if twice:
-            found.append(f"{session.name}: {len(twice)} QoS 2 messages delivered more than "
-                         f"once, e.g. {_examples(twice)}")
-        return found
+            found["QoS 2 duplicate"].append(
+                f"{session.name}: {len(twice)} QoS 2 messages delivered more than once, "
+                f"e.g. {_examples(twice)}")
+        return {kind: lines for kind, lines in found.items() if lines}
 
     def summary(self) -> str:
         with self._lock:
@@ -329,6 +340,7 @@ def _qos2_duplicates(deliveries: list[Delivery]) -> list[str]:
 def _order_problems(deliveries: list[Delivery], dup_required: bool) -> list[str]:
     """Rules 3a and 3b for the deliveries of one key, in arrival order; at most one
     report per rule (the first breach), with the neighbourhood of seqs."""
+    deliveries = _without_qos2_repeats(deliveries)
     seqs = [d.message.seq for d in deliveries if d.message is not None]
     found = []
     seen: set[int] = set()
@@ -337,8 +349,7 @@ def _order_problems(deliveries: list[Delivery], dup_required: bool) -> list[str]
         assert delivery.message is not None
         seq = delivery.message.seq
         if seq <= highest:
-            why = ("at QoS 2" if delivery.qos == 2 else
-                   "never delivered before" if seq not in seen else
+            why = ("never delivered before" if seq not in seen else
                    "without DUP" if dup_required and not delivery.dup else "")
             if why:
                 found.append(f"{seq} came after {highest} {why} "
@@ -355,6 +366,19 @@ def _order_problems(deliveries: list[Delivery], dup_required: bool) -> list[str]
                          f"{finals[index - 1]} (final seqs ...{_window(finals, index)})")
             break
     return found
+
+
+def _without_qos2_repeats(deliveries: list[Delivery]) -> list[Delivery]:
+    """Order is judged on first deliveries at QoS 2: a repeat breaks rule 2 already."""
+    seen: set[Message] = set()
+    kept = []
+    for delivery in deliveries:
+        if delivery.qos == 2 and delivery.message in seen:
+            continue
+        if delivery.message is not None:
+            seen.add(delivery.message)
+        kept.append(delivery)
+    return kept
 
 
 def _redeliveries_without_dup(session: Session) -> int:

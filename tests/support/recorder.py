@@ -227,10 +227,24 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     return condition()
 
 
-def all_connected(clients: Sequence[RecordingClient], connects: int, timeout: float) -> bool:
-    """Every client has had `connects` successful CONNACKs (so it is back after
-    `connects - 1` disconnections) within `timeout` seconds."""
-    return wait_until(lambda: all(c.connects >= connects for c in clients), timeout)
+def all_connected(clients: Sequence[RecordingClient], timeout: float,
+                  reconnected: Sequence[RecordingClient] = (),
+                  connects_before: dict[str, int] | None = None) -> bool:
+    """Within `timeout` seconds every client is connected, and each of `reconnected`
+    has connected again since `connects_before` (name -> its `connects` then)."""
+    before = connects_before or {}
+    return wait_until(lambda: all(c.client.is_connected() for c in clients) and all(
+        c.connects > before.get(c.name, 0) for c in reconnected), timeout)
+
+
+def connect_counts(clients: Sequence[RecordingClient]) -> dict[str, int]:
+    return {c.name: c.connects for c in clients}
+
+
+def describe_clients(clients: Sequence[RecordingClient]) -> str:
+    return ", ".join(f"{c.name}: {c.connects} connects"
+                     f"{'' if c.client.is_connected() else ' (not connected)'}"
+                     for c in clients)
 
 
 def more_acknowledged(history: History, count: int, timeout: float) -> bool:

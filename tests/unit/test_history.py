@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from tests.support.cluster import xfail_on_known_bugs
 from tests.support.history import History, Message, topic_matches
 
 A = "pub-a"
@@ -170,6 +171,7 @@ def test_a_qos2_message_delivered_twice_fails() -> None:
     deliver(history, m(1, 2), dup=True)
     report = failure(history)
     assert "1 QoS 2 messages delivered more than once, e.g. pub-a/t/x/q2#1" in report
+    assert list(history.problems_by_kind()) == ["QoS 2 duplicate"]  # not also "order"
 
 
 def test_qos1_redelivery_without_dup_passes_unless_dup_is_required() -> None:
@@ -221,7 +223,8 @@ def test_a_qos2_first_delivery_out_of_order_fails() -> None:
     subscriber(history)
     publish(history, m(0, 2), m(1, 2))
     deliver(history, m(1, 2), m(0, 2))
-    assert "pub-a/t/x/2: 0 came after 1 at QoS 2" in failure(history)
+    assert "pub-a/t/x/2: 0 came after 1 never delivered before" in failure(history)
+    assert list(history.problems_by_kind()) == ["order"]
 
 
 def test_a_lost_durable_session_fails() -> None:
@@ -276,3 +279,30 @@ def test_a_session_replaced_by_a_clean_start_is_exempt() -> None:
     publish(history, m(0))
     history.connected("sub", clean_start=True, durable=True, session_present=False)
     history.check()
+
+
+def test_problems_come_under_their_rule() -> None:
+    history = History()
+    subscriber(history)
+    publish(history, m(0, 2), m(1, 2), m(2))
+    deliver(history, m(1, 2), m(0, 2), m(0, 2))
+    history.received("sub", "t/x", b"junk", 1, False)
+    reconnect(history, session_present=False)
+    assert sorted(history.problems_by_kind()) == [
+        "QoS 2 duplicate", "lost", "order", "session lost", "unknown"]
+
+
+def test_only_known_product_bugs_turn_a_failed_check_into_an_xfail() -> None:
+    known = History()  # the order bug: 0 first delivered after 1, at QoS 2
+    subscriber(known)
+    publish(known, m(0, 2), m(1, 2), m(2, 2))
+    deliver(known, m(1, 2), m(0, 2), m(2, 2))
+    with pytest.raises(pytest.xfail.Exception, match="known product bugs"):
+        xfail_on_known_bugs(known)
+
+    unknown = History()  # a loss as well: not excused
+    subscriber(unknown)
+    publish(unknown, m(0, 2), m(1, 2), m(2, 2))
+    deliver(unknown, m(1, 2), m(0, 2))
+    xfail_on_known_bugs(unknown)
+    assert "never delivered" in failure(unknown)
