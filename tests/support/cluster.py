@@ -31,10 +31,11 @@ TIMEOUT = 5.0  # one HTTP request
 # history problem they cause; see `xfail_on_known_bugs`.
 KNOWN_BUGS = {
     "QoS 2 duplicate":
-        "a QoS 2 PUBLISH resent after its site restarted is stored again: the site reads "
-        "the client's inbound QoS 2 packet ids from its own replica of the client's shard "
-        "(SessionStore.inbound_qos2_ids, a local scan_records), which may not have "
-        "applied what the leader committed",
+        "a QoS 2 PUBLISH resent with DUP is stored again when its first store failed with "
+        "an unknown outcome (the leader died or stepped down after the entry reached a "
+        "majority: Session._inbound_qos2_settled drops the packet id on any exception) "
+        "or when its site restarted (SessionStore.inbound_qos2_ids reads the site's own "
+        "replica, which may not have applied what the leader committed)",
     "order":
         "when a client's write fails (its shard's leader stepped down), the site closes "
         "the connection but still commits that client's later writes waiting in the "
