@@ -107,6 +107,11 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
                                    if m.publisher in cut_side} - before_cut
             acked_while_cut = {m for m in history.acknowledged_messages()
                                if m.publisher in cut_side} & published_while_cut
+            # what the old leader holds of its shards now: entries past what it knows
+            # committed are a tail that the new leaders' logs do not have
+            old_tails = {s["shard"]: (s["last"], s["committed"])
+                         for s in cluster.sites[cut].replication()["shards"]
+                         if s["shard"] in led}
             network.heal(cut)
             healed_at = time.monotonic()
 
@@ -134,6 +139,8 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
           f"its publishers had {len(published_while_cut)} messages published while cut, "
           f"{len(acked_while_cut)} acknowledged while cut; the late publisher "
           f"{'was' if timed_out else 'was not'} dropped and back while cut")
+    print(f"old leader at healing, shard: (last, committed): {old_tails}; at the end every "
+          f"replica at the same position: {converged}")
     print(history.summary(), f"\nclients: {client_state}\ntracebacks in logs: {tracebacks}")
     assert all(alive), f"a site died by itself: {alive}"
     assert published_while_cut
