@@ -1,5 +1,5 @@
 """Log shipping over the peer port: real aiohttp servers on loopback, real shard logs.
-(The peer port is not part of a running site yet: replication is being built.)"""
+(Running sites: test_replication_site.py.)"""
 
 from __future__ import annotations
 

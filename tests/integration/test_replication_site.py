@@ -5,6 +5,7 @@ C), MQTT clients on every site, and sites killed with SIGKILL."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -371,3 +372,30 @@ def test_a_follower_killed_and_restarted_under_load_loses_and_duplicates_nothing
     finally:
         for writer in writers:
             writer.stop()
+
+
+def test_a_site_whose_shard_log_is_gone_refuses_to_start(tmp_path: Path) -> None:
+    # a replica set of one commits at once; a log removed under applied data would
+    # make the site skip new entries, so it does not start
+    site = BrokerProcess(tmp_path / "only", cluster_config(free_port()))
+    try:
+        site.start()
+        site_id = replication(site)["site"]
+        placement = Placement(1, tuple(ShardPlacement("messages", shard, (site_id,), site_id, 1)
+                                       for shard in range(N_SHARDS)))
+        status, body = admin(site, "PUT", "/api/v1/ds/placement",
+                             {"placement": json.loads(placement.to_json()),
+                              "peers": {site_id: f"{HOST}:1"}})
+        assert status == 200 and body["accepted"]
+        writer = publisher(site, "pub")
+        try:
+            assert writer.publish("alone/t", b"x") == 0
+        finally:
+            writer.stop()
+        assert all(applied >= 1 for _s, _c, applied in offsets(site))
+        site.stop()
+        shutil.rmtree(site.workdir / "data" / "replication" / "messages" / "0")
+        with pytest.raises(RuntimeError, match="the log was removed or replaced"):
+            site.start()
+    finally:
+        site.kill()

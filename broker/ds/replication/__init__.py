@@ -4,10 +4,13 @@ Built so far: the placement data model (`placement`), the pure planner that the
 local cluster supervisor and the Kubernetes operator share (`planner`), the site's
 on-disk copy of the placement (`store`), each shard's log of cooked batches at
 (epoch, offset) (`log`), the rule that commits its entries (`commit`), a leader's
-bookkeeping (`leader`) and the transport of appends on the peer port (`wire`,
-`peer`). Not built yet: the shard leader's loop in a running site (writers answered
-on commit, committed entries applied on every replica), the controller, failover in
-action, replica transitions, the broker as a cluster.
+bookkeeping (`leader`), the transport of appends and forwarded writes on the peer
+port (`wire`, `peer`), what a log entry holds (`entries`), one shard's role on a
+running site (`replica`: leader loop, followers' appliers, forwarding) and a site's
+replication as a whole (`cluster`: the shard replicas, the kept placement, the peer
+port). Not built here: the controller (it pushes placements to the sites), replica
+transitions (bootstrap from a checkpoint), the commit feed to sites that hold no
+replica of a shard.
 """
 
 from .commit import commit_offset, majority

@@ -86,6 +86,13 @@ class SiteReplication:
             for shard in range(len(database.shards)):
                 logs.append(await loop.run_in_executor(executor, ShardLog,
                                                        logs_dir / str(shard)))
+            for shard, shard_log in enumerate(logs):
+                applied = database.shards[shard].applied_offset
+                if applied > shard_log.last.offset:
+                    raise CorruptDataError(
+                        f"{database.name}/{shard} applied log entries up to {applied}, but "
+                        f"its log in {shard_log.path} ends at {shard_log.last.offset}: the "
+                        f"log was removed or replaced; bootstrap this site's replica again")
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
             peers = await loop.run_in_executor(executor, _load_peers, data_dir)
         except BaseException:
