@@ -98,6 +98,7 @@ class Controller:
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
             web.get(f"{API}/ds/sites", self._sites),
+            web.post(f"{API}/ds/sites", self._add_site),
             web.get(f"{API}/ds/sites/{{site}}", self._site),
             web.delete(f"{API}/ds/sites/{{site}}", self._forget),
             web.get(f"{API}/ds/storages", self._storages),
@@ -203,7 +204,7 @@ class Controller:
             self._unreachable[url] = problem
             return None
         if self._unreachable.pop(url, None) is not None:
-            log.info("site at %s answers again", url)
+            log.info("site at %s answers", url)
         return report
 
     async def _save(self, state: ClusterState) -> None:
@@ -264,6 +265,23 @@ class Controller:
         now = time.monotonic()
         return listing([site_view(self.sites[site], self.state.placement, now, self.settings)
                         for site in sorted(self.sites)])
+
+    async def _add_site(self, request: web.Request) -> web.Response:
+        """Probe one more site from now on: body `{"admin_url": "http://host:port"}`.
+        It is known by its id once it answers; `ds join` / `set-replicas` give it
+        replicas."""
+        body = await json_value(request)
+        address = body.get("admin_url") if isinstance(body, dict) else None
+        try:
+            url = site_url(address) if isinstance(address, str) else None
+        except ValueError as exc:
+            raise BadRequestError(str(exc)) from exc
+        if url is None:
+            raise BadRequestError('give the site as {"admin_url": "http://host:port"}')
+        if url not in self.urls:
+            self.urls.append(url)
+            log.info("site at %s added: probed from now on", url)
+        return web.json_response({"admin_url": url, "probed": True}, status=202)
 
     async def _site(self, request: web.Request) -> web.Response:
         found = self._site_state(request.match_info["site"])

@@ -141,6 +141,14 @@ def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, star
 def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: float,
                      started: float, settings: Settings) -> Decision:
     up = up_sites(sites, now, settings)
+    holding = sorted(f"{site} (version {sites[site].placement_version})" for site in up
+                     if sites[site].placement_version is not None)
+    if holding and state.placement.version == 0:
+        # Their logs carry epochs a fresh placement would not know: starting over
+        # would have them refuse it, or worse. The controller's state must come back.
+        return Decision(state, (f"sites hold a placement but this controller has none: "
+                                f"{', '.join(holding)}; restore the controller's data "
+                                f"folder (placement.json) instead of placing shards anew",))
     waited = now - started >= STARTUP_GRACE_HEARTBEATS * settings.heartbeat_interval
     if len(up) < settings.replication_factor or (
             len(up) < settings.expected_sites and not waited):

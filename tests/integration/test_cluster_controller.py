@@ -140,10 +140,16 @@ class LocalCluster:
         found: dict[str, Any] = self.layout["sites"][index]
         return found
 
+    def admin_url(self, index: int) -> str:
+        return f"http://{self.site(index)['host']}:{self.site(index)['admin']}"
+
     def replication(self, index: int) -> dict[str, Any]:
-        status, found = self._call(f"http://{self.site(index)['host']}:"
-                                   f"{self.site(index)['admin']}/api/v1/ds/replication", "GET")
-        assert status == 200, found
+        return self.replication_at(self.admin_url(index))
+
+    def replication_at(self, url: str) -> dict[str, Any]:
+        status, found = self._call(f"{url}/api/v1/ds/replication", "GET")
+        if status != 200:  # a site still starting answers 503: not there yet
+            raise ConnectionError(f"{url} answered {status}: {found}")
         return dict(found)
 
     def site_ids(self) -> dict[int, str]:
@@ -191,16 +197,18 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
-def roles_taken(cluster: LocalCluster) -> bool:
-    """Every site reports a role in every shard the placement gives it, at the
-    placement's epoch."""
+def roles_taken(cluster: LocalCluster, urls: list[str] | None = None) -> bool:
+    """Every site (of the cluster, or at `urls`) reports a role in every shard the
+    placement gives it, at the placement's epoch."""
     storage = cluster.storage()
     if not storage["shards"]:
         return False
-    ids = cluster.site_ids()
-    for index, site in ids.items():
-        reported = {(entry["db"], entry["shard"]): entry
-                    for entry in cluster.replication(index)["shards"]}
+    if urls is None:
+        urls = [cluster.admin_url(index) for index in range(cluster.sites)]
+    for url in urls:
+        status = cluster.replication_at(url)
+        site = status["site"]
+        reported = {(entry["db"], entry["shard"]): entry for entry in status["shards"]}
         for shard in storage["shards"]:
             if site not in shard["replicas"]:
                 continue
@@ -353,6 +361,21 @@ def test_kill_9_of_a_leader_moves_its_leadership(cluster: LocalCluster) -> None:
           f"{min(resumed):.2f}s to {max(resumed):.2f}s after the kill "
           f"(heartbeat 1s, 3 missed)")
 
+    # Restarted (as the README says, from its own configuration), the site gets the
+    # newer placement pushed and follows the new leaders at their epochs.
+    entry = cluster.site(victim)
+    with (Path(entry["folder"]) / "restarted.log").open("ab") as log:
+        restarted = subprocess.Popen(
+            [sys.executable, "-m", "stratamq.broker", "broker", "--config", entry["config"]],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_for("the restarted site to follow", lambda: roles_taken(cluster))
+        assert cluster.replication(victim)["placement_version"] == \
+            cluster.storage()["placement_version"]
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(30) == 0
+
 
 def test_the_controller_restarted_keeps_the_placement(cluster: LocalCluster) -> None:
     before = cluster.storage()
@@ -396,11 +419,12 @@ def test_sigterm_stops_the_whole_cluster_cleanly(cluster: LocalCluster) -> None:
     assert "stopped" in supervisor_log
 
 
-def test_leave_drains_a_site_one_step_at_a_time(tmp_path: Path) -> None:
+def test_leave_forget_and_join_step_by_step(tmp_path: Path) -> None:
     """Four sites, replication factor 3: `ctl ds leave` plans `+site`/`-site` steps,
     the controller takes them one at a time (each joined replica caught up first),
     no shard is ever below 3 replicas, the site ends up holding nothing, can then be
-    forgotten once stopped, and writes to every shard are acknowledged throughout."""
+    forgotten once stopped, and writes to every shard are acknowledged afterwards. A
+    new site added to the controller (`POST /api/v1/ds/sites`) then joins."""
     cluster = LocalCluster(tmp_path, sites=4)
     cluster.start()
     try:
@@ -457,6 +481,45 @@ def test_leave_drains_a_site_one_step_at_a_time(tmp_path: Path) -> None:
         assert forgotten.returncode == 0, forgotten.stderr
         known = [site["site"] for site in cluster.controller("GET", "/api/v1/ds/sites")[1]["data"]]
         assert leaving not in known and len(known) == 3
+
+        # A new site on 127.0.0.5, added to the controller and joined to messages.
+        joined = start_extra_site(cluster, Path(cluster.site(leaving_index)["config"]),
+                                  tmp_path / "site-new")
+        try:
+            url = f"http://127.0.0.5:{cluster.site(0)['admin']}"
+            assert cluster.controller("POST", "/api/v1/ds/sites", {"admin_url": url})[0] == 202
+            assert cluster.controller("POST", "/api/v1/ds/sites", {"admin_url": "x"})[0] == 400
+            new_id = wait_for("the new site to be known", lambda: next(
+                (site["site"] for site in cluster.controller("GET", "/api/v1/ds/sites")[1]["data"]
+                 if site["admin_url"] == url and site["up"]), None))
+            grown = cluster.ctl("join", DB, new_id)
+            assert grown.returncode == 0 and f"+{new_id}" in grown.stdout, grown.stderr
+            final = wait_for("the join to finish", plan_done, timeout=120)
+            assert sum(new_id in shard["replicas"] for shard in final["shards"]) == 3
+            staying = [cluster.admin_url(index) for index in range(4) if index != leaving_index]
+            wait_for("every site to take its roles", lambda: roles_taken(
+                cluster, [*staying, url]))
+        finally:
+            joined.send_signal(signal.SIGTERM)
+            assert joined.wait(30) == 0
         assert cluster.stop() == 0
     finally:
         cluster.kill()
+
+
+def start_extra_site(cluster: LocalCluster, model: Path, folder: Path
+                     ) -> subprocess.Popen[bytes]:
+    """One more site like `model` (a site's config written by `stratamq cluster`), on
+    127.0.0.5 with its own data folder."""
+    config = yaml.safe_load(model.read_text())
+    host = config["listeners"]["tcp"]["bind"].rsplit(":", 1)[0]
+    text = yaml.safe_dump(config).replace(f"{host}:", "127.0.0.5:")
+    config = yaml.safe_load(text)
+    config["durable_storage"]["messages"]["data_dir"] = str(folder / "data")
+    folder.mkdir(parents=True)
+    path = folder / "stratamq.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with (folder / "broker.log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "stratamq.broker", "broker",
+                                 "--config", str(path)], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)

@@ -115,6 +115,16 @@ def test_first_placement_waits_a_little_for_expected_sites() -> None:
     assert late.state.placement.sites() == {"A", "B", "C"}
 
 
+def test_no_first_placement_over_sites_that_hold_one() -> None:
+    # A controller whose data folder was lost must not place shards anew (epoch 1)
+    # over sites whose logs are at later epochs.
+    old = one_shard("ABC", leader="A", epoch=4, version=9)
+    sites = sites_of(site("A", placement=old), site("B"), site("C"))
+    decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
+    assert decision.state == ClusterState()
+    assert "restore the controller's data folder" in decision.notes[0]
+
+
 def test_sites_that_never_answered_do_not_count() -> None:
     sites = sites_of(site("A"), site("B"), site("C", answered=False))
     decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
