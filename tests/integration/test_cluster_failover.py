@@ -1,14 +1,19 @@
 """Failover under load (issue 7, "Tests (real processes)"; DESIGN "Guarantees" 1, 2).
 
-Three sites and a controller, replication factor 3. A publisher on every site streams
-numbered QoS 1 and QoS 2 messages; a durable subscriber on every site takes all of
+Three sites and a controller, replication factor 3, three shards. Two publishers on
+every site stream numbered QoS 1 and QoS 2 messages, site k's to shards k and k+1, so
+every shard has writers on two sites; a durable subscriber on every site takes all of
 them, so each publisher's messages reach subscribers on the two other sites. The site
 that leads the most shards is SIGKILLed, the controller moves its shards' leaders, the
 site is restarted and catches up; again and again while the clients run. At the end
 the history check passes: every acknowledged message delivered to every subscriber,
 QoS 2 exactly once, order per publisher, topic and QoS kept. Failover times (kill to
 new leaders in the controller's placement, kill to the next acknowledgement on a
-surviving site) are printed, never asserted."""
+surviving site) are printed, never asserted.
+
+Product bugs these tests found and that are not fixed yet make them xfail, each only
+on its own signature (tests/support/cluster.py, KNOWN_BUGS and RESTART_BUG); any
+other problem fails them."""
 
 from __future__ import annotations
 
@@ -37,8 +42,8 @@ if "cluster" not in Config.model_fields:
     pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
-KILLS = 3
-N_SHARDS = 4
+KILLS = 4
+N_SHARDS = 3  # site k's publishers write to shards k and k+1: each shard from two sites
 PUBLISHERS_PER_SITE = 2
 
 
@@ -82,9 +87,9 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
             clients.append(subscriber)
         for subscriber in subscribers:
             assert subscriber.subscribed.wait(15), f"no SUBACK for {subscriber.name}"
-        for site in cluster.sites:  # between them, the publishers write to every shard
+        for site in cluster.sites:
             for number in range(PUBLISHERS_PER_SITE):
-                shard = (site.index * PUBLISHERS_PER_SITE + number) % N_SHARDS
+                shard = (site.index + number) % N_SHARDS
                 name = client_id_on_shard(f"fo-pub-{site.index}-{number}", shard)
                 publisher = RecordingPublisher(history, name, site.host, site.port,
                                                [f"fo/{name}/a", f"fo/{name}/b"])
@@ -120,7 +125,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
                     else "writes to those shards not acknowledged again within 30s"))
             print(failovers[-1])
             assert moved, f"leaders did not move off site-{victim}:\n{cluster.describe()}"
-            cluster.sites[victim].start()
+            cluster.restart(victim)
             assert cluster.wait_ready(60), f"site-{victim} did not take its roles back:\n" \
                                            f"{cluster.describe()}"
             assert all_connected(clients, 30, own, before), \

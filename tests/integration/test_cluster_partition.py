@@ -7,7 +7,11 @@ that leads the most shards is cut off from the other sites and the controller (t
 test still reaches it): while cut, it acknowledges none of the messages handed to its
 publisher after the cut; the majority gets new leaders and goes on acknowledging.
 After healing, the old leader takes the role the controller gives it, all replicas
-end at the same log position, committed and applied, and the history check passes."""
+end at the same log position, committed and applied, and the history check passes.
+
+Product bugs these tests found and that are not fixed yet make them xfail, each only
+on its own signature (tests/support/cluster.py, KNOWN_BUGS and RESTART_BUG); any
+other problem fails them."""
 
 from __future__ import annotations
 

@@ -177,6 +177,16 @@ class Cluster:
         assert self.wait_ready(timeout), f"no placement taken by every site: {self.describe()}"
         return self
 
+    def restart(self, index: int) -> None:
+        """Start a killed site again; xfail on the known restart bug (RESTART_BUG)."""
+        try:
+            self.sites[index].start()
+        except RuntimeError as exc:
+            if RESTART_BUG_SIGN in str(exc):
+                pytest.xfail(f"known product bug, {RESTART_BUG}: site-{index}: "
+                             f"{str(exc).splitlines()[-1]}")
+            raise
+
     def index_of(self, site_id: str) -> int:
         return self.site_ids.index(site_id)
 
@@ -265,6 +275,15 @@ class Cluster:
     def close(self) -> None:
         for process in [self.controller, *self.sites]:
             process.kill()
+
+# Also found: a restarted site that takes its kept placement (leading a shard at an
+# epoch a failover has since replaced) and meanwhile receives the new leader's append
+# exits at start with "stratamq: messages/N: epoch E is older than this log's E+1"
+# (exit code 2): a StaleEpochError out of the stale leadership ends the start.
+RESTART_BUG_SIGN = "is older than this log's"
+RESTART_BUG = ("a restarted site exits at start when its kept placement makes it lead a "
+               "shard at an epoch that a failover replaced and the new leader's append "
+               "arrives meanwhile (StaleEpochError ends the start, exit code 2)")
 
 
 def xfail_on_known_bugs(history: History) -> None:
