@@ -235,7 +235,9 @@ class Controller:
             async with self._http.put(site.admin_url + PLACEMENT_PATH, json=body,
                                       headers=self._headers) as answer:
                 found = await answer.json() if answer.status == 200 else None
-                if found is None:
+                if answer.status == 503:  # starting or stopping: the next round retries
+                    log.debug("site %s not ready for placement version %d", site.id, version)
+                elif found is None:
                     log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
                                 version, answer.status, await answer.text())
                 elif found.get("version", version) > version:
@@ -342,7 +344,7 @@ class Controller:
     async def _forget(self, request: web.Request) -> web.Response:
         site = request.match_info["site"]
         async with self._lock:
-            state = decisions.check_forget(self.state, site, self.sites, time.monotonic(),
+            state = decisions.forget(self.state, site, self.sites, time.monotonic(),
                                            self.settings)
             gone = self.sites.pop(site)
             self.forgotten.add(site)

@@ -149,6 +149,15 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
         return Decision(state, (f"sites hold a placement but this controller has none: "
                                 f"{', '.join(holding)}; restore the controller's data "
                                 f"folder (placement.json) instead of placing shards anew",))
+    mismatched = sorted(
+        f"{site} has {count} shards of {database}"
+        for site in up for database in settings.databases
+        if (count := sum(1 for shard in sites[site].shards if shard[0] == database))
+        != settings.n_shards)
+    if mismatched:
+        return Decision(state, (f"the controller places {settings.n_shards} shards per "
+                                f"database but {'; '.join(mismatched)}: give the controller "
+                                f"the sites' n_shards",))
     waited = now - started >= STARTUP_GRACE_HEARTBEATS * settings.heartbeat_interval
     if len(up) < settings.replication_factor or (
             len(up) < settings.expected_sites and not waited):
@@ -367,9 +376,7 @@ def set_replicas(state: ClusterState, database: str, wanted: Collection[str],
                              f"placed there now")
     goals = {**state.goals, database: goal}
     new = plan_goals(state.placement, {database: goal}, sites, settings)
-    catch_up = state.catch_up
-    return replace(state, plan=new if new.transitions else None, goals=goals,
-                   catch_up=catch_up)
+    return replace(state, plan=new if new.transitions else None, goals=goals)
 
 
 def join(state: ClusterState, database: str, site: str, sites: Mapping[str, SiteState],
@@ -388,7 +395,7 @@ def leave(state: ClusterState, database: str, site: str, sites: Mapping[str, Sit
                         settings)
 
 
-def check_forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: float,
+def forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: float,
                  settings: Settings) -> ClusterState:
     """The state without `site` in any goal. Only a site that is down and holds no
     replica (now, or in the pending plan's target) may be forgotten."""

@@ -34,11 +34,15 @@ DB = "messages"
 
 def site(name: str, now: float = 100.0, placement: Placement | None = None,
          positions: dict[int, tuple[int, int]] | None = None, applied: int = 0,
-         committed: int = 0, answered: bool = True) -> SiteState:
+         committed: int = 0, answered: bool = True, n_shards: int = 4) -> SiteState:
     """A site that answered at `now`, reporting every shard of `placement` it holds
     (log end from `positions`, default (epoch, 0))."""
     shards = {}
-    if placement is not None:
+    if placement is None:
+        # Before any placement a site reports every shard with no role.
+        shards = {(DB, number): ShardReport("none", 0, (0, 0), 0, 0)
+                  for number in range(n_shards)}
+    else:
         for shard in placement.shards:
             if name in shard.replicas:
                 last = (positions or {}).get(shard.shard, (shard.epoch, 0))
@@ -123,6 +127,13 @@ def test_no_first_placement_over_sites_that_hold_one() -> None:
     decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
     assert decision.state == ClusterState()
     assert "restore the controller's data folder" in decision.notes[0]
+
+
+def test_no_first_placement_when_the_sites_have_other_shard_counts() -> None:
+    sites = sites_of(site("A"), site("B"), site("C", n_shards=8))
+    decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
+    assert decision.state == ClusterState()
+    assert "C has 8 shards of messages" in decision.notes[0]
 
 
 def test_sites_that_never_answered_do_not_count() -> None:
@@ -325,8 +336,8 @@ def test_bad_requests_are_refused_and_change_nothing() -> None:
         (lambda: decisions.join(state, DB, "E", sites, 100.0, SETTINGS), SiteStateError),
         (lambda: decisions.join(state, "nope", "A", sites, 100.0, SETTINGS),
          UnknownDatabaseError),
-        (lambda: decisions.check_forget(state, "A", sites, 100.0, SETTINGS), SiteStateError),
-        (lambda: decisions.check_forget(state, "Z", sites, 100.0, SETTINGS), UnknownSiteError),
+        (lambda: decisions.forget(state, "A", sites, 100.0, SETTINGS), SiteStateError),
+        (lambda: decisions.forget(state, "Z", sites, 100.0, SETTINGS), UnknownSiteError),
         (lambda: decisions.join(ClusterState(), DB, "A", sites, 100.0, SETTINGS),
          ClusterNotReadyError),
     ]
@@ -338,7 +349,7 @@ def test_bad_requests_are_refused_and_change_nothing() -> None:
 
 def test_removing_the_last_replica_is_refused() -> None:
     settings = replace(SETTINGS, replication_factor=1, n_shards=2)
-    one = sites_of(site("A"))
+    one = sites_of(site("A", n_shards=2))
     state = decisions.decide(ClusterState(), one, 100.0, 0.0, replace(settings,
                                                                         expected_sites=1)).state
     assert state.placement.version == 1
@@ -351,7 +362,7 @@ def test_a_down_site_holding_nothing_can_be_forgotten() -> None:
     sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABC"),
                      site("E", now=0.0))
     state = replace(state, goals={DB: ("A", "B", "C", "E")})
-    after = decisions.check_forget(state, "E", sites, 100.0, SETTINGS)
+    after = decisions.forget(state, "E", sites, 100.0, SETTINGS)
     assert after.goals == {DB: ("A", "B", "C")}
     assert after.placement == state.placement
 
