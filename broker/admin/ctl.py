@@ -198,11 +198,11 @@ def format_cluster_info(sites: list[dict[str, Any]], storages: list[dict[str, An
                       f"{','.join(db['sites']) or '-'}"]
         rows = [[f"{db['name']}/{shard['id']}", ",".join(shard["replicas"]), shard["leader"],
                  shard["epoch"], "-" if shard["committed"] is None else shard["committed"],
-                 ",".join(f"{site}:{'-' if lag is None else lag}"
-                          for site, lag in shard["lag"].items()),
+                 ",".join("-" if shard["lag"].get(site) is None else str(shard["lag"][site])
+                          for site in shard["replicas"]),
                  " ".join(shard["transitions"]) or "-"] for shard in db["shards"]]
-        lines.append(table(["Shard", "Replicas", "Leader", "Epoch", "Committed", "Lag",
-                            "Transitions"], rows))
+        lines.append(table(["Shard", "Replicas", "Leader", "Epoch", "Committed",
+                            "Lag (per replica)", "Transitions"], rows))
         if db["plan"]:
             lines += ["", f"PLAN ({len(db['plan'])} steps left):",
                       *(f"  {step}" for step in db["plan"])]

@@ -197,7 +197,7 @@ class Controller:
                 if answer.status != 200:
                     raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
                 report = parse_report(await answer.json())
-        except (aiohttp.ClientError, TimeoutError, ValueError, BadReportError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
             problem = str(exc) or type(exc).__name__
             if self._unreachable.get(url) is None:
                 log.warning("site at %s does not answer: %s", url, problem)
@@ -244,7 +244,7 @@ class Controller:
                     log.warning("site %s keeps placement version %s, newer than this "
                                 "controller's %d (was the controller's data lost?)",
                                 site.id, found.get("version"), version)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             log.debug("push of placement version %d to %s failed: %s", version, site.id, exc)
 
     # -- API ------------------------------------------------------------------------------

@@ -162,6 +162,23 @@ class LocalCluster:
              "--token-file", str(self.data_dir / "admin-token")],
             capture_output=True, text=True, timeout=60, check=False)
 
+    def restart_controller(self) -> subprocess.Popen[bytes]:
+        """`kill -9` the controller and start it again as the supervisor started it
+        (its arguments follow from the layout); the caller stops the new one."""
+        controller = self.layout["controller"]
+        os.kill(controller["pid"], signal.SIGKILL)
+        wait_for("the controller to die", lambda: not pid_alive(controller["pid"]))
+        layout = self.layout
+        args = [sys.executable, "-m", "stratamq.broker", "cluster", "controller",
+                "--data-dir", str(self.data_dir / "controller"),
+                "--bind", layout["controller"]["url"].removeprefix("http://"),
+                "--token-file", layout["token_file"], "--n-shards", str(layout["n_shards"]),
+                *[argument for site in layout["sites"]
+                  for argument in ("--site", f"http://{site['host']}:{site['admin']}")]]
+        with (self.data_dir / "controller" / "controller.log").open("ab") as log:
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+
     def stop(self) -> int:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
@@ -380,20 +397,7 @@ def test_kill_9_of_a_leader_moves_its_leadership(cluster: LocalCluster) -> None:
 
 def test_the_controller_restarted_keeps_the_placement(cluster: LocalCluster) -> None:
     before = cluster.storage()
-    controller = cluster.layout["controller"]
-    os.kill(controller["pid"], signal.SIGKILL)
-    wait_for("the controller to die", lambda: not pid_alive(controller["pid"]))
-    # Started again as the supervisor started it (its arguments are in its layout).
-    layout = cluster.layout
-    args = [sys.executable, "-m", "stratamq.broker", "cluster", "controller",
-            "--data-dir", str(cluster.data_dir / "controller"),
-            "--bind", layout["controller"]["url"].removeprefix("http://"),
-            "--token-file", layout["token_file"], "--n-shards", str(N_SHARDS),
-            *[argument for site in layout["sites"]
-              for argument in ("--site", f"http://{site['host']}:{site['admin']}")]]
-    log = (cluster.data_dir / "controller" / "controller.log").open("ab")
-    restarted = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
+    restarted = cluster.restart_controller()
     try:
         wait_for("the restarted controller", lambda: cluster.controller(
             "GET", "/healthz")[0] == 200)
@@ -408,7 +412,6 @@ def test_the_controller_restarted_keeps_the_placement(cluster: LocalCluster) -> 
     finally:
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(30) == 0
-        log.close()
     assert "Traceback" not in (cluster.data_dir / "controller" / "controller.log").read_text()
 
 
@@ -428,6 +431,7 @@ def test_leave_forget_and_join_step_by_step(tmp_path: Path) -> None:
     new site added to the controller (`POST /api/v1/ds/sites`) then joins."""
     cluster = LocalCluster(tmp_path, sites=4)
     cluster.start()
+    controllers: list[subprocess.Popen[bytes]] = []
     try:
         wait_for("every site to take its roles", lambda: roles_taken(cluster))
         ids = cluster.site_ids()
@@ -459,8 +463,16 @@ def test_leave_forget_and_join_step_by_step(tmp_path: Path) -> None:
             return storage
 
         began = time.monotonic()
+        # The controller dies in the middle of the plan; started again, it goes on.
+        wait_for("the plan to take two steps", lambda: (
+            cluster.storage()["placement_version"] >= 3))
+        restarted = cluster.restart_controller()
+        controllers.append(restarted)
         done = wait_for("the plan to finish", plan_done, timeout=120)
-        print(f"\ndrained {leaving}: {len(steps)} steps in {time.monotonic() - began:.1f}s")
+        print(f"\ndrained {leaving}: {len(steps)} steps in {time.monotonic() - began:.1f}s "
+              f"(controller killed and restarted after two)")
+        resumed_log = (cluster.data_dir / "controller" / "controller.log").read_text()
+        assert "resuming a plan" in resumed_log
         assert all(leaving not in shard["replicas"] for shard in done["shards"])
         assert all(len(shard["replicas"]) == 3 for shard in done["shards"])
         assert done["placement_version"] == 1 + len(steps)
@@ -503,8 +515,15 @@ def test_leave_forget_and_join_step_by_step(tmp_path: Path) -> None:
         finally:
             joined.send_signal(signal.SIGTERM)
             assert joined.wait(30) == 0
+        for controller in controllers:
+            controller.send_signal(signal.SIGTERM)
+            assert controller.wait(30) == 0
         assert cluster.stop() == 0
     finally:
+        for controller in controllers:
+            if controller.poll() is None:
+                controller.kill()
+                controller.wait()
         cluster.kill()
 
 
