@@ -66,6 +66,8 @@ class ManagedProcess:
     Started means every port in `ports()` accepts connections."""
 
     name = "broker"
+    host = HOST  # where its ports are reached
+    wrapper: tuple[str, ...] = ()  # a prefix to `command()`, e.g. `ip netns exec NAME`
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -92,8 +94,8 @@ class ManagedProcess:
     def start(self, timeout: float = 30.0) -> ManagedProcess:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            self.command(), cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env=self.environment())
+            [*self.wrapper, *self.command()], cwd=self.workdir, stdout=self._log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.environment())
         deadline = time.monotonic() + timeout
         waiting = list(self.ports())
         while waiting and time.monotonic() < deadline:
@@ -101,7 +103,7 @@ class ManagedProcess:
                 raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n"
                                    + self.log_tail())
             try:
-                with socket.create_connection((HOST, waiting[0]), timeout=0.2):
+                with socket.create_connection((self.host, waiting[0]), timeout=0.2):
                     waiting.pop(0)
             except OSError:
                 time.sleep(0.05)

@@ -1,0 +1,376 @@
+"""Real network separation for partition tests (issue 7, "Partitions with real network
+separation").
+
+`open_network(n)` gives `n` members (sites, a controller), each with an address the
+others and the test process reach it at, and `cut(k)` / `heal(k)` to separate member
+`k` from the other members and join it again. Two kinds:
+
+- `NetnsNetwork` (root and iproute2): a Linux network namespace per member, joined by
+  veth pairs to one bridge in the test's own namespace, which holds the host address
+  `<subnet>.254`; member k is `<subnet>.(k+1)`/24 (subnet 10.77.0 unless another run
+  holds it). A process runs inside with `command(k, argv)` (`ip netns exec`). A cut
+  routes the traffic between two members into a veth whose peer is down and which
+  does no ARP: packets vanish, as in a real partition (connections time out, nothing
+  is refused), while the host keeps reaching every member, so a test still talks to
+  the cut-off side. (This kernel has no nftables/iptables and no tc actions, so
+  routes do the cutting; the bridge stays intact.)
+- `ProxyNetwork` (the fallback without namespaces): member k is `127.0.0.(k+1)` and
+  a member reaches another member's port through `proxy(src, dst, port)`, a TCP
+  proxy for that pair that `cut` stops (open connections closed, new ones refused).
+  It separates only traffic that goes through its proxies.
+
+Everything made carries the prefix `smq` and a tag of the run; `cleanup_leftovers()`
+removes what runs whose process is gone left behind (it runs at every open).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import secrets
+import selectors
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+PREFIX = "smq"
+NULL_DEVICE = "smqnull"  # inside every namespace: where cut traffic is routed
+_NAMESPACE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{4}})-\d+$")
+_LINK = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})[bh]\d*$")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True,
+                          timeout=30)
+
+
+def _pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+@functools.cache
+def namespaces_unavailable() -> str | None:
+    """Why network namespaces cannot be made here, or None when they can (asked
+    once per process)."""
+    if os.geteuid() != 0:
+        return "not root"
+    if shutil.which("ip") is None:
+        return "no `ip` (iproute2)"
+    probe = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(2)}-0"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+def _namespaces() -> list[str]:
+    listed = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.strip()]
+
+
+def _kill_processes_in(namespace: str) -> None:
+    """SIGKILL the processes inside one of our namespaces (ours: a test started them)."""
+    for pid in _ip("netns", "pids", namespace, check=False).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), 9)
+
+
+def cleanup_leftovers() -> list[str]:
+    """Remove namespaces, bridges and veths of earlier runs whose process is gone;
+    returns what was removed."""
+    removed = []
+    live_tags = set()
+    for namespace in _namespaces():
+        match = _NAMESPACE.match(namespace)
+        if match is None:
+            continue
+        if _pid_alive(int(match.group(1))):
+            live_tags.add(match.group(2))
+            continue
+        _kill_processes_in(namespace)
+        _ip("netns", "del", namespace, check=False)
+        removed.append(namespace)
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        match = _LINK.match(name)
+        if match is not None and match.group(1) not in live_tags:
+            _ip("link", "del", name, check=False)
+            removed.append(name)
+    return removed
+
+
+def _free_subnet() -> str:
+    """A 10.77.n subnet no route of this namespace uses (another run may hold one)."""
+    routes = _ip("-4", "route", "show", check=False).stdout
+    for n in range(256):
+        if f"10.77.{n}." not in routes:
+            return f"10.77.{n}"
+    raise RuntimeError("every 10.77.n.0/24 is in use")
+
+
+class NetnsNetwork:
+    kind = "netns"
+
+    def __init__(self, members: int) -> None:
+        self.members = members
+        self.tag = secrets.token_hex(2)
+        self.subnet = _free_subnet()
+        self.host_address = f"{self.subnet}.254"
+        self.bridge = f"{PREFIX}{self.tag}b"
+        self._cuts: set[tuple[int, int]] = set()  # (from, to): from's route to `to` is cut
+        self._made = False
+
+    def namespace(self, k: int) -> str:
+        return f"{PREFIX}-{os.getpid()}-{self.tag}-{k}"
+
+    def address(self, k: int) -> str:
+        return f"{self.subnet}.{k + 1}"
+
+    def describe(self) -> str:
+        return (f"network namespaces {self.namespace(0)}.. joined by bridge {self.bridge}, "
+                f"members at {self.subnet}.1-{self.members}, host {self.host_address}")
+
+    def command(self, k: int, argv: list[str]) -> list[str]:
+        """`argv` run inside member k's namespace (ip netns exec execs it: the pid is
+        the process's own, so a SIGKILL reaches it)."""
+        return ["ip", "netns", "exec", self.namespace(k), *argv]
+
+    def open(self) -> NetnsNetwork:
+        self._made = True
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for k in range(self.members):
+            namespace = self.namespace(k)
+            host_end, inner_end = f"{PREFIX}{self.tag}h{k}", f"{PREFIX}{self.tag}n{k}"
+            _ip("netns", "add", namespace)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", inner_end)
+            _ip("link", "set", host_end, "master", self.bridge)
+            _ip("link", "set", host_end, "up")
+            _ip("link", "set", inner_end, "netns", namespace)
+            inside = ("-n", namespace)
+            _ip(*inside, "addr", "add", f"{self.address(k)}/24", "dev", inner_end)
+            _ip(*inside, "link", "set", inner_end, "up")
+            _ip(*inside, "link", "set", "lo", "up")
+            _ip(*inside, "link", "add", NULL_DEVICE, "type", "veth", "peer", "name",
+                f"{NULL_DEVICE}p")
+            _ip(*inside, "link", "set", NULL_DEVICE, "arp", "off", "up")  # peer stays down
+        return self
+
+    def separate(self, group: list[int], others: list[int]) -> None:
+        """No packet between a member of `group` and one of `others`, either way."""
+        for a in group:
+            for b in others:
+                for source, target in ((a, b), (b, a)):
+                    if (source, target) not in self._cuts:
+                        _ip("-n", self.namespace(source), "route", "add",
+                            f"{self.address(target)}/32", "dev", NULL_DEVICE)
+                        self._cuts.add((source, target))
+
+    def cut(self, k: int) -> None:
+        """Member k reaches no other member and none reaches it; the host reaches all."""
+        self.separate([k], [j for j in range(self.members) if j != k])
+
+    def heal(self, k: int | None = None) -> None:
+        """Undo the cuts that involve member k (every cut when None)."""
+        for source, target in sorted(self._cuts):
+            if k is None or k in (source, target):
+                _ip("-n", self.namespace(source), "route", "del",
+                    f"{self.address(target)}/32", "dev", NULL_DEVICE)
+                self._cuts.discard((source, target))
+
+    def close(self) -> None:
+        if not self._made:
+            return
+        for k in range(self.members):
+            _kill_processes_in(self.namespace(k))
+            _ip("netns", "del", self.namespace(k), check=False)  # takes its veth ends along
+        _ip("link", "del", self.bridge, check=False)
+        self._made = False
+
+    def leftovers(self) -> list[str]:
+        """What of this network still exists (for the tool's own test)."""
+        names = [n for n in _namespaces() if f"-{self.tag}-" in n]
+        links = _ip("-o", "link", "show", check=False).stdout
+        return names + [f"link {self.bridge}"] * (f" {self.bridge}:" in links)
+
+    def __enter__(self) -> NetnsNetwork:
+        return self
+
+    def __exit__(self, _t: type[BaseException] | None, _e: BaseException | None,
+                 _tb: TracebackType | None) -> None:
+        self.close()
+
+
+class _Proxy:
+    """A TCP proxy from `listen` to `target` on one thread; `stop` closes the listener
+    and every open connection, `start` listens again on the same port."""
+
+    def __init__(self, listen_host: str, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listen_host = listen_host
+        self.port = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._listener: socket.socket | None = None
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.listen_host, self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, args=(listener,), daemon=True,
+                                        name=f"proxy-{self.port}")
+        self._thread.start()
+
+    def _run(self, listener: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ)
+        pairs: dict[socket.socket, socket.socket] = {}
+        try:
+            while not self._stopping.is_set():
+                for key, _ in selector.select(0.05):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    if sock is listener:
+                        self._accept(listener, selector, pairs)
+                    elif not self._forward(sock, pairs):
+                        self._drop(sock, selector, pairs)
+        finally:
+            for sock in list(pairs):
+                sock.close()
+            selector.close()
+            listener.close()
+
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
+                pairs: dict[socket.socket, socket.socket]) -> None:
+        client, _ = listener.accept()
+        try:
+            upstream = socket.create_connection(self.target, timeout=2)
+        except OSError:
+            client.close()
+            return
+        for sock in (client, upstream):
+            sock.setblocking(True)
+            selector.register(sock, selectors.EVENT_READ)
+        pairs[client], pairs[upstream] = upstream, client
+
+    @staticmethod
+    def _forward(sock: socket.socket, pairs: dict[socket.socket, socket.socket]) -> bool:
+        try:
+            data = sock.recv(65536)
+            if data:
+                pairs[sock].sendall(data)
+        except OSError:
+            return False
+        return bool(data)
+
+    @staticmethod
+    def _drop(sock: socket.socket, selector: selectors.BaseSelector,
+              pairs: dict[socket.socket, socket.socket]) -> None:
+        other = pairs.pop(sock)
+        pairs.pop(other, None)
+        for each in (sock, other):
+            selector.unregister(each)
+            each.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+class ProxyNetwork:
+    kind = "proxy"
+
+    def __init__(self, members: int, reason: str = "") -> None:
+        self.members = members
+        self.reason = reason
+        self.host_address = "127.0.0.1"
+        self._proxies: dict[tuple[int, int, int], _Proxy] = {}
+        self._cut: set[int] = set()
+
+    def address(self, k: int) -> str:
+        return f"127.0.0.{k + 1}"
+
+    def describe(self) -> str:
+        return (f"TCP proxies per member pair (no network namespaces: {self.reason}); "
+                f"members at 127.0.0.1-{self.members}")
+
+    def command(self, k: int, argv: list[str]) -> list[str]:
+        return list(argv)
+
+    def open(self) -> ProxyNetwork:
+        return self
+
+    def proxy(self, source: int, target: int, port: int) -> tuple[str, int]:
+        """Where member `source` dials to reach member `target`'s `port`."""
+        key = (source, target, port)
+        if key not in self._proxies:
+            proxy = _Proxy(self.address(source), (self.address(target), port))
+            self._proxies[key] = proxy
+            if not self._cut & {source, target}:
+                proxy.start()
+            else:  # bind now so the address is known; refuse until healed
+                proxy.start()
+                proxy.stop()
+        return self.address(source), self._proxies[key].port
+
+    def cut(self, k: int) -> None:
+        self._cut.add(k)
+        for (source, target, _), proxy in self._proxies.items():
+            if k in (source, target):
+                proxy.stop()
+
+    def heal(self, k: int | None = None) -> None:
+        healed = set(self._cut) if k is None else {k}
+        self._cut -= healed
+        for (source, target, _), proxy in self._proxies.items():
+            if healed & {source, target} and not self._cut & {source, target}:
+                proxy.start()
+
+    def close(self) -> None:
+        for proxy in self._proxies.values():
+            proxy.stop()
+
+    def __enter__(self) -> ProxyNetwork:
+        return self
+
+    def __exit__(self, _t: type[BaseException] | None, _e: BaseException | None,
+                 _tb: TracebackType | None) -> None:
+        self.close()
+
+
+Network = NetnsNetwork | ProxyNetwork
+
+
+@contextlib.contextmanager
+def open_network(members: int, *, force_proxy: bool = False) -> Iterator[Network]:
+    """Namespaces where they can be made, else proxies; prints which (pytest -s shows
+    it, and it lands in the captured output of a failure)."""
+    reason = "asked for proxies" if force_proxy else namespaces_unavailable()
+    network: Network
+    if reason is None:
+        removed = cleanup_leftovers()
+        if removed:
+            print(f"partition tool: removed leftovers of crashed runs: {removed}")
+        network = NetnsNetwork(members)
+    else:
+        network = ProxyNetwork(members, reason)
+    try:
+        network.open()
+        print(f"partition tool: {network.describe()}")
+        yield network
+    finally:
+        network.close()
