@@ -27,11 +27,13 @@ Loads (64-byte payloads):
   `ctl ds join messages SITE`); for each shard it gets a replica of, the time from
   the replica's creation until its applied offset reaches the leader's committed
   offset at the join. msgs/s = messages in those shards (as published by this
-  benchmark) / the time from the first replica's creation to the last one caught up
-  (the time from the join request is shown too); MB/s = the new site's data folder
-  size (RocksDB files, WAL included) / that time. Next to
-  it a plain `shutil.copytree` of that folder (a checkpoint of the same data; warm
-  page cache, so an upper bound for a copy).
+  benchmark) / the sum over them of (site reports the replica -> caught up): the
+  controller takes the plan's steps one at a time, a round apart (the time from the
+  join request to the last shard caught up is shown too); MB/s = the size of a checkpoint of
+  the new site's messages (`POST .../checkpoints`, made once it caught up: the same
+  data) / that time. Next to it a plain `shutil.copytree` of that checkpoint (warm
+  page cache: an upper bound for a copy). The payloads ('x' padding) compress well,
+  so the checkpoint is far smaller than the data folder (WAL included).
 
 Prints tables, ratios against Mosquitto, saves a PNG and JSON into bench/results/.
 """
@@ -186,11 +188,13 @@ class CatchUp:
     shards: int = 0
     entries: int = 0  # log entries (each a batch of messages)
     messages: int = 0
-    busy_seconds: float = 0.0  # first replica created -> last one caught up
+    busy_seconds: float = 0.0  # sum over shards of replica created -> caught up
+    disk_bytes: int = 0  # the new site's data folder (WAL included)
     bytes: int = 0
     seconds: float = 0.0
     copy_seconds: float = 0.0
-    per_shard_s: dict[int, float] = field(default_factory=dict)
+    per_shard_s: dict[int, float] = field(default_factory=dict)  # join -> caught up
+    per_shard_seen_s: dict[int, float] = field(default_factory=dict)  # join -> replica
 
     @property
     def rate(self) -> float:
@@ -396,6 +400,10 @@ def run_failovers(cluster: BenchCluster, kills: int, results: Results) -> None:
             return
 
 
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def run_catch_up(cluster: BenchCluster, fill: int, files: LineFiles, workroot: Path,
                  results: Results) -> CatchUp:
     fill_shards(cluster, fill, files, results)
@@ -419,8 +427,9 @@ def run_catch_up(cluster: BenchCluster, fill: int, files: LineFiles, workroot: P
         plan = cluster.controller.storage()
         mine = {s["shard"]: s for s in new.replication()["shards"] if s["db"] == "messages"}
         for shard, state in mine.items():
-            seen.setdefault(shard, time.monotonic() - began)
-            if shard not in caught and state["applied"] >= target[shard]:
+            if state["role"] != "none":  # the site lists every shard, held or not
+                seen.setdefault(shard, time.monotonic() - began)
+            if shard in seen and shard not in caught and state["applied"] >= target[shard]:
                 caught[shard] = time.monotonic() - began
         pending = plan["plan"] or any(s["transitions"] for s in plan["shards"])
         got = {s["id"] for s in plan["shards"] if new_id in s["replicas"]}
@@ -429,14 +438,18 @@ def run_catch_up(cluster: BenchCluster, fill: int, files: LineFiles, workroot: P
         time.sleep(0.05)
     seconds = max(caught.values(), default=0.0)
     data = Path(new.config["durable_storage"]["messages"]["data_dir"])
-    size = sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+    checkpoint = workroot / "checkpoint"
+    http_json("POST", f"{new.admin_url}/api/v1/ds/storages/messages/checkpoints",
+              {"dir": str(checkpoint)})
+    size = folder_bytes(checkpoint)
     copy_began = time.monotonic()
-    shutil.copytree(data, workroot / "copy")
+    shutil.copytree(checkpoint, workroot / "copy")
     copy_seconds = time.monotonic() - copy_began
     return CatchUp(shards=len(caught), entries=sum(target[s] for s in caught),
                    messages=sum(results.shard_messages.get(s, 0) for s in caught),
-                   busy_seconds=seconds - min((seen[s] for s in caught), default=0.0),
-                   bytes=size,
+                   busy_seconds=sum(caught[s] - seen[s] for s in caught),
+                   per_shard_seen_s={s: seen[s] for s in caught},
+                   bytes=size, disk_bytes=folder_bytes(data),
                    seconds=seconds, copy_seconds=copy_seconds, per_shard_s=caught)
 
 
@@ -580,12 +593,16 @@ def report(results: Results) -> list[str]:
     if c is not None:
         lines += ["", f"catch-up of a joined 4th site: {c.shards} shard replicas, "
                       f"{c.messages:,} messages ({c.entries:,} log entries), "
-                      f"{c.bytes / 1e6:.1f} MB on disk",
-                  f"  caught up in {c.busy_seconds:.2f} s (first replica created -> last one's "
+                      f"{c.bytes / 1e6:.1f} MB as a checkpoint ({c.disk_bytes / 1e6:.1f} MB "
+                      "data folder)",
+                  "  per shard, s from the join to replica created / caught up: " + ", ".join(
+                      f"{shard}: {c.per_shard_seen_s.get(shard, 0):.2f}/{t:.2f}"
+                      for shard, t in sorted(c.per_shard_s.items())),
+                  f"  catching up {c.busy_seconds:.2f} s (sum over shards of replica created -> "
                   f"applied = leader's committed) = {c.rate:,.0f} msgs/s, {c.mb_s:.1f} MB/s",
                   f"  join request -> last shard caught up: "
                   f"{c.seconds:.2f} s = {c.end_to_end_rate:,.0f} msgs/s",
-                  f"  shutil.copytree of the same data: {c.copy_seconds:.3f} s = "
+                  f"  shutil.copytree of its checkpoint: {c.copy_seconds:.3f} s = "
                   f"{c.copy_mb_s:,.0f} MB/s"]
     return lines
 
@@ -614,15 +631,19 @@ def plot(results: Results, path: Path, title: str) -> None:
         rates.append(("fan-out RF3\n0->{1,2}", fan.rate))
     axes[2].bar([n for n, _ in rates], [v for _, v in rates])
     axes[2].set_title("delivered msgs/s")
-    axes[2].tick_params(axis="x", labelsize=7)
+    axes[2].tick_params(axis="x", labelsize=7, labelrotation=15)
     axis = axes[3]
     if results.failovers_s:
-        axis.plot(range(1, len(results.failovers_s) + 1), results.failovers_s, "o-",
-                  label="failover s (per kill)")
-        axis.set_xlabel("kill")
+        kills = range(1, len(results.failovers_s) + 1)
+        axis.bar(kills, results.failovers_s, color="crimson")
+        axis.axhline(statistics.median(results.failovers_s), color="black", linewidth=1,
+                     label="median")
+        axis.set_xticks(list(kills))
+        axis.legend(fontsize=8)
+        axis.set_xlabel("kill -9 of a leader site")
         axis.set_ylabel("seconds until acknowledged again")
     c = results.catch_up
-    axis.set_title("failover after kill -9" + (
+    axis.set_title("failover" + (
         f"\ncatch-up {c.rate:,.0f} msgs/s, {c.mb_s:.1f} MB/s; copy {c.copy_mb_s:,.0f} MB/s"
         if c else ""), fontsize=9)
     figure.suptitle(title)
