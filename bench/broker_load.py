@@ -124,8 +124,8 @@ class Subscriber:
 
 
 def start_subscriber(port: int, topic: str, qos: int, count: int, output: Path,
-                     client_id: str, clean: bool = True) -> Subscriber:
-    command = ["mosquitto_sub", "-h", HOST, "-p", str(port), "-t", topic, "-q", str(qos),
+                     client_id: str, clean: bool = True, host: str = HOST) -> Subscriber:
+    command = ["mosquitto_sub", "-h", host, "-p", str(port), "-t", topic, "-q", str(qos),
                "-C", str(count), "-F", SUB_FORMAT, "-i", client_id, *USER]
     if not clean:
         command.append("-c")
@@ -172,8 +172,9 @@ def wait_subscribers(subscribers: Sequence[Subscriber], idle: float,
 
 
 def publish_command(port: int, topic: str, qos: int, window: int, client_id: str,
-                    debug: bool = False, nodelay: bool = False) -> list[str]:
-    command = ["mosquitto_pub", "-h", HOST, "-p", str(port), "-t", topic, "-q", str(qos),
+                    debug: bool = False, nodelay: bool = False,
+                    host: str = HOST) -> list[str]:
+    command = ["mosquitto_pub", "-h", host, "-p", str(port), "-t", topic, "-q", str(qos),
                "-M", str(window), "-i", client_id, "-l", *USER]
     if debug:
         command.append("-d")
@@ -183,7 +184,8 @@ def publish_command(port: int, topic: str, qos: int, window: int, client_id: str
 
 
 def publish_chunks(port: int, topic: str, qos: int, window: int, client_id: str,
-                   chunks: Sequence[tuple[int, Path]], count_acks: bool = False) -> set[int]:
+                   chunks: Sequence[tuple[int, Path]], count_acks: bool = False,
+                   host: str = HOST) -> set[int]:
     """Send the chunks one process after the other, each its own client (with one id, a
     broker closes the previous connection, and the QoS 0 messages still unread in its
     socket with it); with `count_acks`, returns the sequence numbers whose PUBACK
@@ -192,7 +194,8 @@ def publish_chunks(port: int, topic: str, qos: int, window: int, client_id: str,
     for k, (first_seq, path) in enumerate(chunks):
         with path.open("rb") as stdin:
             done = subprocess.run(
-                publish_command(port, topic, qos, window, f"{client_id}-{k}", count_acks),
+                publish_command(port, topic, qos, window, f"{client_id}-{k}", count_acks,
+                                host=host),
                 stdin=stdin, stdout=subprocess.PIPE if count_acks else subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, check=False, timeout=900)
         if count_acks:
