@@ -23,7 +23,7 @@ from ...net.address import split_bind
 from ..database import Database
 from ..message import Message
 from . import entries
-from .log import ShardLog
+from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerServer
 from .placement import Placement, check_site_id
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
@@ -153,7 +153,14 @@ class SiteReplication:
                       name, len(self.replicas))
         for shard_placement in shards:
             if shard_placement.shard < len(self.replicas):
-                await self.replicas[shard_placement.shard].take(shard_placement, self.peers)
+                try:
+                    await self.replicas[shard_placement.shard].take(shard_placement,
+                                                                    self.peers)
+                except StaleEpochError as exc:
+                    # this shard's log knows a newer leader than the placement: it
+                    # follows that one; the other shards take their roles regardless
+                    log.warning("%s/%d: placement version %d is stale here: %s", name,
+                                shard_placement.shard, placement.version, exc.message)
 
     # -- the peer port --------------------------------------------------------------
 

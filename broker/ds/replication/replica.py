@@ -143,7 +143,9 @@ class ShardReplica:
         previous, self.placement = self.placement, placement
         if placement.epoch > self.log.epoch:
             async with self._log_lock:
-                await self._run(self.log.observe_epoch, placement.epoch)
+                # a newer leader's append may have got in first: nothing to observe then
+                with contextlib.suppress(StaleEpochError):
+                    await self._run(self.log.observe_epoch, placement.epoch)
         leading = self.leadership
         if leading is not None and (placement.leader != site or placement.epoch != leading.epoch
                                     or not leading.current):
@@ -159,8 +161,16 @@ class ShardReplica:
     async def _begin(self, placement: ShardPlacement) -> None:
         site = self._settings.site
         async with self._log_lock:
-            leadership = await self._run(Leadership.begin, site, placement.epoch, self.log,
-                                         placement.replicas, self.log.committed)
+            try:
+                leadership = await self._run(Leadership.begin, site, placement.epoch,
+                                             self.log, placement.replicas, self.log.committed)
+            except StaleEpochError as exc:
+                # A kept (or late) placement that a failover replaced, and the new
+                # leader's append got here first: follow it; the controller's next
+                # push names it.
+                log.warning("%s: not leading epoch %d: %s", self._label, placement.epoch,
+                            exc.message)
+                return
         self.leadership = leadership
         self._leader_changes.inc()
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
@@ -170,8 +180,8 @@ class ShardReplica:
         # wait until it is applied.
         try:
             self._ready_at = await self._append(entries.encode(entries.Noop()))
-        except StaleEpochError as exc:
-            self._step_down(str(exc))
+        except (StaleEpochError, NotLeaderError) as exc:
+            self._step_down(exc.message)  # _append has stepped down already, if it raised
 
     def _change_replica_set(self, placement: ShardPlacement) -> None:
         leading = self.leadership

@@ -1,0 +1,103 @@
+"""One shard's replicas in one process: real databases (RocksDB), real shard logs,
+real peer ports on loopback, driven step by step so that a race the cluster tests hit
+now and then happens every time (issue 7 fixes: a stale kept placement at start, the
+order of a client's writes after a failed one, reads that decide QoS 2 exactly-once).
+Running sites: test_replication_site.py and test_cluster_*.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from stratamq.broker.ds import Database, DbOptions, DurableStorage
+from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.ds.replication.cluster import SiteReplication
+from stratamq.broker.ds.replication.log import START, ShardLog
+from stratamq.broker.ds.replication.peer import PeerClient
+from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.errors import StorageError
+from tests.support.harness import HOST, free_port
+
+WAIT = 30.0  # generous: the machine is shared
+
+
+@dataclass
+class Site:
+    storage: DurableStorage
+    database: Database
+    replication: SiteReplication
+    address: str
+
+    @property
+    def id(self) -> str:
+        return self.storage.site_id
+
+
+async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1) -> Site:
+    storage = DurableStorage(path)
+    # max_items=1: each write is a flush of its own, so a test knows what is in flight
+    database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
+    address = f"{HOST}:{free_port()}"
+    replication = await SiteReplication.start(
+        database, storage.data_dir, storage.site_id, address, address,
+        ReplicaSettings(storage.site_id, write_timeout, 0.2), database.executor)
+    return Site(storage, database, replication, address)
+
+
+async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
+                peers: dict[str, str]) -> None:
+    placement = Placement(version, (ShardPlacement("messages", 0, replicas, leader, epoch),))
+    accepted, _ = await site.replication.offer(json.loads(placement.to_json()), peers)
+    assert accepted
+
+
+async def until(what: str, check: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {WAIT}s: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def outcome(future: Awaitable[None]) -> str:
+    try:
+        await future
+    except StorageError as exc:
+        return f"failed: {type(exc).__name__}"
+    return "committed"
+
+
+def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
+        tmp_path: Path) -> None:
+    """A site restarted with a kept placement that makes it lead epoch 1, while a
+    failover gave the shard to another site at epoch 2 whose first append reaches the
+    log just before the site takes its role: it follows, it does not fail (the start
+    of a site used to end with StaleEpochError, exit code 2)."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path / "a")
+        database = await storage.open_db("messages", DbOptions(n_shards=1))
+        site = storage.site_id
+        shard_log = ShardLog(tmp_path / "log")
+        shard_log.observe_epoch(1)  # it led epoch 1 before it was killed
+        lock = asyncio.Lock()  # the peer server's lock of this log
+        async with aiohttp.ClientSession() as http:
+            replica = ShardReplica(database, 0, shard_log, lock, database.executor,
+                                   PeerClient(http, 1.0), ReplicaSettings(site, 1.0, 0.2))
+            kept = ShardPlacement("messages", 0, (site, "other"), site, 1)
+            async with lock:  # the new leader's append is being written
+                taking = asyncio.create_task(
+                    replica.take(kept, {"other": f"{HOST}:{free_port()}"}))
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                assert not taking.done()  # waits for the log
+                shard_log.append_from_leader(2, START, [], 0)
+            await taking
+            assert (replica.role, replica.leadership, shard_log.epoch) == ("follower", None, 2)
+            await replica.close()
+        shard_log.close()
+        await storage.close()
+    asyncio.run(scenario())
