@@ -118,6 +118,9 @@ class Channel:
         self.client_alias_maximum = 0
         self.inbound_qos_pending = 0
         self.inbound_slot_freed = asyncio.Event()  # set as inbound_qos_pending falls
+        # The store of this client's latest QoS 1/2 message: once it has failed, nothing
+        # more is stored from this connection (see handle_publish).
+        self.last_store: asyncio.Future[None] | None = None
         self.closing = False
         self.will_on_close = True
         self._reader = PacketReader(limits.max_packet_size)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ..errors import StorageBusyError, StorageClosedError
+from ..errors import StorageBusyError, StorageClosedError, WriteAbandonedError
 from . import metrics
 from .cooked import CookedBatch
 from .message import Message
@@ -184,6 +184,17 @@ class WriteBuffer:
             self._wakeup.clear()
         return taken
 
+    def _take_all(self) -> list[_Pending]:
+        taken = list(self._pending)
+        self._pending.clear()
+        self._items = 0
+        self._bytes = 0
+        self._full.clear()
+        self._room.set()
+        if not self._closed:
+            self._wakeup.clear()
+        return taken
+
     async def _flush(self, taken: list[_Pending]) -> None:
         messages = [message for entry in taken for message in entry.messages]
         record_puts, record_deletes = _final_records(taken)
@@ -237,9 +248,17 @@ class WriteBuffer:
         except Exception as exc:  # handed to every waiting writer
             failure = exc
             metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
-            log.error("shard %s: batch of %d messages not committed: %s",
-                      self._labels, len(messages), failure)
+            # What is queued behind fails too: committed now (through a new leader,
+            # say), a client's later messages would land before its resend of the
+            # failed ones (order per publisher and topic, MQTT-4.6.0-5).
+            behind = self._take_all()
+            log.error("shard %s: batch of %d messages not committed: %s; %d writes queued "
+                      "behind it dropped", self._labels, len(messages), failure, len(behind))
+            abandoned = WriteAbandonedError(
+                f"shard {self._labels[1]} of {self._labels[0]!r}: an earlier write failed "
+                f"({failure})")
             _settle(taken, lambda done: done.set_exception(failure))
+            _settle(behind, lambda done: done.set_exception(abandoned))
             return
         self._batches.inc()
         self._batch_messages.inc(len(messages))

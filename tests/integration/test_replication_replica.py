@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from stratamq.broker.ds import Database, DbOptions, DurableStorage
+from stratamq.broker.ds import Database, DbOptions, DurableStorage, Message
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
@@ -100,4 +100,35 @@ def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
             await replica.close()
         shard_log.close()
         await storage.close()
+    asyncio.run(scenario())
+
+
+def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
+    """A client's write fails because its shard's leader steps down; its next write,
+    queued behind in the write buffer meanwhile, must not be committed (through the new
+    leader) before the client could resend the first: it fails too (MQTT-4.6.0-5)."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        b = await start_site(tmp_path / "b")
+        gone = f"{HOST}:{free_port()}"  # a replica whose site is down
+        peers = {a.id: a.address, b.id: b.address, "c": gone}
+        try:
+            # a leads with a replica set whose other site is down: nothing commits
+            for site in (a, b):
+                await offer(site, 1, tuple(sorted((a.id, "c"))), a.id, 1, peers)
+            first = asyncio.ensure_future(a.database.submit([Message("t", b"1", "pub", 1)])[0])
+            buffer = a.database._buffers[0]  # private: to see the flush start
+            await until("the first write is in flight", lambda: not buffer._pending)
+            second = asyncio.ensure_future(a.database.submit([Message("t", b"2", "pub", 1)])[0])
+            # the controller moves the shard to b (which commits alone)
+            for site in (b, a):
+                await offer(site, 2, (b.id,), b.id, 2, peers)
+            assert await outcome(first) == "failed: NotLeaderError"
+            assert (await outcome(second)).startswith("failed")
+            # the shard works: a later write (the client's resend) commits through b
+            assert await outcome(a.database.submit([Message("t", b"1", "pub", 1)])[0]) \
+                == "committed"
+        finally:
+            await a.storage.close()
+            await b.storage.close()
     asyncio.run(scenario())
