@@ -196,10 +196,12 @@ class Channel:
         self.closing = True
         self.close_transport()
         session = self.session
-        if session is not None:
-            self.session = None
-            await self.broker.registry.close_session(self, session, self.will_on_close)
-        self._kicked.set()
+        try:
+            if session is not None:
+                self.session = None
+                await self.broker.registry.close_session(self, session, self.will_on_close)
+        finally:
+            self._kicked.set()  # a connection taking the session over waits for this
 
     # -- sending ------------------------------------------------------------------
 

@@ -128,6 +128,16 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
         await asyncio.wait([store])
         if channel.closing:
             raise ConnectionClosed()
+    if session.inbound_qos2_unknown(packet_id):
+        # its store failed, but may have been committed: storing it again could
+        # deliver it twice, so the storage decides (or the connection ends)
+        try:
+            stored = await channel.broker.publisher.qos2_stored(channel.client_id, packet_id)
+        except StratamqError as error:
+            raise _fail(channel, mqtt_reason_code(error)) from None
+        if channel.closing:
+            raise ConnectionClosed()
+        session.inbound_qos2_known(packet_id, stored)
     return session.inbound_qos2_pending(packet_id)
 
 

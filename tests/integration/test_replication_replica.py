@@ -21,6 +21,7 @@ from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
 from stratamq.broker.errors import StorageError
+from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
 
 WAIT = 30.0  # generous: the machine is shared
@@ -131,4 +132,42 @@ def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
         finally:
             await a.storage.close()
             await b.storage.close()
+    asyncio.run(scenario())
+
+
+def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
+        tmp_path: Path) -> None:
+    """A client's QoS 2 message is committed by its shard's leader a and replica c;
+    replica b has not got it (a cannot reach b). A session restored on b must see that
+    packet id: a resend taken for new would be delivered twice. So b either reads past
+    a barrier (everything a had appended applied here) or says it cannot tell; never
+    an answer from its lagging copy."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name, write_timeout=1.0, max_items=1000)
+                   for name in "abc"]
+        peers = {site.id: site.address for site in (a, b, c)}
+        replicas = tuple(sorted(peers))
+        try:
+            cut_off = {**peers, b.id: f"{HOST}:{free_port()}"}  # a's way to b is down
+            await offer(a, 1, replicas, a.id, 1, cut_off)
+            for site in (b, c):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            stores = {site.id: SessionStore(await site.storage.open_kv_db("sessions", 1),
+                                            site.database) for site in (a, b, c)}
+            message = Message("t", b"exactly once", "pub", 2)
+            await asyncio.gather(*stores[a.id].submit_qos2(message, True, 5))
+            assert await stores[a.id].inbound_qos2_ids("pub") == {5}
+            try:
+                seen = await stores[b.id].inbound_qos2_ids("pub")
+            except StorageError as exc:
+                assert exc.recoverable
+            else:
+                assert seen == {5}, "b answered from a replica that lacks the write"
+            await offer(a, 2, replicas, a.id, 1, peers)  # a reaches b again
+            assert await stores[b.id].inbound_qos2_ids("pub") == {5}
+            assert await stores[b.id].qos2_stored("pub", 5)
+            assert not await stores[b.id].qos2_stored("pub", 6)
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
     asyncio.run(scenario())

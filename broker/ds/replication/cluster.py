@@ -64,7 +64,8 @@ class SiteReplication:
         self._store = store
         self._logs = logs
         self.peers = peers
-        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit)
+        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
+                                  self._barrier)
         self._session = aiohttp.ClientSession()
         client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self.replicas = [ShardReplica(database, shard, shard_log,
@@ -183,11 +184,19 @@ class SiteReplication:
         messages, puts, deletes = decode_submit(body)
         await self.replicas[shard].submit_forwarded(messages, puts, deletes)
 
+    def _barrier(self, db: str, shard: int) -> int:
+        if db != self.database.name or not 0 <= shard < len(self.replicas):
+            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
+        return self.replicas[shard].barrier_offset()
+
     # -- database.Replication ---------------------------------------------------------
 
     async def write(self, shard_id: int, messages: list[Message],
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
         await self.replicas[shard_id].write(messages, record_puts, record_deletes)
+
+    async def read_barrier(self, shard_id: int) -> None:
+        await self.replicas[shard_id].read_barrier()
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         placement = self.replicas[shard_id].placement

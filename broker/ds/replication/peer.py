@@ -6,6 +6,7 @@ takes it from `ShardLog.append_from_leader`."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
@@ -28,6 +29,9 @@ OnAppend = Callable[[str, int], None]
 # returns once committed.
 Submit = Callable[[str, int, bytes], Awaitable[None]]
 SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
+# As the shard's leader: the offset a read barrier waits for (db, shard); raises a
+# recoverable StorageError elsewhere.
+Barrier = Callable[[str, int], int]
 
 
 class PeerError(StorageError):
@@ -38,11 +42,12 @@ class PeerError(StorageError):
 
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
-                 submit: Submit | None = None) -> None:
+                 submit: Submit | None = None, barrier: Barrier | None = None) -> None:
         self._logs_of = logs_of
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
+        self._barrier = barrier
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
@@ -56,6 +61,7 @@ class PeerServer:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -112,6 +118,19 @@ class PeerServer:
         return web.json_response({"committed": True})
 
 
+    async def _read_barrier(self, http: web.Request) -> web.Response:
+        if self._barrier is None:
+            return _error(404, "unknown_shard", "this site leads no shard")
+        try:
+            offset = self._barrier(http.match_info["db"], int(http.match_info["shard"]))
+        except ValueError:
+            return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        except StorageError as error:
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"offset": offset})
+
+
 class PeerClient:
     def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
         self._session = session
@@ -157,6 +176,31 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
                             f"forwarded write: {error!r}") from error
+
+
+    async def barrier(self, address: str, db: str, shard: int, within: float) -> int:
+        """Ask the shard's leader at `address` for the offset a read barrier waits
+        for (the end of its log). PeerError (recoverable) when it does not answer so."""
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/barrier"
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=within)
+                                         ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"the leader of {db}/{shard} at {address} refused a read "
+                                    f"barrier ({response.status}): "
+                                    f"{body.decode('utf-8', 'replace')}")
+                offset = json.loads(body)["offset"]
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a read "
+                            f"barrier: {error!r}") from error
+        except (ValueError, KeyError, TypeError) as error:
+            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
+                            f"barrier with {body[:200]!r}") from error
+        if not isinstance(offset, int):
+            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
+                            f"barrier with offset {offset!r}")
+        return offset
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

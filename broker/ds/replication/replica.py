@@ -335,6 +335,53 @@ class ShardReplica:
                                              record_deletes)
         await done
 
+    # -- reading ------------------------------------------------------------------
+
+    def barrier_offset(self) -> int:
+        """As the shard's leader: the end of its log. A replica that has applied that
+        far has every write this leader answered, and every write whose outcome was
+        still open here (appended, not yet committed) decided one way or the other."""
+        leadership = self.leadership
+        if leadership is None or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+        return self.log.last.offset
+
+    async def read_barrier(self) -> None:
+        """Return once this replica has applied everything its leader had appended
+        when asked, so that a read here sees every committed write (a replica may lag
+        its leader; a site may restart behind it). StorageTimeoutError when that does
+        not happen within `write_timeout`: the reader must not guess then."""
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            changed = self._placement_changed
+            if self.leadership is not None:
+                target = self.barrier_offset()
+                break
+            if placement is not None and placement.leader != self._settings.site \
+                    and placement.leader in self.peers:
+                try:
+                    target = await self._client.barrier(
+                        self.peers[placement.leader], self.database.name, self.shard_id,
+                        max(0.001, self._remaining(deadline)))
+                    break
+                except PeerError as exc:
+                    # a leader that is gone or stepped down: the next placement names
+                    # another; try again until the deadline
+                    log.debug("%s: read barrier: %s", self._label, exc.message)
+            if self._remaining(deadline) <= 0:
+                raise StorageTimeoutError(f"{self._label}: no leader answered a read barrier "
+                                          f"within {self._settings.write_timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(),
+                                       min(RETRY_INTERVAL, self._remaining(deadline)))
+        try:
+            await self._wait_applied(target, deadline)
+        except StorageTimeoutError:
+            raise StorageTimeoutError(
+                f"{self._label}: a read barrier: this replica did not apply up to offset "
+                f"{target} within {self._settings.write_timeout}s") from None
+
     def _remaining(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())
 
