@@ -141,22 +141,23 @@ def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
     replica b has not got it (a cannot reach b). A session restored on b must see that
     packet id: a resend taken for new would be delivered twice. So b either reads past
     a barrier (everything a had appended applied here) or says it cannot tell; never
-    an answer from its lagging copy."""
+    an answer from its lagging copy. Site d, no replica of the shard, reads at one."""
     async def scenario() -> None:
-        a, b, c = [await start_site(tmp_path / name, write_timeout=1.0, max_items=1000)
-                   for name in "abc"]
-        peers = {site.id: site.address for site in (a, b, c)}
-        replicas = tuple(sorted(peers))
+        a, b, c, d = [await start_site(tmp_path / name, write_timeout=1.0, max_items=1000)
+                      for name in "abcd"]
+        peers = {site.id: site.address for site in (a, b, c, d)}
+        replicas = tuple(sorted((a.id, b.id, c.id)))  # d holds no replica
         try:
             cut_off = {**peers, b.id: f"{HOST}:{free_port()}"}  # a's way to b is down
             await offer(a, 1, replicas, a.id, 1, cut_off)
-            for site in (b, c):
+            for site in (b, c, d):
                 await offer(site, 1, replicas, a.id, 1, peers)
             stores = {site.id: SessionStore(await site.storage.open_kv_db("sessions", 1),
-                                            site.database) for site in (a, b, c)}
+                                            site.database) for site in (a, b, c, d)}
             message = Message("t", b"exactly once", "pub", 2)
             await asyncio.gather(*stores[a.id].submit_qos2(message, True, 5))
             assert await stores[a.id].inbound_qos2_ids("pub") == {5}
+            assert await stores[d.id].inbound_qos2_ids("pub") == {5}  # read at a replica
             try:
                 seen = await stores[b.id].inbound_qos2_ids("pub")
             except StorageError as exc:
@@ -168,6 +169,6 @@ def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
             assert await stores[b.id].qos2_stored("pub", 5)
             assert not await stores[b.id].qos2_stored("pub", 6)
         finally:
-            for site in (a, b, c):
+            for site in (a, b, c, d):
                 await site.storage.close()
     asyncio.run(scenario())

@@ -65,7 +65,7 @@ class SiteReplication:
         self._logs = logs
         self.peers = peers
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier)
+                                  self._barrier, self._read_records)
         self._session = aiohttp.ClientSession()
         client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self.replicas = [ShardReplica(database, shard, shard_log,
@@ -189,14 +189,20 @@ class SiteReplication:
             raise NotLeaderError(f"this site holds no shard {db}/{shard}")
         return self.replicas[shard].barrier_offset()
 
+    async def _read_records(self, db: str, shard: int,
+                            prefix: bytes) -> list[tuple[bytes, bytes]]:
+        if db != self.database.name or not 0 <= shard < len(self.replicas):
+            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
+        return await self.replicas[shard].read_records_for_peer(prefix)
+
     # -- database.Replication ---------------------------------------------------------
 
     async def write(self, shard_id: int, messages: list[Message],
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
         await self.replicas[shard_id].write(messages, record_puts, record_deletes)
 
-    async def read_barrier(self, shard_id: int) -> None:
-        await self.replicas[shard_id].read_barrier()
+    async def read_records(self, shard_id: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return await self.replicas[shard_id].read_records(prefix)
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         placement = self.replicas[shard_id].placement

@@ -32,6 +32,9 @@ SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
 Barrier = Callable[[str, int], int]
+# A consistent read of a shard's records (db, shard, key prefix), for a site that
+# holds no replica of the shard; a recoverable StorageError when this site cannot.
+ReadRecords = Callable[[str, int, bytes], Awaitable[list[tuple[bytes, bytes]]]]
 
 
 class PeerError(StorageError):
@@ -42,12 +45,14 @@ class PeerError(StorageError):
 
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
-                 submit: Submit | None = None, barrier: Barrier | None = None) -> None:
+                 submit: Submit | None = None, barrier: Barrier | None = None,
+                 read_records: ReadRecords | None = None) -> None:
         self._logs_of = logs_of
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
         self._barrier = barrier
+        self._read_records = read_records
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
@@ -62,6 +67,7 @@ class PeerServer:
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -130,6 +136,22 @@ class PeerServer:
                           error.message)
         return web.json_response({"offset": offset})
 
+    async def _records(self, http: web.Request) -> web.Response:
+        if self._read_records is None:
+            return _error(404, "unknown_shard", "this site holds no shard")
+        try:
+            shard = int(http.match_info["shard"])
+            prefix = bytes.fromhex(http.query.get("prefix", ""))
+        except ValueError:
+            return _error(400, "bad_request", "shard must be a number, prefix hex")
+        try:
+            records = await self._read_records(http.match_info["db"], shard, prefix)
+        except StorageError as error:
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"records": [[key.hex(), value.hex()]
+                                              for key, value in records]})
+
 
 class PeerClient:
     def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
@@ -177,6 +199,28 @@ class PeerClient:
             raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
                             f"forwarded write: {error!r}") from error
 
+
+    async def read_records(self, address: str, db: str, shard: int, prefix: bytes,
+                           within: float) -> list[tuple[bytes, bytes]]:
+        """A consistent read of a shard's records at a site that holds a replica of
+        it. PeerError (recoverable) when it does not answer with them."""
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/records"
+        try:
+            async with self._session.get(url, params={"prefix": prefix.hex()},
+                                         timeout=aiohttp.ClientTimeout(total=within)
+                                         ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"{address} did not read records of {db}/{shard} "
+                                    f"({response.status}): {body.decode('utf-8', 'replace')}")
+                return [(bytes.fromhex(key), bytes.fromhex(value))
+                        for key, value in json.loads(body)["records"]]
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"{address} did not answer a read of records of {db}/{shard}: "
+                            f"{error!r}") from error
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise PeerError(f"{address} answered a read of records of {db}/{shard} with "
+                            f"{body[:200]!r}") from error
 
     async def barrier(self, address: str, db: str, shard: int, within: float) -> int:
         """Ask the shard's leader at `address` for the offset a read barrier waits

@@ -382,6 +382,43 @@ class ShardReplica:
                 f"{self._label}: a read barrier: this replica did not apply up to offset "
                 f"{target} within {self._settings.write_timeout}s") from None
 
+    async def read_records(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """The shard's records under `prefix`, every committed write included: read
+        here past a read barrier when this site holds a replica, else at the leader
+        (this site's copy of a shard it does not replicate is not kept up)."""
+        placement = self.placement
+        if self.leadership is not None or (
+                placement is not None and self._settings.site in placement.replicas):
+            await self.read_barrier()
+            return await self._run(self.database.shards[self.shard_id].scan_records, prefix)
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            changed = self._placement_changed
+            if placement is not None and placement.leader in self.peers:
+                try:
+                    return await self._client.read_records(
+                        self.peers[placement.leader], self.database.name, self.shard_id,
+                        prefix, max(0.001, self._remaining(deadline)))
+                except PeerError as exc:
+                    log.debug("%s: reading records at the leader: %s", self._label,
+                              exc.message)
+            if self._remaining(deadline) <= 0:
+                raise StorageTimeoutError(f"{self._label}: records not read at the shard's "
+                                          f"leader within {self._settings.write_timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(),
+                                       min(RETRY_INTERVAL, self._remaining(deadline)))
+
+    async def read_records_for_peer(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """`read_records` asked by a site that holds no replica: only a replica
+        answers (no request goes on from here)."""
+        placement = self.placement
+        if self.leadership is None and (placement is None
+                                        or self._settings.site not in placement.replicas):
+            raise NotLeaderError(f"{self._label}: this site holds no replica of the shard")
+        return await self.read_records(prefix)
+
     def _remaining(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())
 
