@@ -146,6 +146,8 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
     channel.inbound_qos_pending -= 1
     channel.inbound_slot_freed.set()
     if channel.closing:
+        if not future.cancelled():
+            future.exception()  # seen: the connection is gone, nobody else asks
         return
     if future.cancelled() or future.exception() is not None:
         log.error("store failed for %s: %s", channel.client_id,
