@@ -87,6 +87,7 @@ class WriteBuffer:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        self._flushing = False  # a flush is under way
         # Set on a replicated site (`Database.attach_replication`): flushes go through
         # the shard's log instead of straight to RocksDB.
         self.replicate: Replicate | None = None
@@ -141,6 +142,18 @@ class WriteBuffer:
         while not self._room.is_set():
             await self._room.wait()
 
+    async def drain(self) -> None:
+        """Return once every write queued before the call has been tried (committed
+        or failed): an empty write queued behind them is flushed after them."""
+        if not self._pending and not self._flushing:
+            return
+        if self._closed:
+            raise StorageClosedError("the storage is closing")
+        done = self.add([], 0, True)
+        assert done is not None
+        with contextlib.suppress(Exception):  # failed is tried too
+            await done
+
     async def close(self) -> None:
         """Write what is queued, then stop."""
         self._closed = True
@@ -161,7 +174,11 @@ class WriteBuffer:
             if wait > 0 and not self._full.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), wait)
-            await self._flush(self._take())
+            self._flushing = True
+            try:
+                await self._flush(self._take())
+            finally:
+                self._flushing = False
 
     def _take(self) -> list[_Pending]:
         taken: list[_Pending] = []

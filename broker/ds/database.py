@@ -278,6 +278,11 @@ class Database:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self.shards[shard_id].get_records, keys)
 
+    async def drain_shard(self, shard_id: int) -> None:
+        """Return once every write queued in the shard's write buffer before the call
+        has been tried (committed or failed)."""
+        await self._buffers[shard_id].drain()
+
     async def read_records(self, records_of: str,
                            prefix: bytes) -> list[tuple[bytes, bytes]]:
         """`scan_records`, but sure to see every write committed before the call: on

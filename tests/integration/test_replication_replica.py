@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from stratamq.broker.ds import Database, DbOptions, DurableStorage, Message
+from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
-from stratamq.broker.ds.replication.peer import PeerClient
+from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.ds.replication.wire import encode_submit
 from stratamq.broker.errors import StorageError
 from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
@@ -171,4 +173,33 @@ def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
         finally:
             for site in (a, b, c, d):
                 await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused(
+        tmp_path: Path) -> None:
+    """A forwarded write held up in a partition reaches the leader after the healing
+    (TCP delivers it late): its sender failed it long ago and its clients have resent
+    since, so taking it would put old messages after newer ones (or store a QoS 2
+    message twice). The leader refuses it; one on time is committed."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        try:
+            await offer(a, 1, (a.id,), a.id, 1, {a.id: a.address})
+            url = f"http://{a.address}/peer/v1/dbs/messages/0/submit"
+            async with aiohttp.ClientSession() as http:
+                statuses = []
+                for deadline, payload in ((time.time() - 1, b"late"), (time.time() + 30, b"ok")):
+                    async with http.post(url, data=encode_submit(
+                            [Message("t", payload, "pub", 1)], [], []),
+                            headers={DEADLINE_HEADER: f"{deadline:.6f}"}) as response:
+                        statuses.append(response.status)
+            assert statuses == [503, 200]
+            (_rank, stream), = a.storage.get_streams("messages", "t")
+            result = await a.storage.next("messages", a.storage.make_iterator(
+                "messages", stream, "t"), 10)
+            assert not isinstance(result, EndOfStream)
+            assert [message.payload for _key, message in result[1]] == [b"ok"]
+        finally:
+            await a.storage.close()
     asyncio.run(scenario())

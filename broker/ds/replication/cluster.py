@@ -184,10 +184,10 @@ class SiteReplication:
         messages, puts, deletes = decode_submit(body)
         await self.replicas[shard].submit_forwarded(messages, puts, deletes)
 
-    def _barrier(self, db: str, shard: int) -> int:
+    async def _barrier(self, db: str, shard: int) -> int:
         if db != self.database.name or not 0 <= shard < len(self.replicas):
             raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        return self.replicas[shard].barrier_offset()
+        return await self.replicas[shard].barrier_offset()
 
     async def _read_records(self, db: str, shard: int,
                             prefix: bytes) -> list[tuple[bytes, bytes]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
@@ -29,9 +30,10 @@ OnAppend = Callable[[str, int], None]
 # returns once committed.
 Submit = Callable[[str, int, bytes], Awaitable[None]]
 SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
+DEADLINE_HEADER = "X-Stratamq-Deadline"
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
-Barrier = Callable[[str, int], int]
+Barrier = Callable[[str, int], Awaitable[int]]
 # A consistent read of a shard's records (db, shard, key prefix), for a site that
 # holds no replica of the shard; a recoverable StorageError when this site cannot.
 ReadRecords = Callable[[str, int, bytes], Awaitable[list[tuple[bytes, bytes]]]]
@@ -113,6 +115,11 @@ class PeerServer:
             shard = int(http.match_info["shard"])
         except ValueError:
             return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        if time.time() > _deadline(http):
+            # The sender gave up on it (a request held up in a partition, delivered
+            # by TCP after the healing): taken now, it would land after the writes
+            # the sender's clients have resent since.
+            return _error(503, "expired", "the forwarded write arrived after its deadline")
         try:
             await self._submit(db, shard, await http.read())
         except CorruptDataError as error:
@@ -128,7 +135,8 @@ class PeerServer:
         if self._barrier is None:
             return _error(404, "unknown_shard", "this site leads no shard")
         try:
-            offset = self._barrier(http.match_info["db"], int(http.match_info["shard"]))
+            offset = await self._barrier(http.match_info["db"],
+                                         int(http.match_info["shard"]))
         except ValueError:
             return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
         except StorageError as error:
@@ -187,7 +195,9 @@ class PeerClient:
         url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
         try:
             async with self._session.post(url, data=body,
-                                          headers={"Content-Type": SUBMIT_CONTENT_TYPE},
+                                          headers={"Content-Type": SUBMIT_CONTENT_TYPE,
+                                                   DEADLINE_HEADER:
+                                                       f"{time.time() + within:.6f}"},
                                           timeout=aiohttp.ClientTimeout(total=within)
                                           ) as response:
                 reason = await response.read()
@@ -245,6 +255,15 @@ class PeerClient:
             raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
                             f"barrier with offset {offset!r}")
         return offset
+
+
+def _deadline(http: web.Request) -> float:
+    """The wall-clock time after which the sender of a forwarded write no longer waits
+    for it (sites' clocks agree to well within a write timeout)."""
+    try:
+        return float(http.headers.get(DEADLINE_HEADER, "inf"))
+    except ValueError:
+        return float("inf")
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -337,13 +337,17 @@ class ShardReplica:
 
     # -- reading ------------------------------------------------------------------
 
-    def barrier_offset(self) -> int:
-        """As the shard's leader: the end of its log. A replica that has applied that
-        far has every write this leader answered, and every write whose outcome was
-        still open here (appended, not yet committed) decided one way or the other."""
+    async def barrier_offset(self) -> int:
+        """As the shard's leader: the end of its log once the writes queued in its
+        write buffer (forwarded ones among them) have been tried. A replica that has
+        applied that far has every write this leader answered, and every write whose
+        outcome was still open here decided one way or the other."""
         leadership = self.leadership
         if leadership is None or not leadership.current:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+        await self.database.drain_shard(self.shard_id)
+        if self.leadership is not leadership or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
         return self.log.last.offset
 
     async def read_barrier(self) -> None:
@@ -356,7 +360,7 @@ class ShardReplica:
             placement = self.placement
             changed = self._placement_changed
             if self.leadership is not None:
-                target = self.barrier_offset()
+                target = await self.barrier_offset()
                 break
             if placement is not None and placement.leader != self._settings.site \
                     and placement.leader in self.peers:
