@@ -84,6 +84,13 @@ class StorageTimeoutError(StorageError):
     recoverable = True
 
 
+class WriteAbandonedError(StorageError):
+    """A write queued behind one that failed was dropped unwritten, so that it cannot
+    be committed before the failed one is sent again: retry it after that one."""
+
+    recoverable = True
+
+
 class PlacementError(StratamqError):
     """A placement document (replica sets, leaders, epochs) that is not valid, or a
     change that does not apply to it (adding a site that already holds the shard)."""

@@ -118,6 +118,9 @@ class Channel:
         self.client_alias_maximum = 0
         self.inbound_qos_pending = 0
         self.inbound_slot_freed = asyncio.Event()  # set as inbound_qos_pending falls
+        # The store of this client's latest QoS 1/2 message: once it has failed, nothing
+        # more is stored from this connection (see handle_publish).
+        self.last_store: asyncio.Future[None] | None = None
         self.closing = False
         self.will_on_close = True
         self._reader = PacketReader(limits.max_packet_size)
@@ -193,10 +196,12 @@ class Channel:
         self.closing = True
         self.close_transport()
         session = self.session
-        if session is not None:
-            self.session = None
-            await self.broker.registry.close_session(self, session, self.will_on_close)
-        self._kicked.set()
+        try:
+            if session is not None:
+                self.session = None
+                await self.broker.registry.close_session(self, session, self.will_on_close)
+        finally:
+            self._kicked.set()  # a connection taking the session over waits for this
 
     # -- sending ------------------------------------------------------------------
 

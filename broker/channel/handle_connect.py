@@ -6,7 +6,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from ..core.registry import NotSessionOwner
+from ..errors import StratamqError
 from ..mqtt import MQTT_5, Connack, Connect, Properties, ReasonCode
+from ..mqtt.error_codes import mqtt_reason_code
 from ..session.model import NEVER_EXPIRES, WillRecord
 from .properties import to_message_properties
 
@@ -60,6 +62,10 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
                 client_id, packet.username, topic_filter))
     except NotSessionOwner:
         channel.refuse(ReasonCode.NOT_AUTHORIZED)
+    except StratamqError as error:
+        # the storage could not tell the session's state (its QoS 2 packet ids past a
+        # read barrier, say): refused, the client tries again, rather than a guess
+        channel.refuse(mqtt_reason_code(error))
     channel.session = session
     if packet.will is not None:
         will = packet.will

@@ -69,6 +69,8 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     if (packet.qos > 0 and channel.inbound_qos_pending >= channel.limits.receive_maximum) \
             or not channel.broker.publisher.has_room(channel.client_id):
         await _wait_for_room(channel, packet)
+    if _a_store_failed(channel):
+        raise _fail(channel, ReasonCode.UNSPECIFIED_ERROR)
     message = Message(topic, packet.payload, channel.client_id, packet.qos, packet.retain,
                       to_message_properties(packet.properties))
     messages_received(packet.qos).inc()
@@ -81,11 +83,24 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     if packet.qos == 0:
         return
     channel.inbound_qos_pending += 1
+    channel.last_store = waits[0]
     done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
     if packet.qos == 2:
         # before any later packet is read: a resend must find it
         session.inbound_qos2_storing(packet.packet_id or 0, done)
     done.add_done_callback(lambda future: _stored(channel, packet, future))
+
+
+def _a_store_failed(channel: Channel) -> bool:
+    """Whether a QoS 1/2 message of this connection failed to be stored, even if the
+    connection has not heard yet (the failure's callbacks run later). A message taken
+    after that could be committed before the client resends the failed one (order per
+    publisher and topic, MQTT-4.6.0-5). The latest store tells: a client's messages
+    share one shard's write buffer, which fails everything queued behind a failed
+    write (replicated sites; on a single site a failed write is a failed disk)."""
+    last = channel.last_store
+    return last is not None and last.done() and (last.cancelled()
+                                                 or last.exception() is not None)
 
 
 async def _wait_for_room(channel: Channel, packet: Publish) -> None:
@@ -113,6 +128,16 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
         await asyncio.wait([store])
         if channel.closing:
             raise ConnectionClosed()
+    if session.inbound_qos2_unknown(packet_id):
+        # its store failed, but may have been committed: storing it again could
+        # deliver it twice, so the storage decides (or the connection ends)
+        try:
+            stored = await channel.broker.publisher.qos2_stored(channel.client_id, packet_id)
+        except StratamqError as error:
+            raise _fail(channel, mqtt_reason_code(error)) from None
+        if channel.closing:
+            raise ConnectionClosed()
+        session.inbound_qos2_known(packet_id, stored)
     return session.inbound_qos2_pending(packet_id)
 
 
@@ -121,6 +146,8 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
     channel.inbound_qos_pending -= 1
     channel.inbound_slot_freed.set()
     if channel.closing:
+        if not future.cancelled():
+            future.exception()  # seen: the connection is gone, nobody else asks
         return
     if future.cancelled() or future.exception() is not None:
         log.error("store failed for %s: %s", channel.client_id,

@@ -28,6 +28,8 @@ def handle_pubrel(channel: Channel, packet: Pubrel) -> None:
 def _released(channel: Channel, packet_id: int, future: asyncio.Future[list[None]]) -> None:
     """The packet id is forgotten durably: only now may the client reuse it."""
     if channel.closing:
+        if not future.cancelled():
+            future.exception()  # seen: the connection is gone, nobody else asks
         return
     if future.cancelled() or future.exception() is not None:
         channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)

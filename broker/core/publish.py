@@ -71,6 +71,11 @@ class Publisher:
         (at once when it has)."""
         await self._messages.wait_for_room(client_id)
 
+    async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
+        """Whether an inbound QoS 2 message of `client_id` with this packet id is
+        stored (read past a barrier: see SessionStore)."""
+        return await self._store.qos2_stored(client_id, packet_id)
+
     def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
         """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
         reuse it."""

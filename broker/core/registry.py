@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..ds import DurableStorage
+from ..errors import StratamqError
 from ..metrics import IN_FLIGHT, SESSIONS
 from ..mqtt.reason_codes import ReasonCode
 from ..session.model import NEVER_EXPIRES, SessionRecord
@@ -167,9 +168,14 @@ class SessionRegistry:
                 previous = self.connections.get(client_id)
                 if previous is None or previous is connection:
                     self.connections[client_id] = connection
-                    return await self._open_session_locked(
-                        client_id, clean_start, expiry_interval, username, may_subscribe,
-                        record, ended)
+                    try:
+                        return await self._open_session_locked(
+                            client_id, clean_start, expiry_interval, username,
+                            may_subscribe, record, ended)
+                    except BaseException:
+                        if self.connections.get(client_id) is connection:
+                            del self.connections[client_id]
+                        raise
             # Outside the lock: the old connection's close_session needs it.
             await previous.kick(ReasonCode.SESSION_TAKEN_OVER)
             if self.connections.get(client_id) is previous:  # it ended without a session
@@ -238,7 +244,11 @@ class SessionRegistry:
                     async with session.persist_lock:
                         await self._store.delete(client_id)
                 await session.inbound_qos2_settled()  # or a late one outlives the forget
-                await self._store.forget_qos2(client_id)
+                try:
+                    await self._store.forget_qos2(client_id)
+                except StratamqError as exc:  # no leader to read past, say: the will goes on
+                    log.warning("QoS 2 packet ids of ended session %r not forgotten: %s",
+                                client_id, exc)
                 if will is not None:
                     self._publish_will(client_id, session)
                 return

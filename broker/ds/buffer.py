@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from ..errors import StorageBusyError, StorageClosedError
+from ..errors import StorageBusyError, StorageClosedError, WriteAbandonedError
 from . import metrics
 from .cooked import CookedBatch
 from .message import Message
@@ -87,6 +87,7 @@ class WriteBuffer:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        self._flushing = False  # a flush is under way
         # Set on a replicated site (`Database.attach_replication`): flushes go through
         # the shard's log instead of straight to RocksDB.
         self.replicate: Replicate | None = None
@@ -141,6 +142,18 @@ class WriteBuffer:
         while not self._room.is_set():
             await self._room.wait()
 
+    async def drain(self) -> None:
+        """Return once every write queued before the call has been tried (committed
+        or failed): an empty write queued behind them is flushed after them."""
+        if not self._pending and not self._flushing:
+            return
+        if self._closed:
+            raise StorageClosedError("the storage is closing")
+        done = self.add([], 0, True)
+        assert done is not None
+        with contextlib.suppress(Exception):  # failed is tried too
+            await done
+
     async def close(self) -> None:
         """Write what is queued, then stop."""
         self._closed = True
@@ -161,7 +174,11 @@ class WriteBuffer:
             if wait > 0 and not self._full.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), wait)
-            await self._flush(self._take())
+            self._flushing = True
+            try:
+                await self._flush(self._take())
+            finally:
+                self._flushing = False
 
     def _take(self) -> list[_Pending]:
         taken: list[_Pending] = []
@@ -181,6 +198,17 @@ class WriteBuffer:
         if self._bytes < self._max_bytes:
             self._room.set()
         if not self._pending and not self._closed:
+            self._wakeup.clear()
+        return taken
+
+    def _take_all(self) -> list[_Pending]:
+        taken = list(self._pending)
+        self._pending.clear()
+        self._items = 0
+        self._bytes = 0
+        self._full.clear()
+        self._room.set()
+        if not self._closed:
             self._wakeup.clear()
         return taken
 
@@ -237,9 +265,17 @@ class WriteBuffer:
         except Exception as exc:  # handed to every waiting writer
             failure = exc
             metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
-            log.error("shard %s: batch of %d messages not committed: %s",
-                      self._labels, len(messages), failure)
+            # What is queued behind fails too: committed now (through a new leader,
+            # say), a client's later messages would land before its resend of the
+            # failed ones (order per publisher and topic, MQTT-4.6.0-5).
+            behind = self._take_all()
+            log.error("shard %s: batch of %d messages not committed: %s; %d writes queued "
+                      "behind it dropped", self._labels, len(messages), failure, len(behind))
+            abandoned = WriteAbandonedError(
+                f"shard {self._labels[1]} of {self._labels[0]!r}: an earlier write failed "
+                f"({failure})")
             _settle(taken, lambda done: done.set_exception(failure))
+            _settle(behind, lambda done: done.set_exception(abandoned))
             return
         self._batches.inc()
         self._batch_messages.inc(len(messages))

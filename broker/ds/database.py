@@ -79,6 +79,10 @@ class Replication(Protocol):
         """The shard's replica set and leader as this site knows them (none and ""
         before the first placement)."""
 
+    async def read_records(self, shard_id: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """The shard's records under `prefix`, every write committed before the call
+        included; a recoverable StorageError when that cannot be made sure in time."""
+
     async def close(self) -> None:
         """Stop applying: the shards are about to close."""
 
@@ -273,6 +277,23 @@ class Database:
         """Several records of one shard in one read, None where there is none."""
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self.shards[shard_id].get_records, keys)
+
+    async def drain_shard(self, shard_id: int) -> None:
+        """Return once every write queued in the shard's write buffer before the call
+        has been tried (committed or failed)."""
+        await self._buffers[shard_id].drain()
+
+    async def read_records(self, records_of: str,
+                           prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """`scan_records`, but sure to see every write committed before the call: on
+        a replicated site this site's copy may lag the shard's leader (or not be kept
+        at all), so the read passes a read barrier or goes to a replica. A recoverable
+        StorageError when that cannot be made sure in time: a reader must then not
+        guess from what it has. On a site without replication: `scan_records`."""
+        if self._replication is None:
+            return await self.scan_records(records_of, prefix)
+        return await self._replication.read_records(
+            shard_of(records_of, self.options.n_shards), prefix)
 
     async def get_record(self, records_of: str, key: bytes) -> bytes | None:
         """One record of `records_of`'s shard, None when there is none."""

@@ -161,6 +161,10 @@ class Session:
         # ... and those whose store is under way: a resend (DUP) waits for it, on this
         # connection or a later one, instead of storing the message a second time
         self._inbound_qos2_storing: dict[int, asyncio.Future[Any]] = {}
+        # inbound QoS 2 packet ids whose store failed: it may have been committed all
+        # the same (a leader that stepped down or timed out after the entry reached a
+        # majority), so a resend asks the storage instead of storing again
+        self._inbound_qos2_unknown: set[int] = set()
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
@@ -272,6 +276,7 @@ class Session:
 
     def load_inbound_qos2(self, packet_ids: set[int]) -> None:
         self._inbound_qos2 = packet_ids
+        self._inbound_qos2_unknown.clear()
 
     def inbound_qos2_pending(self, packet_id: int) -> bool:
         return packet_id in self._inbound_qos2
@@ -287,6 +292,18 @@ class Session:
             del self._inbound_qos2_storing[packet_id]
         if not store.cancelled() and store.exception() is None:
             self._inbound_qos2.add(packet_id)
+        elif packet_id not in self._inbound_qos2:
+            self._inbound_qos2_unknown.add(packet_id)
+
+    def inbound_qos2_unknown(self, packet_id: int) -> bool:
+        """Whether a store of this packet id failed with an outcome not known yet."""
+        return packet_id in self._inbound_qos2_unknown
+
+    def inbound_qos2_known(self, packet_id: int, stored: bool) -> None:
+        """The storage told whether the message with this packet id is stored."""
+        self._inbound_qos2_unknown.discard(packet_id)
+        if stored:
+            self._inbound_qos2.add(packet_id)
 
     def inbound_qos2_store(self, packet_id: int) -> asyncio.Future[Any] | None:
         """The store under way of the message with this packet id, if any."""
@@ -299,6 +316,7 @@ class Session:
 
     def inbound_qos2_released(self, packet_id: int) -> None:
         self._inbound_qos2.discard(packet_id)
+        self._inbound_qos2_unknown.discard(packet_id)
 
     # -- subscriptions ------------------------------------------------------------
 

@@ -63,12 +63,25 @@ class SessionStore:
         return self._messages.submit([], True, records_of=client_id,
                                      record_deletes=[_qos2_key(client_id, packet_id)])
 
+    # Reads that decide whether a QoS 2 packet id is known see every committed write
+    # (Database.read_records): this site's replica may not have applied what its
+    # shard's leader committed, and a guess either way breaks exactly once (a resend
+    # stored twice) or loses a message (a new PUBLISH taken for a resend).
+
     async def inbound_qos2_ids(self, client_id: str) -> set[int]:
-        records = await self._messages.scan_records(client_id, _qos2_prefix(client_id))
+        records = await self._messages.read_records(client_id, _qos2_prefix(client_id))
         return {int.from_bytes(key[-2:], "big") for key, _value in records}
 
+    async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
+        """Whether an inbound QoS 2 message with this packet id is stored and awaits
+        its PUBREL (asked when a store of it failed without a known outcome)."""
+        key = _qos2_key(client_id, packet_id)
+        # the keys of one client's QoS 2 records all have the same length
+        return any(found == key for found, _value
+                   in await self._messages.read_records(client_id, key))
+
     async def forget_qos2(self, client_id: str) -> None:
-        records = await self._messages.scan_records(client_id, _qos2_prefix(client_id))
+        records = await self._messages.read_records(client_id, _qos2_prefix(client_id))
         if records:
             await asyncio.gather(*self._messages.submit(
                 [], True, records_of=client_id, record_deletes=[key for key, _ in records]))

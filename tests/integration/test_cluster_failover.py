@@ -9,11 +9,7 @@ site is restarted and catches up; again and again while the clients run. At the 
 the history check passes: every acknowledged message delivered to every subscriber,
 QoS 2 exactly once, order per publisher, topic and QoS kept. Failover times (kill to
 new leaders in the controller's placement, kill to the next acknowledgement on a
-surviving site) are printed, never asserted.
-
-Product bugs these tests found and that are not fixed yet make them xfail, each only
-on its own signature (tests/support/cluster.py, KNOWN_BUGS and RESTART_BUG); any
-other problem fails them."""
+surviving site) are printed, never asserted."""
 
 from __future__ import annotations
 
@@ -24,7 +20,7 @@ import pytest
 
 from stratamq.broker.config import Config
 from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import Cluster, xfail_on_known_bugs
+from tests.support.cluster import Cluster
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
@@ -152,6 +148,5 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
     assert all(alive), f"a site died by itself: {alive}\n{cluster.logs()}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     assert converged, f"replicas differ at the end:\n{final_state}"
-    xfail_on_known_bugs(history)
     history.check()
     assert delivered

@@ -7,11 +7,7 @@ that leads the most shards is cut off from the other sites and the controller (t
 test still reaches it): while cut, it acknowledges none of the messages handed to its
 publisher after the cut; the majority gets new leaders and goes on acknowledging.
 After healing, the old leader takes the role the controller gives it, all replicas
-end at the same log position, committed and applied, and the history check passes.
-
-Product bugs these tests found and that are not fixed yet make them xfail, each only
-on its own signature (tests/support/cluster.py, KNOWN_BUGS and RESTART_BUG); any
-other problem fails them."""
+end at the same log position, committed and applied, and the history check passes."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stratamq.broker.config import Config
-from tests.support.cluster import Cluster, xfail_on_known_bugs
+from tests.support.cluster import Cluster
 from tests.support.history import History, Message
 from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
@@ -152,6 +148,5 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
         f"the cut-off side acknowledged {sorted(acked_while_cut)[:5]}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     assert converged, f"replicas differ at the end:\n{final_state}"
-    xfail_on_known_bugs(history)
     history.check()
     assert delivered

@@ -18,30 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port, merge_config
-from tests.support.history import History
 from tests.support.netns import NetnsNetwork, Network
 
 DB = "messages"
 TIMEOUT = 5.0  # one HTTP request
-
-# Product bugs these tests found (issue 7 branch, November 2026), by the kind of
-# history problem they cause; see `xfail_on_known_bugs`.
-KNOWN_BUGS = {
-    "QoS 2 duplicate":
-        "a QoS 2 PUBLISH resent with DUP is stored again when its first store failed with "
-        "an unknown outcome (the leader died or stepped down after the entry reached a "
-        "majority: Session._inbound_qos2_settled drops the packet id on any exception) "
-        "or when its site restarted (SessionStore.inbound_qos2_ids reads the site's own "
-        "replica, which may not have applied what the leader committed)",
-    "order":
-        "when a client's write fails (its shard's leader stepped down), the site closes "
-        "the connection but still commits that client's later writes waiting in the "
-        "shard's write buffer; the client's resend of the failed ones lands after them "
-        "(MQTT-4.6.0-5)",
-}
 
 
 def http_json(method: str, url: str, body: Any = None) -> Any:
@@ -178,14 +159,8 @@ class Cluster:
         return self
 
     def restart(self, index: int) -> None:
-        """Start a killed site again; xfail on the known restart bug (RESTART_BUG)."""
-        try:
-            self.sites[index].start()
-        except RuntimeError as exc:
-            if RESTART_BUG_SIGN in str(exc):
-                pytest.xfail(f"known product bug, {RESTART_BUG}: site-{index}: "
-                             f"{str(exc).splitlines()[-1]}")
-            raise
+        """Start a killed site again."""
+        self.sites[index].start()
 
     def index_of(self, site_id: str) -> int:
         return self.site_ids.index(site_id)
@@ -275,28 +250,3 @@ class Cluster:
     def close(self) -> None:
         for process in [self.controller, *self.sites]:
             process.kill()
-
-# Also found: a restarted site that takes its kept placement (leading a shard at an
-# epoch a failover has since replaced) and meanwhile receives the new leader's append
-# exits at start with "stratamq: messages/N: epoch E is older than this log's E+1"
-# (exit code 2): a StaleEpochError out of the stale leadership ends the start.
-RESTART_BUG_SIGN = "is older than this log's"
-RESTART_BUG = ("a restarted site exits at start when its kept placement makes it lead a "
-               "shard at an epoch that a failover replaced and the new leader's append "
-               "arrives meanwhile (StaleEpochError ends the start, exit code 2)")
-
-
-def xfail_on_known_bugs(history: History) -> None:
-    """xfail when every problem of the history is one of KNOWN_BUGS: order problems
-    only on (session, publisher, topic, QoS) keys where the order bug shows, a first
-    delivery after a newer message (at QoS 2, where nothing repeats, the final-copies
-    rule then breaks too); any other problem is left to `history.check()`."""
-    problems = history.problems_by_kind()
-    if not problems or not set(problems) <= set(KNOWN_BUGS):
-        return
-    order = problems.get("order", [])
-    bug_keys = {line.split(": ", 1)[0] for line in order if "never delivered before" in line}
-    if any(line.split(": ", 1)[0] not in bug_keys for line in order):
-        return
-    pytest.xfail("known product bugs: " + " | ".join(
-        f"{KNOWN_BUGS[kind]}: {'; '.join(lines)}" for kind, lines in problems.items()))

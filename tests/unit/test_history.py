@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from tests.support.cluster import xfail_on_known_bugs
 from tests.support.history import History, Message, topic_matches
 
 A = "pub-a"
@@ -290,19 +289,3 @@ def test_problems_come_under_their_rule() -> None:
     reconnect(history, session_present=False)
     assert sorted(history.problems_by_kind()) == [
         "QoS 2 duplicate", "lost", "order", "session lost", "unknown"]
-
-
-def test_only_known_product_bugs_turn_a_failed_check_into_an_xfail() -> None:
-    known = History()  # the order bug: 0 first delivered after 1, at QoS 2
-    subscriber(known)
-    publish(known, m(0, 2), m(1, 2), m(2, 2))
-    deliver(known, m(1, 2), m(0, 2), m(2, 2))
-    with pytest.raises(pytest.xfail.Exception, match="known product bugs"):
-        xfail_on_known_bugs(known)
-
-    unknown = History()  # a loss as well: not excused
-    subscriber(unknown)
-    publish(unknown, m(0, 2), m(1, 2), m(2, 2))
-    deliver(unknown, m(1, 2), m(0, 2))
-    xfail_on_known_bugs(unknown)
-    assert "never delivered" in failure(unknown)

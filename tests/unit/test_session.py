@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY
 
 from stratamq.broker.ds import Message, Stream
+from stratamq.broker.errors import StorageTimeoutError
 from stratamq.broker.session.model import SessionRecord, Subscription, cursor_key
 from stratamq.broker.session.session import MAX_PACKET_ID, Delivery, Session
 from tests.support.fake_storage import FakeDatabase, FakeStorage
@@ -277,6 +278,32 @@ def test_qos2_failed_pubrec_frees_the_id_without_pubrel() -> None:
         assert session.in_flight_count == 1
         assert not await session.on_pubrec(1, failed=False)
         await session.detach()
+
+    run(main())
+
+
+def test_an_inbound_qos2_store_that_failed_leaves_its_packet_id_unknown_not_free() -> None:
+    """A store that failed may have been committed all the same (a leader stepped down
+    after the entry reached a majority): its packet id is neither pending nor free,
+    until the storage tells (a resend asks it rather than storing again)."""
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=True)
+        loop = asyncio.get_running_loop()
+        failed, stored = loop.create_future(), loop.create_future()
+        session.inbound_qos2_storing(7, failed)
+        session.inbound_qos2_storing(8, stored)
+        failed.set_exception(StorageTimeoutError("no majority in time"))
+        stored.set_result(None)
+        await asyncio.sleep(0)  # the done callbacks
+        assert (session.inbound_qos2_pending(7), session.inbound_qos2_unknown(7)) \
+            == (False, True)
+        assert (session.inbound_qos2_pending(8), session.inbound_qos2_unknown(8)) \
+            == (True, False)
+        session.inbound_qos2_known(7, stored=True)
+        assert (session.inbound_qos2_pending(7), session.inbound_qos2_unknown(7)) \
+            == (True, False)
+        session.inbound_qos2_released(7)
+        assert not session.inbound_qos2_pending(7)
 
     run(main())
 

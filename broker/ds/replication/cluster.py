@@ -23,7 +23,7 @@ from ...net.address import split_bind
 from ..database import Database
 from ..message import Message
 from . import entries
-from .log import ShardLog
+from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerServer
 from .placement import Placement, check_site_id
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
@@ -64,7 +64,8 @@ class SiteReplication:
         self._store = store
         self._logs = logs
         self.peers = peers
-        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit)
+        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
+                                  self._barrier, self._read_records)
         self._session = aiohttp.ClientSession()
         client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self.replicas = [ShardReplica(database, shard, shard_log,
@@ -153,7 +154,14 @@ class SiteReplication:
                       name, len(self.replicas))
         for shard_placement in shards:
             if shard_placement.shard < len(self.replicas):
-                await self.replicas[shard_placement.shard].take(shard_placement, self.peers)
+                try:
+                    await self.replicas[shard_placement.shard].take(shard_placement,
+                                                                    self.peers)
+                except StaleEpochError as exc:
+                    # this shard's log knows a newer leader than the placement: it
+                    # follows that one; the other shards take their roles regardless
+                    log.warning("%s/%d: placement version %d is stale here: %s", name,
+                                shard_placement.shard, placement.version, exc.message)
 
     # -- the peer port --------------------------------------------------------------
 
@@ -176,11 +184,25 @@ class SiteReplication:
         messages, puts, deletes = decode_submit(body)
         await self.replicas[shard].submit_forwarded(messages, puts, deletes)
 
+    async def _barrier(self, db: str, shard: int) -> int:
+        if db != self.database.name or not 0 <= shard < len(self.replicas):
+            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
+        return await self.replicas[shard].barrier_offset()
+
+    async def _read_records(self, db: str, shard: int,
+                            prefix: bytes) -> list[tuple[bytes, bytes]]:
+        if db != self.database.name or not 0 <= shard < len(self.replicas):
+            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
+        return await self.replicas[shard].read_records_for_peer(prefix)
+
     # -- database.Replication ---------------------------------------------------------
 
     async def write(self, shard_id: int, messages: list[Message],
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
         await self.replicas[shard_id].write(messages, record_puts, record_deletes)
+
+    async def read_records(self, shard_id: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return await self.replicas[shard_id].read_records(prefix)
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         placement = self.replicas[shard_id].placement

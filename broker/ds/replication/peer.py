@@ -6,6 +6,8 @@ takes it from `ShardLog.append_from_leader`."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 
@@ -28,6 +30,13 @@ OnAppend = Callable[[str, int], None]
 # returns once committed.
 Submit = Callable[[str, int, bytes], Awaitable[None]]
 SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
+DEADLINE_HEADER = "X-Stratamq-Deadline"
+# As the shard's leader: the offset a read barrier waits for (db, shard); raises a
+# recoverable StorageError elsewhere.
+Barrier = Callable[[str, int], Awaitable[int]]
+# A consistent read of a shard's records (db, shard, key prefix), for a site that
+# holds no replica of the shard; a recoverable StorageError when this site cannot.
+ReadRecords = Callable[[str, int, bytes], Awaitable[list[tuple[bytes, bytes]]]]
 
 
 class PeerError(StorageError):
@@ -38,11 +47,14 @@ class PeerError(StorageError):
 
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
-                 submit: Submit | None = None) -> None:
+                 submit: Submit | None = None, barrier: Barrier | None = None,
+                 read_records: ReadRecords | None = None) -> None:
         self._logs_of = logs_of
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
+        self._barrier = barrier
+        self._read_records = read_records
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
@@ -56,6 +68,8 @@ class PeerServer:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -101,6 +115,11 @@ class PeerServer:
             shard = int(http.match_info["shard"])
         except ValueError:
             return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        if time.time() > _deadline(http):
+            # The sender gave up on it (a request held up in a partition, delivered
+            # by TCP after the healing): taken now, it would land after the writes
+            # the sender's clients have resent since.
+            return _error(503, "expired", "the forwarded write arrived after its deadline")
         try:
             await self._submit(db, shard, await http.read())
         except CorruptDataError as error:
@@ -110,6 +129,36 @@ class PeerServer:
             return _error(503 if error.recoverable else 500, type(error).__name__,
                           error.message)
         return web.json_response({"committed": True})
+
+
+    async def _read_barrier(self, http: web.Request) -> web.Response:
+        if self._barrier is None:
+            return _error(404, "unknown_shard", "this site leads no shard")
+        try:
+            offset = await self._barrier(http.match_info["db"],
+                                         int(http.match_info["shard"]))
+        except ValueError:
+            return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        except StorageError as error:
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"offset": offset})
+
+    async def _records(self, http: web.Request) -> web.Response:
+        if self._read_records is None:
+            return _error(404, "unknown_shard", "this site holds no shard")
+        try:
+            shard = int(http.match_info["shard"])
+            prefix = bytes.fromhex(http.query.get("prefix", ""))
+        except ValueError:
+            return _error(400, "bad_request", "shard must be a number, prefix hex")
+        try:
+            records = await self._read_records(http.match_info["db"], shard, prefix)
+        except StorageError as error:
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"records": [[key.hex(), value.hex()]
+                                              for key, value in records]})
 
 
 class PeerClient:
@@ -146,7 +195,9 @@ class PeerClient:
         url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
         try:
             async with self._session.post(url, data=body,
-                                          headers={"Content-Type": SUBMIT_CONTENT_TYPE},
+                                          headers={"Content-Type": SUBMIT_CONTENT_TYPE,
+                                                   DEADLINE_HEADER:
+                                                       f"{time.time() + within:.6f}"},
                                           timeout=aiohttp.ClientTimeout(total=within)
                                           ) as response:
                 reason = await response.read()
@@ -157,6 +208,62 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
                             f"forwarded write: {error!r}") from error
+
+
+    async def read_records(self, address: str, db: str, shard: int, prefix: bytes,
+                           within: float) -> list[tuple[bytes, bytes]]:
+        """A consistent read of a shard's records at a site that holds a replica of
+        it. PeerError (recoverable) when it does not answer with them."""
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/records"
+        try:
+            async with self._session.get(url, params={"prefix": prefix.hex()},
+                                         timeout=aiohttp.ClientTimeout(total=within)
+                                         ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"{address} did not read records of {db}/{shard} "
+                                    f"({response.status}): {body.decode('utf-8', 'replace')}")
+                return [(bytes.fromhex(key), bytes.fromhex(value))
+                        for key, value in json.loads(body)["records"]]
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"{address} did not answer a read of records of {db}/{shard}: "
+                            f"{error!r}") from error
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise PeerError(f"{address} answered a read of records of {db}/{shard} with "
+                            f"{body[:200]!r}") from error
+
+    async def barrier(self, address: str, db: str, shard: int, within: float) -> int:
+        """Ask the shard's leader at `address` for the offset a read barrier waits
+        for (the end of its log). PeerError (recoverable) when it does not answer so."""
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/barrier"
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=within)
+                                         ) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"the leader of {db}/{shard} at {address} refused a read "
+                                    f"barrier ({response.status}): "
+                                    f"{body.decode('utf-8', 'replace')}")
+                offset = json.loads(body)["offset"]
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a read "
+                            f"barrier: {error!r}") from error
+        except (ValueError, KeyError, TypeError) as error:
+            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
+                            f"barrier with {body[:200]!r}") from error
+        if not isinstance(offset, int):
+            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
+                            f"barrier with offset {offset!r}")
+        return offset
+
+
+def _deadline(http: web.Request) -> float:
+    """The wall-clock time after which the sender of a forwarded write no longer waits
+    for it (sites' clocks agree to well within a write timeout)."""
+    try:
+        return float(http.headers.get(DEADLINE_HEADER, "inf"))
+    except ValueError:
+        return float("inf")
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -143,7 +143,9 @@ class ShardReplica:
         previous, self.placement = self.placement, placement
         if placement.epoch > self.log.epoch:
             async with self._log_lock:
-                await self._run(self.log.observe_epoch, placement.epoch)
+                # a newer leader's append may have got in first: nothing to observe then
+                with contextlib.suppress(StaleEpochError):
+                    await self._run(self.log.observe_epoch, placement.epoch)
         leading = self.leadership
         if leading is not None and (placement.leader != site or placement.epoch != leading.epoch
                                     or not leading.current):
@@ -159,8 +161,16 @@ class ShardReplica:
     async def _begin(self, placement: ShardPlacement) -> None:
         site = self._settings.site
         async with self._log_lock:
-            leadership = await self._run(Leadership.begin, site, placement.epoch, self.log,
-                                         placement.replicas, self.log.committed)
+            try:
+                leadership = await self._run(Leadership.begin, site, placement.epoch,
+                                             self.log, placement.replicas, self.log.committed)
+            except StaleEpochError as exc:
+                # A kept (or late) placement that a failover replaced, and the new
+                # leader's append got here first: follow it; the controller's next
+                # push names it.
+                log.warning("%s: not leading epoch %d: %s", self._label, placement.epoch,
+                            exc.message)
+                return
         self.leadership = leadership
         self._leader_changes.inc()
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
@@ -170,8 +180,8 @@ class ShardReplica:
         # wait until it is applied.
         try:
             self._ready_at = await self._append(entries.encode(entries.Noop()))
-        except StaleEpochError as exc:
-            self._step_down(str(exc))
+        except (StaleEpochError, NotLeaderError) as exc:
+            self._step_down(exc.message)  # _append has stepped down already, if it raised
 
     def _change_replica_set(self, placement: ShardPlacement) -> None:
         leading = self.leadership
@@ -324,6 +334,94 @@ class ShardReplica:
         done = self.database.submit_to_shard(self.shard_id, messages, record_puts,
                                              record_deletes)
         await done
+
+    # -- reading ------------------------------------------------------------------
+
+    async def barrier_offset(self) -> int:
+        """As the shard's leader: the end of its log once the writes queued in its
+        write buffer (forwarded ones among them) have been tried. A replica that has
+        applied that far has every write this leader answered, and every write whose
+        outcome was still open here decided one way or the other."""
+        leadership = self.leadership
+        if leadership is None or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+        await self.database.drain_shard(self.shard_id)
+        if self.leadership is not leadership or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
+        return self.log.last.offset
+
+    async def read_barrier(self) -> None:
+        """Return once this replica has applied everything its leader had appended
+        when asked, so that a read here sees every committed write (a replica may lag
+        its leader; a site may restart behind it). StorageTimeoutError when that does
+        not happen within `write_timeout`: the reader must not guess then."""
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            changed = self._placement_changed
+            if self.leadership is not None:
+                target = await self.barrier_offset()
+                break
+            if placement is not None and placement.leader != self._settings.site \
+                    and placement.leader in self.peers:
+                try:
+                    target = await self._client.barrier(
+                        self.peers[placement.leader], self.database.name, self.shard_id,
+                        max(0.001, self._remaining(deadline)))
+                    break
+                except PeerError as exc:
+                    # a leader that is gone or stepped down: the next placement names
+                    # another; try again until the deadline
+                    log.debug("%s: read barrier: %s", self._label, exc.message)
+            if self._remaining(deadline) <= 0:
+                raise StorageTimeoutError(f"{self._label}: no leader answered a read barrier "
+                                          f"within {self._settings.write_timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(),
+                                       min(RETRY_INTERVAL, self._remaining(deadline)))
+        try:
+            await self._wait_applied(target, deadline)
+        except StorageTimeoutError:
+            raise StorageTimeoutError(
+                f"{self._label}: a read barrier: this replica did not apply up to offset "
+                f"{target} within {self._settings.write_timeout}s") from None
+
+    async def read_records(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """The shard's records under `prefix`, every committed write included: read
+        here past a read barrier when this site holds a replica, else at the leader
+        (this site's copy of a shard it does not replicate is not kept up)."""
+        placement = self.placement
+        if self.leadership is not None or (
+                placement is not None and self._settings.site in placement.replicas):
+            await self.read_barrier()
+            return await self._run(self.database.shards[self.shard_id].scan_records, prefix)
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            changed = self._placement_changed
+            if placement is not None and placement.leader in self.peers:
+                try:
+                    return await self._client.read_records(
+                        self.peers[placement.leader], self.database.name, self.shard_id,
+                        prefix, max(0.001, self._remaining(deadline)))
+                except PeerError as exc:
+                    log.debug("%s: reading records at the leader: %s", self._label,
+                              exc.message)
+            if self._remaining(deadline) <= 0:
+                raise StorageTimeoutError(f"{self._label}: records not read at the shard's "
+                                          f"leader within {self._settings.write_timeout}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(),
+                                       min(RETRY_INTERVAL, self._remaining(deadline)))
+
+    async def read_records_for_peer(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """`read_records` asked by a site that holds no replica: only a replica
+        answers (no request goes on from here)."""
+        placement = self.placement
+        if self.leadership is None and (placement is None
+                                        or self._settings.site not in placement.replicas):
+            raise NotLeaderError(f"{self._label}: this site holds no replica of the shard")
+        return await self.read_records(prefix)
 
     def _remaining(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())

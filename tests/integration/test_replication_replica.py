@@ -1,0 +1,205 @@
+"""One shard's replicas in one process: real databases (RocksDB), real shard logs,
+real peer ports on loopback, driven step by step so that a race the cluster tests hit
+now and then happens every time (issue 7 fixes: a stale kept placement at start, the
+order of a client's writes after a failed one, reads that decide QoS 2 exactly-once).
+Running sites: test_replication_site.py and test_cluster_*.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
+from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.ds.replication.cluster import SiteReplication
+from stratamq.broker.ds.replication.log import START, ShardLog
+from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
+from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.ds.replication.wire import encode_submit
+from stratamq.broker.errors import StorageError
+from stratamq.broker.session.store import SessionStore
+from tests.support.harness import HOST, free_port
+
+WAIT = 30.0  # generous: the machine is shared
+
+
+@dataclass
+class Site:
+    storage: DurableStorage
+    database: Database
+    replication: SiteReplication
+    address: str
+
+    @property
+    def id(self) -> str:
+        return self.storage.site_id
+
+
+async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1) -> Site:
+    storage = DurableStorage(path)
+    # max_items=1: each write is a flush of its own, so a test knows what is in flight
+    database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
+    address = f"{HOST}:{free_port()}"
+    replication = await SiteReplication.start(
+        database, storage.data_dir, storage.site_id, address, address,
+        ReplicaSettings(storage.site_id, write_timeout, 0.2), database.executor)
+    return Site(storage, database, replication, address)
+
+
+async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
+                peers: dict[str, str]) -> None:
+    placement = Placement(version, (ShardPlacement("messages", 0, replicas, leader, epoch),))
+    accepted, _ = await site.replication.offer(json.loads(placement.to_json()), peers)
+    assert accepted
+
+
+async def until(what: str, check: Callable[[], bool]) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {WAIT}s: {what}"
+        await asyncio.sleep(0.01)
+
+
+async def outcome(future: Awaitable[None]) -> str:
+    try:
+        await future
+    except StorageError as exc:
+        return f"failed: {type(exc).__name__}"
+    return "committed"
+
+
+def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
+        tmp_path: Path) -> None:
+    """A site restarted with a kept placement that makes it lead epoch 1, while a
+    failover gave the shard to another site at epoch 2 whose first append reaches the
+    log just before the site takes its role: it follows, it does not fail (the start
+    of a site used to end with StaleEpochError, exit code 2)."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path / "a")
+        database = await storage.open_db("messages", DbOptions(n_shards=1))
+        site = storage.site_id
+        shard_log = ShardLog(tmp_path / "log")
+        shard_log.observe_epoch(1)  # it led epoch 1 before it was killed
+        lock = asyncio.Lock()  # the peer server's lock of this log
+        async with aiohttp.ClientSession() as http:
+            replica = ShardReplica(database, 0, shard_log, lock, database.executor,
+                                   PeerClient(http, 1.0), ReplicaSettings(site, 1.0, 0.2))
+            kept = ShardPlacement("messages", 0, (site, "other"), site, 1)
+            async with lock:  # the new leader's append is being written
+                taking = asyncio.create_task(
+                    replica.take(kept, {"other": f"{HOST}:{free_port()}"}))
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                assert not taking.done()  # waits for the log
+                shard_log.append_from_leader(2, START, [], 0)
+            await taking
+            assert (replica.role, replica.leadership, shard_log.epoch) == ("follower", None, 2)
+            await replica.close()
+        shard_log.close()
+        await storage.close()
+    asyncio.run(scenario())
+
+
+def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
+    """A client's write fails because its shard's leader steps down; its next write,
+    queued behind in the write buffer meanwhile, must not be committed (through the new
+    leader) before the client could resend the first: it fails too (MQTT-4.6.0-5)."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        b = await start_site(tmp_path / "b")
+        gone = f"{HOST}:{free_port()}"  # a replica whose site is down
+        peers = {a.id: a.address, b.id: b.address, "c": gone}
+        try:
+            # a leads with a replica set whose other site is down: nothing commits
+            for site in (a, b):
+                await offer(site, 1, tuple(sorted((a.id, "c"))), a.id, 1, peers)
+            first = asyncio.ensure_future(a.database.submit([Message("t", b"1", "pub", 1)])[0])
+            buffer = a.database._buffers[0]  # private: to see the flush start
+            await until("the first write is in flight", lambda: not buffer._pending)
+            second = asyncio.ensure_future(a.database.submit([Message("t", b"2", "pub", 1)])[0])
+            # the controller moves the shard to b (which commits alone)
+            for site in (b, a):
+                await offer(site, 2, (b.id,), b.id, 2, peers)
+            assert await outcome(first) == "failed: NotLeaderError"
+            assert (await outcome(second)).startswith("failed")
+            # the shard works: a later write (the client's resend) commits through b
+            assert await outcome(a.database.submit([Message("t", b"1", "pub", 1)])[0]) \
+                == "committed"
+        finally:
+            await a.storage.close()
+            await b.storage.close()
+    asyncio.run(scenario())
+
+
+def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
+        tmp_path: Path) -> None:
+    """A client's QoS 2 message is committed by its shard's leader a and replica c;
+    replica b has not got it (a cannot reach b). A session restored on b must see that
+    packet id: a resend taken for new would be delivered twice. So b either reads past
+    a barrier (everything a had appended applied here) or says it cannot tell; never
+    an answer from its lagging copy. Site d, no replica of the shard, reads at one."""
+    async def scenario() -> None:
+        a, b, c, d = [await start_site(tmp_path / name, write_timeout=1.0, max_items=1000)
+                      for name in "abcd"]
+        peers = {site.id: site.address for site in (a, b, c, d)}
+        replicas = tuple(sorted((a.id, b.id, c.id)))  # d holds no replica
+        try:
+            cut_off = {**peers, b.id: f"{HOST}:{free_port()}"}  # a's way to b is down
+            await offer(a, 1, replicas, a.id, 1, cut_off)
+            for site in (b, c, d):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            stores = {site.id: SessionStore(await site.storage.open_kv_db("sessions", 1),
+                                            site.database) for site in (a, b, c, d)}
+            message = Message("t", b"exactly once", "pub", 2)
+            await asyncio.gather(*stores[a.id].submit_qos2(message, True, 5))
+            assert await stores[a.id].inbound_qos2_ids("pub") == {5}
+            assert await stores[d.id].inbound_qos2_ids("pub") == {5}  # read at a replica
+            try:
+                seen = await stores[b.id].inbound_qos2_ids("pub")
+            except StorageError as exc:
+                assert exc.recoverable
+            else:
+                assert seen == {5}, "b answered from a replica that lacks the write"
+            await offer(a, 2, replicas, a.id, 1, peers)  # a reaches b again
+            assert await stores[b.id].inbound_qos2_ids("pub") == {5}
+            assert await stores[b.id].qos2_stored("pub", 5)
+            assert not await stores[b.id].qos2_stored("pub", 6)
+        finally:
+            for site in (a, b, c, d):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused(
+        tmp_path: Path) -> None:
+    """A forwarded write held up in a partition reaches the leader after the healing
+    (TCP delivers it late): its sender failed it long ago and its clients have resent
+    since, so taking it would put old messages after newer ones (or store a QoS 2
+    message twice). The leader refuses it; one on time is committed."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        try:
+            await offer(a, 1, (a.id,), a.id, 1, {a.id: a.address})
+            url = f"http://{a.address}/peer/v1/dbs/messages/0/submit"
+            async with aiohttp.ClientSession() as http:
+                statuses = []
+                for deadline, payload in ((time.time() - 1, b"late"), (time.time() + 30, b"ok")):
+                    async with http.post(url, data=encode_submit(
+                            [Message("t", payload, "pub", 1)], [], []),
+                            headers={DEADLINE_HEADER: f"{deadline:.6f}"}) as response:
+                        statuses.append(response.status)
+            assert statuses == [503, 200]
+            (_rank, stream), = a.storage.get_streams("messages", "t")
+            result = await a.storage.next("messages", a.storage.make_iterator(
+                "messages", stream, "t"), 10)
+            assert not isinstance(result, EndOfStream)
+            assert [message.payload for _key, message in result[1]] == [b"ok"]
+        finally:
+            await a.storage.close()
+    asyncio.run(scenario())
