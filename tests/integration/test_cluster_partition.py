@@ -80,9 +80,11 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
             epochs = cluster.epochs()
             minority = publishers[cut]
             majority = [p for p in publishers if p is not minority]
-            before_cut = set(history.published_messages())
             cut_at = time.monotonic()
             network.cut(cut)
+            # Taken once the cut is in effect: a message handed over just before it
+            # may be committed before it, and rightly acknowledged afterwards.
+            before_cut = set(history.published_messages())
             # every message of this one is handed over after the cut, its first ones
             # before it connects, whatever the cut-off site does with the connection
             late = RecordingPublisher(history, f"pt-late-{cut}", cluster.sites[cut].host,
