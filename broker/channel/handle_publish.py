@@ -145,11 +145,14 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
     """A QoS 1/2 message is durable (or failed): only now is it acknowledged."""
     channel.inbound_qos_pending -= 1
     channel.inbound_slot_freed.set()
+    # Read the outcome even when closing: asyncio logs an exception never read (with a
+    # traceback per failed gather of several writes) once the future is collected.
+    failed = future.cancelled() or future.exception() is not None
     if channel.closing:
         if not future.cancelled():
             future.exception()  # seen: the connection is gone, nobody else asks
         return
-    if future.cancelled() or future.exception() is not None:
+    if failed:
         log.error("store failed for %s: %s", channel.client_id,
                   None if future.cancelled() else future.exception())
         channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)
