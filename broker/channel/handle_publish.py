@@ -148,9 +148,7 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
     # Read the outcome even when closing: asyncio logs an exception never read (with a
     # traceback per failed gather of several writes) once the future is collected.
     failed = future.cancelled() or future.exception() is not None
-    if channel.closing:
-        if not future.cancelled():
-            future.exception()  # seen: the connection is gone, nobody else asks
+    if channel.closing:  # the connection is gone: nobody else asks
         return
     if failed:
         log.error("store failed for %s: %s", channel.client_id,

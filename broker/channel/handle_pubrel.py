@@ -29,9 +29,7 @@ def _released(channel: Channel, packet_id: int, future: asyncio.Future[list[None
     """The packet id is forgotten durably: only now may the client reuse it."""
     # Read the outcome even when closing: asyncio logs an exception never read.
     failed = future.cancelled() or future.exception() is not None
-    if channel.closing:
-        if not future.cancelled():
-            future.exception()  # seen: the connection is gone, nobody else asks
+    if channel.closing:  # the connection is gone: nobody else asks
         return
     if failed:
         channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)
