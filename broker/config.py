@@ -378,6 +378,18 @@ class Config(_Section):
 
 # --- loading --------------------------------------------------------------------------
 
+def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` laid over it, section by section (a configuration file's
+    dictionaries; neither is changed)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_config(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def load_config(path: str | os.PathLike[str] | None = None,
                 env: Mapping[str, str] | None = None) -> Config:
     """Read the YAML file at `path` (defaults only when None), apply `STRATAMQ__*`

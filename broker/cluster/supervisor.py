@@ -27,6 +27,7 @@ from typing import IO, Any
 import yaml
 
 from ..admin.credentials import TOKEN_FILE, load_or_create_token
+from ..config import merge_config
 from ..errors import ConfigError
 from ..files import write_atomically
 from ..yamlfile import load_yaml_file
@@ -92,21 +93,11 @@ def layout(options: ClusterOptions) -> tuple[list[SiteLayout], str]:
     return sites, f"127.0.0.1:{controller_port}"
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def site_config(site: SiteLayout, token: str, options: ClusterOptions,
                 base: dict[str, Any]) -> dict[str, Any]:
     """A site's configuration: `base` (the `--site-config` file) with the cluster's
     own settings over it."""
-    return _merge(base, {
+    return merge_config(base, {
         "durable_storage": {"messages": {"data_dir": str(Path(site.folder) / "data"),
                                          "n_shards": options.n_shards}},
         "durable_sessions": {"heartbeat_interval": options.heartbeat_interval},

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from stratamq.broker.config import merge_config
 from stratamq.broker.ds import Snapshot, shard_of
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from tests.support.checkpoints import make_checkpoint, snapshot_messages
 from tests.support.clients import PahoClient, metric_value, unique
-from tests.support.harness import HOST, BrokerProcess, free_port, merge_config
+from tests.support.harness import HOST, BrokerProcess, free_port
 
 N_SHARDS = 2
 WAIT = 30.0  # generous: three brokers share two cores with other tests

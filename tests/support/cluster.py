@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.harness import BrokerProcess, ManagedProcess, free_port, merge_config
+from stratamq.broker.config import merge_config
+from tests.support.harness import BrokerProcess, ManagedProcess, free_port
 from tests.support.netns import NetnsNetwork, Network
 
 DB = "messages"

@@ -18,6 +18,8 @@ from typing import IO, Any
 
 import yaml
 
+from stratamq.broker.config import merge_config
+
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -49,16 +51,6 @@ def process_cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # the name in (...) may hold spaces
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of stat
-
-
-def merge_config(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_config(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 class ManagedProcess:
