@@ -26,17 +26,11 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from stratamq.broker.config import Config
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, unique
 from tests.support.harness import REPO
 
 pytestmark = pytest.mark.slow
-
-if "cluster" not in Config.model_fields:
-    # Until the site side (the `cluster` config section, the replication endpoints)
-    # is merged, there is no site to run a cluster of.
-    pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
 N_SHARDS = 4

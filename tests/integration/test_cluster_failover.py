@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.config import Config
 from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import Cluster
 from tests.support.history import History
@@ -32,10 +31,6 @@ from tests.support.recorder import (
     more_acknowledged,
     wait_until,
 )
-
-if "cluster" not in Config.model_fields:
-    # until the site side (the `cluster` section, the replication endpoints) is merged
-    pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
 KILLS = 4

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.config import Config
 from tests.support.cluster import Cluster
 from tests.support.history import History, Message
 from tests.support.netns import namespaces_unavailable, open_network
@@ -29,10 +28,6 @@ from tests.support.recorder import (
     more_acknowledged,
     wait_until,
 )
-
-if "cluster" not in Config.model_fields:
-    # until the site side (the `cluster` section, the replication endpoints) is merged
-    pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
 WRITE_TIMEOUT = "3s"

@@ -34,7 +34,6 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.config import Config
 from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import (
     DB,
@@ -53,9 +52,6 @@ from tests.support.recorder import (
     more_acknowledged,
     wait_until,
 )
-
-if "cluster" not in Config.model_fields:
-    pytest.skip("sites have no `cluster` configuration yet", allow_module_level=True)
 
 SITES = 3
 GROWN = 5
