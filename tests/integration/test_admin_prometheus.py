@@ -16,10 +16,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.support.clients import PahoClient
+from tests.support.cluster import Cluster
 from tests.support.harness import REPO, BrokerProcess
 from tests.support.prometheus import query, running_prometheus
 
 DASHBOARDS = REPO / "charts" / "stratamq" / "dashboards"
+# Read from sites with `cluster.enable` and from the controller: a single broker has none.
+REPLICATION_DASHBOARD = DASHBOARDS / "stratamq-replication.json"
 RULES = REPO / "charts" / "stratamq" / "rules" / "stratamq.rules.yaml"
 
 
@@ -65,10 +68,10 @@ ONLY_ON_TROUBLE = ("stratamq_messages_dropped_total", "stratamq_session_messages
                    "stratamq_ds_layout_hash_collisions_total")
 
 
-def dashboard_queries() -> list[tuple[str, str, str]]:
+def dashboard_queries(paths: list[Path]) -> list[tuple[str, str, str]]:
     """(dashboard file, panel title, PromQL with the Grafana variables filled in)."""
     found = []
-    for path in sorted(DASHBOARDS.glob("*.json")):
+    for path in paths:
         board = json.loads(path.read_text())
         for panel in board["panels"]:
             for target in panel["targets"]:
@@ -79,9 +82,10 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     return found
 
 
-def rule_queries() -> list[tuple[str, str, str]]:
+def rule_queries(group_names: tuple[str, ...] | None = None) -> list[tuple[str, str, str]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [(RULES.name, rule["alert"], rule["expr"]) for group in groups
+            if group_names is None or group["name"] in group_names
             for rule in group["rules"]]
 
 
@@ -135,9 +139,90 @@ def test_dashboard_and_alert_queries_see_a_real_broker(
     assert seen('sum(stratamq_ds_commit_latency_seconds_count{db="messages"})') > 0
 
     empty = []
-    for source, title, expr in dashboard_queries() + rule_queries():
+    boards = [path for path in sorted(DASHBOARDS.glob("*.json"))
+              if path != REPLICATION_DASHBOARD]
+    for source, title, expr in dashboard_queries(boards) + rule_queries():
         result = query(prometheus, expr)  # fails the test on a query Prometheus refuses
         if source.endswith(".json") and not result \
                 and not any(name in expr for name in ONLY_ON_TROUBLE):
             empty.append(f"{source}: {title}: {expr}")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+
+def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> None:
+    """A real cluster (3 sites, a controller, 4 shards, replication factor 3) scraped by a
+    real Prometheus: every replication dashboard query finds data, and the replication
+    alerts are valid PromQL that find nothing to fire on in a healthy cluster."""
+    cluster = Cluster(tmp_path / "cluster", 3, n_shards=4)
+    try:
+        cluster.start()
+        targets = [f"{site.host}:{site.admin_port}" for site in cluster.sites]
+        targets.append(f"{cluster.controller.host}:{cluster.controller.port}")
+        (tmp_path / "prometheus").mkdir()
+        with running_prometheus(tmp_path / "prometheus", targets) as base:
+            site = cluster.sites[0]
+            publisher = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="repl-publisher")
+            publisher.connect(site.host, site.port)
+            publisher.loop_start()
+            for number in range(20):
+                publisher.publish(f"repl/{number % 4}", b"%d" % number,
+                                  qos=1).wait_for_publish(10)
+            publisher.disconnect()
+            publisher.loop_stop()
+
+            def seen(promql: str) -> float:
+                result = query(base, promql)
+                return float(result[0]["value"][1]) if result else 0.0
+
+            alerts = rule_queries(("stratamq.replication",))
+
+            def settled() -> bool:
+                # every replica of every shard reported, one leader per shard, the
+                # controller seeing 3 sites up, two scrapes or more for the rates, and
+                # no replication alert expression true
+                return (seen("count(stratamq_ds_replica_leader)") == 12
+                        and seen("sum(stratamq_ds_replica_leader)") == 4
+                        and seen('sum(stratamq_cluster_sites{state="up"})') == 3
+                        and seen("count(stratamq_cluster_replica_lag)") == 12
+                        and seen("count(rate(stratamq_ds_leader_changes_total[1m]))") == 12
+                        and not any(query(base, expr) for _, _, expr in alerts))
+
+            deadline = time.monotonic() + 60
+            while not settled() and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert settled(), (tmp_path / "prometheus" / "prometheus.log").read_text()[-3000:]
+            empty = [f"{title}: {expr}"
+                     for _, title, expr in dashboard_queries([REPLICATION_DASHBOARD])
+                     if not query(base, expr)]
+            assert not empty, "replication dashboard queries without data:\n" + "\n".join(empty)
+            for _, title, expr in alerts:
+                assert query(base, expr) == [], f"{title} fires on a healthy cluster"
+            led = query(base, "sum by (db, shard) (stratamq_ds_replica_leader)")
+            assert sorted((s["metric"]["shard"], s["value"][1]) for s in led) == \
+                [(str(shard), "1") for shard in range(4)]
+
+            # With the controller gone nobody fails over: once the busiest leader is
+            # killed, its shards are led by no site, and the no-leader alert's query
+            # finds exactly those.
+            leaders = cluster.leaders()
+            victim = cluster.busiest_leader()
+            orphaned = sorted(str(shard) for shard, index in leaders.items()
+                              if index == victim)
+            assert orphaned  # 4 shards on 3 sites: the busiest leads 2 or more
+            no_leader = next(expr for _, title, expr in alerts
+                             if title == "StratamqShardWithoutLeader")
+            cluster.controller.kill()
+            cluster.sites[victim].kill()
+
+            def leaderless() -> list[str]:
+                return sorted(s["metric"]["shard"] for s in query(base, no_leader))
+
+            deadline = time.monotonic() + 30
+            while leaderless() != orphaned and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert leaderless() == orphaned
+            assert seen(next(target["expr"] for panel in json.loads(
+                REPLICATION_DASHBOARD.read_text())["panels"] for target in panel["targets"]
+                if target["legendFormat"] == "{{db}} without a leader")) == len(orphaned)
+    finally:
+        cluster.close()

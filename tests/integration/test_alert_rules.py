@@ -27,7 +27,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_load() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 11 rules found" in result.stdout
 
 
 def described(name: str) -> str:
@@ -109,6 +109,64 @@ def test_each_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
                                               f"{site}: p99 PUBACK latency 1s",
                                               severity="warning", instance="site-0:18083")]},
     }
+    run_promtool_test(tmp_path, series, expected_at)
+
+
+def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
+    # Two sites holding shards 1, 2, 3 of `messages`; from minute 10 things go wrong on
+    # shards 1 (nobody leads it), 2 (under-replicated, lagging on site-0) and 3 (its
+    # leader moves every minute). Shard 2 on site-1 stays below every threshold.
+    def shard(where: str, number: int) -> str:
+        return f'{where}, db="messages", shard="{number}"'
+
+    series = [
+        (f"stratamq_ds_under_replicated{{{shard(SITE, 2)}}}", "0+0x9 1+0x50"),
+        # under-replicated for 4 minutes only (a replica catching up): too short
+        (f"stratamq_ds_under_replicated{{{shard(HEALTHY, 2)}}}", "1+0x3 0+0x56"),
+        (f"stratamq_ds_replica_lag{{{shard(SITE, 2)}}}", "0+0x9 20000+0x50"),
+        (f"stratamq_ds_replica_lag{{{shard(HEALTHY, 2)}}}", "5000+0x60"),
+        (f"stratamq_ds_replica_leader{{{shard(SITE, 1)}}}", "1+0x9 0+0x50"),
+        (f"stratamq_ds_replica_leader{{{shard(HEALTHY, 1)}}}", "0+0x60"),
+        (f"stratamq_ds_replica_leader{{{shard(SITE, 2)}}}", "0+0x60"),
+        (f"stratamq_ds_replica_leader{{{shard(HEALTHY, 2)}}}", "1+0x60"),
+        # each site starts or stops leading shard 3 once a minute from minute 10:
+        # 30 handovers in 30 minutes; shard 2 changed leader once, long ago
+        (f"stratamq_ds_leader_changes_total{{{shard(SITE, 3)}}}", "0+0x9 0+1x50"),
+        (f"stratamq_ds_leader_changes_total{{{shard(HEALTHY, 3)}}}", "0+0x9 0+1x50"),
+        (f"stratamq_ds_leader_changes_total{{{shard(SITE, 2)}}}", "1+0x60"),
+        (f"stratamq_ds_leader_changes_total{{{shard(HEALTHY, 2)}}}", "1+0x60"),
+    ]
+    names = ["StratamqShardUnderReplicated", "StratamqReplicaLagHigh",
+             "StratamqShardWithoutLeader", "StratamqFrequentLeaderChanges"]
+    expected_at: dict[str, dict[str, list[dict[str, Any]]]] = {
+        "8m": {name: [] for name in names},
+        "25m": {
+            "StratamqShardUnderReplicated": [alert(
+                "StratamqShardUnderReplicated",
+                "stratamq shard messages/2: under-replicated (leader site-0:18083)",
+                severity="warning", instance="site-0:18083", job="stratamq", db="messages",
+                shard="2")],
+            "StratamqReplicaLagHigh": [alert(
+                "StratamqReplicaLagHigh",
+                "stratamq site site-0:18083: shard messages/2 20k entries behind",
+                severity="warning", instance="site-0:18083", job="stratamq", db="messages",
+                shard="2")],
+            "StratamqShardWithoutLeader": [alert(
+                "StratamqShardWithoutLeader", "stratamq shard messages/1: no leader",
+                severity="critical", job="stratamq", db="messages", shard="1")],
+        },
+        "45m": {"StratamqFrequentLeaderChanges": [alert(
+            "StratamqFrequentLeaderChanges",
+            "stratamq shard messages/3: leader changed 30 times in 30 minutes",
+            severity="warning", job="stratamq", db="messages", shard="3")]},
+    }
+    run_promtool_test(tmp_path, series, expected_at)
+
+
+def run_promtool_test(tmp_path: Path, series: list[tuple[str, str]],
+                      expected_at: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
+    """`promtool test rules` on `series` (one sample a minute): at each time, each
+    alert named fires exactly as listed."""
     tests = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",

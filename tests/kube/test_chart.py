@@ -43,7 +43,7 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
-        "ServiceAccount", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRole",
+        "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRole",
         "ClusterRoleBinding", "Deployment", "ClusterKopfPeering"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
                   "--set", "operator.enabled=false",
@@ -69,8 +69,10 @@ def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> N
     docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq",
                   "--set", "operator.enabled=false")
     files = sorted((CHART / "dashboards").glob("*.json"))
-    assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-storage.json"]
+    assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-replication.json",
+                                             "stratamq-storage.json"]
     assert [doc["metadata"]["name"] for doc in docs] == ["mq-stratamq-broker",
+                                                          "mq-stratamq-replication",
                                                           "mq-stratamq-storage"]
     for doc, path in zip(docs, files, strict=True):
         assert doc["metadata"]["labels"]["grafana_dashboard"] == "1"
