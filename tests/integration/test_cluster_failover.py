@@ -29,6 +29,7 @@ from tests.support.recorder import (
     connect_counts,
     describe_clients,
     more_acknowledged,
+    stop_and_drain,
     wait_until,
 )
 
@@ -124,9 +125,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
                 f"{cluster.describe()}"
 
         assert more_acknowledged(history, 100, 30), history.summary()
-        for publisher in publishers:
-            publisher.stop_publishing()
-        drained = wait_until(lambda: all(p.unacked() == 0 for p in publishers), 60)
+        drained = stop_and_drain(publishers, 60)
         delivered = wait_until(lambda: not history.missing(), 60)
         time.sleep(0.5)  # resends on their way arrive too
         converged = wait_until(cluster.converged, 30)

@@ -26,6 +26,7 @@ from tests.support.recorder import (
     all_connected,
     describe_clients,
     more_acknowledged,
+    stop_and_drain,
     wait_until,
 )
 
@@ -116,9 +117,7 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
                                            f"healing:\n{cluster.describe()}"
             ready_after = time.monotonic() - healed_at
             assert more_acknowledged(history, 100, 30), history.summary()
-            for publisher in publishers:
-                publisher.stop_publishing()
-            drained = wait_until(lambda: all(p.unacked() == 0 for p in publishers), 60)
+            drained = stop_and_drain(publishers, 60)
             delivered = wait_until(lambda: not history.missing(), 60)
             time.sleep(0.5)  # resends on their way arrive too
             converged = wait_until(cluster.converged, 60)

@@ -247,6 +247,14 @@ def describe_clients(clients: Sequence[RecordingClient]) -> str:
                      for c in clients)
 
 
+def stop_and_drain(publishers: Sequence[RecordingPublisher], timeout: float) -> bool:
+    """Stop every publisher handing over new messages, then wait until each has its
+    acknowledgements for everything it handed over; False when some still wait."""
+    for publisher in publishers:
+        publisher.stop_publishing()
+    return wait_until(lambda: all(p.unacked() == 0 for p in publishers), timeout)
+
+
 def more_acknowledged(history: History, count: int, timeout: float) -> bool:
     """`count` more messages than now are acknowledged within `timeout` seconds."""
     target = len(history.acknowledged_messages()) + count
