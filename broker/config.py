@@ -356,6 +356,10 @@ class ClusterConfig(_Section):
     # A write not committed by a majority of its shard's replicas by then fails; the
     # client is not acknowledged and may resend.
     write_timeout: Duration = parse_duration("5s")
+    # Shard log entries kept beyond what every replica of the shard holds, so that a
+    # briefly lagging follower catches up from the log rather than a checkpoint;
+    # older entries are trimmed.
+    log_retain_entries: PositiveInt = 10_000
 
     def advertised_peer(self) -> str:
         if self.advertise:

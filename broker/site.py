@@ -121,7 +121,8 @@ async def start_replication(config: Config, storage: DurableStorage) -> SiteRepl
     cluster = config.cluster
     messages = storage.db(MESSAGES_DB)
     settings = ReplicaSettings(storage.site_id, cluster.write_timeout,
-                               config.durable_sessions.heartbeat_interval)
+                               config.durable_sessions.heartbeat_interval,
+                               cluster.log_retain_entries)
     return await SiteReplication.start(messages, storage.data_dir, storage.site_id,
                                        cluster.peer_bind, cluster.advertised_peer(), settings,
                                        messages.executor)

@@ -93,6 +93,11 @@ class WriteBuffer:
         self.replicate: Replicate | None = None
         self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
 
+    def replace_shard(self, shard: Shard) -> None:
+        """The shard was replaced by a checkpoint (`Database.replace_shard`, under
+        the shard lock, so no flush is writing to the old one)."""
+        self._shard = shard
+
     def add(self, messages: list[Message], size: int, wait: bool,
             record_puts: list[tuple[bytes, bytes]] | None = None,
             record_deletes: list[bytes] | None = None) -> asyncio.Future[None] | None:

@@ -34,14 +34,23 @@ async def create_checkpoint(database: Database, target: str | Path) -> dict[str,
     await loop.run_in_executor(database.executor, _prepare, final, partial)
     try:
         for shard in database.shards:
-            async with database.shard_lock(shard.shard_id):
-                await loop.run_in_executor(database.executor, shard.checkpoint,
-                                           partial / str(shard.shard_id))
+            await checkpoint_shard(database, shard.shard_id, partial / str(shard.shard_id))
         return await loop.run_in_executor(
             database.executor, _finish, database, partial, final, now_us())
     except BaseException:
         await loop.run_in_executor(database.executor, shutil.rmtree, partial, True)
         raise
+
+
+async def checkpoint_shard(database: Database, shard_id: int, target: Path) -> int:
+    """Checkpoint one shard of `database` into the new folder `target` (a RocksDB
+    folder) under the shard's lock; returns the log offset the shard had applied then
+    (recorded in the checkpoint too), 0 on a site without replication."""
+    async with database.shard_lock(shard_id):
+        shard = database.shards[shard_id]
+        await asyncio.get_running_loop().run_in_executor(database.executor, shard.checkpoint,
+                                                         target)
+        return shard.applied_offset
 
 
 def _prepare(final: Path, partial: Path) -> None:

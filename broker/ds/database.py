@@ -33,6 +33,7 @@ from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
 from .generation import GenerationInfo, RetentionPlan, plan_retention
+from .install import recover_shard_folder, swap_in_staged
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
 from .lts import END, Edge
@@ -164,6 +165,8 @@ class Database:
         shards: list[Shard] = []
         try:
             for shard_id in range(options.n_shards):
+                await loop.run_in_executor(executor, recover_shard_folder,
+                                           path / str(shard_id))
                 shards.append(await loop.run_in_executor(
                     executor, Shard, path / str(shard_id), shard_id, options.layout,
                     options.layout_options, options.wildcard_thresholds, options.sync_writes,
@@ -327,6 +330,42 @@ class Database:
         if self._replication is None:
             return (self.site_id,), self.site_id
         return self._replication.placement_of(shard_id)
+
+    async def replace_shard(self, shard_id: int) -> None:
+        """Put the shard folder staged next to the shard's (see `install.py`) in its
+        place and open it: a checkpoint of another replica, with its data, generations
+        and applied offset. Waits for reads in flight on the shard; streams of the old
+        shard's generations are forgotten, those of the new one learned."""
+        loop = asyncio.get_running_loop()
+        old = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            async with self._read_finished:
+                await self._read_finished.wait_for(
+                    lambda: not any(count for (shard, _generation), count
+                                    in self._reads_in_flight.items() if shard == shard_id))
+            old_generations = set(old.generations)
+            for generation_id in old_generations:
+                self._forget_generation_streams(shard_id, generation_id)
+            await loop.run_in_executor(self._executor, old.close)
+            await loop.run_in_executor(self._executor, swap_in_staged, old.path)
+            options = self.options
+            new = await loop.run_in_executor(
+                self._executor, Shard, old.path, shard_id, options.layout,
+                options.layout_options, options.wildcard_thresholds, options.sync_writes,
+                options.topic_cache_bytes // options.n_shards)
+            new.replicated = old.replicated
+            self.shards[shard_id] = new
+            self._buffers[shard_id].replace_shard(new)
+            for generation_id, generation in sorted(new.generations.items()):
+                self._note_streams(shard_id, generation_id, generation.trie.edges())
+        self._update_generation_gauges()
+        for generation_id in sorted(old_generations - new.generations.keys()):
+            for listener in self._drop_listeners:
+                try:
+                    listener(shard_id, generation_id)
+                except Exception:  # a listener's bug must not stop the install
+                    log.exception("generation drop listener failed on %s/%d/%d",
+                                  self.name, shard_id, generation_id)
 
     def attach_replication(self, replication: Replication) -> None:
         """From now on, writes and generation changes go through `replication`."""

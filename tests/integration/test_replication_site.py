@@ -130,7 +130,9 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
     assert before["placement_version"] is None
     assert [shard["role"] for shard in before["shards"]] == ["none"] * N_SHARDS
     assert before["shards"][0] == {"db": "messages", "shard": 0, "role": "none", "epoch": 0,
-                                   "last": [0, 0], "committed": 0, "applied": 0}
+                                   "last": [0, 0], "committed": 0, "applied": 0,
+                                   "state": "ok", "bootstrap": None, "bootstraps": 0,
+                                   "log_start": 1}
 
     status, body = admin(a, "PUT", "/api/v1/ds/placement", {"placement": {"format": 1},
                                                             "peers": {}})

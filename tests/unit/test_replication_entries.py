@@ -54,7 +54,7 @@ def test_a_forwarded_write_round_trips() -> None:
     assert [(m.topic, m.payload, m.client_id, m.qos, m.retain) for m in got_messages] == \
         [(m.topic, m.payload, m.client_id, m.qos, m.retain) for m in messages]
     assert (got_puts, got_deletes) == (puts, deletes)
-    for damaged in (raw[:-1], raw + b"\x00", b"\x02" + raw[1:]):
+    for damaged in (raw[:-1], raw + b"\x00", b"\x01" + raw[1:]):
         with pytest.raises(CorruptDataError):
             decode_submit(damaged)
 

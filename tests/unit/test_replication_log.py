@@ -17,6 +17,7 @@ from stratamq.broker.ds.replication import (
     commit_offset,
     majority,
 )
+from stratamq.broker.ds.replication.log import BootstrapNeededError
 
 
 def batches(*names: str) -> list[bytes]:
@@ -90,8 +91,9 @@ def test_trim_and_truncate(tmp_path: Path) -> None:
     log.append_as_leader(2, batches("d", "e"))
     log.trim_before(3)
     assert log.first_offset == 3
-    with pytest.raises(LogGapError):
+    with pytest.raises(BootstrapNeededError, match="bootstrap from a checkpoint") as raised:
         log.read(2)
+    assert raised.value.first_offset == 3
     assert [entry.batch for entry in log.read(3)] == [b"c", b"d", b"e"]
     log.truncate_after(4)
     assert log.last == Position(2, 4)
@@ -151,7 +153,7 @@ def test_leadership_sends_followers_what_they_lack(tmp_path: Path) -> None:
     assert content(follower_log) == [(1, 1, b"a"), (2, 2, b"b")]
     leader_log.trim_before(3)
     leadership.next_offset["c"] = 1
-    with pytest.raises(LogGapError):
+    with pytest.raises(BootstrapNeededError):
         leadership.request_for("c")  # c needs a checkpoint first
 
 

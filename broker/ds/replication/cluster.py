@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
-from ...errors import CorruptDataError, PlacementError, StalePlacementError
+from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
 from ...files import write_atomically
 from ...net.address import split_bind
 from ..database import Database
 from ..message import Message
 from . import entries
+from .bootstrap import CHECKPOINTS_DIR, finish_install, remove_checkpoints, serve_checkpoint
 from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerServer
 from .placement import Placement, check_site_id
@@ -65,7 +67,7 @@ class SiteReplication:
         self._logs = logs
         self.peers = peers
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records)
+                                  self._barrier, self._read_records, self._bootstrap_routes)
         self._session = aiohttp.ClientSession()
         client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self.replicas = [ShardReplica(database, shard, shard_log,
@@ -88,12 +90,17 @@ class SiteReplication:
                 logs.append(await loop.run_in_executor(executor, ShardLog,
                                                        logs_dir / str(shard)))
             for shard, shard_log in enumerate(logs):
+                # a checkpoint installed just before a crash: its log starts there
+                await loop.run_in_executor(executor, finish_install,
+                                           database.shards[shard].path, shard_log)
                 applied = database.shards[shard].applied_offset
                 if applied > shard_log.last.offset:
                     raise CorruptDataError(
                         f"{database.name}/{shard} applied log entries up to {applied}, but "
                         f"its log in {shard_log.path} ends at {shard_log.last.offset}: the "
                         f"log was removed or replaced; bootstrap this site's replica again")
+            await loop.run_in_executor(executor, remove_checkpoints,
+                                       data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
             peers = await loop.run_in_executor(executor, _load_peers, data_dir)
         except BaseException:
@@ -194,6 +201,47 @@ class SiteReplication:
         if db != self.database.name or not 0 <= shard < len(self.replicas):
             raise NotLeaderError(f"this site holds no shard {db}/{shard}")
         return await self.replicas[shard].read_records_for_peer(prefix)
+
+    def _bootstrap_routes(self, app: web.Application) -> None:
+        app.router.add_get("/peer/v1/checkpoints/{db}/{shard}", self._send_checkpoint)
+        app.router.add_post("/peer/v1/bootstraps/{db}/{shard}", self._bootstrap)
+
+    def _replica_of(self, http: web.Request) -> ShardReplica | None:
+        try:
+            shard = int(http.match_info["shard"])
+        except ValueError:
+            return None
+        if http.match_info["db"] != self.database.name or not 0 <= shard < len(self.replicas):
+            return None
+        return self.replicas[shard]
+
+    async def _send_checkpoint(self, http: web.Request) -> web.StreamResponse:
+        """A checkpoint of one shard for a replica that bootstraps from it."""
+        replica = self._replica_of(http)
+        if replica is None:
+            return web.json_response({"error": "unknown_shard"}, status=404)
+        return await serve_checkpoint(http, self.database, replica.shard_id, replica.log,
+                                      self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
+
+    async def _bootstrap(self, http: web.Request) -> web.Response:
+        """The shard's leader asks this site to bootstrap its replica from it."""
+        replica = self._replica_of(http)
+        if replica is None:
+            return web.json_response({"error": "unknown_shard"}, status=404)
+        try:
+            source = (await http.json())["from"]
+            if not isinstance(source, str):
+                raise TypeError(source)
+        except (ValueError, KeyError, TypeError):
+            return web.json_response({"error": "bad_request",
+                                      "message": 'expected {"from": "host:port"}'},
+                                     status=400)
+        try:
+            last = await replica.bootstrap_from(source)
+        except StorageError as error:
+            return web.json_response({"error": type(error).__name__,
+                                      "message": error.message}, status=503)
+        return web.json_response({"last": [last.epoch, last.offset]})
 
     # -- database.Replication ---------------------------------------------------------
 

@@ -8,19 +8,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .commit import commit_offset
-from .log import AppendResult, Entry, LogGapError, Position, ShardLog, StaleEpochError
+from .log import (
+    AppendResult,
+    BootstrapNeededError,
+    Entry,
+    Position,
+    ShardLog,
+    StaleEpochError,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     """Entries for one follower: they follow the leader's entry at `previous`.
     `committed` is the leader's commit offset: the follower may apply its entries up
-    to it, where they are the leader's."""
+    to it, where they are the leader's. `trim_before`: the follower may forget its
+    log's entries before that offset (see `trim.py`)."""
 
     epoch: int
     previous: Position
     entries: list[Entry]
     committed: int = 0
+    trim_before: int = 0
 
 
 @dataclass(slots=True)
@@ -34,6 +43,8 @@ class Leadership:
     next_offset: dict[str, int] = field(default_factory=dict)
     matched: dict[str, int] = field(default_factory=dict)
     committed: int = 0
+    # what followers may trim (entries before it), told with each append
+    trim_before: int = 0
 
     @classmethod
     def begin(cls, site: str, epoch: int, log: ShardLog, replica_set: tuple[str, ...],
@@ -75,10 +86,13 @@ class Leadership:
         start = min(self.next_offset[follower], self.log.last.offset + 1)
         previous_epoch = self.log.epoch_at(start - 1)
         if previous_epoch is None:  # trimmed: the follower needs a checkpoint
-            raise LogGapError(f"follower {follower} needs entries from {start}, "
-                                  f"trimmed from this log: bootstrap it from a checkpoint")
+            raise BootstrapNeededError(
+                f"follower {follower} needs entries from {start}, trimmed from this log "
+                f"(it starts at {self.log.first_offset}): bootstrap it from a checkpoint",
+                self.log.first_offset)
         return AppendRequest(self.epoch, Position(previous_epoch, start - 1),
-                             self.log.read(start, max_entries, max_bytes), self.committed)
+                             self.log.read(start, max_entries, max_bytes), self.committed,
+                             self.trim_before)
 
     def on_result(self, follower: str, result: AppendResult) -> int:
         """Take a follower's answer; returns the commit offset after it."""

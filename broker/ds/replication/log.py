@@ -50,7 +50,18 @@ class StaleEpochError(StorageError):
 
 
 class LogGapError(StorageError):
-    """An append or read past what the log holds, or of entries already trimmed."""
+    """An append or read past what the log holds."""
+
+
+class BootstrapNeededError(StorageError):
+    """A read of entries this log has trimmed: whoever needs them must start from a
+    checkpoint of the shard (see `bootstrap.py`), then read the log from there."""
+
+    recoverable = True
+
+    def __init__(self, message: str, first_offset: int) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +110,9 @@ class ShardLog:
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
         self._committed = self._before_first.offset
+        # What the shard's leader last said may be trimmed (entries before it): a
+        # follower trims no further, so that it can serve them if it leads next.
+        self.leader_trims_before = 0
 
     # -- reading ------------------------------------------------------------------
 
@@ -143,8 +157,9 @@ class ShardLog:
         """Entries from `from_offset` on, at most `max_entries` and about `max_bytes`
         (always at least one when there is one)."""
         if from_offset < self.first_offset:
-            raise LogGapError(f"entries before offset {self.first_offset} are trimmed "
-                              f"(asked from {from_offset}): bootstrap from a checkpoint")
+            raise BootstrapNeededError(
+                f"{self.path}: entries before offset {self.first_offset} are trimmed (asked "
+                f"from {from_offset}): bootstrap from a checkpoint", self.first_offset)
         entries: list[Entry] = []
         size = 0
         iterator = self._db.iter()
@@ -241,9 +256,12 @@ class ShardLog:
         self._db.write(write, self._synced)
         self._last = Position(epoch, offset)
 
-    def trim_before(self, offset: int) -> None:
-        """Forget entries before `offset`: every replica has applied them."""
+    def trim_before(self, offset: int, max_entries: int | None = None) -> None:
+        """Forget entries before `offset`: every replica has applied them. With
+        `max_entries`, forget at most that many (a bounded delete per call)."""
         offset = min(offset, self._last.offset + 1)
+        if max_entries is not None:
+            offset = min(offset, self.first_offset + max_entries)
         if offset <= self.first_offset:
             return
         before = Position(self.epoch_at(offset - 1) or 0, offset - 1)
@@ -252,6 +270,21 @@ class ShardLog:
         write.put(_FIRST_KEY, _POSITION.pack(*before))
         self._db.write(write, self._synced)
         self._before_first = before
+
+    def reset_to(self, position: Position) -> None:
+        """Forget every entry: this log now starts after `position`, where a
+        checkpoint installed in place of the shard's data was taken (its applied
+        offset and epoch). Idempotent: a crash during an install does it again."""
+        write = WriteBatch(raw_mode=True)
+        write.delete_range(_entry_key(0), _LAST_KEY)
+        write.put(_FIRST_KEY, _POSITION.pack(*position))
+        if position.epoch > self._epoch:
+            write.put(_EPOCH_KEY, _U64.pack(position.epoch))
+        self._db.write(write, self._synced)
+        self._epoch = max(self._epoch, position.epoch)
+        self._before_first = position
+        self._last = position
+        self._committed = position.offset
 
     def close(self) -> None:
         self._db.close()

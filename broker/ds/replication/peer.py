@@ -48,8 +48,10 @@ class PeerError(StorageError):
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
                  submit: Submit | None = None, barrier: Barrier | None = None,
-                 read_records: ReadRecords | None = None) -> None:
+                 read_records: ReadRecords | None = None,
+                 more_routes: Callable[[web.Application], None] | None = None) -> None:
         self._logs_of = logs_of
+        self._more_routes = more_routes
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
@@ -70,6 +72,8 @@ class PeerServer:
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
+        if self._more_routes is not None:
+            self._more_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> None:
@@ -103,6 +107,8 @@ class PeerServer:
                 return _error(409, "stale_epoch", str(error))
             except (LogGapError, CorruptDataError) as error:
                 return _error(400, "bad_request", str(error))
+            if result.accepted:
+                log.leader_trims_before = request.trim_before
         if self._on_append is not None:
             self._on_append(db, shard)
         return web.Response(body=encode_result(result), content_type=CONTENT_TYPE)
@@ -165,6 +171,10 @@ class PeerClient:
     def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        return self._session
 
     async def append(self, address: str, db: str, shard: int,
                      request: AppendRequest) -> AppendResult:

@@ -30,10 +30,18 @@ from ..database import Database
 from ..message import Message
 from ..shard import now_us
 from . import entries
+from .bootstrap import (
+    Progress,
+    fetch_checkpoint,
+    finish_install,
+    request_bootstrap,
+    should_bootstrap,
+)
 from .leader import Leadership
-from .log import LogGapError, ShardLog, StaleEpochError
+from .log import BootstrapNeededError, LogGapError, Position, ShardLog, StaleEpochError
 from .peer import PeerClient, PeerError
 from .placement import ShardPlacement
+from .trim import follower_trim_point, leader_trim_point
 from .wire import encode_submit
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,9 @@ T = TypeVar("T")
 RETRY_INTERVAL = 0.5
 # Entries an applier reads from its log at a time.
 APPLY_BATCH = 100
+# A log is trimmed once this many entries may go, at most TRIM_BATCH per delete.
+TRIM_STEP = 100
+TRIM_BATCH = 10_000
 
 
 class NotLeaderError(StorageError):
@@ -59,6 +70,8 @@ class ReplicaSettings:
     site: str
     write_timeout: float
     heartbeat_interval: float
+    # log entries kept beyond what every replica holds (`trim.py`)
+    log_retain_entries: int = 10_000
 
 
 class ShardReplica:
@@ -91,6 +104,12 @@ class ShardReplica:
         self._committed_moved = asyncio.Event()
         self._placement_changed = asyncio.Event()
         self._closed = False
+        # Held while committed entries are applied, and while a checkpoint replaces
+        # the shard's data (so no entry of the old log lands on the new data).
+        self._apply_lock = asyncio.Lock()
+        self._bootstrap_task: asyncio.Task[Position] | None = None
+        self.bootstrap_progress: Progress | None = None
+        self.bootstraps = 0  # checkpoints installed here since the site started
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
         self.log.commit_to(self.applied)
@@ -119,9 +138,13 @@ class ShardReplica:
 
     def status(self) -> dict[str, object]:
         last = self.log.last
+        progress = self.bootstrap_progress
         return {"db": self.database.name, "shard": self.shard_id, "role": self.role,
                 "epoch": self.log.epoch, "last": [last.epoch, last.offset],
-                "committed": self.log.committed, "applied": self.applied}
+                "committed": self.log.committed, "applied": self.applied,
+                "state": "ok" if progress is None else "bootstrapping",
+                "bootstrap": None if progress is None else progress.as_dict(),
+                "bootstraps": self.bootstraps, "log_start": self.log.first_offset}
 
     def _under_replicated(self) -> int:
         leadership = self.leadership
@@ -462,9 +485,18 @@ class ShardReplica:
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             try:
+                if should_bootstrap(leadership.next_offset.get(follower, 0),
+                                    self.log.first_offset, self.log.last.offset,
+                                    self._settings.log_retain_entries):
+                    raise BootstrapNeededError(f"{follower} holds nothing of a log of "
+                                               f"{self.log.last.offset} entries",
+                                               self.log.first_offset)
                 request = await self._run(leadership.request_for, follower)
                 result = await self._client.append(address, self.database.name,
                                                    self.shard_id, request)
+            except BootstrapNeededError as exc:
+                await self._bootstrap_follower(leadership, follower, address, exc.message)
+                continue
             except StaleEpochError as exc:
                 if self.leadership is leadership:
                     self._step_down(f"{follower} knows a newer leader: {exc.message}")
@@ -482,6 +514,63 @@ class ShardReplica:
                 self._committed_moved.set()
                 for event in self._send_now.values():
                     event.set()
+
+    async def _bootstrap_follower(self, leadership: Leadership, follower: str, address: str,
+                                  why: str) -> None:
+        """Have `follower` install a checkpoint of this leader's shard; it reads the
+        log from where the checkpoint was taken on."""
+        own = self.peers.get(self._settings.site)
+        if own is None:
+            log.warning("%s: cannot bootstrap %s (%s): this site's peer address is "
+                        "unknown", self._label, follower, why)
+            await asyncio.sleep(RETRY_INTERVAL)
+            return
+        log.info("%s: %s bootstraps from a checkpoint: %s", self._label, follower, why)
+        try:
+            position = await request_bootstrap(self._client.session, address,
+                                               self.database.name, self.shard_id, own)
+        except PeerError as exc:
+            log.warning("%s: bootstrap of %s failed (tried again): %s", self._label,
+                        follower, exc.message)
+            await asyncio.sleep(RETRY_INTERVAL)
+            return
+        if self.leadership is leadership:
+            log.info("%s: %s bootstrapped up to offset %d", self._label, follower,
+                     position.offset)
+            leadership.next_offset[follower] = position.offset + 1
+
+    async def bootstrap_from(self, address: str) -> Position:
+        """As a follower: install a checkpoint of the shard from its leader at
+        `address` (asked by that leader); the position this log then ends at. One
+        bootstrap at a time: a repeated ask waits for the one under way."""
+        task = self._bootstrap_task
+        if task is None or task.done():
+            task = asyncio.create_task(self._bootstrap(address),
+                                       name=f"ds-bootstrap-{self._label}")
+            self._bootstrap_task = task
+        return await asyncio.shield(task)
+
+    async def _bootstrap(self, address: str) -> Position:
+        if self.leadership is not None:
+            raise NotLeaderError(f"{self._label}: this site leads the shard")
+        progress = self.bootstrap_progress = Progress(address)
+        shard_path = self.database.shards[self.shard_id].path
+        log.info("%s: bootstrapping from a checkpoint at %s", self._label, address)
+        try:
+            position = await fetch_checkpoint(self._client.session, address,
+                                              self.database.name, self.shard_id, shard_path,
+                                              progress, self._executor)
+            async with self._apply_lock, self._log_lock:
+                await self.database.replace_shard(self.shard_id)
+                await self._run(finish_install, shard_path, self.log)
+        finally:
+            self.bootstrap_progress = None
+        self.bootstraps += 1
+        log.info("%s: bootstrapped from %s at offset %d, epoch %d: %d bytes in %d files "
+                 "in %.1fs", self._label, address, position.offset, position.epoch,
+                 progress.bytes_done, progress.files, progress.as_dict()["seconds"])
+        self._committed_moved.set()
+        return self.log.last
 
     def _advance(self) -> None:
         leadership = self.leadership
@@ -509,14 +598,32 @@ class ShardReplica:
                 await asyncio.sleep(RETRY_INTERVAL)
 
     async def _apply_some(self) -> None:
-        start = self.applied + 1
-        found = await self._run(self.log.read, start, APPLY_BATCH)
-        for entry in found:
-            offset = entry.position.offset
-            if offset > self.log.committed or offset != self.applied + 1:
-                return
-            await self._apply(offset, entries.decode(entry.batch))
-            self._wake_writers()
+        async with self._apply_lock:
+            start = self.applied + 1
+            found = await self._run(self.log.read, start, APPLY_BATCH)
+            for entry in found:
+                offset = entry.position.offset
+                if offset > self.log.committed or offset != self.applied + 1:
+                    break
+                await self._apply(offset, entries.decode(entry.batch))
+                self._wake_writers()
+        await self._trim()
+
+    async def _trim(self) -> None:
+        """Forget log entries no replica needs any more, keeping the configured tail
+        (see `trim.py`); the leader tells its followers with each append."""
+        leadership = self.leadership
+        if leadership is not None:
+            point = leader_trim_point(leadership.site, leadership.replica_set,
+                                      leadership.matched, self.applied,
+                                      self._settings.log_retain_entries)
+            leadership.trim_before = point
+        else:
+            point = follower_trim_point(self.log.leader_trims_before, self.applied)
+        if point - self.log.first_offset < TRIM_STEP:
+            return
+        async with self._log_lock:
+            await self._run(self.log.trim_before, point, TRIM_BATCH)
 
     async def _apply(self, offset: int, change: entries.Change) -> None:
         database = self.database
@@ -545,6 +652,10 @@ class ShardReplica:
     async def close(self) -> None:
         self._closed = True
         self._step_down("the site is stopping")
+        if self._bootstrap_task is not None:
+            self._bootstrap_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._bootstrap_task
         self._applier.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._applier

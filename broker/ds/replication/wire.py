@@ -13,9 +13,9 @@ from ..rocks import blob, read_blob
 from .leader import AppendRequest
 from .log import AppendResult, Entry, Position
 
-VERSION = 1
-# version, epoch, previous epoch, previous offset, committed, entries
-_REQUEST = struct.Struct(">BQQQQI")
+VERSION = 2
+# version, epoch, previous epoch, previous offset, committed, trim before, entries
+_REQUEST = struct.Struct(">BQQQQQI")
 _ENTRY = struct.Struct(">QQ")
 # version, accepted, matched, last epoch, last offset, retry from
 _RESULT = struct.Struct(">BBQQQQ")
@@ -23,7 +23,7 @@ _RESULT = struct.Struct(">BBQQQQ")
 
 def encode_request(request: AppendRequest) -> bytes:
     parts = [_REQUEST.pack(VERSION, request.epoch, *request.previous, request.committed,
-                           len(request.entries))]
+                           request.trim_before, len(request.entries))]
     for entry in request.entries:
         parts += (_ENTRY.pack(*entry.position), blob(entry.batch))
     return b"".join(parts)
@@ -31,7 +31,7 @@ def encode_request(request: AppendRequest) -> bytes:
 
 def decode_request(raw: bytes) -> AppendRequest:
     try:
-        (version, epoch, previous_epoch, previous_offset, committed,
+        (version, epoch, previous_epoch, previous_offset, committed, trim_before,
          count) = _REQUEST.unpack_from(raw)
         _check_version(version)
         pos = _REQUEST.size
@@ -44,7 +44,8 @@ def decode_request(raw: bytes) -> AppendRequest:
             raise ValueError("trailing bytes")
     except (struct.error, ValueError) as exc:
         raise CorruptDataError(f"append request does not decode: {exc}") from exc
-    return AppendRequest(epoch, Position(previous_epoch, previous_offset), entries, committed)
+    return AppendRequest(epoch, Position(previous_epoch, previous_offset), entries, committed,
+                         trim_before)
 
 
 def encode_result(result: AppendResult) -> bytes:
