@@ -36,7 +36,7 @@ from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
 from ..errors import PlacementError, UnknownDatabaseError, UnknownSiteError
-from ..net.address import split_bind
+from ..net.address import source_address, split_bind
 from . import decisions
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
@@ -91,7 +91,9 @@ class Controller:
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5))
-        self._http = aiohttp.ClientSession(timeout=timeout)
+        # requests to sites start from the controller's own address (when it binds one)
+        self._http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(
+            local_addr=source_address(self.config.bind)))
         app = web.Application(middlewares=[
             errors, authentication(Credentials(token=self.config.token), OPEN_PATHS)])
         app.add_routes([

@@ -10,6 +10,15 @@ def split_bind(bind: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+def source_address(bind: str) -> tuple[str, int] | None:
+    """The local address outgoing connections start from, for a process bound to
+    `bind`: its own host when it names one (so that peers see connections coming from
+    the address it serves at, as on a machine of its own), else None (the system's
+    choice)."""
+    host, _port = split_bind(bind)
+    return None if host in ("0.0.0.0", "::") else (host, 0)
+
+
 def format_peer(address: object) -> str:
     if isinstance(address, tuple) and len(address) >= 2:
         host, port = address[0], address[1]

@@ -201,6 +201,12 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
             for shard in cluster.controller.storage()["shards"]), 30, 0.2)
         reports = shard_reports(new)
         new_log = new.log()
+        # a site that left a shard's replica set deleted its copy of it
+        left = {(index, shard): report for index in range(3)
+                for shard, report in shard_reports(cluster.sites[index]).items()
+                if cluster.site_ids[index] not in
+                cluster.controller.storage()["shards"][shard]["replicas"]}
+        left_logs = {index: cluster.sites[index].log() for index, _shard in left}
         leftovers = sorted(str(path.relative_to(workdir))
                            for path in workdir.rglob("*")
                            if path.name.endswith((".staged", ".old", "bootstrap.json")))
@@ -215,6 +221,7 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
                      f"new site holds shards {held}; its reports: {reports}",
                      history.summary(), f"clients: {client_state}",
                      f"tracebacks in logs: {tracebacks}"]))
+    assert not any(tracebacks.values()), tracebacks
     assert bounded, "a log held more entries than the bound"
     assert drained, history.summary()
     for shard in held:
@@ -224,6 +231,11 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
     assert "bootstrapping from a checkpoint" in new_log
     assert not leftovers, leftovers
     assert agreed, final_state
+    assert left, "no site left a replica set when the new site joined"
+    for (index, shard), report in left.items():
+        assert (report["applied"], report["last"][1]) == (0, 0), (index, shard, report)
+        assert f"{DB}/{shard}: this site left the replica set: its data of the shard is " \
+               "deleted" in left_logs[index]
     assert delivered, "\n".join(held_lost()[:20])
     problems = {kind: lines for kind, lines in history.problems_by_kind().items()
                 if kind != "lost"}

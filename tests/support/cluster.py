@@ -5,7 +5,11 @@ controller`), each on free ports, started, SIGKILLed and restarted one by one.
 On loopback (as `stratamq cluster` lays it out) site k is 127.0.0.(k+1) and the
 controller 127.0.0.1; in a `NetnsNetwork` site k is member k and the controller the
 last member, each in its own network namespace, so that `network.cut(k)` separates
-a site from the other sites and the controller while the test still reaches all."""
+a site from the other sites and the controller while the test still reaches all. In
+a `ProxyNetwork` site k is member k on 127.0.0.(k+1) and the controller the last
+member; the sites and the controller reach each site's peer and admin ports through
+proxies in front of them (`ProxyNetwork.front`), which `network.cut(k)` makes refuse
+the connections between k and the others (the test and MQTT clients go direct)."""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from stratamq.broker.config import merge_config
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port
-from tests.support.netns import NetnsNetwork, Network
+from tests.support.netns import NetnsNetwork, Network, ProxyNetwork
 
 DB = "messages"
 TIMEOUT = 5.0  # one HTTP request
@@ -64,6 +70,9 @@ class SiteProcess(BrokerProcess):
         self.host = host
         self.wrapper = wrapper
         self.peer_port = free_port()
+        # where the controller reaches the admin API (a proxy in front of it, with a
+        # ProxyNetwork); the test itself always uses `admin_url`
+        self.controller_url = ""
         self._cluster_config = {
             "durable_storage": {"messages": {"n_shards": n_shards}},
             "durable_sessions": {"heartbeat_interval": f"{int(heartbeat_interval * 1000)}ms"},
@@ -81,6 +90,11 @@ class SiteProcess(BrokerProcess):
 
     def ports(self) -> list[int]:
         return [*super().ports(), self.peer_port]
+
+    def advertise_peer(self, address: str) -> None:
+        """Have other sites reach the peer port at `address` (before `start`)."""
+        self.config = merge_config(self.config, {"cluster": {"advertise": address}})
+        self.config_path.write_text(yaml.safe_dump(self.config))
 
     @property
     def admin_url(self) -> str:
@@ -109,7 +123,8 @@ class ControllerProcess(ManagedProcess):
             "--token-file", str(self.token_file),
             "--replication-factor", str(replication_factor), "--n-shards", str(n_shards),
             "--heartbeat-interval", f"{int(heartbeat_interval * 1000)}ms",
-            *[argument for site in sites for argument in ("--site", site.admin_url)]]
+            *[argument for site in sites
+              for argument in ("--site", site.controller_url or site.admin_url)]]
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "stratamq.broker", "cluster", "controller",
@@ -138,6 +153,9 @@ class Cluster:
         if isinstance(network, NetnsNetwork):
             hosts = [network.address(k) for k in range(sites + 1)]
             wrappers = [tuple(network.command(k, [])) for k in range(sites + 1)]
+        elif isinstance(network, ProxyNetwork):
+            hosts = [network.address(k) for k in range(sites + 1)]
+            wrappers = [() for _ in range(sites + 1)]
         else:
             hosts = [f"127.0.0.{k + 1}" for k in range(sites)] + ["127.0.0.1"]
             wrappers = [() for _ in range(sites + 1)]
@@ -145,6 +163,14 @@ class Cluster:
                                   heartbeat_interval=heartbeat_interval, wrapper=wrappers[k],
                                   config=site_config)
                       for k in range(sites)]
+        if isinstance(network, ProxyNetwork):
+            # Every site and the controller bind their outgoing connections to their
+            # own address; a proxy in front of each site's peer and admin port tells
+            # them apart by it, and refuses those a cut separates.
+            for site in self.sites:
+                site.advertise_peer("{}:{}".format(*network.front(site.index, site.peer_port)))
+                site.controller_url = "http://{}:{}".format(
+                    *network.front(site.index, site.admin_port))
         self.controller = ControllerProcess(
             workdir / "controller", hosts[sites], self.sites,
             replication_factor=replication_factor, n_shards=n_shards,

@@ -16,8 +16,11 @@ others and the test process reach it at, and `cut(k)` / `heal(k)` to separate me
   routes do the cutting; the bridge stays intact.)
 - `ProxyNetwork` (the fallback without namespaces): member k is `127.0.0.(k+1)` and
   a member reaches another member's port through `proxy(src, dst, port)`, a TCP
-  proxy for that pair that `cut` stops (open connections closed, new ones refused).
-  It separates only traffic that goes through its proxies.
+  proxy for that pair that `cut` stops (open connections closed, new ones refused),
+  or through `front(dst, port)`, one proxy on `dst`'s address for every member, which
+  tells them apart by the source address of their connections (each member binds its
+  outgoing connections to its own address) and refuses and closes those of members a
+  cut separates from `dst`. It separates only traffic that goes through its proxies.
 
 Everything made carries the prefix `smq` and a tag of the run; `cleanup_leftovers()`
 removes what runs whose process is gone left behind (it runs at every open).
@@ -239,6 +242,7 @@ class _Proxy:
         pairs: dict[socket.socket, socket.socket] = {}
         try:
             while not self._stopping.is_set():
+                self._sweep(selector, pairs)
                 for key, _ in selector.select(0.05):
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
@@ -264,6 +268,10 @@ class _Proxy:
             sock.setblocking(True)
             selector.register(sock, selectors.EVENT_READ)
         pairs[client], pairs[upstream] = upstream, client
+
+    def _sweep(self, selector: selectors.BaseSelector,
+               pairs: dict[socket.socket, socket.socket]) -> None:
+        """Called on the proxy's thread between polls."""
 
     @staticmethod
     def _forward(sock: socket.socket, pairs: dict[socket.socket, socket.socket]) -> bool:
@@ -291,6 +299,42 @@ class _Proxy:
             self._thread = None
 
 
+class _Front(_Proxy):
+    """A proxy that refuses connections from `blocked` source addresses and closes
+    the open ones (within a poll) once their source is blocked."""
+
+    def __init__(self, listen_host: str, target: tuple[str, int]) -> None:
+        super().__init__(listen_host, target)
+        self.blocked: frozenset[str] = frozenset()  # replaced whole, read by the thread
+        self._sources: dict[socket.socket, str] = {}
+
+    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
+                pairs: dict[socket.socket, socket.socket]) -> None:
+        client, (source, *_rest) = listener.accept()
+        if source in self.blocked:
+            client.close()
+            return
+        try:
+            upstream = socket.create_connection(self.target, timeout=2)
+        except OSError:
+            client.close()
+            return
+        for sock in (client, upstream):
+            sock.setblocking(True)
+            selector.register(sock, selectors.EVENT_READ)
+        pairs[client], pairs[upstream] = upstream, client
+        self._sources[client] = source
+
+    def _sweep(self, selector: selectors.BaseSelector,
+               pairs: dict[socket.socket, socket.socket]) -> None:
+        for client, source in list(self._sources.items()):
+            if client not in pairs:
+                del self._sources[client]
+            elif source in self.blocked:
+                del self._sources[client]
+                self._drop(client, selector, pairs)
+
+
 class ProxyNetwork:
     kind = "proxy"
 
@@ -299,6 +343,7 @@ class ProxyNetwork:
         self.reason = reason
         self.host_address = "127.0.0.1"
         self._proxies: dict[tuple[int, int, int], _Proxy] = {}
+        self._fronts: dict[tuple[int, int], _Front] = {}
         self._cut: set[int] = set()
 
     def address(self, k: int) -> str:
@@ -327,11 +372,33 @@ class ProxyNetwork:
                 proxy.stop()
         return self.address(source), self._proxies[key].port
 
+    def front(self, target: int, port: int) -> tuple[str, int]:
+        """Where every member dials to reach member `target`'s `port`: a proxy on
+        `target`'s address that refuses members a cut separates from it (by the
+        source address of their connections; others, such as the test, pass)."""
+        key = (target, port)
+        if key not in self._fronts:
+            front = _Front(self.address(target), (self.address(target), port))
+            front.blocked = self._blocked(target)
+            front.start()
+            self._fronts[key] = front
+        return self.address(target), self._fronts[key].port
+
+    def _blocked(self, target: int) -> frozenset[str]:
+        """The source addresses of members cut off from `target`."""
+        return frozenset(self.address(member) for member in range(self.members)
+                         if member != target and (self._cut & {member, target}))
+
+    def _update_fronts(self) -> None:
+        for (target, _port), front in self._fronts.items():
+            front.blocked = self._blocked(target)
+
     def cut(self, k: int) -> None:
         self._cut.add(k)
         for (source, target, _), proxy in self._proxies.items():
             if k in (source, target):
                 proxy.stop()
+        self._update_fronts()
 
     def heal(self, k: int | None = None) -> None:
         healed = set(self._cut) if k is None else {k}
@@ -339,9 +406,10 @@ class ProxyNetwork:
         for (source, target, _), proxy in self._proxies.items():
             if healed & {source, target} and not self._cut & {source, target}:
                 proxy.start()
+        self._update_fronts()
 
     def close(self) -> None:
-        for proxy in self._proxies.values():
+        for proxy in [*self._proxies.values(), *self._fronts.values()]:
             proxy.stop()
 
     def __enter__(self) -> ProxyNetwork:

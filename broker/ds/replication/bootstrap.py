@@ -36,7 +36,7 @@ from ...errors import CorruptDataError
 from ..checkpoint import checkpoint_shard
 from ..database import Database
 from ..install import staged_folder, sync_folder
-from .log import Position, ShardLog
+from .log import START, Position, ShardLog
 from .peer import PeerError
 
 log = logging.getLogger(__name__)
@@ -94,24 +94,35 @@ async def serve_checkpoint(http: web.Request, database: Database, shard_id: int,
         header = {"epoch": epoch, "offset": applied,
                   "files": [[name, size] for name, size in files]}
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        await response.prepare(http)
-        await response.write(json.dumps(header).encode() + b"\n")
-        for name, size in files:
-            source = await loop.run_in_executor(executor, _open_for_reading, folder / name)
-            try:
-                left = size
-                while left > 0:
-                    chunk = await loop.run_in_executor(executor, source.read, min(CHUNK, left))
-                    if not chunk:
-                        raise CorruptDataError(f"{folder / name} shrank while sent")
-                    await response.write(chunk)
-                    left -= len(chunk)
-            finally:
-                await loop.run_in_executor(executor, source.close)
-        await response.write_eof()
+        try:
+            await _send(response, http, header, folder, files, executor)
+        except ConnectionError as error:  # the fetching replica went away (it asks again)
+            log.info("checkpoint of %s/%d not sent to %s: %s", database.name, shard_id,
+                     http.remote, error)
         return response
     finally:
         await loop.run_in_executor(executor, shutil.rmtree, folder, True)
+
+
+async def _send(response: web.StreamResponse, http: web.Request, header: dict[str, Any],
+                folder: Path, files: list[tuple[str, int]], executor: Executor) -> None:
+    """The header line, then each file's bytes in bounded chunks."""
+    loop = asyncio.get_running_loop()
+    await response.prepare(http)
+    await response.write(json.dumps(header).encode() + b"\n")
+    for name, size in files:
+        source = await loop.run_in_executor(executor, _open_for_reading, folder / name)
+        try:
+            left = size
+            while left > 0:
+                chunk = await loop.run_in_executor(executor, source.read, min(CHUNK, left))
+                if not chunk:
+                    raise CorruptDataError(f"{folder / name} shrank while sent")
+                await response.write(chunk)
+                left -= len(chunk)
+        finally:
+            await loop.run_in_executor(executor, source.close)
+    await response.write_eof()
 
 
 def _open_for_reading(path: Path) -> BinaryIO:
@@ -198,6 +209,14 @@ def _write_marker(staged: Path, position: Position) -> None:
         marker.flush()
         os.fsync(marker.fileno())
     sync_folder(staged)
+
+
+def stage_empty_shard(shard_path: Path) -> None:
+    """Stage an empty shard (with a marker for an empty log) for `swap_in_staged`:
+    what a site keeps of a shard once it left the shard's replica set. Blocking."""
+    staged = staged_folder(shard_path)
+    _fresh_folder(staged)
+    _write_marker(staged, START)
 
 
 def finish_install(shard_path: Path, shard_log: ShardLog) -> Position | None:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
 from ...files import write_atomically
-from ...net.address import split_bind
+from ...net.address import source_address, split_bind
 from ..database import Database
 from ..message import Message
 from . import entries
@@ -57,7 +57,8 @@ class SiteReplication:
 
     def __init__(self, site: str, advertised: str, data_dir: Path, database: Database,
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
-                 logs: list[ShardLog], peers: dict[str, str]) -> None:
+                 logs: list[ShardLog], peers: dict[str, str],
+                 local_addr: tuple[str, int] | None = None) -> None:
         self.site = site
         self.advertised = advertised
         self.database = database
@@ -68,7 +69,9 @@ class SiteReplication:
         self.peers = peers
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
                                   self._barrier, self._read_records, self._bootstrap_routes)
-        self._session = aiohttp.ClientSession()
+        # connections to peers start from this site's own address (when it binds one)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(local_addr=local_addr))
         client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self.replicas = [ShardReplica(database, shard, shard_log,
                                       self._server.lock(database.name, shard), executor,
@@ -108,7 +111,7 @@ class SiteReplication:
                 shard_log.close()
             raise
         replication = cls(site, advertised, data_dir, database, executor, settings, store,
-                          logs, peers)
+                          logs, peers, source_address(peer_bind))
         database.attach_replication(replication)
         host, port = split_bind(peer_bind)
         try:

@@ -36,6 +36,7 @@ from .bootstrap import (
     finish_install,
     request_bootstrap,
     should_bootstrap,
+    stage_empty_shard,
 )
 from .leader import Leadership
 from .log import BootstrapNeededError, LogGapError, Position, ShardLog, StaleEpochError
@@ -110,6 +111,7 @@ class ShardReplica:
         self._bootstrap_task: asyncio.Task[Position] | None = None
         self.bootstrap_progress: Progress | None = None
         self.bootstraps = 0  # checkpoints installed here since the site started
+        self._dropping: asyncio.Task[None] | None = None
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
         self.log.commit_to(self.applied)
@@ -180,6 +182,26 @@ class ShardReplica:
                 self._change_replica_set(placement)
         self._placement_changed.set()
         self._placement_changed = asyncio.Event()
+        if previous is not None and site in previous.replicas \
+                and site not in placement.replicas:
+            self._dropping = asyncio.create_task(self._drop_data(),
+                                                 name=f"ds-drop-{self._label}")
+
+    async def _drop_data(self) -> None:
+        """This site left the shard's replica set: its copy of the shard and its log
+        go (an empty shard takes their place, installed like a checkpoint). A site
+        that joins again later bootstraps from its leader."""
+        site = self._settings.site
+        shard_path = self.database.shards[self.shard_id].path
+        async with self._apply_lock, self._log_lock:
+            placement = self.placement
+            if placement is None or site in placement.replicas:
+                return  # joined again meanwhile
+            await self._run(stage_empty_shard, shard_path)
+            await self.database.replace_shard(self.shard_id)
+            await self._run(finish_install, shard_path, self.log)
+        log.info("%s: this site left the replica set: its data of the shard is deleted",
+                 self._label)
 
     async def _begin(self, placement: ShardPlacement) -> None:
         site = self._settings.site
@@ -652,10 +674,11 @@ class ShardReplica:
     async def close(self) -> None:
         self._closed = True
         self._step_down("the site is stopping")
-        if self._bootstrap_task is not None:
-            self._bootstrap_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._bootstrap_task
+        for task in (self._bootstrap_task, self._dropping):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         self._applier.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._applier
