@@ -33,7 +33,10 @@ Loads (64-byte payloads):
   the new site's messages (`POST .../checkpoints`, made once it caught up: the same
   data) / that time. Next to it a plain `shutil.copytree` of that checkpoint (warm
   page cache: an upper bound for a copy). The payloads ('x' padding) compress well,
-  so the checkpoint is far smaller than the data folder (WAL included).
+  so the checkpoint is far smaller than the data folder (WAL included). Sites keep a
+  log tail of LOG_RETAIN entries, so each replica the new site gets is bootstrapped
+  from a checkpoint of its leader (streamed over the peer port), then reads the log:
+  the catch-up time includes that bootstrap; the count is shown.
 
 Prints tables, ratios against Mosquitto, saves a PNG and JSON into bench/results/.
 """
@@ -75,6 +78,7 @@ from bench.broker_load import (
     wait_subscribers,
 )
 from bench.broker_peers import Mosquitto, Stratamq, missing_peers
+from stratamq.broker.config import merge_config
 from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import (
     Cluster,
@@ -89,6 +93,7 @@ matplotlib.use("Agg")
 
 N_SHARDS = 4
 HEARTBEAT = 1.0  # `stratamq cluster`'s default
+LOG_RETAIN = 100  # cluster.log_retain_entries of the benchmark's sites
 WINDOW = 100
 PROBE_RATE = 200.0  # msgs/s of the PUBACK latency probe
 TRY_TIMEOUT = 10.0  # seconds one publish may wait for its PUBACK during a failover
@@ -104,10 +109,13 @@ _PUBACK = re.compile(rb"received PUBACK \(Mid: (\d+)")
 
 
 class BenchSite(SiteProcess):
-    """A cluster site with the shipped defaults (as Stratamq), not the tests' fast ones."""
+    """A cluster site with the shipped defaults (as Stratamq), not the tests' fast ones,
+    but a short kept log tail (LOG_RETAIN), so that the joined site's replicas come from
+    checkpoints whatever the fill."""
 
     def base_config(self, fast: bool) -> dict[str, Any]:
-        return super().base_config(False)
+        return merge_config(super().base_config(False),
+                            {"cluster": {"log_retain_entries": LOG_RETAIN}})
 
 
 class BenchCluster(Cluster):
@@ -193,6 +201,7 @@ class CatchUp:
     bytes: int = 0
     seconds: float = 0.0
     copy_seconds: float = 0.0
+    bootstraps: int = 0  # of the new site's replicas, those installed from a checkpoint
     per_shard_s: dict[int, float] = field(default_factory=dict)  # join -> caught up
     per_shard_seen_s: dict[int, float] = field(default_factory=dict)  # join -> replica
 
@@ -437,6 +446,8 @@ def run_catch_up(cluster: BenchCluster, fill: int, files: LineFiles, workroot: P
             break
         time.sleep(0.05)
     seconds = max(caught.values(), default=0.0)
+    bootstraps = sum(s["bootstraps"] for s in new.replication()["shards"]
+                     if s["db"] == "messages" and s["shard"] in caught)
     data = Path(new.config["durable_storage"]["messages"]["data_dir"])
     checkpoint = workroot / "checkpoint"
     http_json("POST", f"{new.admin_url}/api/v1/ds/storages/messages/checkpoints",
@@ -450,7 +461,8 @@ def run_catch_up(cluster: BenchCluster, fill: int, files: LineFiles, workroot: P
                    busy_seconds=sum(caught[s] - seen[s] for s in caught),
                    per_shard_seen_s={s: seen[s] for s in caught},
                    bytes=size, disk_bytes=folder_bytes(data),
-                   seconds=seconds, copy_seconds=copy_seconds, per_shard_s=caught)
+                   seconds=seconds, copy_seconds=copy_seconds, per_shard_s=caught,
+                   bootstraps=bootstraps)
 
 
 # -- setups ---------------------------------------------------------------------------
@@ -591,7 +603,9 @@ def report(results: Results) -> list[str]:
     lines += [f"  {note}" for note in results.failover_notes]
     c = results.catch_up
     if c is not None:
-        lines += ["", f"catch-up of a joined 4th site: {c.shards} shard replicas, "
+        lines += ["", f"catch-up of a joined 4th site: {c.shards} shard replicas "
+                      f"({c.bootstraps} bootstrapped from a checkpoint of the leader, then "
+                      f"the log; log tail kept {LOG_RETAIN} entries), "
                       f"{c.messages:,} messages ({c.entries:,} log entries), "
                       f"{c.bytes / 1e6:.1f} MB as a checkpoint ({c.disk_bytes / 1e6:.1f} MB "
                       "data folder)",

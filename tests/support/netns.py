@@ -350,7 +350,8 @@ class ProxyNetwork:
         return f"127.0.0.{k + 1}"
 
     def describe(self) -> str:
-        return (f"TCP proxies per member pair (no network namespaces: {self.reason}); "
+        return (f"TCP proxies per member pair or in front of a member (no network "
+                f"namespaces: {self.reason}); "
                 f"members at 127.0.0.1-{self.members}")
 
     def command(self, k: int, argv: list[str]) -> list[str]:

@@ -390,3 +390,11 @@ def test_access_control_errors(tmp_path: Path) -> None:
     # Refusing anonymous clients without a password file would refuse everyone.
     message = config_error(env={"STRATAMQ__ACCESS_CONTROL__ALLOW_ANONYMOUS": "false"})
     assert "access_control: allow_anonymous is false but no password_file is set" in message
+
+
+def test_the_kept_log_tail_is_a_positive_count(tmp_path: Path) -> None:
+    assert load_config(env={}).cluster.log_retain_entries == 10_000
+    path = write(tmp_path, "cluster:\n  log_retain_entries: 500\n")
+    assert load_config(path, env={}).cluster.log_retain_entries == 500
+    message = config_error(write(tmp_path, "cluster:\n  log_retain_entries: 0\n"))
+    assert "cluster.log_retain_entries" in message and "greater than or equal to 1" in message
