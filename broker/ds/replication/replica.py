@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from ...errors import StorageError, StorageTimeoutError
@@ -112,6 +113,7 @@ class ShardReplica:
         self.bootstrap_progress: Progress | None = None
         self.bootstraps = 0  # checkpoints installed here since the site started
         self._dropping: asyncio.Task[None] | None = None
+        self._installing: asyncio.Task[None] | None = None
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
         self.log.commit_to(self.applied)
@@ -193,13 +195,11 @@ class ShardReplica:
         that joins again later bootstraps from its leader."""
         site = self._settings.site
         shard_path = self.database.shards[self.shard_id].path
-        async with self._apply_lock, self._log_lock:
-            placement = self.placement
-            if placement is None or site in placement.replicas:
-                return  # joined again meanwhile
-            await self._run(stage_empty_shard, shard_path)
-            await self.database.replace_shard(self.shard_id)
-            await self._run(finish_install, shard_path, self.log)
+        placement = self.placement
+        if placement is None or site in placement.replicas:
+            return  # joined again meanwhile
+        await self._run(stage_empty_shard, shard_path)
+        await self._install(shard_path)
         log.info("%s: this site left the replica set: its data of the shard is deleted",
                  self._label)
 
@@ -582,9 +582,7 @@ class ShardReplica:
             position = await fetch_checkpoint(self._client.session, address,
                                               self.database.name, self.shard_id, shard_path,
                                               progress, self._executor)
-            async with self._apply_lock, self._log_lock:
-                await self.database.replace_shard(self.shard_id)
-                await self._run(finish_install, shard_path, self.log)
+            await self._install(shard_path)
         finally:
             self.bootstrap_progress = None
         self.bootstraps += 1
@@ -593,6 +591,18 @@ class ShardReplica:
                  progress.bytes_done, progress.files, progress.as_dict()["seconds"])
         self._committed_moved.set()
         return self.log.last
+
+    async def _install(self, shard_path: Path) -> None:
+        """Put the staged shard folder in place of the shard's and reset the log to
+        its marker's position, with the applier paused. Not cancelled halfway: a
+        stopping site waits for it (`close`), so the shard is not closed under it."""
+        async def install() -> None:
+            async with self._apply_lock, self._log_lock:
+                await self.database.replace_shard(self.shard_id)
+                await self._run(finish_install, shard_path, self.log)
+
+        self._installing = asyncio.create_task(install(), name=f"ds-install-{self._label}")
+        await asyncio.shield(self._installing)
 
     def _advance(self) -> None:
         leadership = self.leadership
@@ -679,6 +689,9 @@ class ShardReplica:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        if self._installing is not None:
+            with contextlib.suppress(Exception):
+                await self._installing
         self._applier.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._applier
