@@ -6,6 +6,8 @@ lets receive it."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..ds import CookedBatch, Message, Stream
@@ -45,6 +47,18 @@ class Dispatcher:
     def __init__(self) -> None:
         self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
         self._groups: dict[str, SharedGroup] = {}
+        # The filters routed here (shared ones as $share/group/filter), with how many
+        # subscriptions hold each: other sites push what matches them.
+        self._filters: Counter[str] = Counter()
+        self.on_interest: Callable[[frozenset[str]], None] | None = None
+
+    def _hold(self, topic_filter: str, change: int) -> None:
+        before = len(self._filters)
+        self._filters[topic_filter] += change
+        if self._filters[topic_filter] <= 0:
+            del self._filters[topic_filter]
+        if len(self._filters) != before and self.on_interest is not None:
+            self.on_interest(frozenset(self._filters))
 
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
@@ -80,7 +94,8 @@ class Dispatcher:
 
     def route(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:
-            self._index.add(subscription.topic_filter, (session, subscription.key))
+            if self._index.add(subscription.topic_filter, (session, subscription.key)):
+                self._hold(subscription.topic_filter, 1)
             return
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
@@ -88,12 +103,14 @@ class Dispatcher:
             group = self._groups[group_key] = SharedGroup(subscription.share_group,
                                                           subscription.topic_filter)
             self._index.add(subscription.topic_filter, group)
+            self._hold(f"$share/{group_key}", 1)
         group.members = [m for m in group.members if m[0] is not session]
         group.members.append((session, subscription))
 
     def unroute(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:
-            self._index.remove(subscription.topic_filter, (session, subscription.key))
+            if self._index.remove(subscription.topic_filter, (session, subscription.key)):
+                self._hold(subscription.topic_filter, -1)
             return
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
@@ -103,3 +120,4 @@ class Dispatcher:
         if not group.members:
             del self._groups[group_key]
             self._index.remove(subscription.topic_filter, group)
+            self._hold(f"$share/{group_key}", -1)

@@ -23,9 +23,11 @@ from ...net.address import split_bind
 from ..database import Database
 from ..message import Message
 from . import entries
+from .feed import CommitFeed
 from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerServer
 from .placement import Placement, check_site_id
+from .remote import RemoteReads
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
 from .store import PlacementStore
 from .wire import decode_submit
@@ -73,6 +75,14 @@ class SiteReplication:
                                       client, settings)
                          for shard, shard_log in enumerate(logs)]
         self._take_lock = asyncio.Lock()
+        # reads of the shards held elsewhere, and the commit feed to and from them
+        self.remote = RemoteReads(site, database, self.placement_of, lambda: self.peers,
+                                  self._session, max(settings.write_timeout, 1.0))
+        self.feed = CommitFeed(site, database, self._leads, self.placement_of,
+                               lambda: self.peers, self.remote, self._session,
+                               max(settings.write_timeout, 1.0))
+        self._server.extra_routes += [self.remote.add_routes, self.feed.add_routes]
+        database.attach_remote(self.remote)
 
     @classmethod
     async def start(cls, database: Database, data_dir: Path, site: str, peer_bind: str,
@@ -112,6 +122,8 @@ class SiteReplication:
         log.info("peer port listening on %s (advertised %s)", peer_bind, advertised)
         if store.current is not None:
             await replication._take(store.current)
+        replication.remote.start()
+        replication.feed.start()
         return replication
 
     # -- the admin API ------------------------------------------------------------
@@ -120,7 +132,9 @@ class SiteReplication:
         current = self._store.current
         return {"site": self.site, "peer": self.advertised,
                 "placement_version": None if current is None else current.version,
-                "shards": [replica.status() for replica in self.replicas]}
+                "shards": [replica.status() for replica in self.replicas],
+                # the topic filters each peer said its subscribers hold
+                "interest": self.feed.interest_of()}
 
     async def offer(self, document: object, peers_value: object) -> tuple[bool, int]:
         """A placement pushed by the controller: (accepted, the version kept).
@@ -162,6 +176,11 @@ class SiteReplication:
                     # follows that one; the other shards take their roles regardless
                     log.warning("%s/%d: placement version %d is stale here: %s", name,
                                 shard_placement.shard, placement.version, exc.message)
+        self.remote.placement_changed()
+        self.feed.placement_changed()
+
+    def _leads(self, shard: int) -> bool:
+        return self.replicas[shard].leadership is not None
 
     # -- the peer port --------------------------------------------------------------
 
@@ -217,6 +236,8 @@ class SiteReplication:
     async def close(self) -> None:
         """Stop serving the peer port, stop every replica's loops, close the logs."""
         await self._server.stop()
+        await self.feed.close()
+        await self.remote.close()
         for replica in self.replicas:
             await replica.close()
         await self._session.close()

@@ -58,6 +58,9 @@ class PeerServer:
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
+        # more endpoints (reads of shards held here, the commit feed): each adds its
+        # routes to the app
+        self.extra_routes: list[Callable[[web.Application], None]] = []
 
     def lock(self, db: str, shard: int) -> asyncio.Lock:
         """Held while a shard log is written through this server; the site's own
@@ -70,6 +73,8 @@ class PeerServer:
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
+        for add_routes in self.extra_routes:
+            add_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> None:

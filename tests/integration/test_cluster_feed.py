@@ -1,0 +1,155 @@
+"""Every site sees every shard (issue 7, "The broker as a cluster"): three sites with
+replication factor 1, so each shard lives on one site only and most of a site's
+subscribers' messages come from shards it holds no replica of.
+
+Publishers write to every shard from a site that does not hold it (their writes are
+forwarded), at QoS 0, 1 and 2. Every site has a live (clean start) subscriber and a
+durable one. The durable subscriber of site 0 disconnects while messages are
+published and reconnects: its session replays what it missed from the other sites'
+storage. Then a site is killed (its shards are unavailable, RF 1) and restarted: the
+feed between the two others goes on meanwhile. The history check passes at the end:
+every acknowledged message delivered to every subscriber that should have it, QoS 2
+exactly once, order kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stratamq.broker.ds.database import shard_of
+from tests.support.cluster import Cluster
+from tests.support.history import History
+from tests.support.recorder import (
+    RecordingClient,
+    RecordingPublisher,
+    RecordingSubscriber,
+    all_connected,
+    describe_clients,
+    more_acknowledged,
+    stop_and_drain,
+    wait_until,
+)
+
+SITES = 3
+N_SHARDS = 6
+VICTIM = 2  # the site killed and restarted
+LIVE_FILTER = "fd/#"
+# Durable subscribers take QoS 1/2 publishers' topics only: a QoS 0 message sent to
+# a client that is disconnecting is gone (at most once), and one subscriber goes away.
+DURABLE_FILTER = "fd/r/#"
+
+
+def client_id_on_shard(prefix: str, shard: int) -> str:
+    for number in range(10_000):
+        client_id = f"{prefix}-{number}"
+        if shard_of(client_id, N_SHARDS) == shard:
+            return client_id
+    raise AssertionError(f"no client id on shard {shard}")
+
+
+def interest_known(cluster: Cluster) -> bool:
+    """Every site knows the filters every other site's subscribers hold."""
+    for site in cluster.sites:
+        interest = site.replication().get("interest", {})
+        for other, site_id in enumerate(cluster.site_ids):
+            if other != site.index and not {LIVE_FILTER, DURABLE_FILTER} <= set(
+                    interest.get(site_id, [])):
+                return False
+    return True
+
+
+def received_by(history: History, names: list[str]) -> int:
+    with history._lock:
+        return sum(len(session.deliveries) for name in names
+                   for session in history.sessions.get(name, []))
+
+
+@pytest.mark.slow
+def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS, replication_factor=1)
+    history = History()
+    clients: list[RecordingClient] = []
+    publishers: list[RecordingPublisher] = []
+    live: list[RecordingSubscriber] = []
+    durable: list[RecordingSubscriber] = []
+    try:
+        cluster.start()
+        leaders = cluster.leaders()
+        assert len(set(leaders.values())) == SITES, f"a site leads nothing: {leaders}"
+        for site in cluster.sites:
+            for kind, group in (("live", live), ("durable", durable)):
+                subscriber = RecordingSubscriber(
+                    history, f"fd-{kind}-{site.index}", site.host, site.port,
+                    DURABLE_FILTER if kind == "durable" else LIVE_FILTER,
+                    durable=kind == "durable")
+                subscriber.start()
+                group.append(subscriber)
+                clients.append(subscriber)
+        for subscriber in [*live, *durable]:
+            assert subscriber.subscribed.wait(15), f"no SUBACK for {subscriber.name}"
+        assert wait_until(lambda: interest_known(cluster), 30), \
+            f"filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
+        for shard, leader in sorted(leaders.items()):
+            site = cluster.sites[(leader + 1) % SITES]  # never the shard's own site
+            name = client_id_on_shard(f"fd-pub-{site.index}", shard)
+            publisher = RecordingPublisher(history, name, site.host, site.port,
+                                           [f"fd/r/{name}/a", f"fd/r/{name}/b"])
+            publishers.append(publisher)
+            # QoS 0 is at most once: none from or to the site that is killed
+            if VICTIM not in (leader, site.index):
+                zero = client_id_on_shard(f"fd-pub0-{site.index}", shard)
+                # (QoS 1 in turn paces it: a QoS 0 message is done once sent)
+                publishers.append(RecordingPublisher(history, zero, site.host, site.port,
+                                                     [f"fd/z/{zero}/a"], (0, 1)))
+        for publisher in publishers:
+            clients.append(publisher)
+            publisher.start()
+        assert all_connected(clients, 30), f"not connected: {describe_clients(clients)}"
+        assert more_acknowledged(history, 300, 60), history.summary()
+
+        # a durable subscriber away while messages are published, mostly on shards
+        # its site holds no replica of
+        # (the same paho client, which keeps its QoS 2 state, as MQTT asks)
+        away = durable[0]
+        away.client.disconnect()
+        away.client.loop_stop()
+        assert more_acknowledged(history, 300, 60), history.summary()
+        away.client.reconnect()
+        away.client.loop_start()
+        assert all_connected([away], 30), describe_clients([away])
+
+        # a site killed and restarted: the two others go on feeding each other
+        others = [p for p in publishers if shard_of(p.name, N_SHARDS) in
+                  {shard for shard, leader in leaders.items() if leader != VICTIM}]
+        watchers = [s.name for s in [*live, *durable] if not s.name.endswith(f"-{VICTIM}")]
+        before = received_by(history, watchers)
+        cluster.sites[VICTIM].kill()
+        assert more_acknowledged(history, 200, 60), history.summary()
+        assert wait_until(lambda: received_by(history, watchers) > before + 200, 60), \
+            f"the feed between the other sites stalled: {history.summary()}"
+        assert others
+        cluster.restart(VICTIM)
+        assert cluster.wait_ready(60), cluster.describe()
+        assert all_connected(clients, 60), describe_clients(clients)
+        assert wait_until(lambda: interest_known(cluster), 30)
+        assert more_acknowledged(history, 300, 60), history.summary()
+
+        drained = stop_and_drain(publishers, 60)
+        delivered = wait_until(lambda: not history.missing(), 60)
+        missing = history.missing()  # before the clean-start sessions end with close
+    finally:
+        client_state = describe_clients(clients)
+        for client in clients:
+            client.close()
+        tracebacks = cluster.tracebacks() if cluster.site_ids else {}
+        alive = [site.alive() for site in cluster.sites]
+        cluster.close()
+    print("\n".join(["", history.summary(), f"clients: {client_state}",
+                     f"tracebacks in logs: {tracebacks}",
+                     *(f"missing at {name}: {len(lost)}: {[str(m) for m in lost[:20]]}"
+                       for name, lost in missing.items())]))
+    assert all(alive), f"a site died by itself: {alive}\n{cluster.logs()}"
+    assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
+    history.check()
+    assert delivered, "acknowledged messages not delivered (printed above)"
