@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..ds import CookedBatch, Message, Stream
+from ..ds import CookedBatch, Message, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.session import Delivery, Session
@@ -51,6 +51,10 @@ class Dispatcher:
         # subscriptions hold each: other sites push what matches them.
         self._filters: Counter[str] = Counter()
         self.on_interest: Callable[[frozenset[str]], None] | None = None
+        # On a cluster: this site, and the sites holding a filter (with this site
+        # when it does), for choosing the one site that delivers to a shared group.
+        self.site = ""
+        self.sites_with: Callable[[str], Sequence[str]] | None = None
 
     def _hold(self, topic_filter: str, change: int) -> None:
         before = len(self._filters)
@@ -66,11 +70,25 @@ class Dispatcher:
             sessions: dict[Session, None] = {}  # each once, in match order
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
-                    self._deliver_shared(subscriber, message)
+                    if self._delivers_here(subscriber, message):
+                        self._deliver_shared(subscriber, message)
                 else:
                     sessions[subscriber[0]] = None
             for session in sessions:
                 session.on_feed(stream, message)
+
+    def _delivers_here(self, group: SharedGroup, message: Message) -> bool:
+        """Whether this site delivers the message to the group: of the sites with
+        members of the group (each site tells the others its filters), every site
+        picks the same one for a message (DESIGN "Broker": shared subscriptions work
+        cluster-wide, one delivery per group)."""
+        if self.sites_with is None:
+            return True
+        sites = self.sites_with(f"$share/{group.key}")
+        if len(sites) <= 1:
+            return True
+        return shared_site(group.key, f"{message.client_id}|{message.timestamp}",
+                           sites) == self.site
 
     def _deliver_shared(self, group: SharedGroup, message: Message,
                         exclude: Session | None = None) -> None:

@@ -193,6 +193,7 @@ class Database:
         self._gap_listeners: list[FeedGapListener] = []
         self._interest: frozenset[str] = frozenset()
         self._interest_listeners: list[InterestListener] = []
+        self._sites_with: Callable[[str], list[str]] | None = None
         self._update_generation_gauges()
 
     @classmethod
@@ -488,6 +489,16 @@ class Database:
 
     def add_interest_listener(self, listener: InterestListener) -> None:
         self._interest_listeners.append(listener)
+
+    def sites_with(self, topic_filter: str) -> list[str]:
+        """The sites whose subscribers hold `topic_filter` (as told over the peer
+        port; this site's own interest included): only this site without a cluster."""
+        if self._sites_with is None:
+            return [self.site_id] if topic_filter in self._interest else []
+        return self._sites_with(topic_filter)
+
+    def attach_interest_directory(self, sites_with: Callable[[str], list[str]]) -> None:
+        self._sites_with = sites_with
 
     # -- reads of shards held elsewhere -------------------------------------------
 

@@ -153,3 +153,72 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     history.check()
     assert delivered, "acknowledged messages not delivered (printed above)"
+
+
+SHARED = "$share/g/fs/#"
+
+
+def shared_known(cluster: Cluster) -> bool:
+    for site in cluster.sites:
+        interest = site.replication().get("interest", {})
+        for other, site_id in enumerate(cluster.site_ids):
+            if other != site.index and SHARED not in interest.get(site_id, []):
+                return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_shared_group_gets_each_message_once_across_sites(tmp_path: Path) -> None:
+    """`$share/g/fs/#` with a member on every site (replication factor 1): each
+    acknowledged message reaches exactly one member of the group, wherever it was
+    published and whichever site holds its shard, and every site's member takes a
+    share."""
+    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=1)
+    history = History()
+    members: list[RecordingSubscriber] = []
+    publishers: list[RecordingPublisher] = []
+    try:
+        cluster.start()
+        for site in cluster.sites:
+            member = RecordingSubscriber(history, f"fs-member-{site.index}", site.host,
+                                         site.port, SHARED, 1, durable=False)
+            member.start()
+            members.append(member)
+        for member in members:
+            assert member.subscribed.wait(15), f"no SUBACK for {member.name}"
+        assert wait_until(lambda: shared_known(cluster), 30), \
+            f"shared filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
+        for site in cluster.sites:
+            name = f"fs-pub-{site.index}"
+            publisher = RecordingPublisher(history, name, site.host, site.port,
+                                           [f"fs/{name}/a"], (1,))
+            publishers.append(publisher)
+            publisher.start()
+        assert all_connected([*members, *publishers], 30), \
+            describe_clients([*members, *publishers])
+        assert more_acknowledged(history, 600, 60), history.summary()
+        drained = stop_and_drain(publishers, 60)
+        acknowledged = set(history.acknowledged_messages())
+
+        def delivered() -> list[object]:
+            with history._lock:
+                return [d.message for member in members
+                        for session in history.sessions.get(member.name, [])
+                        for d in session.deliveries]
+
+        complete = wait_until(lambda: acknowledged <= set(delivered()), 60)
+        copies = delivered()
+        per_member = {member.name: received_by(history, [member.name]) for member in members}
+    finally:
+        for member in members:
+            member.close()
+        for publisher in publishers:
+            publisher.close()
+        cluster.close()
+    print(f"\n{history.summary()}\nper member: {per_member}")
+    assert drained, history.summary()
+    missing = acknowledged - set(copies)
+    assert complete, f"{len(missing)} acknowledged messages reached no member"
+    twice = len(copies) - len(set(copies))
+    assert twice == 0, f"{twice} messages reached more than one member (or one twice)"
+    assert all(count > 0 for count in per_member.values()), per_member

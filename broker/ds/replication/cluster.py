@@ -77,7 +77,8 @@ class SiteReplication:
         self._take_lock = asyncio.Lock()
         # reads of the shards held elsewhere, and the commit feed to and from them
         self.remote = RemoteReads(site, database, self.placement_of, lambda: self.peers,
-                                  self._session, max(settings.write_timeout, 1.0))
+                                  self._barrier_here, self._session,
+                                  max(settings.write_timeout, 1.0))
         self.feed = CommitFeed(site, database, self._leads, self.placement_of,
                                lambda: self.peers, self.remote, self._session,
                                max(settings.write_timeout, 1.0))
@@ -178,6 +179,9 @@ class SiteReplication:
                                 shard_placement.shard, placement.version, exc.message)
         self.remote.placement_changed()
         self.feed.placement_changed()
+
+    async def _barrier_here(self, shard: int) -> None:
+        await self.replicas[shard].read_barrier()
 
     def _leads(self, shard: int) -> bool:
         return self.replicas[shard].leadership is not None

@@ -79,11 +79,10 @@ class CommitFeed:
         self._interest_of: dict[str, FilterSet] = {}
         self._outboxes: dict[str, _Outbox] = {}
         self._interest_changed = asyncio.Event()
-        # the filters each peer has acknowledged, as this site last sent them
-        self._told: dict[str, frozenset[str]] = {}
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
         self._task: asyncio.Task[None] | None = None
         database.add_commit_listener(self.on_commit)
+        database.attach_interest_directory(self.sites_with)
         database.add_interest_listener(lambda _filters: self._interest_changed.set())
 
     def start(self) -> None:
@@ -99,6 +98,14 @@ class CommitFeed:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def sites_with(self, topic_filter: str) -> list[str]:
+        """The sites holding `topic_filter`, this one included when it does, sorted."""
+        sites = [site for site, filters in self._interest_of.items()
+                 if topic_filter in filters.filters and site != self.site]
+        if topic_filter in self.database.interest:
+            sites.append(self.site)
+        return sorted(sites)
 
     def interest_of(self) -> dict[str, list[str]]:
         """Each peer's filters as this site knows them (for the admin view)."""
@@ -151,7 +158,6 @@ class CommitFeed:
             for shard_id in range(len(self.database.shards)):
                 if self._placement_of(shard_id)[1] == site:
                     self.database.feed_gap(shard_id)
-        self._told[site] = filters
 
     # -- pushing, as a shard's leader ---------------------------------------------------
 
@@ -159,8 +165,9 @@ class CommitFeed:
         if not cooked.messages or not self._interest_of or not self._leads(cooked.shard):
             return
         replicas, _leader = self._placement_of(cooked.shard)
+        peers = self._peers_of()
         for site, filters in self._interest_of.items():
-            if site == self.site or site in replicas or not filters:
+            if site == self.site or site in replicas or site not in peers or not filters:
                 continue
             matching = [(cooked.generation, static, message)
                         for static, message in cooked.messages if filters.matches(message.topic)]
@@ -193,7 +200,12 @@ class CommitFeed:
                 outbox.gaps.discard(push.shard)
                 push = Push(push.shard, True, push.messages)
             address = self._peers_of().get(site)
-            if address is not None and await self._send(site, address, push):
+            if address is None:  # no longer a peer (forgotten): nothing to tell it
+                outbox.queue.clear()
+                outbox.queued = 0
+                outbox.gaps.clear()
+                continue
+            if await self._send(site, address, push):
                 continue
             # Not taken: what is queued for the site is dropped, its readers of these
             # shards read from storage once it is back.

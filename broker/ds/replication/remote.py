@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -39,6 +39,9 @@ NEXT_CONTENT_TYPE = "application/vnd.stratamq.next"
 
 PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 PeersOf = Callable[[], dict[str, str]]
+# Returns once this site's replica of a shard has applied what its leader had when
+# asked; a recoverable StorageError when that does not happen in time.
+Barrier = Callable[[int], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -53,8 +56,10 @@ class RemoteReads:
     the same reads to other sites from the shards it holds."""
 
     def __init__(self, site: str, database: Database, placement_of: PlacementOf,
-                 peers_of: PeersOf, session: aiohttp.ClientSession, timeout: float) -> None:
+                 peers_of: PeersOf, barrier: Barrier, session: aiohttp.ClientSession,
+                 timeout: float) -> None:
         self.site = site
+        self._barrier = barrier
         self.database = database
         self._placement_of = placement_of
         self._peers_of = peers_of
@@ -64,6 +69,12 @@ class RemoteReads:
         self._locks = [asyncio.Lock() for _ in database.shards]
         # where each shard was read last: a change empties the stream cache
         self._remote_now = [False] * len(database.shards)
+        # Shards this site became a replica of and is still catching up on: read
+        # elsewhere until the new replica has what the leader had (this site was fed
+        # the shard's newer messages already, so its readers must not take a stale
+        # copy for the end of the stream).
+        self._placed_remote = [False] * len(database.shards)
+        self._catching_up: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -72,14 +83,18 @@ class RemoteReads:
                                          name="ds-remote-mirror")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._catching_up.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # -- database.RemoteShards ------------------------------------------------------
 
     def is_remote(self, shard_id: int) -> bool:
+        return self._is_placed_remote(shard_id) or shard_id in self._catching_up
+
+    def _is_placed_remote(self, shard_id: int) -> bool:
         replicas, _leader = self._placement_of(shard_id)
         return bool(replicas) and self.site not in replicas
 
@@ -120,6 +135,14 @@ class RemoteReads:
     def check_moves(self) -> None:
         changed = False
         for shard_id in range(len(self.database.shards)):
+            placed_remote = self._is_placed_remote(shard_id)
+            if self._placed_remote[shard_id] and not placed_remote \
+                    and shard_id not in self._catching_up:
+                self._catching_up[shard_id] = asyncio.create_task(
+                    self._catch_up(shard_id), name=f"ds-catch-up-{shard_id}")
+            elif placed_remote and shard_id in self._catching_up:
+                self._catching_up.pop(shard_id).cancel()
+            self._placed_remote[shard_id] = placed_remote
             remote = self.is_remote(shard_id)
             if remote != self._remote_now[shard_id]:
                 self._remote_now[shard_id] = remote
@@ -128,6 +151,19 @@ class RemoteReads:
                 self.database.feed_gap(shard_id)
         if changed:
             self.database.forget_cached_streams()
+
+    async def _catch_up(self, shard_id: int) -> None:
+        """Read the shard here once this site's new replica of it has caught up."""
+        while True:
+            try:
+                await self._barrier(shard_id)
+                break
+            except StorageError as exc:
+                log.info("%s/%d: the new replica here is still catching up: %s",
+                         self.database.name, shard_id, exc.message)
+                await asyncio.sleep(REFRESH_INTERVAL)
+        self._catching_up.pop(shard_id, None)
+        self.check_moves()
 
     async def ensure_streams(self, shard_id: int, streams: set[tuple[int, bytes]]) -> None:
         """Make sure the mirror of a remote shard knows these (generation, static
@@ -224,9 +260,9 @@ class RemoteReads:
         if http.match_info["db"] != self.database.name \
                 or not 0 <= shard_id < len(self.database.shards):
             return _error(404, "unknown_shard", "no such shard here")
-        replicas, _leader = self._placement_of(shard_id)
-        if self.site not in replicas:
-            return _error(503, "not_a_replica", "this site holds no replica of the shard")
+        if self.is_remote(shard_id):
+            return _error(503, "not_a_replica", "this site holds no replica of the shard "
+                                                "(or one still catching up)")
         return shard_id
 
     async def _serve_generations(self, http: web.Request) -> web.Response:
