@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
-from ..errors import InvalidIteratorError
+from ..errors import InvalidIteratorError, StorageError
 from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
@@ -435,6 +435,12 @@ class Session:
             try:
                 await self._replay()
                 return
+            except StorageError as exc:
+                if not exc.recoverable:
+                    note_failure("session-replay")
+                else:  # a shard's replicas out of reach for now: read on later
+                    log.info("session %s: a read failed, retrying: %s", self.client_id,
+                             exc.message)
             except Exception:
                 note_failure("session-replay")
             await asyncio.sleep(RESTART_PAUSE)
