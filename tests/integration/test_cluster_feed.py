@@ -9,10 +9,14 @@ published and reconnects: its session replays what it missed from the other site
 storage. Then a site is killed (its shards are unavailable, RF 1) and restarted: the
 feed between the two others goes on meanwhile. The history check passes at the end:
 every acknowledged message delivered to every subscriber that should have it, QoS 2
-exactly once, order kept."""
+exactly once, order kept. QoS 0 is the one exception the design allows: a connected
+subscriber's QoS 0 message may be dropped when its queue is full (a burst, such as
+the pushes a restarted site gets at once), and every such drop is counted; so
+missing QoS 0 messages are allowed up to the sites' count of those drops."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -57,6 +61,24 @@ def interest_known(cluster: Cluster) -> bool:
                     interest.get(site_id, [])):
                 return False
     return True
+
+
+def dropped_for_full_queues(cluster: Cluster) -> int:
+    """QoS 0 messages the sites dropped for a subscriber's full queue (counted)."""
+    total = 0.0
+    for site in cluster.sites:
+        with urllib.request.urlopen(f"{site.admin_url}/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("stratamq_messages_dropped_total{") \
+                        and 'reason="queue_full"' in line:
+                    total += float(line.rpartition(" ")[2])
+    return int(total)
+
+
+def reliable_missing(history: History) -> dict[str, list[str]]:
+    """Acknowledged QoS 1/2 messages not delivered where they should be."""
+    return {name: [str(m) for m in lost if m.qos > 0]
+            for name, lost in history.missing().items() if any(m.qos > 0 for m in lost)}
 
 
 def received_by(history: History, names: list[str]) -> int:
@@ -136,8 +158,10 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
         assert more_acknowledged(history, 300, 60), history.summary()
 
         drained = stop_and_drain(publishers, 60)
-        delivered = wait_until(lambda: not history.missing(), 60)
+        delivered = wait_until(lambda: not reliable_missing(history), 60)
+        wait_until(lambda: not history.missing(), 10)  # QoS 0 may have been dropped
         missing = history.missing()  # before the clean-start sessions end with close
+        dropped = dropped_for_full_queues(cluster)
     finally:
         client_state = describe_clients(clients)
         for client in clients:
@@ -147,12 +171,16 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
         cluster.close()
     print("\n".join(["", history.summary(), f"clients: {client_state}",
                      f"tracebacks in logs: {tracebacks}",
+                     f"QoS 0 dropped for full queues: {dropped}",
                      *(f"missing at {name}: {len(lost)}: {[str(m) for m in lost[:20]]}"
                        for name, lost in missing.items())]))
     assert all(alive), f"a site died by itself: {alive}\n{cluster.logs()}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     history.check()
-    assert delivered, "acknowledged messages not delivered (printed above)"
+    assert delivered, "acknowledged QoS 1/2 messages not delivered (printed above)"
+    missing_qos0 = sum(1 for lost in missing.values() for m in lost if m.qos == 0)
+    assert missing_qos0 <= dropped, \
+        f"{missing_qos0} QoS 0 messages missing, only {dropped} counted as dropped"
 
 
 SHARED = "$share/g/fs/#"
