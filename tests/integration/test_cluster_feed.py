@@ -172,7 +172,8 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
     print("\n".join(["", history.summary(), f"clients: {client_state}",
                      f"tracebacks in logs: {tracebacks}",
                      f"QoS 0 dropped for full queues: {dropped}",
-                     *(f"missing at {name}: {len(lost)}: {[str(m) for m in lost[:20]]}"
+                     *(f"missing at {name}: {len(lost)} (QoS 0: "
+                       f"{sum(1 for m in lost if m.qos == 0)}): {[str(m) for m in lost[:20]]}"
                        for name, lost in missing.items())]))
     assert all(alive), f"a site died by itself: {alive}\n{cluster.logs()}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
