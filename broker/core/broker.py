@@ -25,6 +25,10 @@ class Broker:
         self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
                                         self.dispatcher, limits)
         messages.add_commit_listener(self.dispatcher.on_commit)
+        messages.add_feed_gap_listener(self.registry.on_feed_gap)
+        self.dispatcher.on_interest = messages.set_interest
+        self.dispatcher.site = messages.site_id
+        self.dispatcher.sites_with = messages.sites_with
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
 

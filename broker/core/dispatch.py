@@ -6,9 +6,11 @@ lets receive it."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..ds import CookedBatch, Message, Stream
+from ..ds import CookedBatch, Message, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.session import Delivery, Session
@@ -45,6 +47,22 @@ class Dispatcher:
     def __init__(self) -> None:
         self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
         self._groups: dict[str, SharedGroup] = {}
+        # The filters routed here (shared ones as $share/group/filter), with how many
+        # subscriptions hold each: other sites push what matches them.
+        self._filters: Counter[str] = Counter()
+        self.on_interest: Callable[[frozenset[str]], None] | None = None
+        # On a cluster: this site, and the sites holding a filter (with this site
+        # when it does), for choosing the one site that delivers to a shared group.
+        self.site = ""
+        self.sites_with: Callable[[str], Sequence[str]] | None = None
+
+    def _hold(self, topic_filter: str, change: int) -> None:
+        before = len(self._filters)
+        self._filters[topic_filter] += change
+        if self._filters[topic_filter] <= 0:
+            del self._filters[topic_filter]
+        if len(self._filters) != before and self.on_interest is not None:
+            self.on_interest(frozenset(self._filters))
 
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
@@ -52,11 +70,25 @@ class Dispatcher:
             sessions: dict[Session, None] = {}  # each once, in match order
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
-                    self._deliver_shared(subscriber, message)
+                    if self._delivers_here(subscriber, message):
+                        self._deliver_shared(subscriber, message)
                 else:
                     sessions[subscriber[0]] = None
             for session in sessions:
                 session.on_feed(stream, message)
+
+    def _delivers_here(self, group: SharedGroup, message: Message) -> bool:
+        """Whether this site delivers the message to the group: of the sites with
+        members of the group (each site tells the others its filters), every site
+        picks the same one for a message (DESIGN "Broker": shared subscriptions work
+        cluster-wide, one delivery per group)."""
+        if self.sites_with is None:
+            return True
+        sites = self.sites_with(f"$share/{group.key}")
+        if len(sites) <= 1:
+            return True
+        return shared_site(group.key, f"{message.client_id}|{message.timestamp}",
+                           sites) == self.site
 
     def _deliver_shared(self, group: SharedGroup, message: Message,
                         exclude: Session | None = None) -> None:
@@ -80,7 +112,8 @@ class Dispatcher:
 
     def route(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:
-            self._index.add(subscription.topic_filter, (session, subscription.key))
+            if self._index.add(subscription.topic_filter, (session, subscription.key)):
+                self._hold(subscription.topic_filter, 1)
             return
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
@@ -88,12 +121,14 @@ class Dispatcher:
             group = self._groups[group_key] = SharedGroup(subscription.share_group,
                                                           subscription.topic_filter)
             self._index.add(subscription.topic_filter, group)
+            self._hold(f"$share/{group_key}", 1)
         group.members = [m for m in group.members if m[0] is not session]
         group.members.append((session, subscription))
 
     def unroute(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:
-            self._index.remove(subscription.topic_filter, (session, subscription.key))
+            if self._index.remove(subscription.topic_filter, (session, subscription.key)):
+                self._hold(subscription.topic_filter, -1)
             return
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
@@ -103,3 +138,4 @@ class Dispatcher:
         if not group.members:
             del self._groups[group_key]
             self._index.remove(subscription.topic_filter, group)
+            self._hold(f"$share/{group_key}", -1)

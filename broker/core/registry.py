@@ -368,6 +368,12 @@ class SessionRegistry:
         for session in list(self.sessions.values()):
             await session.before_generation_drop(shard, generation)
 
+    def on_feed_gap(self, shard: int, since: int) -> None:
+        """The commit feed of a shard may have missed messages here (see
+        `Database.add_feed_gap_listener`)."""
+        for session in list(self.sessions.values()):
+            session.on_feed_gap(shard, since)
+
     def after_generation_drop(self, shard: int, generation: int) -> None:
         for session in list(self.sessions.values()):
             session.after_generation_drop(shard, generation)

@@ -27,13 +27,16 @@ class SubscriptionIndex(Generic[Subscriber]):
     def __len__(self) -> int:
         return self._count
 
-    def add(self, topic_filter: str, subscriber: Subscriber) -> None:
+    def add(self, topic_filter: str, subscriber: Subscriber) -> bool:
+        """Add a subscription; True when it was not there."""
         node = self._root
         for level in topic_filter.split("/"):
             node = node.children.setdefault(level, _Node())
-        if subscriber not in node.subscribers:
+        added = subscriber not in node.subscribers
+        if added:
             self._count += 1
         node.subscribers[subscriber] = topic_filter
+        return added
 
     def remove(self, topic_filter: str, subscriber: Subscriber) -> bool:
         path = [self._root]

@@ -20,6 +20,7 @@ from .message import (
 )
 from .options import DbOptions
 from .replication.cluster import SiteReplication
+from .replication.interest import shared_site
 from .replication.replica import ReplicaSettings
 from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
@@ -59,4 +60,5 @@ __all__ = [
     "peek_timestamp",
     "peek_topic",
     "shard_of",
+    "shared_site",
 ]

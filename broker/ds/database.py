@@ -12,7 +12,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from functools import partial
 from pathlib import Path
@@ -36,7 +36,7 @@ from .generation import GenerationInfo, RetentionPlan, plan_retention
 from .install import recover_shard_folder, swap_in_staged
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
-from .lts import END, Edge
+from .lts import END, Edge, Trie
 from .message import Message, decode_message, peek_timestamp
 from .options import DbOptions
 from .shard import Shard, now_us
@@ -86,6 +86,42 @@ class Replication(Protocol):
 
     async def close(self) -> None:
         """Stop applying: the shards are about to close."""
+
+
+class GenerationView(Protocol):
+    """What stream discovery needs of a generation: its info and its learned trie
+    (a local shard's `Generation`, or a mirror of another site's)."""
+
+    @property
+    def info(self) -> GenerationInfo: ...
+
+    @property
+    def trie(self) -> Trie: ...
+
+
+class RemoteShards(Protocol):
+    """Reads of the shards this site holds no replica of (see
+    `replication.remote`): their streams from a mirror of a replica's tries, their
+    messages from a replica over the peer port."""
+
+    def is_remote(self, shard_id: int) -> bool:
+        """Whether this site reads the shard at another site."""
+
+    def generations(self, shard_id: int) -> Mapping[int, GenerationView]:
+        """The shard's generations as last mirrored from a replica."""
+
+    def loaded(self, shard_id: int) -> bool:
+        """Whether the shard's generations were mirrored at least once."""
+
+    async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
+        """`Database.next` at a replica; a recoverable StorageError when none answers."""
+
+    async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
+        """`Database.read_message` at a replica."""
+
+
+FeedGapListener = Callable[[int, int], None]
+InterestListener = Callable[[frozenset[str]], None]
 
 
 def shard_of(client_id: str, n_shards: int) -> int:
@@ -150,6 +186,15 @@ class Database:
         self._reads_in_flight: Counter[tuple[int, int]] = Counter()
         self._read_finished = asyncio.Condition()
         self._replication: Replication | None = None
+        self._remote: RemoteShards | None = None
+        # The last timestamp fed per shard: a message reaches the commit listeners
+        # once, whether it came from this site's apply or a leader's push (timestamps
+        # are strictly increasing per shard).
+        self._last_fed = [0] * len(shards)
+        self._gap_listeners: list[FeedGapListener] = []
+        self._interest: frozenset[str] = frozenset()
+        self._interest_listeners: list[InterestListener] = []
+        self._sites_with: Callable[[str], list[str]] | None = None
         self._update_generation_gauges()
 
     @classmethod
@@ -431,8 +476,100 @@ class Database:
     def _feed(self, cooked: CookedBatch) -> None:
         if cooked.edges:
             self._note_streams(cooked.shard, cooked.generation, cooked.edges)
+        last = self._last_fed[cooked.shard]
+        if cooked.messages and cooked.messages[0][1].timestamp <= last:
+            cooked.messages = [(static, message) for static, message in cooked.messages
+                               if message.timestamp > last]
+        if cooked.messages:
+            self._last_fed[cooked.shard] = cooked.messages[-1][1].timestamp
         for listener in self._commit_listeners:
             listener(cooked)
+
+    def feed_remote(self, shard_id: int, generation_id: int,
+                    messages: list[tuple[bytes, Message]]) -> None:
+        """Committed messages of a shard this site holds no replica of, pushed by its
+        leader: fed to the commit listeners like a batch applied here (each message
+        once per site, whichever way it came first)."""
+        if not messages:
+            return
+        cooked = CookedBatch(shard_id, generation_id, messages[-1][1].timestamp,
+                             len(messages), messages=messages)
+        self._feed(cooked)
+
+    def add_feed_gap_listener(self, listener: FeedGapListener) -> None:
+        """Call `listener(shard, since)` when this site may have missed committed
+        messages of a shard in its commit feed (a leader dropped a push, a leader
+        changed): readers of that shard go back to storage, from their positions or
+        from `since`, the first timestamp after everything fed here."""
+        self._gap_listeners.append(listener)
+
+    def feed_gap(self, shard_id: int) -> None:
+        since = self._last_fed[shard_id] + 1
+        for listener in self._gap_listeners:
+            try:
+                listener(shard_id, since)
+            except Exception:  # a listener's bug must not stop the feed
+                log.exception("feed gap listener failed on %s/%d", self.name, shard_id)
+
+    # -- interest: the topic filters this site's subscribers hold ------------------
+
+    @property
+    def interest(self) -> frozenset[str]:
+        return self._interest
+
+    def set_interest(self, filters: frozenset[str]) -> None:
+        """The topic filters this site has subscribers for (shared ones as
+        `$share/group/filter`): what other sites' leaders push here."""
+        if filters == self._interest:
+            return
+        self._interest = filters
+        for listener in self._interest_listeners:
+            listener(filters)
+
+    def add_interest_listener(self, listener: InterestListener) -> None:
+        self._interest_listeners.append(listener)
+
+    def sites_with(self, topic_filter: str) -> list[str]:
+        """The sites whose subscribers hold `topic_filter` (as told over the peer
+        port; this site's own interest included): only this site without a cluster."""
+        if self._sites_with is None:
+            return [self.site_id] if topic_filter in self._interest else []
+        return self._sites_with(topic_filter)
+
+    def attach_interest_directory(self, sites_with: Callable[[str], list[str]]) -> None:
+        self._sites_with = sites_with
+
+    # -- reads of shards held elsewhere -------------------------------------------
+
+    def attach_remote(self, remote: RemoteShards) -> None:
+        """From now on, reads of the shards `remote` says are held elsewhere go there."""
+        self._remote = remote
+        self.forget_cached_streams()
+
+    def _is_remote(self, shard_id: int) -> bool:
+        return self._remote is not None and self._remote.is_remote(shard_id)
+
+    def _generations_of(self, shard_id: int) -> Mapping[int, GenerationView]:
+        if self._remote is not None and self._remote.is_remote(shard_id):
+            return self._remote.generations(shard_id)
+        return self.shards[shard_id].generations
+
+    def generations_known(self, shard_id: int) -> bool:
+        """Whether `list_generations` knows the shard's generations: not for a shard
+        held elsewhere until its mirror first loads (a generation missing then is
+        not known to be dropped)."""
+        return self._remote is None or not self._remote.is_remote(shard_id) \
+            or self._remote.loaded(shard_id)
+
+    def streams_learned(self, shard_id: int, generation_id: int, edges: Iterable[Edge]) -> None:
+        """A mirror of another site's shard learned edges: its streams become known."""
+        self._note_streams(shard_id, generation_id, edges)
+
+    def forget_cached_streams(self) -> None:
+        """Where a shard is read from changed: the per-filter stream cache is rebuilt
+        from the generations as they are now."""
+        self._stream_cache.clear()
+        self._stream_cache_size = 0
 
     # -- reading ------------------------------------------------------------------
 
@@ -455,7 +592,7 @@ class Database:
         found: StreamList = []
         for _version, stream in self._stream_log[bisect_right(self._stream_log, version,
                                                               key=lambda entry: entry[0]):]:
-            generation = self.shards[stream.shard].generations.get(stream.generation)
+            generation = self._generations_of(stream.shard).get(stream.generation)
             if generation is not None \
                     and generation.trie.match_static(levels, stream.static) is not None:
                 found.append((stream.rank, stream))
@@ -472,7 +609,7 @@ class Database:
             levels = validate_filter(topic_filter)
             by_generation: dict[tuple[int, int], list[Stream]] = defaultdict(list)
             for shard in self.shards:
-                for generation_id, walked in shard.generations.items():
+                for generation_id, walked in self._generations_of(shard.shard_id).items():
                     statics = sorted(match.static for match in walked.trie.match(levels))
                     by_generation[(shard.shard_id, generation_id)] = [
                         Stream(shard.shard_id, generation_id, static) for static in statics]
@@ -490,7 +627,7 @@ class Database:
         self._cache_streams(topic_filter, version, by_generation)
         found: StreamList = []
         for (shard_id, generation_id), streams in sorted(by_generation.items()):
-            generation = self.shards[shard_id].generations.get(generation_id)
+            generation = self._generations_of(shard_id).get(generation_id)
             if generation is None or (generation.info.until is not None
                                       and generation.info.until <= start_time):
                 continue
@@ -515,7 +652,8 @@ class Database:
             self._stream_cache_size -= len(by_generation.pop((shard_id, generation_id), []))
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
-        generation = self._shard(stream).generations.get(stream.generation)
+        self._shard(stream)
+        generation = self._generations_of(stream.shard).get(stream.generation)
         if generation is None:
             raise InvalidIteratorError(
                 f"shard {stream.shard} has no generation {stream.generation} (dropped?)")
@@ -532,6 +670,14 @@ class Database:
         moved past them; END_OF_STREAM once a closed generation is read out."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self._shard(iterator.stream)
+        if self._remote is not None and self._remote.is_remote(iterator.stream.shard):
+            return await self._remote.next(iterator, batch_size)
+        return await self.next_local(iterator, batch_size)
+
+    async def next_local(self, iterator: Iterator,
+                         batch_size: int) -> NextResult | EndOfStream:
+        """`next` on this site's copy of the shard, wherever the shard is held."""
         started = time.perf_counter()
         stream = iterator.stream
         shard = self._shard(stream)
@@ -616,6 +762,13 @@ class Database:
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)
         is not there."""
+        self._shard(stream)
+        if self._remote is not None and self._remote.is_remote(stream.shard):
+            return await self._remote.read_message(stream, timestamp)
+        return await self.read_message_local(stream, timestamp)
+
+    async def read_message_local(self, stream: Stream, timestamp: int) -> Message | None:
+        """`read_message` on this site's copy of the shard."""
         shard = self._shard(stream)
         generation = shard.generations.get(stream.generation)
         if generation is None:
@@ -667,7 +820,8 @@ class Database:
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
         return {(shard.shard_id, generation_id): generation.info
                 for shard in self.shards
-                for generation_id, generation in sorted(shard.generations.items())}
+                for generation_id, generation in sorted(
+                    self._generations_of(shard.shard_id).items())}
 
     async def drop_generation(self, shard_id: int, generation_id: int) -> None:
         """Delete a closed generation of one shard, once reads in flight are done."""

@@ -147,6 +147,11 @@ class DurableStorage:
     def list_generations(self, db: str) -> dict[tuple[int, int], GenerationInfo]:
         return self.db(db).list_generations()
 
+    def generations_known(self, db: str, shard: int) -> bool:
+        """Whether `list_generations` tells the generations of a shard (one read at
+        another site is known once its mirror loads)."""
+        return self.db(db).generations_known(shard)
+
     async def drop_generation(self, db: str, shard: int, generation: int) -> None:
         await self.db(db).drop_generation(shard, generation)
 

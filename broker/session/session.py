@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
-from ..errors import InvalidIteratorError
+from ..errors import InvalidIteratorError, StorageError
 from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
@@ -435,6 +435,12 @@ class Session:
             try:
                 await self._replay()
                 return
+            except StorageError as exc:
+                if not exc.recoverable:
+                    note_failure("session-replay")
+                else:  # a shard's replicas out of reach for now: read on later
+                    log.info("session %s: a read failed, retrying: %s", self.client_id,
+                             exc.message)
             except Exception:
                 note_failure("session-replay")
             await asyncio.sleep(RESTART_PAUSE)
@@ -589,7 +595,8 @@ class Session:
                 for stream in (parse_cursor_key(key)[1] for key in
                                [*self._restored_cursors, *self._done_cursors,
                                 *(key for key, _timestamp in self._resend)])
-                if (stream.shard, stream.generation) not in existing}
+                if (stream.shard, stream.generation) not in existing
+                and self._storage.generations_known(self._db, stream.shard)}
         if not gone:
             return
         _states, resends = self._forget_cursors(lambda key: _generation_of(key) in gone)
@@ -632,6 +639,31 @@ class Session:
             self._catch_up(routes, stream, message)
             return
         self._offer_live(routes, stream, message)
+
+    def on_feed_gap(self, shard: int, since: int) -> None:
+        """The site may have missed committed messages of a shard in its feed, from
+        timestamp `since` on: the cursors on it read from storage again, from their
+        positions; a connected transient session opens cursors on the shard's streams
+        it reads from `since` (or its subscription's start), as when its queue is
+        full, so it loses no QoS 1/2 message and gets none twice."""
+        for cursor in self._cursors.values():
+            if cursor.stream.shard == shard:
+                cursor.live = False
+                cursor.dirty = True
+        if not self.durable and self.outlet is not None:
+            for subscription in self.subscriptions.values():
+                if subscription.share_group is not None:
+                    continue
+                start = max(since, subscription.since)
+                for _rank, stream in self._storage.get_streams(
+                        self._db, subscription.topic_filter, start):
+                    key = cursor_key(subscription.topic_filter, stream)
+                    if stream.shard == shard and key not in self._cursors:
+                        self._catch_up_cursor(key, subscription, stream, start)
+            if self._cursors and self._replayer is None:
+                self._replayer = asyncio.create_task(self._supervised_replay(),
+                                                     name=f"catch-up-{self.client_id}")
+        self._wake.set()
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._blocked(cursor) \

@@ -222,3 +222,7 @@ class FakeStorage:
 
     def list_generations(self, db: str) -> dict[tuple[int, int], GenerationInfo]:
         return self.db(db).list_generations()
+
+    def generations_known(self, db: str, shard: int) -> bool:
+        self.db(db)
+        return True  # every shard is held here

@@ -935,3 +935,64 @@ def test_failed_catch_up_of_a_transient_session_does_not_abort_the_close() -> No
         await session.detach()  # must not raise
 
     run(main())
+
+
+# -- feed gaps (a site may have missed a shard's messages in its commit feed) --------
+
+
+def test_a_feed_gap_sends_a_transient_session_to_storage_from_the_gap() -> None:
+    """Messages committed after what the site was fed and never fed here reach a
+    connected transient session once a gap is declared, each once, in order; what
+    came before the gap is not sent again."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=False)
+        session.subscribe(Subscription("g/#", qos=1, since=1))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        stream, fed = db.store("g/x", b"fed", qos=1)
+        session.on_feed(stream, fed)
+        for payload in (b"missed-1", b"missed-2"):  # committed, never fed here
+            db.store("g/x", payload, qos=1)
+        db.store("g/y", b"other-shard", qos=1, shard=1)  # the gap is on shard 0
+        session.on_feed_gap(0, fed.timestamp + 1)
+        for _ in range(3):
+            await settle()
+            await acknowledge_new(session, outlet)
+        assert [s.payload for s in outlet.publishes] == [b"fed", b"missed-1", b"missed-2"]
+        later_stream, later = db.store("g/x", b"later", qos=1)
+        session.on_feed(later_stream, later)  # the live feed goes on, through the cursor
+        await settle()
+        await acknowledge_new(session, outlet)
+        assert [s.payload for s in outlet.publishes][-1:] == [b"later"]
+        assert len(outlet.publishes) == 4
+        await session.detach()
+
+    run(main())
+
+
+def test_a_feed_gap_makes_a_live_durable_cursor_read_storage_again() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("d/#", qos=1))
+        session.renew_streams()
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        stream, first = db.store("d/x", b"first", qos=1)
+        session.on_feed(stream, first)
+        await settle()
+        await acknowledge_new(session, outlet)
+        await settle()  # read to the end: the cursor takes the live feed now
+        db.store("d/x", b"missed", qos=1)  # committed, never fed here
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [b"first"]
+        session.on_feed_gap(0, first.timestamp + 1)
+        await settle()
+        await acknowledge_new(session, outlet)
+        assert [s.payload for s in outlet.publishes] == [b"first", b"missed"]
+        await session.detach()
+
+    run(main())

@@ -25,9 +25,11 @@ from ..database import Database
 from ..message import Message
 from . import entries
 from .bootstrap import CHECKPOINTS_DIR, finish_install, remove_checkpoints, serve_checkpoint
+from .feed import CommitFeed
 from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerServer
 from .placement import Placement, check_site_id
+from .remote import RemoteReads
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
 from .store import PlacementStore
 from .wire import decode_submit
@@ -68,7 +70,7 @@ class SiteReplication:
         self._logs = logs
         self.peers = peers
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records, self._bootstrap_routes)
+                                  self._barrier, self._read_records)
         # connections to peers start from this site's own address (when it binds one)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(local_addr=local_addr))
@@ -78,6 +80,16 @@ class SiteReplication:
                                       client, settings)
                          for shard, shard_log in enumerate(logs)]
         self._take_lock = asyncio.Lock()
+        # reads of the shards held elsewhere, and the commit feed to and from them
+        self.remote = RemoteReads(site, database, self.placement_of, lambda: self.peers,
+                                  self._barrier_here, self._session,
+                                  max(settings.write_timeout, 1.0))
+        self.feed = CommitFeed(site, database, self._leads, self.placement_of,
+                               lambda: self.peers, self.remote, self._session,
+                               max(settings.write_timeout, 1.0))
+        self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,
+                                      self.feed.add_routes]
+        database.attach_remote(self.remote)
 
     @classmethod
     async def start(cls, database: Database, data_dir: Path, site: str, peer_bind: str,
@@ -122,6 +134,8 @@ class SiteReplication:
         log.info("peer port listening on %s (advertised %s)", peer_bind, advertised)
         if store.current is not None:
             await replication._take(store.current)
+        replication.remote.start()
+        replication.feed.start()
         return replication
 
     # -- the admin API ------------------------------------------------------------
@@ -130,7 +144,9 @@ class SiteReplication:
         current = self._store.current
         return {"site": self.site, "peer": self.advertised,
                 "placement_version": None if current is None else current.version,
-                "shards": [replica.status() for replica in self.replicas]}
+                "shards": [replica.status() for replica in self.replicas],
+                # the topic filters each peer said its subscribers hold
+                "interest": self.feed.interest_of()}
 
     async def offer(self, document: object, peers_value: object) -> tuple[bool, int]:
         """A placement pushed by the controller: (accepted, the version kept).
@@ -172,6 +188,14 @@ class SiteReplication:
                     # follows that one; the other shards take their roles regardless
                     log.warning("%s/%d: placement version %d is stale here: %s", name,
                                 shard_placement.shard, placement.version, exc.message)
+        self.remote.placement_changed()
+        self.feed.placement_changed()
+
+    async def _barrier_here(self, shard: int) -> None:
+        await self.replicas[shard].read_barrier()
+
+    def _leads(self, shard: int) -> bool:
+        return self.replicas[shard].leadership is not None
 
     # -- the peer port --------------------------------------------------------------
 
@@ -268,6 +292,8 @@ class SiteReplication:
     async def close(self) -> None:
         """Stop serving the peer port, stop every replica's loops, close the logs."""
         await self._server.stop()
+        await self.feed.close()
+        await self.remote.close()
         for replica in self.replicas:
             await replica.close()
         await self._session.close()

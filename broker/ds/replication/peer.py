@@ -48,10 +48,8 @@ class PeerError(StorageError):
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
                  submit: Submit | None = None, barrier: Barrier | None = None,
-                 read_records: ReadRecords | None = None,
-                 more_routes: Callable[[web.Application], None] | None = None) -> None:
+                 read_records: ReadRecords | None = None) -> None:
         self._logs_of = logs_of
-        self._more_routes = more_routes
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
@@ -60,6 +58,9 @@ class PeerServer:
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
+        # more endpoints (checkpoints for bootstraps, reads of shards held here, the
+        # commit feed): each adds its routes to the app
+        self.extra_routes: list[Callable[[web.Application], None]] = []
 
     def lock(self, db: str, shard: int) -> asyncio.Lock:
         """Held while a shard log is written through this server; the site's own
@@ -72,8 +73,8 @@ class PeerServer:
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
-        if self._more_routes is not None:
-            self._more_routes(app)
+        for add_routes in self.extra_routes:
+            add_routes(app)
         return app
 
     async def start(self, host: str, port: int) -> None:

@@ -1,0 +1,285 @@
+"""The commit feed to sites that hold no replica of a shard (DESIGN.md, "Broker":
+every committed batch is fanned out by the shard leader to the sites that have
+subscribers).
+
+- Interest: each site tells every peer the topic filters its subscribers hold, on
+  change (debounced) and again every `INTEREST_INTERVAL`, so a restarted peer learns
+  them within one interval. A peer that did not have the filters just sent (they
+  changed, or it restarted) may have left messages unpushed: the sender declares a
+  feed gap on the shards that peer leads.
+- Push: the leader of a shard matches each applied batch against each interested
+  site's filters and queues what matches for that site, skipping the shard's
+  replicas (their own apply feeds them). One sender per site sends in order. The
+  queue is bounded: what does not fit is dropped and the next push (or a push with
+  no messages) says so, a gap.
+- A gap sends the site's readers of that shard back to storage from their
+  positions (timestamps per stream), so nothing is lost and nothing repeated; the
+  site feeds each message once, whichever way it came (`Database.feed_remote`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from ...errors import CorruptDataError
+from ...supervise import supervise
+from ..cooked import CookedBatch
+from ..database import Database
+from ..message import Message
+from .feed_wire import Push, decode_push, encode_push
+from .interest import FilterSet
+from .remote import PeersOf, PlacementOf, RemoteReads
+
+log = logging.getLogger(__name__)
+
+INTEREST_INTERVAL = 1.0
+# A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
+INTEREST_DEBOUNCE = 0.05
+# Messages queued for one site at most: beyond, pushes are dropped (a gap).
+MAX_QUEUED_MESSAGES = 20_000
+# Messages one push carries at most.
+MAX_PUSH_MESSAGES = 1000
+RETRY_INTERVAL = 0.5
+PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
+
+Leads = Callable[[int], bool]
+
+
+@dataclass(slots=True)
+class _Outbox:
+    """What waits to be pushed to one site."""
+
+    queue: deque[Push] = field(default_factory=deque)
+    queued: int = 0  # messages in `queue`
+    gaps: set[int] = field(default_factory=set)  # shards with dropped pushes
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class CommitFeed:
+    def __init__(self, site: str, database: Database, leads: Leads,
+                 placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
+                 session: aiohttp.ClientSession, timeout: float) -> None:
+        self.site = site
+        self.database = database
+        self._leads = leads
+        self._placement_of = placement_of
+        self._peers_of = peers_of
+        self._remote = remote
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._interest_of: dict[str, FilterSet] = {}
+        self._outboxes: dict[str, _Outbox] = {}
+        self._interest_changed = asyncio.Event()
+        self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
+        self._task: asyncio.Task[None] | None = None
+        database.add_commit_listener(self.on_commit)
+        database.attach_interest_directory(self.sites_with)
+        database.add_interest_listener(lambda _filters: self._interest_changed.set())
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(supervise("ds-feed-interest", self._interest_loop),
+                                         name="ds-feed-interest")
+
+    async def close(self) -> None:
+        tasks = [self._task, *(outbox.task for outbox in self._outboxes.values())]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+        for task in tasks:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def sites_with(self, topic_filter: str) -> list[str]:
+        """The sites holding `topic_filter`, this one included when it does, sorted."""
+        sites = [site for site, filters in self._interest_of.items()
+                 if topic_filter in filters.filters and site != self.site]
+        if topic_filter in self.database.interest:
+            sites.append(self.site)
+        return sorted(sites)
+
+    def interest_of(self) -> dict[str, list[str]]:
+        """Each peer's filters as this site knows them (for the admin view)."""
+        return {site: sorted(filters.filters) for site, filters in self._interest_of.items()}
+
+    # -- placement ----------------------------------------------------------------------
+
+    def placement_changed(self) -> None:
+        """A new leader of a shard held elsewhere does not know what the old one
+        pushed here: its readers go back to storage."""
+        for shard_id in range(len(self.database.shards)):
+            leader = self._placement_of(shard_id)[1]
+            if leader != self._leaders[shard_id]:
+                self._leaders[shard_id] = leader
+                self.database.feed_gap(shard_id)
+
+    # -- telling peers this site's interest -----------------------------------------------
+
+    async def _interest_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._interest_changed.wait(), INTEREST_INTERVAL)
+            if self._interest_changed.is_set():
+                await asyncio.sleep(INTEREST_DEBOUNCE)
+                self._interest_changed.clear()
+            filters = self.database.interest
+            peers = {site: address for site, address in self._peers_of().items()
+                     if site != self.site}
+            await asyncio.gather(*(self._tell(site, address, filters)
+                                   for site, address in peers.items()))
+
+    async def _tell(self, site: str, address: str, filters: frozenset[str]) -> None:
+        url = f"http://{address}/peer/v1/interest"
+        body = json.dumps({"site": self.site, "filters": sorted(filters)})
+        try:
+            async with self._session.put(url, data=body, timeout=self._timeout,
+                                         headers={"Content-Type": "application/json"}
+                                         ) as response:
+                answer = await response.read()
+                if response.status != 200:
+                    log.debug("%s refused this site's interest (%d): %r", site,
+                              response.status, answer[:200])
+                    return
+                had = bool(json.loads(answer).get("had"))
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
+            log.debug("%s did not take this site's interest: %r", site, exc)
+            return
+        if not had and filters:
+            # messages it committed before it knew these filters were not pushed
+            for shard_id in range(len(self.database.shards)):
+                if self._placement_of(shard_id)[1] == site:
+                    self.database.feed_gap(shard_id)
+
+    # -- pushing, as a shard's leader ---------------------------------------------------
+
+    def on_commit(self, cooked: CookedBatch) -> None:
+        if not cooked.messages or not self._interest_of or not self._leads(cooked.shard):
+            return
+        replicas, _leader = self._placement_of(cooked.shard)
+        peers = self._peers_of()
+        for site, filters in self._interest_of.items():
+            if site == self.site or site in replicas or site not in peers or not filters:
+                continue
+            matching = [(cooked.generation, static, message)
+                        for static, message in cooked.messages if filters.matches(message.topic)]
+            if matching:
+                self._queue(site, Push(cooked.shard, False, matching))
+
+    def _queue(self, site: str, push: Push) -> None:
+        outbox = self._outboxes.get(site)
+        if outbox is None:
+            outbox = self._outboxes[site] = _Outbox()
+            outbox.task = asyncio.create_task(supervise(f"ds-feed-{site}",
+                                                        lambda: self._send_loop(site, outbox)),
+                                              name=f"ds-feed-{site}")
+        if outbox.queued + len(push.messages) > MAX_QUEUED_MESSAGES:
+            outbox.gaps.add(push.shard)  # slow or unreachable: it reads from storage
+        else:
+            outbox.queue.append(push)
+            outbox.queued += len(push.messages)
+        outbox.wake.set()
+
+    async def _send_loop(self, site: str, outbox: _Outbox) -> None:
+        while True:
+            if not outbox.queue and not outbox.gaps:
+                outbox.wake.clear()
+                await outbox.wake.wait()
+                continue
+            # with nothing queued, a push without messages tells of a gap
+            push = self._take(outbox) if outbox.queue else Push(min(outbox.gaps), True, [])
+            if push.shard in outbox.gaps:
+                outbox.gaps.discard(push.shard)
+                push = Push(push.shard, True, push.messages)
+            address = self._peers_of().get(site)
+            if address is None:  # no longer a peer (forgotten): nothing to tell it
+                outbox.queue.clear()
+                outbox.queued = 0
+                outbox.gaps.clear()
+                continue
+            if await self._send(site, address, push):
+                continue
+            # Not taken: what is queued for the site is dropped, its readers of these
+            # shards read from storage once it is back.
+            outbox.gaps.add(push.shard)
+            outbox.gaps.update(queued.shard for queued in outbox.queue)
+            outbox.queue.clear()
+            outbox.queued = 0
+            await asyncio.sleep(RETRY_INTERVAL)
+
+    def _take(self, outbox: _Outbox) -> Push:
+        """The first queued push, with the pushes of the same shard right behind it."""
+        first = outbox.queue.popleft()
+        messages = list(first.messages)
+        while outbox.queue and outbox.queue[0].shard == first.shard \
+                and len(messages) + len(outbox.queue[0].messages) <= MAX_PUSH_MESSAGES:
+            messages += outbox.queue.popleft().messages
+        outbox.queued -= len(messages)
+        return Push(first.shard, first.gap, messages)
+
+    async def _send(self, site: str, address: str, push: Push) -> bool:
+        url = f"http://{address}/peer/v1/dbs/{self.database.name}/{push.shard}/feed"
+        try:
+            async with self._session.post(url, data=encode_push(push), timeout=self._timeout,
+                                          headers={"Content-Type": PUSH_CONTENT_TYPE}
+                                          ) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("a push to %s failed: %r", site, exc)
+            return False
+
+    # -- the peer port ------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_put("/peer/v1/interest", self._take_interest)
+        app.router.add_post("/peer/v1/dbs/{db}/{shard}/feed", self._take_push)
+
+    async def _take_interest(self, http: web.Request) -> web.Response:
+        try:
+            document = json.loads(await http.read())
+            site = document["site"]
+            filters = frozenset(document["filters"])
+            if not isinstance(site, str) or not all(isinstance(f, str) for f in filters):
+                raise TypeError("site and filters are strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": "bad_request", "message": str(exc)},
+                                     status=400)
+        known = self._interest_of.get(site)
+        had = known is not None and known.filters == filters
+        if not had:
+            self._interest_of[site] = FilterSet(filters)
+        return web.json_response({"had": had})
+
+    async def _take_push(self, http: web.Request) -> web.Response:
+        try:
+            shard_id = int(http.match_info["shard"])
+            push = decode_push(await http.read())
+        except (ValueError, CorruptDataError) as exc:
+            return web.json_response({"error": "bad_request", "message": str(exc)},
+                                     status=400)
+        if http.match_info["db"] != self.database.name or push.shard != shard_id \
+                or not 0 <= shard_id < len(self.database.shards):
+            return web.json_response({"error": "unknown_shard"}, status=404)
+        if not self._remote.is_remote(shard_id):
+            # a replica here (the pusher's placement is older or newer): this site's
+            # own apply feeds the shard
+            return web.json_response({"fed": 0})
+        await self._remote.ensure_streams(shard_id, {(generation, static) for generation,
+                                                     static, _message in push.messages})
+        if push.gap:
+            self.database.feed_gap(shard_id)
+        by_generation: dict[int, list[tuple[bytes, Message]]] = {}
+        for generation, static, message in push.messages:
+            by_generation.setdefault(generation, []).append((static, message))
+        for generation, messages in sorted(by_generation.items()):
+            self.database.feed_remote(shard_id, generation, messages)
+        return web.json_response({"fed": len(push.messages)})

@@ -1,0 +1,312 @@
+"""Reads of the shards this site holds no replica of (DESIGN.md, "Replication":
+iterators are portable bytes; a session reads a stream here when this site holds a
+replica, else at a site that does, the leader first).
+
+Stream discovery (`get_streams`, `make_iterator`) stays synchronous: it walks a
+mirror of a replica's learned tries, refreshed in the background and whenever a
+pushed message names a stream the mirror does not know. `next` and `read_message`
+go over the peer port. Errors are recoverable `PeerError`s: a session retries the
+read later from the same position, it never skips."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from ...errors import CorruptDataError, InvalidIteratorError, StorageError
+from ...supervise import supervise
+from ..database import Database, GenerationView, NextResult
+from ..generation import GenerationInfo
+from ..iterator import EndOfStream, Iterator, Stream
+from ..lts import END, Trie
+from ..message import Message, decode_message, encode_message
+from .feed_wire import decode_generations, decode_next, encode_generations, encode_next
+from .peer import PeerError
+
+log = logging.getLogger(__name__)
+
+# How often the mirrors of remote shards are brought up to date.
+REFRESH_INTERVAL = 1.0
+# The largest batch a peer's `next` answers with.
+MAX_REMOTE_BATCH = 1000
+NEXT_CONTENT_TYPE = "application/vnd.stratamq.next"
+
+PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
+PeersOf = Callable[[], dict[str, str]]
+# Returns once this site's replica of a shard has applied what its leader had when
+# asked; a recoverable StorageError when that does not happen in time.
+Barrier = Callable[[int], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class MirroredGeneration:
+    info: GenerationInfo
+    trie: Trie
+    statics: set[bytes]  # the streams it knows
+
+
+class RemoteReads:
+    """Implements `database.RemoteShards` for one database of this site, and serves
+    the same reads to other sites from the shards it holds."""
+
+    def __init__(self, site: str, database: Database, placement_of: PlacementOf,
+                 peers_of: PeersOf, barrier: Barrier, session: aiohttp.ClientSession,
+                 timeout: float) -> None:
+        self.site = site
+        self._barrier = barrier
+        self.database = database
+        self._placement_of = placement_of
+        self._peers_of = peers_of
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._mirrors: dict[int, dict[int, MirroredGeneration]] = {}
+        self._locks = [asyncio.Lock() for _ in database.shards]
+        # where each shard was read last: a change empties the stream cache
+        self._remote_now = [False] * len(database.shards)
+        # Shards this site became a replica of and is still catching up on: read
+        # elsewhere until the new replica has what the leader had (this site was fed
+        # the shard's newer messages already, so its readers must not take a stale
+        # copy for the end of the stream).
+        self._placed_remote = [False] * len(database.shards)
+        self._catching_up: dict[int, asyncio.Task[None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(supervise("ds-remote-mirror", self._refresh_loop),
+                                         name="ds-remote-mirror")
+
+    async def close(self) -> None:
+        for task in [self._task, *self._catching_up.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    # -- database.RemoteShards ------------------------------------------------------
+
+    def is_remote(self, shard_id: int) -> bool:
+        return self._is_placed_remote(shard_id) or shard_id in self._catching_up
+
+    def _is_placed_remote(self, shard_id: int) -> bool:
+        replicas, _leader = self._placement_of(shard_id)
+        return bool(replicas) and self.site not in replicas
+
+    def generations(self, shard_id: int) -> Mapping[int, GenerationView]:
+        return self._mirrors.get(shard_id, {})
+
+    def loaded(self, shard_id: int) -> bool:
+        return shard_id in self._mirrors
+
+    async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
+        shard = iterator.stream.shard
+        answer = await self._ask(shard, "next", method="POST", data=iterator.to_bytes(),
+                                 params={"batch": str(min(batch_size, MAX_REMOTE_BATCH))})
+        try:
+            return decode_next(answer)
+        except CorruptDataError as exc:
+            raise PeerError(f"{self.database.name}/{shard}: {exc.message}") from exc
+
+    async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
+        answer = await self._ask(stream.shard, "message", method="GET",
+                                 params={"generation": str(stream.generation),
+                                         "static": stream.static.hex(),
+                                         "timestamp": str(timestamp)})
+        if not answer:
+            return None
+        try:
+            return decode_message(answer)
+        except CorruptDataError as exc:
+            raise PeerError(f"{self.database.name}/{stream.shard}: {exc.message}") from exc
+
+    # -- the mirrors ----------------------------------------------------------------
+
+    def placement_changed(self) -> None:
+        """The placement changed: shards may have moved to or from this site."""
+        self._wake.set()
+        self.check_moves()
+
+    def check_moves(self) -> None:
+        changed = False
+        for shard_id in range(len(self.database.shards)):
+            placed_remote = self._is_placed_remote(shard_id)
+            if self._placed_remote[shard_id] and not placed_remote \
+                    and shard_id not in self._catching_up:
+                self._catching_up[shard_id] = asyncio.create_task(
+                    self._catch_up(shard_id), name=f"ds-catch-up-{shard_id}")
+            elif placed_remote and shard_id in self._catching_up:
+                self._catching_up.pop(shard_id).cancel()
+            self._placed_remote[shard_id] = placed_remote
+            remote = self.is_remote(shard_id)
+            if remote != self._remote_now[shard_id]:
+                self._remote_now[shard_id] = remote
+                changed = True
+                # readers of the shard go back to storage, now read elsewhere
+                self.database.feed_gap(shard_id)
+        if changed:
+            self.database.forget_cached_streams()
+
+    async def _catch_up(self, shard_id: int) -> None:
+        """Read the shard here once this site's new replica of it has caught up."""
+        while True:
+            try:
+                await self._barrier(shard_id)
+                break
+            except StorageError as exc:
+                log.info("%s/%d: the new replica here is still catching up: %s",
+                         self.database.name, shard_id, exc.message)
+                await asyncio.sleep(REFRESH_INTERVAL)
+        self._catching_up.pop(shard_id, None)
+        self.check_moves()
+
+    async def ensure_streams(self, shard_id: int, streams: set[tuple[int, bytes]]) -> None:
+        """Make sure the mirror of a remote shard knows these (generation, static
+        index) streams, refreshing it once if not."""
+        mirror = self._mirrors.get(shard_id, {})
+        if all(generation in mirror and static in mirror[generation].statics
+               for generation, static in streams):
+            return
+        with contextlib.suppress(StorageError):
+            await self.refresh(shard_id)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            self.check_moves()
+            for shard_id in range(len(self.database.shards)):
+                if self.is_remote(shard_id):
+                    try:
+                        await self.refresh(shard_id)
+                    except StorageError as exc:
+                        log.debug("%s/%d: mirror not refreshed: %s", self.database.name,
+                                  shard_id, exc.message)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), REFRESH_INTERVAL)
+
+    async def refresh(self, shard_id: int) -> None:
+        """Bring the mirror of a shard up to date from a replica."""
+        async with self._locks[shard_id]:
+            document = decode_generations(await self._ask(shard_id, "generations",
+                                                          method="GET"))
+            old = self._mirrors.get(shard_id, {})
+            new: dict[int, MirroredGeneration] = {}
+            structure_changed = set(old) != set(document)
+            for generation_id, (info, edges) in document.items():
+                kept = old.get(generation_id)
+                mirrored = kept if kept is not None else MirroredGeneration(
+                    info, Trie(self.database.options.wildcard_thresholds, 0), set())
+                learned = [edge for edge in edges if mirrored.trie.add_edge(edge)]
+                mirrored.statics.update(edge.child for edge in learned if edge.label == END)
+                new[generation_id] = MirroredGeneration(info, mirrored.trie, mirrored.statics)
+                if kept is not None and kept.info != info:
+                    structure_changed = True
+                if learned:
+                    self.database.streams_learned(shard_id, generation_id, learned)
+            self._mirrors[shard_id] = new
+            if structure_changed:
+                self.database.forget_cached_streams()
+
+    # -- asking a replica -------------------------------------------------------------
+
+    def _replicas_in_order(self, shard_id: int) -> list[str]:
+        replicas, leader = self._placement_of(shard_id)
+        ordered = [leader] if leader in replicas else []
+        return ordered + [site for site in replicas if site != leader and site != self.site]
+
+    async def _ask(self, shard_id: int, what: str, method: str, data: bytes | None = None,
+                   params: dict[str, str] | None = None) -> bytes:
+        """The body of a 200 answer from the first replica of the shard (leader first)
+        that gives one; PeerError when none does."""
+        peers = self._peers_of()
+        name = self.database.name
+        errors = []
+        for site in self._replicas_in_order(shard_id):
+            address = peers.get(site)
+            if address is None or site == self.site:
+                continue
+            url = f"http://{address}/peer/v1/dbs/{name}/{shard_id}/{what}"
+            try:
+                async with self._session.request(method, url, data=data, params=params,
+                                                 timeout=self._timeout) as response:
+                    body = await response.read()
+                    if response.status == 200:
+                        return body
+                    errors.append(f"{site}: {response.status} "
+                                  f"{body[:200].decode('utf-8', 'replace')}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                errors.append(f"{site}: {exc!r}")
+        raise PeerError(f"{name}/{shard_id}: no replica answered {what} "
+                        f"({'; '.join(errors) or 'no replica known'})")
+
+    # -- serving other sites ------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/generations", self._serve_generations)
+        app.router.add_post("/peer/v1/dbs/{db}/{shard}/next", self._serve_next)
+        app.router.add_get("/peer/v1/dbs/{db}/{shard}/message", self._serve_message)
+
+    def _held(self, http: web.Request) -> int | web.Response:
+        """The shard of a request, when this site holds a replica of it."""
+        try:
+            shard_id = int(http.match_info["shard"])
+        except ValueError:
+            return _error(400, "bad_request", "shard must be a number")
+        if http.match_info["db"] != self.database.name \
+                or not 0 <= shard_id < len(self.database.shards):
+            return _error(404, "unknown_shard", "no such shard here")
+        if self.is_remote(shard_id):
+            return _error(503, "not_a_replica", "this site holds no replica of the shard "
+                                                "(or one still catching up)")
+        return shard_id
+
+    async def _serve_generations(self, http: web.Request) -> web.Response:
+        shard_id = self._held(http)
+        if isinstance(shard_id, web.Response):
+            return shard_id
+        generations = self.database.shards[shard_id].generations
+        body = encode_generations({generation_id: (generation.info,
+                                                   list(generation.trie.edges()))
+                                   for generation_id, generation in
+                                   list(generations.items())})
+        return web.Response(body=body, content_type="application/json")
+
+    async def _serve_next(self, http: web.Request) -> web.Response:
+        shard_id = self._held(http)
+        if isinstance(shard_id, web.Response):
+            return shard_id
+        try:
+            iterator = Iterator.from_bytes(await http.read())
+            batch = max(1, min(int(http.query.get("batch", "100")), MAX_REMOTE_BATCH))
+        except (InvalidIteratorError, ValueError) as exc:
+            return _error(400, "bad_request", str(exc))
+        if iterator.stream.shard != shard_id:
+            return _error(400, "bad_request", "the iterator reads another shard")
+        try:
+            result = await self.database.next_local(iterator, batch)
+        except StorageError as exc:
+            return _error(503 if exc.recoverable else 500, type(exc).__name__, exc.message)
+        return web.Response(body=encode_next(result), content_type=NEXT_CONTENT_TYPE)
+
+    async def _serve_message(self, http: web.Request) -> web.Response:
+        shard_id = self._held(http)
+        if isinstance(shard_id, web.Response):
+            return shard_id
+        try:
+            stream = Stream(shard_id, int(http.query["generation"]),
+                            bytes.fromhex(http.query["static"]))
+            timestamp = int(http.query["timestamp"])
+        except (KeyError, ValueError):
+            return _error(400, "bad_request", "generation, static (hex), timestamp")
+        message = await self.database.read_message_local(stream, timestamp)
+        return web.Response(body=b"" if message is None else encode_message(message),
+                            content_type=NEXT_CONTENT_TYPE)
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
