@@ -11,7 +11,7 @@ from .admin import AdminServer, start_admin
 from .auth import AccessControl
 from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
-from .core.broker import Broker
+from .core.broker import RETAINED_DB, SESSIONS_DB, Broker
 from .core.registry import SessionLimits
 from .ds import DbOptions, DurableStorage, ReplicaSettings, SiteReplication
 from .errors import ConfigError
@@ -116,14 +116,21 @@ async def start_site(config: Config) -> RunningSite:
 
 
 async def start_replication(config: Config, storage: DurableStorage) -> SiteReplication:
-    """The peer port and a shard log per shard of `messages`; from now on its writes
-    are committed by a majority of each shard's replicas."""
+    """The peer port and a shard log per shard of `messages`, `sessions` and
+    `retained`; from now on their writes are committed by a majority of each shard's
+    replicas."""
     cluster = config.cluster
     messages = storage.db(MESSAGES_DB)
+    # the key-value databases have the shards of `messages`: a client's session and
+    # its messages share a shard number
+    n_shards = config.durable_storage.messages.n_shards
+    sync_writes = config.durable_storage.messages.sync_writes
+    kv = [(await storage.open_kv_db(name, n_shards, sync_writes)).database
+          for name in (SESSIONS_DB, RETAINED_DB)]
     settings = ReplicaSettings(storage.site_id, cluster.write_timeout,
                                config.durable_sessions.heartbeat_interval,
                                cluster.log_retain_entries)
-    return await SiteReplication.start(messages, storage.data_dir, storage.site_id,
+    return await SiteReplication.start([messages, *kv], storage.data_dir, storage.site_id,
                                        cluster.peer_bind, cluster.advertised_peer(), settings,
                                        messages.executor)
 
@@ -146,7 +153,8 @@ async def _start_parts(config: Config) -> RunningSite:
                      idle_poll_interval=sessions.idle_poll_interval,
                      renew_streams_interval=sessions.renew_streams_interval,
                      session_gc_interval=sessions.session_gc_interval,
-                     durable_sessions=sessions.enable))
+                     durable_sessions=sessions.enable),
+        replication, config.cluster.write_timeout)
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
     connections: set[Channel] = set()

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from ..auth import AccessControl
 from ..core.broker import Broker
+from ..ds import FencedError
 from ..metrics import BYTES_SENT, MESSAGES_DROPPED, messages_delivered, packets_sent
 from ..mqtt import (
     MQTT_3_1_1,
@@ -143,6 +144,10 @@ class Channel:
             self.disconnect(error.mqtt_reason_code)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except FencedError:
+            # a write of the session was refused: another site took it over (and this
+            # one heard of it only now); the registry has dropped it here
+            self.disconnect(ReasonCode.SESSION_TAKEN_OVER)
         except Exception:  # a bug must end this connection, never the site
             log.exception("connection %s (%s) failed", self.client_id or "?", self.peer)
             self.disconnect(ReasonCode.UNSPECIFIED_ERROR)

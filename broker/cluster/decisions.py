@@ -48,7 +48,7 @@ class Settings:
     replication_factor: int
     n_shards: int
     heartbeat_interval: float
-    databases: tuple[str, ...] = ("messages",)
+    databases: tuple[str, ...] = ("messages", "sessions", "retained")
     missed_heartbeats: int = MISSED_HEARTBEATS
     expected_sites: int = 0
 
@@ -164,11 +164,16 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
         return Decision(state, (f"waiting for sites: {len(up)} up, replication factor "
                                 f"{settings.replication_factor}, {settings.expected_sites} "
                                 f"expected",))
-    first = plan([Site(site) for site in up], list(settings.databases), settings.n_shards,
+    # Only the databases not placed yet: a placement made before a database was
+    # replicated keeps its shards, and the new database's are placed beside them.
+    missing = [database for database in settings.databases
+               if database not in set(state.placement.databases())]
+    first = plan([Site(site) for site in up], missing, settings.n_shards,
                  settings.replication_factor, state.placement)
-    goals = {**state.goals, **{database: tuple(up) for database in settings.databases}}
-    return Decision(ClusterState(placement=first.start, plan=None, goals=goals),
-                    (f"first placement (version {first.start.version}) on {', '.join(up)}",))
+    goals = {**state.goals, **{database: tuple(up) for database in missing}}
+    return Decision(replace(state, placement=first.start, goals=goals),
+                    (f"first placement (version {first.start.version}) of "
+                     f"{', '.join(missing)} on {', '.join(up)}",))
 
 
 def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,

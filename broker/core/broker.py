@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..ds import Database, DurableStorage
+from ..ds import Database, DurableStorage, SiteReplication
 from ..session.session import Session
 from ..session.store import SessionStore
 from .dispatch import Dispatcher
+from .ownership import Ownership
 from .publish import Publisher
 from .registry import Owner, SessionLimits, SessionRegistry
 from .retained import RetainedStore
@@ -34,12 +35,22 @@ class Broker:
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
-                    sync_writes: bool, limits: SessionLimits) -> Broker:
+                    sync_writes: bool, limits: SessionLimits,
+                    replication: SiteReplication | None = None,
+                    peer_timeout: float = 5.0) -> Broker:
+        """With `replication` (a cluster): session writes are fenced by owner epochs,
+        and the peer port serves other sites' takeovers of client ids."""
         sessions_db = await storage.open_kv_db(SESSIONS_DB, n_shards, sync_writes)
         retained_db = await storage.open_kv_db(RETAINED_DB, n_shards, sync_writes)
         retained = RetainedStore(retained_db)
         await retained.load()
-        broker = cls(storage, messages, SessionStore(sessions_db, messages), retained, limits)
+        store = SessionStore(sessions_db, messages,
+                             owner=storage.site_id if replication is not None else "")
+        broker = cls(storage, messages, store, retained, limits)
+        if replication is not None:
+            ownership = Ownership(store, replication, peer_timeout)
+            ownership.serve(broker.registry.release)
+            broker.registry.ownership = ownership
         broker.registry.start()
         return broker
 

@@ -1,6 +1,8 @@
 """The sessions of a site: which connection owns each, opening with takeover,
 closing, expiry timers, wills, collection of sessions that expired while no site held
-them, and the periodic look for new streams."""
+them, and the periodic look for new streams. In a cluster a client id is owned by one
+site at a time (`ownership`): opening a session takes it over from the site that had
+it, and a site whose session was taken over lets go of it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..ds import DurableStorage
+from ..ds import DurableStorage, FencedError
 from ..errors import StratamqError
 from ..metrics import IN_FLIGHT, SESSIONS
 from ..mqtt.reason_codes import ReasonCode
@@ -22,6 +24,7 @@ from ..session.session import Session
 from ..session.store import SessionStore
 from ..supervise import note_task_failure, supervise
 from .dispatch import Dispatcher
+from .ownership import NotOwnerError, Ownership
 from .publish import Publisher
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,8 @@ class SessionRegistry:
         self._publisher = publisher
         self._dispatcher = dispatcher
         self.limits = limits
+        # set in a cluster: who owns each client id is decided across sites
+        self.ownership: Ownership | None = None
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
         # only while a client id's lock is held or awaited (see _lock)
@@ -78,6 +83,9 @@ class SessionRegistry:
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # a finished one leaves the set
+        # per client id: the write of its session that callers wait for while one is
+        # under way (see persist)
+        self._next_persist: dict[str, tuple[Session, asyncio.Future[None]]] = {}
         # Computed when scraped, so a connect costs nothing that grows with the
         # number of sessions.
         IN_FLIGHT.set_function(
@@ -116,7 +124,8 @@ class SessionRegistry:
         for session in list(self.sessions.values()):
             session.cancel_persist()  # a late one would find the storage closed
             if session.durable:
-                await self.persist(session, disconnected=session.outlet is None)
+                with contextlib.suppress(FencedError):  # taken over: not ours to write
+                    await self.persist(session, disconnected=session.outlet is None)
 
     # -- opening and closing ------------------------------------------------------
 
@@ -152,6 +161,9 @@ class SessionRegistry:
         connection holding it, when the session belongs to another user. A resumed
         session keeps only the subscriptions `may_subscribe` still allows."""
         client_id = connection.client_id
+        epoch = None
+        if self.ownership is not None:
+            epoch = await self._take_ownership(client_id, username)
         while True:
             async with self._lock(client_id):
                 session = self.sessions.get(client_id)
@@ -171,7 +183,7 @@ class SessionRegistry:
                     try:
                         return await self._open_session_locked(
                             client_id, clean_start, expiry_interval, username,
-                            may_subscribe, record, ended)
+                            may_subscribe, record, ended, epoch)
                     except BaseException:
                         if self.connections.get(client_id) is connection:
                             del self.connections[client_id]
@@ -185,13 +197,15 @@ class SessionRegistry:
                                    expiry_interval: int, username: str | None,
                                    may_subscribe: Callable[[str], bool],
                                    record: SessionRecord | None,
-                                   ended: bool) -> tuple[Session, bool]:
+                                   ended: bool, epoch: int | None) -> tuple[Session, bool]:
         self._cancel_timers(client_id)
         session = self.sessions.get(client_id)
         if session is None and not clean_start:
             if record is not None:
                 session = self._new_session(client_id, record.expiry_interval, True)
                 session.restore(record)
+                if epoch is not None:
+                    session.owner_epoch = epoch
                 session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
             elif ended:
@@ -201,13 +215,15 @@ class SessionRegistry:
             await self._discard(session)
             session = None
         if clean_start:
-            await self._store.delete(client_id)
+            await self._store.delete(client_id, epoch or 0)
             await self._store.forget_qos2(client_id)
         present = session is not None
         durable = expiry_interval > 0 and self.limits.durable_sessions
         if session is None:
             session = self._new_session(client_id, expiry_interval, durable)
             session.set_owner(username)
+            if epoch is not None:
+                session.owner_epoch = epoch
             self.sessions[client_id] = session
         else:
             # the ACL may have changed since the session subscribed
@@ -242,7 +258,10 @@ class SessionRegistry:
                     del self.sessions[client_id]
                 if stored:
                     async with session.persist_lock:
-                        await self._store.delete(client_id)
+                        try:
+                            await self._store.delete(client_id, session.owner_epoch)
+                        except FencedError:  # another site holds the session now
+                            return
                 await session.inbound_qos2_settled()  # or a late one outlives the forget
                 try:
                     await self._store.forget_qos2(client_id)
@@ -252,7 +271,10 @@ class SessionRegistry:
                 if will is not None:
                     self._publish_will(client_id, session)
                 return
-            await self.persist(session, disconnected=True)
+            try:
+                await self.persist(session, disconnected=True)
+            except FencedError:  # another site holds the session now: it is not ours
+                return
             loop = asyncio.get_running_loop()
             if will is not None:
                 delay = min(will.delay, session.expiry_interval)
@@ -296,7 +318,10 @@ class SessionRegistry:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         async with session.persist_lock:  # after any write of it already under way
-            await self._store.delete(session.client_id)
+            try:
+                await self._store.delete(session.client_id, session.owner_epoch)
+            except FencedError:  # another site holds the session now
+                return
         await session.inbound_qos2_settled()
         await self._store.forget_qos2(session.client_id)
 
@@ -307,13 +332,116 @@ class SessionRegistry:
                 timer.cancel()
 
     async def persist(self, session: Session, disconnected: bool = False) -> None:
+        if disconnected or not session.persist_lock.locked():
+            await self._persist_now(session, disconnected)
+            return
+        # A write of the session is under way: callers meanwhile share the one after
+        # it, which takes the session's state when it starts (theirs included). On a
+        # replicated site a write waits for a majority of a shard's replicas: one
+        # write per QoS 2 acknowledgement would bound a session's throughput by it.
+        shared = self._next_persist.get(session.client_id)
+        if shared is None or shared[0] is not session or shared[1].done():
+            task = asyncio.ensure_future(self._persist_next(session))
+            # its callers see its error; none may be left to, once they are cancelled
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+            shared = self._next_persist[session.client_id] = (session, task)
+        await asyncio.shield(shared[1])
+
+    async def _persist_next(self, session: Session) -> None:
+        async with session.persist_lock:
+            found = self._next_persist.get(session.client_id)
+            if found is not None and found[0] is session:
+                del self._next_persist[session.client_id]  # later callers: the next one
+            await self._persist_locked(session, False)
+
+    async def _persist_now(self, session: Session, disconnected: bool) -> None:
         # One write of a session at a time, its record taken inside the lock: writes
         # go through a thread pool, and an older record must never land last.
         async with session.persist_lock:
-            if not session.durable:
-                return
+            await self._persist_locked(session, disconnected)
+
+    async def _persist_locked(self, session: Session, disconnected: bool) -> None:
+        if not session.durable:
+            return
+        try:
             await self._store.save(session.to_record(
                 time.time() if disconnected or session.outlet is None else None))
+        except FencedError:
+            self._lost(session)
+            raise
+
+    # -- ownership across sites (a cluster) -----------------------------------------
+
+    async def _take_ownership(self, client_id: str, username: str | None) -> int:
+        assert self.ownership is not None
+        async with self._lock(client_id):
+            held = self.sessions.get(client_id)
+            if held is None:
+                # a stored session of another user is refused before its owner site
+                # is told to let go of it
+                record = await self._store.load(client_id)
+                if record is not None and _resumable(record) and record.username != username:
+                    raise NotSessionOwner(client_id)
+            elif held.username != username:
+                raise NotSessionOwner(client_id)
+        try:
+            epoch = await self.ownership.take(
+                client_id, username, None if held is None else held.owner_epoch)
+        except NotOwnerError as exc:
+            raise NotSessionOwner(client_id) from exc
+        async with self._lock(client_id):
+            stale = self.sessions.get(client_id)
+            if stale is not None and stale.owner_epoch != epoch and stale.outlet is None:
+                # a copy from before another site owned it: the store has the session
+                self._forget_here(stale)
+        return epoch
+
+    async def release(self, client_id: str, username: str | None) -> bool:
+        """Another site takes `client_id` over: close its connection here (0x8E
+        Session taken over; a durable session persists what it has on the way) and
+        drop this site's copy of the session. False (nothing done) when the session
+        here is another user's."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.username != username:
+            return False
+        previous = self.connections.get(client_id)
+        if previous is not None:
+            await previous.kick(ReasonCode.SESSION_TAKEN_OVER)
+            if self.connections.get(client_id) is previous:
+                del self.connections[client_id]
+        async with self._lock(client_id):
+            session = self.sessions.get(client_id)
+            if session is not None and session.outlet is None:
+                self._forget_here(session)
+        return True
+
+    def _forget_here(self, session: Session) -> None:
+        """Drop this site's copy of a session another site owns, writing nothing."""
+        session.end_durability()
+        session.cancel_persist()
+        self._cancel_timers(session.client_id)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+            for subscription in session.subscriptions.values():
+                self._dispatcher.unroute(session, subscription)
+
+    def _lost(self, session: Session) -> None:
+        """A write of the session was refused: another site took it over (and this
+        one was not told, or not in time). Drop it here and close its connection."""
+        log.warning("session %r: taken over by another site (epoch %d here is behind); "
+                    "dropping this site's copy", session.client_id, session.owner_epoch)
+        connected = session.outlet is not None
+        session.end_durability()
+        self._cancel_timers(session.client_id)
+        if self.sessions.get(session.client_id) is session and not connected:
+            del self.sessions[session.client_id]
+            for subscription in session.subscriptions.values():
+                self._dispatcher.unroute(session, subscription)
+        connection = self.connections.get(session.client_id)
+        if connected and connection is not None:
+            # not awaited: its close_session needs the lock a caller may hold
+            self._spawn(connection.kick(ReasonCode.SESSION_TAKEN_OVER),
+                        f"kick-{session.client_id}")
 
     # -- background work ----------------------------------------------------------
 
@@ -334,6 +462,9 @@ class SessionRegistry:
             async with self._lock(scanned.client_id):
                 if scanned.client_id in self.sessions:
                     continue
+                if self._store.fenced and self.ownership is not None and \
+                        await self.ownership.owner_of(scanned.client_id) != self.ownership.site:
+                    continue  # its owner site collects it
                 record = await self._store.load(scanned.client_id)
                 if record is None:
                     continue
@@ -348,7 +479,7 @@ class SessionRegistry:
                     record.will = None
                     await self._store.save(record)
                 if record.expired(now):
-                    await self._store.delete(record.client_id)
+                    await self._store.delete(record.client_id, record.owner_epoch)
                     await self._store.forget_qos2(record.client_id)
                     removed += 1
         return removed

@@ -1,6 +1,10 @@
 """Retained messages: the `retained` database, one record per topic (its key), and an
 in-memory index of the topics that have one, so a SUBSCRIBE reads only the retained
-messages its filter matches."""
+messages its filter matches.
+
+On a replicated site (a cluster) other sites set and delete retained messages too, and
+no index here would see them: a filter with wildcards scans the database (every
+shard, wherever its replicas are, a page at a time), a topic name reads its one key."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import time
 
 from ..ds import KvDatabase, Message, decode_message, encode_message
 from ..session.expiry import is_expired
-from ..topic import validate_filter
+from ..topic import levels_match, validate_filter
 from .topic_index import TopicIndex
 
 # Retained messages read and decoded per step of a lookup: a filter matching a great
@@ -22,9 +26,12 @@ class RetainedStore:
         self._db = db
         self._lock = asyncio.Lock()
         self._index = TopicIndex()
+        self._indexed = not db.database.replicated
 
     async def load(self) -> None:
         """Index the topics stored (at start, before any SUBSCRIBE), a page at a time."""
+        if not self._indexed:
+            return
         async for page in self._db.scan_pages():
             for key, _value in page:
                 self._index.add(key.decode("utf-8"))
@@ -41,6 +48,8 @@ class RetainedStore:
                 self._index.remove(message.topic)
 
     async def matching(self, topic_filter: str) -> list[Message]:
+        if not self._indexed:
+            return await self._read_matching(topic_filter)
         topics = list(self._index.matching(validate_filter(topic_filter)))
         found = []
         now_us = time.time_ns() // 1000
@@ -54,4 +63,20 @@ class RetainedStore:
                 message = decode_message(raw)
                 if not is_expired(message, now_us):
                     found.append(message)
+        return found
+
+    async def _read_matching(self, topic_filter: str) -> list[Message]:
+        levels = validate_filter(topic_filter)
+        now_us = time.time_ns() // 1000
+        if "+" not in levels and "#" not in levels:
+            raw = await self._db.get(topic_filter, topic_filter.encode("utf-8"))
+            message = None if raw is None else decode_message(raw)
+            return [] if message is None or is_expired(message, now_us) else [message]
+        found = []
+        async for page in self._db.scan_pages():
+            for key, raw in page:
+                if levels_match(levels, key.decode("utf-8").split("/")):
+                    message = decode_message(raw)
+                    if not is_expired(message, now_us):
+                        found.append(message)
         return found

@@ -6,6 +6,7 @@ from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
+from .fence import Fence, FencedError
 from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
@@ -36,6 +37,8 @@ __all__ = [
     "DropListener",
     "DurableStorage",
     "EndOfStream",
+    "Fence",
+    "FencedError",
     "GenerationDescription",
     "GenerationInfo",
     "Iterator",

@@ -17,18 +17,21 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import StorageBusyError, StorageClosedError, WriteAbandonedError
 from . import metrics
 from .cooked import CookedBatch
+from .fence import Fence, FencedError, check_fences
 from .message import Message
 from .shard import Shard
 
 CommitListener = Callable[[CookedBatch], None]
-# On a replicated site: commit one flush (messages, record puts, record deletes)
-# through the shard's log; returns once committed and applied, or raises.
-Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes]], Awaitable[None]]
+# On a replicated site: commit one flush (messages, record puts, record deletes, the
+# fences of its fenced writes) through the shard's log; returns once committed and
+# applied, or raises (FencedError: some fences refused, nothing appended).
+Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence]],
+                     Awaitable[None]]
 
 # Queued bytes, in multiples of `max_bytes`, past which new messages are refused.
 OVERFULL = 4
@@ -52,6 +55,9 @@ class _Pending:
     record_puts: list[tuple[bytes, bytes]]
     record_deletes: list[bytes]
     queued_at: float  # time.monotonic() when it was added
+    # the fences of a fenced write (one, or a forwarded batch's): it fails with
+    # FencedError when one does not hold, and the rest of its batch is tried again
+    fences: list[Fence] = field(default_factory=list)
 
 
 class WriteBuffer:
@@ -100,9 +106,11 @@ class WriteBuffer:
 
     def add(self, messages: list[Message], size: int, wait: bool,
             record_puts: list[tuple[bytes, bytes]] | None = None,
-            record_deletes: list[bytes] | None = None) -> asyncio.Future[None] | None:
+            record_deletes: list[bytes] | None = None,
+            fences: list[Fence] | None = None) -> asyncio.Future[None] | None:
         """Queue messages (and records to write with them); the future (when `wait`)
-        resolves once they are durable."""
+        resolves once they are durable. A write with `fences` fails with FencedError when
+        one does not hold where its batch is cooked."""
         if self._closed:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
         done = asyncio.get_running_loop().create_future() if wait else None
@@ -113,7 +121,7 @@ class WriteBuffer:
         if not self._pending:
             self._oldest_at = now
         self._pending.append(_Pending(messages, size, done, record_puts or [],
-                                      record_deletes or [], now))
+                                      record_deletes or [], now, fences or []))
         self._items += len(messages)
         self._bytes += size
         if self._bytes > self._peak_bytes:
@@ -220,13 +228,21 @@ class WriteBuffer:
     async def _flush(self, taken: list[_Pending]) -> None:
         messages = [message for entry in taken for message in entry.messages]
         record_puts, record_deletes = _final_records(taken)
+        fences = [fence for entry in taken for fence in entry.fences]
         if self.replicate is not None:
-            await self._flush_replicated(taken, messages, record_puts, record_deletes)
+            await self._flush_replicated(taken, messages, record_puts, record_deletes, fences)
             return
         started = time.perf_counter()
         error: BaseException | None = None
         cooked = None
         async with self._lock:
+            if fences:
+                try:  # point reads of the applied state, which this lock keeps current
+                    record_puts = [*record_puts,
+                                   *check_fences(fences, self._shard.get_record)]
+                except FencedError as exc:
+                    self._refuse(taken, exc)
+                    return
             try:
                 cooked = self._shard.prepare(messages, record_puts, record_deletes)
                 if not self._write_inline(cooked):
@@ -259,14 +275,17 @@ class WriteBuffer:
 
     async def _flush_replicated(self, taken: list[_Pending], messages: list[Message],
                                 record_puts: list[tuple[bytes, bytes]],
-                                record_deletes: list[bytes]) -> None:
+                                record_deletes: list[bytes], fences: list[Fence]) -> None:
         """The flush of a replicated site: the shard's replication commits the batch
         (here or at the shard's leader) and feeds the commit listeners when it
         applies it; writers are answered only once it is committed."""
         assert self.replicate is not None
         started = time.perf_counter()
         try:
-            await self.replicate(messages, record_puts, record_deletes)
+            await self.replicate(messages, record_puts, record_deletes, fences)
+        except FencedError as exc:
+            self._refuse(taken, exc)
+            return
         except Exception as exc:  # handed to every waiting writer
             failure = exc
             metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
@@ -287,6 +306,26 @@ class WriteBuffer:
         self._flush_time.observe(time.perf_counter() - started)
         self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
         _settle(taken, lambda done: done.set_result(None))
+
+    def _refuse(self, taken: list[_Pending], refused: FencedError) -> None:
+        """Nothing of the batch was written: its writes whose fences were refused
+        fail, the others go back to the head of the queue, in order, for the next
+        flush (only fenced writes refuse, so no order is at stake)."""
+        again: list[_Pending] = []
+        for entry in taken:
+            keys = refused.keys & {fence.key for fence in entry.fences}
+            if keys or not refused.keys:
+                if entry.done is not None and not entry.done.done():
+                    entry.done.set_exception(FencedError(refused.message, frozenset(keys)))
+            else:
+                again.append(entry)
+        for entry in reversed(again):
+            self._pending.appendleft(entry)
+            self._items += len(entry.messages)
+            self._bytes += entry.size
+        if again:
+            self._wakeup.set()
+            self._full.set()  # flush at once: they have waited their turn
 
     def _write_inline(self, cooked: CookedBatch) -> bool:
         """Write a small batch on the loop; False when it must go to the executor

@@ -32,6 +32,7 @@ from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
+from .fence import Fence
 from .generation import GenerationInfo, RetentionPlan, plan_retention
 from .install import recover_shard_folder, swap_in_staged
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
@@ -67,8 +68,11 @@ class Replication(Protocol):
     log, and come back to the database through its `apply_*` methods, in log order."""
 
     async def write(self, shard_id: int, messages: list[Message],
-                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
-        """Commit one flush of a shard's write buffer; returns once applied here."""
+                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
+                    fences: list[Fence]) -> None:
+        """Commit one flush of a shard's write buffer; returns once applied here.
+        FencedError (nothing written) when the shard's leader finds a fence that
+        does not hold."""
 
     async def add_generation(self, shard_id: int) -> bool:
         """Start a new generation of a shard on its leader; False elsewhere."""
@@ -80,9 +84,11 @@ class Replication(Protocol):
         """The shard's replica set and leader as this site knows them (none and ""
         before the first placement)."""
 
-    async def read_records(self, shard_id: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """The shard's records under `prefix`, every write committed before the call
-        included; a recoverable StorageError when that cannot be made sure in time."""
+    async def read_records(self, shard_id: int, prefix: bytes, limit: int | None = None,
+                           after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The shard's records under `prefix` (the first `limit` after `after`), every
+        write committed before the call included; a recoverable StorageError when that
+        cannot be made sure in time."""
 
     async def close(self) -> None:
         """Stop applying: the shards are about to close."""
@@ -241,7 +247,8 @@ class Database:
     def submit(self, messages: list[Message], wait: bool = True, *,
                topics_checked: bool = False, records_of: str | None = None,
                record_puts: list[tuple[bytes, bytes]] | None = None,
-               record_deletes: list[bytes] | None = None) -> list[asyncio.Future[None]]:
+               record_deletes: list[bytes] | None = None,
+               fence: Fence | None = None) -> list[asyncio.Future[None]]:
         """Queue messages for writing now, in call order; with `wait`, the futures
         resolve once they are durable. Every message is checked before any is queued,
         so a bad one means nothing of the call is written. A shard whose buffer is
@@ -252,7 +259,15 @@ class Database:
         atomic batch as that client's messages, in its shard.
 
         `topics_checked`: the caller has validated every topic name already (the
-        broker's publish path, at the channel), so it is not checked again here."""
+        broker's publish path, at the channel), so it is not checked again here.
+        `fence` (with records only): a fenced write in `records_of`'s shard (`fence`)."""
+        if fence is not None:
+            if messages or records_of is None:
+                raise InvalidMessageError("a fenced write carries records of one key only")
+            buffer = self._buffers[shard_of(records_of, self.options.n_shards)]
+            done = buffer.add([], 0, True, record_puts, record_deletes, [fence])
+            assert done is not None
+            return [done]
         if len(messages) == 1 and records_of is None:  # the broker's common case
             message = messages[0]
             size = self._validate(message, topics_checked)
@@ -283,14 +298,16 @@ class Database:
 
     def submit_to_shard(self, shard_id: int, messages: list[Message],
                         record_puts: list[tuple[bytes, bytes]],
-                        record_deletes: list[bytes]) -> asyncio.Future[None]:
+                        record_deletes: list[bytes],
+                        fences: list[Fence] | None = None) -> asyncio.Future[None]:
         """Queue a write forwarded by another site to this shard's leader: the
         messages and records go into one batch of this shard, as they were in the
         sender's. Its topics and sizes were checked where the client published."""
         if not 0 <= shard_id < len(self._buffers):
             raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
         size = sum(len(message.payload) + len(message.topic) for message in messages)
-        done = self._buffers[shard_id].add(messages, size, True, record_puts, record_deletes)
+        done = self._buffers[shard_id].add(messages, size, True, record_puts, record_deletes,
+                                           fences)
         assert done is not None
         return done
 
@@ -342,6 +359,28 @@ class Database:
             return await self.scan_records(records_of, prefix)
         return await self._replication.read_records(
             shard_of(records_of, self.options.n_shards), prefix)
+
+    async def read_shard_records(self, shard_id: int, prefix: bytes, limit: int,
+                                 after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """`scan_shard_records`, but sure to see every write committed before the call
+        (see `read_records`): on a replicated site read at a replica of the shard, past
+        a read barrier, wherever that replica is."""
+        if self._replication is None:
+            return await self.scan_shard_records(shard_id, prefix, limit, after)
+        return await self._replication.read_records(shard_id, prefix, limit, after)
+
+    async def read_shard_record(self, shard_id: int, key: bytes) -> bytes | None:
+        """One record of a shard, as `read_shard_records` sees it."""
+        if self._replication is None:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.shards[shard_id].get_record, key)
+        # a key sorts first among the keys it is a prefix of
+        found = await self._replication.read_records(shard_id, key, 1)
+        return found[0][1] if found and found[0][0] == key else None
+
+    @property
+    def replicated(self) -> bool:
+        return self._replication is not None
 
     async def get_record(self, records_of: str, key: bytes) -> bytes | None:
         """One record of `records_of`'s shard, None when there is none."""

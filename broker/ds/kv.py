@@ -2,7 +2,10 @@
 client id, a topic). A key-value database is a `Database` that takes records only:
 its puts and deletes become cooked batches of the same shard log as messages (write
 buffer -> cook -> write -> apply -> commit), so one mechanism buffers, commits and
-(later) replicates both. Nothing here writes to RocksDB itself."""
+replicates both. Nothing here writes to RocksDB itself.
+
+On a replicated site reads see every committed write: a shard this site holds a
+replica of is read here past a read barrier, any other at a replica elsewhere."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from ..errors import ConfigError
 from .database import META_FILE, Database, shard_of
+from .fence import FENCE_PREFIX, Fence, fence_key, stored_epoch, stored_owner
 from .options import DbOptions
 from .rocks import as_bytes, raw_options
 from .shard import RECORD_PREFIX
@@ -48,7 +52,9 @@ class KvDatabase:
         return shard_of(routing_key, self.database.options.n_shards)
 
     async def get(self, routing_key: str, key: bytes) -> bytes | None:
-        return await self.database.get_record(routing_key, key)
+        if not self.database.replicated:
+            return await self.database.get_record(routing_key, key)
+        return await self.database.read_shard_record(self.shard_of(routing_key), key)
 
     async def write(self, routing_key: str, puts: Iterable[tuple[bytes, bytes]] = (),
                     deletes: Iterable[bytes] = ()) -> None:
@@ -58,6 +64,22 @@ class KvDatabase:
                                      record_puts=list(puts), record_deletes=list(deletes))
         await asyncio.gather(*waits)
 
+    async def write_fenced(self, routing_key: str, fence: Fence,
+                           puts: Iterable[tuple[bytes, bytes]] = (),
+                           deletes: Iterable[bytes] = ()) -> None:
+        """`write`, if `fence` holds where the shard's write is cooked; FencedError
+        (nothing written) when a newer owner epoch of its key is stored."""
+        waits = self.database.submit([], True, records_of=routing_key,
+                                     record_puts=list(puts), record_deletes=list(deletes),
+                                     fence=fence)
+        await asyncio.gather(*waits)
+
+    async def fence_of(self, routing_key: str, key: bytes) -> tuple[int, bytes]:
+        """The owner epoch stored for `key` (0 before any fenced write of it) and the
+        owner its claim named."""
+        stored = await self.get(routing_key, fence_key(key))
+        return stored_epoch(stored), stored_owner(stored)
+
     async def get_many(self, entries: Sequence[tuple[str, bytes]]) -> list[bytes | None]:
         """The values of (routing key, key) pairs, in their order (None where there is
         none): one storage read per shard, not one per key."""
@@ -66,8 +88,12 @@ class KvDatabase:
             by_shard[self.shard_of(routing_key)].append(position)
         values: list[bytes | None] = [None] * len(entries)
         for shard_id, positions in by_shard.items():
-            found = await self.database.get_shard_records(
-                shard_id, [entries[position][1] for position in positions])
+            keys = [entries[position][1] for position in positions]
+            if self.database.replicated:
+                found = list(await asyncio.gather(
+                    *(self.database.read_shard_record(shard_id, key) for key in keys)))
+            else:
+                found = await self.database.get_shard_records(shard_id, keys)
             for position, value in zip(positions, found, strict=True):
                 values[position] = value
         return values
@@ -75,14 +101,17 @@ class KvDatabase:
     async def scan_pages(self, prefix: bytes = b"", shard_id: int | None = None,
                          page_size: int = SCAN_PAGE) -> AsyncIterator[list[tuple[bytes, bytes]]]:
         """Entries whose key starts with `prefix`, from one shard or all, a page of at
-        most `page_size` at a time (so a caller holds one page, not the database)."""
+        most `page_size` at a time (so a caller holds one page, not the database). On a
+        replicated site each page is read at a replica of its shard."""
         shard_ids = range(len(self.database.shards)) if shard_id is None else [shard_id]
         for number in shard_ids:
             after: bytes | None = None
             while True:
-                page = await self.database.scan_shard_records(number, prefix, page_size, after)
-                if page:
-                    yield page
+                page = await self.database.read_shard_records(number, prefix, page_size, after)
+                # owner epochs of fenced keys are not entries
+                entries = [entry for entry in page if not entry[0].startswith(FENCE_PREFIX)]
+                if entries:
+                    yield entries
                 if len(page) < page_size:
                     break
                 after = page[-1][0]

@@ -155,6 +155,10 @@ class Session:
         # deliveries waiting for their packet identifiers to be saved (see pump)
         self._held: list[tuple[Delivery, int | None]] = []
         self._releaser: asyncio.Future[None] | None = None
+        # outbound QoS 2 acknowledged by PUBREC, waiting for the session write that
+        # covers them before their PUBREL goes out (see on_pubrec)
+        self._pubrel_waiting: list[int] = []
+        self._pubrel_sender: asyncio.Future[None] | None = None
         # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
         # storage (SessionStore.submit_qos2), loaded from there when a session is restored
         self._inbound_qos2: set[int] = set()
@@ -1000,10 +1004,40 @@ class Session:
             entry.released = True
             self._finished(entry.delivery)
             if self.durable:
-                await self.persist_now()
+                # The PUBREL waits for the write; the connection reads on meanwhile, so
+                # one write covers the PUBRECs that arrive while the one before is under
+                # way (a replicated write takes a majority's round trip).
+                self._pubrel_waiting.append(packet_id)
+                if self._pubrel_sender is None:
+                    self._pubrel_sender = asyncio.ensure_future(self._persist_then_release())
+                return True
+        elif packet_id in self._pubrel_waiting:
+            return True  # its PUBREL follows the write it waits for
         if self.outlet is not None:
             self.outlet.send_pubrel(packet_id)
         return True
+
+    async def _persist_then_release(self) -> None:
+        try:
+            while self._pubrel_waiting and self.outlet is not None:
+                waiting, self._pubrel_waiting = self._pubrel_waiting, []
+                try:
+                    await self.persist_now()
+                except Exception:  # kept, in order, for the next try
+                    note_failure("session-persist-then-release")
+                    if self.outlet is not None:  # else the record resends the PUBRELs
+                        self._pubrel_waiting[:0] = waiting
+                    await asyncio.sleep(RESTART_PAUSE)
+                    continue
+                outlet = self.outlet
+                if outlet is None:
+                    return
+                for packet_id in waiting:
+                    entry = self._in_flight.get(packet_id)
+                    if entry is not None and entry.released:
+                        outlet.send_pubrel(packet_id)
+        finally:
+            self._pubrel_sender = None
 
     def on_pubcomp(self, packet_id: int) -> bool:
         entry = self._in_flight.get(packet_id)
@@ -1037,6 +1071,7 @@ class Session:
         self.outlet = None
         self._wake.set()
         self._held.clear()  # in flight already, or QoS 0
+        self._pubrel_waiting.clear()  # released in flight: the record resends their PUBREL
         self._forget_decisions()
         if self._replayer is not None:
             self._replayer.cancel()

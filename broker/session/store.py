@@ -1,13 +1,18 @@
 """Where sessions live in storage: the one owner of the key schemas of session
 records (`s/<client>` in the `sessions` database) and of inbound QoS 2 records
 (`qos2/<len><client><packet id>`, kept with the client's messages in the `messages`
-database). Nothing else reads or writes these keys."""
+database). Nothing else reads or writes these keys.
+
+On a replicated site (`owner` set: this site's id) a session record is written fenced
+by its owner epoch (`ds.fence`): a site takes a client id with `claim`, which moves
+the epoch on at the shard's leader, and the writes of the site that held it before
+carry an older epoch and are refused (FencedError)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from ..ds import Database, KvDatabase, Message
+from ..ds import Database, Fence, KvDatabase, Message
 from .model import SessionRecord
 
 _SESSION_KEY = b"s/"
@@ -28,9 +33,14 @@ def _qos2_key(client_id: str, packet_id: int) -> bytes:
 
 
 class SessionStore:
-    def __init__(self, sessions_db: KvDatabase, messages: Database) -> None:
+    def __init__(self, sessions_db: KvDatabase, messages: Database, owner: str = "") -> None:
         self._sessions_db = sessions_db
         self._messages = messages
+        self.owner = owner  # this site's id when writes are fenced, else ""
+
+    @property
+    def fenced(self) -> bool:
+        return bool(self.owner)
 
     # -- session records ----------------------------------------------------------
 
@@ -39,11 +49,36 @@ class SessionStore:
         return None if raw is None else SessionRecord.from_json(raw)
 
     async def save(self, record: SessionRecord) -> None:
-        await self._sessions_db.write(record.client_id, puts=[
-            (_session_key(record.client_id), record.to_json())])
+        puts = [(_session_key(record.client_id), record.to_json())]
+        if self.fenced:
+            await self._sessions_db.write_fenced(
+                record.client_id, Fence(_session_key(record.client_id), record.owner_epoch),
+                puts=puts)
+        else:
+            await self._sessions_db.write(record.client_id, puts=puts)
 
-    async def delete(self, client_id: str) -> None:
-        await self._sessions_db.write(client_id, deletes=[_session_key(client_id)])
+    async def delete(self, client_id: str, owner_epoch: int = 0) -> None:
+        deletes = [_session_key(client_id)]
+        if self.fenced:
+            await self._sessions_db.write_fenced(
+                client_id, Fence(_session_key(client_id), owner_epoch), deletes=deletes)
+        else:
+            await self._sessions_db.write(client_id, deletes=deletes)
+
+    # -- ownership (fenced sites only) --------------------------------------------------
+
+    async def owner_of(self, client_id: str) -> tuple[int, str]:
+        """The owner epoch of a client id and the site that claimed it (0 and "" while
+        nobody has)."""
+        epoch, owner = await self._sessions_db.fence_of(client_id, _session_key(client_id))
+        return epoch, owner.decode("utf-8", "replace")
+
+    async def claim(self, client_id: str, epoch: int) -> None:
+        """Make this site the owner of `client_id` at `epoch` (the stored one plus 1):
+        FencedError when another claim of that epoch or a newer one got there first."""
+        await self._sessions_db.write_fenced(
+            client_id, Fence(_session_key(client_id), epoch, claim=True,
+                             owner=self.owner.encode()))
 
     async def scan(self) -> list[SessionRecord]:
         return [SessionRecord.from_json(raw)

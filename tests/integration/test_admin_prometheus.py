@@ -176,15 +176,19 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
 
             alerts = rule_queries(("stratamq.replication",))
 
+            # messages, sessions and retained: 4 shards each, 3 replicas of each shard
+            shards, replicas = 3 * 4, 3 * 4 * 3
+
             def settled() -> bool:
                 # every replica of every shard reported, one leader per shard, the
                 # controller seeing 3 sites up, two scrapes or more for the rates, and
                 # no replication alert expression true
-                return (seen("count(stratamq_ds_replica_leader)") == 12
-                        and seen("sum(stratamq_ds_replica_leader)") == 4
+                return (seen("count(stratamq_ds_replica_leader)") == replicas
+                        and seen("sum(stratamq_ds_replica_leader)") == shards
                         and seen('sum(stratamq_cluster_sites{state="up"})') == 3
-                        and seen("count(stratamq_cluster_replica_lag)") == 12
-                        and seen("count(rate(stratamq_ds_leader_changes_total[1m]))") == 12
+                        and seen("count(stratamq_cluster_replica_lag)") == replicas
+                        and seen("count(rate(stratamq_ds_leader_changes_total[1m]))")
+                        == replicas
                         and not any(query(base, expr) for _, _, expr in alerts))
 
             deadline = time.monotonic() + 60
@@ -198,8 +202,10 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
             for _, title, expr in alerts:
                 assert query(base, expr) == [], f"{title} fires on a healthy cluster"
             led = query(base, "sum by (db, shard) (stratamq_ds_replica_leader)")
-            assert sorted((s["metric"]["shard"], s["value"][1]) for s in led) == \
-                [(str(shard), "1") for shard in range(4)]
+            assert sorted((s["metric"]["db"], s["metric"]["shard"], s["value"][1])
+                          for s in led) == \
+                [(db, str(shard), "1") for db in ("messages", "retained", "sessions")
+                 for shard in range(4)]
 
             # With the controller gone nobody fails over: once the busiest leader is
             # killed, its shards are led by no site, and the no-leader alert's query
@@ -208,6 +214,9 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
             victim = cluster.busiest_leader()
             orphaned = sorted(str(shard) for shard, index in leaders.items()
                               if index == victim)
+            orphaned_elsewhere = {db: sum(1 for index in cluster.leaders(db).values()
+                                          if index == victim)
+                                  for db in ("sessions", "retained")}
             assert orphaned  # 4 shards on 3 sites: the busiest leads 2 or more
             no_leader = next(expr for _, title, expr in alerts
                              if title == "StratamqShardWithoutLeader")
@@ -215,14 +224,20 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
             cluster.sites[victim].kill()
 
             def leaderless() -> list[str]:
-                return sorted(s["metric"]["shard"] for s in query(base, no_leader))
+                return sorted(s["metric"]["shard"] for s in query(base, no_leader)
+                              if s["metric"]["db"] == "messages")
+
+            def leaderless_counts() -> dict[str, float]:
+                panel = next(target["expr"] for panel in json.loads(
+                    REPLICATION_DASHBOARD.read_text())["panels"]
+                    for target in panel["targets"]
+                    if target["legendFormat"] == "{{db}} without a leader")
+                return {s["metric"]["db"]: float(s["value"][1]) for s in query(base, panel)}
 
             deadline = time.monotonic() + 30
             while leaderless() != orphaned and time.monotonic() < deadline:
                 time.sleep(0.3)
             assert leaderless() == orphaned
-            assert seen(next(target["expr"] for panel in json.loads(
-                REPLICATION_DASHBOARD.read_text())["panels"] for target in panel["targets"]
-                if target["legendFormat"] == "{{db}} without a leader")) == len(orphaned)
+            assert leaderless_counts() == {"messages": len(orphaned), **orphaned_elsewhere}
     finally:
         cluster.close()

@@ -117,8 +117,8 @@ class LocalCluster:
     def controller(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         return self._call(self.layout["controller"]["url"] + path, method, body)
 
-    def storage(self) -> dict[str, Any]:
-        status, found = self.controller("GET", f"/api/v1/ds/storages/{DB}")
+    def storage(self, db: str = DB) -> dict[str, Any]:
+        status, found = self.controller("GET", f"/api/v1/ds/storages/{db}")
         assert status == 200, found
         return dict(found)
 
@@ -476,6 +476,18 @@ def test_leave_forget_and_join_step_by_step(tmp_path: Path) -> None:
         for shard in range(N_SHARDS):
             publish_until_acknowledged(entry["mqtt"], entry["host"],
                                        client_for_shard(shard, "after"), "plan/after")
+
+        # The key-value databases leave it the same way (it holds replicas of them too).
+        for other in ("sessions", "retained"):
+            planned = cluster.ctl("leave", other, leaving)
+            assert planned.returncode == 0, planned.stderr
+
+            def left(other: str = other) -> bool:
+                storage = cluster.storage(other)
+                return not storage["plan"] and all(
+                    leaving not in shard["replicas"] and not shard["transitions"]
+                    for shard in storage["shards"])
+            wait_for(f"{other} to leave {leaving}", left, timeout=120)
 
         # Forgetting: refused while it runs, done once it is stopped.
         refused = cluster.ctl("forget", leaving)

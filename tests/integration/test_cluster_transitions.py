@@ -8,7 +8,8 @@ subscriber on the other site too. While they run:
 1. grow: two more sites are started and added to the controller (`POST
    /api/v1/ds/sites`), then `ctl ds set-replicas messages <all five>` spreads the
    shards' replicas (still 3 each) over five sites;
-2. drain: `ctl ds leave messages <site-2>` moves every replica off site 2;
+2. drain: `ctl ds leave messages <site-2>` moves every replica off site 2 (then
+   the same for `sessions` and `retained`, grown the same way after `messages`);
 3. remove: site 2 is stopped and `ctl ds forget` drops it.
 
 A thread samples `stratamq ctl ds info` (the real CLI, against the controller) all
@@ -23,6 +24,7 @@ site held a replica all along. Durations are printed, never asserted."""
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -148,9 +150,12 @@ def ctl_ds(cluster: Cluster, *arguments: str) -> str:
     return done.stdout
 
 
-def plan_done(cluster: Cluster) -> bool:
+KV_DATABASES = ("sessions", "retained")
+
+
+def plan_done(cluster: Cluster, db: str = DB) -> bool:
     """No plan left and no shard with a pending transition, every shard with 3 replicas."""
-    storage = cluster.controller.storage()
+    storage = cluster.controller.storage(db)
     return not storage["plan"] and all(
         not shard["transitions"] and len(shard["replicas"]) == 3
         for shard in storage["shards"])
@@ -258,6 +263,11 @@ def test_grow_to_five_sites_then_drain_and_forget_one_under_load(tmp_path: Path)
         assert "steps planned" in planned, planned
         assert poll(lambda: plan_done(cluster), PLAN_TIMEOUT, 0.2), \
             f"growing did not finish:\n{cluster.describe()}"
+        # the key-value databases spread the same way
+        for other in KV_DATABASES:
+            print(ctl_ds(cluster, "set-replicas", other, *cluster.site_ids))
+            assert poll(functools.partial(plan_done, cluster, other), PLAN_TIMEOUT, 0.2), \
+                f"growing {other} did not finish:\n{cluster.describe()}"
         assert cluster.wait_ready(60), f"roles not taken after growing:\n{cluster.describe()}"
         mark("grown")
         grown = cluster.controller.storage()
@@ -275,6 +285,13 @@ def test_grow_to_five_sites_then_drain_and_forget_one_under_load(tmp_path: Path)
             f"draining did not finish:\n{cluster.describe()}"
         drained_storage = cluster.controller.storage()
         assert all(leaving not in shard["replicas"] for shard in drained_storage["shards"])
+        # the key-value databases leave it too: a site holding replicas is not forgotten
+        for other in KV_DATABASES:
+            print(ctl_ds(cluster, "leave", other, leaving))
+            assert poll(functools.partial(plan_done, cluster, other), PLAN_TIMEOUT, 0.2), \
+                f"draining {other} did not finish:\n{cluster.describe()}"
+            assert all(leaving not in shard["replicas"]
+                       for shard in cluster.controller.storage(other)["shards"])
         staying = [index for index in range(GROWN) if index != LEAVING]
         assert cluster.wait_ready(60, staying), \
             f"roles not taken after draining:\n{cluster.describe()}"

@@ -47,7 +47,7 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1)
     database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
     address = f"{HOST}:{free_port()}"
     replication = await SiteReplication.start(
-        database, storage.data_dir, storage.site_id, address, address,
+        [database], storage.data_dir, storage.site_id, address, address,
         ReplicaSettings(storage.site_id, write_timeout, 0.2), database.executor)
     return Site(storage, database, replication, address)
 

@@ -23,6 +23,9 @@ from tests.support.clients import PahoClient, metric_value, unique
 from tests.support.harness import HOST, BrokerProcess, free_port
 
 N_SHARDS = 2
+# every site replicates these, with N_SHARDS shards each
+DATABASES = ("messages", "sessions", "retained")
+ALL_SHARDS = N_SHARDS * len(DATABASES)
 WAIT = 30.0  # generous: three brokers share two cores with other tests
 
 
@@ -81,8 +84,8 @@ class Sites:
     def placement(self, version: int = 1, epoch: int = 1, leader: int = 0) -> Placement:
         replicas = tuple(sorted(self.ids))
         return Placement(version, tuple(
-            ShardPlacement("messages", shard, replicas, self.ids[leader], epoch)
-            for shard in range(N_SHARDS)))
+            ShardPlacement(db, shard, replicas, self.ids[leader], epoch)
+            for db in DATABASES for shard in range(N_SHARDS)))
 
     def push(self, site: BrokerProcess, placement: Placement) -> tuple[int, Any]:
         return admin(site, "PUT", "/api/v1/ds/placement",
@@ -128,7 +131,7 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
     assert before["site"] == sites.ids[0]
     assert before["peer"] == f"{HOST}:{sites.peer_ports[0]}"
     assert before["placement_version"] is None
-    assert [shard["role"] for shard in before["shards"]] == ["none"] * N_SHARDS
+    assert [shard["role"] for shard in before["shards"]] == ["none"] * ALL_SHARDS
     assert before["shards"][0] == {"db": "messages", "shard": 0, "role": "none", "epoch": 0,
                                    "last": [0, 0], "committed": 0, "applied": 0,
                                    "state": "ok", "bootstrap": None, "bootstraps": 0,
@@ -141,8 +144,8 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
     sites.push_all(sites.placement())
     assert sites.push(a, sites.placement()) == (200, {"accepted": False, "version": 1})
     wait_for("roles taken", lambda: [s["role"] for s in replication(a)["shards"]] ==
-             ["leader"] * N_SHARDS and [s["role"] for s in replication(b)["shards"]] ==
-             ["follower"] * N_SHARDS)
+             ["leader"] * ALL_SHARDS and [s["role"] for s in replication(b)["shards"]] ==
+             ["follower"] * ALL_SHARDS)
     after = replication(b)
     assert after["placement_version"] == 1
     status, storage = admin(b, "GET", "/api/v1/ds/storages/messages")
@@ -216,10 +219,12 @@ def test_writes_commit_on_a_majority_and_every_replica_applies_them(
             shard=str(shard_of(client_id, N_SHARDS))) == 1)
 
         # both followers gone: nothing commits, the write is not acknowledged and the
-        # broker ends the connection once cluster.write_timeout has passed
-        b.kill()
+        # broker ends the connection once cluster.write_timeout has passed (connected
+        # before: a connect writes its client id's owner to the `sessions` shard,
+        # which commits nothing either now)
         lonely = publisher(a, "pub-alone")
         clients.append(lonely)
+        b.kill()
         info = lonely.client.publish(f"{prefix}/alone", b"alone", qos=1)
         lonely.wait_disconnected(timeout=WAIT)
         assert not info.is_published()
@@ -245,7 +250,7 @@ def test_writes_commit_on_a_majority_and_every_replica_applies_them(
         a.kill()
         a.start()
         wait_for("the leader leads again", lambda: [s["role"] for s in replication(a)[
-            "shards"]] == ["leader"] * N_SHARDS)
+            "shards"]] == ["leader"] * ALL_SHARDS)
         after = publisher(c, "pub-c")
         clients.append(after)
         assert after.publish(f"{prefix}/c", b"after-restart") == 0
@@ -309,7 +314,7 @@ def test_a_new_leader_takes_over_and_the_old_one_follows_it_when_back(
     # then takes the newer placement and follows B
     a, b, c = sites.sites
     sites.push_all(sites.placement())
-    wait_for("A leads", lambda: roles(a) == ["leader"] * N_SHARDS)
+    wait_for("A leads", lambda: roles(a) == ["leader"] * ALL_SHARDS)
     prefix = unique("failover")
     clients: list[PahoClient] = []
     try:
@@ -319,7 +324,7 @@ def test_a_new_leader_takes_over_and_the_old_one_follows_it_when_back(
             assert first.publish(f"{prefix}/a", b"a-%d" % number) == 0
         a.kill()
         sites.push_all(sites.placement(version=2, epoch=2, leader=1), to=[b, c])
-        wait_for("B leads at epoch 2", lambda: roles(b) == ["leader"] * N_SHARDS)
+        wait_for("B leads at epoch 2", lambda: roles(b) == ["leader"] * ALL_SHARDS)
         subscriber = PahoClient(c.port, unique("sub-c"))
         clients.append(subscriber)
         assert subscriber.connect().reason_code == 0
@@ -332,7 +337,7 @@ def test_a_new_leader_takes_over_and_the_old_one_follows_it_when_back(
         assert len(subscriber.expect(6, timeout=WAIT)) == 6
 
         a.start()  # placement version 1 on its disk: it leads epoch 1 until refused
-        wait_for("A stops leading epoch 1", lambda: roles(a) == ["follower"] * N_SHARDS)
+        wait_for("A stops leading epoch 1", lambda: roles(a) == ["follower"] * ALL_SHARDS)
         status, body = sites.push(a, sites.placement(version=2, epoch=2, leader=1))
         assert status == 200 and body == {"accepted": True, "version": 2}
         wait_for("A caught up with B", lambda: caught_up(sites.sites))
@@ -350,7 +355,7 @@ def test_a_follower_killed_and_restarted_under_load_loses_and_duplicates_nothing
         sites: Sites, tmp_path: Path) -> None:
     a, b, c = sites.sites
     sites.push_all(sites.placement())
-    wait_for("A leads", lambda: roles(a) == ["leader"] * N_SHARDS)
+    wait_for("A leads", lambda: roles(a) == ["leader"] * ALL_SHARDS)
     prefix = unique("load")
     writers = [publisher(a, "pub-a"), publisher(b, "pub-b")]
     try:
@@ -384,8 +389,8 @@ def test_a_site_whose_shard_log_is_gone_refuses_to_start(tmp_path: Path) -> None
     try:
         site.start()
         site_id = replication(site)["site"]
-        placement = Placement(1, tuple(ShardPlacement("messages", shard, (site_id,), site_id, 1)
-                                       for shard in range(N_SHARDS)))
+        placement = Placement(1, tuple(ShardPlacement(db, shard, (site_id,), site_id, 1)
+                                       for db in DATABASES for shard in range(N_SHARDS)))
         status, body = admin(site, "PUT", "/api/v1/ds/placement",
                              {"placement": json.loads(placement.to_json()),
                               "peers": {site_id: f"{HOST}:1"}})

@@ -29,6 +29,8 @@ from tests.support.harness import BrokerProcess, ManagedProcess, free_port
 from tests.support.netns import NetnsNetwork, Network, ProxyNetwork
 
 DB = "messages"
+# every site replicates these (a connect writes to `sessions`)
+DATABASES = ("messages", "sessions", "retained")
 TIMEOUT = 5.0  # one HTTP request
 
 
@@ -134,10 +136,10 @@ class ControllerProcess(ManagedProcess):
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def storage(self) -> Any:
-        """`GET /api/v1/ds/storages/messages`: per shard replicas, leader, epoch,
+    def storage(self, db: str = DB) -> Any:
+        """`GET /api/v1/ds/storages/{db}`: per shard replicas, leader, epoch,
         committed, lag, pending transitions."""
-        return http_json("GET", f"{self.url}/api/v1/ds/storages/{DB}")
+        return http_json("GET", f"{self.url}/api/v1/ds/storages/{db}")
 
 
 class Cluster:
@@ -192,10 +194,15 @@ class Cluster:
     def index_of(self, site_id: str) -> int:
         return self.site_ids.index(site_id)
 
-    def leaders(self) -> dict[int, int]:
+    def leaders(self, db: str = DB) -> dict[int, int]:
         """Shard -> index of its leader's site, as the controller has it."""
         return {shard["id"]: self.index_of(shard["leader"])
-                for shard in self.controller.storage()["shards"]}
+                for shard in self.controller.storage(db)["shards"]}
+
+    def replicas(self, db: str = DB) -> dict[int, list[int]]:
+        """Shard -> indexes of its replicas' sites, as the controller has it."""
+        return {shard["id"]: sorted(self.index_of(site) for site in shard["replicas"])
+                for shard in self.controller.storage(db)["shards"]}
 
     def epochs(self) -> dict[int, int]:
         return {shard["id"]: shard["epoch"] for shard in self.controller.storage()["shards"]}
@@ -206,22 +213,24 @@ class Cluster:
         return max(range(len(self.sites)), key=led.count)
 
     def roles_taken(self, sites: list[int] | None = None) -> bool:
-        """Every shard of the controller's placement has a leader, and each of `sites`
-        (all by default) reports the role and epoch that placement gives it."""
-        shards = self.controller.storage()["shards"]
-        if len(shards) != self.n_shards or any(not s.get("leader") for s in shards):
-            return False
-        for index in range(len(self.sites)) if sites is None else sites:
-            site_id = self.site_ids[index]
-            reported = {(s["db"], s["shard"]): s
-                        for s in self.sites[index].replication()["shards"]}
-            for shard in shards:
-                if site_id not in shard["replicas"]:
-                    continue
-                mine = reported.get((DB, shard["id"]))
-                role = "leader" if shard["leader"] == site_id else "follower"
-                if mine is None or mine["role"] != role or mine["epoch"] != shard["epoch"]:
-                    return False
+        """Every shard of every database in the controller's placement has a leader,
+        and each of `sites` (all by default) reports the role and epoch that placement
+        gives it."""
+        for db in DATABASES:
+            shards = self.controller.storage(db)["shards"]
+            if len(shards) != self.n_shards or any(not s.get("leader") for s in shards):
+                return False
+            for index in range(len(self.sites)) if sites is None else sites:
+                site_id = self.site_ids[index]
+                reported = {(s["db"], s["shard"]): s
+                            for s in self.sites[index].replication()["shards"]}
+                for shard in shards:
+                    if site_id not in shard["replicas"]:
+                        continue
+                    mine = reported.get((db, shard["id"]))
+                    role = "leader" if shard["leader"] == site_id else "follower"
+                    if mine is None or mine["role"] != role or mine["epoch"] != shard["epoch"]:
+                        return False
         return True
 
     def wait_ready(self, timeout: float, sites: list[int] | None = None) -> bool:

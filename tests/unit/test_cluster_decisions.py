@@ -27,8 +27,9 @@ from stratamq.broker.errors import (
     UnknownSiteError,
 )
 
+# One database keeps these cases small; the sites' default is all three.
 SETTINGS = Settings(replication_factor=3, n_shards=4, heartbeat_interval=1.0,
-                    expected_sites=3)
+                    expected_sites=3, databases=("messages",))
 DB = "messages"
 
 
@@ -376,3 +377,24 @@ def test_leaving_a_site_drains_it() -> None:
     for placement in seen:
         for shard in placement.shards:
             assert len(shard.replicas) >= SETTINGS.replication_factor
+
+
+def test_databases_not_placed_yet_are_placed_beside_the_kept_ones() -> None:
+    """A placement made when only `messages` was replicated keeps its shards; the
+    key-value databases get theirs in the next version."""
+    state = placed()
+    every = replace(SETTINGS, databases=("messages", "sessions", "retained"))
+    reports = {}
+    for name in "ABC":
+        kept = site(name, placement=state.placement)
+        shards = {**kept.shards, **{(db, number): ShardReport("none", 0, (0, 0), 0, 0)
+                                    for db in ("sessions", "retained")
+                                    for number in range(4)}}
+        reports[name] = replace(kept, shards=shards)
+    decision = decisions.decide(state, reports, 100.0, started=0.0, settings=every)
+    placement = decision.state.placement
+    assert placement.version == state.placement.version + 1
+    assert placement.shards_of(DB) == state.placement.shards_of(DB)
+    for db in ("sessions", "retained"):
+        assert [shard.shard for shard in placement.shards_of(db)] == [0, 1, 2, 3]
+        assert all(len(shard.replicas) == 3 for shard in placement.shards_of(db))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from stratamq.broker.config import load_config
 from stratamq.broker.ds import Message
+from stratamq.broker.ds.fence import Fence
 from stratamq.broker.ds.replication import entries
 from stratamq.broker.ds.replication.cluster import parse_peers
 from stratamq.broker.ds.replication.wire import decode_submit, encode_submit
@@ -50,13 +51,23 @@ def test_a_forwarded_write_round_trips() -> None:
     puts = [(b"qos2/c1/7", b"x"), (b"k", b"")]
     deletes = [b"qos2/c1/6"]
     raw = encode_submit(messages, puts, deletes)
-    got_messages, got_puts, got_deletes = decode_submit(raw)
+    got_messages, got_puts, got_deletes, fence = decode_submit(raw)
     assert [(m.topic, m.payload, m.client_id, m.qos, m.retain) for m in got_messages] == \
         [(m.topic, m.payload, m.client_id, m.qos, m.retain) for m in messages]
-    assert (got_puts, got_deletes) == (puts, deletes)
+    assert (got_puts, got_deletes, fence) == (puts, deletes, [])
     for damaged in (raw[:-1], raw + b"\x00", b"\x01" + raw[1:]):
         with pytest.raises(CorruptDataError):
             decode_submit(damaged)
+
+
+def test_a_forwarded_fenced_write_round_trips() -> None:
+    puts = [(b"s/c1", b"{}")]
+    fences = [Fence(b"s/c1", 7, claim=True, owner=b"site-a"), Fence(b"s/c2", 2**40)]
+    for some in (fences[:1], fences):
+        raw = encode_submit([], puts, [], some)
+        assert decode_submit(raw) == ([], puts, [], some)
+        with pytest.raises(CorruptDataError):
+            decode_submit(raw[:-1])
 
 
 def test_peers_of_a_push_are_site_ids_with_host_and_port() -> None:

@@ -538,10 +538,14 @@ def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore(
         await wait_until(lambda: len(first.publishes) == 1, "the QoS 2 message")
         packet_id = first.publishes[0].packet_id
         assert packet_id is not None
+        saved.gate.clear()  # a slow store: the PUBREL waits for the write
         assert await session.on_pubrec(packet_id, failed=False)
+        await settle()
+        assert first.pubrels == []
+        saved.gate.set()
         # saved before PUBREL went out: a crash now never publishes it again
+        await wait_until(lambda: first.pubrels == [packet_id], "the PUBREL")
         assert saved.records[-1].pubrel_pending == [packet_id]
-        assert first.pubrels == [packet_id]
         await session.detach()
         record = record_roundtrip(session)
         session = make_session(storage, durable=True)

@@ -1,10 +1,7 @@
-"""Replication in a running site: one `ShardReplica` per shard of the replicated
-database, the placement the controller pushed (kept on disk with the peers' peer-port
-addresses, so a restarted site takes its roles again before the controller speaks),
-and the peer port.
-
-Placements name only the `messages` database: sessions' QoS 2 records and the
-messages of a client are written in the same cooked batch of its shard."""
+"""Replication in a running site: one `ShardReplica` per shard of each replicated
+database (`messages`, `sessions`, `retained`), the placement the controller pushed
+(kept on disk with the peers' peer-port addresses, so a restarted site takes its
+roles again before the controller speaks), and the peer port, shared by them all."""
 
 from __future__ import annotations
 
@@ -22,12 +19,13 @@ from ...errors import CorruptDataError, PlacementError, StalePlacementError, Sto
 from ...files import write_atomically
 from ...net.address import source_address, split_bind
 from ..database import Database
+from ..fence import Fence
 from ..message import Message
 from . import entries
 from .bootstrap import CHECKPOINTS_DIR, finish_install, remove_checkpoints, serve_checkpoint
 from .feed import CommitFeed
 from .log import ShardLog, StaleEpochError
-from .peer import PeerClient, PeerServer
+from .peer import PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
@@ -54,77 +52,141 @@ def parse_peers(value: object) -> dict[str, str]:
     return peers
 
 
-class SiteReplication:
-    """Implements `database.Replication` for one database of this site."""
+class DatabaseReplication:
+    """Implements `database.Replication` for one database of this site: the replicas
+    of its shards. The site's `SiteReplication` owns the peer port and placement."""
 
-    def __init__(self, site: str, advertised: str, data_dir: Path, database: Database,
+    def __init__(self, site: SiteReplication, database: Database,
+                 replicas: list[ShardReplica], logs: list[ShardLog]) -> None:
+        self._site = site
+        self.database = database
+        self.replicas = replicas
+        self.logs = logs
+
+    async def write(self, shard_id: int, messages: list[Message],
+                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
+                    fences: list[Fence]) -> None:
+        await self.replicas[shard_id].write(messages, record_puts, record_deletes, fences)
+
+    async def read_records(self, shard_id: int, prefix: bytes, limit: int | None = None,
+                           after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        return await self.replicas[shard_id].read_records(prefix, limit, after)
+
+    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
+        placement = self.replicas[shard_id].placement
+        return ((), "") if placement is None else (placement.replicas, placement.leader)
+
+    async def add_generation(self, shard_id: int) -> bool:
+        return await self.replicas[shard_id].add_generation()
+
+    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
+        return await self.replicas[shard_id].propose(entries.DropGeneration(generation_id))
+
+    async def close(self) -> None:
+        """Stop this database's replicas' loops and close their logs; the peer port
+        stops with the last database of the site."""
+        for replica in self.replicas:
+            await replica.close()
+        loop = asyncio.get_running_loop()
+        for shard_log in self.logs:
+            await loop.run_in_executor(self._site.executor, shard_log.close)
+        self.logs = []
+        await self._site.database_closed(self)
+
+
+class SiteReplication:
+    """The replication of this site: every replicated database's shard replicas, the
+    kept placement, the peers' addresses and the peer port."""
+
+    def __init__(self, site: str, advertised: str, data_dir: Path, databases: list[Database],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
-                 logs: list[ShardLog], peers: dict[str, str],
+                 logs: dict[str, list[ShardLog]], peers: dict[str, str],
                  local_addr: tuple[str, int] | None = None) -> None:
         self.site = site
         self.advertised = advertised
-        self.database = database
         self._data_dir = data_dir
-        self._executor = executor
+        self.executor = executor
         self._store = store
-        self._logs = logs
         self.peers = peers
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
                                   self._barrier, self._read_records)
+        self._handlers: dict[str, PeerHandler] = {}
+        self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
         # connections to peers start from this site's own address (when it binds one)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(local_addr=local_addr))
-        client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
-        self.replicas = [ShardReplica(database, shard, shard_log,
-                                      self._server.lock(database.name, shard), executor,
-                                      client, settings)
-                         for shard, shard_log in enumerate(logs)]
+        self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
+        self.databases: dict[str, DatabaseReplication] = {}
+        for database in databases:
+            replicas = [ShardReplica(database, shard, shard_log,
+                                     self._server.lock(database.name, shard), executor,
+                                     self.client, settings)
+                        for shard, shard_log in enumerate(logs[database.name])]
+            self.databases[database.name] = DatabaseReplication(self, database, replicas,
+                                                                logs[database.name])
+        self._open = set(self.databases)
         self._take_lock = asyncio.Lock()
-        # reads of the shards held elsewhere, and the commit feed to and from them
-        self.remote = RemoteReads(site, database, self.placement_of, lambda: self.peers,
-                                  self._barrier_here, self._session,
-                                  max(settings.write_timeout, 1.0))
-        self.feed = CommitFeed(site, database, self._leads, self.placement_of,
-                               lambda: self.peers, self.remote, self._session,
-                               max(settings.write_timeout, 1.0))
+        # reads of the shards of the first database (`messages`, whose streams the
+        # subscribers read) held elsewhere, and its commit feed to and from them
+        self.messages = self.databases[databases[0].name]
+        timeout = max(settings.write_timeout, 1.0)
+        self.remote = RemoteReads(site, self.messages.database, self.messages.placement_of,
+                                  lambda: self.peers, self._barrier_here, self._session,
+                                  timeout)
+        self.feed = CommitFeed(site, self.messages.database, self._leads,
+                               self.messages.placement_of, lambda: self.peers, self.remote,
+                               self._session, timeout)
         self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,
                                       self.feed.add_routes]
-        database.attach_remote(self.remote)
+        self.messages.database.attach_remote(self.remote)
+
+    @property
+    def replicas(self) -> list[ShardReplica]:
+        """Every shard replica of this site, database by database."""
+        return [replica for replicated in self.databases.values()
+                for replica in replicated.replicas]
 
     @classmethod
-    async def start(cls, database: Database, data_dir: Path, site: str, peer_bind: str,
-                    advertised: str, settings: ReplicaSettings,
+    async def start(cls, databases: list[Database], data_dir: Path, site: str,
+                    peer_bind: str, advertised: str, settings: ReplicaSettings,
                     executor: Executor) -> SiteReplication:
-        """Open the shard logs and the kept placement, attach to `database`, listen on
-        the peer port and take the roles the kept placement gives."""
+        """Open the shard logs and the kept placement, attach to each database, listen
+        on the peer port and take the roles the kept placement gives. The first
+        database is the one subscribers read streams of (`messages`): it gets the
+        remote reads and the commit feed to sites that hold no replica of a shard."""
         loop = asyncio.get_running_loop()
-        logs_dir = data_dir / REPLICATION_DIR / database.name
-        logs: list[ShardLog] = []
+        logs: dict[str, list[ShardLog]] = {}
         try:
-            for shard in range(len(database.shards)):
-                logs.append(await loop.run_in_executor(executor, ShardLog,
-                                                       logs_dir / str(shard)))
-            for shard, shard_log in enumerate(logs):
-                # a checkpoint installed just before a crash: its log starts there
-                await loop.run_in_executor(executor, finish_install,
-                                           database.shards[shard].path, shard_log)
-                applied = database.shards[shard].applied_offset
-                if applied > shard_log.last.offset:
-                    raise CorruptDataError(
-                        f"{database.name}/{shard} applied log entries up to {applied}, but "
-                        f"its log in {shard_log.path} ends at {shard_log.last.offset}: the "
-                        f"log was removed or replaced; bootstrap this site's replica again")
+            for database in databases:
+                logs_dir = data_dir / REPLICATION_DIR / database.name
+                opened = logs[database.name] = []
+                for shard in range(len(database.shards)):
+                    opened.append(await loop.run_in_executor(executor, ShardLog,
+                                                             logs_dir / str(shard)))
+                for shard, shard_log in enumerate(opened):
+                    # a checkpoint installed just before a crash: its log starts there
+                    await loop.run_in_executor(executor, finish_install,
+                                               database.shards[shard].path, shard_log)
+                    applied = database.shards[shard].applied_offset
+                    if applied > shard_log.last.offset:
+                        raise CorruptDataError(
+                            f"{database.name}/{shard} applied log entries up to {applied}, "
+                            f"but its log in {shard_log.path} ends at "
+                            f"{shard_log.last.offset}: the log was removed or replaced; "
+                            f"bootstrap this site's replica again")
             await loop.run_in_executor(executor, remove_checkpoints,
                                        data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
             peers = await loop.run_in_executor(executor, _load_peers, data_dir)
         except BaseException:
-            for shard_log in logs:
-                shard_log.close()
+            for opened_logs in logs.values():
+                for shard_log in opened_logs:
+                    shard_log.close()
             raise
-        replication = cls(site, advertised, data_dir, database, executor, settings, store,
+        replication = cls(site, advertised, data_dir, databases, executor, settings, store,
                           logs, peers, source_address(peer_bind))
-        database.attach_replication(replication)
+        for database in databases:
+            database.attach_replication(replication.databases[database.name])
         host, port = split_bind(peer_bind)
         try:
             await replication._server.start(host, port)
@@ -156,7 +218,7 @@ class SiteReplication:
         loop = asyncio.get_running_loop()
         async with self._take_lock:
             try:
-                accepted = await loop.run_in_executor(self._executor, self._store.offer,
+                accepted = await loop.run_in_executor(self.executor, self._store.offer,
                                                       placement)
             except StalePlacementError as exc:
                 log.info("placement version %d not taken: %s", placement.version, exc.message)
@@ -165,96 +227,103 @@ class SiteReplication:
             if accepted or (kept == placement and peers != self.peers):
                 if peers != self.peers:
                     self.peers = peers
-                    await loop.run_in_executor(self._executor, _store_peers,
+                    await loop.run_in_executor(self.executor, _store_peers,
                                                self._data_dir, peers)
                 assert kept is not None
                 await self._take(kept)
         return accepted, kept.version if kept is not None else placement.version
 
     async def _take(self, placement: Placement) -> None:
-        name = self.database.name
-        shards = placement.shards_of(name)
-        if shards and len(shards) != len(self.replicas):
-            log.error("placement version %d has %d shards of %s, this site %d: shards "
-                      "beyond either count are left alone", placement.version, len(shards),
-                      name, len(self.replicas))
-        for shard_placement in shards:
-            if shard_placement.shard < len(self.replicas):
-                try:
-                    await self.replicas[shard_placement.shard].take(shard_placement,
-                                                                    self.peers)
-                except StaleEpochError as exc:
-                    # this shard's log knows a newer leader than the placement: it
-                    # follows that one; the other shards take their roles regardless
-                    log.warning("%s/%d: placement version %d is stale here: %s", name,
-                                shard_placement.shard, placement.version, exc.message)
+        for name, replicated in self.databases.items():
+            replicas = replicated.replicas
+            shards = placement.shards_of(name)
+            if shards and len(shards) != len(replicas):
+                log.error("placement version %d has %d shards of %s, this site %d: shards "
+                          "beyond either count are left alone", placement.version,
+                          len(shards), name, len(replicas))
+            for shard_placement in shards:
+                if shard_placement.shard < len(replicas):
+                    try:
+                        await replicas[shard_placement.shard].take(shard_placement,
+                                                                   self.peers)
+                    except StaleEpochError as exc:
+                        # this shard's log knows a newer leader than the placement: it
+                        # follows that one; the other shards take their roles regardless
+                        log.warning("%s/%d: placement version %d is stale here: %s", name,
+                                    shard_placement.shard, placement.version, exc.message)
         self.remote.placement_changed()
         self.feed.placement_changed()
 
     async def _barrier_here(self, shard: int) -> None:
-        await self.replicas[shard].read_barrier()
+        await self.messages.replicas[shard].read_barrier()
 
     def _leads(self, shard: int) -> bool:
-        return self.replicas[shard].leadership is not None
+        return self.messages.replicas[shard].leadership is not None
 
     # -- the peer port --------------------------------------------------------------
 
+    def _replica(self, db: str, shard: int) -> ShardReplica:
+        replicated = self.databases.get(db)
+        if replicated is None or not 0 <= shard < len(replicated.replicas):
+            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
+        return replicated.replicas[shard]
+
     def _log_of(self, db: str, shard: int) -> ShardLog:
-        if db != self.database.name:
+        replicated = self.databases.get(db)
+        if replicated is None or not 0 <= shard < len(replicated.logs):
             raise KeyError(db)
-        return self._logs[shard]
+        return replicated.logs[shard]
 
     def _on_append(self, db: str, shard: int) -> None:
-        if db == self.database.name and 0 <= shard < len(self.replicas):
-            replica = self.replicas[shard]
+        replicated = self.databases.get(db)
+        if replicated is not None and 0 <= shard < len(replicated.replicas):
+            replica = replicated.replicas[shard]
             replica.committed_moved()
             leadership = replica.leadership
             if leadership is not None and not leadership.current:
                 replica.step_down_for_newer_epoch()
 
     async def _submit(self, db: str, shard: int, body: bytes) -> None:
-        if db != self.database.name or not 0 <= shard < len(self.replicas):
-            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        messages, puts, deletes = decode_submit(body)
-        await self.replicas[shard].submit_forwarded(messages, puts, deletes)
+        replica = self._replica(db, shard)
+        messages, puts, deletes, fences = decode_submit(body)
+        await replica.submit_forwarded(messages, puts, deletes, fences)
 
     async def _barrier(self, db: str, shard: int) -> int:
-        if db != self.database.name or not 0 <= shard < len(self.replicas):
-            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        return await self.replicas[shard].barrier_offset()
+        return await self._replica(db, shard).barrier_offset()
 
-    async def _read_records(self, db: str, shard: int,
-                            prefix: bytes) -> list[tuple[bytes, bytes]]:
-        if db != self.database.name or not 0 <= shard < len(self.replicas):
-            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        return await self.replicas[shard].read_records_for_peer(prefix)
+    async def _read_records(self, db: str, shard: int, prefix: bytes, limit: int | None,
+                            after: bytes | None) -> list[tuple[bytes, bytes]]:
+        return await self._replica(db, shard).read_records_for_peer(prefix, limit, after)
 
     def _bootstrap_routes(self, app: web.Application) -> None:
         app.router.add_get("/peer/v1/checkpoints/{db}/{shard}", self._send_checkpoint)
         app.router.add_post("/peer/v1/bootstraps/{db}/{shard}", self._bootstrap)
 
-    def _replica_of(self, http: web.Request) -> ShardReplica | None:
+    def _replica_of(self, http: web.Request) -> tuple[Database, ShardReplica] | None:
+        replicated = self.databases.get(http.match_info["db"])
         try:
             shard = int(http.match_info["shard"])
         except ValueError:
             return None
-        if http.match_info["db"] != self.database.name or not 0 <= shard < len(self.replicas):
+        if replicated is None or not 0 <= shard < len(replicated.replicas):
             return None
-        return self.replicas[shard]
+        return replicated.database, replicated.replicas[shard]
 
     async def _send_checkpoint(self, http: web.Request) -> web.StreamResponse:
         """A checkpoint of one shard for a replica that bootstraps from it."""
-        replica = self._replica_of(http)
-        if replica is None:
+        found = self._replica_of(http)
+        if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
-        return await serve_checkpoint(http, self.database, replica.shard_id, replica.log,
+        database, replica = found
+        return await serve_checkpoint(http, database, replica.shard_id, replica.log,
                                       self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
 
     async def _bootstrap(self, http: web.Request) -> web.Response:
         """The shard's leader asks this site to bootstrap its replica from it."""
-        replica = self._replica_of(http)
-        if replica is None:
+        found = self._replica_of(http)
+        if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
+        _database, replica = found
         try:
             source = (await http.json())["from"]
             if not isinstance(source, str):
@@ -270,37 +339,47 @@ class SiteReplication:
                                       "message": error.message}, status=503)
         return web.json_response({"last": [last.epoch, last.offset]})
 
-    # -- database.Replication ---------------------------------------------------------
+    def serve(self, name: str, handler: PeerHandler) -> None:
+        """Serve `POST /peer/v1/broker/{name}` on the peer port with `handler` (the
+        broker's requests between sites, such as a session taken over elsewhere)."""
+        self._handlers[name] = handler
 
-    async def write(self, shard_id: int, messages: list[Message],
-                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes]) -> None:
-        await self.replicas[shard_id].write(messages, record_puts, record_deletes)
+    async def _broker_request(self, http: web.Request) -> web.StreamResponse:
+        handler = self._handlers.get(http.match_info["name"])
+        if handler is None:  # the broker has not started yet
+            return web.json_response({"error": "not_ready"}, status=503)
+        return await handler(http)
 
-    async def read_records(self, shard_id: int, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        return await self.replicas[shard_id].read_records(prefix)
+    async def call(self, site: str, name: str, body: dict[str, Any],
+                   within: float) -> dict[str, Any]:
+        """POST a broker request to `site`'s peer port; its JSON answer. PeerError
+        when the site is unknown, does not answer in time, or answers with an error."""
+        address = self.peers.get(site)
+        if address is None:
+            raise PeerError(f"no peer address known for site {site}")
+        return await self.client.call(address, name, body, within)
 
-    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
-        placement = self.replicas[shard_id].placement
-        return ((), "") if placement is None else (placement.replicas, placement.leader)
+    def peer_address(self, site: str) -> str | None:
+        return self.peers.get(site)
 
-    async def add_generation(self, shard_id: int) -> bool:
-        return await self.replicas[shard_id].add_generation()
-
-    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
-        return await self.replicas[shard_id].propose(entries.DropGeneration(generation_id))
+    async def database_closed(self, replicated: DatabaseReplication) -> None:
+        self._open.discard(replicated.database.name)
+        if not self._open:
+            await self._server.stop()
+            await self.feed.close()
+            await self.remote.close()
+            await self._session.close()
 
     async def close(self) -> None:
         """Stop serving the peer port, stop every replica's loops, close the logs."""
-        await self._server.stop()
         await self.feed.close()
         await self.remote.close()
-        for replica in self.replicas:
-            await replica.close()
-        await self._session.close()
-        loop = asyncio.get_running_loop()
-        for shard_log in self._logs:
-            await loop.run_in_executor(self._executor, shard_log.close)
-        self._logs = []
+        for replicated in list(self.databases.values()):
+            if replicated.database.name in self._open:
+                await replicated.close()
+        await self._server.stop()
+        if not self._session.closed:
+            await self._session.close()
 
 
 def _load_peers(data_dir: Path) -> dict[str, str]:

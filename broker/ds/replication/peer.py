@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from ...errors import CorruptDataError, StorageError
+from ..fence import FencedError
 from .leader import AppendRequest
 from .log import AppendResult, LogGapError, ShardLog, StaleEpochError
 from .wire import decode_request, decode_result, encode_request, encode_result
@@ -34,9 +35,13 @@ DEADLINE_HEADER = "X-Stratamq-Deadline"
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
 Barrier = Callable[[str, int], Awaitable[int]]
-# A consistent read of a shard's records (db, shard, key prefix), for a site that
-# holds no replica of the shard; a recoverable StorageError when this site cannot.
-ReadRecords = Callable[[str, int, bytes], Awaitable[list[tuple[bytes, bytes]]]]
+# A consistent read of a shard's records (db, shard, key prefix, at most this many
+# or all, after this key or from the first), for a site that holds no replica of the
+# shard; a recoverable StorageError when this site cannot.
+ReadRecords = Callable[[str, int, bytes, int | None, bytes | None],
+                       Awaitable[list[tuple[bytes, bytes]]]]
+# A request the broker serves on the peer port (a session taken over elsewhere).
+PeerHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class PeerError(StorageError):
@@ -59,8 +64,15 @@ class PeerServer:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._runner: web.AppRunner | None = None
         # more endpoints (checkpoints for bootstraps, reads of shards held here, the
-        # commit feed): each adds its routes to the app
+        # commit feed, the broker's requests between sites): each adds its routes
         self.extra_routes: list[Callable[[web.Application], None]] = []
+
+    def add_route(self, method: str, path: str, handler: PeerHandler) -> None:
+        """Serve another request on the peer port (before `start`)."""
+
+        def add(app: web.Application) -> None:
+            app.router.add_route(method, path, handler)
+        self.extra_routes.append(add)
 
     def lock(self, db: str, shard: int) -> asyncio.Lock:
         """Held while a shard log is written through this server; the site's own
@@ -131,6 +143,10 @@ class PeerServer:
             await self._submit(db, shard, await http.read())
         except CorruptDataError as error:
             return _error(400, "bad_request", str(error))
+        except FencedError as error:
+            return web.json_response({"error": "fenced", "message": error.message,
+                                      "keys": sorted(key.hex() for key in error.keys)},
+                                     status=409)
         except StorageError as error:
             # not the leader (any more), no majority in time: the sender may retry
             return _error(503 if error.recoverable else 500, type(error).__name__,
@@ -157,10 +173,14 @@ class PeerServer:
         try:
             shard = int(http.match_info["shard"])
             prefix = bytes.fromhex(http.query.get("prefix", ""))
+            limit = int(http.query["limit"]) if "limit" in http.query else None
+            after = bytes.fromhex(http.query["after"]) if "after" in http.query else None
         except ValueError:
-            return _error(400, "bad_request", "shard must be a number, prefix hex")
+            return _error(400, "bad_request", "shard and limit must be numbers, prefix and "
+                                              "after hex")
         try:
-            records = await self._read_records(http.match_info["db"], shard, prefix)
+            records = await self._read_records(http.match_info["db"], shard, prefix, limit,
+                                               after)
         except StorageError as error:
             return _error(503 if error.recoverable else 500, type(error).__name__,
                           error.message)
@@ -212,6 +232,10 @@ class PeerClient:
                                           timeout=aiohttp.ClientTimeout(total=within)
                                           ) as response:
                 reason = await response.read()
+                if response.status == 409:
+                    raise FencedError(f"the leader of {db}/{shard} at {address} refused a "
+                                      f"fenced write: {reason.decode('utf-8', 'replace')}",
+                                      _fenced_keys(reason))
                 if response.status != 200:
                     raise PeerError(f"the leader of {db}/{shard} at {address} did not "
                                     f"commit a forwarded write ({response.status}): "
@@ -222,12 +246,18 @@ class PeerClient:
 
 
     async def read_records(self, address: str, db: str, shard: int, prefix: bytes,
-                           within: float) -> list[tuple[bytes, bytes]]:
+                           within: float, limit: int | None = None,
+                           after: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """A consistent read of a shard's records at a site that holds a replica of
         it. PeerError (recoverable) when it does not answer with them."""
         url = f"http://{address}/peer/v1/dbs/{db}/{shard}/records"
+        params = {"prefix": prefix.hex()}
+        if limit is not None:
+            params["limit"] = str(limit)
+        if after is not None:
+            params["after"] = after.hex()
         try:
-            async with self._session.get(url, params={"prefix": prefix.hex()},
+            async with self._session.get(url, params=params,
                                          timeout=aiohttp.ClientTimeout(total=within)
                                          ) as response:
                 body = await response.read()
@@ -242,6 +272,28 @@ class PeerClient:
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise PeerError(f"{address} answered a read of records of {db}/{shard} with "
                             f"{body[:200]!r}") from error
+
+    async def call(self, address: str, name: str, body: dict[str, object],
+                   within: float) -> dict[str, object]:
+        """POST a broker request (`/peer/v1/broker/{name}`) to the site at `address`;
+        its JSON answer. PeerError (recoverable) when it does not answer with one."""
+        url = f"http://{address}/peer/v1/broker/{name}"
+        try:
+            async with self._session.post(url, json=body,
+                                          timeout=aiohttp.ClientTimeout(total=within)
+                                          ) as response:
+                answer = await response.read()
+                if response.status != 200:
+                    raise PeerError(f"{address} refused {name} ({response.status}): "
+                                    f"{answer.decode('utf-8', 'replace')}")
+                found = json.loads(answer)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"{address} did not answer {name}: {error!r}") from error
+        except ValueError as error:
+            raise PeerError(f"{address} answered {name} with {answer[:200]!r}") from error
+        if not isinstance(found, dict):
+            raise PeerError(f"{address} answered {name} with {found!r}")
+        return found
 
     async def barrier(self, address: str, db: str, shard: int, within: float) -> int:
         """Ask the shard's leader at `address` for the offset a read barrier waits
@@ -266,6 +318,13 @@ class PeerClient:
             raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
                             f"barrier with offset {offset!r}")
         return offset
+
+
+def _fenced_keys(body: bytes) -> frozenset[bytes]:
+    try:
+        return frozenset(bytes.fromhex(key) for key in json.loads(body)["keys"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise PeerError(f"a refused fenced write answered with {body[:200]!r}") from error
 
 
 def _deadline(http: web.Request) -> float:

@@ -28,6 +28,7 @@ from ...errors import StorageError, StorageTimeoutError
 from .. import metrics
 from ..cooked import CookedBatch
 from ..database import Database
+from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
 from . import entries
@@ -58,6 +59,8 @@ APPLY_BATCH = 100
 # A log is trimmed once this many entries may go, at most TRIM_BATCH per delete.
 TRIM_STEP = 100
 TRIM_BATCH = 10_000
+# A scan's limit when the caller gives none (Shard.scan_records' own).
+SCAN_ALL = 1_000_000
 
 
 class NotLeaderError(StorageError):
@@ -273,23 +276,38 @@ class ShardReplica:
     # -- writing ------------------------------------------------------------------
 
     async def write(self, messages: list[Message], record_puts: list[tuple[bytes, bytes]],
-                    record_deletes: list[bytes]) -> None:
+                    record_deletes: list[bytes], fences: list[Fence] | None = None) -> None:
         """Commit one flush of the shard's write buffer: as its leader, or at the
         leader. Raises a recoverable StorageError when that does not happen within
         `write_timeout` (the writers are then not acknowledged)."""
         deadline = time.monotonic() + self._settings.write_timeout
         while True:
             placement = self.placement
-            if self.leadership is not None:
-                await self._write_as_leader(messages, record_puts, record_deletes, deadline)
-                return
-            if placement is not None and placement.leader != self._settings.site \
-                    and placement.leader in self.peers:
-                await self._forward(placement.leader, messages, record_puts, record_deletes,
-                                    deadline)
-                return
-            # no leader known yet (or this site is about to lead): wait for a placement
             changed = self._placement_changed
+            try:
+                if self.leadership is not None:
+                    await self._write_as_leader(messages, record_puts, record_deletes,
+                                                deadline, fences or [])
+                    return
+                if placement is not None and placement.leader != self._settings.site \
+                        and placement.leader in self.peers:
+                    await self._forward(placement.leader, messages, record_puts,
+                                        record_deletes, deadline, fences or [])
+                    return
+            except (PeerError, NotLeaderError) as exc:
+                # Records alone (a key-value database's puts and deletes) are written
+                # again as they are: a second write of one that did commit changes
+                # nothing (a fenced one is checked again). Messages are not: their
+                # writers resend them, so that a QoS 2 one is recognised.
+                if messages or self._remaining(deadline) <= 0:
+                    raise
+                log.info("%s: a write of records goes to the shard's next leader: %s",
+                         self._label, exc.message)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(),
+                                           min(RETRY_INTERVAL, self._remaining(deadline)))
+                continue
+            # no leader known yet (or this site is about to lead): wait for a placement
             try:
                 await asyncio.wait_for(changed.wait(), self._remaining(deadline))
             except TimeoutError:
@@ -298,11 +316,16 @@ class ShardReplica:
 
     async def _write_as_leader(self, messages: list[Message],
                                record_puts: list[tuple[bytes, bytes]],
-                               record_deletes: list[bytes], deadline: float) -> None:
+                               record_deletes: list[bytes], deadline: float,
+                               fences: list[Fence]) -> None:
         async with self._append_lock:
             # cook against the applied state: this site's earlier entries first
             await self._wait_applied(max(self._last_own, self._ready_at or 0), deadline)
             shard = self.database.shards[self.shard_id]
+            if fences:
+                # the applied state is current here (one write in flight): a fence that
+                # holds now holds when the entry applies
+                record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
             cooked = shard.prepare(messages, record_puts, record_deletes)
             try:
                 offset = await self._append(entries.encode_batch(cooked.to_bytes()))
@@ -365,19 +388,20 @@ class ShardReplica:
 
     async def _forward(self, leader: str, messages: list[Message],
                        record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
-                       deadline: float) -> None:
-        body = encode_submit(messages, record_puts, record_deletes)
+                       deadline: float, fences: list[Fence]) -> None:
+        body = encode_submit(messages, record_puts, record_deletes, fences)
         await self._client.submit(self.peers[leader], self.database.name, self.shard_id, body,
                                   self._remaining(deadline))
 
     async def submit_forwarded(self, messages: list[Message],
                                record_puts: list[tuple[bytes, bytes]],
-                               record_deletes: list[bytes]) -> None:
+                               record_deletes: list[bytes],
+                               fences: list[Fence] | None = None) -> None:
         """A write another site forwarded to this site as the shard's leader."""
         if self.leadership is None:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
         done = self.database.submit_to_shard(self.shard_id, messages, record_puts,
-                                             record_deletes)
+                                             record_deletes, fences)
         await done
 
     # -- reading ------------------------------------------------------------------
@@ -431,15 +455,21 @@ class ShardReplica:
                 f"{self._label}: a read barrier: this replica did not apply up to offset "
                 f"{target} within {self._settings.write_timeout}s") from None
 
-    async def read_records(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        """The shard's records under `prefix`, every committed write included: read
-        here past a read barrier when this site holds a replica, else at the leader
-        (this site's copy of a shard it does not replicate is not kept up)."""
+    async def read_records(self, prefix: bytes, limit: int | None = None,
+                           after: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The shard's records under `prefix` (the first `limit` after `after`), every
+        committed write included: read here past a read barrier when this site holds
+        a replica, else at the leader (this site's copy of a shard it does not
+        replicate is not kept up)."""
         placement = self.placement
         if self.leadership is not None or (
                 placement is not None and self._settings.site in placement.replicas):
             await self.read_barrier()
-            return await self._run(self.database.shards[self.shard_id].scan_records, prefix)
+            shard = self.database.shards[self.shard_id]
+            if limit is None and after is None:
+                return await self._run(shard.scan_records, prefix)
+            return await self._run(shard.scan_records, prefix,
+                                   SCAN_ALL if limit is None else limit, after)
         deadline = time.monotonic() + self._settings.write_timeout
         while True:
             placement = self.placement
@@ -448,7 +478,7 @@ class ShardReplica:
                 try:
                     return await self._client.read_records(
                         self.peers[placement.leader], self.database.name, self.shard_id,
-                        prefix, max(0.001, self._remaining(deadline)))
+                        prefix, max(0.001, self._remaining(deadline)), limit, after)
                 except PeerError as exc:
                     log.debug("%s: reading records at the leader: %s", self._label,
                               exc.message)
@@ -459,14 +489,15 @@ class ShardReplica:
                 await asyncio.wait_for(changed.wait(),
                                        min(RETRY_INTERVAL, self._remaining(deadline)))
 
-    async def read_records_for_peer(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    async def read_records_for_peer(self, prefix: bytes, limit: int | None = None,
+                                    after: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """`read_records` asked by a site that holds no replica: only a replica
         answers (no request goes on from here)."""
         placement = self.placement
         if self.leadership is None and (placement is None
                                         or self._settings.site not in placement.replicas):
             raise NotLeaderError(f"{self._label}: this site holds no replica of the shard")
-        return await self.read_records(prefix)
+        return await self.read_records(prefix, limit, after)
 
     def _remaining(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 
 from ...errors import CorruptDataError
+from ..fence import Fence
 from ..message import Message, decode_message, encode_message
 from ..rocks import blob, read_blob
 from .leader import AppendRequest
@@ -64,21 +65,29 @@ def decode_result(raw: bytes) -> AppendResult:
 
 # version, messages, record puts, record deletes
 _SUBMIT = struct.Struct(">BIII")
+# after the records: the number of fences, then each: key (a blob), epoch, claim,
+# owner (a blob)
+_FENCES = struct.Struct(">I")
+_FENCE = struct.Struct(">QB")
 
 
 def encode_submit(messages: list[Message], record_puts: list[tuple[bytes, bytes]],
-                  record_deletes: list[bytes]) -> bytes:
+                  record_deletes: list[bytes], fences: list[Fence] | None = None) -> bytes:
     """A write forwarded to a shard's leader: messages and the records to write with
-    them in one batch."""
+    them in one batch, and the fences of its fenced writes."""
     parts = [_SUBMIT.pack(VERSION, len(messages), len(record_puts), len(record_deletes))]
     parts += (blob(encode_message(message)) for message in messages)
     for key, value in record_puts:
         parts += (blob(key), blob(value))
     parts += (blob(key) for key in record_deletes)
+    parts.append(_FENCES.pack(len(fences or [])))
+    for fence in fences or []:
+        parts += (blob(fence.key), _FENCE.pack(fence.epoch, fence.claim), blob(fence.owner))
     return b"".join(parts)
 
 
-def decode_submit(raw: bytes) -> tuple[list[Message], list[tuple[bytes, bytes]], list[bytes]]:
+def decode_submit(raw: bytes) -> tuple[list[Message], list[tuple[bytes, bytes]], list[bytes],
+                                       list[Fence]]:
     try:
         version, n_messages, n_puts, n_deletes = _SUBMIT.unpack_from(raw)
         _check_version(version)
@@ -96,11 +105,19 @@ def decode_submit(raw: bytes) -> tuple[list[Message], list[tuple[bytes, bytes]],
         for _ in range(n_deletes):
             key, pos = read_blob(raw, pos)
             deletes.append(key)
+        (n_fences,) = _FENCES.unpack_from(raw, pos)
+        pos += _FENCES.size
+        fences = []
+        for _ in range(n_fences):
+            fence_of, pos = read_blob(raw, pos)
+            epoch, claim = _FENCE.unpack_from(raw, pos)
+            owner, pos = read_blob(raw, pos + _FENCE.size)
+            fences.append(Fence(fence_of, epoch, bool(claim), owner))
         if pos != len(raw):
             raise ValueError("trailing bytes")
     except (struct.error, ValueError) as exc:
         raise CorruptDataError(f"forwarded write does not decode: {exc}") from exc
-    return messages, puts, deletes
+    return messages, puts, deletes, fences
 
 
 def _check_version(version: int) -> None:

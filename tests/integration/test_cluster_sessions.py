@@ -1,0 +1,297 @@
+"""Sessions and retained messages across the sites of a cluster (issue 7): a durable
+session moves to another site and resumes there as it would on one site; a client id
+taken over on another site closes the old connection with 0x8E (Session taken over)
+and the old owner's late writes are refused; a session stays whole when the leader
+of its `sessions` shard is killed while it moves; retained messages set on one site
+are read (and deleted) on the others. Real site and controller processes
+(tests/support/cluster.py), paho clients, the history checker where messages flow."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.support.clients import PahoClient, unique
+from tests.support.cluster import Cluster, poll
+from tests.support.history import History, Message
+from tests.support.recorder import (
+    SESSION_EXPIRY,
+    RecordingPublisher,
+    RecordingSubscriber,
+    stop_and_drain,
+    wait_until,
+)
+
+N_SHARDS = 4
+WAIT = 60.0  # generous: four processes share two cores with other tests
+SESSION_TAKEN_OVER = 0x8E
+
+
+def shard_of(client_id: str) -> int:
+    """The shard of a client id (the broker's `ds.shard_of`)."""
+    return zlib.crc32(client_id.encode()) % N_SHARDS
+
+
+def client_id_where(prefix: str, condition: Callable[[int], bool]) -> str:
+    """A fresh client id whose shard satisfies `condition(shard)`."""
+    for _ in range(10_000):
+        candidate = unique(prefix)
+        if condition(shard_of(candidate)):
+            return candidate
+    raise AssertionError(f"no client id for {prefix} found")
+
+
+@pytest.fixture(params=[3, 1], ids=["rf3", "rf1"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    running = Cluster(tmp_path, sites=3, n_shards=N_SHARDS,
+                      replication_factor=request.param)
+    try:
+        running.start(timeout=WAIT)
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture
+def cluster_rf3(tmp_path: Path) -> Iterator[Cluster]:
+    running = Cluster(tmp_path, sites=3, n_shards=N_SHARDS, replication_factor=3)
+    try:
+        running.start(timeout=WAIT)
+        yield running
+    finally:
+        running.close()
+
+
+def move(subscriber: RecordingSubscriber, cluster: Cluster, index: int) -> None:
+    """Connect the same paho client (its session state kept: clean start false) to
+    site `index`."""
+    site = cluster.sites[index]
+    subscriber.client.connect_async(site.host, site.port, keepalive=10, clean_start=False,
+                                    properties=subscriber_properties())
+    subscriber.client.loop_start()
+
+
+def subscriber_properties() -> Properties:
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.SessionExpiryInterval = SESSION_EXPIRY
+    return properties
+
+
+def leave(subscriber: RecordingSubscriber) -> None:
+    subscriber.client.disconnect()
+    subscriber.client.loop_stop()
+
+
+def all_delivered(history: History) -> bool:
+    return not any(history.missing().values())
+
+
+def test_a_durable_session_moves_to_another_site(cluster: Cluster) -> None:
+    """Subscribed on site 0, disconnected, messages published on site 1, resumed on
+    site 2 (clean start false): every acknowledged message arrives, QoS 2 once, in
+    order. With replication factor 1 the session's `sessions` shard lives on site 1
+    (so both sites read and write it remotely) and the publisher's messages shard on
+    site 2 (a site replays streams it holds: remote stream reads are not built)."""
+    rf1 = len(cluster.replicas()[0]) == 1
+    sessions_on = cluster.replicas("sessions")
+    messages_on = cluster.replicas()
+    name = client_id_where("mover", lambda shard: not rf1 or sessions_on[shard] == [1])
+    publisher_id = client_id_where("pub", lambda shard: not rf1 or messages_on[shard] == [2])
+    history = History()
+    prefix = unique("move")
+    site0, site1 = cluster.sites[0], cluster.sites[1]
+    subscriber = RecordingSubscriber(history, name, site0.host, site0.port, f"{prefix}/#")
+    publishers: list[RecordingPublisher] = []
+    try:
+        subscriber.start()
+        assert subscriber.subscribed.wait(WAIT), "no SUBACK on site 0"
+        if not rf1:  # live on site 0 first: its positions move with the session
+            live = RecordingPublisher(history, unique("pub-live"), site1.host, site1.port,
+                                      [f"{prefix}/live"])
+            publishers.append(live)
+            live.start()
+            assert wait_until(lambda: len(history.acknowledged_messages()) >= 40, WAIT)
+            assert stop_and_drain([live], WAIT)
+            assert wait_until(lambda: all_delivered(history), WAIT), history.summary()
+        leave(subscriber)
+
+        offline = RecordingPublisher(history, publisher_id, site1.host, site1.port,
+                                     [f"{prefix}/a", f"{prefix}/b"])
+        publishers.append(offline)
+        offline.start()
+        assert wait_until(lambda: len(offline_acked(history, publisher_id)) >= 60, WAIT)
+        assert stop_and_drain([offline], WAIT)
+
+        move(subscriber, cluster, 2)
+        assert wait_until(lambda: all_delivered(history), WAIT), (
+            f"{history.summary()}\n{cluster.logs()}")
+        assert subscriber.connects == 2
+        time.sleep(1.0)  # room for a duplicate to show up (the check counts them)
+        history.check()
+        print(f"\nmoved {name} from site 0 to site 2: {history.summary()}")
+    finally:
+        for publisher in publishers:
+            publisher.close()
+        subscriber.close()
+
+
+def offline_acked(history: History, publisher: str) -> list[Message]:
+    return [m for m in history.acknowledged_messages() if m.publisher == publisher]
+
+
+def test_a_client_id_taken_over_on_another_site(cluster_rf3: Cluster) -> None:
+    """Connected on site 0, then on site 1: site 0 closes the first connection with
+    0x8E. Then, with site 0 frozen (SIGSTOP) so that it hears nothing of a second
+    takeover, the client id moves on to site 2 behind its back; thawed, site 0's
+    connection writes the session (a SUBSCRIBE) with its old owner epoch: the
+    `sessions` shard's leader refuses it, site 0 drops its copy and closes that
+    connection with 0x8E too, and the session site 2 holds never has that
+    subscription."""
+    cluster = cluster_rf3
+    sessions_leaders = cluster.leaders("sessions")
+    messages_leaders = cluster.leaders()
+    # the client's shards led by site 1 or 2, so a frozen site 0 holds no write up
+    name = client_id_where("owned", lambda shard: sessions_leaders[shard] != 0
+                           and messages_leaders[shard] != 0)
+    site0, site1, site2 = cluster.sites
+    expiry = subscriber_properties()
+    first = PahoClient(site0.port, name, host=site0.host)
+    second = PahoClient(site1.port, name, host=site1.host)
+    third = PahoClient(site2.port, name, host=site2.host)
+    again = PahoClient(site0.port, name, host=site0.host)
+    topic = unique("owned")
+    try:
+        assert first.connect(clean_start=False, properties=expiry).reason_code == 0
+        assert first.subscribe(f"{topic}/kept", qos=1) == [1]
+        assert second.connect(clean_start=False, properties=expiry) \
+            .session_present is True
+        assert first.wait_disconnected(WAIT) == SESSION_TAKEN_OVER
+
+        # site 1 -> site 0 once more, then site 0 frozen while site 2 takes it over
+        assert again.connect(clean_start=False, properties=expiry).session_present is True
+        assert second.wait_disconnected(WAIT) == SESSION_TAKEN_OVER
+        assert site0.alive()
+        os.kill(site0.pid, signal.SIGSTOP)
+        try:
+            # the release request to site 0 times out (cluster.write_timeout); the
+            # claim goes ahead on the shard's leader
+            third.client.connect(site2.host, site2.port, clean_start=False,
+                                 properties=expiry)
+            third.client.loop_start()
+            connack = third.connacks.get(timeout=WAIT)
+            assert connack.reason_code == 0 and connack.session_present
+        finally:
+            os.kill(site0.pid, signal.SIGCONT)
+        # site 0 still believes it owns the session: its write is refused
+        again.client.subscribe(f"{topic}/late", qos=1)
+        assert again.wait_disconnected(WAIT) == SESSION_TAKEN_OVER
+        assert poll(lambda: "taken over by another site" in site0.log(), WAIT)
+
+        # what site 2 holds: the subscription made on site 0 before, not the late one
+        assert third.publish(f"{topic}/kept", b"kept", qos=1) == 0
+        assert third.publish(f"{topic}/late", b"late", qos=1) == 0
+        got = third.expect(1, timeout=WAIT)
+        assert [(m.topic, m.payload) for m in got] == [(f"{topic}/kept", b"kept")]
+        third.quiet()
+    finally:
+        for client in (first, second, third, again):
+            client.stop()
+
+
+def test_a_session_stays_whole_when_its_shard_leader_is_killed_as_it_moves(
+        cluster_rf3: Cluster) -> None:
+    """The `sessions` shard of a durable session is led by site 1; the session moves
+    from site 0 to site 2 and site 1 is killed with -9 right as it does (its client
+    retries until the shard has a new leader), then started again. Every message
+    acknowledged while the session was away arrives, QoS 2 once, in order."""
+    cluster = cluster_rf3
+    leaders = cluster.leaders("sessions")
+    name = client_id_where("whole", lambda shard: leaders[shard] == 1)
+    history = History()
+    prefix = unique("whole")
+    site0 = cluster.sites[0]
+    subscriber = RecordingSubscriber(history, name, site0.host, site0.port, f"{prefix}/#")
+    publisher = RecordingPublisher(history, unique("pub"), site0.host, site0.port,
+                                   [f"{prefix}/a", f"{prefix}/b"])
+    try:
+        subscriber.start()
+        assert subscriber.subscribed.wait(WAIT)
+        publisher.start()
+        assert wait_until(lambda: len(history.acknowledged_messages()) >= 30, WAIT)
+        leave(subscriber)
+        assert wait_until(lambda: len(history.acknowledged_messages()) >= 80, WAIT)
+        assert stop_and_drain([publisher], WAIT)
+
+        move(subscriber, cluster, 2)
+        assert cluster.sites[1].alive()
+        os.kill(cluster.sites[1].pid, signal.SIGKILL)
+        assert wait_until(lambda: all_delivered(history), WAIT), (
+            f"{history.summary()}\n{cluster.logs()}")
+        cluster.restart(1)
+        assert cluster.wait_ready(WAIT)
+        time.sleep(1.0)  # room for a duplicate to show up
+        history.check()
+        print(f"\n{name} moved while its shard's leader died: {history.summary()}")
+    finally:
+        publisher.close()
+        subscriber.close()
+
+
+def test_retained_messages_are_cluster_wide(tmp_path: Path) -> None:
+    """Replication factor 1: each `retained` shard lives on one site, so most reads
+    are of shards held elsewhere. Set on site 0, read on sites 1 and 2 (by topic name
+    and by wildcard); deleted on site 1, gone everywhere."""
+    cluster = Cluster(tmp_path, sites=3, n_shards=N_SHARDS, replication_factor=1)
+    clients: list[PahoClient] = []
+    try:
+        cluster.start(timeout=WAIT)
+        assert {site for sites in cluster.replicas("retained").values()
+                for site in sites} == {0, 1, 2} or N_SHARDS < 3
+        prefix = unique("kept")
+        topics = [f"{prefix}/{number}" for number in range(12)]
+        setter = PahoClient(cluster.sites[0].port, unique("setter"),
+                            host=cluster.sites[0].host)
+        clients.append(setter)
+        assert setter.connect().reason_code == 0
+        for topic in topics:
+            assert setter.publish(topic, topic.encode(), qos=1, retain=True) == 0
+
+        def retained_on(index: int, topic_filter: str, count: int) -> set[bytes]:
+            reader = PahoClient(cluster.sites[index].port, unique("reader"),
+                                host=cluster.sites[index].host)
+            clients.append(reader)
+            assert reader.connect().reason_code == 0
+            assert reader.subscribe(topic_filter, qos=1) == [1]
+            got = {bytes(m.payload) for m in reader.expect(count, timeout=WAIT)}
+            reader.quiet()
+            reader.stop()
+            return got
+
+        for index in (1, 2):
+            assert retained_on(index, f"{prefix}/#", len(topics)) == \
+                {topic.encode() for topic in topics}
+            assert retained_on(index, topics[3], 1) == {topics[3].encode()}
+            assert retained_on(index, f"{prefix}/+", len(topics)) == \
+                {topic.encode() for topic in topics}
+
+        deleter = PahoClient(cluster.sites[1].port, unique("deleter"),
+                             host=cluster.sites[1].host)
+        clients.append(deleter)
+        assert deleter.connect().reason_code == 0
+        assert deleter.publish(topics[0], b"", qos=1, retain=True) == 0
+        for index in (0, 2):
+            assert retained_on(index, f"{prefix}/#", len(topics) - 1) == \
+                {topic.encode() for topic in topics[1:]}
+            assert retained_on(index, topics[0], 0) == set()
+    finally:
+        for client in clients:
+            client.stop()
+        cluster.close()
