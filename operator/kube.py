@@ -60,6 +60,30 @@ def apply(manifest: Manifest) -> None:
                                 field_manager=FIELD_MANAGER, force_conflicts=True)
 
 
+def create(manifest: Manifest) -> bool:
+    """Create the object unless one of its name exists; True when made now."""
+    resource = dynamic().resources.get(api_version=manifest["apiVersion"],
+                                       kind=manifest["kind"])
+    try:
+        dynamic().create(resource, body=manifest, namespace=manifest["metadata"]["namespace"])
+    except ConflictError:
+        return False
+    return True
+
+
+def scale_stateful_set(namespace: str, name: str, replicas: int) -> bool:
+    """Set the StatefulSet's replicas, unless it has that many or is missing; True
+    when changed."""
+    found = get("apps/v1", "StatefulSet", namespace, name)
+    if found is None or found["spec"].get("replicas") == replicas:
+        return False
+    resource = dynamic().resources.get(api_version="apps/v1", kind="StatefulSet")
+    dynamic().patch(resource, name=name, namespace=namespace,
+                    body={"spec": {"replicas": replicas}},
+                    content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+    return True
+
+
 def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     resource = dynamic().resources.get(api_version=api_version, kind=kind)
     try:

@@ -33,8 +33,9 @@ TIMEOUT = 180.0
 REAPPLY_INTERVAL = 5.0
 SPEC: dict[str, Any] = {
     "sites": 3,
-    # Few shards start faster; replication is not built, so one copy per site.
-    "messages": {"nShards": 2, "replicationFactor": 1},
+    # Few shards start faster; three copies of each, so every site holds every shard
+    # (a site holding no replica of a shard does not get its live feed yet).
+    "messages": {"nShards": 2, "replicationFactor": 3},
     "storage": {"size": "1Gi"},
 }
 OWNED = [("configmap", f"{NAME}-config"), ("service", NAME), ("service", f"{NAME}-peers"),
@@ -192,7 +193,14 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     assert conditions["Ready"]["status"] == "True"
     assert conditions["Degraded"]["status"] == "False"
     assert (conditions["Rebalancing"]["status"], conditions["Rebalancing"]["reason"]) == (
-        "False", "ReplicationNotBuilt")
+        "False", "Balanced")
+    # The operator is the controller: every shard placed on the three sites, led.
+    [messages] = status["databases"]
+    assert messages["name"] == "messages" and messages["underReplicatedShards"] == 0
+    assert [shard["shard"] for shard in messages["shards"]] == [0, 1]
+    ids = {site["id"] for site in status["sites"]}
+    for shard in messages["shards"]:
+        assert set(shard["replicas"]) == ids and shard["leader"] in ids
     # The scale subresource's status side and the printer columns.
     assert status["replicas"] == 3
     assert status["selector"] == ("app.kubernetes.io/name=stratamq,"
