@@ -202,6 +202,12 @@ class StorageController:
         self.urls: dict[str, str] = {}  # site -> admin URL (the pod's IP: it changes)
         self.leader_changes = 0
         self.notes: tuple[str, ...] = ()
+        # The pods below spec.sites are not (all) known sites yet, so the goal may
+        # still change: counted as rebalancing, so that no status says Ready between
+        # a scale and its plan.
+        self.goal_unsettled = False
+        self._unsettled = False
+        self._publish_lock = threading.Lock()
         self._saved = dict(document)
         self._pushed_peers: dict[str, str] | None = None
         self._phases: dict[str, str] = {}
@@ -251,8 +257,10 @@ class StorageController:
                                      {"controller": document}):
                 return  # the storage is gone
             self._saved = document
-        self.sites, self.pods, self.urls = sites, site_pods, urls
-        self.state, self.notes = decision.state, decision.notes
+        with self._publish_lock:  # what view() reads, all of one round
+            self.sites, self.pods, self.urls = sites, site_pods, urls
+            self.state, self.notes = decision.state, decision.notes
+            self.goal_unsettled = self._unsettled
         if decision.state.placement != before:
             self.leader_changes += leader_changes(before, decision.state.placement)
         self._push(token)
@@ -283,7 +291,9 @@ class StorageController:
         wanted_pods = {f"{self.owner.name}-{number}" for number in range(int(spec.get(
             "sites", 3)))}
         by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
-        if not wanted_pods <= set(by_pod):
+        unsettled = not wanted_pods <= set(by_pod)
+        self._unsettled = unsettled
+        if unsettled:
             return state
         goal = tuple(sorted(by_pod[pod] for pod in wanted_pods))
         placed = set(state.placement.databases())
@@ -400,7 +410,9 @@ class StorageController:
         return keep
 
     def view(self) -> ReplicationView:
-        state, sites, now = self.state, self.sites, time.monotonic()
+        with self._publish_lock:
+            state, sites, unsettled = self.state, self.sites, self.goal_unsettled
+        now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
         remaining: tuple[Transition, ...] = ()
@@ -428,7 +440,7 @@ class StorageController:
         return ReplicationView(
             placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
             under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
-            rebalancing=state.plan is not None)
+            rebalancing=state.plan is not None or unsettled)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.state, dict(self.sites), self.leader_changes)
