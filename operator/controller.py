@@ -224,7 +224,7 @@ class StorageController:
             self._round(spec, pods, token)
 
     def _round(self, spec: Mapping[str, Any], pods: list[kube.PodView], token: str) -> None:
-        self.settings = replace(self.settings, expected_sites=int(spec.get("sites", 3)))
+        self.settings = settings_of(spec, self.settings.heartbeat_interval)
         port = admin_port(dict(spec))
         reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods
                    if pod.ip and not pod.terminating]
@@ -398,7 +398,8 @@ class StorageController:
         """Pods the StatefulSet must keep: spec.sites, and more while a pod above
         holds replicas (now or in the pending plan's target): the highest ordinals go
         last, once their replicas have moved."""
-        state, site_pods = self.state, self.pods
+        with self._publish_lock:
+            state, site_pods = self.state, self.pods
         held = set(state.placement.sites())
         if state.plan is not None:
             held |= state.plan.target.sites()

@@ -25,11 +25,13 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.ds.database import shard_of
 from tests.support.history import History
@@ -210,6 +212,26 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     # Every site took the placement (its peers' addresses: the Pod IPs).
     for site in kept["sites"]:
         assert site["peer"] == f"{node.container(NAMESPACE, site['pod']).ip}:18084"
+    # The local controller's metrics, per storage, on the operator's /metrics.
+    version = json.loads(kept["placement"])["version"]
+    expected = {("stratamq_cluster_sites", (("state", "up"),)): 3.0,
+                ("stratamq_cluster_transitions_pending", ()): 0.0,
+                ("stratamq_cluster_under_replicated_shards", (("db", "messages"),)): 0.0,
+                ("stratamq_cluster_placement_version", ()): float(version)}
+
+    def exported() -> bool:
+        url = f"http://127.0.0.1:{operators.current.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        found = {(sample.name, tuple(sorted((key, value) for key, value in
+                                            sample.labels.items()
+                                            if key not in ("name", "namespace")))):
+                 sample.value
+                 for family in text_string_to_metric_families(text) for sample in family.samples
+                 if sample.labels.get("name") == NAME
+                 and sample.labels.get("namespace") == NAMESPACE}
+        return all(found.get(key) == value for key, value in expected.items())
+    wait_for("the controller's metrics", exported, timeout=30)
 
 
 def test_scale_up_moves_replicas_onto_the_new_sites(
