@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/stratamq.yaml
 
-.PHONY: install kube-bin run test lint bench typecheck-tree clean
+.PHONY: install kube-bin run test lint bench typecheck-tree clean kind-e2e
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ run: $(STAMP)
 
 test: $(STAMP) kube-bin
 	$(BIN)/python -m pytest
+
+# The operator's replication scenario on a kind cluster (needs Docker, kind, kubectl,
+# helm; cannot run on the machines this project is built on): tools/kind/e2e.sh.
+kind-e2e:
+	tools/kind/e2e.sh
 
 # mypy does not run import hooks, so it cannot see the editable install's
 # `stratamq.broker -> broker/` mapping; a tree of symlinks gives it the same view.

@@ -35,9 +35,19 @@ DATA_DIR = DATA_MOUNT.lstrip("/") + "/data"
 
 # Spec sections that carry broker config keys one for one.
 _PLAIN_SECTIONS = {"durableSessions": "durable_sessions", "mqtt": "mqtt"}
-# Spec keys of `messages` that the broker config does not have (yet): replication is
-# another issue, so each site is an independent copy today.
+# Spec keys of `messages` that the broker config does not have: the replication factor
+# is the operator's (the controller places the replicas), not a site's.
 _MESSAGES_NOT_IN_CONFIG = {"replicationFactor"}
+# The peer port (log shipping between replicas, writes forwarded to leaders).
+PEER_PORT = 18084
+# Where a site tells the others (through the operator's peers map) to reach its peer
+# port: the Pod IP, from the downward API, expanded by the kubelet in the env value.
+# Not the headless Service's DNS name: that resolves only once the pod's record is
+# published and cached resolvers agree, and where no cluster DNS runs (the test node)
+# not at all; the operator learns each site's address from its heartbeat every round
+# and pushes the peers map again when a pod comes back with another IP.
+POD_IP_ENV = "POD_IP"
+ADVERTISE_ENV = "STRATAMQ__CLUSTER__ADVERTISE"
 
 
 def snake(name: str) -> str:
@@ -124,6 +134,9 @@ def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
     if access:
         config["access_control"] = access
     config["admin"] = {"enable": True, "bind": _bind(admin_port(spec))}
+    # The advertised address comes from the environment (ADVERTISE_ENV): the Pod IP is
+    # not known when the ConfigMap is made.
+    config["cluster"] = {"enable": True, "peer_bind": _bind(PEER_PORT)}
     return config
 
 

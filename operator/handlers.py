@@ -5,6 +5,9 @@ and everything they call (the `kubernetes` client, the sites' admin API) blocks.
 
 - create / update of the spec / resume (at operator start): apply the objects, then
   refresh the status;
+- a timer per storage runs the replication controller's rounds (controller.py): the
+  operator IS the controller, placing shards, failing over, running plans, and
+  shrinking the StatefulSet once the departing pods hold no replica;
 - a timer: refresh the status (pods come and go and become ready without any change
   to the DurableStorage itself); another re-applies the objects now and then, which
   repairs drift;
@@ -24,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from prometheus_client import REGISTRY
 
-from . import kube, metrics, spark
+from . import controller, kube, metrics, spark
 from .config import admin_port, config_problems
 from .resources import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION, Owner, desired_objects
 from .sites import SiteUnreachableError, site_id
@@ -36,6 +40,9 @@ log = logging.getLogger(__name__)
 # Seconds between status refreshes; pods becoming ready show up within this.
 STATUS_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_STATUS_INTERVAL", "10"))
 METRICS_BIND = os.environ.get("STRATAMQ_OPERATOR_METRICS_BIND", "0.0.0.0:8081")
+# Seconds between the controller's rounds (its heartbeat probe of every site); a site
+# that misses three in a row is taken for gone and its shards fail over.
+HEARTBEAT_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL", "2"))
 # Seconds between re-applying every object, which repairs drift (an object deleted or
 # edited by hand) without waiting for the next change of the spec.
 REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
@@ -45,6 +52,7 @@ REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "3
 # older body must not write an older observedGeneration over a newer one.
 _applied: dict[str, int] = {}
 _applied_lock = threading.Lock()
+_collector_registered = threading.Event()
 
 
 def applied_generation(uid: str, status: dict[str, Any]) -> int:
@@ -78,6 +86,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # not given a --priority draws its own.
     if settings.peering.priority == 0:
         settings.peering.priority = random.randint(1, 2**31 - 1)
+    if not _collector_registered.is_set():
+        REGISTRY.register(controller.OperatorCollector())
+        _collector_registered.set()
     metrics.serve(METRICS_BIND)
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
              settings.peering.priority)
@@ -85,12 +96,20 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 # --- reconcile --------------------------------------------------------------------------
 
+def kept_pods(owner: Owner, spec: dict[str, Any]) -> int:
+    """spec.sites, or more while the pods above still hold replicas."""
+    found = controller.controller_of(owner, spec, HEARTBEAT_INTERVAL)
+    sites = int(spec.get("sites", 3))
+    return sites if found is None else found.kept_pods(sites)
+
+
 def apply_objects(owner: Owner, spec: dict[str, Any]) -> None:
     """Make or update every object of the storage; idempotent."""
     if kube.ensure_admin_secret(owner):
         log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
     monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
-    for manifest in desired_objects(owner, spec, service_monitors=monitors):
+    for manifest in desired_objects(owner, spec, service_monitors=monitors,
+                                    replicas=kept_pods(owner, spec)):
         if manifest["kind"] == "StatefulSet":
             existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
             if existing is not None:
@@ -204,10 +223,14 @@ def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> d
 def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[str, Any],
             body: kopf.Body, patch: kopf.Patch) -> None:
     pods = kube.site_pods(owner)
+    running = controller.existing_controller(owner.uid)
+    sites = int(spec.get("sites", 3))
     observed = Observed(
-        name=owner.name, generation=generation, sites=int(spec.get("sites", 3)), pods=pods,
+        name=owner.name, generation=generation, sites=sites, pods=pods,
         stateful_set=kube.stateful_set_status(owner),
-        site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)))
+        site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)),
+        replication=None if running is None else running.view(),
+        kept=sites if running is None else running.kept_pods(sites))
     new = compute_status(observed, status.get("conditions", []), now())
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
@@ -238,6 +261,33 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
     metrics.STATUS_REFRESHES.labels("ok").inc()
+
+
+# --- the replication controller --------------------------------------------------------
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=HEARTBEAT_INTERVAL)
+def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
+            **_: Any) -> None:
+    """One round of the storage's controller, then the StatefulSet shrunk to the pods
+    that must stay (the departing ones go once they hold no replica)."""
+    assert namespace is not None
+    current = plain(spec)
+    if config_problems(current):
+        return
+    owner = Owner(name=name, namespace=namespace, uid=uid)
+    token = kube.admin_token(owner)
+    running = controller.controller_of(owner, current, HEARTBEAT_INTERVAL)
+    if token is None or running is None:
+        return
+    running.round(current, kube.site_pods(owner), token)
+    kept = running.kept_pods(int(current.get("sites", 3)))
+    # Only with the spec the objects were applied for: a timer holding an older body
+    # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
+    with _applied_lock:
+        applied = _applied.get(uid)
+    if applied == int(meta.get("generation", 0)) and kube.scale_stateful_set(
+            namespace, name, kept):
+        log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
 
 
 # --- the Spark jobs' last runs -------------------------------------------------------------
@@ -301,5 +351,6 @@ def spark_application_changed(namespace: str | None, labels: kopf.Labels, **_: A
 def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
     """Optional: no finalizer; the owned objects go by garbage collection."""
     metrics.forget(namespace or "", name)
+    controller.forget(uid)
     with _applied_lock:
         _applied.pop(uid, None)

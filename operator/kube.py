@@ -9,6 +9,7 @@ import base64
 import functools
 import logging
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +40,24 @@ def dynamic() -> DynamicClient:
     return DynamicClient(api_client())
 
 
+# The client's discovery cache is not thread-safe: a miss (has_kind of a CRD that is
+# not installed) rebuilds it while another handler's thread reads it, which fails with
+# KeyError('resources'). Handlers run in Kopf's thread pool, so lookups take turns.
+_discovery_lock = threading.Lock()
+
+
+def resource_of(api_version: str, kind: str) -> Any:
+    """The dynamic client's resource for (api_version, kind); ResourceNotFoundError
+    when the API server does not serve it."""
+    with _discovery_lock:
+        return dynamic().resources.get(api_version=api_version, kind=kind)
+
+
 def has_kind(api_version: str, kind: str) -> bool:
     """Whether the API server serves this kind (a CRD such as ServiceMonitor may be
     missing; discovery is asked again on a miss, so a CRD installed later is seen)."""
     try:
-        dynamic().resources.get(api_version=api_version, kind=kind)
+        resource_of(api_version, kind)
     except ResourceNotFoundError:
         return False
     return True
@@ -53,15 +67,37 @@ def apply(manifest: Manifest) -> None:
     """Server-side apply as the operator's field manager: creates or updates exactly
     the fields given, so applying the same manifest again changes nothing. Conflicts
     are forced: these objects are the operator's to keep as the spec says."""
-    resource = dynamic().resources.get(api_version=manifest["apiVersion"],
-                                       kind=manifest["kind"])
+    resource = resource_of(manifest["apiVersion"], manifest["kind"])
     dynamic().server_side_apply(resource, body=manifest,
                                 namespace=manifest["metadata"]["namespace"],
                                 field_manager=FIELD_MANAGER, force_conflicts=True)
 
 
+def create(manifest: Manifest) -> bool:
+    """Create the object unless one of its name exists; True when made now."""
+    resource = resource_of(manifest["apiVersion"], manifest["kind"])
+    try:
+        dynamic().create(resource, body=manifest, namespace=manifest["metadata"]["namespace"])
+    except ConflictError:
+        return False
+    return True
+
+
+def scale_stateful_set(namespace: str, name: str, replicas: int) -> bool:
+    """Set the StatefulSet's replicas, unless it has that many or is missing; True
+    when changed."""
+    found = get("apps/v1", "StatefulSet", namespace, name)
+    if found is None or found["spec"].get("replicas") == replicas:
+        return False
+    resource = resource_of("apps/v1", "StatefulSet")
+    dynamic().patch(resource, name=name, namespace=namespace,
+                    body={"spec": {"replicas": replicas}},
+                    content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
+    return True
+
+
 def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    resource = resource_of(api_version, kind)
     try:
         found: dict[str, Any] = dynamic().get(resource, name=name,
                                               namespace=namespace).to_dict()
@@ -77,7 +113,7 @@ def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
     if found is None or not any(reference.get("uid") == owner.uid for reference in
                                 found["metadata"].get("ownerReferences", [])):
         return False
-    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    resource = resource_of(api_version, kind)
     try:
         dynamic().delete(resource, name=name, namespace=owner.namespace)
     except NotFoundError:
@@ -87,7 +123,7 @@ def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
 
 def list_labeled(api_version: str, kind: str, namespace: str, label_selector: str
                  ) -> list[dict[str, Any]]:
-    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    resource = resource_of(api_version, kind)
     found: list[dict[str, Any]] = dynamic().get(
         resource, namespace=namespace, label_selector=label_selector).to_dict()["items"]
     return found
@@ -95,7 +131,7 @@ def list_labeled(api_version: str, kind: str, namespace: str, label_selector: st
 
 def ensure_admin_secret(owner: Owner) -> bool:
     """Make the admin token Secret unless it exists; True when made now."""
-    resource = dynamic().resources.get(api_version="v1", kind="Secret")
+    resource = resource_of("v1", "Secret")
     try:
         dynamic().create(resource, body=admin_secret(owner, secrets.token_urlsafe(32)),
                          namespace=owner.namespace)
@@ -147,7 +183,7 @@ def expand_volumes(owner: Owner, size: str) -> list[str]:
     template is immutable, so a grown spec.storage.size reaches the claims here; the
     CRD refuses a shrink). Returns the claims patched."""
     wanted = parse_quantity(size)
-    resource = dynamic().resources.get(api_version="v1", kind="PersistentVolumeClaim")
+    resource = resource_of("v1", "PersistentVolumeClaim")
     patched = []
     for claim in list_labeled("v1", "PersistentVolumeClaim", owner.namespace, selector(owner.name)):
         requests = claim["spec"].get("resources", {}).get("requests", {})
@@ -163,7 +199,7 @@ def expand_volumes(owner: Owner, size: str) -> list[str]:
 def patch_status(api_version: str, kind: str, namespace: str, name: str,
                  status: dict[str, Any]) -> bool:
     """Merge `status` into the object's status subresource; False when it is gone."""
-    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    resource = resource_of(api_version, kind)
     try:
         dynamic().patch(resource.subresources["status"], name=name, namespace=namespace,
                         body={"status": status}, content_type="application/merge-patch+json")

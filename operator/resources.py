@@ -17,11 +17,14 @@ import yaml
 from . import config as broker_config_module
 from .config import (
     ACL_MOUNT,
+    ADVERTISE_ENV,
     CONFIG_FILE,
     CONFIG_MOUNT,
     CONFIG_PATH,
     DATA_MOUNT,
     PASSWORD_MOUNT,
+    PEER_PORT,
+    POD_IP_ENV,
     SPARK_WORK_MOUNT,
     TLS_MOUNT,
     admin_port,
@@ -113,12 +116,14 @@ def container_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
         if enabled:
             ports.append({"name": port_name, "containerPort": port, "protocol": "TCP"})
     ports.append({"name": "admin", "containerPort": admin_port(spec), "protocol": "TCP"})
+    ports.append({"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"})
     return ports
 
 
 def _service_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    # The peer port is between sites only (the headless Service), not for clients.
     return [{"name": port["name"], "port": port["containerPort"], "targetPort": port["name"],
-             "protocol": "TCP"} for port in container_ports(spec)]
+             "protocol": "TCP"} for port in container_ports(spec) if port["name"] != "peer"]
 
 
 # --- objects --------------------------------------------------------------------------
@@ -149,7 +154,9 @@ def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": selector_labels(owner.name),
                      "ports": [{"name": "admin", "port": admin_port(spec),
-                                "targetPort": "admin", "protocol": "TCP"}]}}
+                                "targetPort": "admin", "protocol": "TCP"},
+                               {"name": "peer", "port": PEER_PORT,
+                                "targetPort": "peer", "protocol": "TCP"}]}}
 
 
 def client_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
@@ -195,7 +202,10 @@ def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
         "workingDir": "/",
         "ports": container_ports(spec),
         "env": [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {
-            "name": admin_secret_name(owner.name), "key": TOKEN_KEY}}}],
+                    "name": admin_secret_name(owner.name), "key": TOKEN_KEY}}},
+                {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                # $(POD_IP): the kubelet expands variables defined before this one.
+                {"name": ADVERTISE_ENV, "value": f"$({POD_IP_ENV}):{PEER_PORT}"}],
         # /healthz answers while a large storage is still opening; /readyz only once
         # the site serves clients.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"},
@@ -234,7 +244,9 @@ def config_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(rendered_config(spec).encode()).hexdigest()[:16]
 
 
-def stateful_set(owner: Owner, spec: dict[str, Any]) -> Manifest:
+def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None) -> Manifest:
+    """`replicas`: the pods to keep, which is more than spec.sites while departing
+    pods still hold replicas (the operator drains them before it shrinks the set)."""
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
     volumes += [{"name": volume, "secret": {"secretName": secret}}
@@ -247,7 +259,7 @@ def stateful_set(owner: Owner, spec: dict[str, Any]) -> Manifest:
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),
         "spec": {
-            "replicas": spec.get("sites", 3),
+            "replicas": spec.get("sites", 3) if replicas is None else replicas,
             "serviceName": peer_service_name(owner.name),
             # Sites start independently; nothing is gained by starting them in order.
             "podManagementPolicy": "Parallel",
@@ -294,12 +306,12 @@ def service_monitor(owner: Owner) -> Manifest:
                      "endpoints": [{"port": "admin", "path": "/metrics"}]}}
 
 
-def desired_objects(owner: Owner, spec: dict[str, Any], *,
-                    service_monitors: bool) -> list[Manifest]:
+def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: bool,
+                    replicas: int | None = None) -> list[Manifest]:
     """Everything but the admin Secret (made once, see admin_secret), in the order to
-    apply: what the pods mount before the pods."""
+    apply: what the pods mount before the pods. `replicas`: see stateful_set."""
     objects = [config_map(owner, spec), peer_service(owner, spec),
-               client_service(owner, spec), stateful_set(owner, spec)]
+               client_service(owner, spec), stateful_set(owner, spec, replicas)]
     budget = pod_disruption_budget(owner, spec)
     if budget is not None:
         objects.append(budget)

@@ -4,8 +4,10 @@ and condition is unit-tested.
 
 Phase: Ready when every site asked for is ready and reported its id; Pending while the
 StatefulSet is still rolling out (created, scaled or a new config rolling through the
-pods); Degraded when it has rolled out but a site is not ready. Replication between
-sites is not built, so nothing is ever Rebalancing and shards are not reported.
+pods); Degraded when it has rolled out but a site is not ready, or a shard is
+under-replicated or without a leader that answers; Rebalancing while the controller
+(controller.py) runs a plan. The pods kept are spec.sites, or more while departing
+pods still hold replicas.
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from typing import Any
 from .kube import PodView
 from .resources import selector
 
-REPLICATION_NOT_BUILT = "ReplicationNotBuilt"
+
+@dataclass(frozen=True)
+class ReplicationView:
+    """What the controller (controller.py) knows of replication, for the status: per
+    database its shards' leaders, epochs and replicas, and the totals."""
+
+    placed: bool
+    databases: list[dict[str, Any]]
+    under_replicated: int
+    leaderless: int
+    pending: int
+    rebalancing: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +40,10 @@ class Observed:
     pods: list[PodView]
     stateful_set: dict[str, Any] | None  # its status and "generation"
     site_ids: dict[str, str]  # pod name -> site id (see known_site_ids)
+    # None until the controller has run; `kept`: the pods the StatefulSet keeps (more
+    # than `sites` while departing pods still hold replicas; 0: `sites`).
+    replication: ReplicationView | None = None
+    kept: int = 0
 
 
 def known_site_ids(previous_sites: list[dict[str, Any]],
@@ -45,11 +62,12 @@ def rolled_out(observed: Observed) -> bool:
     if found is None:
         return False
     live = [pod for pod in observed.pods if not pod.terminating]
+    kept = max(observed.kept, observed.sites)
     return (found.get("observedGeneration", 0) >= found["generation"]
-            and found.get("replicas", 0) == observed.sites
-            and found.get("updatedReplicas", 0) == observed.sites
+            and found.get("replicas", 0) == kept
+            and found.get("updatedReplicas", 0) == kept
             and found.get("currentRevision") == found.get("updateRevision")
-            and len(live) == observed.sites)
+            and len(live) == kept)
 
 
 def _condition(type_: str, true: bool, reason: str, message: str, generation: int,
@@ -62,6 +80,15 @@ def _condition(type_: str, true: bool, reason: str, message: str, generation: in
             "observedGeneration": generation, "lastTransitionTime": since}
 
 
+def _replication_conditions(replication: ReplicationView | None) -> tuple[bool, str, str]:
+    """(Rebalancing, reason, message)."""
+    if replication is None or not replication.placed:
+        return False, "NotPlaced", "no placement yet: waiting for the sites"
+    if replication.rebalancing:
+        return True, "PlanRunning", (f"{replication.pending} replica transitions to go")
+    return False, "Balanced", "every database is on the sites asked for"
+
+
 def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]],
                    now: str) -> dict[str, Any]:
     """The whole `status` (less what other handlers own); `now`: an RFC 3339 time."""
@@ -70,44 +97,67 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     missing_ids = [pod.name for pod in ready if pod.name not in observed.site_ids]
     # Asked of the ready pods only; a pod answered for is in site_ids.
     done = rolled_out(observed)
-    all_ready = done and len(ready) == observed.sites and not missing_ids
+    kept = max(observed.kept, observed.sites)
+    all_ready = done and len(ready) == kept and not missing_ids
+    replication = observed.replication
+    placed = replication is not None and replication.placed
+    departing = kept - observed.sites
+    counted = f"{len(ready)} of {kept} sites ready" + (
+        f" ({departing} departing, their replicas moving off first)" if departing else "")
 
-    if all_ready:
-        phase, reason = "Ready", "AllSitesReady"
-        message = f"{observed.sites} of {observed.sites} sites ready"
-    elif not done:
+    if not done:
         phase, reason = "Pending", "RollingOut"
-        message = (f"{len(ready)} of {observed.sites} sites ready; the StatefulSet is "
-                   f"rolling out (created, scaled or a new config)")
-    else:
+        message = f"{counted}; the StatefulSet is rolling out (created, scaled or a new config)"
+    elif not all_ready:
         phase, reason = "Degraded", "SitesNotReady"
         not_ready = [pod.name for pod in live if not pod.ready]
-        message = f"{len(ready)} of {observed.sites} sites ready"
+        message = counted
         if not_ready:
             message += "; not ready: " + ", ".join(not_ready)
         if missing_ids:
             message += "; admin API not answering: " + ", ".join(missing_ids)
+    elif replication is None or not placed:
+        phase, reason = "Pending", "Placing"
+        message = f"{counted}; waiting for the first placement of the shards"
+    elif replication.leaderless:
+        phase, reason = "Degraded", "NoLeader"
+        message = f"{counted}; {replication.leaderless} shards without a leader that answers"
+    elif replication.under_replicated:
+        phase, reason = "Degraded", "UnderReplicated"
+        message = f"{counted}; {replication.under_replicated} shards under-replicated"
+    elif replication.rebalancing:
+        phase, reason = "Rebalancing", "PlanRunning"
+        message = f"{counted}; {replication.pending} replica transitions to go"
+    else:
+        phase, reason = "Ready", "AllSitesReady"
+        message = f"{counted}; every shard fully replicated"
+    serving = all_ready and placed and replication is not None and not replication.leaderless
 
+    rebalancing, rebalance_reason, rebalance_message = _replication_conditions(replication)
     previous = {condition["type"]: condition for condition in previous_conditions}
     conditions = [
-        _condition("Ready", all_ready, reason, message, observed.generation, previous, now),
+        _condition("Ready", serving, "AllSitesReady" if serving else reason,
+                   message, observed.generation, previous, now),
         _condition("Degraded", phase == "Degraded", reason, message, observed.generation,
                    previous, now),
-        _condition("Rebalancing", False, REPLICATION_NOT_BUILT,
-                   "replication between sites is not built: each site holds its own data",
+        _condition("Rebalancing", rebalancing, rebalance_reason, rebalance_message,
                    observed.generation, previous, now),
     ]
-    return {
+    status: dict[str, Any] = {
         "phase": phase,
         "observedGeneration": observed.generation,
         "conditions": conditions,
         "replicas": len(live),
         "readyReplicas": len(ready),
         "selector": selector(observed.name),
-        "pendingTransitions": 0,
+        "underReplicatedShards": 0 if replication is None else replication.under_replicated,
+        "pendingTransitions": 0 if replication is None else replication.pending,
         "sites": [{"id": observed.site_ids[pod.name], "pod": pod.name, "ready": pod.ready}
                   for pod in live if pod.name in observed.site_ids],
     }
+    if replication is not None:
+        status["databases"] = replication.databases
+    return status
 
 
 def invalid_conditions(previous_conditions: list[dict[str, Any]], message: str,
@@ -116,6 +166,5 @@ def invalid_conditions(previous_conditions: list[dict[str, Any]], message: str,
     previous = {condition["type"]: condition for condition in previous_conditions}
     return [_condition("Ready", False, "InvalidConfig", message, generation, previous, now),
             _condition("Degraded", False, "InvalidConfig", message, generation, previous, now),
-            _condition("Rebalancing", False, REPLICATION_NOT_BUILT,
-                       "replication between sites is not built: each site holds its own data",
-                       generation, previous, now)]
+            _condition("Rebalancing", False, "InvalidConfig", message, generation, previous,
+                       now)]

@@ -15,7 +15,6 @@ import signal
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ import yaml
 from tests.support.clients import PahoClient
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import PEERING, OperatorProcess
+from tests.support.operator_process import PEERING, OperatorProcess, Operators
 
 NAMESPACE = "operator-e2e"
 NAME = "mq"
@@ -33,8 +32,9 @@ TIMEOUT = 180.0
 REAPPLY_INTERVAL = 5.0
 SPEC: dict[str, Any] = {
     "sites": 3,
-    # Few shards start faster; replication is not built, so one copy per site.
-    "messages": {"nShards": 2, "replicationFactor": 1},
+    # Few shards start faster; three copies of each, so every site holds every shard
+    # (a site holding no replica of a shard does not get its live feed yet).
+    "messages": {"nShards": 2, "replicationFactor": 3},
     "storage": {"size": "1Gi"},
 }
 OWNED = [("configmap", f"{NAME}-config"), ("service", NAME), ("service", f"{NAME}-peers"),
@@ -85,38 +85,11 @@ def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Ite
     assert not kubelet.errors, kubelet.errors
 
 
-class Operators:
-    """The operator process of the module; `restart()` kills it and starts another."""
-
-    def __init__(self, kube: ControlPlane, workdir: Path) -> None:
-        self.kube = kube
-        self.workdir = workdir
-        self.started: list[OperatorProcess] = []
-
-    def start(self) -> OperatorProcess:
-        # Each above the last: a killed operator stays listed in the peering object
-        # until its lifetime (60 s) ends, and one of a higher priority would make its
-        # successor wait that long.
-        process = OperatorProcess(self.workdir / f"operator-{len(self.started)}", self.kube,
-                                  NAMESPACE, priority=100 + len(self.started),
-                                  reapply_interval=REAPPLY_INTERVAL)
-        self.started.append(process)
-        process.start(timeout=60)
-        return process
-
-    @property
-    def current(self) -> OperatorProcess:
-        return self.started[-1]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {process.workdir.name}:\n{process.log_tail(6000)}"
-                         for process in self.started)
-
-
 @pytest.fixture(scope="module")
 def operators(cluster: ControlPlane, node: Kubelet,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    made = Operators(cluster, tmp_path_factory.mktemp("operator"))
+    made = Operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE,
+                     reapply_interval=REAPPLY_INTERVAL)
     made.start()
     yield made
     for process in made.started:
@@ -192,7 +165,14 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     assert conditions["Ready"]["status"] == "True"
     assert conditions["Degraded"]["status"] == "False"
     assert (conditions["Rebalancing"]["status"], conditions["Rebalancing"]["reason"]) == (
-        "False", "ReplicationNotBuilt")
+        "False", "Balanced")
+    # The operator is the controller: every shard placed on the three sites, led.
+    [messages] = status["databases"]
+    assert messages["name"] == "messages" and messages["underReplicatedShards"] == 0
+    assert [shard["shard"] for shard in messages["shards"]] == [0, 1]
+    ids = {site["id"] for site in status["sites"]}
+    for shard in messages["shards"]:
+        assert set(shard["replicas"]) == ids and shard["leader"] in ids
     # The scale subresource's status side and the printer columns.
     assert status["replicas"] == 3
     assert status["selector"] == ("app.kubernetes.io/name=stratamq,"

@@ -19,7 +19,8 @@ process on the host:
   `/`, see stratamq.operator.config);
 - the image is the project's venv: the command's first word is looked up in the
   venv's bin folder (`stratamq` is the image's entry point);
-- env from `value`, `secretKeyRef`, `configMapKeyRef` and `fieldRef`;
+- env from `value` (with `$(VAR)` of the variables before it expanded, as the
+  kubelet does), `secretKeyRef`, `configMapKeyRef` and `fieldRef`;
 - Pod IP, phase Running, and the Ready condition from the container's readinessProbe
   (httpGet), asked about once a second; a process that exits is restarted
   (restartPolicy Always) with restartCount counted;
@@ -39,6 +40,7 @@ import datetime
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -64,7 +66,8 @@ log = logging.getLogger(__name__)
 
 NODE_PREFIX = "stratamq-test-node"
 # Listener binds of the broker config the node turns into the Pod's own address.
-BIND_KEYS = (("listeners", "tcp"), ("listeners", "ws"), ("listeners", "tls"), ("admin",))
+BIND_KEYS = (("listeners", "tcp", "bind"), ("listeners", "ws", "bind"),
+             ("listeners", "tls", "bind"), ("admin", "bind"), ("cluster", "peer_bind"))
 LEASE_SECONDS = 40
 HEARTBEAT_SECONDS = 10.0
 PROBE_SECONDS = 1.0
@@ -457,7 +460,7 @@ class Kubelet:
         env = {"PATH": f"{program.parent}:/usr/bin:/bin", "HOME": str(root),
                "PYTHONUNBUFFERED": "1", "HOSTNAME": meta["name"]}
         for variable in container.get("env", []):
-            env[variable["name"]] = self._env_value(pod, ip, variable)
+            env[variable["name"]] = self._env_value(pod, ip, variable, env)
         env |= self._bind_overrides(argv, cwd, ip)
         return Container(
             namespace=namespace, pod=meta["name"], uid=meta["uid"], ip=ip,
@@ -489,9 +492,12 @@ class Kubelet:
             (path / key).write_bytes(content)
         return path
 
-    def _env_value(self, pod: dict[str, Any], ip: str, variable: dict[str, Any]) -> str:
+    def _env_value(self, pod: dict[str, Any], ip: str, variable: dict[str, Any],
+                   defined: dict[str, str]) -> str:
         if "value" in variable:
-            return str(variable["value"])
+            return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                          lambda match: defined.get(match.group(1), match.group(0)),
+                          str(variable["value"]))
         source = variable["valueFrom"]
         namespace = pod["metadata"]["namespace"]
         if "secretKeyRef" in source:
@@ -525,11 +531,11 @@ class Kubelet:
         overrides = {}
         for keys in BIND_KEYS:
             node: Any = data
-            for key in keys:
+            for key in keys[:-1]:
                 node = node.get(key, {}) if isinstance(node, dict) else {}
-            bind = node.get("bind") if isinstance(node, dict) else None
+            bind = node.get(keys[-1]) if isinstance(node, dict) else None
             if isinstance(bind, str) and bind.startswith("0.0.0.0:"):
-                name = "STRATAMQ__" + "__".join(key.upper() for key in keys) + "__BIND"
+                name = "STRATAMQ__" + "__".join(key.upper() for key in keys)
                 overrides[name] = f"{ip}:{bind.rsplit(':', 1)[1]}"
         return overrides
 

@@ -57,3 +57,35 @@ class OperatorProcess(ManagedProcess):
         if self.priority is not None:
             command.append(f"--priority={self.priority}")
         return command
+
+
+class Operators:
+    """The operator processes of a test module, one at a time: `start()` starts the
+    next (after `current` was killed or stopped)."""
+
+    def __init__(self, kube: ControlPlane, workdir: Path, namespace: str, *,
+                 reapply_interval: float = 300.0) -> None:
+        self.kube = kube
+        self.workdir = workdir
+        self.namespace = namespace
+        self.reapply_interval = reapply_interval
+        self.started: list[OperatorProcess] = []
+
+    def start(self) -> OperatorProcess:
+        # Each above the last: a killed operator stays listed in the peering object
+        # until its lifetime (60 s) ends, and one of a higher priority would make its
+        # successor wait that long.
+        process = OperatorProcess(self.workdir / f"operator-{len(self.started)}", self.kube,
+                                  self.namespace, priority=100 + len(self.started),
+                                  reapply_interval=self.reapply_interval)
+        self.started.append(process)
+        process.start(timeout=60)
+        return process
+
+    @property
+    def current(self) -> OperatorProcess:
+        return self.started[-1]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {process.workdir.name}:\n{process.log_tail(6000)}"
+                         for process in self.started)

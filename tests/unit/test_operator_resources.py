@@ -98,7 +98,12 @@ def test_spec_fields_land_in_the_config() -> None:
     # The same spec in the pod: ports, probes and the Secrets' volumes.
     found = container(spec)
     assert {port["name"]: port["containerPort"] for port in found["ports"]} == {
-        "mqtt": 1884, "mqtts": 8884, "admin": 9000}
+        "mqtt": 1884, "mqtts": 8884, "admin": 9000, "peer": 18084}
+    # Replication is on: the peer port bound on the pod, advertised at the Pod IP.
+    assert (config.cluster.enable, config.cluster.peer_bind) == (True, "0.0.0.0:18084")
+    assert found["env"][1:] == [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "STRATAMQ__CLUSTER__ADVERTISE", "value": "$(POD_IP):18084"}]
     mounts = {mount["name"]: mount["mountPath"] for mount in found["volumeMounts"]}
     assert mounts == {"config": "/etc/stratamq", "data": "/var/lib/stratamq",
                       "tls": "/etc/stratamq-tls", "passwd": "/etc/stratamq-passwd",
@@ -139,12 +144,14 @@ def test_stateful_set() -> None:
     assert found["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
     assert found["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert found["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
-    assert found["env"] == [{"name": "STRATAMQ__ADMIN__TOKEN", "valueFrom": {
+    assert found["env"][:1] == [{"name": "STRATAMQ__ADMIN__TOKEN", "valueFrom": {
         "secretKeyRef": {"name": "mq-admin", "key": "token"}}}]
     assert template["spec"]["volumes"][0] == {"name": "config",
                                               "configMap": {"name": "mq-config"}}
     [claim] = made["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data"
+    # More pods than spec.sites while departing ones hold replicas (the operator says).
+    assert resources.stateful_set(OWNER, spec, replicas=7)["spec"]["replicas"] == 7
     assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
     assert claim["spec"]["storageClassName"] == "fast"
     # Without a class the cluster's default applies.

@@ -7,7 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from stratamq.operator.kube import PodView
-from stratamq.operator.status import Observed, compute_status, known_site_ids, rolled_out
+from stratamq.operator.status import (
+    Observed,
+    ReplicationView,
+    compute_status,
+    known_site_ids,
+    rolled_out,
+)
 
 T0 = "2026-01-01T00:00:00Z"
 T1 = "2026-01-01T00:01:00Z"
@@ -28,12 +34,28 @@ def stateful_set(replicas: int, updated: int | None = None, *, generation: int =
             "currentRevision": current, "updateRevision": update}
 
 
+def replication(*, placed: bool = True, under: int = 0, leaderless: int = 0,
+                pending: int = 0) -> ReplicationView:
+    shards = [{"shard": 0, "leader": "SITE0", "leaderEpoch": 1,
+               "replicas": ["SITE0", "SITE1", "SITE2"], "underReplicated": under > 0}]
+    return ReplicationView(
+        placed=placed, databases=[{"name": "messages", "placementVersion": 1,
+                                   "underReplicatedShards": under,
+                                   "pendingTransitions": pending, "shards": shards}]
+        if placed else [], under_replicated=under, leaderless=leaderless, pending=pending,
+        rebalancing=pending > 0)
+
+
+BALANCED = replication()
+
+
 def observed(sites: int, found: list[PodView], sts: dict[str, Any] | None,
-             ids: dict[str, str] | None = None) -> Observed:
+             ids: dict[str, str] | None = None, placement: ReplicationView | None = BALANCED,
+             kept: int = 0) -> Observed:
     if ids is None:
         ids = {pod.name: f"SITE{pod.name[-1]}" for pod in found if pod.ready}
     return Observed(name="mq", generation=4, sites=sites, pods=found, stateful_set=sts,
-                    site_ids=ids)
+                    site_ids=ids, replication=placement, kept=kept)
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -45,7 +67,7 @@ def test_ready() -> None:
     assert status["phase"] == "Ready"
     assert conditions(status) == {"Ready": ("True", "AllSitesReady"),
                                   "Degraded": ("False", "AllSitesReady"),
-                                  "Rebalancing": ("False", "ReplicationNotBuilt")}
+                                  "Rebalancing": ("False", "Balanced")}
     assert status["observedGeneration"] == 4
     assert all(c["observedGeneration"] == 4 for c in status["conditions"])
     assert (status["replicas"], status["readyReplicas"]) == (3, 3)
@@ -53,6 +75,43 @@ def test_ready() -> None:
     assert status["sites"] == [{"id": f"SITE{n}", "pod": f"mq-{n}", "ready": True}
                                for n in range(3)]
     assert status["pendingTransitions"] == 0
+    assert status["underReplicatedShards"] == 0
+    assert status["databases"] == BALANCED.databases
+
+
+def test_replication_decides_the_phase_once_the_sites_are_ready() -> None:
+    cases = [
+        (None, "Pending", ("False", "Placing"), ("False", "NotPlaced")),
+        (replication(placed=False), "Pending", ("False", "Placing"), ("False", "NotPlaced")),
+        (replication(pending=4), "Rebalancing", ("True", "AllSitesReady"),
+         ("True", "PlanRunning")),
+        (replication(under=2, pending=1), "Degraded", ("True", "AllSitesReady"),
+         ("True", "PlanRunning")),
+        (replication(leaderless=1, under=1), "Degraded", ("False", "NoLeader"),
+         ("False", "Balanced")),
+    ]
+    for view, phase, ready, rebalancing in cases:
+        status = compute_status(observed(3, pods(3), stateful_set(3), placement=view), [], T0)
+        assert status["phase"] == phase, view
+        found = conditions(status)
+        assert (found["Ready"], found["Rebalancing"]) == (ready, rebalancing), view
+        assert found["Degraded"][0] == ("True" if phase == "Degraded" else "False")
+        if view is not None:
+            assert status["underReplicatedShards"] == view.under_replicated
+            assert status["pendingTransitions"] == view.pending
+
+
+def test_departing_pods_kept_while_they_hold_replicas() -> None:
+    """Scaled 5 -> 3 while pods 3 and 4 still hold replicas: the StatefulSet keeps 5,
+    which counts as rolled out (not Pending), and the status says why."""
+    status = compute_status(observed(3, pods(5), stateful_set(5), placement=replication(
+        pending=3), kept=5), [], T0)
+    assert status["phase"] == "Rebalancing"
+    assert "2 departing" in status["conditions"][0]["message"]
+    assert (status["replicas"], status["readyReplicas"]) == (5, 5)
+    # Once they hold none, the StatefulSet shrinks to 3: rolling out until it has.
+    status = compute_status(observed(3, pods(5), stateful_set(5), kept=3), [], T0)
+    assert status["phase"] == "Pending"
 
 
 def test_pending_while_rolling_out() -> None:

@@ -1,0 +1,514 @@
+"""The operator as the replication controller of each DurableStorage (DESIGN.md,
+"Replication": in Kubernetes the controller is the operator).
+
+One `StorageController` per DurableStorage does what `stratamq cluster controller`
+does on a plain machine, with the same pure decisions (`broker/cluster/decisions.py`)
+and the same site API: every round it asks each pod's `GET /api/v1/ds/replication`,
+lets `decisions` choose (first placement, failover, the next step of a plan), keeps
+the result in the DurableStorage's `status.controller` BEFORE it pushes anything (so a
+restarted operator, or another replica of it, resumes from there and never hands out
+an older placement), then pushes `PUT /api/v1/ds/placement` with the peers map.
+
+What is Kubernetes' own here:
+- the sites each database should live on (the goal) are those of the pods with an
+  ordinal below spec.sites; the departing pods' replicas are planned away, and the
+  StatefulSet keeps them (`kept_pods`) until they hold none;
+- each step of a plan is a ReplicaTransition object whose phase follows the step;
+- a site whose pod is gone and that holds nothing is forgotten.
+
+Blocking (urllib and the `kubernetes` client): the Kopf timer that runs a round is a
+sync handler, run in Kopf's thread pool like every other handler of this operator.
+Readers in other threads (the status refresh, the reconcile, /metrics) see the
+controller's state through attributes that a round replaces whole, never mutates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from stratamq.broker.cluster import decisions
+from stratamq.broker.cluster.decisions import ClusterState, Settings, is_gone
+from stratamq.broker.cluster.metrics import ControllerCollector, Snapshot
+from stratamq.broker.cluster.sites import BadReportError, Report, SiteState, parse_report
+from stratamq.broker.ds.replication import Placement, Plan, Transition
+from stratamq.broker.errors import PlacementError, PlanError, StratamqError
+
+from . import kube
+from .config import admin_port
+from .resources import API_VERSION, GROUP, KIND, Owner, labels
+from .status import ReplicationView
+
+log = logging.getLogger(__name__)
+
+DATABASES = ("messages",)
+PROBE_TIMEOUT = 2.0
+TRANSITION_API = f"{GROUP}/v1alpha1"
+TRANSITION_KIND = "ReplicaTransition"
+STORAGE_LABEL = f"{GROUP}/durable-storage"
+PLAN_LABEL = f"{GROUP}/plan"
+
+
+def ordinal(pod: str) -> int:
+    """A StatefulSet pod's ordinal: `mq-3` -> 3."""
+    return int(pod.rsplit("-", 1)[1])
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def settings_of(spec: Mapping[str, Any], heartbeat: float) -> Settings:
+    messages = spec.get("messages", {})
+    return Settings(replication_factor=int(messages.get("replicationFactor", 3)),
+                    n_shards=int(messages.get("nShards", 16)), heartbeat_interval=heartbeat,
+                    databases=DATABASES, expected_sites=int(spec.get("sites", 3)))
+
+
+# --- the state kept in status.controller -------------------------------------------------
+
+def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
+                  pods: Mapping[str, str]) -> dict[str, Any]:
+    """`status.controller`: the placement and plan as the local controller keeps them
+    in its files (strings: their own checked formats), the goals, and the sites known
+    (with their pods and peer addresses)."""
+    return {
+        "placement": state.placement.to_json() if state.placement.version > 0 else "",
+        "plan": "" if state.plan is None else state.plan.to_json(),
+        "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
+        "sites": [{"id": site, "pod": pods.get(site, ""), "peer": sites[site].peer or ""}
+                  for site in sorted(sites)],
+    }
+
+
+def load_document(document: Mapping[str, Any], now: float
+                  ) -> tuple[ClusterState, dict[str, SiteState], dict[str, str]]:
+    """The inverse of `kept_document`; sites known from it get the grace of one that
+    answered just now (as the local controller gives the sites of its files)."""
+    placement = (Placement.from_json(document["placement"]) if document.get("placement")
+                 else Placement.empty())
+    plan = Plan.from_json(document["plan"]) if document.get("plan") else None
+    goals = {database: tuple(goal) for database, goal in (document.get("goals") or {}).items()}
+    catch_up = None if plan is None else decisions.resumed_catch_up(plan, placement)
+    sites: dict[str, SiteState] = {}
+    pods: dict[str, str] = {}
+    for entry in document.get("sites") or []:
+        sites[entry["id"]] = SiteState(id=entry["id"], admin_url="", last_seen=now,
+                                       peer=entry.get("peer") or None)
+        if entry.get("pod"):
+            pods[entry["id"]] = entry["pod"]
+    return (ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
+            sites, pods)
+
+
+# --- the sites' API ----------------------------------------------------------------------
+
+def _call(method: str, url: str, token: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
+        return json.load(response)
+
+
+def probe(url: str, token: str) -> Report | None:
+    try:
+        return parse_report(_call("GET", url + "/api/v1/ds/replication", token))
+    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
+        log.debug("site at %s does not answer: %s", url, error)
+        return None
+
+
+def push(url: str, token: str, body: Mapping[str, Any]) -> bool:
+    """False when the site did not take it (it reports its version next round, and
+    gets it again)."""
+    try:
+        _call("PUT", url + "/api/v1/ds/placement", token, body)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        log.debug("push to %s failed: %s", url, error)
+        return False
+    return True
+
+
+# --- ReplicaTransitions ------------------------------------------------------------------
+
+def plan_key(plan: Plan) -> str:
+    """Names a plan's ReplicaTransitions: two plans may start from one version (a goal
+    changed before a step was taken), so the start version alone is not enough."""
+    return f"{plan.start.version}-{hashlib.sha256(plan.to_json().encode()).hexdigest()[:6]}"
+
+
+def transition_name(storage: str, plan: Plan, step: int) -> str:
+    return f"{storage}-{plan_key(plan)}-{step}"
+
+
+def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transition
+                        ) -> dict[str, Any]:
+    meta_labels = {**labels(owner.name), STORAGE_LABEL: owner.name, PLAN_LABEL: plan_key(plan)}
+    return {"apiVersion": TRANSITION_API, "kind": TRANSITION_KIND,
+            "metadata": {"name": transition_name(owner.name, plan, step),
+                         "namespace": owner.namespace, "labels": meta_labels,
+                         "ownerReferences": [owner.reference()]},
+            "spec": {"durableStorage": owner.name, "database": transition.database,
+                     "shard": transition.shard,
+                     "action": "Add" if transition.action == "add" else "Remove",
+                     "site": transition.site, "step": step}}
+
+
+def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None]
+                ) -> list[str]:
+    """The phase of each step of `plan` (the pending one) at `state`: the steps taken
+    are Done, except the last one while it is under way (a `+site` catching up, a
+    `-site` not yet taken by every site that answers); the rest Pending."""
+    try:
+        done = len(plan.transitions) - len(plan.remaining(state.placement))
+    except PlanError:
+        return ["Pending"] * len(plan.transitions)
+    phases = []
+    for number, step in enumerate(plan.transitions):
+        if number >= done:
+            phases.append("Pending")
+        elif number < done - 1:
+            phases.append("Done")
+        elif step.action == "add":
+            phases.append("CatchingUp" if state.catch_up is not None else "Done")
+        else:
+            behind = any(version is None or version < state.placement.version
+                         for version in versions.values())
+            phases.append("Removing" if behind else "Done")
+    return phases
+
+
+# --- one storage's controller ----------------------------------------------------------
+
+class StorageController:
+    def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any]) -> None:
+        self.owner = owner
+        self.settings = settings
+        self.started = time.monotonic()
+        self.state, self.sites, self.pods = load_document(document, self.started)
+        self.urls: dict[str, str] = {}  # site -> admin URL (the pod's IP: it changes)
+        self.leader_changes = 0
+        self.notes: tuple[str, ...] = ()
+        # The pods below spec.sites are not (all) known sites yet, so the goal may
+        # still change: counted as rebalancing, so that no status says Ready between
+        # a scale and its plan.
+        self.goal_unsettled = False
+        self._unsettled = False
+        self._publish_lock = threading.Lock()
+        self._saved = dict(document)
+        self._pushed_peers: dict[str, str] | None = None
+        self._phases: dict[str, str] = {}
+        self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
+        self._round_lock = threading.Lock()
+        if self.state.plan is not None:
+            log.info("%s/%s: resuming a plan at placement version %d", owner.namespace,
+                     owner.name, self.state.placement.version)
+
+    # -- one round ------------------------------------------------------------------------
+
+    def round(self, spec: Mapping[str, Any], pods: list[kube.PodView], token: str) -> None:
+        with self._round_lock:
+            self._round(spec, pods, token)
+
+    def _round(self, spec: Mapping[str, Any], pods: list[kube.PodView], token: str) -> None:
+        self.settings = settings_of(spec, self.settings.heartbeat_interval)
+        port = admin_port(dict(spec))
+        reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods
+                   if pod.ip and not pod.terminating]
+        now = time.monotonic()
+        sites, site_pods, urls = dict(self.sites), dict(self.pods), dict(self.urls)
+        for pod, report in reports:
+            if report is None:
+                continue
+            known = sites.get(report.site) or SiteState(id=report.site, admin_url="",
+                                                        last_seen=now)
+            if report.site not in self.sites:
+                log.info("%s/%s: site %s found on pod %s (peer %s)", self.owner.namespace,
+                         self.owner.name, report.site, pod.name, report.peer)
+            sites[report.site] = known.seen(report, now)
+            site_pods[report.site] = pod.name
+            urls[report.site] = f"http://{pod.ip}:{port}"
+        state = self.state
+        self._forget_departed(state, sites, site_pods, {pod.name for pod in pods}, now)
+        state = self._follow_goal(state, spec, sites, site_pods)
+        decision = decisions.decide(state, sites, now, self.started, self.settings)
+        if decision.notes != self.notes:
+            for note in decision.notes:
+                log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
+        before = self.state.placement
+        document = kept_document(decision.state, sites, site_pods)
+        if document != self._saved:
+            # Kept before anything is pushed: a site must never hold a placement that
+            # a restarted operator does not know.
+            if not kube.patch_status(API_VERSION, KIND, self.owner.namespace, self.owner.name,
+                                     {"controller": document}):
+                return  # the storage is gone
+            self._saved = document
+        with self._publish_lock:  # what view() reads, all of one round
+            self.sites, self.pods, self.urls = sites, site_pods, urls
+            self.state, self.notes = decision.state, decision.notes
+            self.goal_unsettled = self._unsettled
+        if decision.state.placement != before:
+            self.leader_changes += leader_changes(before, decision.state.placement)
+        self._push(token)
+        self._transitions()
+
+    def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
+                         site_pods: dict[str, str], pod_names: set[str], now: float) -> None:
+        """Drop the sites whose pod is gone (scaled away) and that hold nothing."""
+        held = set(state.placement.sites())
+        if state.plan is not None:
+            held |= state.plan.target.sites()
+        for site in list(sites):
+            pod = site_pods.get(site)
+            gone = pod is None or pod not in pod_names
+            if gone and site not in held and (not sites[site].answered
+                                               or is_gone(sites[site], now, self.settings)):
+                del sites[site]
+                site_pods.pop(site, None)
+                log.info("%s/%s: site %s (pod %s) is gone and holds nothing: forgotten",
+                         self.owner.namespace, self.owner.name, site, pod)
+
+    def _follow_goal(self, state: ClusterState, spec: Mapping[str, Any],
+                     sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
+                     ) -> ClusterState:
+        """A new plan when the sites of the pods below spec.sites are not the goal any
+        more (scaled up or down); only once each of those pods has a known site, so a
+        scale-up makes one plan, not one per pod as they come."""
+        wanted_pods = {f"{self.owner.name}-{number}" for number in range(int(spec.get(
+            "sites", 3)))}
+        by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
+        unsettled = not wanted_pods <= set(by_pod)
+        self._unsettled = unsettled
+        if unsettled:
+            return state
+        goal = tuple(sorted(by_pod[pod] for pod in wanted_pods))
+        placed = set(state.placement.databases())
+        for database in DATABASES:
+            if database not in placed or tuple(decisions.goal_of(state, database)) == goal:
+                continue
+            try:
+                new = decisions.plan_goals(state.placement, {database: goal}, sites,
+                                           self.settings)
+            except StratamqError as error:
+                log.warning("%s/%s: no plan to %s: %s", self.owner.namespace,
+                            self.owner.name, ", ".join(goal), error)
+                continue
+            state = replace(state, plan=new if new.transitions else None,
+                            goals={**state.goals, database: goal})
+            log.info("%s/%s: %s to live on %s; plan: %s", self.owner.namespace,
+                     self.owner.name, database, ", ".join(goal),
+                     "; ".join(new.describe()) or "nothing to do")
+        return state
+
+    def _push(self, token: str) -> None:
+        placement = self.state.placement
+        if placement.version == 0:
+            return
+        peers = {site.id: site.peer for site in self.sites.values() if site.peer is not None}
+        everyone = peers != self._pushed_peers
+        body = {"placement": json.loads(placement.to_json()), "peers": peers}
+        missed = False
+        for site in self.sites.values():
+            url = self.urls.get(site.id)
+            if url is None or not site.answered:
+                continue
+            if everyone or site.placement_version is None or (
+                    site.placement_version < placement.version):
+                missed |= not push(url, token, body)
+        if not missed:
+            self._pushed_peers = peers
+
+    # -- ReplicaTransitions ---------------------------------------------------------------
+
+    def _transitions(self) -> None:
+        """Make the pending plan's ReplicaTransitions and move their phases along; the
+        steps of a plan replaced before it ended are Failed, saying why."""
+        state = self.state
+        if self._plan is not None and self._plan != state.plan:
+            finished = self._plan.target == state.placement or (
+                state.plan is None and self._phases_all_taken(self._plan, state))
+            for number in range(len(self._plan.transitions)):
+                name = transition_name(self.owner.name, self._plan, number)
+                if self._phases.get(name) not in ("Done", "Failed"):
+                    if finished:
+                        self._set_phase(name, "Done")
+                    else:
+                        self._set_phase(name, "Failed", "Replanned", "the plan was made "
+                                        "again (a failover, or the sites asked for changed)")
+            self._plan = None
+        if state.plan is None:
+            return
+        if self._plan != state.plan:
+            self._plan = state.plan
+            for number, step in enumerate(state.plan.transitions):
+                manifest = transition_manifest(self.owner, state.plan, number, step)
+                if kube.create(manifest):
+                    log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
+                             self.owner.name, manifest["metadata"]["name"], step)
+        versions = {site.id: site.placement_version for site in self.sites.values()
+                    if site.answered and not is_gone(site, time.monotonic(), self.settings)}
+        for number, phase in enumerate(step_phases(state.plan, state, versions)):
+            self._set_phase(transition_name(self.owner.name, state.plan, number), phase)
+
+    @staticmethod
+    def _phases_all_taken(plan: Plan, state: ClusterState) -> bool:
+        try:
+            return not plan.remaining(state.placement)
+        except PlanError:
+            return False
+
+    def _set_phase(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
+        if self._phases.get(name) == phase:
+            return
+        status: dict[str, Any] = {"phase": phase}
+        if phase != "Pending" and self._phases.get(name, "Pending") == "Pending":
+            status["startTime"] = utc_now()
+        if phase in ("Done", "Failed"):
+            status["completionTime"] = utc_now()
+        if reason:
+            status |= {"reason": reason, "message": message}
+        if kube.patch_status(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name,
+                             status):
+            self._phases[name] = phase
+
+    def known_phases(self, found: list[dict[str, Any]]) -> None:
+        """The phases the ReplicaTransitions have (after a restart: not set again)."""
+        for item in found:
+            phase = (item.get("status") or {}).get("phase")
+            if phase:
+                self._phases[item["metadata"]["name"]] = phase
+
+    # -- what others read -----------------------------------------------------------------
+
+    def kept_pods(self, sites_asked: int) -> int:
+        """Pods the StatefulSet must keep: spec.sites, and more while a pod above
+        holds replicas (now or in the pending plan's target): the highest ordinals go
+        last, once their replicas have moved."""
+        with self._publish_lock:
+            state, site_pods = self.state, self.pods
+        held = set(state.placement.sites())
+        if state.plan is not None:
+            held |= state.plan.target.sites()
+        keep = sites_asked
+        for site in held:
+            pod = site_pods.get(site)
+            if pod is not None:
+                keep = max(keep, ordinal(pod) + 1)
+        return keep
+
+    def view(self) -> ReplicationView:
+        with self._publish_lock:
+            state, sites, unsettled = self.state, self.sites, self.goal_unsettled
+        now = time.monotonic()
+        up = {site.id for site in sites.values()
+              if site.answered and not is_gone(site, now, self.settings)}
+        remaining: tuple[Transition, ...] = ()
+        if state.plan is not None:
+            try:
+                remaining = state.plan.remaining(state.placement)
+            except PlanError:
+                remaining = state.plan.transitions
+        databases, total_under, leaderless = [], 0, 0
+        for database in state.placement.databases():
+            shards, under = [], 0
+            for shard in state.placement.shards_of(database):
+                short = len([site for site in shard.replicas if site in up]) < (
+                    self.settings.replication_factor)
+                under += int(short)
+                leaderless += int(shard.leader not in up)
+                shards.append({"shard": shard.shard, "leader": shard.leader,
+                               "leaderEpoch": shard.epoch, "replicas": sorted(shard.replicas),
+                               "underReplicated": short})
+            pending = len([step for step in remaining if step.database == database])
+            databases.append({"name": database, "placementVersion": state.placement.version,
+                              "underReplicatedShards": under, "pendingTransitions": pending,
+                              "shards": shards})
+            total_under += under
+        return ReplicationView(
+            placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
+            under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
+            rebalancing=state.plan is not None or unsettled)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.state, dict(self.sites), self.leader_changes)
+
+
+def leader_changes(before: Placement, after: Placement) -> int:
+    changed = 0
+    for shard in before.shards:
+        try:
+            changed += int(after.shard(*shard.id).leader != shard.leader)
+        except PlacementError:
+            continue
+    return changed
+
+
+# --- every storage's controller ----------------------------------------------------------
+
+_controllers: dict[str, StorageController] = {}
+_controllers_lock = threading.Lock()
+
+
+def controller_of(owner: Owner, spec: Mapping[str, Any], heartbeat: float
+                  ) -> StorageController | None:
+    """The storage's controller, made on first use from the status the API server has
+    now (not a handler's body, which may be older than the last round's write); None
+    when the storage is gone."""
+    with _controllers_lock:
+        found = _controllers.get(owner.uid)
+        if found is not None:
+            return found
+        current = kube.get(API_VERSION, KIND, owner.namespace, owner.name)
+        if current is None:
+            return None
+        document = (current.get("status") or {}).get("controller") or {}
+        made = StorageController(owner, settings_of(spec, heartbeat), document)
+        made.known_phases(kube.list_labeled(TRANSITION_API, TRANSITION_KIND, owner.namespace,
+                                            f"{STORAGE_LABEL}={owner.name}"))
+        _controllers[owner.uid] = made
+        return made
+
+
+def existing_controller(uid: str) -> StorageController | None:
+    with _controllers_lock:
+        return _controllers.get(uid)
+
+
+def forget(uid: str) -> None:
+    with _controllers_lock:
+        _controllers.pop(uid, None)
+
+
+class OperatorCollector(Collector):
+    """The local controller's metrics (`stratamq_cluster_*`, broker/cluster/metrics.py),
+    one series set per DurableStorage, labelled with its namespace and name, so the
+    replication dashboard's controller panels work under Kubernetes too."""
+
+    def collect(self) -> Iterator[Metric]:
+        with _controllers_lock:
+            controllers = list(_controllers.values())
+        merged: dict[str, Metric] = {}
+        for controller in controllers:
+            extra = {"namespace": controller.owner.namespace, "name": controller.owner.name}
+            collector = ControllerCollector(controller.snapshot, controller.settings)
+            for family in collector.collect():
+                into = merged.setdefault(family.name, Metric(family.name,
+                                                             family.documentation,
+                                                             family.type))
+                for sample in family.samples:
+                    into.add_sample(sample.name, {**sample.labels, **extra}, sample.value)
+        yield from merged.values()

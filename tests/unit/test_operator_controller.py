@@ -1,0 +1,120 @@
+"""The operator's replication controller (stratamq.operator.controller), its parts that
+need no API server: the state kept in status.controller, the pods the StatefulSet
+must keep while departing sites hold replicas, and the phases of a plan's steps. The
+rounds themselves run against a real API server and real sites in
+tests/kube/test_operator_replication.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from stratamq.broker.cluster.decisions import CatchUp, ClusterState
+from stratamq.broker.cluster.sites import SiteState
+from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
+from stratamq.operator.controller import (
+    StorageController,
+    kept_document,
+    load_document,
+    settings_of,
+    step_phases,
+    transition_manifest,
+    transition_name,
+)
+from stratamq.operator.resources import Owner
+
+OWNER = Owner(name="mq", namespace="brokers", uid="u-1")
+SPEC = {"sites": 3, "messages": {"nShards": 2, "replicationFactor": 3}}
+A, B, C, D = "AAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBB", "CCCCCCCCCCCCCCCC", "DDDDDDDDDDDDDDDD"
+
+
+def first_placement(sites: list[str]) -> Placement:
+    return plan([Site(site) for site in sites], ["messages"], 2, 3, Placement.empty()).start
+
+
+def sites_state(*ids: str) -> dict[str, SiteState]:
+    return {site: SiteState(id=site, admin_url="", last_seen=0.0, peer=f"10.0.0.{n}:18084")
+            for n, site in enumerate(ids)}
+
+
+def test_the_kept_state_comes_back_whole() -> None:
+    placement = first_placement([A, B, C])
+    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+                  placement)
+    state = ClusterState(placement=placement, plan=moving, goals={"messages": (A, B, D)})
+    pods = {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}
+    document = kept_document(state, sites_state(A, B, C, D), pods)
+    loaded, sites, loaded_pods = load_document(document, 5.0)
+    assert (loaded.placement, loaded.plan, loaded.goals) == (placement, moving,
+                                                              {"messages": (A, B, D)})
+    assert loaded_pods == pods
+    assert {site.id: (site.peer, site.last_seen, site.answered) for site in sites.values()} == {
+        site: (f"10.0.0.{n}:18084", 5.0, False) for n, site in enumerate((A, B, C, D))}
+    # An operator that never placed anything keeps nothing.
+    empty, none, no_pods = load_document(kept_document(ClusterState(), {}, {}), 0.0)
+    assert empty.placement.version == 0 and empty.plan is None and not none and not no_pods
+
+
+def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
+    placement = first_placement([A, B, C])
+    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+                  placement)
+    first = moving.transitions[0]
+    assert first.action == "add"
+    state = ClusterState(placement=apply_transition(placement, first), plan=moving,
+                         goals={"messages": (A, B, D)})
+    loaded, _, _ = load_document(kept_document(state, sites_state(A, B, C, D), {}), 0.0)
+    assert loaded.catch_up is not None and loaded.catch_up.site == first.site
+
+
+def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
+    placement = first_placement([A, B, C])
+    document = kept_document(ClusterState(placement=placement), sites_state(A, B, C, D),
+                             {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"})
+    controller = StorageController(OWNER, settings_of(SPEC, 2.0), document)
+    # Scaled to 2: mq-2 holds replicas, so three pods stay; D on mq-3 holds none.
+    assert controller.kept_pods(2) == 3
+    assert controller.kept_pods(4) == 4
+    # D in the pending plan's target keeps mq-3 too.
+    moving = plan([Site(A), Site(B), Site(C), Site(D)], ["messages"], 2, 3, placement)
+    assert D in moving.target.sites()
+    controller.state = replace(controller.state, plan=moving)
+    assert controller.kept_pods(2) == 4
+
+
+def test_step_phases_follow_the_plan() -> None:
+    placement = first_placement([A, B, C])
+    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+                  placement)
+    steps = moving.transitions
+    assert [step.action for step in steps[:2]] == ["add", "remove"]
+    state = ClusterState(placement=placement, plan=moving)
+    versions: dict[str, int | None] = {A: placement.version}
+    assert step_phases(moving, state, versions) == ["Pending"] * len(steps)
+    joined = apply_transition(placement, steps[0])
+    catching = replace(state, placement=joined,
+                       catch_up=CatchUp(steps[0].shard_id, steps[0].site, joined.version))
+    assert step_phases(moving, catching, versions)[:2] == ["CatchingUp", "Pending"]
+    caught = replace(catching, catch_up=None)
+    assert step_phases(moving, caught, versions)[:2] == ["Done", "Pending"]
+    removed = apply_transition(joined, steps[1])
+    left = replace(caught, placement=removed)
+    assert step_phases(moving, left, {A: joined.version})[:2] == ["Done", "Removing"]
+    assert step_phases(moving, left, {A: removed.version})[:2] == ["Done", "Done"]
+    # A placement the plan does not pass through (a failover): nothing taken.
+    assert step_phases(moving, replace(state, placement=first_placement([A, B, D])),
+                       versions) == ["Pending"] * len(steps)
+
+
+def test_transition_objects_are_named_per_plan_and_owned() -> None:
+    placement = first_placement([A, B, C])
+    one = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+               placement)
+    other = plan([Site(A), Site(B, draining=True), Site(C), Site(D)], ["messages"], 2, 3,
+                 placement)
+    # Two plans from one version get names of their own.
+    assert transition_name("mq", one, 0) != transition_name("mq", other, 0)
+    made = transition_manifest(OWNER, one, 1, one.transitions[1])
+    assert made["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert made["spec"] == {"durableStorage": "mq", "database": "messages",
+                            "shard": one.transitions[1].shard, "action": "Remove",
+                            "site": one.transitions[1].site, "step": 1}
