@@ -14,7 +14,7 @@ from ..ds import CookedBatch, Message, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.session import Delivery, Session
-from .router import SubscriptionIndex
+from ..subscription_index import SubscriptionIndex
 
 
 def _group_key(subscription: Subscription) -> str:

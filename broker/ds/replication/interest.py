@@ -7,15 +7,10 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+
+from ...subscription_index import SubscriptionIndex
 
 SHARE_PREFIX = "$share/"
-
-
-@dataclass(slots=True)
-class _Node:
-    children: dict[str, _Node] = field(default_factory=dict)
-    terminal: bool = False
 
 
 def plain_filter(topic_filter: str) -> str:
@@ -30,41 +25,16 @@ class FilterSet:
     """A set of topic filters that answers whether any of them matches a topic."""
 
     def __init__(self, filters: Iterable[str] = ()) -> None:
-        self._root = _Node()
         self.filters = frozenset(filters)
+        self._index: SubscriptionIndex[str] = SubscriptionIndex()
         for topic_filter in self.filters:
-            node = self._root
-            for level in plain_filter(topic_filter).split("/"):
-                node = node.children.setdefault(level, _Node())
-            node.terminal = True
+            self._index.add(plain_filter(topic_filter), topic_filter)
 
     def __bool__(self) -> bool:
         return bool(self.filters)
 
     def matches(self, topic: str) -> bool:
-        levels = topic.split("/")
-        # `+` and `#` at the first level never match `$` topics (MQTT 4.7.2)
-        dollar = topic.startswith("$")
-        stack = [(self._root, 0)]
-        while stack:
-            node, depth = stack.pop()
-            wildcards = not (dollar and depth == 0)
-            if wildcards:
-                hash_node = node.children.get("#")
-                if hash_node is not None and hash_node.terminal:
-                    return True
-            if depth == len(levels):
-                if node.terminal:
-                    return True
-                continue
-            exact = node.children.get(levels[depth])
-            if exact is not None:
-                stack.append((exact, depth + 1))
-            if wildcards:
-                plus = node.children.get("+")
-                if plus is not None:
-                    stack.append((plus, depth + 1))
-        return False
+        return next(self._index.match(topic), None) is not None
 
 
 def shared_site(group_key: str, message_key: str, sites: Iterable[str]) -> str | None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq.broker.core.router import SubscriptionIndex
+from stratamq.broker.subscription_index import SubscriptionIndex
 from stratamq.broker.topic import topic_matches
 
 

@@ -1,7 +1,9 @@
 """The site's subscription index: which subscribers want a topic.
 
 A trie over filter levels, so matching a topic costs its depth, not the number of
-subscriptions. Pure: the broker calls it from the commit feed."""
+subscriptions. Pure: the broker's dispatcher calls it from the commit feed, and a
+shard leader (`ds/replication/interest.py`) with the filters each site said it
+holds."""
 
 from __future__ import annotations
 
