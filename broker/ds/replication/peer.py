@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -250,74 +251,61 @@ class PeerClient:
                            after: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """A consistent read of a shard's records at a site that holds a replica of
         it. PeerError (recoverable) when it does not answer with them."""
-        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/records"
         params = {"prefix": prefix.hex()}
         if limit is not None:
             params["limit"] = str(limit)
         if after is not None:
             params["after"] = after.hex()
+        doing = f"a read of records of {db}/{shard}"
+        answer = await self._json("GET", address, f"/peer/v1/dbs/{db}/{shard}/records",
+                                  doing, within, params=params)
         try:
-            async with self._session.get(url, params=params,
-                                         timeout=aiohttp.ClientTimeout(total=within)
-                                         ) as response:
-                body = await response.read()
-                if response.status != 200:
-                    raise PeerError(f"{address} did not read records of {db}/{shard} "
-                                    f"({response.status}): {body.decode('utf-8', 'replace')}")
-                return [(bytes.fromhex(key), bytes.fromhex(value))
-                        for key, value in json.loads(body)["records"]]
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise PeerError(f"{address} did not answer a read of records of {db}/{shard}: "
-                            f"{error!r}") from error
+            return [(bytes.fromhex(key), bytes.fromhex(value))
+                    for key, value in answer["records"]]
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise PeerError(f"{address} answered a read of records of {db}/{shard} with "
-                            f"{body[:200]!r}") from error
+            raise PeerError(f"{address} answered {doing} with {answer!r:.200}") from error
 
     async def call(self, address: str, name: str, body: dict[str, object],
                    within: float) -> dict[str, object]:
         """POST a broker request (`/peer/v1/broker/{name}`) to the site at `address`;
         its JSON answer. PeerError (recoverable) when it does not answer with one."""
-        url = f"http://{address}/peer/v1/broker/{name}"
-        try:
-            async with self._session.post(url, json=body,
-                                          timeout=aiohttp.ClientTimeout(total=within)
-                                          ) as response:
-                answer = await response.read()
-                if response.status != 200:
-                    raise PeerError(f"{address} refused {name} ({response.status}): "
-                                    f"{answer.decode('utf-8', 'replace')}")
-                found = json.loads(answer)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise PeerError(f"{address} did not answer {name}: {error!r}") from error
-        except ValueError as error:
-            raise PeerError(f"{address} answered {name} with {answer[:200]!r}") from error
-        if not isinstance(found, dict):
-            raise PeerError(f"{address} answered {name} with {found!r}")
-        return found
+        return await self._json("POST", address, f"/peer/v1/broker/{name}", name, within,
+                                json=body)
 
     async def barrier(self, address: str, db: str, shard: int, within: float) -> int:
         """Ask the shard's leader at `address` for the offset a read barrier waits
         for (the end of its log). PeerError (recoverable) when it does not answer so."""
-        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/barrier"
+        doing = f"a read barrier of {db}/{shard}"
+        answer = await self._json("GET", address, f"/peer/v1/dbs/{db}/{shard}/barrier",
+                                  doing, within)
+        offset = answer.get("offset")
+        if not isinstance(offset, int):
+            raise PeerError(f"the leader of {db}/{shard} at {address} answered {doing} "
+                            f"with offset {offset!r}")
+        return offset
+
+    async def _json(self, method: str, address: str, path: str, doing: str, within: float,
+                    **request: object) -> dict[str, Any]:
+        """One request to the peer port at `address` whose answer is a JSON object.
+        PeerError (recoverable) when it is not answered in time, refused (not 200), or
+        answered with anything else; `doing` names the request in the message."""
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=within)
-                                         ) as response:
+            async with self._session.request(method, f"http://{address}{path}",
+                                             timeout=aiohttp.ClientTimeout(total=within),
+                                             **request) as response:  # type: ignore[arg-type]
                 body = await response.read()
                 if response.status != 200:
-                    raise PeerError(f"the leader of {db}/{shard} at {address} refused a read "
-                                    f"barrier ({response.status}): "
+                    raise PeerError(f"{address} refused {doing} ({response.status}): "
                                     f"{body.decode('utf-8', 'replace')}")
-                offset = json.loads(body)["offset"]
         except (aiohttp.ClientError, TimeoutError) as error:
-            raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a read "
-                            f"barrier: {error!r}") from error
-        except (ValueError, KeyError, TypeError) as error:
-            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
-                            f"barrier with {body[:200]!r}") from error
-        if not isinstance(offset, int):
-            raise PeerError(f"the leader of {db}/{shard} at {address} answered a read "
-                            f"barrier with offset {offset!r}")
-        return offset
+            raise PeerError(f"{address} did not answer {doing}: {error!r}") from error
+        try:
+            found = json.loads(body)
+        except ValueError as error:
+            raise PeerError(f"{address} answered {doing} with {body[:200]!r}") from error
+        if not isinstance(found, dict):
+            raise PeerError(f"{address} answered {doing} with {found!r:.200}")
+        return found
 
 
 def _fenced_keys(body: bytes) -> frozenset[bytes]:
