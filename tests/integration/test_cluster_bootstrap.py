@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import DB, Cluster, SiteProcess, http_json, poll
+from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, http_json, poll
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
@@ -62,16 +60,6 @@ def shard_reports(site: SiteProcess) -> dict[int, dict[str, Any]]:
 def log_entries(report: dict[str, Any]) -> int:
     """Entries a replica's log holds (from its start to its end)."""
     return int(report["last"][1]) - int(report["log_start"]) + 1
-
-
-def ctl_ds(cluster: Cluster, *arguments: str) -> str:
-    controller = cluster.controller
-    done = subprocess.run(
-        [sys.executable, "-m", "stratamq.broker", "ctl", "ds", *arguments,
-         "--url", controller.url, "--token-file", str(controller.token_file)],
-        capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, f"ctl ds {' '.join(arguments)}: {done.stderr}"
-    return done.stdout
 
 
 def plan_done(cluster: Cluster) -> bool:

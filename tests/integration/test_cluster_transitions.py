@@ -40,6 +40,7 @@ from tests.support.cluster import (
     DB,
     Cluster,
     SiteProcess,
+    ctl_ds,
     http_json,
     poll,
 )
@@ -138,16 +139,6 @@ class InfoSampler:
         if (what, steps) not in self._seen:
             self._seen.add((what, steps))
             self.events.append(f"{self.phase}: {what}: {steps}")
-
-
-def ctl_ds(cluster: Cluster, *arguments: str) -> str:
-    controller = cluster.controller
-    done = subprocess.run(
-        [sys.executable, "-m", "stratamq.broker", "ctl", "ds", *arguments,
-         "--url", controller.url, "--token-file", str(controller.token_file)],
-        capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, f"ctl ds {' '.join(arguments)}: {done.stderr}"
-    return done.stdout
 
 
 KV_DATABASES = ("sessions", "retained")

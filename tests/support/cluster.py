@@ -14,6 +14,7 @@ the connections between k and the others (the test and MQTT clients go direct)."
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import urllib.error
@@ -286,3 +287,15 @@ class Cluster:
     def close(self) -> None:
         for process in [self.controller, *self.sites]:
             process.kill()
+
+
+def ctl_ds(cluster: Cluster, *arguments: str) -> str:
+    """`stratamq ctl ds ARGUMENTS` against the cluster's controller; its output (the
+    command must succeed)."""
+    controller = cluster.controller
+    done = subprocess.run(
+        [sys.executable, "-m", "stratamq.broker", "ctl", "ds", *arguments,
+         "--url", controller.url, "--token-file", str(controller.token_file)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"ctl ds {' '.join(arguments)}: {done.stderr}"
+    return done.stdout

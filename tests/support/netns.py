@@ -258,7 +258,10 @@ class _Proxy:
 
     def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
                 pairs: dict[socket.socket, socket.socket]) -> None:
-        client, _ = listener.accept()
+        client, (source, *_rest) = listener.accept()
+        if not self._admits(source):
+            client.close()
+            return
         try:
             upstream = socket.create_connection(self.target, timeout=2)
         except OSError:
@@ -268,6 +271,14 @@ class _Proxy:
             sock.setblocking(True)
             selector.register(sock, selectors.EVENT_READ)
         pairs[client], pairs[upstream] = upstream, client
+        self._accepted(client, source)
+
+    def _admits(self, source: str) -> bool:
+        """Whether a connection from `source` is let through."""
+        return True
+
+    def _accepted(self, client: socket.socket, source: str) -> None:
+        """Called on the proxy's thread with each connection let through."""
 
     def _sweep(self, selector: selectors.BaseSelector,
                pairs: dict[socket.socket, socket.socket]) -> None:
@@ -308,21 +319,10 @@ class _Front(_Proxy):
         self.blocked: frozenset[str] = frozenset()  # replaced whole, read by the thread
         self._sources: dict[socket.socket, str] = {}
 
-    def _accept(self, listener: socket.socket, selector: selectors.BaseSelector,
-                pairs: dict[socket.socket, socket.socket]) -> None:
-        client, (source, *_rest) = listener.accept()
-        if source in self.blocked:
-            client.close()
-            return
-        try:
-            upstream = socket.create_connection(self.target, timeout=2)
-        except OSError:
-            client.close()
-            return
-        for sock in (client, upstream):
-            sock.setblocking(True)
-            selector.register(sock, selectors.EVENT_READ)
-        pairs[client], pairs[upstream] = upstream, client
+    def _admits(self, source: str) -> bool:
+        return source not in self.blocked
+
+    def _accepted(self, client: socket.socket, source: str) -> None:
         self._sources[client] = source
 
     def _sweep(self, selector: selectors.BaseSelector,
