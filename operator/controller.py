@@ -53,7 +53,7 @@ from .status import ReplicationView
 
 log = logging.getLogger(__name__)
 
-DATABASES = ("messages",)
+DATABASES = decisions.REPLICATED_DATABASES
 PROBE_TIMEOUT = 2.0
 TRANSITION_API = f"{GROUP}/v1alpha1"
 TRANSITION_KIND = "ReplicaTransition"

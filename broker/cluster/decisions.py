@@ -40,6 +40,11 @@ MISSED_HEARTBEATS = 3
 STARTUP_GRACE_HEARTBEATS = 10
 
 
+# Every database of a site is replicated: the messages, the sessions (with their
+# owner epochs) and the retained messages.
+REPLICATED_DATABASES = ("messages", "sessions", "retained")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The cluster's fixed parameters. `expected_sites`: how many sites the controller
@@ -48,7 +53,7 @@ class Settings:
     replication_factor: int
     n_shards: int
     heartbeat_interval: float
-    databases: tuple[str, ...] = ("messages", "sessions", "retained")
+    databases: tuple[str, ...] = REPLICATED_DATABASES
     missed_heartbeats: int = MISSED_HEARTBEATS
     expected_sites: int = 0
 

@@ -86,10 +86,15 @@ def site_of_pod(status: dict[str, Any]) -> dict[str, str]:
     return {site["pod"]: site["id"] for site in status.get("sites", [])}
 
 
-def shards(status: dict[str, Any]) -> list[dict[str, Any]]:
-    [messages] = status["databases"]
-    found: list[dict[str, Any]] = messages["shards"]
+def shards(status: dict[str, Any], db: str = "messages") -> list[dict[str, Any]]:
+    [database] = [found for found in status["databases"] if found["name"] == db]
+    found: list[dict[str, Any]] = database["shards"]
     return found
+
+
+def every_shard(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The shards of every replicated database (messages, sessions, retained)."""
+    return [shard for database in status["databases"] for shard in database["shards"]]
 
 
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
@@ -198,8 +203,10 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     status = found["status"]
     ids = set(site_of_pod(status).values())
     assert len(ids) == 3
+    assert sorted(database["name"] for database in status["databases"]) == [
+        "messages", "retained", "sessions"]
     assert [shard["shard"] for shard in shards(status)] == list(range(N_SHARDS))
-    for shard in shards(status):
+    for shard in every_shard(status):
         assert set(shard["replicas"]) == ids and shard["leader"] in ids
         assert shard["leaderEpoch"] >= 1 and shard["underReplicated"] is False
     assert status["underReplicatedShards"] == 0 and status["pendingTransitions"] == 0
@@ -250,8 +257,9 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
                for item in items)
     added = {item["spec"]["site"] for item in items if item["spec"]["action"] == "Add"}
     assert added <= set(pods.values()) and added & new, (added, new)
-    held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
-    assert held & new and all(len(shard["replicas"]) == 3 for shard in shards(found["status"]))
+    held = {site for shard in every_shard(found["status"]) for site in shard["replicas"]}
+    assert held & new and all(len(shard["replicas"]) == 3
+                              for shard in every_shard(found["status"]))
     table = cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
     print(table)
     assert "Done" in table and "PHASE" in table
@@ -301,7 +309,7 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
     removed = {item["spec"]["site"] for item in plan_of(list(after.values()), before)
                if item["spec"]["action"] == "Remove"}
     assert set(departing.values()) <= removed
-    held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
+    held = {site for shard in every_shard(found["status"]) for site in shard["replicas"]}
     assert not held & set(departing.values())
     assert get(cluster, "statefulset", NAME)["spec"]["replicas"] == 3
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
@@ -347,7 +355,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
                      explain=explain(cluster, operators, node))
     assert site_of_pod(found["status"]) == pods
     assert all(len(shard["replicas"]) == 3 and not shard["underReplicated"]
-               for shard in shards(found["status"]))
+               for shard in every_shard(found["status"]))
 
     # Nothing acknowledged lost: stop, let every acknowledgement and delivery come in.
     assert stop_and_drain(load.publishers, 60), load.history.summary()
