@@ -166,13 +166,16 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     assert conditions["Degraded"]["status"] == "False"
     assert (conditions["Rebalancing"]["status"], conditions["Rebalancing"]["reason"]) == (
         "False", "Balanced")
-    # The operator is the controller: every shard placed on the three sites, led.
-    [messages] = status["databases"]
-    assert messages["name"] == "messages" and messages["underReplicatedShards"] == 0
-    assert [shard["shard"] for shard in messages["shards"]] == [0, 1]
+    # The operator is the controller: every shard of every replicated database placed
+    # on the three sites, led.
     ids = {site["id"] for site in status["sites"]}
-    for shard in messages["shards"]:
-        assert set(shard["replicas"]) == ids and shard["leader"] in ids
+    assert [database["name"] for database in status["databases"]] == [
+        "messages", "retained", "sessions"]
+    for database in status["databases"]:
+        assert database["underReplicatedShards"] == 0
+        assert [shard["shard"] for shard in database["shards"]] == [0, 1]
+        for shard in database["shards"]:
+            assert set(shard["replicas"]) == ids and shard["leader"] in ids
     # The scale subresource's status side and the printer columns.
     assert status["replicas"] == 3
     assert status["selector"] == ("app.kubernetes.io/name=stratamq,"
