@@ -136,7 +136,8 @@ def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
     config["admin"] = {"enable": True, "bind": _bind(admin_port(spec))}
     # The advertised address comes from the environment (ADVERTISE_ENV): the Pod IP is
     # not known when the ConfigMap is made.
-    config["cluster"] = {"enable": True, "peer_bind": _bind(PEER_PORT)}
+    config["cluster"] = {**snake_keys(spec.get("cluster", {})), "enable": True,
+                         "peer_bind": _bind(PEER_PORT)}
     return config
 
 

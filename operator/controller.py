@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -43,7 +43,7 @@ from stratamq.broker.cluster import decisions
 from stratamq.broker.cluster.decisions import ClusterState, Settings, is_gone
 from stratamq.broker.cluster.metrics import ControllerCollector, Snapshot
 from stratamq.broker.cluster.sites import BadReportError, Report, SiteState, parse_report
-from stratamq.broker.ds.replication import Placement, Plan, Transition
+from stratamq.broker.ds.replication import Placement, Plan, ShardId, Transition
 from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
@@ -53,6 +53,8 @@ from .status import ReplicationView
 
 log = logging.getLogger(__name__)
 
+# Every replicated database of a site (DESIGN.md "Replication"), placed alike: the same
+# sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
 PROBE_TIMEOUT = 2.0
 TRANSITION_API = f"{GROUP}/v1alpha1"
@@ -123,9 +125,34 @@ def _call(method: str, url: str, token: str, body: Any = None) -> Any:
         return json.load(response)
 
 
-def probe(url: str, token: str) -> Report | None:
+@dataclass(frozen=True)
+class Bootstraps:
+    """What a site says of its checkpoint bootstraps, per shard: the shards it is
+    bootstrapping now, and how many checkpoints it installed per shard since it
+    started (a bootstrap done between two rounds shows only there)."""
+
+    running: frozenset[ShardId] = frozenset()
+    installed: Mapping[ShardId, int] = field(default_factory=dict)
+
+
+def bootstraps_of(document: Mapping[str, Any]) -> Bootstraps:
+    """From a checked report (`parse_report` accepted it): the bootstrap fields of its
+    shards (`state`, `bootstraps`; a site that has none says nothing)."""
+    running, installed = set(), {}
+    for entry in document.get("shards") or []:
+        shard_id = (str(entry["db"]), int(entry["shard"]))
+        if entry.get("state") == "bootstrapping":
+            running.add(shard_id)
+        count = entry.get("bootstraps")
+        if isinstance(count, int) and not isinstance(count, bool):
+            installed[shard_id] = count
+    return Bootstraps(frozenset(running), installed)
+
+
+def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
     try:
-        return parse_report(_call("GET", url + "/api/v1/ds/replication", token))
+        document = _call("GET", url + "/api/v1/ds/replication", token)
+        return parse_report(document), bootstraps_of(document)
     except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
         log.debug("site at %s does not answer: %s", url, error)
         return None
@@ -167,11 +194,18 @@ def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transit
                      "site": transition.site, "step": step}}
 
 
-def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None]
-                ) -> list[str]:
+ADD_PHASES = ("Pending", "Bootstrapping", "CatchingUp", "Joined", "Done")
+REMOVE_PHASES = ("Pending", "Removing", "Done")
+
+
+def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None],
+                bootstrapping: bool = False) -> list[str]:
     """The phase of each step of `plan` (the pending one) at `state`: the steps taken
-    are Done, except the last one while it is under way (a `+site` catching up, a
-    `-site` not yet taken by every site that answers); the rest Pending."""
+    are Done, except the last one while it is under way (a `+site` Pending until its
+    site took the placement, then bootstrapping from a checkpoint while the site says
+    so, catching up, and Joined once caught up; a `-site` Removing until every site
+    that answers took it); the rest Pending. `versions`: the placement version each
+    site that answers has taken."""
     try:
         done = len(plan.transitions) - len(plan.remaining(state.placement))
     except PlanError:
@@ -183,7 +217,12 @@ def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | No
         elif number < done - 1:
             phases.append("Done")
         elif step.action == "add":
-            phases.append("CatchingUp" if state.catch_up is not None else "Done")
+            if state.catch_up is None:
+                phases.append("Joined")
+            elif (versions.get(step.site) or 0) < state.catch_up.version:
+                phases.append("Pending")  # its site has not taken the placement yet
+            else:
+                phases.append("Bootstrapping" if bootstrapping else "CatchingUp")
         else:
             behind = any(version is None or version < state.placement.version
                          for version in versions.values())
@@ -191,10 +230,40 @@ def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | No
     return phases
 
 
+def phase_path(action: str, current: str, target: str, bootstrapped: bool) -> list[str]:
+    """The phases a step shows on its way from `current` to `target` (a round may
+    find it several phases on: a join that caught up between two rounds went through
+    CatchingUp and Joined; Bootstrapping only where its site bootstrapped). Failed,
+    and any move back (a site bootstrapping again after a restart), go straight."""
+    if target == current:
+        return []
+    order = ADD_PHASES if action == "add" else REMOVE_PHASES
+    if target == "Failed" or current not in order or target not in order:
+        return [target]
+    start, end = order.index(current), order.index(target)
+    if end < start:
+        return [target]
+    return [phase for phase in order[start + 1:end]
+            if phase != "Bootstrapping" or bootstrapped] + [target]
+
+
 # --- one storage's controller ----------------------------------------------------------
 
+KEEP_TRIES = 5  # conditional writes of status.controller refused by other writers' changes
+
+
+def taken_steps(plan: Plan, placement: Placement) -> int | None:
+    """How many of the plan's steps `placement` has taken; None when it is not on the
+    plan's way (a failover changed it)."""
+    try:
+        return len(plan.transitions) - len(plan.remaining(placement))
+    except PlanError:
+        return None
+
+
 class StorageController:
-    def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any]) -> None:
+    def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
+                 resource_version: str = "") -> None:
         self.owner = owner
         self.settings = settings
         self.started = time.monotonic()
@@ -207,8 +276,16 @@ class StorageController:
         # a scale and its plan.
         self.goal_unsettled = False
         self._unsettled = False
+        self._no_plan = ""  # why the goal has no plan (said once)
         self._publish_lock = threading.Lock()
         self._saved = dict(document)
+        # The storage's resourceVersion when status.controller was last read or written
+        # here: the next write is conditional on it (the fence between two operators).
+        self._resource_version = resource_version
+        self._boots: dict[str, Bootstraps] = {}  # site -> its last report's bootstraps
+        self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
+        self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
+        self._showed_bootstrap: set[str] = set()  # ... and whose phase said so
         self._pushed_peers: dict[str, str] | None = None
         self._phases: dict[str, str] = {}
         self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
@@ -230,9 +307,11 @@ class StorageController:
                    if pod.ip and not pod.terminating]
         now = time.monotonic()
         sites, site_pods, urls = dict(self.sites), dict(self.pods), dict(self.urls)
-        for pod, report in reports:
-            if report is None:
+        boots: dict[str, Bootstraps] = {}
+        for pod, probed in reports:
+            if probed is None:
                 continue
+            report, boots[report.site] = probed
             known = sites.get(report.site) or SiteState(id=report.site, admin_url="",
                                                         last_seen=now)
             if report.site not in self.sites:
@@ -250,21 +329,62 @@ class StorageController:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
         document = kept_document(decision.state, sites, site_pods)
-        if document != self._saved:
+        if document != self._saved and not self._keep(document):
             # Kept before anything is pushed: a site must never hold a placement that
-            # a restarted operator does not know.
-            if not kube.patch_status(API_VERSION, KIND, self.owner.namespace, self.owner.name,
-                                     {"controller": document}):
-                return  # the storage is gone
-            self._saved = document
+            # a restarted operator does not know. Not kept: the storage is gone, or
+            # another operator wrote its state since (loaded instead of this round's).
+            return
         with self._publish_lock:  # what view() reads, all of one round
             self.sites, self.pods, self.urls = sites, site_pods, urls
+            self._boots = boots
             self.state, self.notes = decision.state, decision.notes
             self.goal_unsettled = self._unsettled
         if decision.state.placement != before:
             self.leader_changes += leader_changes(before, decision.state.placement)
         self._push(token)
         self._transitions()
+
+    def _keep(self, document: dict[str, Any]) -> bool:
+        """Write `document` as status.controller, on condition that the storage is at
+        the resourceVersion this operator last saw. Refused (409): when the kept state
+        is still the one written here, something else changed the storage (its spec,
+        the status refresh, Kopf's own marks) and the write is tried again at the new
+        version; when it is another state, another operator acts (a Kopf peering
+        hand-over): its state is loaded in place of this round's and False returned,
+        so nothing is pushed. False too when the storage is gone."""
+        for _ in range(KEEP_TRIES):
+            try:
+                written = kube.patch_status_at(API_VERSION, KIND, self.owner.namespace,
+                                               self.owner.name, {"controller": document},
+                                               self._resource_version)
+            except kube.StaleWriteError:
+                current = kube.get(API_VERSION, KIND, self.owner.namespace, self.owner.name)
+                if current is None:
+                    return False
+                self._resource_version = current["metadata"]["resourceVersion"]
+                found = (current.get("status") or {}).get("controller") or {}
+                if found != self._saved:
+                    self._adopt(found)
+                    return False
+                continue
+            if written is None:
+                return False
+            self._resource_version, self._saved = written, document
+            return True
+        log.warning("%s/%s: status.controller not written: the storage kept changing",
+                    self.owner.namespace, self.owner.name)
+        return False
+
+    def _adopt(self, document: Mapping[str, Any]) -> None:
+        """Take the state another operator kept (this one's round is dropped)."""
+        log.warning("%s/%s: another operator wrote the controller's state since this one "
+                    "read it: loaded, nothing pushed this round", self.owner.namespace,
+                    self.owner.name)
+        state, sites, pods = load_document(document, time.monotonic())
+        with self._publish_lock:
+            self.state, self.sites, self.pods = state, sites, pods
+        self._saved = dict(document)
+        self._pushed_peers = None
 
     def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
                          site_pods: dict[str, str], pod_names: set[str], now: float) -> None:
@@ -286,8 +406,10 @@ class StorageController:
                      sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
                      ) -> ClusterState:
         """A new plan when the sites of the pods below spec.sites are not the goal any
-        more (scaled up or down); only once each of those pods has a known site, so a
-        scale-up makes one plan, not one per pod as they come."""
+        more (scaled up or down), or the shards' replica sets are not of
+        spec.messages.replicationFactor (changed); only once each of those pods has a
+        known site, so a scale-up makes one plan, not one per pod as they come. Every
+        placed database is planned to the same sites, in one plan."""
         wanted_pods = {f"{self.owner.name}-{number}" for number in range(int(spec.get(
             "sites", 3)))}
         by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
@@ -296,23 +418,34 @@ class StorageController:
         if unsettled:
             return state
         goal = tuple(sorted(by_pod[pod] for pod in wanted_pods))
-        placed = set(state.placement.databases())
-        for database in DATABASES:
-            if database not in placed or tuple(decisions.goal_of(state, database)) == goal:
-                continue
-            try:
-                new = decisions.plan_goals(state.placement, {database: goal}, sites,
-                                           self.settings)
-            except StratamqError as error:
-                log.warning("%s/%s: no plan to %s: %s", self.owner.namespace,
-                            self.owner.name, ", ".join(goal), error)
-                continue
-            state = replace(state, plan=new if new.transitions else None,
-                            goals={**state.goals, database: goal})
-            log.info("%s/%s: %s to live on %s; plan: %s", self.owner.namespace,
-                     self.owner.name, database, ", ".join(goal),
-                     "; ".join(new.describe()) or "nothing to do")
-        return state
+        placed = [database for database in DATABASES
+                  if database in state.placement.databases()]
+        heading = state.placement if state.plan is None else state.plan.target
+        factor = self.settings.replication_factor
+        moved = [database for database in placed
+                 if tuple(decisions.goal_of(state, database)) != goal]
+        refactored = [database for database in placed
+                      if any(len(shard.replicas) != factor
+                             for shard in heading.shards_of(database))]
+        if not moved and not refactored:
+            self._no_plan = ""
+            return state
+        try:
+            new = decisions.plan_goals(state.placement, dict.fromkeys(placed, goal), sites,
+                                       self.settings)
+        except StratamqError as error:
+            why = (f"no plan to {', '.join(goal)} at replication factor {factor}: "
+                   f"{error}")
+            if why != self._no_plan:  # said once, not every round
+                log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, why)
+                self._no_plan = why
+            return state
+        self._no_plan = ""
+        log.info("%s/%s: %s to live on %s at replication factor %d; plan: %s",
+                 self.owner.namespace, self.owner.name, ", ".join(placed), ", ".join(goal),
+                 factor, "; ".join(new.describe()) or "nothing to do")
+        return replace(state, plan=new if new.transitions else None,
+                       goals={**state.goals, **dict.fromkeys(placed, goal)})
 
     def _push(self, token: str) -> None:
         placement = self.state.placement
@@ -341,14 +474,17 @@ class StorageController:
         if self._plan is not None and self._plan != state.plan:
             finished = self._plan.target == state.placement or (
                 state.plan is None and self._phases_all_taken(self._plan, state))
-            for number in range(len(self._plan.transitions)):
+            if finished:
+                self._watch_bootstraps(self._plan, state)
+            for number, step in enumerate(self._plan.transitions):
                 name = transition_name(self.owner.name, self._plan, number)
                 if self._phases.get(name) not in ("Done", "Failed"):
                     if finished:
-                        self._set_phase(name, "Done")
+                        self._set_phase(name, step.action, "Done")
                     else:
-                        self._set_phase(name, "Failed", "Replanned", "the plan was made "
-                                        "again (a failover, or the sites asked for changed)")
+                        self._set_phase(name, step.action, "Failed", "Replanned",
+                                        "the plan was made again (a failover, or the "
+                                        "sites asked for changed)")
             self._plan = None
         if state.plan is None:
             return
@@ -359,10 +495,35 @@ class StorageController:
                 if kube.create(manifest):
                     log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
                              self.owner.name, manifest["metadata"]["name"], step)
+                if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
+                    self._write_phase(manifest["metadata"]["name"], "Pending")
         versions = {site.id: site.placement_version for site in self.sites.values()
                     if site.answered and not is_gone(site, time.monotonic(), self.settings)}
-        for number, phase in enumerate(step_phases(state.plan, state, versions)):
-            self._set_phase(transition_name(self.owner.name, state.plan, number), phase)
+        bootstrapping = self._watch_bootstraps(state.plan, state)
+        for number, phase in enumerate(step_phases(state.plan, state, versions, bootstrapping)):
+            self._set_phase(transition_name(self.owner.name, state.plan, number),
+                            state.plan.transitions[number].action, phase)
+
+    def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> bool:
+        """Note which taken `+site` steps bootstrapped their site from a checkpoint (it
+        says `bootstrapping` for the shard, or installed a checkpoint of it since the
+        step was taken); whether the step under way is bootstrapping now."""
+        taken = taken_steps(plan, state.placement)
+        if taken is None:
+            return False
+        now = False
+        for number, step in enumerate(plan.transitions[:taken]):
+            boots = self._boots.get(step.site)
+            if step.action != "add" or boots is None:
+                continue
+            name = transition_name(self.owner.name, plan, number)
+            count = boots.installed.get(step.shard_id, 0)
+            base = self._boot_base.setdefault(name, count)
+            running = step.shard_id in boots.running and number == taken - 1
+            if running or count > base:
+                self._bootstrapped.add(name)
+            now |= running and state.catch_up is not None
+        return now
 
     @staticmethod
     def _phases_all_taken(plan: Plan, state: ClusterState) -> bool:
@@ -371,7 +532,25 @@ class StorageController:
         except PlanError:
             return False
 
-    def _set_phase(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
+    def _set_phase(self, name: str, action: str, phase: str, reason: str = "",
+                   message: str = "") -> None:
+        """Move the step to `phase` through the phases it passed meanwhile."""
+        current = self._phases.get(name, "Pending")
+        bootstrapped = name in self._bootstrapped
+        if (bootstrapped and current == "CatchingUp" and phase != "Failed"
+                and name not in self._showed_bootstrap):
+            # Its site began the bootstrap after a round had seen it catching up
+            # (the leader decides on it as it ships the first entries).
+            path = ["Bootstrapping", *phase_path(action, "Bootstrapping", phase, True)]
+        else:
+            path = phase_path(action, current, phase, bootstrapped)
+        for passed in path:
+            if passed == phase:
+                self._write_phase(name, passed, reason, message)
+            else:
+                self._write_phase(name, passed)
+
+    def _write_phase(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
         if self._phases.get(name) == phase:
             return
         status: dict[str, Any] = {"phase": phase}
@@ -383,7 +562,11 @@ class StorageController:
             status |= {"reason": reason, "message": message}
         if kube.patch_status(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name,
                              status):
+            log.info("%s/%s: ReplicaTransition %s is %s", self.owner.namespace,
+                     self.owner.name, name, phase)
             self._phases[name] = phase
+            if phase == "Bootstrapping":
+                self._showed_bootstrap.add(name)
 
     def known_phases(self, found: list[dict[str, Any]]) -> None:
         """The phases the ReplicaTransitions have (after a restart: not set again)."""
@@ -476,7 +659,8 @@ def controller_of(owner: Owner, spec: Mapping[str, Any], heartbeat: float
         if current is None:
             return None
         document = (current.get("status") or {}).get("controller") or {}
-        made = StorageController(owner, settings_of(spec, heartbeat), document)
+        made = StorageController(owner, settings_of(spec, heartbeat), document,
+                                 current["metadata"]["resourceVersion"])
         made.known_phases(kube.list_labeled(TRANSITION_API, TRANSITION_KIND, owner.namespace,
                                             f"{STORAGE_LABEL}={owner.name}"))
         _controllers[owner.uid] = made

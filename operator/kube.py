@@ -206,3 +206,27 @@ def patch_status(api_version: str, kind: str, namespace: str, name: str,
     except NotFoundError:
         return False
     return True
+
+
+class StaleWriteError(Exception):
+    """A conditional write refused (409): the object changed since it was read."""
+
+
+def patch_status_at(api_version: str, kind: str, namespace: str, name: str,
+                    status: dict[str, Any], resource_version: str) -> str | None:
+    """Merge `status` into the object's status subresource only if the object is still
+    at `resource_version` (the API server compares it: optimistic concurrency); the new
+    resourceVersion, None when the object is gone, StaleWriteError when it moved."""
+    resource = resource_of(api_version, kind)
+    try:
+        written = dynamic().patch(
+            resource.subresources["status"], name=name, namespace=namespace,
+            body={"metadata": {"resourceVersion": resource_version}, "status": status},
+            content_type="application/merge-patch+json")
+    except NotFoundError:
+        return None
+    except ConflictError as error:
+        raise StaleWriteError(f"{kind} {namespace}/{name} is no longer at "
+                              f"{resource_version}") from error
+    version: str = written.to_dict()["metadata"]["resourceVersion"]
+    return version

@@ -44,7 +44,7 @@ def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
         "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRole",
-        "ClusterRoleBinding", "Deployment", "ClusterKopfPeering"]
+        "ClusterRoleBinding", "Service", "Deployment", "ClusterKopfPeering"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
                   "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
@@ -128,3 +128,54 @@ def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace:
     assert crds.kubectl("get", "-n", namespace, "durablestorages", "-o", "name").stdout == ""
     # Helm never deletes CRDs.
     crds.kubectl("get", "crd", "durablestorages.stratamq.io")
+
+
+def test_prometheus_scrapes_the_operator(tmp_path: Path) -> None:
+    """A Service for the operator's metrics port, and a ServiceMonitor selecting it where
+    the Prometheus operator's CRD exists (and serviceMonitor.enabled)."""
+    off = ["--set", "dashboards.enabled=false"]
+    docs = render(tmp_path, *off)
+    assert not [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
+    docs = render(tmp_path, *off, "--set", "serviceMonitor.labels.release=kube-prometheus-stack",
+                  "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+    by_kind = {doc["kind"]: doc for doc in docs}
+    service, monitor, deployment = (by_kind["Service"], by_kind["ServiceMonitor"],
+                                    by_kind["Deployment"])
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    # The Service reaches the operator's pods at their metrics port ...
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    [port] = service["spec"]["ports"]
+    assert port["name"] == "metrics" and port["targetPort"] == "metrics"
+    assert env["STRATAMQ_OPERATOR_METRICS_BIND"] == f"0.0.0.0:{ports['metrics']}"
+    # ... and the ServiceMonitor selects that Service, in the release's namespace.
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        service["metadata"]["labels"].items())
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["brokers"]}
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
+                                             "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert not [doc for doc in render(tmp_path, *off, "--set", "serviceMonitor.enabled=false",
+                                      "--api-versions",
+                                      "monitoring.coreos.com/v1/ServiceMonitor")
+                if doc["kind"] == "ServiceMonitor"]
+    assert not [doc for doc in render(tmp_path, *off, "--set", "operator.enabled=false",
+                                      "--api-versions",
+                                      "monitoring.coreos.com/v1/ServiceMonitor")
+                if doc["kind"] in ("Service", "ServiceMonitor")]
+
+
+def test_rendered_manifests_validate_on_the_api_server(crds: ControlPlane, namespace: str,
+                                                       tmp_path: Path) -> None:
+    """Everything the chart renders (the ServiceMonitor aside: its CRD is not served
+    here) is accepted by the real API server's schemas (a server-side dry run, with
+    strict field validation: an unknown or misplaced field fails)."""
+    out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", namespace,
+                            "--set", "durableStorage.create=true",
+                            "--set", "durableStorage.spec.sites=3"], tool_env(tmp_path)).stdout
+    result = crds.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace,
+                          "-f", "-", input=out)
+    kinds = [line.split()[0].split("/")[0] for line in result.stdout.splitlines()]
+    assert "service" in kinds and "deployment.apps" in kinds, result.stdout

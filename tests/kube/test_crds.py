@@ -59,6 +59,7 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["listeners"]["tls"] == {"enable": False, "port": 8883, "verifyPeer": False}
     assert spec["accessControl"] == {"allowAnonymous": True, "aclNoMatch": "allow"}
     assert spec["storage"] == {"size": "10Gi"}
+    assert spec["cluster"] == {"writeTimeout": "5s", "logRetainEntries": 10000}
     assert spec["podDisruptionBudget"] == {"enable": True, "maxUnavailable": 1}
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *"}
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -148,6 +149,10 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "spark-without-volume": ({"spark": {"export": {"enable": True}}},
                              "a Spark job is enabled, so spark.volume.claimName must name "
                              "the shared (ReadWriteMany) volume claim"),
+    "zero-log-retain": ({"cluster": {"logRetainEntries": 0}},
+                        "spec.cluster.logRetainEntries in body should be greater than or "
+                        "equal to 1"),
+    "bad-write-timeout": ({"cluster": {"writeTimeout": "0s"}}, "must be a duration above 0"),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }

@@ -11,19 +11,26 @@ first holds every shard; a site holding no replica of a shard does not get the
 shard's live feed yet (README), so the messages of a shard whose replica a plan moved
 off rq-0 are excused, and printed; any other loss fails.
 
-1. ready: every shard has a leader and 3 replicas, in status;
-2. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas;
+1. ready: every shard of every replicated database (messages, sessions, retained) has
+   a leader and 3 replicas, in status;
+2. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas,
+   `kubectl get replicatransitions -w` shows each step's phases in order (Pending,
+   Bootstrapping where the site bootstrapped from a checkpoint, CatchingUp, Joined,
+   Done; Removing for a -site);
 3. scale 5 -> 3 with the operator killed mid-plan: the next one resumes the plan (the
    plan in status.controller), and the StatefulSet shrinks only once the departing
    sites hold nothing;
 4. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
-   epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins.
+   epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins;
+5. replicationFactor 3 -> 2 is planned (one -site per shard); 4 (above the sites) is
+   refused by the API server.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -35,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.ds.database import shard_of
 from tests.support.history import History
-from tests.support.kube import ControlPlane
+from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.operator_process import PEERING, Operators
 from tests.support.recorder import (
@@ -51,9 +58,14 @@ NAMESPACE = "operator-replication"
 NAME = "rq"
 N_SHARDS = 2
 TIMEOUT = 240.0  # generous: five brokers, an operator and a control plane on 2 cores
+# A short log tail kept: a replica added to a shard whose log is longer bootstraps from
+# a checkpoint of its leader (ReplicaTransition phase Bootstrapping).
 SPEC: dict[str, Any] = {"sites": 3, "messages": {"nShards": N_SHARDS, "replicationFactor": 3},
-                        "storage": {"size": "1Gi"}}
+                        "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"}}
 CLIENT_POD = f"{NAME}-0"  # stays for the whole module
+# Seconds between two messages of a publisher: the module runs for minutes, and a
+# publisher stops at MAX_PER_PUBLISHER messages.
+PACE = 0.01
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
@@ -86,15 +98,9 @@ def site_of_pod(status: dict[str, Any]) -> dict[str, str]:
     return {site["pod"]: site["id"] for site in status.get("sites", [])}
 
 
-def shards(status: dict[str, Any], db: str = "messages") -> list[dict[str, Any]]:
-    [database] = [found for found in status["databases"] if found["name"] == db]
-    found: list[dict[str, Any]] = database["shards"]
-    return found
-
-
-def every_shard(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The shards of every replicated database (messages, sessions, retained)."""
-    return [shard for database in status["databases"] for shard in database["shards"]]
+def shards(status: dict[str, Any], database: str = "messages") -> list[dict[str, Any]]:
+    [found] = [entry["shards"] for entry in status["databases"] if entry["name"] == database]
+    return found  # type: ignore[no-any-return]
 
 
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
@@ -145,7 +151,8 @@ class Load:
                                               qos=1)
         self.publishers = [
             RecordingPublisher(self.history, client_id_on_shard(f"rq-pub{shard}", shard),
-                               host, 1883, [f"load/{shard}"], (1,)) for shard in range(N_SHARDS)]
+                               host, 1883, [f"load/{shard}"], (1,), pace=PACE)
+            for shard in range(N_SHARDS)]
 
     def start(self) -> None:
         self.subscriber.start()
@@ -203,12 +210,15 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     status = found["status"]
     ids = set(site_of_pod(status).values())
     assert len(ids) == 3
-    assert sorted(database["name"] for database in status["databases"]) == [
-        "messages", "retained", "sessions"]
-    assert [shard["shard"] for shard in shards(status)] == list(range(N_SHARDS))
-    for shard in every_shard(status):
-        assert set(shard["replicas"]) == ids and shard["leader"] in ids
-        assert shard["leaderEpoch"] >= 1 and shard["underReplicated"] is False
+    # Every replicated database is placed: messages, and the sessions and retained
+    # messages (a durable session can then move to another site).
+    assert [entry["name"] for entry in status["databases"]] == ["messages", "retained",
+                                                                 "sessions"]
+    for database in ("messages", "sessions", "retained"):
+        assert [shard["shard"] for shard in shards(status, database)] == list(range(N_SHARDS))
+        for shard in shards(status, database):
+            assert set(shard["replicas"]) == ids and shard["leader"] in ids
+            assert shard["leaderEpoch"] >= 1 and shard["underReplicated"] is False
     assert status["underReplicatedShards"] == 0 and status["pendingTransitions"] == 0
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "Rebalancing": "False", "Degraded": "False"}
@@ -241,13 +251,48 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     wait_for("the controller's metrics", exported, timeout=30)
 
 
+def watch_phases(kube: ControlPlane, into: Any) -> subprocess.Popen[str]:
+    """`kubectl get replicatransitions -w`: every phase each one shows, as it happens."""
+    return subprocess.Popen(
+        [str(kube_binary("kubectl")), "get", "-n", NAMESPACE, "replicatransitions", "-w",
+         "--no-headers", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase"],
+        stdout=into, stderr=subprocess.STDOUT, text=True, env=kube.env())
+
+
+def watched(path: Any) -> dict[str, list[str]]:
+    """The phases each ReplicaTransition went through, in order, from a watch's output."""
+    phases: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] != "<none>":
+            seen = phases.setdefault(parts[0], [])
+            if not seen or seen[-1] != parts[1]:
+                seen.append(parts[1])
+    return phases
+
+
 def test_scale_up_moves_replicas_onto_the_new_sites(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: Load) -> None:
+        cluster: ControlPlane, node: Kubelet, operators: Operators, load: Load,
+        tmp_path: Any) -> None:
     load.start()
+    # More entries in each shard's log than the sites keep: the new replicas bootstrap.
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
-    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
-    found = wait_for("5 sites ready, rebalanced", lambda: ready_with(cluster, 5),
-                     explain=explain(cluster, operators, node))
+    watch_path = tmp_path / "watch.txt"
+    with watch_path.open("w") as into:
+        watch = watch_phases(cluster, into)
+    try:
+        cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
+        found = wait_for("5 sites ready, rebalanced", lambda: ready_with(cluster, 5),
+                         explain=explain(cluster, operators, node))
+        names = {item["metadata"]["name"] for item in transitions(cluster)}
+        wait_for("the watch to show every step Done", lambda: all(
+            watched(watch_path).get(name, [""])[-1] == "Done" for name in names), timeout=30,
+            explain=lambda: watch_path.read_text())
+    finally:
+        watch.terminate()
+        watch.wait(10)
+    phases = watched(watch_path)
+    print("phases seen by kubectl get -w:", json.dumps(phases, indent=1))
     pods = site_of_pod(found["status"])
     new = {pods[f"{NAME}-3"], pods[f"{NAME}-4"]}
     items = transitions(cluster)
@@ -257,9 +302,23 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
                for item in items)
     added = {item["spec"]["site"] for item in items if item["spec"]["action"] == "Add"}
     assert added <= set(pods.values()) and added & new, (added, new)
-    held = {site for shard in every_shard(found["status"]) for site in shard["replicas"]}
-    assert held & new and all(len(shard["replicas"]) == 3
-                              for shard in every_shard(found["status"]))
+    # Each step showed its phases in order: an Add caught up and joined, bootstrapping
+    # its site from a checkpoint first where the shard's log is longer than the tail
+    # kept (every shard of messages: the load; a site may start the bootstrap just
+    # after a round saw it catching up); a Remove went through Removing.
+    for item in items:
+        shown = phases[item["metadata"]["name"]]
+        if item["spec"]["action"] == "Add":
+            assert shown in (["Pending", "CatchingUp", "Joined", "Done"],
+                             ["Pending", "Bootstrapping", "CatchingUp", "Joined", "Done"],
+                             ["Pending", "CatchingUp", "Bootstrapping", "CatchingUp",
+                              "Joined", "Done"]), (item["metadata"]["name"], shown)
+            if item["spec"]["database"] == "messages":
+                assert "Bootstrapping" in shown, (item["metadata"]["name"], shown)
+        else:
+            assert shown == ["Pending", "Removing", "Done"], (item["metadata"]["name"], shown)
+    held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
+    assert held & new and all(len(shard["replicas"]) == 3 for shard in shards(found["status"]))
     table = cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
     print(table)
     assert "Done" in table and "PHASE" in table
@@ -309,7 +368,7 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
     removed = {item["spec"]["site"] for item in plan_of(list(after.values()), before)
                if item["spec"]["action"] == "Remove"}
     assert set(departing.values()) <= removed
-    held = {site for shard in every_shard(found["status"]) for site in shard["replicas"]}
+    held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
     assert not held & set(departing.values())
     assert get(cluster, "statefulset", NAME)["spec"]["replicas"] == 3
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
@@ -355,7 +414,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
                      explain=explain(cluster, operators, node))
     assert site_of_pod(found["status"]) == pods
     assert all(len(shard["replicas"]) == 3 and not shard["underReplicated"]
-               for shard in every_shard(found["status"]))
+               for shard in shards(found["status"]))
 
     # Nothing acknowledged lost: stop, let every acknowledgement and delivery come in.
     assert stop_and_drain(load.publishers, 60), load.history.summary()
@@ -382,3 +441,38 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     assert not problems, problems
     acknowledged = len(load.history.acknowledged_messages())
     assert acknowledged >= 200, load.history.summary()
+
+
+def test_a_changed_replication_factor_is_planned(
+        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+    before = {item["metadata"]["name"] for item in transitions(cluster)}
+    # Above the sites: the API server refuses it, saying why; nothing changes.
+    refused = cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                              "-p", json.dumps({"spec": {"messages": {"replicationFactor": 4}}}),
+                              check=False)
+    assert refused.returncode != 0
+    assert "messages.replicationFactor (default 3) must not exceed sites" in refused.stderr
+    # 3 -> 2: a plan drops one replica of every shard of every database.
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"messages": {"replicationFactor": 2}}}))
+
+    def at_two() -> dict[str, Any] | None:
+        found = ready_with(cluster, 3)
+        if found is None:
+            return None
+        every = [shard for database in ("messages", "sessions", "retained")
+                 for shard in shards(found["status"], database)]
+        return found if all(len(shard["replicas"]) == 2 for shard in every) else None
+    found = wait_for("every shard at 2 replicas", at_two,
+                     explain=explain(cluster, operators, node))
+    made = plan_of(transitions(cluster), before)
+    assert all(item["status"]["phase"] == "Done" for item in made), made
+    # At least a -site for every shard of every database.
+    assert {(item["spec"]["database"], item["spec"]["shard"]) for item in made
+            if item["spec"]["action"] == "Remove"} == {
+        (database, shard) for database in ("messages", "sessions", "retained")
+        for shard in range(N_SHARDS)}, made
+    assert found["status"]["underReplicatedShards"] == 0
+    for database in ("messages", "sessions", "retained"):
+        assert all(shard["leader"] in shard["replicas"] and not shard["underReplicated"]
+                   for shard in shards(found["status"], database))

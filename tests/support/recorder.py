@@ -48,12 +48,14 @@ class RecordingPublisher:
     """MQTT 5, clean start false. Publishes to its topics in turn, each at every QoS of
     `qos_levels` in turn, never more than WINDOW unacknowledged. `prefill` messages
     are handed to paho before it connects (it sends them once connected); every later
-    one only while connected (see `_may_publish`)."""
+    one only while connected (see `_may_publish`). `pace`: seconds at least between two
+    publishes (a long test would otherwise reach MAX_PER_PUBLISHER before its end)."""
 
     def __init__(self, history: History, name: str, host: str, port: int,
                  topics: list[str], qos_levels: tuple[int, ...] = (1, 2), *,
-                 prefill: int = 0) -> None:
+                 prefill: int = 0, pace: float = 0.0) -> None:
         assert prefill <= WINDOW
+        self.pace = pace
         self.history = history
         self.name = name
         self.topics = topics
@@ -127,6 +129,8 @@ class RecordingPublisher:
             if self._stop.is_set():
                 return
             self._publish(index)
+            if self.pace and self._stop.wait(self.pace):
+                return
 
     def _publish(self, index: int) -> None:
         topic = self.topics[index % len(self.topics)]

@@ -17,9 +17,11 @@ CRD = REPO / "crds" / "durablestorages.stratamq.io.yaml"
 # spec section -> config section, for the sections the CRD carries key for key.
 SECTIONS = {"messages": ("durable_storage", "messages"),
             "durableSessions": ("durable_sessions",),
-            "mqtt": ("mqtt",)}
-# Config keys the operator sets itself (each site's data folder is its volume).
-SET_BY_OPERATOR = {"messages": {"data_dir"}}
+            "mqtt": ("mqtt",),
+            "cluster": ("cluster",)}
+# Config keys the operator sets itself (each site's data folder is its volume; the
+# peer port and the address a site advertises are the pod's).
+SET_BY_OPERATOR = {"messages": {"data_dir"}, "cluster": {"enable", "peer_bind", "advertise"}}
 # Spec keys the broker config does not have yet: replication is a later issue.
 NOT_IN_CONFIG_YET = {"messages": {"replicationFactor"}}
 

@@ -15,6 +15,7 @@ from stratamq.operator.controller import (
     StorageController,
     kept_document,
     load_document,
+    phase_path,
     settings_of,
     step_phases,
     transition_manifest,
@@ -93,9 +94,14 @@ def test_step_phases_follow_the_plan() -> None:
     joined = apply_transition(placement, steps[0])
     catching = replace(state, placement=joined,
                        catch_up=CatchUp(steps[0].shard_id, steps[0].site, joined.version))
+    # Pending until the joining site took the placement.
+    assert step_phases(moving, catching, versions)[:2] == ["Pending", "Pending"]
+    versions[steps[0].site] = joined.version
     assert step_phases(moving, catching, versions)[:2] == ["CatchingUp", "Pending"]
+    assert step_phases(moving, catching, versions, bootstrapping=True)[:2] == [
+        "Bootstrapping", "Pending"]
     caught = replace(catching, catch_up=None)
-    assert step_phases(moving, caught, versions)[:2] == ["Done", "Pending"]
+    assert step_phases(moving, caught, versions)[:2] == ["Joined", "Pending"]
     removed = apply_transition(joined, steps[1])
     left = replace(caught, placement=removed)
     assert step_phases(moving, left, {A: joined.version})[:2] == ["Done", "Removing"]
@@ -118,3 +124,18 @@ def test_transition_objects_are_named_per_plan_and_owned() -> None:
     assert made["spec"] == {"durableStorage": "mq", "database": "messages",
                             "shard": one.transitions[1].shard, "action": "Remove",
                             "site": one.transitions[1].site, "step": 1}
+
+
+def test_a_step_shows_the_phases_it_passed_between_two_rounds() -> None:
+    # A join seen first when already caught up went through CatchingUp and Joined;
+    # through Bootstrapping only where its site bootstrapped.
+    assert phase_path("add", "Pending", "Done", False) == ["CatchingUp", "Joined", "Done"]
+    assert phase_path("add", "Pending", "Joined", True) == ["Bootstrapping", "CatchingUp",
+                                                            "Joined"]
+    assert phase_path("add", "Bootstrapping", "Done", True) == ["CatchingUp", "Joined",
+                                                                "Done"]
+    assert phase_path("add", "CatchingUp", "CatchingUp", True) == []
+    # A site bootstrapping again (restarted mid-transfer) goes back as it is.
+    assert phase_path("add", "CatchingUp", "Bootstrapping", True) == ["Bootstrapping"]
+    assert phase_path("remove", "Pending", "Done", False) == ["Removing", "Done"]
+    assert phase_path("add", "CatchingUp", "Failed", False) == ["Failed"]

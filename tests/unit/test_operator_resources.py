@@ -57,6 +57,8 @@ def test_defaults_render_a_config_the_broker_accepts() -> None:
     assert config.listeners == built_in.listeners
     assert config.admin.bind == "0.0.0.0:18083"
     assert config.admin.token is None  # it comes from the Secret through the environment
+    assert config.cluster.model_copy(update={"enable": False, "peer_bind": "0.0.0.0:18084"}
+                                     ) == built_in.cluster
 
 
 def test_spec_fields_land_in_the_config() -> None:
@@ -74,6 +76,7 @@ def test_spec_fields_land_in_the_config() -> None:
                              "passwordSecret": {"name": "users", "key": "passwd"},
                              "aclSecret": {"name": "rules", "key": "acl.yaml"}}
     spec["admin"] = {"port": 9000}
+    spec["cluster"] = {"writeTimeout": "2s", "logRetainEntries": 50}
     config = Config.model_validate(yaml.safe_load(resources.rendered_config(spec)))
     messages = config.durable_storage.messages
     assert (messages.n_shards, messages.sync_writes) == (8, True)
@@ -94,6 +97,9 @@ def test_spec_fields_land_in_the_config() -> None:
     assert access.password_file == "etc/stratamq-passwd/passwd"
     assert access.acl_file == "etc/stratamq-acl/acl.yaml"
     assert config.admin.bind == "0.0.0.0:9000"
+    cluster = config.cluster
+    assert (cluster.write_timeout, cluster.log_retain_entries) == (2.0, 50)
+    assert (cluster.enable, cluster.peer_bind) == (True, "0.0.0.0:18084")
 
     # The same spec in the pod: ports, probes and the Secrets' volumes.
     found = container(spec)

@@ -1,0 +1,108 @@
+"""The fence between two operators (issue 8, "the operator's own leader election"):
+Kopf's peering is a lease by convention, so at a hand-over two replicas may both
+run a round. The controller's state write (`status.controller`) is conditional on the
+resourceVersion it last read, and a placement is pushed only after that write: an
+operator that lost the race loads the other's state and pushes nothing.
+
+Against the real API server, with the controller (`StorageController`) in this
+process and one real site (a broker process) as the storage's only pod; the "other
+operator" writes its state with `kubectl`, as any writer of the status would."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stratamq.broker.cluster.decisions import ClusterState
+from stratamq.broker.cluster.sites import SiteState
+from stratamq.broker.ds.replication import Placement, Site, plan
+from stratamq.operator import controller, kube
+from stratamq.operator.resources import Owner
+from tests.support.cluster import SiteProcess
+from tests.support.harness import HOST, BrokerProcess
+from tests.support.kube import ControlPlane
+
+NAME = "fence"
+N_SHARDS = 2
+
+
+@pytest.fixture
+def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
+    """The operator's API calls (stratamq.operator.kube) made from this process, to
+    the test's API server."""
+    # The client reads KUBECONFIG when it is imported: its default is set instead.
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(crds.kubeconfig))
+    kube.api_client.cache_clear()
+    kube.dynamic.cache_clear()
+    yield crds
+    kube.api_client.cache_clear()
+    kube.dynamic.cache_clear()
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[SiteProcess]:
+    process = SiteProcess(tmp_path / "site", 0, HOST, n_shards=N_SHARDS, heartbeat_interval=0.5)
+    process.start()
+    yield process
+    process.stop()
+
+
+def placement_version(site: SiteProcess) -> int | None:
+    found: int | None = site.replication()["placement_version"]
+    return found
+
+
+def test_a_stale_state_write_is_refused_and_nothing_pushed(
+        api: ControlPlane, namespace: str, site: SiteProcess) -> None:
+    spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
+                            "admin": {"port": site.admin_port}}
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": spec}))
+    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert read is not None
+    owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+    # This operator read the storage (no controller state yet) ...
+    late = controller.StorageController(owner, controller.settings_of(spec, 0.5), {},
+                                        read["metadata"]["resourceVersion"])
+    # ... then another one made the first placement and kept it (version 7: not the
+    # version 1 this one would make; the site's peer address not known to it yet, so
+    # the state this one keeps next differs from it).
+    report = site.replication()
+    theirs = dataclasses.replace(
+        plan([Site(report["site"])], ["messages"], N_SHARDS, 1, Placement.empty()).start,
+        version=7)
+    document = controller.kept_document(
+        ClusterState(placement=theirs, goals={"messages": (report["site"],)}),
+        {report["site"]: SiteState(id=report["site"], admin_url="", last_seen=0.0)},
+        {report["site"]: f"{NAME}-0"})
+    api.kubectl("patch", "-n", namespace, "durablestorage", NAME, "--subresource=status",
+                "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
+
+    pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
+    late.round(spec, pods, BrokerProcess.ADMIN_TOKEN)
+    # Its own first placement was refused by the API server: it took the other's state
+    # and pushed nothing.
+    assert late.state.placement == theirs
+    kept = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert kept is not None and kept["status"]["controller"] == document
+    assert placement_version(site) is None
+
+    # A change by another writer that leaves the controller's state alone (a label,
+    # the status refresh, Kopf's marks) moves the resourceVersion too: the write is
+    # tried again at the new one, and the kept placement pushed after it.
+    api.kubectl("label", "-n", namespace, "durablestorage", NAME, "touched=yes")
+    late.round(spec, pods, BrokerProcess.ADMIN_TOKEN)
+    assert placement_version(site) == 7
+    kept = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert kept is not None
+    assert json.loads(kept["status"]["controller"]["placement"])["version"] == 7
+    assert kept["status"]["controller"]["sites"] == [
+        {"id": report["site"], "pod": f"{NAME}-0", "peer": report["peer"]}]
