@@ -171,6 +171,7 @@ class Database:
         self._next_time = metrics.NEXT_TIME.labels(name)
         self._store_batch_time = metrics.STORE_BATCH_TIME.labels(name)
         self._commit_listeners: list[CommitListener] = []
+        self._applied_listeners: set[CommitListener] = set()
         self._drop_listeners: list[DropListener] = []
         self._pre_drop_listeners: list[PreDropListener] = []
         # Every stream in the order this site learned it, with a version number, so a
@@ -399,10 +400,18 @@ class Database:
 
     # -- the commit feed ----------------------------------------------------------
 
-    def add_commit_listener(self, listener: CommitListener) -> None:
+    def add_commit_listener(self, listener: CommitListener, *, of_applied: bool = False
+                            ) -> None:
         """Call `listener` on the event loop with every committed batch, after it is
-        durable and visible to readers, in commit order per shard."""
+        durable and visible to readers, in commit order per shard. A listener that
+        feeds this site's readers gets no batch this site applies to a shard it reads
+        elsewhere (a replica still catching up): what was pushed to the site and what
+        it applies need not meet, so its readers get that shard from storage once the
+        replica has caught up (a feed gap). `of_applied` listeners (the commit feed's
+        pushes, as the shard's leader) get every applied batch."""
         self._commit_listeners.append(listener)
+        if of_applied:
+            self._applied_listeners.add(listener)
 
     def remove_commit_listener(self, listener: CommitListener) -> None:
         self._commit_listeners.remove(listener)
@@ -469,7 +478,7 @@ class Database:
         if not cooked.messages and cooked.message_count:
             cooked.messages = shard.messages_of(cooked)
         try:
-            self._feed(cooked)
+            self._feed(cooked, applied=True)
         except Exception:  # a listener's bug must not stop applying
             log.exception("commit listener failed on %s/%d", self.name, shard_id)
 
@@ -512,9 +521,14 @@ class Database:
             await asyncio.get_running_loop().run_in_executor(
                 self._executor, shard.record_applied, offset)
 
-    def _feed(self, cooked: CookedBatch) -> None:
+    def _feed(self, cooked: CookedBatch, applied: bool = False) -> None:
         if cooked.edges:
             self._note_streams(cooked.shard, cooked.generation, cooked.edges)
+        if applied and self._is_remote(cooked.shard):
+            for listener in self._commit_listeners:
+                if listener in self._applied_listeners:
+                    listener(cooked)
+            return
         last = self._last_fed[cooked.shard]
         if cooked.messages and cooked.messages[0][1].timestamp <= last:
             cooked.messages = [(static, message) for static, message in cooked.messages
@@ -528,8 +542,11 @@ class Database:
                     messages: list[tuple[bytes, Message]]) -> None:
         """Committed messages of a shard this site holds no replica of, pushed by its
         leader: fed to the commit listeners like a batch applied here (each message
-        once per site, whichever way it came first)."""
-        if not messages:
+        once per site, whichever way it came first). A push of a shard this site reads
+        here (its placement here is newer or older than the leader's) is not fed: the
+        site's applied batches feed it, or, once it reads the shard elsewhere, storage
+        after the feed gap that switch declares."""
+        if not messages or not self._is_remote(shard_id):
             return
         cooked = CookedBatch(shard_id, generation_id, messages[-1][1].timestamp,
                              len(messages), messages=messages)

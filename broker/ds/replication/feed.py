@@ -80,8 +80,9 @@ class CommitFeed:
         self._outboxes: dict[str, _Outbox] = {}
         self._interest_changed = asyncio.Event()
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
+        self._replicas = [placement_of(shard)[0] for shard in range(len(database.shards))]
         self._task: asyncio.Task[None] | None = None
-        database.add_commit_listener(self.on_commit)
+        database.add_commit_listener(self.on_commit, of_applied=True)
         database.attach_interest_directory(self.sites_with)
         database.add_interest_listener(lambda _filters: self._interest_changed.set())
 
@@ -115,12 +116,22 @@ class CommitFeed:
 
     def placement_changed(self) -> None:
         """A new leader of a shard held elsewhere does not know what the old one
-        pushed here: its readers go back to storage."""
+        pushed here: its readers go back to storage. As a shard's leader: a site that
+        left the shard's replica set got neither pushes nor (once it left) applied
+        batches of what was committed before this site knew; it is told of a gap, so
+        its readers read those from storage."""
         for shard_id in range(len(self.database.shards)):
-            leader = self._placement_of(shard_id)[1]
+            replicas, leader = self._placement_of(shard_id)
             if leader != self._leaders[shard_id]:
                 self._leaders[shard_id] = leader
                 self.database.feed_gap(shard_id)
+            left = set(self._replicas[shard_id]) - set(replicas)
+            self._replicas[shard_id] = replicas
+            if self._leads(shard_id):
+                for site in sorted(left - {self.site}):
+                    if self._interest_of.get(site):
+                        self._outbox_of(site).gaps.add(shard_id)
+                        self._outbox_of(site).wake.set()
 
     # -- telling peers this site's interest -----------------------------------------------
 
@@ -174,13 +185,18 @@ class CommitFeed:
             if matching:
                 self._queue(site, Push(cooked.shard, False, matching))
 
-    def _queue(self, site: str, push: Push) -> None:
+    def _outbox_of(self, site: str) -> _Outbox:
         outbox = self._outboxes.get(site)
         if outbox is None:
-            outbox = self._outboxes[site] = _Outbox()
-            outbox.task = asyncio.create_task(supervise(f"ds-feed-{site}",
-                                                        lambda: self._send_loop(site, outbox)),
-                                              name=f"ds-feed-{site}")
+            made = self._outboxes[site] = _Outbox()
+            made.task = asyncio.create_task(supervise(f"ds-feed-{site}",
+                                                      lambda: self._send_loop(site, made)),
+                                            name=f"ds-feed-{site}")
+            outbox = made
+        return outbox
+
+    def _queue(self, site: str, push: Push) -> None:
+        outbox = self._outbox_of(site)
         if outbox.queued + len(push.messages) > MAX_QUEUED_MESSAGES:
             outbox.gaps.add(push.shard)  # slow or unreachable: it reads from storage
         else:
