@@ -2,7 +2,8 @@
 the operator runs as a real process with a token of that ServiceAccount (all
 namespaces, the chart's ClusterKopfPeering), and a DurableStorage comes up Ready
 through it, its budget is deleted when turned off, its Spark job's CronJob and driver
-account are made and deleted; nothing it does is forbidden.
+account are made and deleted, a second site's ReplicaTransitions are made and reach
+Done; nothing it does is forbidden.
 
 The chart's Deployment runs 0 replicas here: the test node cannot give a pod its
 in-cluster credentials (absolute paths under /var/run/secrets), so this process
@@ -71,7 +72,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                 kube.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
                     "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
                     "metadata": {"name": "mq"},
-                    "spec": {"sites": 1, "messages": {"nShards": 1, "replicationFactor": 1},
+                    "spec": {"sites": 1, "messages": {"nShards": 2, "replicationFactor": 1},
                              "storage": {"size": "1Gi"},
                              "spark": {"volume": {"claimName": "spark"},
                                        "gc": {"enable": True}}}}))
@@ -103,6 +104,24 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                     for kind, name in (("cronjob", "mq-spark-gc"), ("rolebinding", "mq-spark"),
                                        ("serviceaccount", "mq-spark"))),
                     explain=operator.log_tail)
+                # A second site: the rebalance (a shard of each database moves to it)
+                # makes ReplicaTransitions and moves them along to Done under the
+                # chart's account too.
+                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                             "-p", '{"spec": {"sites": 2}}')
+
+                def rebalanced() -> bool:
+                    found = json.loads(kube.kubectl(
+                        "get", "-n", NAMESPACE, "replicatransitions", "-o", "json").stdout
+                    )["items"]
+                    status = json.loads(kube.kubectl(
+                        "get", "-n", NAMESPACE, "durablestorage", "mq", "-o", "json").stdout
+                    ).get("status", {})
+                    return bool(found) and all(
+                        item.get("status", {}).get("phase") == "Done" for item in found) \
+                        and status.get("phase") == "Ready" and len(status.get("sites", [])) == 2
+                wait_for("the second site's transitions Done", rebalanced,
+                         explain=lambda: operator.log_tail() + f"\nkubelet errors: {node.errors}")
                 events = json.loads(kube.kubectl("get", "-n", NAMESPACE, "events", "-o",
                                                  "json").stdout)["items"]
                 assert "Reconciled" in {event["reason"] for event in events}
