@@ -44,7 +44,7 @@ from stratamq.broker.cluster.decisions import ClusterState, Settings, is_gone
 from stratamq.broker.cluster.metrics import ControllerCollector, Snapshot
 from stratamq.broker.cluster.sites import BadReportError, Report, SiteState, parse_report
 from stratamq.broker.ds.replication import Placement, Plan, ShardId, Transition
-from stratamq.broker.errors import PlacementError, PlanError, StratamqError
+from stratamq.broker.errors import PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
@@ -340,7 +340,7 @@ class StorageController:
             self.state, self.notes = decision.state, decision.notes
             self.goal_unsettled = self._unsettled
         if decision.state.placement != before:
-            self.leader_changes += leader_changes(before, decision.state.placement)
+            self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
         self._transitions()
 
@@ -628,16 +628,6 @@ class StorageController:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.state, dict(self.sites), self.leader_changes)
-
-
-def leader_changes(before: Placement, after: Placement) -> int:
-    changed = 0
-    for shard in before.shards:
-        try:
-            changed += int(after.shard(*shard.id).leader != shard.leader)
-        except PlacementError:
-            continue
-    return changed
 
 
 # --- every storage's controller ----------------------------------------------------------

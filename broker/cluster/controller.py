@@ -35,7 +35,7 @@ from ..admin.credentials import Credentials
 from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
-from ..errors import PlacementError, UnknownDatabaseError, UnknownSiteError
+from ..errors import UnknownDatabaseError, UnknownSiteError
 from ..net.address import source_address, split_bind
 from . import decisions
 from .decisions import ClusterState, Settings
@@ -173,7 +173,7 @@ class Controller:
             self.state = decision.state
         changed = self.state.placement != before.placement
         if changed:
-            self.leader_changes += leader_changes(before.placement, self.state.placement)
+            self.leader_changes += decisions.leader_changes(before.placement, self.state.placement)
         await self._push(self.state.placement, everyone=changed)
 
     def _take_reports(self, urls: list[str], reports: list[Report | None], now: float) -> bool:
@@ -356,16 +356,6 @@ class Controller:
         log.info("site %s (%s) forgotten", site, gone.admin_url)
         return web.json_response({"site": site, "forgotten": True})
 
-
-def leader_changes(before: Placement, after: Placement) -> int:
-    """Shards of `before` whose leader is another in `after`."""
-    changed = 0
-    for shard in before.shards:
-        try:
-            changed += int(after.shard(*shard.id).leader != shard.leader)
-        except PlacementError:
-            continue
-    return changed
 
 
 def site_url(address: str) -> str:

@@ -26,6 +26,7 @@ from ..ds.replication import (
 from ..errors import (
     ClusterNotReadyError,
     NoMajorityError,
+    PlacementError,
     PlanError,
     SiteStateError,
     UnknownDatabaseError,
@@ -423,3 +424,14 @@ def forget(state: ClusterState, site: str, sites: Mapping[str, SiteState], now: 
     goals = {database: tuple(other for other in wanted if other != site)
              for database, wanted in state.goals.items()}
     return replace(state, goals=goals)
+
+
+def leader_changes(before: Placement, after: Placement) -> int:
+    """Shards of `before` whose leader is another in `after`."""
+    changed = 0
+    for shard in before.shards:
+        try:
+            changed += int(after.shard(*shard.id).leader != shard.leader)
+        except PlacementError:
+            continue
+    return changed
