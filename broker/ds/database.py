@@ -428,7 +428,8 @@ class Database:
         """Put the shard folder staged next to the shard's (see `install.py`) in its
         place and open it: a checkpoint of another replica, with its data, generations
         and applied offset. Waits for reads in flight on the shard; streams of the old
-        shard's generations are forgotten, those of the new one learned."""
+        shard's generations are forgotten, those of the new one learned; readers of the
+        shard get a feed gap."""
         loop = asyncio.get_running_loop()
         old = self.shards[shard_id]
         async with self._locks[shard_id]:
@@ -451,6 +452,9 @@ class Database:
             self._buffers[shard_id].replace_shard(new)
             for generation_id, generation in sorted(new.generations.items()):
                 self._note_streams(shard_id, generation_id, generation.trie.edges())
+            # What the checkpoint brought was fed to no reader here: readers of the
+            # shard go back to storage before the next applied batch reaches them.
+            self.feed_gap(shard_id)
         self._update_generation_gauges()
         for generation_id in sorted(old_generations - new.generations.keys()):
             for listener in self._drop_listeners:
@@ -733,12 +737,18 @@ class Database:
 
     async def next_local(self, iterator: Iterator,
                          batch_size: int) -> NextResult | EndOfStream:
-        """`next` on this site's copy of the shard, wherever the shard is held."""
+        """`next` on this site's copy of the shard, wherever the shard is held. A
+        generation newer than any here reads as empty (this copy is behind), one older
+        than the newest and gone as its end (dropped)."""
         started = time.perf_counter()
         stream = iterator.stream
         shard = self._shard(stream)
         generation = shard.generations.get(stream.generation)
         if generation is None:
+            if not shard.generations or stream.generation > max(shard.generations):
+                # Not made here yet (a replica behind the one the stream came from):
+                # nothing to read so far, not the end of a dropped generation.
+                return iterator, []
             return END_OF_STREAM
         read_key = (stream.shard, stream.generation)
         filter_levels = iterator.topic_filter.split("/")

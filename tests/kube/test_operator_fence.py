@@ -77,10 +77,12 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     # the state this one keeps next differs from it).
     report = site.replication()
     theirs = dataclasses.replace(
-        plan([Site(report["site"])], ["messages"], N_SHARDS, 1, Placement.empty()).start,
+        plan([Site(report["site"])], list(controller.DATABASES), N_SHARDS, 1,
+             Placement.empty()).start,
         version=7)
     document = controller.kept_document(
-        ClusterState(placement=theirs, goals={"messages": (report["site"],)}),
+        ClusterState(placement=theirs,
+                     goals={database: (report["site"],) for database in controller.DATABASES}),
         {report["site"]: SiteState(id=report["site"], admin_url="", last_seen=0.0)},
         {report["site"]: f"{NAME}-0"})
     api.kubectl("patch", "-n", namespace, "durablestorage", NAME, "--subresource=status",

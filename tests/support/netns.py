@@ -194,7 +194,10 @@ class NetnsNetwork:
             return
         for k in range(self.members):
             _kill_processes_in(self.namespace(k))
-            _ip("netns", "del", self.namespace(k), check=False)  # takes its veth ends along
+            # The pair goes now: a namespace's own devices go with it only once the
+            # kernel has torn it down, some time after `netns del`.
+            _ip("link", "del", f"{PREFIX}{self.tag}h{k}", check=False)
+            _ip("netns", "del", self.namespace(k), check=False)
         _ip("link", "del", self.bridge, check=False)
         self._made = False
 
@@ -248,6 +251,8 @@ class _Proxy:
                     assert isinstance(sock, socket.socket)
                     if sock is listener:
                         self._accept(listener, selector, pairs)
+                    elif sock not in pairs:
+                        continue  # closed with its pair earlier in this round
                     elif not self._forward(sock, pairs):
                         self._drop(sock, selector, pairs)
         finally:

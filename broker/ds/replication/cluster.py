@@ -133,7 +133,7 @@ class SiteReplication:
         self.remote = RemoteReads(site, self.messages.database, self.messages.placement_of,
                                   lambda: self.peers, self._barrier_here, self._session,
                                   timeout)
-        self.feed = CommitFeed(site, self.messages.database, self._leads,
+        self.feed = CommitFeed(site, advertised, self.messages.database, self._leads,
                                self.messages.placement_of, lambda: self.peers, self.remote,
                                self._session, timeout)
         self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,

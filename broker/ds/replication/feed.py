@@ -2,11 +2,13 @@
 every committed batch is fanned out by the shard leader to the sites that have
 subscribers).
 
-- Interest: each site tells every peer the topic filters its subscribers hold, on
-  change (debounced) and again every `INTEREST_INTERVAL`, so a restarted peer learns
-  them within one interval. A peer that did not have the filters just sent (they
-  changed, or it restarted) may have left messages unpushed: the sender declares a
-  feed gap on the shards that peer leads.
+- Interest: each site tells every peer the topic filters its subscribers hold, and
+  its own peer address, on change (debounced) and again every `INTEREST_INTERVAL`,
+  so a restarted peer learns them within one interval. A peer that did not have the
+  filters just sent (they changed, or it restarted) may have left messages unpushed:
+  the sender declares a feed gap on the shards that peer leads. Pushes go to the
+  address the controller gave for a site or, before it did (a site just added, not
+  yet in any replica set), to the address the site told.
 - Push: the leader of a shard matches each applied batch against each interested
   site's filters and queues what matches for that site, skipping the shard's
   replicas (their own apply feeds them). One sender per site sends in order. The
@@ -65,10 +67,11 @@ class _Outbox:
 
 
 class CommitFeed:
-    def __init__(self, site: str, database: Database, leads: Leads,
+    def __init__(self, site: str, advertised: str, database: Database, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
                  session: aiohttp.ClientSession, timeout: float) -> None:
         self.site = site
+        self.advertised = advertised
         self.database = database
         self._leads = leads
         self._placement_of = placement_of
@@ -77,6 +80,7 @@ class CommitFeed:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._interest_of: dict[str, FilterSet] = {}
+        self._told_addresses: dict[str, str] = {}  # each site's peer address, as it told
         self._outboxes: dict[str, _Outbox] = {}
         self._interest_changed = asyncio.Event()
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
@@ -150,7 +154,8 @@ class CommitFeed:
 
     async def _tell(self, site: str, address: str, filters: frozenset[str]) -> None:
         url = f"http://{address}/peer/v1/interest"
-        body = json.dumps({"site": self.site, "filters": sorted(filters)})
+        body = json.dumps({"site": self.site, "peer": self.advertised,
+                           "filters": sorted(filters)})
         try:
             async with self._session.put(url, data=body, timeout=self._timeout,
                                          headers={"Content-Type": "application/json"}
@@ -176,9 +181,8 @@ class CommitFeed:
         if not cooked.messages or not self._interest_of or not self._leads(cooked.shard):
             return
         replicas, _leader = self._placement_of(cooked.shard)
-        peers = self._peers_of()
         for site, filters in self._interest_of.items():
-            if site == self.site or site in replicas or site not in peers or not filters:
+            if site == self.site or site in replicas or not filters:
                 continue
             matching = [(cooked.generation, static, message)
                         for static, message in cooked.messages if filters.matches(message.topic)]
@@ -215,7 +219,7 @@ class CommitFeed:
             if push.shard in outbox.gaps:
                 outbox.gaps.discard(push.shard)
                 push = Push(push.shard, True, push.messages)
-            address = self._peers_of().get(site)
+            address = self._address_of(site)
             if address is None:  # no longer a peer (forgotten): nothing to tell it
                 outbox.queue.clear()
                 outbox.queued = 0
@@ -230,6 +234,9 @@ class CommitFeed:
             outbox.queue.clear()
             outbox.queued = 0
             await asyncio.sleep(RETRY_INTERVAL)
+
+    def _address_of(self, site: str) -> str | None:
+        return self._peers_of().get(site) or self._told_addresses.get(site)
 
     def _take(self, outbox: _Outbox) -> Push:
         """The first queued push, with the pushes of the same shard right behind it."""
@@ -263,12 +270,16 @@ class CommitFeed:
         try:
             document = json.loads(await http.read())
             site = document["site"]
+            peer = document.get("peer")  # absent from a site of an older version
             filters = frozenset(document["filters"])
-            if not isinstance(site, str) or not all(isinstance(f, str) for f in filters):
-                raise TypeError("site and filters are strings")
+            if not isinstance(site, str) or not isinstance(peer, str | None) \
+                    or not all(isinstance(f, str) for f in filters):
+                raise TypeError("site, peer and filters are strings")
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
+        if peer is not None:
+            self._told_addresses[site] = peer
         known = self._interest_of.get(site)
         had = known is not None and known.filters == filters
         if not had:

@@ -69,11 +69,12 @@ class RemoteReads:
         self._locks = [asyncio.Lock() for _ in database.shards]
         # where each shard was read last: a change empties the stream cache
         self._remote_now = [False] * len(database.shards)
-        # Shards this site became a replica of and is still catching up on: read
-        # elsewhere until the new replica has what the leader had (this site was fed
-        # the shard's newer messages already, so its readers must not take a stale
-        # copy for the end of the stream).
-        self._placed_remote = [False] * len(database.shards)
+        # Whether this site's replica of each shard has passed a read barrier since it
+        # was placed here (or since this site started): until then the shard is read
+        # elsewhere. A replica catching up, bootstrapping from a checkpoint or restarted
+        # behind its leader holds a stale copy; its readers must not take that for the
+        # end of the stream, and what a checkpoint install brings is fed to no one.
+        self._caught_up = [False] * len(database.shards)
         self._catching_up: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -92,11 +93,12 @@ class RemoteReads:
     # -- database.RemoteShards ------------------------------------------------------
 
     def is_remote(self, shard_id: int) -> bool:
-        return self._is_placed_remote(shard_id) or shard_id in self._catching_up
-
-    def _is_placed_remote(self, shard_id: int) -> bool:
         replicas, _leader = self._placement_of(shard_id)
-        return bool(replicas) and self.site not in replicas
+        return bool(replicas) and (self.site not in replicas or not self._caught_up[shard_id])
+
+    def _is_placed_here(self, shard_id: int) -> bool:
+        replicas, _leader = self._placement_of(shard_id)
+        return self.site in replicas
 
     def generations(self, shard_id: int) -> Mapping[int, GenerationView]:
         return self._mirrors.get(shard_id, {})
@@ -135,14 +137,13 @@ class RemoteReads:
     def check_moves(self) -> None:
         changed = False
         for shard_id in range(len(self.database.shards)):
-            placed_remote = self._is_placed_remote(shard_id)
-            if self._placed_remote[shard_id] and not placed_remote \
-                    and shard_id not in self._catching_up:
+            if not self._is_placed_here(shard_id):
+                self._caught_up[shard_id] = False
+                if shard_id in self._catching_up:
+                    self._catching_up.pop(shard_id).cancel()
+            elif not self._caught_up[shard_id] and shard_id not in self._catching_up:
                 self._catching_up[shard_id] = asyncio.create_task(
                     self._catch_up(shard_id), name=f"ds-catch-up-{shard_id}")
-            elif placed_remote and shard_id in self._catching_up:
-                self._catching_up.pop(shard_id).cancel()
-            self._placed_remote[shard_id] = placed_remote
             remote = self.is_remote(shard_id)
             if remote != self._remote_now[shard_id]:
                 self._remote_now[shard_id] = remote
@@ -163,6 +164,7 @@ class RemoteReads:
                          self.database.name, shard_id, exc.message)
                 await asyncio.sleep(REFRESH_INTERVAL)
         self._catching_up.pop(shard_id, None)
+        self._caught_up[shard_id] = True
         self.check_moves()
 
     async def ensure_streams(self, shard_id: int, streams: set[tuple[int, bytes]]) -> None:
