@@ -273,7 +273,7 @@ class History:
                         "present 0)")
             for name, lost in sorted(self._missing().items()):
                 found["lost"].append(f"{name}: {len(lost)} acknowledged messages never "
-                                     f"delivered, e.g. {_examples(lost)}")
+                                     f"delivered: {_ranges(lost)}")
             for session in self._all_sessions():
                 for kind, lines in self._delivery_problems(session).items():
                     found[kind] += lines
@@ -394,6 +394,27 @@ def _redeliveries_without_dup(session: Session) -> int:
 
 def _window(seqs: list[int], index: int) -> list[int]:
     return seqs[max(index - 6, 0):index + 3]
+
+
+def _ranges(messages: list[Message]) -> str:
+    """Messages as runs of seqs per publisher, topic and QoS: `pub/t/q1#3-9 (7)`."""
+    by_key: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
+    for message in messages:
+        by_key[(message.publisher, message.topic, message.qos)].append(message.seq)
+    runs = []
+    for (publisher, topic, qos), seqs in sorted(by_key.items()):
+        seqs.sort()
+        start = previous = seqs[0]
+        for seq in [*seqs[1:], None]:
+            if seq is not None and seq == previous + 1:
+                previous = seq
+                continue
+            span = f"{start}" if start == previous else f"{start}-{previous}"
+            runs.append(f"{publisher}/{topic}/q{qos}#{span} ({previous - start + 1})")
+            if seq is not None:
+                start = previous = seq
+    shown = ", ".join(runs[:3 * EXAMPLES])
+    return shown + (f", ... ({len(runs)} runs)" if len(runs) > 3 * EXAMPLES else "")
 
 
 def _examples(items: list[Message] | list[str]) -> str:

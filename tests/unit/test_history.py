@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.support.history import History, Message, topic_matches
+from tests.support.history import History, Message, _ranges, topic_matches
 
 A = "pub-a"
 
@@ -157,7 +157,7 @@ def test_an_acknowledged_message_never_delivered_fails() -> None:
     deliver(history, m(0), m(1), m(2), name="other")
     assert history.missing() == {"sub[0]": [m(1)]}
     report = failure(history)
-    assert "sub[0]: 1 acknowledged messages never delivered, e.g. pub-a/t/x/q1#1" in report
+    assert "sub[0]: 1 acknowledged messages never delivered: pub-a/t/x/q1#1 (1)" in report
     assert "other" not in report.split("\n", 1)[1]
 
 
@@ -269,7 +269,7 @@ def test_a_lost_durable_session_still_owes_what_came_before_the_loss() -> None:
     publish(history, m(0))
     reconnect(history, session_present=False)
     report = failure(history)
-    assert "sub[0]: 1 acknowledged messages never delivered, e.g. pub-a/t/x/q1#0" in report
+    assert "sub[0]: 1 acknowledged messages never delivered: pub-a/t/x/q1#0 (1)" in report
 
 
 def test_a_session_replaced_by_a_clean_start_is_exempt() -> None:
@@ -289,3 +289,8 @@ def test_problems_come_under_their_rule() -> None:
     reconnect(history, session_present=False)
     assert sorted(history.problems_by_kind()) == [
         "QoS 2 duplicate", "lost", "order", "session lost", "unknown"]
+
+
+def test_losses_are_reported_as_runs_per_publisher_topic_and_qos() -> None:
+    lost = [Message("p", "t", 1, seq) for seq in (3, 4, 5, 9)] + [Message("p", "t", 2, 4)]
+    assert _ranges(lost) == "p/t/q1#3-5 (3), p/t/q1#9 (1), p/t/q2#4 (1)"
