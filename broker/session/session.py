@@ -177,7 +177,12 @@ class Session:
         self._replay_room = max(1, max_queued // 2)
         self._batch_size = batch_size
         self._idle_poll_interval = idle_poll_interval
+        # Set while the replay has streams to read and the queue has no room for them:
+        # the live feed then queues nothing more either (its cursors read storage in
+        # their turn), or streams on the live feed would keep a backlog from the queue.
         self._waiting_for_room = False
+        # where the next replay round starts: each stream gets its turn at the queue
+        self._replay_turn = 0
         self._persist = persist
         self._on_shared_loss = on_shared_loss
         self._queue: deque[Delivery] = deque()
@@ -454,14 +459,18 @@ class Session:
         while self.outlet is not None:
             self._wake.clear()
             progressed = False
-            for cursor in list(self._cursors.values()):
-                if len(self._queue) >= self._replay_room:
-                    self._waiting_for_room = True  # acks wake us (see _finished)
-                    break
+            self._waiting_for_room = False
+            cursors = list(self._cursors.values())
+            start = self._replay_turn % len(cursors) if cursors else 0
+            for turn, cursor in enumerate(cursors[start:] + cursors[:start]):
                 if self.outlet is None:
                     break
                 if cursor.live or cursor.ended or self._blocked(cursor):
                     continue
+                if len(self._queue) >= self._replay_room:
+                    self._waiting_for_room = True  # acks wake us (see _finished)
+                    self._replay_turn = start + turn
+                    break
                 cursor.dirty = False
                 result = await self._storage.next(self._db, cursor.reader(), self._batch_size)
                 if self._cursors.get(cursor.key) is not cursor \
@@ -670,7 +679,7 @@ class Session:
         self._wake.set()
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
-        if cursor.live and not self._blocked(cursor) \
+        if cursor.live and not self._waiting_for_room and not self._blocked(cursor) \
                 and len(self._queue) < self._max_queued and self.outlet is not None:
             if message.timestamp > cursor.last_handed:
                 self._offer_durable(cursor, message)
@@ -975,7 +984,6 @@ class Session:
             self._forget_if_complete(cursor)
             self.request_persist()
         if self._waiting_for_room and len(self._queue) < self._replay_room:
-            self._waiting_for_room = False
             self._wake.set()
 
     # -- acknowledgements ---------------------------------------------------------

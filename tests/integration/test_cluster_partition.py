@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cluster import Cluster
-from tests.support.history import History, Message
+from tests.support.history import History, Message, runs_of
 from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
     RecordingClient,
@@ -31,6 +31,7 @@ from tests.support.recorder import (
     describe_clients,
     more_acknowledged,
     stop_and_drain,
+    wait_delivered,
     wait_until,
 )
 
@@ -121,7 +122,8 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
             ready_after = time.monotonic() - healed_at
             assert more_acknowledged(history, 100, 30), history.summary()
             drained = stop_and_drain(publishers, 60)
-            delivered = wait_until(lambda: not history.missing(), 60)
+            delivered = wait_delivered(history)
+            missing_then = {name: runs_of(lost) for name, lost in history.missing().items()}
             time.sleep(0.5)  # resends on their way arrive too
             converged = wait_until(cluster.converged, 60)
             final_state = cluster.describe()
@@ -148,4 +150,4 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     assert converged, f"replicas differ at the end:\n{final_state}"
     history.check()
-    assert delivered
+    assert delivered, f"deliveries stopped; missing then: {missing_then}"

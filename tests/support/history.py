@@ -273,7 +273,7 @@ class History:
                         "present 0)")
             for name, lost in sorted(self._missing().items()):
                 found["lost"].append(f"{name}: {len(lost)} acknowledged messages never "
-                                     f"delivered: {_ranges(lost)}")
+                                     f"delivered: {runs_of(lost)}")
             for session in self._all_sessions():
                 for kind, lines in self._delivery_problems(session).items():
                     found[kind] += lines
@@ -396,7 +396,7 @@ def _window(seqs: list[int], index: int) -> list[int]:
     return seqs[max(index - 6, 0):index + 3]
 
 
-def _ranges(messages: list[Message]) -> str:
+def runs_of(messages: list[Message]) -> str:
     """Messages as runs of seqs per publisher, topic and QoS: `pub/t/q1#3-9 (7)`."""
     by_key: dict[tuple[str, str, int], list[int]] = collections.defaultdict(list)
     for message in messages:

@@ -231,6 +231,25 @@ def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     return condition()
 
 
+def wait_delivered(history: History, stall: float = 30.0) -> bool:
+    """Wait until every acknowledged message reached every session that should have
+    it, as long as deliveries go on: False once `stall` seconds pass with nothing more
+    delivered. A backlog (a site that was cut off, a subscriber behind) drains at its
+    own pace; only a delivery that stopped is a failure."""
+    def missing() -> int:
+        return sum(len(lost) for lost in history.missing().values())
+
+    def fewer_than(count: int) -> Callable[[], bool]:
+        return lambda: missing() < count
+
+    before = missing()
+    while before:
+        if not wait_until(fewer_than(before), stall):
+            return False
+        before = missing()
+    return True
+
+
 def all_connected(clients: Sequence[RecordingClient], timeout: float,
                   reconnected: Sequence[RecordingClient] = (),
                   connects_before: dict[str, int] | None = None) -> bool:

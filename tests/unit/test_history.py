@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.support.history import History, Message, _ranges, topic_matches
+from tests.support.history import History, Message, runs_of, topic_matches
 
 A = "pub-a"
 
@@ -293,4 +293,4 @@ def test_problems_come_under_their_rule() -> None:
 
 def test_losses_are_reported_as_runs_per_publisher_topic_and_qos() -> None:
     lost = [Message("p", "t", 1, seq) for seq in (3, 4, 5, 9)] + [Message("p", "t", 2, 4)]
-    assert _ranges(lost) == "p/t/q1#3-5 (3), p/t/q1#9 (1), p/t/q2#4 (1)"
+    assert runs_of(lost) == "p/t/q1#3-5 (3), p/t/q1#9 (1), p/t/q2#4 (1)"

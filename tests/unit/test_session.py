@@ -1000,3 +1000,39 @@ def test_a_feed_gap_makes_a_live_durable_cursor_read_storage_again() -> None:
         await session.detach()
 
     run(main())
+
+
+def test_a_stream_catching_up_is_not_starved_by_streams_on_the_live_feed() -> None:
+    """A durable session with a backlog on one stream (read from storage) and a steady
+    live feed on others: every stream gets its turn at the queue, so the backlog is
+    delivered while the live feed goes on (not only once publishers stop)."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        session = make_session(storage, durable=True, max_queued=4, batch_size=2)
+        session.subscribe(Subscription("s/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=2)
+        session.attach(outlet)
+        live_topics = [f"s/live{n}" for n in range(3)]
+        for topic in live_topics:  # these streams come first and read to their end
+            session.on_feed(*db.store(topic, b"first", qos=1))
+        await settle()
+        await acknowledge_new(session, outlet)
+        await settle()
+        backlog = 12
+        for n in range(backlog):  # committed while the site did not feed it here
+            db.store("s/behind", bytes([n]), qos=1, shard=1)
+        session.on_feed_gap(1, 0)
+        session.renew_streams()  # the site learned the stream (its periodic look)
+        for _round in range(3 * backlog):
+            for topic in live_topics:
+                session.on_feed(*db.store(topic, b"live", qos=1))
+            await settle()
+            await acknowledge_new(session, outlet)
+            await settle()
+        behind = [s.payload for s in outlet.publishes if s.topic == "s/behind"]
+        assert behind == [bytes([n]) for n in range(backlog)], \
+            f"{len(behind)} of the {backlog} messages behind delivered"
+        await session.detach()
+
+    run(main())
