@@ -30,6 +30,7 @@ from tests.support.recorder import (
     describe_clients,
     more_acknowledged,
     stop_and_drain,
+    wait_delivered,
     wait_until,
 )
 
@@ -126,7 +127,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
 
         assert more_acknowledged(history, 100, 30), history.summary()
         drained = stop_and_drain(publishers, 60)
-        delivered = wait_until(lambda: not history.missing(), 60)
+        delivered = wait_delivered(history)
         time.sleep(0.5)  # resends on their way arrive too
         converged = wait_until(cluster.converged, 30)
         final_state = cluster.describe()
