@@ -32,6 +32,7 @@ from tests.support.recorder import (
     RecordingSubscriber,
     all_connected,
     describe_clients,
+    wait_delivered,
     wait_until,
 )
 
@@ -181,7 +182,7 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
             return [f"{session}: {message}" for session, missing in history.missing().items()
                     for message in missing]
 
-        delivered = wait_until(lambda: not lost(), 60)
+        delivered = wait_delivered(history)
         agreed = poll(lambda: all(
             len({shard_reports(cluster.sites[cluster.index_of(site)])[shard["id"]]["applied"]
                  for site in shard["replicas"]}) == 1

@@ -158,7 +158,7 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
         assert more_acknowledged(history, 300, 60), history.summary()
 
         drained = stop_and_drain(publishers, 60)
-        delivered = wait_until(lambda: not reliable_missing(history), 60)
+        delivered = wait_until(lambda: not reliable_missing(history), 60, every=0.5)
         wait_until(lambda: not history.missing(), 10)  # QoS 0 may have been dropped
         missing = history.missing()  # before the clean-start sessions end with close
         dropped = dropped_for_full_queues(cluster)

@@ -51,7 +51,7 @@ from tests.support.recorder import (
     all_connected,
     more_acknowledged,
     stop_and_drain,
-    wait_until,
+    wait_delivered,
 )
 
 NAMESPACE = "operator-replication"
@@ -419,9 +419,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     # Nothing acknowledged lost: stop, let every acknowledgement and delivery come in.
     assert stop_and_drain(load.publishers, 60), load.history.summary()
 
-    def all_in() -> bool:
-        return not any(load.history.missing().values())
-    wait_until(all_in, 60)
+    wait_delivered(load.history)
     lost = [message for lost in load.history.missing().values() for message in lost]
     print(load.history.summary())
     assert not lost, f"{len(lost)} acknowledged messages not delivered: {lost[:20]}; " \

@@ -221,13 +221,14 @@ class RecordingSubscriber:
 RecordingClient = RecordingPublisher | RecordingSubscriber
 
 
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll `condition` until it holds or `timeout` seconds have passed."""
+def wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Poll `condition` every `every` seconds until it holds or `timeout` seconds have
+    passed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.05)
+        time.sleep(every)
     return condition()
 
 
@@ -235,7 +236,9 @@ def wait_delivered(history: History, stall: float = 30.0) -> bool:
     """Wait until every acknowledged message reached every session that should have
     it, as long as deliveries go on: False once `stall` seconds pass with nothing more
     delivered. A backlog (a site that was cut off, a subscriber behind) drains at its
-    own pace; only a delivery that stopped is a failure."""
+    own pace; only a delivery that stopped is a failure. Polled once a second: the
+    count holds the history's lock, which the clients' callbacks need to record what
+    they receive."""
     def missing() -> int:
         return sum(len(lost) for lost in history.missing().values())
 
@@ -244,7 +247,7 @@ def wait_delivered(history: History, stall: float = 30.0) -> bool:
 
     before = missing()
     while before:
-        if not wait_until(fewer_than(before), stall):
+        if not wait_until(fewer_than(before), stall, every=1.0):
             return False
         before = missing()
     return True
