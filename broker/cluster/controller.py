@@ -357,7 +357,6 @@ class Controller:
         return web.json_response({"site": site, "forgotten": True})
 
 
-
 def site_url(address: str) -> str:
     """`host:port` or a URL -> the base URL of a site's admin API."""
     if "://" not in address:

@@ -220,7 +220,7 @@ class CommitFeed:
                 outbox.gaps.discard(push.shard)
                 push = Push(push.shard, True, push.messages)
             address = self._address_of(site)
-            if address is None:  # no longer a peer (forgotten): nothing to tell it
+            if address is None:  # neither the controller nor the site gave one
                 outbox.queue.clear()
                 outbox.queued = 0
                 outbox.gaps.clear()
