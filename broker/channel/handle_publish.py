@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..ds import Message
+from ..ds import FencedError, Message
 from ..errors import StratamqError
 from ..metrics import MESSAGES_DROPPED, messages_received
 from ..mqtt import MQTT_5, NO_PROPERTIES, Puback, Publish, Pubrec, ReasonCode
@@ -77,7 +77,8 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     try:
         waits = channel.broker.publisher.publish(
             message, wait=packet.qos > 0,
-            qos2_packet_id=packet.packet_id if packet.qos == 2 else None)
+            qos2_packet_id=packet.packet_id if packet.qos == 2 else None,
+            owner_epoch=session.owner_epoch)
     except StratamqError as error:
         raise _fail(channel, mqtt_reason_code(error)) from None
     if packet.qos == 0:
@@ -151,8 +152,12 @@ def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> N
     if channel.closing:  # the connection is gone: nobody else asks
         return
     if failed:
-        log.error("store failed for %s: %s", channel.client_id,
-                  None if future.cancelled() else future.exception())
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, FencedError):  # its session is another site's now
+            log.info("%s: taken over by another site; a PUBLISH read here before that "
+                     "is not stored (the client resends it there)", channel.client_id)
+        else:
+            log.error("store failed for %s: %s", channel.client_id, error)
         channel.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         channel.close_transport()
         return

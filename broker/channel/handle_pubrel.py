@@ -20,8 +20,8 @@ def handle_pubrel(channel: Channel, packet: Pubrel) -> None:
                              else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
         return
     session.inbound_qos2_released(packet_id)
-    released = asyncio.gather(*channel.broker.publisher.release_qos2(channel.client_id,
-                                                                     packet_id))
+    released = asyncio.gather(*channel.broker.publisher.release_qos2(
+        channel.client_id, packet_id, session.owner_epoch))
     released.add_done_callback(lambda future: _released(channel, packet_id, future))
 
 

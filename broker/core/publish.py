@@ -38,20 +38,21 @@ class Publisher:
             return
         self.publish(message, wait=False)
 
-    def publish(self, message: Message, wait: bool,
-                qos2_packet_id: int | None = None) -> list[asyncio.Future[None]]:
+    def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
+                owner_epoch: int = 0) -> list[asyncio.Future[None]]:
         """Store a message (and its retained copy) whose topic name the caller has
         validated (the channel does, for a PUBLISH). With `wait`, the futures resolve
         once everything is durable.
 
         An inbound QoS 2 message's packet id is recorded in the same atomic write as
         the message, so a PUBLISH resent after a crash is recognised, never stored
-        twice (exactly once)."""
+        twice (exactly once), while `owner_epoch` is the client id's (in a cluster;
+        else FencedError)."""
         if qos2_packet_id is None:
             # the channel validated the topic name (and a will's, at CONNECT)
             waits = self._messages.submit([message], wait, topics_checked=True)
         else:
-            waits = self._store.submit_qos2(message, wait, qos2_packet_id)
+            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch)
         if message.retain:
             # The stored message gets its timestamp when its batch is cooked, later; the
             # retained copy needs one now: its expiry interval counts from it.
@@ -76,7 +77,8 @@ class Publisher:
         stored (read past a barrier: see SessionStore)."""
         return await self._store.qos2_stored(client_id, packet_id)
 
-    def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
+    def release_qos2(self, client_id: str, packet_id: int,
+                     owner_epoch: int = 0) -> list[asyncio.Future[None]]:
         """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
         reuse it."""
-        return self._store.release_qos2(client_id, packet_id)
+        return self._store.release_qos2(client_id, packet_id, owner_epoch)

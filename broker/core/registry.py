@@ -210,13 +210,13 @@ class SessionRegistry:
                 self.sessions[client_id] = session
             elif ended:
                 # the ids of a session that ended must not pass for the new one's
-                await self._store.forget_qos2(client_id)
+                await self._store.forget_qos2(client_id, epoch or 0)
         if clean_start and session is not None:
             await self._discard(session)
             session = None
         if clean_start:
             await self._store.delete(client_id, epoch or 0)
-            await self._store.forget_qos2(client_id)
+            await self._store.forget_qos2(client_id, epoch or 0)
         present = session is not None
         durable = expiry_interval > 0 and self.limits.durable_sessions
         if session is None:
@@ -264,7 +264,7 @@ class SessionRegistry:
                             return
                 await session.inbound_qos2_settled()  # or a late one outlives the forget
                 try:
-                    await self._store.forget_qos2(client_id)
+                    await self._store.forget_qos2(client_id, session.owner_epoch)
                 except StratamqError as exc:  # no leader to read past, say: the will goes on
                     log.warning("QoS 2 packet ids of ended session %r not forgotten: %s",
                                 client_id, exc)
@@ -323,7 +323,10 @@ class SessionRegistry:
             except FencedError:  # another site holds the session now
                 return
         await session.inbound_qos2_settled()
-        await self._store.forget_qos2(session.client_id)
+        try:
+            await self._store.forget_qos2(session.client_id, session.owner_epoch)
+        except FencedError:  # taken over meanwhile: the ids are the new owner's
+            return
 
     def _cancel_timers(self, client_id: str) -> None:
         for timers in (self._will_timers, self._expiry_timers):
@@ -480,7 +483,7 @@ class SessionRegistry:
                     await self._store.save(record)
                 if record.expired(now):
                     await self._store.delete(record.client_id, record.owner_epoch)
-                    await self._store.forget_qos2(record.client_id)
+                    await self._store.forget_qos2(record.client_id, record.owner_epoch)
                     removed += 1
         return removed
 

@@ -261,12 +261,17 @@ class Database:
 
         `topics_checked`: the caller has validated every topic name already (the
         broker's publish path, at the channel), so it is not checked again here.
-        `fence` (with records only): a fenced write in `records_of`'s shard (`fence`)."""
+        `fence`: a fenced write of `records_of`'s records and messages (`ds.fence`),
+        all or nothing; it is always waited for."""
         if fence is not None:
-            if messages or records_of is None:
-                raise InvalidMessageError("a fenced write carries records of one key only")
+            if records_of is None or any(m.client_id != records_of for m in messages):
+                raise InvalidMessageError("a fenced write carries the records and "
+                                          "messages of one client only")
             buffer = self._buffers[shard_of(records_of, self.options.n_shards)]
-            done = buffer.add([], 0, True, record_puts, record_deletes, [fence])
+            size = sum(self._validate(message, topics_checked) for message in messages)
+            if messages:
+                buffer.refuse_when_overfull()
+            done = buffer.add(messages, size, True, record_puts, record_deletes, [fence])
             assert done is not None
             return [done]
         if len(messages) == 1 and records_of is None:  # the broker's common case

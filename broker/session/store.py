@@ -6,7 +6,10 @@ database). Nothing else reads or writes these keys.
 On a replicated site (`owner` set: this site's id) a session record is written fenced
 by its owner epoch (`ds.fence`): a site takes a client id with `claim`, which moves
 the epoch on at the shard's leader, and the writes of the site that held it before
-carry an older epoch and are refused (FencedError)."""
+carry an older epoch and are refused (FencedError). The claim moves the epoch of the
+client's inbound QoS 2 records on too (they are in another database, so they have a
+fence of their own), before the new owner reads them: a write of the old owner is
+either in what the new one reads or refused."""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ def _qos2_prefix(client_id: str) -> bytes:
 
 def _qos2_key(client_id: str, packet_id: int) -> bytes:
     return _qos2_prefix(client_id) + packet_id.to_bytes(2, "big")
+
+
+def _qos2_fence(client_id: str, owner_epoch: int, claim: bool = False) -> Fence:
+    return Fence(_qos2_prefix(client_id), owner_epoch, claim=claim)
 
 
 class SessionStore:
@@ -79,6 +86,8 @@ class SessionStore:
         await self._sessions_db.write_fenced(
             client_id, Fence(_session_key(client_id), epoch, claim=True,
                              owner=self.owner.encode()))
+        await asyncio.gather(*self._messages.submit(
+            [], True, records_of=client_id, fence=_qos2_fence(client_id, epoch, claim=True)))
 
     async def scan(self) -> list[SessionRecord]:
         return [SessionRecord.from_json(raw)
@@ -86,17 +95,24 @@ class SessionStore:
 
     # -- inbound QoS 2 records ----------------------------------------------------
 
-    def submit_qos2(self, message: Message, wait: bool,
-                    packet_id: int) -> list[asyncio.Future[None]]:
+    def submit_qos2(self, message: Message, wait: bool, packet_id: int,
+                    owner_epoch: int = 0) -> list[asyncio.Future[None]]:
         """Store an inbound QoS 2 message with its packet id in one atomic write, so a
-        PUBLISH resent after a crash is recognised, never stored twice."""
+        PUBLISH resent after a crash is recognised, never stored twice. On a fenced
+        store, only while `owner_epoch` is the client id's (else FencedError)."""
         return self._messages.submit(
             [message], wait, records_of=message.client_id,
-            record_puts=[(_qos2_key(message.client_id, packet_id), b"")])
+            record_puts=[(_qos2_key(message.client_id, packet_id), b"")],
+            fence=self._fence(message.client_id, owner_epoch))
 
-    def release_qos2(self, client_id: str, packet_id: int) -> list[asyncio.Future[None]]:
+    def release_qos2(self, client_id: str, packet_id: int,
+                     owner_epoch: int = 0) -> list[asyncio.Future[None]]:
         return self._messages.submit([], True, records_of=client_id,
-                                     record_deletes=[_qos2_key(client_id, packet_id)])
+                                     record_deletes=[_qos2_key(client_id, packet_id)],
+                                     fence=self._fence(client_id, owner_epoch))
+
+    def _fence(self, client_id: str, owner_epoch: int) -> Fence | None:
+        return _qos2_fence(client_id, owner_epoch) if self.fenced else None
 
     # Reads that decide whether a QoS 2 packet id is known see every committed write
     # (Database.read_records): this site's replica may not have applied what its
@@ -115,8 +131,9 @@ class SessionStore:
         return any(found == key for found, _value
                    in await self._messages.read_records(client_id, key))
 
-    async def forget_qos2(self, client_id: str) -> None:
+    async def forget_qos2(self, client_id: str, owner_epoch: int = 0) -> None:
         records = await self._messages.read_records(client_id, _qos2_prefix(client_id))
         if records:
             await asyncio.gather(*self._messages.submit(
-                [], True, records_of=client_id, record_deletes=[key for key, _ in records]))
+                [], True, records_of=client_id, record_deletes=[key for key, _ in records],
+                fence=self._fence(client_id, owner_epoch)))
