@@ -196,6 +196,54 @@ def shared_known(cluster: Cluster) -> bool:
     return True
 
 
+def start_members(cluster: Cluster, history: History,
+                  members: list[RecordingSubscriber]) -> None:
+    """A member of the shared group on every site, known cluster-wide."""
+    for site in cluster.sites:
+        member = RecordingSubscriber(history, f"fs-member-{site.index}", site.host,
+                                     site.port, SHARED, 1, durable=False)
+        member.start()
+        members.append(member)
+    for member in members:
+        assert member.subscribed.wait(15), f"no SUBACK for {member.name}"
+    assert wait_until(lambda: shared_known(cluster), 30), \
+        f"shared filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
+
+
+def publish_to_group(cluster: Cluster, history: History, members: list[RecordingSubscriber],
+                     publishers: list[RecordingPublisher], sites: list[int]) -> None:
+    """Publish from `sites` until 600 more messages are acknowledged; check that each
+    acknowledged one reached exactly one member, and that every member took a share."""
+    for index in sites:
+        site = cluster.sites[index]
+        name = f"fs-pub-{site.index}"
+        publisher = RecordingPublisher(history, name, site.host, site.port,
+                                       [f"fs/{name}/a"], (1,))
+        publishers.append(publisher)
+        publisher.start()
+    assert all_connected([*members, *publishers], 30), \
+        describe_clients([*members, *publishers])
+    assert more_acknowledged(history, 600, 60), history.summary()
+    assert stop_and_drain(publishers, 60), history.summary()
+    acknowledged = set(history.acknowledged_messages())
+
+    def delivered() -> list[object]:
+        with history._lock:
+            return [d.message for member in members
+                    for session in history.sessions.get(member.name, [])
+                    for d in session.deliveries]
+
+    complete = wait_until(lambda: acknowledged <= set(delivered()), 60)
+    copies = delivered()
+    per_member = {member.name: received_by(history, [member.name]) for member in members}
+    print(f"\n{history.summary()}\nper member: {per_member}")
+    missing = acknowledged - set(copies)
+    assert complete, f"{len(missing)} acknowledged messages reached no member"
+    twice = len(copies) - len(set(copies))
+    assert twice == 0, f"{twice} messages reached more than one member (or one twice)"
+    assert all(count > 0 for count in per_member.values()), per_member
+
+
 @pytest.mark.slow
 def test_a_shared_group_gets_each_message_once_across_sites(tmp_path: Path) -> None:
     """`$share/g/fs/#` with a member on every site (replication factor 1): each
@@ -208,46 +256,39 @@ def test_a_shared_group_gets_each_message_once_across_sites(tmp_path: Path) -> N
     publishers: list[RecordingPublisher] = []
     try:
         cluster.start()
-        for site in cluster.sites:
-            member = RecordingSubscriber(history, f"fs-member-{site.index}", site.host,
-                                         site.port, SHARED, 1, durable=False)
-            member.start()
-            members.append(member)
-        for member in members:
-            assert member.subscribed.wait(15), f"no SUBACK for {member.name}"
-        assert wait_until(lambda: shared_known(cluster), 30), \
-            f"shared filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
-        for site in cluster.sites:
-            name = f"fs-pub-{site.index}"
-            publisher = RecordingPublisher(history, name, site.host, site.port,
-                                           [f"fs/{name}/a"], (1,))
-            publishers.append(publisher)
-            publisher.start()
-        assert all_connected([*members, *publishers], 30), \
-            describe_clients([*members, *publishers])
-        assert more_acknowledged(history, 600, 60), history.summary()
-        drained = stop_and_drain(publishers, 60)
-        acknowledged = set(history.acknowledged_messages())
-
-        def delivered() -> list[object]:
-            with history._lock:
-                return [d.message for member in members
-                        for session in history.sessions.get(member.name, [])
-                        for d in session.deliveries]
-
-        complete = wait_until(lambda: acknowledged <= set(delivered()), 60)
-        copies = delivered()
-        per_member = {member.name: received_by(history, [member.name]) for member in members}
+        start_members(cluster, history, members)
+        publish_to_group(cluster, history, members, publishers, list(range(SITES)))
     finally:
-        for member in members:
-            member.close()
-        for publisher in publishers:
-            publisher.close()
+        for client in [*members, *publishers]:
+            client.close()
         cluster.close()
-    print(f"\n{history.summary()}\nper member: {per_member}")
-    assert drained, history.summary()
-    missing = acknowledged - set(copies)
-    assert complete, f"{len(missing)} acknowledged messages reached no member"
-    twice = len(copies) - len(set(copies))
-    assert twice == 0, f"{twice} messages reached more than one member (or one twice)"
-    assert all(count > 0 for count in per_member.values()), per_member
+
+
+@pytest.mark.slow
+def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
+    """A site with a member of the group is killed and stays down (replication
+    factor 3: its shards go on elsewhere). Once the others have heard nothing from it
+    for a few seconds they forget its membership, so no message is left to it: every
+    acknowledged message published after that reaches one of the members left."""
+    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=3)
+    history = History()
+    members: list[RecordingSubscriber] = []
+    publishers: list[RecordingPublisher] = []
+    gone = SITES - 1
+    try:
+        cluster.start()
+        start_members(cluster, history, members)
+        members.pop(gone).close()
+        cluster.sites[gone].kill()
+        gone_id = cluster.site_ids[gone]
+        left = [site for site in cluster.sites if site.index != gone]
+        assert wait_until(lambda: all(gone_id not in site.replication().get("interest", {})
+                                      for site in left), 30), \
+            f"the site killed is still a member: {[s.replication() for s in left]}"
+        assert cluster.wait_ready(60, [site.index for site in left]), cluster.describe()
+        publish_to_group(cluster, history, members, publishers,
+                         [site.index for site in left])
+    finally:
+        for client in [*members, *publishers]:
+            client.close()
+        cluster.close()

@@ -1,11 +1,17 @@
-"""The pure parts of the commit feed: which messages a site's filters want, and the
-one site that delivers a message to a shared group."""
+"""The pure parts of the commit feed: which messages a site's filters want, what
+each peer told and for how long it counts, and the one site that delivers a message
+to a shared group."""
 
 from __future__ import annotations
 
 import pytest
 
-from stratamq.broker.ds.replication.interest import FilterSet, plain_filter, shared_site
+from stratamq.broker.ds.replication.interest import (
+    FilterSet,
+    InterestTable,
+    plain_filter,
+    shared_site,
+)
 from stratamq.broker.topic import topic_matches
 
 
@@ -54,3 +60,25 @@ def test_the_shared_site_is_one_of_the_sites_and_the_same_whatever_their_order()
             == shared_site("g/a/#", key, [*sites, "s1"])
     assert shared_site("g/a/#", "pub|1", []) is None
     assert shared_site("g/a/#", "pub|1", ["only"]) == "only"
+
+
+def test_a_peer_that_stops_telling_is_forgotten_and_learns_so_when_it_tells_again() -> None:
+    table = InterestTable(expiry=5)
+    assert table.take("s1", "10.0.0.1:7000", frozenset({"a/#"}), now=0) is False
+    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), now=0) is False
+    assert table.take("s1", None, frozenset({"a/#"}), now=1) is True  # told no address
+    assert table.address_of("s1") == "10.0.0.1:7000"
+    assert table.take("s1", "10.0.0.9:7000", frozenset({"a/#", "c"}), now=4) is False
+    assert table.address_of("s1") == "10.0.0.9:7000"
+    assert table.filters_of("s1").matches("c")
+
+    assert table.expire(now=5) == []  # s2's five seconds are not over yet
+    assert table.expire(now=5.5) == ["s2"]
+    assert [site for site, _filters in table.items()] == ["s1"]
+    assert table.address_of("s2") is None and not table.filters_of("s2")
+
+    # back: what it tells again was not had, so it reads what it missed from storage
+    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), now=7) is False
+    assert table.expire(now=9.5) == ["s1"]  # told last at 4
+    assert table.expire(now=20) == ["s2"]
+    assert not table

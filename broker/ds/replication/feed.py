@@ -6,7 +6,9 @@ subscribers).
   its own peer address, on change (debounced) and again every `INTEREST_INTERVAL`,
   so a restarted peer learns them within one interval. A peer that did not have the
   filters just sent (they changed, or it restarted) may have left messages unpushed:
-  the sender declares a feed gap on the shards that peer leads. Pushes go to the
+  the sender declares a feed gap on the shards that peer leads. A site that tells
+  nothing for `INTEREST_EXPIRY` is forgotten (`InterestTable`): a site gone for good
+  is no longer pushed to, nor picked for shared groups. Pushes go to the
   address the controller gave for a site or, before it did (a site just added, not
   yet in any replica set), to the address the site told.
 - Push: the leader of a shard matches each applied batch against each interested
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,12 +40,16 @@ from ..cooked import CookedBatch
 from ..database import Database
 from ..message import Message
 from .feed_wire import Push, decode_push, encode_push
-from .interest import FilterSet
+from .interest import InterestTable
 from .remote import PeersOf, PlacementOf, RemoteReads
 
 log = logging.getLogger(__name__)
 
 INTEREST_INTERVAL = 1.0
+# A site that has told nothing for this long is forgotten (a few missed tellings:
+# one that is only slow tells again, is told the filters were not had, and reads
+# what it missed from storage).
+INTEREST_EXPIRY = 5 * INTEREST_INTERVAL
 # A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
 INTEREST_DEBOUNCE = 0.05
 # Messages queued for one site at most: beyond, pushes are dropped (a gap).
@@ -79,8 +86,7 @@ class CommitFeed:
         self._remote = remote
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._interest_of: dict[str, FilterSet] = {}
-        self._told_addresses: dict[str, str] = {}  # each site's peer address, as it told
+        self._interest = InterestTable(INTEREST_EXPIRY)
         self._outboxes: dict[str, _Outbox] = {}
         self._interest_changed = asyncio.Event()
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
@@ -106,7 +112,7 @@ class CommitFeed:
 
     def sites_with(self, topic_filter: str) -> list[str]:
         """The sites holding `topic_filter`, this one included when it does, sorted."""
-        sites = [site for site, filters in self._interest_of.items()
+        sites = [site for site, filters in self._interest.items()
                  if topic_filter in filters.filters and site != self.site]
         if topic_filter in self.database.interest:
             sites.append(self.site)
@@ -114,7 +120,7 @@ class CommitFeed:
 
     def interest_of(self) -> dict[str, list[str]]:
         """Each peer's filters as this site knows them (for the admin view)."""
-        return {site: sorted(filters.filters) for site, filters in self._interest_of.items()}
+        return {site: sorted(filters.filters) for site, filters in self._interest.items()}
 
     # -- placement ----------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class CommitFeed:
             self._replicas[shard_id] = replicas
             if self._leads(shard_id):
                 for site in sorted(left - {self.site}):
-                    if self._interest_of.get(site):
+                    if self._interest.filters_of(site):
                         self._outbox_of(site).gaps.add(shard_id)
                         self._outbox_of(site).wake.set()
 
@@ -146,11 +152,20 @@ class CommitFeed:
             if self._interest_changed.is_set():
                 await asyncio.sleep(INTEREST_DEBOUNCE)
                 self._interest_changed.clear()
+            self._forget_silent_sites()
             filters = self.database.interest
             peers = {site: address for site, address in self._peers_of().items()
                      if site != self.site}
             await asyncio.gather(*(self._tell(site, address, filters)
                                    for site, address in peers.items()))
+
+    def _forget_silent_sites(self) -> None:
+        for site in self._interest.expire(time.monotonic()):
+            log.info("%s told this site nothing for %.0fs: its interest is forgotten, "
+                     "nothing more is pushed to it", site, INTEREST_EXPIRY)
+            outbox = self._outboxes.pop(site, None)
+            if outbox is not None and outbox.task is not None:
+                outbox.task.cancel()
 
     async def _tell(self, site: str, address: str, filters: frozenset[str]) -> None:
         url = f"http://{address}/peer/v1/interest"
@@ -178,10 +193,10 @@ class CommitFeed:
     # -- pushing, as a shard's leader ---------------------------------------------------
 
     def on_commit(self, cooked: CookedBatch) -> None:
-        if not cooked.messages or not self._interest_of or not self._leads(cooked.shard):
+        if not cooked.messages or not self._interest or not self._leads(cooked.shard):
             return
         replicas, _leader = self._placement_of(cooked.shard)
-        for site, filters in self._interest_of.items():
+        for site, filters in self._interest.items():
             if site == self.site or site in replicas or not filters:
                 continue
             matching = [(cooked.generation, static, message)
@@ -236,7 +251,7 @@ class CommitFeed:
             await asyncio.sleep(RETRY_INTERVAL)
 
     def _address_of(self, site: str) -> str | None:
-        return self._peers_of().get(site) or self._told_addresses.get(site)
+        return self._peers_of().get(site) or self._interest.address_of(site)
 
     def _take(self, outbox: _Outbox) -> Push:
         """The first queued push, with the pushes of the same shard right behind it."""
@@ -278,12 +293,7 @@ class CommitFeed:
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
-        if peer is not None:
-            self._told_addresses[site] = peer
-        known = self._interest_of.get(site)
-        had = known is not None and known.filters == filters
-        if not had:
-            self._interest_of[site] = FilterSet(filters)
+        had = self._interest.take(site, peer, filters, time.monotonic())
         return web.json_response({"had": had})
 
     async def _take_push(self, http: web.Request) -> web.Response:

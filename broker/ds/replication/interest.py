@@ -1,12 +1,13 @@
 """Which messages a site wants: the topic filters its subscribers hold, as a trie
 (what a shard leader matches a committed message against before pushing it to a
-site without a replica), and the one site that delivers a message to a shared
-group. Pure: no I/O."""
+site without a replica), the table of what each peer told, and the one site that
+delivers a message to a shared group. Pure: no I/O."""
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from ...subscription_index import SubscriptionIndex
 
@@ -35,6 +36,63 @@ class FilterSet:
 
     def matches(self, topic: str) -> bool:
         return next(self._index.match(topic), None) is not None
+
+
+@dataclass(slots=True)
+class _Told:
+    filters: FilterSet
+    address: str | None
+    at: float
+
+
+class InterestTable:
+    """Each peer's filters and peer address, as it last told them. A peer that has
+    not told them again for `expiry` seconds is forgotten (gone for good, or cut
+    off): nothing more is pushed to it, and it is no longer a member of any shared
+    group here. If it comes back, its next telling finds them not had, so it reads
+    what it missed from storage."""
+
+    def __init__(self, expiry: float) -> None:
+        self.expiry = expiry
+        self._told: dict[str, _Told] = {}
+
+    def take(self, site: str, address: str | None, filters: frozenset[str],
+             now: float) -> bool:
+        """Record what `site` told at `now` (`address` None: it told none, so the last
+        one it told stays); whether these filters were had already."""
+        known = self._told.get(site)
+        had = known is not None and known.filters.filters == filters
+        if known is None:
+            self._told[site] = _Told(FilterSet(filters), address, now)
+            return False
+        if not had:
+            known.filters = FilterSet(filters)
+        if address is not None:
+            known.address = address
+        known.at = now
+        return had
+
+    def expire(self, now: float) -> list[str]:
+        """Forget the sites that have told nothing for `expiry` seconds; them, sorted."""
+        gone = sorted(site for site, told in self._told.items()
+                      if now - told.at > self.expiry)
+        for site in gone:
+            del self._told[site]
+        return gone
+
+    def filters_of(self, site: str) -> FilterSet:
+        told = self._told.get(site)
+        return FilterSet() if told is None else told.filters
+
+    def address_of(self, site: str) -> str | None:
+        told = self._told.get(site)
+        return None if told is None else told.address
+
+    def items(self) -> Iterator[tuple[str, FilterSet]]:
+        return ((site, told.filters) for site, told in self._told.items())
+
+    def __bool__(self) -> bool:
+        return bool(self._told)
 
 
 def shared_site(group_key: str, message_key: str, sites: Iterable[str]) -> str | None:
