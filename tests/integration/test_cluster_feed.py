@@ -259,7 +259,8 @@ def test_a_shared_group_gets_each_message_once_across_sites(tmp_path: Path) -> N
         start_members(cluster, history, members)
         publish_to_group(cluster, history, members, publishers, list(range(SITES)))
     finally:
-        for client in [*members, *publishers]:
+        clients: list[RecordingClient] = [*members, *publishers]
+        for client in clients:
             client.close()
         cluster.close()
 
@@ -289,6 +290,7 @@ def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
         publish_to_group(cluster, history, members, publishers,
                          [site.index for site in left])
     finally:
-        for client in [*members, *publishers]:
+        clients: list[RecordingClient] = [*members, *publishers]
+        for client in clients:
             client.close()
         cluster.close()
