@@ -242,13 +242,15 @@ class AdminServer:
 
     async def _placement(self, request: web.Request) -> web.Response:
         """Take a placement pushed by the controller: body `{"placement": document,
-        "peers": {site: "host:port"}}`."""
+        "peers": {site: "host:port"}, "forgotten": [site, ...]}` (`forgotten`:
+        optional)."""
         replication = self._replication()
         body = await json_body(request)
         if "placement" not in body or "peers" not in body:
             raise BadRequestError('give {"placement": {...}, "peers": {"<site>": '
                                   '"host:port", ...}}')
-        accepted, version = await replication.offer(body["placement"], body["peers"])
+        accepted, version = await replication.offer(body["placement"], body["peers"],
+                                                    body.get("forgotten"))
         return web.json_response({"accepted": accepted, "version": version})
 
     async def _site_view(self) -> Json:

@@ -66,7 +66,7 @@ class Controller:
         self.config = config
         self.settings = config.settings
         self.files = StateFiles(config.data_dir)
-        self.state, known = self.files.load()
+        self.state, known, forgotten = self.files.load()
         self.started = time.monotonic()
         # Sites known from disk get the grace of one that answered just now.
         self.sites: dict[str, SiteState] = {
@@ -74,7 +74,9 @@ class Controller:
                                peer=site.peer) for site in known}
         self.urls: list[str] = sorted({*(url.rstrip("/") for url in config.site_urls),
                                        *(site.admin_url for site in known)})
-        self.forgotten: set[str] = set()
+        # sites forgotten for good: their reports are ignored, and the sites are told
+        # (with every push) so that they collect the sessions those sites owned
+        self.forgotten: set[str] = set(forgotten)
         self._lock = asyncio.Lock()
         self._headers = {"Authorization": f"Bearer {config.token}"}
         self._http: aiohttp.ClientSession | None = None
@@ -212,7 +214,8 @@ class Controller:
     async def _save(self, state: ClusterState) -> None:
         known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
                  for site in self.sites.values()]
-        await asyncio.get_running_loop().run_in_executor(None, self.files.save, state, known)
+        await asyncio.get_running_loop().run_in_executor(
+            None, self.files.save, state, known, frozenset(self.forgotten))
 
     def _peers(self) -> dict[str, str]:
         return {site.id: site.peer for site in self.sites.values() if site.peer is not None}
@@ -227,7 +230,8 @@ class Controller:
             or site.placement_version < placement.version)]
         if not targets:
             return
-        body = {"placement": json.loads(placement.to_json()), "peers": self._peers()}
+        body = {"placement": json.loads(placement.to_json()), "peers": self._peers(),
+                "forgotten": sorted(self.forgotten)}
         await asyncio.gather(*(self._push_to(site, body, placement.version)
                                for site in targets))
 
@@ -353,6 +357,7 @@ class Controller:
             self.urls = [url for url in self.urls if url != gone.admin_url]
             await self._save(state)
             self.state = state
+            await self._push(state.placement, everyone=True)  # the sites adopt its sessions
         log.info("site %s (%s) forgotten", site, gone.admin_url)
         return web.json_response({"site": site, "forgotten": True})
 

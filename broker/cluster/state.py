@@ -1,8 +1,9 @@
 """The controller's state on disk, in its data folder, so that a restarted controller
 goes on where it stopped: `placement.json` (the newest placement, `PlacementStore`),
 `plan.json` (the pending plan, `Plan.to_json`; absent when none) and `cluster.json`
-(the sites it knows, with their admin URLs and peer addresses, and the sites each
-database should live on). Every file is written atomically.
+(the sites it knows, with their admin URLs and peer addresses, the sites each
+database should live on, and the sites forgotten for good). Every file is written
+atomically.
 
 Blocking file I/O on small files; the controller calls it in an executor.
 """
@@ -42,17 +43,19 @@ class StateFiles:
         self.plan_path = data_dir / PLAN_FILE
         self.cluster_path = data_dir / CLUSTER_FILE
 
-    def load(self) -> tuple[ClusterState, list[KnownSite]]:
-        """The state as kept, and the sites known; a pending plan that the kept
-        placement is a step of resumes (waiting on a replica that joined last)."""
+    def load(self) -> tuple[ClusterState, list[KnownSite], frozenset[str]]:
+        """The state as kept, the sites known and the sites forgotten; a pending plan
+        that the kept placement is a step of resumes (waiting on a replica that
+        joined last)."""
         placement = self.placements.current or Placement.empty()
         plan = self._load_plan()
-        sites, goals = self._load_cluster()
+        sites, goals, forgotten = self._load_cluster()
         catch_up = None if plan is None else resumed_catch_up(plan, placement)
         return ClusterState(placement=placement, plan=plan, goals=goals,
-                            catch_up=catch_up), sites
+                            catch_up=catch_up), sites, forgotten
 
-    def save(self, state: ClusterState, sites: list[KnownSite]) -> None:
+    def save(self, state: ClusterState, sites: list[KnownSite],
+             forgotten: frozenset[str] = frozenset()) -> None:
         """Keep `state`. The placement goes first: it is the one document sites may
         already hold, and a restart must never go back to an older version."""
         if state.placement.version > 0:
@@ -66,6 +69,7 @@ class StateFiles:
             "sites": [{"id": site.id, "admin_url": site.admin_url, "peer": site.peer}
                       for site in sorted(sites, key=lambda site: site.id)],
             "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
+            "forgotten": sorted(forgotten),
         }
         write_atomically(self.cluster_path, json.dumps(document, indent=2) + "\n")
 
@@ -80,11 +84,12 @@ class StateFiles:
             raise CorruptDataError(f"{self.plan_path}: the kept plan is damaged "
                                    f"({exc.message}); remove it to drop the plan") from exc
 
-    def _load_cluster(self) -> tuple[list[KnownSite], dict[str, tuple[str, ...]]]:
+    def _load_cluster(self) -> tuple[list[KnownSite], dict[str, tuple[str, ...]],
+                                     frozenset[str]]:
         try:
             document: Any = json.loads(self.cluster_path.read_bytes())
         except FileNotFoundError:
-            return [], {}
+            return [], {}, frozenset()
         except ValueError as exc:
             raise CorruptDataError(f"{self.cluster_path}: not JSON: {exc}") from exc
         try:
@@ -95,6 +100,9 @@ class StateFiles:
                      for entry in document["sites"]]
             goals = {check_database(database): tuple(check_site_id(site) for site in goal)
                      for database, goal in document["goals"].items()}
+            # absent from the files of a controller before forgotten sites were kept
+            forgotten = frozenset(check_site_id(site)
+                                  for site in document.get("forgotten", []))
         except (PlacementError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptDataError(f"{self.cluster_path}: damaged ({exc})") from exc
-        return sites, goals
+        return sites, goals, forgotten

@@ -3,7 +3,11 @@ kept in the `sessions` database (`SessionStore.claim`, checked by the shard's
 leader). A site that takes a client id over asks the site that held it to close the
 client's connection and let go of the session (over the peer port), then claims the
 next epoch, so the old owner's late writes are refused. A previous owner that does not
-answer (down, cut off) does not stop the takeover: the epoch fences it."""
+answer (down, cut off) does not stop the takeover: the epoch fences it.
+
+The sessions of a site forgotten for good (`ctl ds forget`: it will not come back)
+are adopted by the first site whose collector finds them (`may_collect`), so they
+still expire and publish their wills."""
 
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ Release = Callable[[str, str | None], Awaitable[bool]]
 
 class Peers(Protocol):
     """The peer port, as `ds.SiteReplication` offers it."""
+
+    # the sites the controller forgot for good
+    forgotten: frozenset[str]
 
     def serve(self, name: str, handler: Callable[[web.Request],
                                                  Awaitable[web.StreamResponse]]) -> None: ...
@@ -109,6 +116,24 @@ class Ownership:
         if answer.get("released") is False:
             raise NotOwnerError(f"client {client_id!r}: site {owner} holds it for "
                                 f"another user")
+
+    async def may_collect(self, client_id: str) -> int | None:
+        """The owner epoch under which this site may expire the stored session of
+        `client_id`: the one it owns it at, or a new one when it adopts the session of
+        a site forgotten for good. None when another site owns it (or adopted it
+        first), or nobody has claimed it."""
+        epoch, owner = await self._store.owner_of(client_id)
+        if owner == self.site:
+            return epoch
+        if not owner or owner not in self._peers.forgotten:
+            return None
+        try:
+            await self._store.claim(client_id, epoch + 1)
+        except FencedError:
+            return None
+        log.info("client %r: its session adopted from site %s, which was forgotten",
+                 client_id, owner)
+        return epoch + 1
 
     async def owner_of(self, client_id: str) -> str:
         """The site that owns `client_id` ("" when none has claimed it)."""

@@ -465,27 +465,41 @@ class SessionRegistry:
             async with self._lock(scanned.client_id):
                 if scanned.client_id in self.sessions:
                     continue
-                if self._store.fenced and self.ownership is not None and \
-                        await self.ownership.owner_of(scanned.client_id) != self.ownership.site:
-                    continue  # its owner site collects it
-                record = await self._store.load(scanned.client_id)
-                if record is None:
+                try:
+                    removed += await self._collect(scanned.client_id, now)
+                except FencedError:  # taken by another site meanwhile: it is that one's
                     continue
-                if record.disconnected_at is None:
-                    # It was connected when the site stopped without saying goodbye: its
-                    # expiry (and will delay) count from now, when the site is back.
-                    record.disconnected_at = now
-                    await self._store.save(record)
-                if record.will is not None and record.disconnected_at + min(
-                        record.will.delay, record.expiry_interval) <= now:
-                    self._publisher.publish_will(record.will.to_message(record.client_id))
-                    record.will = None
-                    await self._store.save(record)
-                if record.expired(now):
-                    await self._store.delete(record.client_id, record.owner_epoch)
-                    await self._store.forget_qos2(record.client_id, record.owner_epoch)
-                    removed += 1
         return removed
+
+    async def _collect(self, client_id: str, now: float) -> int:
+        """Under the client's lock: expire its stored session if it has (1), publish
+        its will once due."""
+        epoch = None
+        if self._store.fenced and self.ownership is not None:
+            epoch = await self.ownership.may_collect(client_id)
+            if epoch is None:
+                return 0  # its owner site collects it
+        record = await self._store.load(client_id)
+        if record is None:
+            return 0
+        if epoch is not None:  # adopted here, maybe
+            record.owner_epoch = epoch
+        if record.disconnected_at is None:
+            # It was connected when its site stopped without saying goodbye: its expiry
+            # (and will delay) count from now, when the site is back (or adopted it).
+            record.disconnected_at = now
+            await self._store.save(record)
+        if record.will is not None and record.disconnected_at + min(
+                record.will.delay, record.expiry_interval) <= now:
+            self._publisher.publish_will(record.will.to_message(record.client_id))
+            record.will = None
+            await self._store.save(record)
+        if not record.expired(now):
+            return 0
+        await self._store.delete(record.client_id, record.owner_epoch)
+        await self._store.forget_qos2(record.client_id, record.owner_epoch)
+        log.info("stored session of %r expired: deleted", client_id)
+        return 1
 
     async def _renew_streams_loop(self) -> None:
         while True:

@@ -19,8 +19,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.support.clients import PahoClient, unique
-from tests.support.cluster import Cluster, poll
+from tests.support.clients import PahoClient, paho_properties, unique
+from tests.support.cluster import DATABASES, Cluster, ctl_ds, poll
 from tests.support.history import History, Message
 from tests.support.recorder import (
     SESSION_EXPIRY,
@@ -294,4 +294,52 @@ def test_retained_messages_are_cluster_wide(tmp_path: Path) -> None:
     finally:
         for client in clients:
             client.stop()
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_the_sessions_of_a_forgotten_site_expire_and_publish_their_wills(
+        tmp_path: Path) -> None:
+    """A client's site is killed and never comes back: its replicas are moved off
+    (`ctl ds leave`) and it is forgotten (`ctl ds forget`). Another site adopts the
+    client's stored session: its will is published and, once its expiry has passed,
+    the session is gone."""
+    expiry = 3
+    cluster = Cluster(tmp_path, sites=3, n_shards=N_SHARDS, replication_factor=2,
+                      site_config={"durable_sessions": {"session_gc_interval": "1s"}})
+    watcher = lost = None
+    try:
+        cluster.start(timeout=WAIT)
+        first, gone = cluster.sites[0], cluster.sites[2]
+        watcher = PahoClient(first.port, unique("watcher"), host=first.host)
+        assert watcher.connect().reason_code == 0
+        assert watcher.subscribe("gone/#", 1) == [1]
+        client_id = unique("lost")
+        lost = PahoClient(gone.port, client_id, host=gone.host)
+        lost.client.will_set(f"gone/{client_id}", b"site lost", 1)
+        assert lost.connect(clean_start=False, properties=paho_properties(
+            PacketTypes.CONNECT, SessionExpiryInterval=expiry)).reason_code == 0
+
+        gone_id = cluster.site_ids[gone.index]
+        gone.kill()
+        for db in DATABASES:
+            ctl_ds(cluster, "leave", db, gone_id)
+        assert poll(lambda: all(gone.index not in replicas for db in DATABASES
+                                for replicas in cluster.replicas(db).values()), WAIT), \
+            cluster.describe()
+        ctl_ds(cluster, "forget", gone_id)
+
+        [will] = watcher.expect(1, timeout=WAIT)
+        assert (will.topic, will.payload) == (f"gone/{client_id}", b"site lost")
+        expired = f"stored session of {client_id!r} expired"
+        assert poll(lambda: any(expired in site.log() for site in cluster.sites[:2]),
+                    WAIT), cluster.logs()
+        back = PahoClient(first.port, client_id, host=first.host)
+        connack = back.connect(clean_start=False)
+        back.disconnect()
+        assert connack.session_present is False
+    finally:
+        for client in (watcher, lost):
+            if client is not None:
+                client.client.loop_stop()
         cluster.close()

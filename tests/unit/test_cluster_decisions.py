@@ -303,10 +303,11 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D, catching up
     files = StateFiles(tmp_path)
     known = [KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1") for name in "ABCD"]
-    files.save(state, known)
+    files.save(state, known, frozenset({"E"}))
 
-    loaded, loaded_sites = StateFiles(tmp_path).load()
+    loaded, loaded_sites, forgotten = StateFiles(tmp_path).load()
     assert loaded_sites == known
+    assert forgotten == {"E"}
     assert loaded.placement == state.placement
     assert loaded.plan == state.plan
     assert loaded.goals == state.goals
@@ -317,7 +318,8 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     assert final.placement == state.plan.target
     files.save(final, known)
     assert not (tmp_path / "plan.json").exists()
-    again, _ = StateFiles(tmp_path).load()
+    again, _, forgotten = StateFiles(tmp_path).load()
+    assert forgotten == set()
     assert again.plan is None and again.placement == final.placement
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -35,7 +36,10 @@ from .wire import decode_submit
 log = logging.getLogger(__name__)
 
 PEERS_FILE = "peers.json"
+FORGOTTEN_FILE = "forgotten.json"
 REPLICATION_DIR = "replication"
+
+T = TypeVar("T")
 
 
 def parse_peers(value: object) -> dict[str, str]:
@@ -50,6 +54,14 @@ def parse_peers(value: object) -> dict[str, str]:
             raise PlacementError(f"peers.{site}: {address!r} is not host:port")
         peers[site] = address
     return peers
+
+
+def parse_forgotten(value: object) -> frozenset[str]:
+    """The `forgotten` of a placement push: the ids of the sites gone for good."""
+    if not isinstance(value, list):
+        raise PlacementError(f"forgotten: expected a list of site ids, got "
+                             f"{type(value).__name__}")
+    return frozenset(check_site_id(site, "forgotten") for site in value)
 
 
 class DatabaseReplication:
@@ -101,13 +113,16 @@ class SiteReplication:
     def __init__(self, site: str, advertised: str, data_dir: Path, databases: list[Database],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
                  logs: dict[str, list[ShardLog]], peers: dict[str, str],
-                 local_addr: tuple[str, int] | None = None) -> None:
+                 forgotten: frozenset[str], local_addr: tuple[str, int] | None = None
+                 ) -> None:
         self.site = site
         self.advertised = advertised
         self._data_dir = data_dir
         self.executor = executor
         self._store = store
         self.peers = peers
+        # sites the controller forgot for good: this site may adopt their sessions
+        self.forgotten = forgotten
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
                                   self._barrier, self._read_records)
         self._handlers: dict[str, PeerHandler] = {}
@@ -177,14 +192,18 @@ class SiteReplication:
             await loop.run_in_executor(executor, remove_checkpoints,
                                        data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
-            peers = await loop.run_in_executor(executor, _load_peers, data_dir)
+            peers = await loop.run_in_executor(executor, _load_kept, data_dir, PEERS_FILE,
+                                               parse_peers, {})
+            forgotten = await loop.run_in_executor(executor, _load_kept, data_dir,
+                                                   FORGOTTEN_FILE, parse_forgotten,
+                                                   frozenset())
         except BaseException:
             for opened_logs in logs.values():
                 for shard_log in opened_logs:
                     shard_log.close()
             raise
         replication = cls(site, advertised, data_dir, databases, executor, settings, store,
-                          logs, peers, source_address(peer_bind))
+                          logs, peers, forgotten, source_address(peer_bind))
         for database in databases:
             database.attach_replication(replication.databases[database.name])
         host, port = split_bind(peer_bind)
@@ -210,13 +229,20 @@ class SiteReplication:
                 # the topic filters each peer said its subscribers hold
                 "interest": self.feed.interest_of()}
 
-    async def offer(self, document: object, peers_value: object) -> tuple[bool, int]:
+    async def offer(self, document: object, peers_value: object,
+                    forgotten_value: object = None) -> tuple[bool, int]:
         """A placement pushed by the controller: (accepted, the version kept).
-        PlacementError when it does not parse."""
+        PlacementError when it does not parse. `forgotten_value`: the sites forgotten
+        for good (None: not told, from a controller before they were)."""
         placement = Placement.from_dict(document)
         peers = parse_peers(peers_value)
+        forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
         loop = asyncio.get_running_loop()
         async with self._take_lock:
+            if forgotten is not None and forgotten != self.forgotten:
+                await loop.run_in_executor(self.executor, _store_kept, self._data_dir,
+                                           FORGOTTEN_FILE, sorted(forgotten))
+                self.forgotten = forgotten
             try:
                 accepted = await loop.run_in_executor(self.executor, self._store.offer,
                                                       placement)
@@ -227,8 +253,8 @@ class SiteReplication:
             if accepted or (kept == placement and peers != self.peers):
                 if peers != self.peers:
                     self.peers = peers
-                    await loop.run_in_executor(self.executor, _store_peers,
-                                               self._data_dir, peers)
+                    await loop.run_in_executor(self.executor, _store_kept,
+                                               self._data_dir, PEERS_FILE, peers)
                 assert kept is not None
                 await self._take(kept)
         return accepted, kept.version if kept is not None else placement.version
@@ -382,19 +408,20 @@ class SiteReplication:
             await self._session.close()
 
 
-def _load_peers(data_dir: Path) -> dict[str, str]:
-    path = data_dir / REPLICATION_DIR / PEERS_FILE
+def _load_kept(data_dir: Path, name: str, parse: Callable[[object], T], absent: T) -> T:
+    """What the controller's last push said (the peers' addresses, the forgotten
+    sites), as this site kept it."""
+    path = data_dir / REPLICATION_DIR / name
     try:
-        return parse_peers(json.loads(path.read_text()))
+        return parse(json.loads(path.read_text()))
     except FileNotFoundError:
-        return {}
+        return absent
     except (ValueError, PlacementError) as exc:
-        raise CorruptDataError(f"{path}: the peers' addresses do not parse ({exc}); "
-                               f"remove the file to wait for the controller's next push"
-                               ) from exc
+        raise CorruptDataError(f"{path}: does not parse ({exc}); remove the file to "
+                               f"wait for the controller's next push") from exc
 
 
-def _store_peers(data_dir: Path, peers: dict[str, str]) -> None:
+def _store_kept(data_dir: Path, name: str, value: object) -> None:
     folder = data_dir / REPLICATION_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / PEERS_FILE, json.dumps(peers, sort_keys=True, indent=1))
+    write_atomically(folder / name, json.dumps(value, sort_keys=True, indent=1))
