@@ -7,13 +7,16 @@ Running sites: test_replication_site.py and test_cluster_*.py."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
 from stratamq.broker.ds.replication import Placement, ShardPlacement
@@ -203,3 +206,31 @@ def test_a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused(
         finally:
             await a.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_write_given_up_on_leaves_nothing_to_fail_at_the_step_down(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A leader cut off from its majority times its writes out (write_timeout); when it
+    later steps down, the waits it gave up on are gone, not failed with nobody to hear
+    it (which asyncio logs as an error, "Future exception was never retrieved")."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a", write_timeout=0.3)
+        gone = f"{HOST}:{free_port()}"
+        peers = {a.id: a.address, "c": gone}
+        try:
+            await offer(a, 1, tuple(sorted((a.id, "c"))), a.id, 1, peers)
+            for n in range(3):
+                assert await outcome(a.database.submit([Message("t", b"%d" % n, "pub", 1)])[0]) \
+                    == "failed: StorageTimeoutError"
+            await offer(a, 2, tuple(sorted((a.id, "c"))), "c", 2, peers)  # a steps down
+            await until("a has stepped down", lambda: a.replication.messages.replicas[0]
+                        .leadership is None)
+        finally:
+            await a.storage.close()
+        gc.collect()  # a future never retrieved is reported when it is collected
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], \
+        caplog.text

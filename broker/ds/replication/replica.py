@@ -385,6 +385,11 @@ class ShardReplica:
             raise StorageTimeoutError(
                 f"{self._label}: entry {offset} not committed within "
                 f"{self._settings.write_timeout}s (no majority of replicas reached)") from None
+        finally:
+            # given up on: a step-down must not fail it with nobody left to hear it
+            # (asyncio would log "Future exception was never retrieved")
+            if not waiter.done():
+                waiter.cancel()
 
     async def _forward(self, leader: str, messages: list[Message],
                        record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
