@@ -57,7 +57,7 @@ def acks_of(history: History, publishers: list[RecordingPublisher]) -> int:
 def acks_grow(history: History, publishers: list[RecordingPublisher], timeout: float) -> bool:
     """One of `publishers` gets an acknowledgement within `timeout` seconds."""
     before = acks_of(history, publishers)
-    return wait_until(lambda: acks_of(history, publishers) > before, timeout)
+    return wait_until(lambda: acks_of(history, publishers) > before, timeout, every=0.25)
 
 
 @pytest.mark.slow

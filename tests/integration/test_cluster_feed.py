@@ -148,7 +148,7 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
         before = received_by(history, watchers)
         cluster.sites[VICTIM].kill()
         assert more_acknowledged(history, 200, 60), history.summary()
-        assert wait_until(lambda: received_by(history, watchers) > before + 200, 60), \
+        assert wait_until(lambda: received_by(history, watchers) > before + 200, 60, 0.25), \
             f"the feed between the other sites stalled: {history.summary()}"
         assert others
         cluster.restart(VICTIM)
@@ -159,7 +159,7 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
 
         drained = stop_and_drain(publishers, 60)
         delivered = wait_until(lambda: not reliable_missing(history), 60, every=0.5)
-        wait_until(lambda: not history.missing(), 10)  # QoS 0 may have been dropped
+        wait_until(lambda: not history.missing(), 10, every=0.5)  # QoS 0 may be dropped
         missing = history.missing()  # before the clean-start sessions end with close
         dropped = dropped_for_full_queues(cluster)
     finally:
@@ -233,7 +233,7 @@ def publish_to_group(cluster: Cluster, history: History, members: list[Recording
                     for session in history.sessions.get(member.name, [])
                     for d in session.deliveries]
 
-    complete = wait_until(lambda: acknowledged <= set(delivered()), 60)
+    complete = wait_until(lambda: acknowledged <= set(delivered()), 60, every=0.5)
     copies = delivered()
     per_member = {member.name: received_by(history, [member.name]) for member in members}
     print(f"\n{history.summary()}\nper member: {per_member}")

@@ -99,7 +99,8 @@ def test_a_leader_cut_off_acknowledges_nothing_and_catches_up_after_healing(
             assert all(cluster.epochs()[shard] > epochs[shard] for shard in led)
             acked_majority = sum(len(acknowledged_by(history, p.name)) for p in majority)
             assert wait_until(lambda: sum(len(acknowledged_by(history, p.name))
-                                          for p in majority) >= acked_majority + 200, 60), \
+                                          for p in majority) >= acked_majority + 200, 60,
+                              every=0.25), \
                 f"the majority does not go on: {history.summary()}\n{cluster.describe()}"
             cut_side = {minority.name, late.name}
             # the cut lasts until the cut-off site gave up a write of the late publisher
