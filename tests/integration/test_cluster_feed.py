@@ -16,12 +16,16 @@ missing QoS 0 messages are allowed up to the sites' count of those drops."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from stratamq.broker.ds.database import shard_of
+from tests.support.clients import PahoClient
 from tests.support.cluster import Cluster
 from tests.support.history import History
 from tests.support.recorder import (
@@ -293,4 +297,42 @@ def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
         clients: list[RecordingClient] = [*members, *publishers]
         for client in clients:
             client.close()
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_a_frozen_site_does_not_make_the_others_forget_each_other(tmp_path: Path) -> None:
+    """Site 2 is frozen (SIGSTOP): a telling to it hangs until it times out. That must
+    not hold up site 0's tellings to site 1 for longer than the interest expiry: site
+    1 keeps site 0's filters all along (else it would stop pushing to it)."""
+    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=1)
+    watcher = None
+    frozen = cluster.sites[2]
+    try:
+        cluster.start()
+        first = cluster.sites[0]
+        watcher = PahoClient(first.port, "fz-watcher", host=first.host)
+        assert watcher.connect().reason_code == 0
+        assert watcher.subscribe("fz/#", 1) == [1]
+        first_id = cluster.site_ids[0]
+
+        def known_at_site_1() -> bool:
+            return "fz/#" in cluster.sites[1].replication().get("interest", {}).get(
+                first_id, [])
+
+        assert wait_until(known_at_site_1, 30)
+        os.kill(frozen.pid, signal.SIGSTOP)
+        forgotten_at = []
+        deadline = time.monotonic() + 15  # three interest expiries
+        while time.monotonic() < deadline:
+            if not known_at_site_1():
+                forgotten_at.append(round(deadline - time.monotonic(), 1))
+            time.sleep(0.5)
+        assert not forgotten_at, f"site 1 forgot site 0's filters (s before the end): " \
+                                 f"{forgotten_at}"
+    finally:
+        if frozen.alive():
+            os.kill(frozen.pid, signal.SIGCONT)
+        if watcher is not None:
+            watcher.client.loop_stop()
         cluster.close()

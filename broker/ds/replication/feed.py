@@ -50,6 +50,9 @@ INTEREST_INTERVAL = 1.0
 # one that is only slow tells again, is told the filters were not had, and reads
 # what it missed from storage).
 INTEREST_EXPIRY = 5 * INTEREST_INTERVAL
+# A telling waits this long at most: a peer that does not answer (stopped, cut off)
+# must not hold up the round that tells the others for longer than their expiry.
+INTEREST_TIMEOUT = 2 * INTEREST_INTERVAL
 # A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
 INTEREST_DEBOUNCE = 0.05
 # Messages queued for one site at most: beyond, pushes are dropped (a gap).
@@ -60,6 +63,7 @@ RETRY_INTERVAL = 0.5
 PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
 
 Leads = Callable[[int], bool]
+_INTEREST_TIMEOUT = aiohttp.ClientTimeout(total=INTEREST_TIMEOUT)
 
 
 @dataclass(slots=True)
@@ -172,7 +176,7 @@ class CommitFeed:
         body = json.dumps({"site": self.site, "peer": self.advertised,
                            "filters": sorted(filters)})
         try:
-            async with self._session.put(url, data=body, timeout=self._timeout,
+            async with self._session.put(url, data=body, timeout=_INTEREST_TIMEOUT,
                                          headers={"Content-Type": "application/json"}
                                          ) as response:
                 answer = await response.read()
