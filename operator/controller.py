@@ -14,7 +14,9 @@ What is Kubernetes' own here:
   ordinal below spec.sites; the departing pods' replicas are planned away, and the
   StatefulSet keeps them (`kept_pods`) until they hold none;
 - each step of a plan is a ReplicaTransition object whose phase follows the step;
-- a site whose pod is gone and that holds nothing is forgotten.
+- a site whose pod is gone and that holds nothing is forgotten: kept in
+  status.controller and told to the sites with every push (they adopt the sessions it
+  owned); found again (its pod back with its volume), it is not forgotten any more.
 
 Blocking (urllib and the `kubernetes` client): the Kopf timer that runs a round is a
 sync handler, run in Kopf's thread pool like every other handler of this operator.
@@ -32,7 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,21 +84,23 @@ def settings_of(spec: Mapping[str, Any], heartbeat: float) -> Settings:
 # --- the state kept in status.controller -------------------------------------------------
 
 def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
-                  pods: Mapping[str, str]) -> dict[str, Any]:
+                  pods: Mapping[str, str], forgotten: Iterable[str] = ()) -> dict[str, Any]:
     """`status.controller`: the placement and plan as the local controller keeps them
-    in its files (strings: their own checked formats), the goals, and the sites known
-    (with their pods and peer addresses)."""
+    in its files (strings: their own checked formats), the goals, the sites known
+    (with their pods and peer addresses), and the sites forgotten (their pods went
+    away while they held nothing: the sites adopt the sessions they owned)."""
     return {
         "placement": state.placement.to_json() if state.placement.version > 0 else "",
         "plan": "" if state.plan is None else state.plan.to_json(),
         "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
         "sites": [{"id": site, "pod": pods.get(site, ""), "peer": sites[site].peer or ""}
                   for site in sorted(sites)],
+        "forgotten": sorted(forgotten),
     }
 
 
 def load_document(document: Mapping[str, Any], now: float
-                  ) -> tuple[ClusterState, dict[str, SiteState], dict[str, str]]:
+                  ) -> tuple[ClusterState, dict[str, SiteState], dict[str, str], set[str]]:
     """The inverse of `kept_document`; sites known from it get the grace of one that
     answered just now (as the local controller gives the sites of its files)."""
     placement = (Placement.from_json(document["placement"]) if document.get("placement")
@@ -111,8 +115,9 @@ def load_document(document: Mapping[str, Any], now: float
                                        peer=entry.get("peer") or None)
         if entry.get("pod"):
             pods[entry["id"]] = entry["pod"]
+    forgotten = set(document.get("forgotten") or [])
     return (ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
-            sites, pods)
+            sites, pods, forgotten)
 
 
 # --- the sites' API ----------------------------------------------------------------------
@@ -267,7 +272,8 @@ class StorageController:
         self.owner = owner
         self.settings = settings
         self.started = time.monotonic()
-        self.state, self.sites, self.pods = load_document(document, self.started)
+        self.state, self.sites, self.pods, self.forgotten = load_document(document,
+                                                                          self.started)
         self.urls: dict[str, str] = {}  # site -> admin URL (the pod's IP: it changes)
         self.leader_changes = 0
         self.notes: tuple[str, ...] = ()
@@ -286,7 +292,7 @@ class StorageController:
         self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
         self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
         self._showed_bootstrap: set[str] = set()  # ... and whose phase said so
-        self._pushed_peers: dict[str, str] | None = None
+        self._pushed_peers: dict[str, Any] | None = None
         self._phases: dict[str, str] = {}
         self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
         self._round_lock = threading.Lock()
@@ -307,6 +313,7 @@ class StorageController:
                    if pod.ip and not pod.terminating]
         now = time.monotonic()
         sites, site_pods, urls = dict(self.sites), dict(self.pods), dict(self.urls)
+        forgotten = set(self.forgotten)
         boots: dict[str, Bootstraps] = {}
         for pod, probed in reports:
             if probed is None:
@@ -317,18 +324,21 @@ class StorageController:
             if report.site not in self.sites:
                 log.info("%s/%s: site %s found on pod %s (peer %s)", self.owner.namespace,
                          self.owner.name, report.site, pod.name, report.peer)
+            if report.site in forgotten:  # its pod came back (with its volume)
+                forgotten.discard(report.site)
             sites[report.site] = known.seen(report, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
         state = self.state
-        self._forget_departed(state, sites, site_pods, {pod.name for pod in pods}, now)
+        forgotten |= self._forget_departed(state, sites, site_pods,
+                                           {pod.name for pod in pods}, now)
         state = self._follow_goal(state, spec, sites, site_pods)
         decision = decisions.decide(state, sites, now, self.started, self.settings)
         if decision.notes != self.notes:
             for note in decision.notes:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
-        document = kept_document(decision.state, sites, site_pods)
+        document = kept_document(decision.state, sites, site_pods, forgotten)
         if document != self._saved and not self._keep(document):
             # Kept before anything is pushed: a site must never hold a placement that
             # a restarted operator does not know. Not kept: the storage is gone, or
@@ -336,6 +346,7 @@ class StorageController:
             return
         with self._publish_lock:  # what view() reads, all of one round
             self.sites, self.pods, self.urls = sites, site_pods, urls
+            self.forgotten = forgotten
             self._boots = boots
             self.state, self.notes = decision.state, decision.notes
             self.goal_unsettled = self._unsettled
@@ -380,15 +391,17 @@ class StorageController:
         log.warning("%s/%s: another operator wrote the controller's state since this one "
                     "read it: loaded, nothing pushed this round", self.owner.namespace,
                     self.owner.name)
-        state, sites, pods = load_document(document, time.monotonic())
+        state, sites, pods, forgotten = load_document(document, time.monotonic())
         with self._publish_lock:
-            self.state, self.sites, self.pods = state, sites, pods
+            self.state, self.sites, self.pods, self.forgotten = state, sites, pods, forgotten
         self._saved = dict(document)
         self._pushed_peers = None
 
     def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
-                         site_pods: dict[str, str], pod_names: set[str], now: float) -> None:
-        """Drop the sites whose pod is gone (scaled away) and that hold nothing."""
+                         site_pods: dict[str, str], pod_names: set[str], now: float
+                         ) -> set[str]:
+        """Drop the sites whose pod is gone (scaled away) and that hold nothing; them."""
+        dropped = set()
         held = set(state.placement.sites())
         if state.plan is not None:
             held |= state.plan.target.sites()
@@ -399,8 +412,10 @@ class StorageController:
                                                or is_gone(sites[site], now, self.settings)):
                 del sites[site]
                 site_pods.pop(site, None)
+                dropped.add(site)
                 log.info("%s/%s: site %s (pod %s) is gone and holds nothing: forgotten",
                          self.owner.namespace, self.owner.name, site, pod)
+        return dropped
 
     def _follow_goal(self, state: ClusterState, spec: Mapping[str, Any],
                      sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
@@ -452,8 +467,9 @@ class StorageController:
         if placement.version == 0:
             return
         peers = {site.id: site.peer for site in self.sites.values() if site.peer is not None}
-        everyone = peers != self._pushed_peers
-        body = {"placement": json.loads(placement.to_json()), "peers": peers}
+        told = {"peers": peers, "forgotten": sorted(self.forgotten)}
+        everyone = told != self._pushed_peers
+        body = {"placement": json.loads(placement.to_json()), **told}
         missed = False
         for site in self.sites.values():
             url = self.urls.get(site.id)
@@ -463,7 +479,7 @@ class StorageController:
                     site.placement_version < placement.version):
                 missed |= not push(url, token, body)
         if not missed:
-            self._pushed_peers = peers
+            self._pushed_peers = told
 
     # -- ReplicaTransitions ---------------------------------------------------------------
 

@@ -328,6 +328,8 @@ def test_the_sessions_of_a_forgotten_site_expire_and_publish_their_wills(
                                 for replicas in cluster.replicas(db).values()), WAIT), \
             cluster.describe()
         ctl_ds(cluster, "forget", gone_id)
+        assert poll(lambda: all(gone_id in site.replication()["forgotten"]
+                                for site in cluster.sites[:2]), WAIT)
 
         [will] = watcher.expect(1, timeout=WAIT)
         assert (will.topic, will.payload) == (f"gone/{client_id}", b"site lost")

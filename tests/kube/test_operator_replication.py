@@ -371,6 +371,11 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
     held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
     assert not held & set(departing.values())
     assert get(cluster, "statefulset", NAME)["spec"]["replicas"] == 3
+    # Once their pods are gone, the departed sites are forgotten (and the sites told,
+    # so that they adopt the sessions those owned).
+    wait_for("the departed sites forgotten", lambda: set(departing.values()) <= set(
+        storage(cluster)["status"]["controller"].get("forgotten") or []),
+        explain=explain(cluster, operators, node))
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
 
 

@@ -43,16 +43,18 @@ def test_the_kept_state_comes_back_whole() -> None:
                   placement)
     state = ClusterState(placement=placement, plan=moving, goals={"messages": (A, B, D)})
     pods = {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}
-    document = kept_document(state, sites_state(A, B, C, D), pods)
-    loaded, sites, loaded_pods = load_document(document, 5.0)
+    document = kept_document(state, sites_state(A, B, C, D), pods, {"EEEEEEEEEEEEEEEE"})
+    loaded, sites, loaded_pods, forgotten = load_document(document, 5.0)
+    assert forgotten == {"EEEEEEEEEEEEEEEE"}
     assert (loaded.placement, loaded.plan, loaded.goals) == (placement, moving,
                                                               {"messages": (A, B, D)})
     assert loaded_pods == pods
     assert {site.id: (site.peer, site.last_seen, site.answered) for site in sites.values()} == {
         site: (f"10.0.0.{n}:18084", 5.0, False) for n, site in enumerate((A, B, C, D))}
     # An operator that never placed anything keeps nothing.
-    empty, none, no_pods = load_document(kept_document(ClusterState(), {}, {}), 0.0)
+    empty, none, no_pods, nothing = load_document(kept_document(ClusterState(), {}, {}), 0.0)
     assert empty.placement.version == 0 and empty.plan is None and not none and not no_pods
+    assert not nothing
 
 
 def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
@@ -63,7 +65,7 @@ def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
     assert first.action == "add"
     state = ClusterState(placement=apply_transition(placement, first), plan=moving,
                          goals={"messages": (A, B, D)})
-    loaded, _, _ = load_document(kept_document(state, sites_state(A, B, C, D), {}), 0.0)
+    loaded, _, _, _ = load_document(kept_document(state, sites_state(A, B, C, D), {}), 0.0)
     assert loaded.catch_up is not None and loaded.catch_up.site == first.site
 
 

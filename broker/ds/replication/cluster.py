@@ -227,7 +227,9 @@ class SiteReplication:
                 "placement_version": None if current is None else current.version,
                 "shards": [replica.status() for replica in self.replicas],
                 # the topic filters each peer said its subscribers hold
-                "interest": self.feed.interest_of()}
+                "interest": self.feed.interest_of(),
+                # the sites forgotten for good, whose sessions this site may adopt
+                "forgotten": sorted(self.forgotten)}
 
     async def offer(self, document: object, peers_value: object,
                     forgotten_value: object = None) -> tuple[bool, int]:
