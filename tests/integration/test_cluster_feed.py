@@ -16,10 +16,12 @@ missing QoS 0 messages are allowed up to the sites' count of those drops."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -200,6 +202,26 @@ def shared_known(cluster: Cluster) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def shared_group(tmp_path: Path, replication_factor: int) -> Iterator[
+        tuple[Cluster, History, list[RecordingSubscriber], list[RecordingPublisher]]]:
+    """A running cluster with a member of the shared group on every site (known
+    cluster-wide); the publishers the test adds are closed with it."""
+    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=replication_factor)
+    history = History()
+    members: list[RecordingSubscriber] = []
+    publishers: list[RecordingPublisher] = []
+    try:
+        cluster.start()
+        start_members(cluster, history, members)
+        yield cluster, history, members, publishers
+    finally:
+        clients: list[RecordingClient] = [*members, *publishers]
+        for client in clients:
+            client.close()
+        cluster.close()
+
+
 def start_members(cluster: Cluster, history: History,
                   members: list[RecordingSubscriber]) -> None:
     """A member of the shared group on every site, known cluster-wide."""
@@ -254,19 +276,9 @@ def test_a_shared_group_gets_each_message_once_across_sites(tmp_path: Path) -> N
     acknowledged message reaches exactly one member of the group, wherever it was
     published and whichever site holds its shard, and every site's member takes a
     share."""
-    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=1)
-    history = History()
-    members: list[RecordingSubscriber] = []
-    publishers: list[RecordingPublisher] = []
-    try:
-        cluster.start()
-        start_members(cluster, history, members)
+    with shared_group(tmp_path, replication_factor=1) as (cluster, history, members,
+                                                         publishers):
         publish_to_group(cluster, history, members, publishers, list(range(SITES)))
-    finally:
-        clients: list[RecordingClient] = [*members, *publishers]
-        for client in clients:
-            client.close()
-        cluster.close()
 
 
 @pytest.mark.slow
@@ -275,14 +287,9 @@ def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
     factor 3: its shards go on elsewhere). Once the others have heard nothing from it
     for a few seconds they forget its membership, so no message is left to it: every
     acknowledged message published after that reaches one of the members left."""
-    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=3)
-    history = History()
-    members: list[RecordingSubscriber] = []
-    publishers: list[RecordingPublisher] = []
     gone = SITES - 1
-    try:
-        cluster.start()
-        start_members(cluster, history, members)
+    with shared_group(tmp_path, replication_factor=3) as (cluster, history, members,
+                                                         publishers):
         members.pop(gone).close()
         cluster.sites[gone].kill()
         gone_id = cluster.site_ids[gone]
@@ -293,11 +300,6 @@ def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
         assert cluster.wait_ready(60, [site.index for site in left]), cluster.describe()
         publish_to_group(cluster, history, members, publishers,
                          [site.index for site in left])
-    finally:
-        clients: list[RecordingClient] = [*members, *publishers]
-        for client in clients:
-            client.close()
-        cluster.close()
 
 
 @pytest.mark.slow
