@@ -292,7 +292,7 @@ class StorageController:
         self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
         self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
         self._showed_bootstrap: set[str] = set()  # ... and whose phase said so
-        self._pushed_peers: dict[str, Any] | None = None
+        self._pushed_told: dict[str, Any] | None = None
         self._phases: dict[str, str] = {}
         self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
         self._round_lock = threading.Lock()
@@ -324,8 +324,7 @@ class StorageController:
             if report.site not in self.sites:
                 log.info("%s/%s: site %s found on pod %s (peer %s)", self.owner.namespace,
                          self.owner.name, report.site, pod.name, report.peer)
-            if report.site in forgotten:  # its pod came back (with its volume)
-                forgotten.discard(report.site)
+            forgotten.discard(report.site)  # back, if it was (a pod with its volume)
             sites[report.site] = known.seen(report, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
@@ -395,7 +394,7 @@ class StorageController:
         with self._publish_lock:
             self.state, self.sites, self.pods, self.forgotten = state, sites, pods, forgotten
         self._saved = dict(document)
-        self._pushed_peers = None
+        self._pushed_told = None
 
     def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
                          site_pods: dict[str, str], pod_names: set[str], now: float
@@ -468,7 +467,7 @@ class StorageController:
             return
         peers = {site.id: site.peer for site in self.sites.values() if site.peer is not None}
         told = {"peers": peers, "forgotten": sorted(self.forgotten)}
-        everyone = told != self._pushed_peers
+        everyone = told != self._pushed_told
         body = {"placement": json.loads(placement.to_json()), **told}
         missed = False
         for site in self.sites.values():
@@ -479,7 +478,7 @@ class StorageController:
                     site.placement_version < placement.version):
                 missed |= not push(url, token, body)
         if not missed:
-            self._pushed_peers = told
+            self._pushed_told = told
 
     # -- ReplicaTransitions ---------------------------------------------------------------
 

@@ -134,8 +134,3 @@ class Ownership:
         log.info("client %r: its session adopted from site %s, which was forgotten",
                  client_id, owner)
         return epoch + 1
-
-    async def owner_of(self, client_id: str) -> str:
-        """The site that owns `client_id` ("" when none has claimed it)."""
-        _epoch, owner = await self._store.owner_of(client_id)
-        return owner
