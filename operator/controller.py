@@ -282,7 +282,11 @@ class StorageController:
         # a scale and its plan.
         self.goal_unsettled = False
         self._unsettled = False
+        # The storage's metadata.generation whose spec the last published round followed:
+        # a status read from a newer spec (a scale) is not Ready on this round's word.
+        self.round_generation = 0
         self._no_plan = ""  # why the goal has no plan (said once)
+        self.no_plan = ""  # ... as of the last published round
         self._publish_lock = threading.Lock()
         self._saved = dict(document)
         # The storage's resourceVersion when status.controller was last read or written
@@ -302,11 +306,14 @@ class StorageController:
 
     # -- one round ------------------------------------------------------------------------
 
-    def round(self, spec: Mapping[str, Any], pods: list[kube.PodView], token: str) -> None:
+    def round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
+              token: str) -> None:
+        """One round, following `spec` (of the storage's metadata.`generation`)."""
         with self._round_lock:
-            self._round(spec, pods, token)
+            self._round(spec, generation, pods, token)
 
-    def _round(self, spec: Mapping[str, Any], pods: list[kube.PodView], token: str) -> None:
+    def _round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
+               token: str) -> None:
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
         port = admin_port(dict(spec))
         reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods
@@ -349,6 +356,8 @@ class StorageController:
             self._boots = boots
             self.state, self.notes = decision.state, decision.notes
             self.goal_unsettled = self._unsettled
+            self.round_generation = generation
+            self.no_plan = self._no_plan
         if decision.state.placement != before:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
@@ -611,6 +620,7 @@ class StorageController:
     def view(self) -> ReplicationView:
         with self._publish_lock:
             state, sites, unsettled = self.state, self.sites, self.goal_unsettled
+            generation, no_plan = self.round_generation, self.no_plan
         now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
@@ -639,7 +649,8 @@ class StorageController:
         return ReplicationView(
             placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
             under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
-            rebalancing=state.plan is not None or unsettled)
+            rebalancing=state.plan is not None or unsettled, generation=generation,
+            no_plan=no_plan)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.state, dict(self.sites), self.leader_changes)

@@ -222,6 +222,7 @@ def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> d
 
 def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[str, Any],
             body: kopf.Body, patch: kopf.Patch) -> None:
+    """`generation`: the one whose objects were last applied (observedGeneration)."""
     pods = kube.site_pods(owner)
     running = controller.existing_controller(owner.uid)
     sites = int(spec.get("sites", 3))
@@ -230,7 +231,8 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
         stateful_set=kube.stateful_set_status(owner),
         site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)),
         replication=None if running is None else running.view(),
-        kept=sites if running is None else running.kept_pods(sites))
+        kept=sites if running is None else running.kept_pods(sites),
+        spec_generation=int(body.get("metadata", {}).get("generation", 0)))
     new = compute_status(observed, status.get("conditions", []), now())
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
@@ -279,7 +281,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     running = controller.controller_of(owner, current, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(current, kube.site_pods(owner), token)
+    running.round(current, int(meta.get("generation", 0)), kube.site_pods(owner), token)
     kept = running.kept_pods(int(current.get("sites", 3)))
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.

@@ -5,9 +5,11 @@ and condition is unit-tested.
 Phase: Ready when every site asked for is ready and reported its id; Pending while the
 StatefulSet is still rolling out (created, scaled or a new config rolling through the
 pods); Degraded when it has rolled out but a site is not ready, or a shard is
-under-replicated or without a leader that answers; Rebalancing while the controller
-(controller.py) runs a plan. The pods kept are spec.sites, or more while departing
-pods still hold replicas.
+under-replicated or without a leader that answers, or the spec's goal has no plan
+(say a replication factor above the sites); Pending too until the controller
+(controller.py) has run a round with the current spec (a scale's plan is made there);
+Rebalancing while the controller runs a plan. The pods kept are spec.sites, or more
+while departing pods still hold replicas.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class ReplicationView:
     leaderless: int
     pending: int
     rebalancing: bool
+    # The storage's metadata.generation whose spec the controller's last round followed.
+    generation: int
+    # Why the spec's goal has no plan ("": it has one, or needs none).
+    no_plan: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +50,9 @@ class Observed:
     # than `sites` while departing pods still hold replicas; 0: `sites`).
     replication: ReplicationView | None = None
     kept: int = 0
+    # The metadata.generation of the spec `sites` was read from: the controller must
+    # have followed it before the status may say Ready (a scale's plan comes from it).
+    spec_generation: int = 0
 
 
 def known_site_ids(previous_sites: list[dict[str, Any]],
@@ -125,6 +134,13 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     elif replication.under_replicated:
         phase, reason = "Degraded", "UnderReplicated"
         message = f"{counted}; {replication.under_replicated} shards under-replicated"
+    elif replication.no_plan:
+        phase, reason = "Degraded", "NoPlan"
+        message = f"{counted}; {replication.no_plan}"
+    elif replication.generation < observed.spec_generation:
+        phase, reason = "Pending", "Planning"
+        message = (f"{counted}; the replication controller has not yet followed "
+                   f"generation {observed.spec_generation}")
     elif replication.rebalancing:
         phase, reason = "Rebalancing", "PlanRunning"
         message = f"{counted}; {replication.pending} replica transitions to go"

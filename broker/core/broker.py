@@ -10,6 +10,7 @@ from .ownership import Ownership
 from .publish import Publisher
 from .registry import Owner, SessionLimits, SessionRegistry
 from .retained import RetainedStore
+from .shared_replay import SharedReplay
 
 SESSIONS_DB = "sessions"
 RETAINED_DB = "retained"
@@ -32,6 +33,8 @@ class Broker:
         self.dispatcher.sites_with = messages.sites_with
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
+        self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
+        messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
@@ -55,6 +58,7 @@ class Broker:
         return broker
 
     async def stop(self) -> None:
+        await self.shared_replay.close()
         await self.registry.stop()
 
     # The admin API lists these.

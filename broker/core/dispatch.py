@@ -17,13 +17,19 @@ from ..session.session import Delivery, Session
 from ..subscription_index import SubscriptionIndex
 
 
+def _message_key(message: Message) -> str:
+    """What the site that delivers a message to a shared group is chosen by."""
+    return f"{message.client_id}|{message.timestamp}"
+
+
 def _group_key(subscription: Subscription) -> str:
     return f"{subscription.share_group}/{subscription.topic_filter}"
 
 
 @dataclass(slots=True, eq=False)
 class SharedGroup:
-    """`$share/{group}/{filter}`: each message goes to one member, round robin."""
+    """`$share/{group}/{filter}`: each message goes to one member, round robin among
+    those with room in their queue (any member when none has)."""
 
     name: str
     topic_filter: str
@@ -40,7 +46,15 @@ class SharedGroup:
                       if session is not exclude and session.may_receive(subscription, message)]
         if not candidates:
             return None
-        return candidates[next(self._turn) % len(candidates)]
+        with_room = [candidate for candidate in candidates if candidate[0].has_room]
+        choice = with_room or candidates
+        return choice[next(self._turn) % len(choice)]
+
+    @property
+    def takes_backlog(self) -> bool:
+        """Whether a member's queue is at most half full (or none is left): a backlog
+        offered meanwhile leaves the live feed the other half."""
+        return not self.members or any(session.mostly_empty for session, _ in self.members)
 
 
 class Dispatcher:
@@ -71,7 +85,7 @@ class Dispatcher:
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
                     if self._delivers_here(subscriber, message):
-                        self._deliver_shared(subscriber, message)
+                        self.deliver_shared(subscriber, message)
                 else:
                     sessions[subscriber[0]] = None
             for session in sessions:
@@ -82,16 +96,35 @@ class Dispatcher:
         members of the group (each site tells the others its filters), every site
         picks the same one for a message (DESIGN "Broker": shared subscriptions work
         cluster-wide, one delivery per group)."""
-        if self.sites_with is None:
-            return True
-        sites = self.sites_with(f"$share/{group.key}")
+        sites = self.sites_of(group)
         if len(sites) <= 1:
             return True
-        return shared_site(group.key, f"{message.client_id}|{message.timestamp}",
-                           sites) == self.site
+        return shared_site(group.key, _message_key(message), sites) == self.site
 
-    def _deliver_shared(self, group: SharedGroup, message: Message,
-                        exclude: Session | None = None) -> None:
+    def sites_of(self, group: SharedGroup) -> Sequence[str]:
+        """The sites with members of the group, this one included."""
+        if self.sites_with is None:
+            return [self.site]
+        return self.sites_with(f"$share/{group.key}")
+
+    def group_of(self, share_filter: str) -> SharedGroup | None:
+        """The group of a `$share/group/filter` with members here."""
+        return self._groups.get(share_filter.removeprefix("$share/"))
+
+    def takes_lost_share(self, group: SharedGroup, message: Message,
+                         chosen_from: Sequence[str], lost: str, moved_since: int) -> bool:
+        """Whether this site delivers, from storage, a message of a site it forgot
+        (see shared_replay.py): it is chosen now, and before (among `chosen_from`, the
+        sites with members before) the lost site was chosen, or, for a message from
+        `moved_since` on, another site left (which may have forgotten first and
+        chosen this one)."""
+        before = shared_site(group.key, _message_key(message), chosen_from)
+        if before == self.site or not self._delivers_here(group, message):
+            return False
+        return before == lost or message.timestamp >= moved_since
+
+    def deliver_shared(self, group: SharedGroup, message: Message,
+                       exclude: Session | None = None) -> None:
         picked = group.pick(message, exclude)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
@@ -108,7 +141,7 @@ class Dispatcher:
         if group is None or delivery.qos == 0:
             MESSAGES_DROPPED.labels("shared_member_left").inc()
             return
-        self._deliver_shared(group, delivery.message)
+        self.deliver_shared(group, delivery.message)
 
     def route(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:

@@ -127,6 +127,8 @@ class RemoteShards(Protocol):
 
 
 FeedGapListener = Callable[[int, int], None]
+# (site, its `$share/...` filters, since, until: storage timestamps, µs)
+SharedSiteLostListener = Callable[[str, frozenset[str], int, int], None]
 InterestListener = Callable[[frozenset[str]], None]
 
 
@@ -202,6 +204,7 @@ class Database:
         self._interest: frozenset[str] = frozenset()
         self._interest_listeners: list[InterestListener] = []
         self._sites_with: Callable[[str], list[str]] | None = None
+        self._shared_lost_listeners: list[SharedSiteLostListener] = []
         self._update_generation_gauges()
 
     @classmethod
@@ -604,6 +607,20 @@ class Database:
     def attach_interest_directory(self, sites_with: Callable[[str], list[str]]) -> None:
         self._sites_with = sites_with
 
+    def add_shared_site_lost_listener(self, listener: SharedSiteLostListener) -> None:
+        """Call `listener(site, share_filters, since, until)` when a site that held
+        members of shared groups is forgotten (it went silent after `since`; until
+        `until` its share of their messages reached no member)."""
+        self._shared_lost_listeners.append(listener)
+
+    def shared_site_lost(self, site: str, share_filters: frozenset[str], since: int,
+                         until: int) -> None:
+        for listener in self._shared_lost_listeners:
+            try:
+                listener(site, share_filters, since, until)
+            except Exception:  # a listener's bug must not stop the feed
+                log.exception("shared site lost listener failed on %s", self.name)
+
     # -- reads of shards held elsewhere -------------------------------------------
 
     def attach_remote(self, remote: RemoteShards) -> None:
@@ -923,6 +940,20 @@ class Database:
             except Exception:  # a listener's bug must not stop retention
                 log.exception("generation drop listener failed on %s/%d/%d", self.name,
                               shard_id, generation_id)
+
+    async def before_remote_drop(self, shard_id: int, generation_id: int) -> None:
+        """The leader of a shard this site holds no replica of is about to drop a
+        generation of it (it asked over the peer port): the pre-drop listeners run as
+        on a replica, reading the generation at a replica while it is still there."""
+        if self._is_remote(shard_id) \
+                and generation_id in self._generations_of(shard_id):
+            await self._tell_pre_drop_listeners(shard_id, generation_id)
+
+    def remote_generation_dropped(self, shard_id: int, generation_id: int) -> None:
+        """A mirror of a shard held elsewhere found a generation gone (dropped by
+        retention at its replicas): its streams and every reader's trace of it go, as
+        after a drop here."""
+        self._after_drop(shard_id, generation_id)
 
     async def _tell_pre_drop_listeners(self, shard_id: int, generation_id: int) -> None:
         # Outside the shard lock: a listener reads the generation, writes go on.

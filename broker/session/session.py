@@ -800,6 +800,18 @@ class Session:
             _remember(self._topic_allowed, topic, allowed)
         return allowed
 
+    @property
+    def has_room(self) -> bool:
+        """Whether a delivery offered now is queued (a full queue drops what the
+        feed offers that storage does not hold for it: a shared group's)."""
+        return self.outlet is not None and len(self._queue) < self._max_queued
+
+    @property
+    def mostly_empty(self) -> bool:
+        """Whether at most half the queue is taken: room for a backlog that must leave
+        the live feed room too."""
+        return self.outlet is not None and len(self._queue) < self._max_queued // 2
+
     def may_receive(self, subscription: Subscription, message: Message) -> bool:
         """Whether the ACL lets this session's connection receive the message through
         the subscription (a shared one included)."""

@@ -161,6 +161,10 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
             new.kill()
         finally:
             os.kill(source.pid, signal.SIGCONT)
+        # The checkpoint may have been in and installing (a transfer of 0.1 s) when
+        # the poll saw it: then the restarted site holds it and needs no second one.
+        installed_before_kill = f"{DB}/{killed_midway['shard']}: bootstrapped from" \
+            in new.log()
         workdir = tmp_path / "site-3"
         print(f"killed -9 while bootstrapping {DB}/{killed_midway['shard']}: "
               f"{killed_midway['progress']}")
@@ -213,7 +217,9 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
     assert bounded, "a log held more entries than the bound"
     assert drained, history.summary()
     for shard in held:
-        assert reports[shard]["bootstraps"] >= 1, reports
+        # installed by the restarted site, or (the killed one) before the kill
+        assert reports[shard]["bootstraps"] >= 1 or (
+            shard == killed_midway["shard"] and installed_before_kill), reports
         assert reports[shard]["log_start"] > 1, reports
     assert new_log.count("bootstrapped from") >= len(held), new_log[-4000:]
     assert "bootstrapping from a checkpoint" in new_log

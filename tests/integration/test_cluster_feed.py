@@ -236,10 +236,8 @@ def start_members(cluster: Cluster, history: History,
         f"shared filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
 
 
-def publish_to_group(cluster: Cluster, history: History, members: list[RecordingSubscriber],
+def start_publishers(cluster: Cluster, history: History, members: list[RecordingSubscriber],
                      publishers: list[RecordingPublisher], sites: list[int]) -> None:
-    """Publish from `sites` until 600 more messages are acknowledged; check that each
-    acknowledged one reached exactly one member, and that every member took a share."""
     for index in sites:
         site = cluster.sites[index]
         name = f"fs-pub-{site.index}"
@@ -249,18 +247,27 @@ def publish_to_group(cluster: Cluster, history: History, members: list[Recording
         publisher.start()
     assert all_connected([*members, *publishers], 30), \
         describe_clients([*members, *publishers])
+
+
+def delivered_to(history: History, members: list[RecordingSubscriber]) -> list[object]:
+    """Every delivery to the group's members, a message once per copy."""
+    with history._lock:
+        return [d.message for member in members
+                for session in history.sessions.get(member.name, [])
+                for d in session.deliveries]
+
+
+def publish_to_group(cluster: Cluster, history: History, members: list[RecordingSubscriber],
+                     publishers: list[RecordingPublisher], sites: list[int]) -> None:
+    """Publish from `sites` until 600 more messages are acknowledged; check that each
+    acknowledged one reached exactly one member, and that every member took a share."""
+    start_publishers(cluster, history, members, publishers, sites)
     assert more_acknowledged(history, 600, 60), history.summary()
     assert stop_and_drain(publishers, 60), history.summary()
     acknowledged = set(history.acknowledged_messages())
-
-    def delivered() -> list[object]:
-        with history._lock:
-            return [d.message for member in members
-                    for session in history.sessions.get(member.name, [])
-                    for d in session.deliveries]
-
-    complete = wait_until(lambda: acknowledged <= set(delivered()), 60, every=0.5)
-    copies = delivered()
+    complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)), 60,
+                          every=0.5)
+    copies = delivered_to(history, members)
     per_member = {member.name: received_by(history, [member.name]) for member in members}
     print(f"\n{history.summary()}\nper member: {per_member}")
     missing = acknowledged - set(copies)
@@ -300,6 +307,37 @@ def test_a_site_gone_for_good_leaves_the_shared_group(tmp_path: Path) -> None:
         assert cluster.wait_ready(60, [site.index for site in left]), cluster.describe()
         publish_to_group(cluster, history, members, publishers,
                          [site.index for site in left])
+
+
+@pytest.mark.slow
+def test_a_killed_sites_share_reaches_the_members_left(tmp_path: Path) -> None:
+    """Publishers on sites 0 and 1 go on while site 2, with a member of the group, is
+    killed (replication factor 3). The messages hashed to site 2 until the others
+    forget it reach no member there; once they forget it, the sites left read those
+    from storage and deliver them: every acknowledged message reaches the group (at
+    least once: what site 2 delivered just before it died may come again)."""
+    gone = SITES - 1
+    with shared_group(tmp_path, replication_factor=3) as (cluster, history, members,
+                                                         publishers):
+        start_publishers(cluster, history, members, publishers, [0, 1])
+        assert more_acknowledged(history, 200, 60), history.summary()
+        cluster.sites[gone].kill()
+        gone_id = cluster.site_ids[gone]
+        left = [site for site in cluster.sites if site.index != gone]
+        assert wait_until(lambda: all(gone_id not in site.replication().get("interest", {})
+                                      for site in left), 30, every=0.5), \
+            f"the site killed is still a member: {[s.replication() for s in left]}"
+        assert more_acknowledged(history, 200, 60), history.summary()
+        assert stop_and_drain(publishers, 60), history.summary()
+        acknowledged = set(history.acknowledged_messages())
+        complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)),
+                              60, every=0.5)
+        copies = delivered_to(history, members)
+        missing = acknowledged - set(copies)
+        print(f"\n{history.summary()}\n{len(copies) - len(set(copies))} delivered twice")
+        assert complete, f"{len(missing)} acknowledged messages reached no member"
+        assert any("chosen for the lost site" in line for site in left
+                   for line in site.log().splitlines())
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """One shard's replicas in one process: real databases (RocksDB), real shard logs,
 real peer ports on loopback, driven step by step so that a race the cluster tests hit
-now and then happens every time (issue 7 fixes: a stale kept placement at start, the
-order of a client's writes after a failed one, reads that decide QoS 2 exactly-once).
+now and then happens every time (issue 7 fixes: a stale kept placement at start, a
+leader named on stale positions, the order of a client's writes after a failed one,
+reads that decide QoS 2 exactly-once).
 Running sites: test_replication_site.py and test_cluster_*.py."""
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import aiohttp
 import pytest
 
 from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
-from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement
 from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
-from stratamq.broker.ds.replication.wire import encode_submit
+from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.errors import StorageError
 from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
@@ -81,8 +82,9 @@ def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
         tmp_path: Path) -> None:
     """A site restarted with a kept placement that makes it lead epoch 1, while a
     failover gave the shard to another site at epoch 2 whose first append reaches the
-    log just before the site takes its role: it follows, it does not fail (the start
-    of a site used to end with StaleEpochError, exit code 2)."""
+    log while the site takes its role: it follows, it does not fail (the start of a
+    site used to end with StaleEpochError, exit code 2). Its takeover (fencing the
+    other replica, down here) gives up once its log has seen epoch 2."""
     async def scenario() -> None:
         storage = DurableStorage(tmp_path / "a")
         database = await storage.open_db("messages", DbOptions(n_shards=1))
@@ -95,17 +97,61 @@ def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
                                    PeerClient(http, 1.0), ReplicaSettings(site, 1.0, 0.2))
             kept = ShardPlacement("messages", 0, (site, "other"), site, 1)
             async with lock:  # the new leader's append is being written
-                taking = asyncio.create_task(
-                    replica.take(kept, {"other": f"{HOST}:{free_port()}"}))
-                for _ in range(5):
-                    await asyncio.sleep(0)
-                assert not taking.done()  # waits for the log
+                await replica.take(kept, {"other": f"{HOST}:{free_port()}"})
                 shard_log.append_from_leader(2, START, [], 0)
-            await taking
+            starting = replica._starting  # private: to see the takeover end
+            assert starting is not None
+            await asyncio.wait_for(starting, WAIT)
             assert (replica.role, replica.leadership, shard_log.epoch) == ("follower", None, 2)
             await replica.close()
         shard_log.close()
         await storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_named_on_stale_positions_takes_the_committed_tail_over(
+        tmp_path: Path) -> None:
+    """a leads a, b, c; c goes down, and a commits m2 with b. c comes back lagging and
+    is named leader at epoch 2 (a controller that read the positions before m2, as a
+    planned handover does): before its first entry it fences b and appends b's tail,
+    so m2 stays committed. Without the takeover c's first entry cut m2 from b."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+        ids = tuple(sorted((a.id, b.id, c.id)))
+        peers = {a.id: a.address, b.id: b.address, c.id: c.address}
+        c_id = c.id
+        running = [a, b, c]
+        try:
+            for site in (a, b, c):
+                await offer(site, 1, ids, a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
+                == "committed"
+            running.remove(c)
+            await c.storage.close()
+            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
+                == "committed"
+            b_log = b.replication.databases["messages"].logs[0]
+            m2_at = b_log.last
+
+            c = await start_site(tmp_path / "c")  # a new peer port: a cannot reach it
+            running.append(c)
+            assert c.id == c_id
+            peers = {**peers, c.id: c.address}
+            for site in (c, b, a):
+                await offer(site, 2, ids, c.id, 2, peers)
+            c_replica = c.replication.databases["messages"].replicas[0]
+            await until("c leads", lambda: c_replica.leadership is not None)
+            c_log = c.replication.databases["messages"].logs[0]
+            assert c_log.epoch_at(m2_at.offset) == m2_at.epoch, \
+                f"c leads without m2 ({m2_at}): its log ends at {c_log.last}"
+            assert await outcome(c.database.submit([Message("t", b"m3", "pub", 1)])[0]) \
+                == "committed"
+            assert b_log.epoch_at(m2_at.offset) == m2_at.epoch, "m2 was cut from b"
+        finally:
+            for site in running:
+                await site.storage.close()
     asyncio.run(scenario())
 
 
@@ -116,12 +162,15 @@ def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
     async def scenario() -> None:
         a = await start_site(tmp_path / "a")
         b = await start_site(tmp_path / "b")
-        gone = f"{HOST}:{free_port()}"  # a replica whose site is down
-        peers = {a.id: a.address, b.id: b.address, "c": gone}
+        c = await start_site(tmp_path / "c")
+        peers = {a.id: a.address, b.id: b.address, c.id: c.address}
         try:
-            # a leads with a replica set whose other site is down: nothing commits
-            for site in (a, b):
-                await offer(site, 1, tuple(sorted((a.id, "c"))), a.id, 1, peers)
+            # a leads with a replica set whose other site then goes down: nothing commits
+            for site in (a, b, c):
+                await offer(site, 1, tuple(sorted((a.id, c.id))), a.id, 1, peers)
+            replica = a.replication.databases["messages"].replicas[0]
+            await until("a leads (c fenced)", lambda: replica.leadership is not None)
+            await c.storage.close()
             first = asyncio.ensure_future(a.database.submit([Message("t", b"1", "pub", 1)])[0])
             buffer = a.database._buffers[0]  # private: to see the flush start
             await until("the first write is in flight", lambda: not buffer._pending)
@@ -234,3 +283,26 @@ def test_a_write_given_up_on_leaves_nothing_to_fail_at_the_step_down(
         asyncio.run(scenario())
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], \
         caplog.text
+
+
+def test_appends_that_reach_a_stopping_site_never_meet_a_closing_log(tmp_path: Path) -> None:
+    """A site stops while a leader still sends it appends: an append in flight keeps
+    its log open until it is written; one that arrives after the logs began to close
+    is answered 404 (no replica here), never run against a closed log (RocksDB raised
+    "Already mutably borrowed" in the peer port's handler)."""
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        replicated = a.replication.databases["messages"]
+        in_flight = a.replication.log_lock("messages", 0)
+        url = f"http://{a.address}/peer/v1/logs/messages/0/append"
+        request = encode_request(AppendRequest(1, START, [], 0))
+        async with aiohttp.ClientSession() as http:
+            await in_flight.acquire()  # an append being written
+            closing = asyncio.ensure_future(a.storage.close())
+            await until("the logs are no longer served", lambda: not replicated.logs)
+            async with http.post(url, data=request) as response:
+                assert response.status == 404
+            assert not closing.done()  # waits for the append in flight
+            in_flight.release()
+            await asyncio.wait_for(closing, WAIT)
+    asyncio.run(scenario())

@@ -89,7 +89,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
                 "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
 
     pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
-    late.round(spec, pods, BrokerProcess.ADMIN_TOKEN)
+    late.round(spec, 1, pods, BrokerProcess.ADMIN_TOKEN)
     # Its own first placement was refused by the API server: it took the other's state
     # and pushed nothing.
     assert late.state.placement == theirs
@@ -101,7 +101,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     # the status refresh, Kopf's marks) moves the resourceVersion too: the write is
     # tried again at the new one, and the kept placement pushed after it.
     api.kubectl("label", "-n", namespace, "durablestorage", NAME, "touched=yes")
-    late.round(spec, pods, BrokerProcess.ADMIN_TOKEN)
+    late.round(spec, 1, pods, BrokerProcess.ADMIN_TOKEN)
     assert placement_version(site) == 7
     kept = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
     assert kept is not None

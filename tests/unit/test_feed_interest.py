@@ -8,6 +8,7 @@ import pytest
 
 from stratamq.broker.ds.replication.interest import (
     FilterSet,
+    Forgotten,
     InterestTable,
     plain_filter,
     shared_site,
@@ -73,12 +74,12 @@ def test_a_peer_that_stops_telling_is_forgotten_and_learns_so_when_it_tells_agai
     assert table.filters_of("s1").matches("c")
 
     assert table.expire(now=5) == []  # s2's five seconds are not over yet
-    assert table.expire(now=5.5) == ["s2"]
+    assert table.expire(now=5.5) == [Forgotten("s2", frozenset({"b/+"}), 0)]
     assert [site for site, _filters in table.items()] == ["s1"]
     assert table.address_of("s2") is None and not table.filters_of("s2")
 
     # back: what it tells again was not had, so it reads what it missed from storage
     assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), now=7) is False
-    assert table.expire(now=9.5) == ["s1"]  # told last at 4
-    assert table.expire(now=20) == ["s2"]
+    assert table.expire(now=9.5) == [Forgotten("s1", frozenset({"a/#", "c"}), 4)]
+    assert [gone.site for gone in table.expire(now=20)] == ["s2"]
     assert not table

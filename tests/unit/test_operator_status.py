@@ -4,6 +4,7 @@ sites, and the scale subresource's fields."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from stratamq.operator.kube import PodView
@@ -35,7 +36,7 @@ def stateful_set(replicas: int, updated: int | None = None, *, generation: int =
 
 
 def replication(*, placed: bool = True, under: int = 0, leaderless: int = 0,
-                pending: int = 0) -> ReplicationView:
+                pending: int = 0, generation: int = 4) -> ReplicationView:
     shards = [{"shard": 0, "leader": "SITE0", "leaderEpoch": 1,
                "replicas": ["SITE0", "SITE1", "SITE2"], "underReplicated": under > 0}]
     return ReplicationView(
@@ -43,7 +44,7 @@ def replication(*, placed: bool = True, under: int = 0, leaderless: int = 0,
                                    "underReplicatedShards": under,
                                    "pendingTransitions": pending, "shards": shards}]
         if placed else [], under_replicated=under, leaderless=leaderless, pending=pending,
-        rebalancing=pending > 0)
+        rebalancing=pending > 0, generation=generation)
 
 
 BALANCED = replication()
@@ -51,11 +52,12 @@ BALANCED = replication()
 
 def observed(sites: int, found: list[PodView], sts: dict[str, Any] | None,
              ids: dict[str, str] | None = None, placement: ReplicationView | None = BALANCED,
-             kept: int = 0) -> Observed:
+             kept: int = 0, spec_generation: int = 4) -> Observed:
     if ids is None:
         ids = {pod.name: f"SITE{pod.name[-1]}" for pod in found if pod.ready}
     return Observed(name="mq", generation=4, sites=sites, pods=found, stateful_set=sts,
-                    site_ids=ids, replication=placement, kept=kept)
+                    site_ids=ids, replication=placement, kept=kept,
+                    spec_generation=spec_generation)
 
 
 def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -99,6 +101,30 @@ def test_replication_decides_the_phase_once_the_sites_are_ready() -> None:
         if view is not None:
             assert status["underReplicatedShards"] == view.under_replicated
             assert status["pendingTransitions"] == view.pending
+
+
+def test_not_ready_until_the_controller_followed_the_spec_read() -> None:
+    """Scaled 3 -> 5 (generation 5): the new pods are up and answer, but the
+    controller's last round followed generation 4, whose goal was the 3 first sites
+    (balanced, no plan): Pending, not Ready, until a round has followed 5."""
+    behind = observed(5, pods(5), stateful_set(5), placement=replication(generation=4),
+                      spec_generation=5)
+    status = compute_status(behind, [], T0)
+    assert status["phase"] == "Pending"
+    assert conditions(status)["Ready"][0] == "True"  # the sites serve meanwhile
+    assert "not yet followed generation 5" in status["conditions"][0]["message"]
+    followed = observed(5, pods(5), stateful_set(5), placement=replication(generation=5),
+                        spec_generation=5)
+    assert compute_status(followed, [], T0)["phase"] == "Ready"
+
+
+def test_degraded_when_the_goal_has_no_plan() -> None:
+    view = replace(replication(), no_plan="no plan to A, B at replication factor 3: "
+                   "2 sites for 3 replicas")
+    status = compute_status(observed(3, pods(3), stateful_set(3), placement=view), [], T0)
+    assert status["phase"] == "Degraded"
+    assert conditions(status)["Degraded"] == ("True", "NoPlan")
+    assert "2 sites for 3 replicas" in status["conditions"][1]["message"]
 
 
 def test_departing_pods_kept_while_they_hold_replicas() -> None:

@@ -1,7 +1,10 @@
 """Safety of the replicated shard log under leader changes, checked on real shard logs
 (RocksDB in a temporary folder) driven by a model of the protocol: leaders append and
 ship entries to followers, commit by the commit rule, and the controller's failover
-fences a majority with a new epoch and picks among it the highest (epoch, offset).
+fences a majority with a new epoch and picks among it the highest (epoch, offset),
+or names any site, which fences a majority itself and first appends the tail of
+the most advanced of them (a leader chosen on positions gone stale: the takeover of
+`ShardReplica`).
 Old leaders keep trying (as one cut off from the others would). Whatever happens, no
 committed (acknowledged) entry is ever lost or changed: every later leader holds it,
 and once every site has caught up, every log holds it."""
@@ -21,6 +24,7 @@ from stratamq.broker.ds.replication import (
     ShardLog,
     StaleEpochError,
     majority,
+    tail_for,
 )
 
 SITES = ["s0", "s1", "s2", "s3", "s4"]
@@ -98,6 +102,28 @@ class Cluster:
         self.check_holds_everything_acknowledged(leader)
         return leader
 
+    def take_over(self, chosen: str, voters: set[str]) -> str:
+        """The controller names `chosen` from positions that may be stale by now (a
+        planned handover checks them a round before; the old leader may still commit
+        meanwhile): the new leader fences a majority itself, then appends the tail of
+        the most advanced of them (`tail_for`) before anything of its own."""
+        fenced = voters | {chosen}
+        assert len(fenced) >= majority(len(SITES))
+        self.epoch += 1
+        for voter in sorted(fenced):
+            self.logs[voter].observe_epoch(self.epoch)
+        best = max(sorted(fenced), key=lambda voter: self.logs[voter].last)
+        own, theirs = self.logs[chosen], self.logs[best]
+        start = own.last.offset + 1
+        while own.last < theirs.last:
+            request = tail_for(theirs, start, max_entries=2)
+            result = own.append_from_leader(self.epoch, request.previous, request.entries,
+                                            request.committed)
+            start = result.matched + 1 if result.accepted else result.retry_from
+        self.leaders[chosen] = Leadership.begin(chosen, self.epoch, own, tuple(SITES))
+        self.check_holds_everything_acknowledged(chosen)
+        return chosen
+
     def laggards(self) -> set[str]:
         """A majority of the sites whose logs are the least advanced."""
         ranked = sorted(SITES, key=lambda site: (self.logs[site].last, site))
@@ -131,6 +157,9 @@ operation = st.one_of(
     st.tuples(st.just("failover"), st.sets(st.sampled_from(SITES), min_size=3)),
     # the hardest majority: the least advanced sites (the others are cut off)
     st.tuples(st.just("failover"), st.just("laggards")),
+    # a leader named on stale positions (any site), taking over by itself
+    st.tuples(st.just("take_over"), st.sampled_from(SITES),
+              st.sets(st.sampled_from(SITES), min_size=3)),
 )
 
 
@@ -141,9 +170,11 @@ def test_no_acknowledged_entry_is_ever_lost(operations: list[tuple]) -> None:  #
         cluster = Cluster(Path(folder))
         try:
             for kind, *args in operations:
-                if not cluster.leaders and kind != "failover":
+                if not cluster.leaders and kind not in ("failover", "take_over"):
                     continue  # every leader learnt it was replaced: wait for a failover
-                if kind == "write":
+                if kind == "take_over":
+                    cluster.take_over(args[0], set(args[1]))
+                elif kind == "write":
                     cluster.write(cluster.leader(args[0]))
                 elif kind == "replicate":
                     cluster.replicate(cluster.leader(args[0]), args[1])
@@ -195,5 +226,34 @@ def test_an_old_epochs_entry_on_a_majority_is_not_committed_by_counting(
         assert cluster.failover({"s2", "s3", "s4"}) == "s2"  # epoch 4: (2, 2) wins
         assert [entry.position for entry in cluster.logs["s2"].read(1)] == [
             Position(1, 1), Position(2, 2)]
+    finally:
+        cluster.close()
+
+
+def test_a_leader_named_on_stale_positions_takes_the_committed_tail_over(
+        tmp_path: Path) -> None:
+    """s0 commits w2 on s0, s1, s2 after the controller last saw the positions, when
+    s3 (which lacks w2) looked as good as any: named leader, s3 fences s1 and s4 and
+    appends s1's tail before its own first entry; w2 is not lost, and the old
+    leader's further appends are refused."""
+    cluster = Cluster(tmp_path)  # epoch 1: s0 leads
+    try:
+        cluster.write("s0")
+        for follower in SITES[1:]:
+            cluster.replicate("s0", follower)
+        cluster.write("s0")
+        for follower in ("s1", "s2"):
+            cluster.replicate("s0", follower)
+        assert cluster.acknowledged == {1: (1, b"w1"), 2: (1, b"w2")}
+        assert cluster.take_over("s3", {"s1", "s4"}) == "s3"  # epoch 2
+        assert [entry.position for entry in cluster.logs["s3"].read(1)] == [
+            Position(1, 1), Position(1, 2)]
+        cluster.write("s0")
+        cluster.replicate("s0", "s1")  # fenced: s0 learns it was replaced
+        assert "s0" not in cluster.leaders
+        cluster.write("s3")
+        for follower in ("s0", "s1", "s2", "s4"):
+            cluster.replicate("s3", follower)
+        assert cluster.acknowledged[3] == (2, b"w4")
     finally:
         cluster.close()

@@ -1,20 +1,20 @@
 """Replication of the durable storage across sites (DESIGN.md, "Replication").
 
-Built so far: the placement data model (`placement`), the pure planner that the
-local cluster supervisor and the Kubernetes operator share (`planner`), the site's
-on-disk copy of the placement (`store`), each shard's log of cooked batches at
-(epoch, offset) (`log`), the rule that commits its entries (`commit`), a leader's
-bookkeeping (`leader`), the transport of appends and forwarded writes on the peer
-port (`wire`, `peer`), what a log entry holds (`entries`), one shard's role on a
-running site (`replica`: leader loop, followers' appliers, forwarding) and a site's
-replication as a whole (`cluster`: the shard replicas, the kept placement, the peer
-port). Not built here: the controller (it pushes placements to the sites), replica
-transitions (bootstrap from a checkpoint), the commit feed to sites that hold no
-replica of a shard.
+The placement data model (`placement`), the pure planner that the local cluster
+controller and the Kubernetes operator share (`planner`), the site's on-disk copy of
+the placement (`store`), each shard's log of cooked batches at (epoch, offset)
+(`log`), the rule that commits its entries (`commit`), a leader's bookkeeping
+(`leader`), the transport of appends, fences and forwarded writes on the peer port
+(`wire`, `peer`), what a log entry holds (`entries`), one shard's role on a running
+site (`replica`: takeover, leader loop, followers' appliers, forwarding), log
+trimming and replica bootstrap from checkpoints (`trim`, `bootstrap`), reads of
+shards held elsewhere (`remote`), the commit feed to sites without a replica
+(`feed`, `feed_wire`, `interest`) and a site's replication as a whole (`cluster`).
+The controller that pushes placements lives in `broker/cluster`.
 """
 
 from .commit import commit_offset, majority
-from .leader import AppendRequest, Leadership
+from .leader import AppendRequest, Leadership, tail_for
 from .log import START, AppendResult, Entry, LogGapError, Position, ShardLog, StaleEpochError
 from .placement import (
     Placement,
@@ -51,4 +51,5 @@ __all__ = [
     "failover",
     "majority",
     "plan",
+    "tail_for",
 ]

@@ -92,7 +92,12 @@ class DatabaseReplication:
         return await self.replicas[shard_id].add_generation()
 
     async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
-        return await self.replicas[shard_id].propose(entries.DropGeneration(generation_id))
+        replica = self.replicas[shard_id]
+        if replica.leadership is None:
+            return False  # the leader drops it, through the log
+        if self._site.remote.database is self.database:
+            await self._site.remote.before_drop(shard_id, generation_id)
+        return await replica.propose(entries.DropGeneration(generation_id))
 
     async def close(self) -> None:
         """Stop this database's replicas' loops and close their logs; the peer port
@@ -100,9 +105,12 @@ class DatabaseReplication:
         for replica in self.replicas:
             await replica.close()
         loop = asyncio.get_running_loop()
-        for shard_log in self.logs:
-            await loop.run_in_executor(self._site.executor, shard_log.close)
-        self.logs = []
+        # From now on the peer port answers appends to these logs "no replica here"
+        # (the site stops while a leader still sends); one in flight finishes first.
+        logs, self.logs = self.logs, []
+        for shard, shard_log in enumerate(logs):
+            async with self._site.log_lock(self.database.name, shard):
+                await loop.run_in_executor(self._site.executor, shard_log.close)
         await self._site.database_closed(self)
 
 
@@ -295,6 +303,10 @@ class SiteReplication:
         if replicated is None or not 0 <= shard < len(replicated.replicas):
             raise NotLeaderError(f"this site holds no shard {db}/{shard}")
         return replicated.replicas[shard]
+
+    def log_lock(self, db: str, shard: int) -> asyncio.Lock:
+        """Held while a shard log is written or closed (see `PeerServer.lock`)."""
+        return self._server.lock(db, shard)
 
     def _log_of(self, db: str, shard: int) -> ShardLog:
         replicated = self.databases.get(db)

@@ -38,6 +38,16 @@ class FilterSet:
         return next(self._index.match(topic), None) is not None
 
 
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """A site the table forgot: the filters it had told, and when it last told them
+    (the table's clock)."""
+
+    site: str
+    filters: frozenset[str]
+    last_told: float
+
+
 @dataclass(slots=True)
 class _Told:
     filters: FilterSet
@@ -72,13 +82,13 @@ class InterestTable:
         known.at = now
         return had
 
-    def expire(self, now: float) -> list[str]:
-        """Forget the sites that have told nothing for `expiry` seconds; them, sorted."""
+    def expire(self, now: float) -> list[Forgotten]:
+        """Forget the sites that have told nothing for `expiry` seconds; them, sorted,
+        with what they had told."""
         gone = sorted(site for site, told in self._told.items()
                       if now - told.at > self.expiry)
-        for site in gone:
-            del self._told[site]
-        return gone
+        return [Forgotten(site, told.filters.filters, told.at)
+                for site in gone if (told := self._told.pop(site))]
 
     def filters_of(self, site: str) -> FilterSet:
         told = self._told.get(site)

@@ -5,7 +5,7 @@ the peer transport carries `AppendRequest`s to followers (which answer with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .commit import commit_offset
 from .log import (
@@ -83,16 +83,13 @@ class Leadership:
                     max_bytes: int = 4 * 1024 * 1024) -> AppendRequest:
         """What to send `follower` now (no entries: a heartbeat that still checks
         where its log ends)."""
-        start = min(self.next_offset[follower], self.log.last.offset + 1)
-        previous_epoch = self.log.epoch_at(start - 1)
-        if previous_epoch is None:  # trimmed: the follower needs a checkpoint
-            raise BootstrapNeededError(
-                f"follower {follower} needs entries from {start}, trimmed from this log "
-                f"(it starts at {self.log.first_offset}): bootstrap it from a checkpoint",
-                self.log.first_offset)
-        return AppendRequest(self.epoch, Position(previous_epoch, start - 1),
-                             self.log.read(start, max_entries, max_bytes), self.committed,
-                             self.trim_before)
+        try:
+            tail = tail_for(self.log, self.next_offset[follower], max_entries, max_bytes)
+        except BootstrapNeededError as exc:  # trimmed: the follower needs a checkpoint
+            raise BootstrapNeededError(f"follower {follower}: {exc.message}: bootstrap it "
+                                       f"from a checkpoint", exc.first_offset) from None
+        return replace(tail, epoch=self.epoch, committed=self.committed,
+                       trim_before=self.trim_before)
 
     def on_result(self, follower: str, result: AppendResult) -> int:
         """Take a follower's answer; returns the commit offset after it."""
@@ -109,3 +106,22 @@ class Leadership:
                                        self.log.epoch_at, self.committed)
         self.log.commit_to(self.committed)
         return self.committed
+
+
+def tail_for(log: ShardLog, start: int, max_entries: int = 1000,
+             max_bytes: int = 4 * 1024 * 1024) -> AppendRequest:
+    """This log's entries from `start` on (no further than its end), after its entry
+    just before them, as an append of this log's epoch and commit offset (a leader's
+    `request_for` puts its own). What a replica fenced by a new leader sends it, for
+    the new leader to append as a follower would (`ShardLog.append_from_leader`): a
+    new leader pulls the tail of the most advanced of a fenced majority this way
+    before it appends anything of its own, and every committed entry is in that tail.
+    BootstrapNeededError when `start` is trimmed here."""
+    start = min(start, log.last.offset + 1)
+    previous_epoch = log.epoch_at(start - 1)
+    if previous_epoch is None:
+        raise BootstrapNeededError(
+            f"needs entries from {start}, trimmed from this log (it starts at "
+            f"{log.first_offset})", log.first_offset)
+    return AppendRequest(log.epoch, Position(previous_epoch, start - 1),
+                         log.read(start, max_entries, max_bytes), log.committed)

@@ -17,8 +17,15 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, StorageError
 from ..fence import FencedError
-from .leader import AppendRequest
-from .log import AppendResult, LogGapError, ShardLog, StaleEpochError
+from .leader import AppendRequest, tail_for
+from .log import (
+    AppendResult,
+    BootstrapNeededError,
+    LogGapError,
+    Position,
+    ShardLog,
+    StaleEpochError,
+)
 from .wire import decode_request, decode_result, encode_request, encode_result
 
 CONTENT_TYPE = "application/vnd.stratamq.append"
@@ -83,6 +90,8 @@ class PeerServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
+        app.router.add_post("/peer/v1/logs/{db}/{shard}/fence", self._fence)
+        app.router.add_get("/peer/v1/logs/{db}/{shard}/tail", self._tail)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
@@ -100,14 +109,62 @@ class PeerServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _append(self, http: web.Request) -> web.Response:
+    def _log_asked(self, http: web.Request) -> tuple[str, int, ShardLog] | web.Response:
         db = http.match_info["db"]
         try:
             shard = int(http.match_info["shard"])
-            log = self._logs_of(db, shard)
+            return db, shard, self._logs_of(db, shard)
         except (ValueError, KeyError):
             return _error(404, "unknown_shard", f"no replica of {db}/{http.match_info['shard']} "
                                                 f"on this site")
+
+    async def _fence(self, http: web.Request) -> web.Response:
+        """A new leader taking over: refuse older leaders' appends from now on, and
+        say where this log ends (the new leader appends the furthest tail of a
+        majority before its own entries)."""
+        asked = self._log_asked(http)
+        if isinstance(asked, web.Response):
+            return asked
+        db, shard, log = asked
+        try:
+            epoch = int((await http.json())["epoch"])
+        except (ValueError, KeyError, TypeError) as error:
+            return _error(400, "bad_request", f"expected {{\"epoch\": n}}: {error}")
+        async with self.lock(db, shard):
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, log.observe_epoch, epoch)
+            except StaleEpochError as error:
+                return _error(409, "stale_epoch", str(error))
+            last = log.last
+        if self._on_append is not None:
+            self._on_append(db, shard)  # a leader of an older epoch here steps down
+        return web.json_response({"last": [last.epoch, last.offset]})
+
+    async def _tail(self, http: web.Request) -> web.Response:
+        """This log's entries from `from` on, for a new leader taking over (see
+        `leader.tail_for`)."""
+        asked = self._log_asked(http)
+        if isinstance(asked, web.Response):
+            return asked
+        db, shard, log = asked
+        try:
+            start = max(1, int(http.query["from"]))
+        except (KeyError, ValueError):
+            return _error(400, "bad_request", "from: the first offset wanted")
+        async with self.lock(db, shard):
+            try:
+                request = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, tail_for, log, start)
+            except BootstrapNeededError as error:
+                return _error(410, "trimmed", str(error))
+        return web.Response(body=encode_request(request), content_type=CONTENT_TYPE)
+
+    async def _append(self, http: web.Request) -> web.Response:
+        asked = self._log_asked(http)
+        if isinstance(asked, web.Response):
+            return asked
+        db, shard, log = asked
         try:
             request = decode_request(await http.read())
         except CorruptDataError as error:
@@ -220,6 +277,54 @@ class PeerClient:
             raise PeerError(f"{address} did not take an append to {db}/{shard}: "
                             f"{error!r}") from error
 
+    async def fence(self, address: str, db: str, shard: int, epoch: int,
+                    within: float) -> Position:
+        """Fence the replica at `address` at `epoch` (a leader taking over); where its
+        log ends. StaleEpochError when it knows a newer epoch, PeerError otherwise."""
+        doing = f"a fence of {db}/{shard}"
+        status, body = await self._fetch("POST", address, f"/peer/v1/logs/{db}/{shard}/fence",
+                                         doing, within, json={"epoch": epoch})
+        reason = body.decode("utf-8", "replace")
+        if status == 409:
+            raise StaleEpochError(f"{address}: {reason}")
+        try:
+            if status != 200:
+                raise ValueError("not answered")
+            last_epoch, last_offset = json.loads(body)["last"]
+            return Position(int(last_epoch), int(last_offset))
+        except (ValueError, KeyError, TypeError) as error:
+            raise PeerError(f"{address} answered {doing} ({status}): {reason[:200]}") \
+                from error
+
+    async def tail(self, address: str, db: str, shard: int, start: int,
+                   within: float) -> AppendRequest:
+        """The entries of the log at `address` from `start` on (a leader taking over).
+        PeerError when they do not come (BootstrapNeededError when trimmed there)."""
+        doing = f"the tail of {db}/{shard}"
+        status, body = await self._fetch("GET", address, f"/peer/v1/logs/{db}/{shard}/tail",
+                                         doing, within, params={"from": str(start)})
+        reason = body[:200].decode("utf-8", "replace")
+        if status == 410:
+            raise BootstrapNeededError(f"{address}: {reason}", 0)
+        if status != 200:
+            raise PeerError(f"{address} refused {doing} ({status}): {reason}")
+        try:
+            return decode_request(body)
+        except CorruptDataError as error:
+            raise PeerError(f"{address} sent {doing}: {error}") from error
+
+    async def _fetch(self, method: str, address: str, path: str, doing: str, within: float,
+                     **request: object) -> tuple[int, bytes]:
+        """One request to the peer port at `address`: its status and body. PeerError
+        when it is not answered in time."""
+        try:
+            async with self._session.request(method, f"http://{address}{path}",
+                                             timeout=aiohttp.ClientTimeout(total=within),
+                                             **request) as response:  # type: ignore[arg-type]
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise PeerError(f"{address} did not answer {doing}: {error!r}") from error
+
     async def submit(self, address: str, db: str, shard: int, body: bytes,
                      within: float) -> None:
         """Forward a write (`wire.encode_submit`) to the shard's leader at `address`;
@@ -289,16 +394,10 @@ class PeerClient:
         """One request to the peer port at `address` whose answer is a JSON object.
         PeerError (recoverable) when it is not answered in time, refused (not 200), or
         answered with anything else; `doing` names the request in the message."""
-        try:
-            async with self._session.request(method, f"http://{address}{path}",
-                                             timeout=aiohttp.ClientTimeout(total=within),
-                                             **request) as response:  # type: ignore[arg-type]
-                body = await response.read()
-                if response.status != 200:
-                    raise PeerError(f"{address} refused {doing} ({response.status}): "
-                                    f"{body.decode('utf-8', 'replace')}")
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise PeerError(f"{address} did not answer {doing}: {error!r}") from error
+        status, body = await self._fetch(method, address, path, doing, within, **request)
+        if status != 200:
+            raise PeerError(f"{address} refused {doing} ({status}): "
+                            f"{body.decode('utf-8', 'replace')}")
         try:
             found = json.loads(body)
         except ValueError as error:

@@ -36,6 +36,9 @@ REFRESH_INTERVAL = 1.0
 # The largest batch a peer's `next` answers with.
 MAX_REMOTE_BATCH = 1000
 NEXT_CONTENT_TYPE = "application/vnd.stratamq.next"
+# How long a shard's leader waits for the sites without a replica to count what
+# their sessions lose to a generation it drops (they read the rest of it remotely).
+PRE_DROP_TIMEOUT = 30.0
 
 PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 PeersOf = Callable[[], dict[str, str]]
@@ -213,6 +216,55 @@ class RemoteReads:
             self._mirrors[shard_id] = new
             if structure_changed:
                 self.database.forget_cached_streams()
+            newest = max(document, default=-1)
+            for generation_id in sorted(old.keys() - document.keys()):
+                if generation_id < newest:  # dropped there (not a replica behind)
+                    self.database.remote_generation_dropped(shard_id, generation_id)
+
+    # -- retention ---------------------------------------------------------------------
+
+    async def before_drop(self, shard_id: int, generation_id: int) -> None:
+        """As the shard's leader, about to drop a generation: ask every other site
+        that holds no replica of the shard to run its pre-drop listeners first (their
+        sessions count what they had not read of it, reading it here; the replicas
+        run theirs as they apply the drop). A site that does not answer within
+        PRE_DROP_TIMEOUT is not waited for: its loss is then logged, not counted."""
+        replicas, _leader = self._placement_of(shard_id)
+        asked = {site: address for site, address in self._peers_of().items()
+                 if site != self.site and site not in replicas}
+        if not asked:
+            return
+        name = self.database.name
+        timeout = aiohttp.ClientTimeout(total=PRE_DROP_TIMEOUT)
+
+        async def tell(site: str, address: str) -> None:
+            url = f"http://{address}/peer/v1/dbs/{name}/{shard_id}/pre-drop"
+            try:
+                async with self._session.post(url, params={"generation": str(generation_id)},
+                                              timeout=timeout) as response:
+                    if response.status != 200:
+                        body = await response.read()
+                        log.warning("%s/%d: site %s did not count its sessions' loss to "
+                                    "the drop of generation %d: %d %s", name, shard_id, site,
+                                    generation_id, response.status,
+                                    body[:200].decode("utf-8", "replace"))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("%s/%d: site %s did not count its sessions' loss to the drop "
+                            "of generation %d: %r", name, shard_id, site, generation_id, exc)
+
+        await asyncio.gather(*(tell(site, address) for site, address in asked.items()))
+
+    async def _serve_pre_drop(self, http: web.Request) -> web.Response:
+        shard_id = self._shard_asked(http)
+        if isinstance(shard_id, web.Response):
+            return shard_id
+        try:
+            generation_id = int(http.query["generation"])
+        except (KeyError, ValueError):
+            return _error(400, "bad_request", "generation must be a number")
+        # A replica here runs its listeners as it applies the drop: nothing to do now.
+        await self.database.before_remote_drop(shard_id, generation_id)
+        return web.json_response({"counted": True})
 
     # -- asking a replica -------------------------------------------------------------
 
@@ -252,9 +304,10 @@ class RemoteReads:
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/generations", self._serve_generations)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/next", self._serve_next)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/message", self._serve_message)
+        app.router.add_post("/peer/v1/dbs/{db}/{shard}/pre-drop", self._serve_pre_drop)
 
-    def _held(self, http: web.Request) -> int | web.Response:
-        """The shard of a request, when this site holds a replica of it."""
+    def _shard_asked(self, http: web.Request) -> int | web.Response:
+        """The shard of a request, one of this database's."""
         try:
             shard_id = int(http.match_info["shard"])
         except ValueError:
@@ -262,6 +315,13 @@ class RemoteReads:
         if http.match_info["db"] != self.database.name \
                 or not 0 <= shard_id < len(self.database.shards):
             return _error(404, "unknown_shard", "no such shard here")
+        return shard_id
+
+    def _held(self, http: web.Request) -> int | web.Response:
+        """The shard of a request, when this site holds a replica of it."""
+        shard_id = self._shard_asked(http)
+        if isinstance(shard_id, web.Response):
+            return shard_id
         if self.is_remote(shard_id):
             return _error(503, "not_a_replica", "this site holds no replica of the shard "
                                                 "(or one still catching up)")

@@ -40,6 +40,7 @@ from .bootstrap import (
     should_bootstrap,
     stage_empty_shard,
 )
+from .commit import majority
 from .leader import Leadership
 from .log import BootstrapNeededError, LogGapError, Position, ShardLog, StaleEpochError
 from .peer import PeerClient, PeerError
@@ -116,6 +117,7 @@ class ShardReplica:
         self.bootstrap_progress: Progress | None = None
         self.bootstraps = 0  # checkpoints installed here since the site started
         self._dropping: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None  # a takeover (see _take_lead)
         self._installing: asyncio.Task[None] | None = None
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
@@ -182,7 +184,7 @@ class ShardReplica:
             self._step_down(f"placement names {placement.leader} at epoch {placement.epoch}")
         if placement.leader == site and placement.epoch >= self.log.epoch:
             if self.leadership is None:
-                await self._begin(placement)
+                self._start_leading()
             elif previous is None or previous.replicas != placement.replicas:
                 self._change_replica_set(placement)
         self._placement_changed.set()
@@ -206,6 +208,117 @@ class ShardReplica:
         log.info("%s: this site left the replica set: its data of the shard is deleted",
                  self._label)
 
+    def _start_leading(self) -> None:
+        """Lead the shard as the placement says, once taken over: in the background,
+        since a takeover waits for a majority of the replicas and a push must not."""
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.create_task(self._take_lead(),
+                                                 name=f"ds-lead-{self._label}")
+
+    async def _take_lead(self) -> None:
+        site = self._settings.site
+        while not self._closed:
+            placement = self.placement
+            if placement is None or placement.leader != site or self.leadership is not None \
+                    or placement.epoch < self.log.epoch:
+                return  # replaced meanwhile
+            try:
+                await self._take_over(placement)
+            except StaleEpochError as exc:
+                log.warning("%s: not leading epoch %d: %s", self._label, placement.epoch,
+                            exc.message)
+                return  # a newer leader exists: the controller's next push names it
+            except StorageError as exc:
+                log.warning("%s: not leading epoch %d yet: %s", self._label, placement.epoch,
+                            exc.message)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            except Exception:  # a bug must not leave the shard without its leader
+                log.exception("%s: taking over epoch %d failed", self._label, placement.epoch)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            if self.placement is placement:
+                await self._begin(placement)
+                return
+
+    async def _until_leading(self) -> None:
+        """While this site is named the leader and still takes over, wait for it (up
+        to `write_timeout`): a request sent to the new leader right after the push
+        is not refused for arriving a moment early."""
+        deadline = time.monotonic() + self._settings.write_timeout
+        while self.leadership is None and self._starting is not None \
+                and not self._starting.done() and self._remaining(deadline) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._placement_changed.wait(),
+                                       self._remaining(deadline))
+
+    async def _take_over(self, placement: ShardPlacement) -> None:
+        """Before leading at `placement.epoch`: fence a majority of the replica set at
+        it (from then on they refuse the old leader's appends) and append the tail of
+        the most advanced of them, which holds every committed entry. The controller
+        chose this site on positions that may have moved since: the old leader may
+        have committed more meanwhile (a planned handover, or a leader only the
+        controller lost). Raises StaleEpochError when a replica knows a newer epoch,
+        another StorageError when no majority answers or the tail does not come."""
+        site = self._settings.site
+        needed = majority(len(placement.replicas)) - 1  # this site is fenced already
+        if needed <= 0:
+            return
+        within = self._settings.write_timeout
+        asking = {asyncio.create_task(self._client.fence(
+            self.peers[other], self.database.name, self.shard_id, placement.epoch, within)):
+            other for other in placement.replicas if other != site and other in self.peers}
+        ends: dict[str, Position] = {}
+        failures: list[str] = []
+        newer: StaleEpochError | None = None
+        pending = set(asking)
+        try:
+            while pending and len(ends) < needed and newer is None:
+                done, pending = await asyncio.wait(pending,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    try:
+                        ends[asking[task]] = task.result()
+                    except StaleEpochError as exc:
+                        newer = exc
+                    except StorageError as exc:
+                        failures.append(exc.message)
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if newer is not None:
+            raise newer
+        if len(ends) < needed:
+            raise PeerError(f"{len(ends) + 1} of {len(placement.replicas)} replicas fenced "
+                            f"at epoch {placement.epoch}, a majority needed: "
+                            f"{'; '.join(failures) or 'their addresses are not known'}")
+        furthest, end = max(ends.items(), key=lambda item: (item[1], item[0]))
+        if end > self.log.last:
+            await self._append_tail(placement.epoch, furthest, end)
+
+    async def _append_tail(self, epoch: int, source: str, end: Position) -> None:
+        """Append the log of `source` up to `end`, as a follower of it would."""
+        start = self.log.last.offset + 1
+        before = self.log.last
+        while self.log.last < end:
+            address = self.peers.get(source)
+            if address is None:
+                raise PeerError(f"{self._label}: the address of {source} is not known")
+            request = await self._client.tail(address, self.database.name, self.shard_id,
+                                              start, self._settings.write_timeout)
+            async with self._log_lock:
+                result = await self._run(self.log.append_from_leader, epoch,
+                                         request.previous, request.entries, request.committed)
+            if not result.accepted:
+                start = result.retry_from
+            elif not request.entries:
+                break  # its log ends here
+            else:
+                start = result.matched + 1
+        log.info("%s: taking over at epoch %d: appended %s's tail, %s -> %s", self._label,
+                 epoch, source, tuple(before), tuple(self.log.last))
+
     async def _begin(self, placement: ShardPlacement) -> None:
         site = self._settings.site
         async with self._log_lock:
@@ -224,6 +337,9 @@ class ShardReplica:
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
                  ", ".join(placement.replicas))
         self._start_senders()
+        # writers waiting for this site to lead go on
+        self._placement_changed.set()
+        self._placement_changed = asyncio.Event()
         # The first entry of the epoch commits everything inherited before it; writes
         # wait until it is applied.
         try:
@@ -403,6 +519,7 @@ class ShardReplica:
                                record_deletes: list[bytes],
                                fences: list[Fence] | None = None) -> None:
         """A write another site forwarded to this site as the shard's leader."""
+        await self._until_leading()
         if self.leadership is None:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
         done = self.database.submit_to_shard(self.shard_id, messages, record_puts,
@@ -416,6 +533,7 @@ class ShardReplica:
         write buffer (forwarded ones among them) have been tried. A replica that has
         applied that far has every write this leader answered, and every write whose
         outcome was still open here decided one way or the other."""
+        await self._until_leading()
         leadership = self.leadership
         if leadership is None or not leadership.current:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
@@ -720,7 +838,7 @@ class ShardReplica:
     async def close(self) -> None:
         self._closed = True
         self._step_down("the site is stopping")
-        for task in (self._bootstrap_task, self._dropping):
+        for task in (self._bootstrap_task, self._dropping, self._starting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
