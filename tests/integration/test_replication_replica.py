@@ -247,6 +247,9 @@ def test_a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused(
                             headers={DEADLINE_HEADER: f"{deadline:.6f}"}) as response:
                         statuses.append(response.status)
             assert statuses == [503, 200]
+            # read here once its replica is known caught up (read from peers before)
+            await until("a reads its own replica",
+                        lambda: not a.replication.remote.is_remote(0))
             (_rank, stream), = a.storage.get_streams("messages", "t")
             result = await a.storage.next("messages", a.storage.make_iterator(
                 "messages", stream, "t"), 10)
@@ -305,4 +308,79 @@ def test_appends_that_reach_a_stopping_site_never_meet_a_closing_log(tmp_path: P
             assert not closing.done()  # waits for the append in flight
             in_flight.release()
             await asyncio.wait_for(closing, WAIT)
+    asyncio.run(scenario())
+
+
+def test_a_site_that_left_the_replica_set_reads_what_the_new_leader_took_over(
+        tmp_path: Path) -> None:
+    """a leads a, b, c, d, s; s has a subscriber. The controller moves s out and names
+    c leader at epoch 2 (a planned handover): s learns it first and stops applying; a,
+    cut off from c, commits m2 with b and d and pushes it nowhere (s is a replica in
+    a's placement). c is named leader but cannot reach the others for a while: s's
+    readers go back to storage and read at c, which lacks m2. Once c has taken m2 over
+    and leads, s must be told of a gap, or m2 never reaches its subscriber (a
+    subscriber on a site that left a shard's replica set missed messages in
+    test_cluster_transitions.py)."""
+    async def scenario() -> None:
+        a, b, c, d, s = [await start_site(tmp_path / name) for name in "abcds"]
+        before = tuple(sorted(site.id for site in (a, b, c, d, s)))
+        after = tuple(sorted(site.id for site in (a, b, c, d)))
+        peers = {site.id: site.address for site in (a, b, c, d, s)}
+        seen: list[list[bytes] | str] = []
+        reads: list[asyncio.Task[None]] = []
+
+        async def read_at_s() -> None:
+            payloads: list[bytes] = []
+            try:
+                for _rank, stream in s.storage.get_streams("messages", "t"):
+                    iterator = s.storage.make_iterator("messages", stream, "t")
+                    while True:
+                        result = await s.storage.next("messages", iterator, 100)
+                        if isinstance(result, EndOfStream) or not result[1]:
+                            break
+                        iterator = result[0]
+                        payloads += [message.payload for _key, message in result[1]]
+            except StorageError as exc:
+                seen.append(exc.message)
+                return
+            seen.append(payloads)
+
+        # what a session on s does at a gap: read its streams from storage again
+        s.database.add_feed_gap_listener(
+            lambda _shard, _since: reads.append(asyncio.ensure_future(read_at_s())))
+        s.database.set_interest(frozenset({"t"}))
+        try:
+            for site in (a, b, c, d, s):
+                await offer(site, 1, before, a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
+                == "committed"
+            c_replica = c.replication.databases["messages"].replicas[0]
+            await until("c applied m1", lambda: c_replica.applied >= leading.log.committed)
+            await until("c knows s's subscriber",
+                        lambda: s.id in c.replication.feed.interest_of())
+            cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, d, s)}
+            # a hears neither c nor s (whose refusal of epoch 1 would make it step down)
+            await offer(a, 2, before, a.id, 1, {**peers, c.id: cut_off[c.id],
+                                                 s.id: cut_off[s.id]})
+            await offer(s, 2, after, c.id, 2, peers)  # s leaves first
+            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
+                == "committed"
+
+            seen.clear()
+            await offer(c, 2, after, c.id, 2, {**cut_off, c.id: c.address, s.id: s.address})
+            await until("s has read at c", lambda: len(seen) >= 1)
+            assert all(b"m2" not in payloads for payloads in seen), seen
+
+            for site in (c, a, b, d):
+                await offer(site, 3, after, c.id, 2, peers)
+            await until("c leads", lambda: c_replica.leadership is not None)
+            await until(f"s reads m2 (what it read: {seen})",
+                        lambda: any(b"m2" in payloads for payloads in seen))
+        finally:
+            for read in reads:
+                read.cancel()
+            for site in (a, b, c, d, s):
+                await site.storage.close()
     asyncio.run(scenario())

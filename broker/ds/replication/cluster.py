@@ -6,6 +6,7 @@ roles again before the controller speaks), and the peer port, shared by them all
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -159,6 +160,8 @@ class SiteReplication:
         self.feed = CommitFeed(site, advertised, self.messages.database, self._leads,
                                self.messages.placement_of, lambda: self.peers, self.remote,
                                self._session, timeout)
+        for shard, replica in enumerate(self.messages.replicas):
+            replica.add_leading_listener(functools.partial(self.feed.began_leading, shard))
         self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,
                                       self.feed.add_routes]
         self.messages.database.attach_remote(self.remote)

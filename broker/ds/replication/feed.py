@@ -16,6 +16,8 @@ subscribers).
   replicas (their own apply feeds them). One sender per site sends in order. The
   queue is bounded: what does not fit is dropped and the next push (or a push with
   no messages) says so, a gap.
+- A new leader tells every site with interest and no replica of a gap once it leads
+  (`began_leading`): what it took over from the old leader was not pushed.
 - A gap sends the site's readers of that shard back to storage from their
   positions (timestamps per stream), so nothing is lost and nothing repeated; the
   site feeds each message once, whichever way it came (`Database.feed_remote`)."""
@@ -154,6 +156,19 @@ class CommitFeed:
                     if self._interest.filters_of(site):
                         self._outbox_of(site).gaps.add(shard_id)
                         self._outbox_of(site).wake.set()
+
+    def began_leading(self, shard_id: int) -> None:
+        """This site leads the shard now. What it took over from the old leader was
+        applied here before it led, so not pushed, and a site without a replica may
+        have read the shard here before that (its readers go back to storage at the
+        leader change): every such site with subscribers is told of a gap, and its
+        readers read again, now that this site holds every committed entry."""
+        replicas, _leader = self._placement_of(shard_id)
+        for site, filters in self._interest.items():
+            if site != self.site and site not in replicas and filters:
+                outbox = self._outbox_of(site)
+                outbox.gaps.add(shard_id)
+                outbox.wake.set()
 
     # -- telling peers this site's interest -----------------------------------------------
 

@@ -119,6 +119,10 @@ class ShardReplica:
         self._dropping: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None  # a takeover (see _take_lead)
         self._installing: asyncio.Task[None] | None = None
+        self._leading_listeners: list[Callable[[], None]] = []
+        # Leading listeners are told once this offset (committed when this site began
+        # to lead, inherited entries included) is applied.
+        self._tell_leading_at: int | None = None
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
         self.log.commit_to(self.applied)
@@ -130,6 +134,11 @@ class ShardReplica:
             lambda: 1 if self.leadership is not None else 0)
         self._leader_changes = metrics.LEADER_CHANGES.labels(*labels)
         self._applier = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
+
+    def add_leading_listener(self, listener: Callable[[], None]) -> None:
+        """`listener` runs each time this site begins to lead the shard, once what
+        it knew committed then (what it took over included) is applied here."""
+        self._leading_listeners.append(listener)
 
     # -- what the site sees -------------------------------------------------------
 
@@ -337,6 +346,8 @@ class ShardReplica:
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
                  ", ".join(placement.replicas))
         self._start_senders()
+        self._tell_leading_at = self.log.committed
+        self._tell_leading()
         # writers waiting for this site to lead go on
         self._placement_changed.set()
         self._placement_changed = asyncio.Event()
@@ -372,6 +383,7 @@ class ShardReplica:
         self.leadership = None
         self._leader_changes.inc()
         self._ready_at = None
+        self._tell_leading_at = None
         self._stop_senders()
         # Entries appended but not applied may be cut by the new leader: what their
         # cooking learned in memory goes, and their writers fail (they may retry).
@@ -829,6 +841,15 @@ class ShardReplica:
             for waiter in self._applied_waiters.pop(offset):
                 if not waiter.done():
                     waiter.set_result(None)
+        self._tell_leading()
+
+    def _tell_leading(self) -> None:
+        if self._tell_leading_at is None or self.applied < self._tell_leading_at:
+            return
+        self._tell_leading_at = None
+        if self.leadership is not None:
+            for listener in self._leading_listeners:
+                listener()
 
     # -- helpers ----------------------------------------------------------------------
 
