@@ -360,6 +360,10 @@ class ClusterConfig(_Section):
     # briefly lagging follower catches up from the log rather than a checkpoint;
     # older entries are trimmed.
     log_retain_entries: PositiveInt = 10_000
+    # Bytes per second a site sends a checkpoint at to a replica that bootstraps from
+    # it (e.g. 50MiB), so a joining site does not take the whole network or disk;
+    # None: as fast as it goes.
+    checkpoint_rate: ByteSize | None = None
 
     def advertised_peer(self) -> str:
         if self.advertise:

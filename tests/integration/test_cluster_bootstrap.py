@@ -6,7 +6,8 @@ A publisher per shard on site 0 streams numbered QoS 1 and QoS 2 messages; every
 replica's log stays bounded in entries while the logs grow far past that bound. A
 fourth site starts with a durable subscriber on it and is joined (`ctl ds join`):
 the shards it gets have trimmed logs, so it bootstraps each from a checkpoint of
-the leader. The moment it reports `bootstrapping`, the leader it fetches from is
+the leader (sent at `cluster.checkpoint_rate`, slow enough for the test to see it).
+The moment it reports `bootstrapping`, the leader it fetches from is
 paused (SIGSTOP) so the transfer is certainly under way, the new site is killed -9,
 the leader resumed, the new site restarted: it bootstraps again and completes.
 At the end: the plan is done, every replica of a shard applied the same offset, the
@@ -43,7 +44,11 @@ RETAIN = 20
 # what its leader has not yet counted as held everywhere (entries in flight)
 BOUND = RETAIN + 100 + 100
 PLAN_TIMEOUT = 180.0
-SITE_CONFIG: dict[str, Any] = {"cluster": {"log_retain_entries": RETAIN}}
+# Checkpoints sent at 128 KiB/s: the new site's bootstrap lasts long enough for the
+# poll to see it (unpaced, a checkpoint of 180 KB went in 0.04 s, and the poll missed
+# it now and then).
+SITE_CONFIG: dict[str, Any] = {"cluster": {"log_retain_entries": RETAIN,
+                                           "checkpoint_rate": "128KiB"}}
 
 
 def client_id_on_shard(prefix: str, shard: int) -> str:

@@ -398,3 +398,11 @@ def test_the_kept_log_tail_is_a_positive_count(tmp_path: Path) -> None:
     assert load_config(path, env={}).cluster.log_retain_entries == 500
     message = config_error(write(tmp_path, "cluster:\n  log_retain_entries: 0\n"))
     assert "cluster.log_retain_entries" in message and "greater than or equal to 1" in message
+
+
+def test_the_checkpoint_rate_is_a_byte_size_or_unlimited(tmp_path: Path) -> None:
+    assert load_config(env={}).cluster.checkpoint_rate is None
+    path = write(tmp_path, "cluster:\n  checkpoint_rate: 50MiB\n")
+    assert load_config(path, env={}).cluster.checkpoint_rate == 50 * 1024 * 1024
+    message = config_error(write(tmp_path, "cluster:\n  checkpoint_rate: fast\n"))
+    assert "cluster.checkpoint_rate" in message and "invalid byte size 'fast'" in message

@@ -77,8 +77,10 @@ class Progress:
 # -- the leader's side ------------------------------------------------------------------
 
 async def serve_checkpoint(http: web.Request, database: Database, shard_id: int,
-                           shard_log: ShardLog, work_dir: Path) -> web.StreamResponse:
-    """Stream a checkpoint of one shard, made under the shard's lock."""
+                           shard_log: ShardLog, work_dir: Path,
+                           rate: int | None = None) -> web.StreamResponse:
+    """Stream a checkpoint of one shard, made under the shard's lock, at up to `rate`
+    bytes per second (None: as fast as it goes)."""
     loop = asyncio.get_running_loop()
     executor = database.executor
     folder = work_dir / f"{database.name}-{shard_id}-{uuid.uuid4().hex}"
@@ -95,7 +97,7 @@ async def serve_checkpoint(http: web.Request, database: Database, shard_id: int,
                   "files": [[name, size] for name, size in files]}
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         try:
-            await _send(response, http, header, folder, files, executor)
+            await _send(response, http, header, folder, files, executor, rate)
         except ConnectionError as error:  # the fetching replica went away (it asks again)
             log.info("checkpoint of %s/%d not sent to %s: %s", database.name, shard_id,
                      http.remote, error)
@@ -105,9 +107,14 @@ async def serve_checkpoint(http: web.Request, database: Database, shard_id: int,
 
 
 async def _send(response: web.StreamResponse, http: web.Request, header: dict[str, Any],
-                folder: Path, files: list[tuple[str, int]], executor: Executor) -> None:
-    """The header line, then each file's bytes in bounded chunks."""
+                folder: Path, files: list[tuple[str, int]], executor: Executor,
+                rate: int | None) -> None:
+    """The header line, then each file's bytes in bounded chunks, paced to `rate`."""
     loop = asyncio.get_running_loop()
+    # paced: about ten chunks a second, so the rate holds for small files too
+    chunk_size = CHUNK if rate is None else max(1, min(CHUNK, rate // 10))
+    started = loop.time()
+    sent = 0
     await response.prepare(http)
     await response.write(json.dumps(header).encode() + b"\n")
     for name, size in files:
@@ -115,11 +122,15 @@ async def _send(response: web.StreamResponse, http: web.Request, header: dict[st
         try:
             left = size
             while left > 0:
-                chunk = await loop.run_in_executor(executor, source.read, min(CHUNK, left))
+                chunk = await loop.run_in_executor(executor, source.read,
+                                                   min(chunk_size, left))
                 if not chunk:
                     raise CorruptDataError(f"{folder / name} shrank while sent")
                 await response.write(chunk)
                 left -= len(chunk)
+                sent += len(chunk)
+                if rate is not None:
+                    await asyncio.sleep(max(0.0, started + sent / rate - loop.time()))
         finally:
             await loop.run_in_executor(executor, source.close)
     await response.write_eof()

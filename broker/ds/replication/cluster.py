@@ -140,6 +140,7 @@ class SiteReplication:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(local_addr=local_addr))
         self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
+        self._checkpoint_rate = settings.checkpoint_rate
         self.databases: dict[str, DatabaseReplication] = {}
         for database in databases:
             replicas = [ShardReplica(database, shard, shard_log,
@@ -359,7 +360,8 @@ class SiteReplication:
             return web.json_response({"error": "unknown_shard"}, status=404)
         database, replica = found
         return await serve_checkpoint(http, database, replica.shard_id, replica.log,
-                                      self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
+                                      self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
+                                      self._checkpoint_rate)
 
     async def _bootstrap(self, http: web.Request) -> web.Response:
         """The shard's leader asks this site to bootstrap its replica from it."""

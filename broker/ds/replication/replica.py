@@ -78,6 +78,9 @@ class ReplicaSettings:
     heartbeat_interval: float
     # log entries kept beyond what every replica holds (`trim.py`)
     log_retain_entries: int = 10_000
+    # bytes per second a checkpoint is sent at to a bootstrapping replica; None: as
+    # fast as it goes
+    checkpoint_rate: int | None = None
 
 
 class ShardReplica:
