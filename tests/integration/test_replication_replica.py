@@ -29,6 +29,7 @@ from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.errors import StorageError
 from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
+from tests.support.storage import read_filter
 
 WAIT = 30.0  # generous: the machine is shared
 
@@ -330,20 +331,12 @@ def test_a_site_that_left_the_replica_set_reads_what_the_new_leader_took_over(
         reads: list[asyncio.Task[None]] = []
 
         async def read_at_s() -> None:
-            payloads: list[bytes] = []
             try:
-                for _rank, stream in s.storage.get_streams("messages", "t"):
-                    iterator = s.storage.make_iterator("messages", stream, "t")
-                    while True:
-                        result = await s.storage.next("messages", iterator, 100)
-                        if isinstance(result, EndOfStream) or not result[1]:
-                            break
-                        iterator = result[0]
-                        payloads += [message.payload for _key, message in result[1]]
+                found = await read_filter(s.storage, "messages", "t")
             except StorageError as exc:
                 seen.append(exc.message)
                 return
-            seen.append(payloads)
+            seen.append([message.payload for message in found])
 
         # what a session on s does at a gap: read its streams from storage again
         s.database.add_feed_gap_listener(

@@ -154,8 +154,7 @@ class CommitFeed:
             if leader == self.site:
                 for site in sorted(left - {self.site}):
                     if self._interest.filters_of(site):
-                        self._outbox_of(site).gaps.add(shard_id)
-                        self._outbox_of(site).wake.set()
+                        self._tell_gap(site, shard_id)
 
     def began_leading(self, shard_id: int) -> None:
         """This site leads the shard now. What it took over from the old leader was
@@ -166,9 +165,14 @@ class CommitFeed:
         replicas, _leader = self._placement_of(shard_id)
         for site, filters in self._interest.items():
             if site != self.site and site not in replicas and filters:
-                outbox = self._outbox_of(site)
-                outbox.gaps.add(shard_id)
-                outbox.wake.set()
+                self._tell_gap(site, shard_id)
+
+    def _tell_gap(self, site: str, shard_id: int) -> None:
+        """Send `site` a gap on the shard with its next push (one without messages
+        when none is queued)."""
+        outbox = self._outbox_of(site)
+        outbox.gaps.add(shard_id)
+        outbox.wake.set()
 
     # -- telling peers this site's interest -----------------------------------------------
 
