@@ -10,6 +10,7 @@ from .ownership import Ownership
 from .publish import Publisher
 from .registry import Owner, SessionLimits, SessionRegistry
 from .retained import RetainedStore
+from .shared_backlog import SharedBacklog
 from .shared_replay import SharedReplay
 
 SESSIONS_DB = "sessions"
@@ -28,6 +29,8 @@ class Broker:
                                         self.dispatcher, limits)
         messages.add_commit_listener(self.dispatcher.on_commit)
         messages.add_feed_gap_listener(self.registry.on_feed_gap)
+        self.shared_backlog = SharedBacklog(storage, messages.name, self.dispatcher)
+        messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
         self.dispatcher.on_interest = messages.set_interest
         self.dispatcher.site = messages.site_id
         self.dispatcher.sites_with = messages.sites_with
@@ -59,6 +62,7 @@ class Broker:
 
     async def stop(self) -> None:
         await self.shared_replay.close()
+        await self.shared_backlog.close()
         await self.registry.stop()
 
     # The admin API lists these.

@@ -1,7 +1,10 @@
 """The commit feed to sessions: each committed message goes once to each session
 with a subscription that matches it (the session merges overlapping subscriptions
 into one delivery), and to one member of each matching shared group that the ACL
-lets receive it."""
+lets receive it. A shared group whose members have no room in their queues for a
+message reads that stream from storage from the message on (a backlog, read by
+`shared_backlog.py`), as a transient session does: no QoS 1/2 message is dropped
+for a slow group."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..ds import CookedBatch, Message, Stream, shared_site
+from ..ds import CookedBatch, Iterator, Message, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.session import Delivery, Session
@@ -27,6 +30,26 @@ def _group_key(subscription: Subscription) -> str:
 
 
 @dataclass(slots=True, eq=False)
+class Backlog:
+    """A group's share of one stream, read from storage instead of the live feed, from
+    `since` on: what its members had no room for, or what a feed gap may have lost."""
+
+    since: int
+    iterator: Iterator | None = None  # made on the first read
+    # The feed offered a message of the stream since the last read began: an empty
+    # read then does not mean caught up, the message may be newer than what it saw.
+    dirty: bool = True
+    # Read to the stream's end with nothing fed meanwhile: the live feed delivers
+    # again, passing over what storage gave already (up to `read_to`); the backlog
+    # goes at the first message after it.
+    caught_up: bool = False
+
+    @property
+    def read_to(self) -> int:
+        return self.iterator.last_timestamp if self.iterator is not None else self.since - 1
+
+
+@dataclass(slots=True, eq=False)
 class SharedGroup:
     """`$share/{group}/{filter}`: each message goes to one member, round robin among
     those with room in their queue (any member when none has)."""
@@ -34,6 +57,7 @@ class SharedGroup:
     name: str
     topic_filter: str
     members: list[tuple[Session, Subscription]] = field(default_factory=list)
+    backlogs: dict[Stream, Backlog] = field(default_factory=dict)
     _turn: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -69,6 +93,8 @@ class Dispatcher:
         # when it does), for choosing the one site that delivers to a shared group.
         self.site = ""
         self.sites_with: Callable[[str], Sequence[str]] | None = None
+        # Told when a group has a backlog to read (shared_backlog.py reads it).
+        self.on_backlog: Callable[[SharedGroup], None] | None = None
 
     def _hold(self, topic_filter: str, change: int) -> None:
         before = len(self._filters)
@@ -84,14 +110,49 @@ class Dispatcher:
             sessions: dict[Session, None] = {}  # each once, in match order
             for subscriber, _filter in list(self._index.match(message.topic)):
                 if isinstance(subscriber, SharedGroup):
-                    if self._delivers_here(subscriber, message):
-                        self.deliver_shared(subscriber, message)
+                    self._feed_shared(subscriber, stream, message)
                 else:
                     sessions[subscriber[0]] = None
             for session in sessions:
                 session.on_feed(stream, message)
 
-    def _delivers_here(self, group: SharedGroup, message: Message) -> bool:
+    def _feed_shared(self, group: SharedGroup, stream: Stream, message: Message) -> None:
+        backlog = group.backlogs.get(stream)
+        if backlog is not None:
+            if not backlog.caught_up:
+                backlog.dirty = True  # storage has it: the backlog reads it
+                self._tell_backlog(group)
+                return
+            if message.timestamp <= backlog.read_to:
+                return  # storage gave it (a push that came late)
+            del group.backlogs[stream]
+        if not self.delivers_here(group, message):
+            return
+        if not self.deliver_shared(group, message, needs_room=message.qos > 0):
+            group.backlogs[stream] = Backlog(message.timestamp)
+            self._tell_backlog(group)
+
+    def add_backlog(self, group: SharedGroup, stream: Stream, since: int) -> None:
+        """Read the group's share of the stream from storage from `since` on (a feed
+        gap: the site may have missed messages from there)."""
+        backlog = group.backlogs.get(stream)
+        if backlog is None:
+            group.backlogs[stream] = Backlog(since)
+        else:  # what it read is delivered; it reads on from there
+            backlog.caught_up = False
+            backlog.dirty = True
+        self._tell_backlog(group)
+
+    def _tell_backlog(self, group: SharedGroup) -> None:
+        if self.on_backlog is not None:
+            self.on_backlog(group)
+
+    @property
+    def groups(self) -> list[SharedGroup]:
+        """The shared groups with members here."""
+        return list(self._groups.values())
+
+    def delivers_here(self, group: SharedGroup, message: Message) -> bool:
         """Whether this site delivers the message to the group: of the sites with
         members of the group (each site tells the others its filters), every site
         picks the same one for a message (DESIGN "Broker": shared subscriptions work
@@ -119,21 +180,26 @@ class Dispatcher:
         `moved_since` on, another site left (which may have forgotten first and
         chosen this one)."""
         before = shared_site(group.key, _message_key(message), chosen_from)
-        if before == self.site or not self._delivers_here(group, message):
+        if before == self.site or not self.delivers_here(group, message):
             return False
         return before == lost or message.timestamp >= moved_since
 
     def deliver_shared(self, group: SharedGroup, message: Message,
-                       exclude: Session | None = None) -> None:
+                       exclude: Session | None = None, *, needs_room: bool = False) -> bool:
+        """Offer the message to one member. With `needs_room`, only to one with room
+        in its queue: False when none has (nothing offered)."""
         picked = group.pick(message, exclude)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
-            return
+            return True
         session, subscription = picked
+        if needs_room and not session.has_room:
+            return False  # picked first when it has room: no member has
         delivery = Delivery(message, min(message.qos, subscription.qos), False,
                             (subscription.identifier,) if subscription.identifier else (),
                             share_group=group.key)
         session.offer(delivery)
+        return True
 
     def on_shared_loss(self, delivery: Delivery) -> None:
         """A member lost a shared delivery (it disconnected): another one gets it."""

@@ -1,7 +1,7 @@
 """The share of a shared group's messages that a lost site was chosen for.
 
 Each message of a `$share` group goes to one site with members of the group, chosen
-alike by every site (`Dispatcher._delivers_here`). A site that goes silent (killed,
+alike by every site (`Dispatcher.delivers_here`). A site that goes silent (killed,
 cut off) stays chosen until the others forget it (`INTEREST_EXPIRY` after it last
 told them its filters): the messages hashed to it meanwhile reach no member. When it
 is forgotten, each site with members of such a group reads the group's messages

@@ -1,6 +1,7 @@
 """The queue of a transient session is bounded (`mqtt.max_queued_messages`): when it is
 full, queued QoS 0 messages are dropped first (counted); QoS 1/2 messages that still
-find no room are read from storage later, never dropped."""
+find no room are read from storage later, never dropped. So are those of a shared
+group whose members' queues are all full."""
 
 from __future__ import annotations
 
@@ -64,3 +65,30 @@ def test_queue_is_free_again_after_it_drained(broker: BrokerProcess) -> None:
     finally:
         subscriber.stop()
         publisher.stop()
+
+
+def test_a_shared_group_with_full_queues_gets_its_qos1_messages_from_storage(
+        broker: BrokerProcess) -> None:
+    topic = unique("qs")
+    dropped_before = metric_value(broker, "stratamq_messages_dropped_total",
+                                  reason="queue_full")
+    member = RawClient(broker.port)  # one message in flight, acknowledged late
+    member.connect(unique("slow"), properties=Properties(receive_maximum=1))
+    member.subscribe(f"$share/g/{topic}", 1)
+    publisher = PahoClient(broker.port, unique("pub"))
+    try:
+        publisher.connect()
+        sent = [b"m%d" % n for n in range(3 * MAX_QUEUED)]
+        for payload in sent:  # 1 in flight, 10 queued: 19 find no room
+            publisher.publish(topic, payload, 1)
+        for payload in sent:
+            packet = member.expect(Publish)
+            assert packet.payload == payload
+            assert packet.packet_id is not None
+            member.send(Puback(packet.packet_id))
+        member.quiet()
+    finally:
+        publisher.stop()
+    member.disconnect()
+    assert metric_value(broker, "stratamq_messages_dropped_total",
+                        reason="queue_full") == dropped_before

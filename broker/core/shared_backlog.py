@@ -1,0 +1,126 @@
+"""A shared group's backlogs: the streams whose share it reads from storage, not
+from the live feed (see `Backlog` in dispatch.py).
+
+A group gets a backlog on a stream when none of its members has room in its queue
+for a QoS 1/2 message (a slow group), and on every stream of a shard when the site's
+feed of that shard had a gap (a leader dropped pushes to this site, or changed).
+From there on the feed passes the stream's messages by, and this reads them, a
+batch at a time, and offers each one this site is chosen for (`delivers_here`) to a
+member with room, waiting for room as long as the group has members. Memory stays
+bounded: a position per stream and one batch.
+
+At the stream's end with nothing fed meanwhile the backlog is caught up and the
+live feed delivers again; a message storage gave already that the feed brings late
+is passed over. So the group gets each message once, in stream order.
+
+The positions live in memory only: a site that dies takes its groups' backlogs with
+it, and the sites left replay only its last moments (shared_replay.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..ds import DurableStorage, EndOfStream, Stream
+from ..errors import InvalidIteratorError, StorageError
+from ..supervise import RESTART_PAUSE
+from .dispatch import Backlog, Dispatcher, SharedGroup
+
+log = logging.getLogger(__name__)
+
+BATCH = 256
+# How often a backlog held up by its members' full queues looks again: room comes
+# as clients acknowledge, and no session tells its groups of it.
+ROOM_POLL = 0.05
+
+
+class SharedBacklog:
+    def __init__(self, storage: DurableStorage, db: str, dispatcher: Dispatcher) -> None:
+        self._storage = storage
+        self._db = db
+        self._dispatcher = dispatcher
+        self._readers: dict[SharedGroup, asyncio.Task[None]] = {}
+        dispatcher.on_backlog = self._start_reader
+
+    def on_feed_gap(self, shard: int, since: int) -> None:
+        """The site may have missed the shard's messages from `since` on (a database's
+        feed gap listener): every group reads its streams of the shard from there."""
+        for group in self._dispatcher.groups:
+            for _rank, stream in self._storage.get_streams(self._db, group.topic_filter,
+                                                           since):
+                if stream.shard == shard:
+                    self._dispatcher.add_backlog(group, stream, since)
+
+    async def close(self) -> None:
+        for task in list(self._readers.values()):
+            task.cancel()
+        await asyncio.gather(*self._readers.values(), return_exceptions=True)
+
+    def _start_reader(self, group: SharedGroup) -> None:
+        """A group has a backlog: make sure a reader reads it. A reader that returned
+        (nothing behind) is done at once, before anything else runs."""
+        reader = self._readers.get(group)
+        if reader is None or reader.done():
+            reader = asyncio.create_task(self._read_group(group),
+                                         name=f"shared-backlog-{group.key}")
+            self._readers[group] = reader
+            reader.add_done_callback(lambda task: self._ended(group, task))
+
+    def _ended(self, group: SharedGroup, task: asyncio.Task[None]) -> None:
+        if self._readers.get(group) is task:
+            del self._readers[group]
+
+    def _current(self, group: SharedGroup) -> bool:
+        """The group still has members here (else its backlogs go with it)."""
+        return self._dispatcher.group_of(f"$share/{group.key}") is group
+
+    async def _read_group(self, group: SharedGroup) -> None:
+        while self._current(group):
+            behind = [(stream, backlog) for stream, backlog in group.backlogs.items()
+                      if not backlog.caught_up]
+            if not behind:
+                return  # a new backlog starts another reader
+            for stream, backlog in behind:
+                if not self._current(group):
+                    return
+                try:
+                    await self._read(group, stream, backlog)
+                except StorageError as exc:
+                    if not exc.recoverable:
+                        log.error("shared group %s: stream %s not read further: %s",
+                                  group.key, stream, exc.message)
+                        if group.backlogs.get(stream) is backlog:
+                            del group.backlogs[stream]
+                        continue
+                    log.info("shared group %s: a read failed, retrying: %s", group.key,
+                             exc.message)
+                    await asyncio.sleep(RESTART_PAUSE)
+
+    async def _read(self, group: SharedGroup, stream: Stream, backlog: Backlog) -> None:
+        """One batch of the stream's backlog, each message this site is chosen for
+        offered to a member with room."""
+        if backlog.iterator is None:
+            try:
+                backlog.iterator = self._storage.make_iterator(
+                    self._db, stream, group.topic_filter, backlog.since)
+            except InvalidIteratorError:  # its generation was dropped by retention
+                del group.backlogs[stream]
+                return
+        backlog.dirty = False
+        result = await self._storage.next(self._db, backlog.iterator, BATCH)
+        if group.backlogs.get(stream) is not backlog:
+            return
+        if isinstance(result, EndOfStream):  # a closed generation, read to its end
+            del group.backlogs[stream]
+            return
+        iterator, batch = result
+        for _key, message in batch:
+            if not self._dispatcher.delivers_here(group, message):
+                continue
+            while not self._dispatcher.deliver_shared(group, message, needs_room=True):
+                await asyncio.sleep(ROOM_POLL)
+                if not self._current(group):
+                    return
+        backlog.iterator = iterator
+        if not batch and not backlog.dirty:
+            backlog.caught_up = True

@@ -1,0 +1,163 @@
+"""A shared group whose members have no room, or whose site's feed had a gap, reads
+its share from storage (core/shared_backlog.py, `Backlog` in core/dispatch.py): no
+QoS 1/2 message is dropped for a slow group, none is lost to a gap, none comes twice.
+Driven through the dispatcher's commit feed against the in-memory fake storage and
+recording connections of test_session.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stratamq.broker.core.dispatch import Dispatcher
+from stratamq.broker.core.shared_backlog import SharedBacklog
+from stratamq.broker.ds import CookedBatch, Message, Stream
+from stratamq.broker.session.model import Subscription
+from stratamq.broker.session.session import Session
+from tests.support.fake_storage import FakeDatabase, FakeStorage
+from tests.support.storage import run
+from tests.unit.test_session import (
+    DB,
+    RecordingOutlet,
+    acknowledge_new,
+    dropped_for_full_queue,
+    make_session,
+    settle,
+    wait_until,
+)
+
+SHARE = Subscription("t/#", qos=1, share_group="g", since=1)
+
+
+def fed(dispatcher: Dispatcher, stream: Stream, message: Message) -> None:
+    """The commit feed hands the dispatcher one committed message."""
+    dispatcher.on_commit(CookedBatch(stream.shard, stream.generation, message.timestamp, 1,
+                                     messages=[(stream.static, message)]))
+
+
+def member(storage: FakeStorage, dispatcher: Dispatcher, name: str, *, max_queued: int,
+           receive_maximum: int) -> tuple[Session, RecordingOutlet]:
+    session = make_session(storage, durable=False, max_queued=max_queued, client_id=name)
+    session.subscribe(SHARE)
+    outlet = RecordingOutlet(receive_maximum)
+    session.attach(outlet)
+    dispatcher.route(session, SHARE)
+    return session, outlet
+
+
+def publish(db: FakeDatabase, dispatcher: Dispatcher, payloads: list[bytes], *,
+            qos: int = 1, feed: bool = True) -> None:
+    for payload in payloads:
+        stream, message = db.store("t/x", payload, qos=qos)
+        if feed:
+            fed(dispatcher, stream, message)
+
+
+async def acknowledge_all(members: list[tuple[Session, RecordingOutlet]], count: int) -> None:
+    """Acknowledge what comes until `count` PUBLISH packets came to the members."""
+    async with asyncio.timeout(5):
+        while sum(len(outlet.publishes) for _s, outlet in members) < count:
+            for session, outlet in members:
+                await acknowledge_new(session, outlet)
+            await asyncio.sleep(0.01)
+        await settle()
+
+
+def received(members: list[tuple[Session, RecordingOutlet]]) -> list[bytes]:
+    return [sent.payload for _s, outlet in members for sent in outlet.publishes]
+
+
+def test_a_slow_group_reads_what_its_members_had_no_room_for_from_storage() -> None:
+    """One member, one message in flight, a queue of 3: of 30 QoS 1 messages, 26 find
+    no room. None is dropped: all 30 arrive, once each, in order, and the live feed
+    takes over again once the group has caught up."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        slow = member(storage, dispatcher, "slow", max_queued=3, receive_maximum=1)
+        dropped_before = dropped_for_full_queue()
+        sent = [b"m%d" % n for n in range(30)]
+        publish(db, dispatcher, sent)
+        await acknowledge_all([slow], len(sent))
+        assert received([slow]) == sent
+        assert dropped_for_full_queue() == dropped_before
+        await wait_until(lambda: all(b.caught_up for g in dispatcher.groups
+                                     for b in g.backlogs.values()), "caught up")
+        publish(db, dispatcher, [b"live"])  # the feed delivers again, past the backlog
+        await acknowledge_all([slow], len(sent) + 1)
+        assert received([slow]) == [*sent, b"live"]
+        assert not any(g.backlogs for g in dispatcher.groups)
+        await slow[0].detach()
+        await backlog.close()
+
+    run(main())
+
+
+def test_a_message_fed_while_the_group_reads_storage_comes_once() -> None:
+    """Messages fed while the backlog reads are passed by (storage has them); a late
+    feed of one storage gave already is passed over."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        members = [member(storage, dispatcher, f"m{n}", max_queued=2, receive_maximum=1)
+                   for n in range(2)]
+        first = [b"a%d" % n for n in range(10)]
+        publish(db, dispatcher, first)
+        late = db.store("t/x", b"late", qos=1)  # read from storage before it is fed
+        await acknowledge_all(members, len(first) + 1)
+        fed(dispatcher, *late)
+        more = [b"b%d" % n for n in range(10)]
+        publish(db, dispatcher, more)
+        await acknowledge_all(members, len(first) + 1 + len(more))
+        got = received(members)
+        assert sorted(got) == sorted([*first, b"late", *more]), got
+        for session, _outlet in members:
+            await session.detach()
+        await backlog.close()
+
+    run(main())
+
+
+def test_a_feed_gap_delivers_the_groups_missed_share_from_storage() -> None:
+    """Messages committed and never fed here (a leader dropped its pushes) reach the
+    group once the gap is told, each once; what was fed before it is not sent again,
+    and another shard's messages are not read."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        only = member(storage, dispatcher, "only", max_queued=100, receive_maximum=100)
+        publish(db, dispatcher, [b"fed"])
+        last_fed = db.store("t/x", b"fed-2", qos=1)
+        fed(dispatcher, *last_fed)
+        publish(db, dispatcher, [b"missed-1", b"missed-2"], feed=False)
+        db.store("t/y", b"other-shard", qos=1, shard=1)
+        backlog.on_feed_gap(0, last_fed[1].timestamp + 1)
+        await acknowledge_all([only], 4)
+        assert received([only]) == [b"fed", b"fed-2", b"missed-1", b"missed-2"]
+        await only[0].detach()
+        await backlog.close()
+
+    run(main())
+
+
+def test_a_groups_backlog_goes_with_its_last_member() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        session, _outlet = member(storage, dispatcher, "m", max_queued=1, receive_maximum=1)
+        publish(db, dispatcher, [b"m%d" % n for n in range(5)])
+        assert dispatcher.groups[0].backlogs
+        dispatcher.unroute(session, SHARE)
+        await settle()
+        assert not dispatcher.groups
+        await session.detach()
+        await backlog.close()  # its reader has ended: nothing left to cancel
+
+    run(main())
