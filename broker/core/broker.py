@@ -33,7 +33,7 @@ class Broker:
         messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
         self.dispatcher.on_interest = messages.set_interest
         self.dispatcher.site = messages.site_id
-        self.dispatcher.sites_with = messages.sites_with
+        self.dispatcher.members_with = messages.members_with
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
         self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)

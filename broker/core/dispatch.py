@@ -9,11 +9,11 @@ for a slow group."""
 from __future__ import annotations
 
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..ds import CookedBatch, Iterator, Message, Stream, shared_site
+from ..ds import CookedBatch, Iterator, Message, ShareMember, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.session import Delivery, Session
@@ -58,6 +58,9 @@ class SharedGroup:
     topic_filter: str
     members: list[tuple[Session, Subscription]] = field(default_factory=list)
     backlogs: dict[Stream, Backlog] = field(default_factory=dict)
+    # Deliveries a member lost (it left) that no other member had room for yet:
+    # at most what the members that left had queued and in flight.
+    held: deque[Delivery] = field(default_factory=deque)
     _turn: itertools.count[int] = field(default_factory=itertools.count)
 
     @property
@@ -74,11 +77,22 @@ class SharedGroup:
         choice = with_room or candidates
         return choice[next(self._turn) % len(choice)]
 
-    @property
-    def takes_backlog(self) -> bool:
-        """Whether a member's queue is at most half full (or none is left): a backlog
-        offered meanwhile leaves the live feed the other half."""
-        return not self.members or any(session.mostly_empty for session, _ in self.members)
+    def connected(self, exclude: Session | None = None) -> bool:
+        return any(session.outlet is not None and session is not exclude
+                   for session, _ in self.members)
+
+    def unsettled_from(self) -> dict[int, int]:
+        """Per shard, the first timestamp of a message not settled here (held, or in
+        a backlog not read yet): where another site takes the group's share on from
+        when it goes from here."""
+        unsettled = [(stream.shard, backlog.read_to + 1)
+                     for stream, backlog in self.backlogs.items() if not backlog.caught_up]
+        unsettled += [(delivery.stream.shard, delivery.message.timestamp)
+                      for delivery in self.held if delivery.stream is not None]
+        first: dict[int, int] = {}
+        for shard, timestamp in unsettled:
+            first[shard] = min(first.get(shard, timestamp), timestamp)
+        return first
 
 
 class Dispatcher:
@@ -88,21 +102,27 @@ class Dispatcher:
         # The filters routed here (shared ones as $share/group/filter), with how many
         # subscriptions hold each: other sites push what matches them.
         self._filters: Counter[str] = Counter()
-        self.on_interest: Callable[[frozenset[str]], None] | None = None
-        # On a cluster: this site, and the sites holding a filter (with this site
-        # when it does), for choosing the one site that delivers to a shared group.
+        # (the filters, and for each `$share/...` filter whose group just went from
+        # here: per shard, the first timestamp its members did not settle)
+        self.on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], None] \
+            | None = None
+        # On a cluster: this site, and the sites holding a `$share/...` filter with
+        # when each joined (this site too when it does), for choosing the one site
+        # that delivers a message to a shared group.
         self.site = ""
-        self.sites_with: Callable[[str], Sequence[str]] | None = None
+        self.members_with: Callable[[str], Sequence[ShareMember]] | None = None
         # Told when a group has a backlog to read (shared_backlog.py reads it).
         self.on_backlog: Callable[[SharedGroup], None] | None = None
 
-    def _hold(self, topic_filter: str, change: int) -> None:
+    def _hold(self, topic_filter: str, change: int,
+              left_from: dict[int, int] | None = None) -> None:
         before = len(self._filters)
         self._filters[topic_filter] += change
         if self._filters[topic_filter] <= 0:
             del self._filters[topic_filter]
         if len(self._filters) != before and self.on_interest is not None:
-            self.on_interest(frozenset(self._filters))
+            self.on_interest(frozenset(self._filters),
+                             {} if left_from is None else {topic_filter: left_from})
 
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
@@ -128,7 +148,7 @@ class Dispatcher:
             del group.backlogs[stream]
         if not self.delivers_here(group, message):
             return
-        if not self.deliver_shared(group, message, needs_room=message.qos > 0):
+        if not self.deliver_shared(group, message, stream, needs_room=message.qos > 0):
             group.backlogs[stream] = Backlog(message.timestamp)
             self._tell_backlog(group)
 
@@ -154,40 +174,43 @@ class Dispatcher:
 
     def delivers_here(self, group: SharedGroup, message: Message) -> bool:
         """Whether this site delivers the message to the group: of the sites with
-        members of the group (each site tells the others its filters), every site
-        picks the same one for a message (DESIGN "Broker": shared subscriptions work
-        cluster-wide, one delivery per group)."""
-        sites = self.sites_of(group)
-        if len(sites) <= 1:
+        members of the group (each site tells the others its filters, and when it
+        joined), every site picks the same one for a message (DESIGN "Broker": shared
+        subscriptions work cluster-wide, one delivery per group)."""
+        members = self.members_of(group)
+        if len(members) <= 1:
             return True
-        return shared_site(group.key, _message_key(message), sites) == self.site
+        return shared_site(group.key, _message_key(message), members,
+                           message.timestamp) == self.site
 
-    def sites_of(self, group: SharedGroup) -> Sequence[str]:
+    def members_of(self, group: SharedGroup) -> Sequence[ShareMember]:
         """The sites with members of the group, this one included."""
-        if self.sites_with is None:
-            return [self.site]
-        return self.sites_with(f"$share/{group.key}")
+        if self.members_with is None:
+            return [(self.site, 0)]
+        return self.members_with(f"$share/{group.key}")
 
     def group_of(self, share_filter: str) -> SharedGroup | None:
         """The group of a `$share/group/filter` with members here."""
         return self._groups.get(share_filter.removeprefix("$share/"))
 
     def takes_lost_share(self, group: SharedGroup, message: Message,
-                         chosen_from: Sequence[str], lost: str, moved_since: int) -> bool:
-        """Whether this site delivers, from storage, a message of a site it forgot
-        (see shared_replay.py): it is chosen now, and before (among `chosen_from`, the
-        sites with members before) the lost site was chosen, or, for a message from
-        `moved_since` on, another site left (which may have forgotten first and
-        chosen this one)."""
-        before = shared_site(group.key, _message_key(message), chosen_from)
-        if before == self.site or not self.delivers_here(group, message):
-            return False
-        return before == lost or message.timestamp >= moved_since
+                         lost: ShareMember) -> bool:
+        """Whether this site delivers, from storage, a message of a site that left
+        the group or was forgotten (see shared_replay.py): the lost site was chosen
+        for it, and this site is chosen now. Since the choice is a rendezvous hash,
+        no message moves between the sites left, so exactly one of them takes it."""
+        members = [member for member in self.members_of(group) if member[0] != lost[0]]
+        before = shared_site(group.key, _message_key(message), [*members, lost],
+                             message.timestamp)
+        return before == lost[0] and self.delivers_here(group, message)
 
-    def deliver_shared(self, group: SharedGroup, message: Message,
+    def deliver_shared(self, group: SharedGroup, message: Message, stream: Stream | None,
                        exclude: Session | None = None, *, needs_room: bool = False) -> bool:
         """Offer the message to one member. With `needs_room`, only to one with room
-        in its queue: False when none has (nothing offered)."""
+        in its queue: False when none has, or no member is connected (nothing
+        offered)."""
+        if needs_room and not group.connected(exclude):
+            return False
         picked = group.pick(message, exclude)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
@@ -197,17 +220,22 @@ class Dispatcher:
             return False  # picked first when it has room: no member has
         delivery = Delivery(message, min(message.qos, subscription.qos), False,
                             (subscription.identifier,) if subscription.identifier else (),
-                            share_group=group.key)
+                            share_group=group.key, stream=stream)
         session.offer(delivery)
         return True
 
     def on_shared_loss(self, delivery: Delivery) -> None:
-        """A member lost a shared delivery (it disconnected): another one gets it."""
+        """A member lost a shared delivery (it disconnected): another one with room
+        gets it; with none connected or with room, the group holds it until one has
+        (and if the group goes from here first, another site delivers it)."""
         group = self._groups.get(delivery.share_group or "")
         if group is None or delivery.qos == 0:
             MESSAGES_DROPPED.labels("shared_member_left").inc()
             return
-        self.deliver_shared(group, delivery.message)
+        if not self.deliver_shared(group, delivery.message, delivery.stream,
+                                   needs_room=True):
+            group.held.append(delivery)
+            self._tell_backlog(group)
 
     def route(self, session: Session, subscription: Subscription) -> None:
         if subscription.share_group is None:
@@ -237,4 +265,4 @@ class Dispatcher:
         if not group.members:
             del self._groups[group_key]
             self._index.remove(subscription.topic_filter, group)
-            self._hold(f"$share/{group_key}", -1)
+            self._hold(f"$share/{group_key}", -1, group.unsettled_from())

@@ -4,6 +4,8 @@ from the live feed (see `Backlog` in dispatch.py).
 A group gets a backlog on a stream when none of its members has room in its queue
 for a QoS 1/2 message (a slow group), and on every stream of a shard when the site's
 feed of that shard had a gap (a leader dropped pushes to this site, or changed).
+Deliveries a member lost when it left (queued, or in flight unacknowledged) that no
+other member has room for are held, and offered first.
 From there on the feed passes the stream's messages by, and this reads them, a
 batch at a time, and offers each one this site is chosen for (`delivers_here`) to a
 member with room, waiting for room as long as the group has members. Memory stays
@@ -76,6 +78,9 @@ class SharedBacklog:
 
     async def _read_group(self, group: SharedGroup) -> None:
         while self._current(group):
+            if group.held:
+                await self._offer_held(group)
+                continue
             behind = [(stream, backlog) for stream, backlog in group.backlogs.items()
                       if not backlog.caught_up]
             if not behind:
@@ -95,6 +100,17 @@ class SharedBacklog:
                     log.info("shared group %s: a read failed, retrying: %s", group.key,
                              exc.message)
                     await asyncio.sleep(RESTART_PAUSE)
+
+    async def _offer_held(self, group: SharedGroup) -> None:
+        """The deliveries members lost when they left, each to a member with room."""
+        while group.held:
+            delivery = group.held[0]
+            while not self._dispatcher.deliver_shared(group, delivery.message, delivery.stream,
+                                                      needs_room=True):
+                await asyncio.sleep(ROOM_POLL)
+                if not self._current(group):
+                    return
+            group.held.popleft()
 
     async def _read(self, group: SharedGroup, stream: Stream, backlog: Backlog) -> None:
         """One batch of the stream's backlog, each message this site is chosen for
@@ -117,7 +133,8 @@ class SharedBacklog:
         for _key, message in batch:
             if not self._dispatcher.delivers_here(group, message):
                 continue
-            while not self._dispatcher.deliver_shared(group, message, needs_room=True):
+            while not self._dispatcher.deliver_shared(group, message, stream,
+                                                      needs_room=True):
                 await asyncio.sleep(ROOM_POLL)
                 if not self._current(group):
                     return

@@ -1,30 +1,28 @@
-"""The share of a shared group's messages that a lost site was chosen for.
+"""The share of a shared group's messages that a site which left the group, or was
+forgotten, was chosen for and did not deliver.
 
 Each message of a `$share` group goes to one site with members of the group, chosen
-alike by every site (`Dispatcher.delivers_here`). A site that goes silent (killed,
-cut off) stays chosen until the others forget it (`INTEREST_EXPIRY` after it last
-told them its filters): the messages hashed to it meanwhile reach no member. When it
-is forgotten, each site with members of such a group reads the group's messages
-from storage, from a little before the lost site last spoke (its feed lags its
-tellings) up to the moment it was forgotten, and delivers those the lost site was
-chosen for and this site is chosen for now. Every site left computes the same
-choice, so each such message goes to one of them: at least once, since what the
-lost site did deliver in that window reaches the group again. QoS 0 messages are
-not delivered again (at most once).
-
-The sites left forget the lost one each in its own interest loop, up to about a
-second apart. Between the two, a message another site left was chosen for before
-and this one is chosen for now may be passed over by both (the first has moved on
-to the new choice, this one still uses the old): so for the last FORGET_SKEW before
-this site forgot, it also delivers those, and some come twice."""
+alike by every site (`Dispatcher.delivers_here`). A site whose last member of a group
+goes tells the others, with its interest, where per shard its members stopped; a site
+that goes silent (killed, cut off) stays chosen until the others forget it
+(`INTEREST_EXPIRY` after it last told them its filters). Either way the messages it
+was chosen for from then on reached no member: each site left with members of the
+group reads them from storage, from where the site stopped (for a silent one: a
+little before it last spoke, its feed lags its tellings) up to what this site was
+fed when it learned (later messages it picks among the sites left as they come),
+and delivers those the lost site was chosen for and this site is chosen for now.
+The choice is a rendezvous hash, so every site left computes the same one and no
+message moves between them: each such message goes to exactly one. For a silent
+site that is at least once: what it did deliver after it last spoke comes again.
+QoS 0 messages are not delivered again (at most once)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 
-from ..ds import DurableStorage, EndOfStream, Message, Stream
+from ..ds import DurableStorage, EndOfStream, Message, ShareMember, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..supervise import RESTART_PAUSE
 from .dispatch import Dispatcher, SharedGroup
@@ -32,9 +30,6 @@ from .dispatch import Dispatcher, SharedGroup
 log = logging.getLogger(__name__)
 
 BATCH = 256
-# How far apart the sites left may forget a lost site (each in its interest loop,
-# run every second), with room for a loaded machine.
-FORGET_SKEW = 2.0
 # How often a replay held up by its members' full queues looks again.
 ROOM_POLL = 0.05
 # A read that fails (a shard's replicas out of reach) is tried again this many times.
@@ -48,15 +43,18 @@ class SharedReplay:
         self._dispatcher = dispatcher
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def on_site_lost(self, site: str, share_filters: frozenset[str], since_us: int,
-                     until_us: int) -> None:
-        """`site` held these `$share/group/filter`s and was forgotten at `until_us`,
-        having last spoken after `since_us` (a storage timestamp, µs)."""
+    def on_site_lost(self, site: str, share_filters: frozenset[str],
+                     joined: Mapping[str, int], since: Sequence[int],
+                     until: Sequence[int]) -> None:
+        """`site` held these `$share/group/filter`s (joined at `joined`) and left them
+        or was forgotten: per shard, its share from `since` to `until` (storage
+        timestamps, µs) reached no member."""
         for share_filter in sorted(share_filters):
             group = self._dispatcher.group_of(share_filter)
             if group is None:
                 continue  # no member here
-            task = asyncio.create_task(self._replay(group, site, since_us, until_us),
+            lost = (site, joined.get(share_filter, 0))
+            task = asyncio.create_task(self._replay(group, lost, since, until),
                                        name=f"shared-replay-{group.key}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -66,27 +64,27 @@ class SharedReplay:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _replay(self, group: SharedGroup, lost: str, since_us: int,
-                      until_us: int) -> None:
-        chosen_before = sorted({*self._dispatcher.sites_of(group), lost})
-        moved_since = until_us - int(FORGET_SKEW * 1_000_000)
+    async def _replay(self, group: SharedGroup, lost: ShareMember, since: Sequence[int],
+                      until: Sequence[int]) -> None:
         delivered = 0
         for _rank, stream in self._storage.get_streams(self._db, group.topic_filter,
-                                                       since_us):
-            async for batch in self._read(group, stream, since_us, until_us):
+                                                       min(since)):
+            shard = stream.shard
+            async for batch in self._read(group, stream, since[shard], until[shard]):
                 for message in batch:
-                    if self._dispatcher.takes_lost_share(group, message, chosen_before,
-                                                         lost, moved_since):
-                        # The members' queues are half full: they drain as clients
-                        # acknowledge (the other half is the live feed's). Polling,
-                        # for a replay that is rare, instead of a wake-up on every
-                        # send of every session.
-                        while not group.takes_backlog:  # noqa: ASYNC110
-                            await asyncio.sleep(ROOM_POLL)
-                        self._dispatcher.deliver_shared(group, message)
-                        delivered += 1
-        log.info("shared group %s: %d messages chosen for the lost site %s delivered "
-                 "here", group.key, delivered, lost)
+                    if not self._dispatcher.takes_lost_share(group, message, lost):
+                        continue
+                    # Offered when a member has room: the members' queues drain as
+                    # clients acknowledge. Polling, for a replay that is rare,
+                    # instead of a wake-up on every send of every session.
+                    while not self._dispatcher.deliver_shared(group, message, stream,
+                                                              needs_room=True):
+                        await asyncio.sleep(ROOM_POLL)
+                        if self._dispatcher.group_of(f"$share/{group.key}") is not group:
+                            return  # its last member here went: it is told on
+                    delivered += 1
+        log.info("shared group %s: %d messages chosen for %s, gone from it, delivered "
+                 "here", group.key, delivered, lost[0])
 
     async def _read(self, group: SharedGroup, stream: Stream, since_us: int,
                     until_us: int) -> AsyncIterator[list[Message]]:

@@ -21,7 +21,7 @@ from .message import (
 )
 from .options import DbOptions
 from .replication.cluster import SiteReplication
-from .replication.interest import shared_site
+from .replication.interest import ShareMember, shared_site
 from .replication.replica import ReplicaSettings
 from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
@@ -52,6 +52,7 @@ __all__ = [
     "RetentionRules",
     "ShardDescription",
     "ShardSnapshot",
+    "ShareMember",
     "SiteReplication",
     "Snapshot",
     "Stream",

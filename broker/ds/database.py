@@ -12,7 +12,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from functools import partial
 from pathlib import Path
@@ -127,9 +127,13 @@ class RemoteShards(Protocol):
 
 
 FeedGapListener = Callable[[int, int], None]
-# (site, its `$share/...` filters, since, until: storage timestamps, µs)
-SharedSiteLostListener = Callable[[str, frozenset[str], int, int], None]
-InterestListener = Callable[[frozenset[str]], None]
+# (site, the `$share/...` filters it left, when it had joined each, and per shard:
+# since, until, storage timestamps, µs)
+SharedSiteLostListener = Callable[[str, frozenset[str], Mapping[str, int], Sequence[int],
+                                   Sequence[int]], None]
+# (this site's filters, and for each `$share/...` filter it just left: per shard, the
+# first timestamp its members there did not settle)
+InterestListener = Callable[[frozenset[str], dict[str, list[int]]], None]
 
 
 def shard_of(client_id: str, n_shards: int) -> int:
@@ -203,7 +207,7 @@ class Database:
         self._gap_listeners: list[FeedGapListener] = []
         self._interest: frozenset[str] = frozenset()
         self._interest_listeners: list[InterestListener] = []
-        self._sites_with: Callable[[str], list[str]] | None = None
+        self._members_with: Callable[[str], list[tuple[str, int]]] | None = None
         self._shared_lost_listeners: list[SharedSiteLostListener] = []
         self._update_generation_gauges()
 
@@ -585,39 +589,56 @@ class Database:
     def interest(self) -> frozenset[str]:
         return self._interest
 
-    def set_interest(self, filters: frozenset[str]) -> None:
+    def set_interest(self, filters: frozenset[str],
+                     left_from: Mapping[str, Mapping[int, int]] | None = None) -> None:
         """The topic filters this site has subscribers for (shared ones as
-        `$share/group/filter`): what other sites' leaders push here."""
+        `$share/group/filter`): what other sites' leaders push here. For a shared
+        group that just went from here, `left_from` may say per shard where its
+        members stopped settling messages (a backlog not read): another site takes
+        the group's share on from there, or from what this site was fed."""
         if filters == self._interest:
             return
+        left: dict[str, list[int]] = {}
+        for topic_filter in self._interest - filters:
+            if topic_filter.startswith("$share/"):
+                unsettled = (left_from or {}).get(topic_filter, {})
+                left[topic_filter] = [min(unsettled.get(shard, fed + 1), fed + 1)
+                                      for shard, fed in enumerate(self._last_fed)]
         self._interest = filters
         for listener in self._interest_listeners:
-            listener(filters)
+            listener(filters, left)
 
     def add_interest_listener(self, listener: InterestListener) -> None:
         self._interest_listeners.append(listener)
 
-    def sites_with(self, topic_filter: str) -> list[str]:
-        """The sites whose subscribers hold `topic_filter` (as told over the peer
-        port; this site's own interest included): only this site without a cluster."""
-        if self._sites_with is None:
-            return [self.site_id] if topic_filter in self._interest else []
-        return self._sites_with(topic_filter)
+    def fed_through(self) -> list[int]:
+        """Per shard, the last timestamp fed to the commit listeners here."""
+        return list(self._last_fed)
 
-    def attach_interest_directory(self, sites_with: Callable[[str], list[str]]) -> None:
-        self._sites_with = sites_with
+    def members_with(self, share_filter: str) -> list[tuple[str, int]]:
+        """The sites whose subscribers hold a `$share/...` filter, with when each
+        joined (as told over the peer port; this site's own interest included): only
+        this site without a cluster."""
+        if self._members_with is None:
+            return [(self.site_id, 0)] if share_filter in self._interest else []
+        return self._members_with(share_filter)
+
+    def attach_interest_directory(
+            self, members_with: Callable[[str], list[tuple[str, int]]]) -> None:
+        self._members_with = members_with
 
     def add_shared_site_lost_listener(self, listener: SharedSiteLostListener) -> None:
-        """Call `listener(site, share_filters, since, until)` when a site that held
-        members of shared groups is forgotten (it went silent after `since`; until
-        `until` its share of their messages reached no member)."""
+        """Call `listener(site, share_filters, joined, since, until)` when a site that
+        held members of shared groups left them or was forgotten: per shard, from
+        `since` to `until` its share of their messages reached no member."""
         self._shared_lost_listeners.append(listener)
 
-    def shared_site_lost(self, site: str, share_filters: frozenset[str], since: int,
-                         until: int) -> None:
+    def shared_site_lost(self, site: str, share_filters: frozenset[str],
+                         joined: Mapping[str, int], since: Sequence[int],
+                         until: Sequence[int]) -> None:
         for listener in self._shared_lost_listeners:
             try:
-                listener(site, share_filters, since, until)
+                listener(site, share_filters, joined, since, until)
             except Exception:  # a listener's bug must not stop the feed
                 log.exception("shared site lost listener failed on %s", self.name)
 

@@ -125,6 +125,7 @@ class Delivery:
     subscription_ids: tuple[int, ...] = ()
     cursor: Cursor | None = None
     share_group: str | None = None  # shared deliveries move to another member on loss
+    stream: Stream | None = None  # a shared delivery's: read again from there on loss
     # A resend of a durable delivery the client has not acknowledged: it goes out
     # again with its original packet identifier and DUP set (MQTT-4.4.0-1, 3.3.1-1).
     packet_id: int | None = None
@@ -805,12 +806,6 @@ class Session:
         """Whether a delivery offered now is queued (a full queue drops what the
         feed offers that storage does not hold for it: a shared group's)."""
         return self.outlet is not None and len(self._queue) < self._max_queued
-
-    @property
-    def mostly_empty(self) -> bool:
-        """Whether at most half the queue is taken: room for a backlog that must leave
-        the live feed room too."""
-        return self.outlet is not None and len(self._queue) < self._max_queued // 2
 
     def may_receive(self, subscription: Subscription, message: Message) -> bool:
         """Whether the ACL lets this session's connection receive the message through

@@ -194,10 +194,13 @@ SHARED = "$share/g/fs/#"
 
 
 def shared_known(cluster: Cluster) -> bool:
+    """Every site knows every other site's membership of the group, and they have all
+    taken effect (a site's takes effect a few seconds after it joined)."""
+    now_us = time.time_ns() // 1000
     for site in cluster.sites:
-        interest = site.replication().get("interest", {})
-        for other, site_id in enumerate(cluster.site_ids):
-            if other != site.index and SHARED not in interest.get(site_id, []):
+        joined = site.replication().get("shared_joined", {})
+        for site_id in cluster.site_ids:
+            if not joined.get(site_id, {}).get(SHARED, now_us + 1) <= now_us:
                 return False
     return True
 
@@ -336,7 +339,58 @@ def test_a_killed_sites_share_reaches_the_members_left(tmp_path: Path) -> None:
         missing = acknowledged - set(copies)
         print(f"\n{history.summary()}\n{len(copies) - len(set(copies))} delivered twice")
         assert complete, f"{len(missing)} acknowledged messages reached no member"
-        assert any("chosen for the lost site" in line for site in left
+        assert any("gone from it, delivered here" in line for site in left
+                   for line in site.log().splitlines())
+
+
+@pytest.mark.slow
+def test_a_site_leaving_and_joining_the_group_under_load_loses_nothing(
+        tmp_path: Path) -> None:
+    """Publishers on sites 0 and 1 go on while site 2's only member of the group
+    leaves, and later a new one joins there (replication factor 1: site 2 reads
+    most shards from pushes). Site 2 tells where its members stopped, the sites left
+    deliver its share from there, and a joining site takes its share only of
+    messages from when its membership takes effect: every acknowledged message
+    reaches the group, and only a message the leaving member may have had in flight
+    comes twice (once to it)."""
+    leaving_site = SITES - 1
+    with shared_group(tmp_path, replication_factor=1) as (cluster, history, members,
+                                                         publishers):
+        start_publishers(cluster, history, members, publishers, [0, 1])
+        assert more_acknowledged(history, 300, 60), history.summary()
+        leaver = members[leaving_site]
+        leaver.close()
+        leaving_id = cluster.site_ids[leaving_site]
+        left = [site for site in cluster.sites if site.index != leaving_site]
+        assert wait_until(lambda: all(
+            SHARED not in site.replication()["shared_joined"].get(leaving_id, {})
+            for site in left), 30), [site.replication() for site in left]
+        assert more_acknowledged(history, 300, 60), history.summary()
+        site = cluster.sites[leaving_site]
+        joiner = RecordingSubscriber(history, "fs-member-back", site.host, site.port,
+                                     SHARED, 1, durable=False)
+        joiner.start()
+        members.append(joiner)
+        assert joiner.subscribed.wait(15), "no SUBACK for the joining member"
+        assert more_acknowledged(history, 300, 60), history.summary()
+        assert wait_until(lambda: shared_known(cluster), 30)  # it took effect
+        assert more_acknowledged(history, 300, 60), history.summary()
+        assert stop_and_drain(publishers, 60), history.summary()
+
+        acknowledged = set(history.acknowledged_messages())
+        complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)),
+                              60, every=0.5)
+        copies = delivered_to(history, members)
+        to_leaver = set(delivered_to(history, [leaver]))
+        twice = [m for m in set(copies) if copies.count(m) > 1 and m not in to_leaver]
+        per_member = {member.name: received_by(history, [member.name]) for member in members}
+        print(f"\n{history.summary()}\nper member: {per_member}\n"
+              f"{len(copies) - len(set(copies))} delivered twice")
+        assert complete, f"{len(acknowledged - set(copies))} acknowledged messages " \
+                         f"reached no member"
+        assert not twice, f"{len(twice)} messages reached the group twice: {twice[:5]}"
+        assert per_member["fs-member-back"] > 0, per_member
+        assert any("gone from it, delivered here" in line for site in left
                    for line in site.log().splitlines())
 
 

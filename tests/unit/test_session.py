@@ -91,12 +91,14 @@ class SavedSessions:
 
 def make_session(storage: FakeStorage, *, durable: bool, max_queued: int = 1000,
                  batch_size: int = 100, saved: SavedSessions | None = None,
-                 client_id: str = "c1") -> Session:
+                 client_id: str = "c1",
+                 on_shared_loss: Callable[[Delivery], None] = lambda _delivery: None
+                 ) -> Session:
     saved = saved or SavedSessions()
     return Session(client_id, durable=durable, expiry_interval=3600 if durable else 0,
                    storage=storage.as_storage(), messages_db=DB, max_queued=max_queued,
                    batch_size=batch_size, idle_poll_interval=IDLE_POLL,
-                   persist=saved.persist, on_shared_loss=lambda _delivery: None)
+                   persist=saved.persist, on_shared_loss=on_shared_loss)
 
 
 def delivery(topic: str, qos: int, payload: bytes = b"") -> Delivery:

@@ -36,7 +36,8 @@ def fed(dispatcher: Dispatcher, stream: Stream, message: Message) -> None:
 
 def member(storage: FakeStorage, dispatcher: Dispatcher, name: str, *, max_queued: int,
            receive_maximum: int) -> tuple[Session, RecordingOutlet]:
-    session = make_session(storage, durable=False, max_queued=max_queued, client_id=name)
+    session = make_session(storage, durable=False, max_queued=max_queued, client_id=name,
+                           on_shared_loss=dispatcher.on_shared_loss)
     session.subscribe(SHARE)
     outlet = RecordingOutlet(receive_maximum)
     session.attach(outlet)
@@ -159,5 +160,52 @@ def test_a_groups_backlog_goes_with_its_last_member() -> None:
         assert not dispatcher.groups
         await session.detach()
         await backlog.close()  # its reader has ended: nothing left to cancel
+
+    run(main())
+
+
+def test_a_leaving_members_unacknowledged_messages_wait_for_room_in_the_others() -> None:
+    """A member goes with messages in flight while the other member's queue is full:
+    they are read again from storage once it has room, none lost."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        leaving = member(storage, dispatcher, "leaving", max_queued=100, receive_maximum=5)
+        staying = member(storage, dispatcher, "staying", max_queued=2, receive_maximum=1)
+        sent = [b"m%d" % n for n in range(8)]
+        publish(db, dispatcher, sent)
+        held = [s.payload for s in leaving[1].publishes]  # in flight, never acknowledged
+        assert held
+        await leaving[0].detach()
+        dispatcher.unroute(leaving[0], SHARE)
+        await acknowledge_all([staying], len(sent) - len(leaving[1].publishes) + len(held))
+        assert sorted(received([staying])) == sorted(sent)
+        await staying[0].detach()
+        await backlog.close()
+
+    run(main())
+
+
+def test_a_group_that_goes_with_a_backlog_says_where_its_members_stopped() -> None:
+    """The last member goes while the group reads a stream from storage: the site
+    tells, per shard, the first message its members did not settle (another site
+    delivers from there)."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        dispatcher = Dispatcher()
+        told: list[dict[str, dict[int, int]]] = []
+        dispatcher.on_interest = lambda _filters, left: told.append(left)
+        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        only = member(storage, dispatcher, "only", max_queued=1, receive_maximum=1)
+        first_unsent = db.store("t/x", b"x", qos=1)[1].timestamp + 1000  # the next one's
+        publish(db, dispatcher, [b"a", b"b", b"c"])  # 1 in flight, 1 queued, 1 behind
+        await only[0].detach()
+        dispatcher.unroute(only[0], SHARE)
+        await settle()
+        assert told[-1] == {"$share/g/t/#": {0: first_unsent}}, told
+        await backlog.close()
 
     run(main())

@@ -240,6 +240,9 @@ class SiteReplication:
                 "shards": [replica.status() for replica in self.replicas],
                 # the topic filters each peer said its subscribers hold
                 "interest": self.feed.interest_of(),
+                # when each site's membership of each shared group takes effect (a
+                # storage timestamp, µs), this site's own included
+                "shared_joined": self.feed.shared_joined_of(),
                 # the sites forgotten for good, whose sessions this site may adopt
                 "forgotten": sorted(self.forgotten)}
 

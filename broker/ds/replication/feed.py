@@ -43,7 +43,7 @@ from ..database import Database
 from ..message import Message
 from ..shard import now_us
 from .feed_wire import Push, decode_push, encode_push
-from .interest import SHARE_PREFIX, InterestTable
+from .interest import JOIN_DELAY_US, SHARE_PREFIX, InterestTable, ShareMember
 from .remote import PeersOf, PlacementOf, RemoteReads
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,10 @@ INTEREST_DEBOUNCE = 0.05
 # a forgotten site was chosen for is delivered again from this long before it. 2 s
 # lost one message in 19k once on a loaded machine.
 SHARED_FEED_LAG = 5 * INTEREST_INTERVAL
+# A site tells the others where its members of a shared group stopped, for this
+# long after the group went from it: one telling is enough, the rest are for one
+# that was lost.
+LEFT_TOLD_FOR = 2 * INTEREST_EXPIRY
 # Messages queued for one site at most: beyond, pushes are dropped (a gap).
 MAX_QUEUED_MESSAGES = 20_000
 # Messages one push carries at most.
@@ -105,8 +109,14 @@ class CommitFeed:
         self._replicas = [placement_of(shard)[0] for shard in range(len(database.shards))]
         self._task: asyncio.Task[None] | None = None
         database.add_commit_listener(self.on_commit, of_applied=True)
-        database.attach_interest_directory(self.sites_with)
-        database.add_interest_listener(lambda _filters: self._interest_changed.set())
+        # This site's memberships of shared groups: when each took effect, and where
+        # the members of each it left stopped (with when it left, time.monotonic()).
+        self._joined = {topic_filter: now_us() + JOIN_DELAY_US
+                        for topic_filter in database.interest
+                        if topic_filter.startswith(SHARE_PREFIX)}
+        self._left: dict[str, tuple[list[int], float]] = {}
+        database.attach_interest_directory(self.members_with)
+        database.add_interest_listener(self._interest_changed_here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(supervise("ds-feed-interest", self._interest_loop),
@@ -122,13 +132,32 @@ class CommitFeed:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def sites_with(self, topic_filter: str) -> list[str]:
-        """The sites holding `topic_filter`, this one included when it does, sorted."""
-        sites = [site for site, filters in self._interest.items()
-                 if topic_filter in filters.filters and site != self.site]
-        if topic_filter in self.database.interest:
-            sites.append(self.site)
-        return sorted(sites)
+    def members_with(self, share_filter: str) -> list[ShareMember]:
+        """The sites holding a `$share/...` filter, with when each joined, this one
+        included when it does."""
+        members = [member for member in self._interest.members_of(share_filter)
+                   if member[0] != self.site]
+        if share_filter in self.database.interest:
+            members.append((self.site, self._joined.get(share_filter, 0)))
+        return members
+
+    def _interest_changed_here(self, filters: frozenset[str],
+                               left: dict[str, list[int]]) -> None:
+        for share_filter, stopped in left.items():
+            self._joined.pop(share_filter, None)
+            self._left[share_filter] = (stopped, time.monotonic())
+        for topic_filter in filters:
+            if topic_filter.startswith(SHARE_PREFIX) and topic_filter not in self._joined:
+                self._joined[topic_filter] = now_us() + JOIN_DELAY_US
+        self._interest_changed.set()
+
+    def shared_joined_of(self) -> dict[str, dict[str, int]]:
+        """For each site with members of shared groups (this one included), when its
+        membership of each took effect."""
+        joined = {site: self._interest.joined_of(site) for site, _f in self._interest.items()}
+        joined[self.site] = {f: self._joined[f] for f in self.database.interest
+                             if f in self._joined}
+        return {site: groups for site, groups in joined.items() if groups}
 
     def interest_of(self) -> dict[str, list[str]]:
         """Each peer's filters as this site knows them (for the admin view)."""
@@ -203,13 +232,19 @@ class CommitFeed:
             if shared:
                 until = now_us()
                 silent = now - gone.last_told + SHARED_FEED_LAG
-                self.database.shared_site_lost(gone.site, shared,
-                                               until - int(silent * 1_000_000), until)
+                shards = len(self.database.shards)
+                self.database.shared_site_lost(
+                    gone.site, shared, gone.joined,
+                    [until - int(silent * 1_000_000)] * shards, [until] * shards)
 
     async def _tell(self, site: str, address: str, filters: frozenset[str]) -> None:
         url = f"http://{address}/peer/v1/interest"
-        body = json.dumps({"site": self.site, "peer": self.advertised,
-                           "filters": sorted(filters)})
+        recently = time.monotonic() - LEFT_TOLD_FOR
+        body = json.dumps({
+            "site": self.site, "peer": self.advertised, "filters": sorted(filters),
+            "joined": {f: self._joined[f] for f in filters if f in self._joined},
+            "left": {f: stopped for f, (stopped, at) in self._left.items() if at > recently},
+        })
         try:
             async with self._session.put(url, data=body, timeout=_INTEREST_TIMEOUT,
                                          headers={"Content-Type": "application/json"}
@@ -326,14 +361,41 @@ class CommitFeed:
             site = document["site"]
             peer = document.get("peer")  # absent from a site of an older version
             filters = frozenset(document["filters"])
+            # both absent from a site of an older version
+            joined = document.get("joined", {})
+            left = document.get("left", {})
             if not isinstance(site, str) or not isinstance(peer, str | None) \
                     or not all(isinstance(f, str) for f in filters):
                 raise TypeError("site, peer and filters are strings")
+            if not isinstance(joined, dict) or not all(
+                    isinstance(at, int) for at in joined.values()):
+                raise TypeError("joined maps filters to timestamps")
+            if not isinstance(left, dict) or not all(
+                    isinstance(stopped, list) and all(isinstance(at, int) for at in stopped)
+                    for stopped in left.values()):
+                raise TypeError("left maps filters to a timestamp per shard")
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
-        had = self._interest.take(site, peer, filters, time.monotonic())
+        before = self._interest.joined_of(site)
+        had = self._interest.take(site, peer, filters, time.monotonic(), joined)
+        after = self._interest.joined_of(site)
+        for share_filter, at in sorted(before.items()):
+            if after.get(share_filter) != at:  # it left (and maybe joined again since)
+                self._site_left(site, share_filter, at, left.get(share_filter))
         return web.json_response({"had": had})
+
+    def _site_left(self, site: str, share_filter: str, joined: int,
+                   stopped: list[int] | None) -> None:
+        """`site` has no members of a shared group any more: the messages it was
+        chosen for from where its members stopped (per shard; told by the site, or a
+        guess of SHARED_FEED_LAG) up to what this site was fed of each shard are read
+        from storage and delivered by the sites left (later ones pick among them)."""
+        until = self.database.fed_through()
+        if stopped is None or len(stopped) != len(until):
+            stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
+        self.database.shared_site_lost(site, frozenset({share_filter}),
+                                       {share_filter: joined}, stopped, until)
 
     async def _take_push(self, http: web.Request) -> web.Response:
         try:

@@ -1,17 +1,31 @@
 """Which messages a site wants: the topic filters its subscribers hold, as a trie
 (what a shard leader matches a committed message against before pushing it to a
 site without a replica), the table of what each peer told, and the one site that
-delivers a message to a shared group. Pure: no I/O."""
+delivers a message to a shared group. Pure: no I/O.
+
+A site's membership of a shared group takes effect at a storage timestamp it
+chooses when its first member subscribes (`JOIN_DELAY` ahead) and tells with its
+filters: every site picks among the members effective at a message's timestamp, so
+they agree on every message once the telling has reached them, however long it
+took within the delay. The pick is a rendezvous hash: a site that joins or leaves
+moves only the messages it is or was picked for, never one between the others."""
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ...subscription_index import SubscriptionIndex
 
 SHARE_PREFIX = "$share/"
+# How far ahead of its first member's SUBSCRIBE a site's membership of a shared group
+# takes effect: long enough for its telling to reach every other site (they tell
+# once a second, and a telling that waits longer than INTEREST_TIMEOUT is dropped).
+JOIN_DELAY_US = 3_000_000
+
+# (site, the storage timestamp its membership of the group takes effect at)
+ShareMember = tuple[str, int]
 
 
 def plain_filter(topic_filter: str) -> str:
@@ -46,6 +60,7 @@ class Forgotten:
     site: str
     filters: frozenset[str]
     last_told: float
+    joined: dict[str, int]
 
 
 @dataclass(slots=True)
@@ -53,6 +68,7 @@ class _Told:
     filters: FilterSet
     address: str | None
     at: float
+    joined: dict[str, int]  # for each `$share/...` filter, when its membership began
 
 
 class InterestTable:
@@ -67,27 +83,42 @@ class InterestTable:
         self._told: dict[str, _Told] = {}
 
     def take(self, site: str, address: str | None, filters: frozenset[str],
-             now: float) -> bool:
+             now: float, joined: dict[str, int] | None = None) -> bool:
         """Record what `site` told at `now` (`address` None: it told none, so the last
-        one it told stays); whether these filters were had already."""
+        one it told stays; `joined`, when each of its `$share/...` filters took
+        effect, absent from a site of an older version: at once); whether these
+        filters were had already."""
+        joined = {topic_filter: (joined or {}).get(topic_filter, 0)
+                  for topic_filter in filters if topic_filter.startswith(SHARE_PREFIX)}
         known = self._told.get(site)
         had = known is not None and known.filters.filters == filters
         if known is None:
-            self._told[site] = _Told(FilterSet(filters), address, now)
+            self._told[site] = _Told(FilterSet(filters), address, now, joined)
             return False
         if not had:
             known.filters = FilterSet(filters)
+        known.joined = joined
         if address is not None:
             known.address = address
         known.at = now
         return had
+
+    def joined_of(self, site: str) -> dict[str, int]:
+        """When each of the site's memberships of shared groups took effect."""
+        told = self._told.get(site)
+        return {} if told is None else dict(told.joined)
+
+    def members_of(self, share_filter: str) -> list[ShareMember]:
+        """The sites holding a `$share/group/filter`, with when each joined."""
+        return [(site, told.joined.get(share_filter, 0)) for site, told in self._told.items()
+                if share_filter in told.filters.filters]
 
     def expire(self, now: float) -> list[Forgotten]:
         """Forget the sites that have told nothing for `expiry` seconds; them, sorted,
         with what they had told."""
         gone = sorted(site for site, told in self._told.items()
                       if now - told.at > self.expiry)
-        return [Forgotten(site, told.filters.filters, told.at)
+        return [Forgotten(site, told.filters.filters, told.at, told.joined)
                 for site in gone if (told := self._told.pop(site))]
 
     def filters_of(self, site: str) -> FilterSet:
@@ -105,13 +136,21 @@ class InterestTable:
         return bool(self._told)
 
 
-def shared_site(group_key: str, message_key: str, sites: Iterable[str]) -> str | None:
-    """The one site that delivers a message to a shared group: chosen from the sorted
-    sites that have members of the group, by a hash of the message (its publisher
-    and timestamp), so every site picks the same one without asking. None when no
-    site has a member."""
-    ordered = sorted(set(sites))
-    if not ordered:
+def shared_site(group_key: str, message_key: str, members: Iterable[ShareMember],
+                timestamp: int) -> str | None:
+    """The one site that delivers a message to a shared group, the same at every
+    site that knows the same members: of the members effective at the message's
+    `timestamp` (those that joined before it; when none has, the first to join),
+    the one with the highest hash of (group, message, site). None without members."""
+    known = list(members)
+    if not known:
         return None
-    index = zlib.crc32(f"{group_key}\x00{message_key}".encode()) % len(ordered)
-    return ordered[index]
+    effective = [site for site, joined in known if joined <= timestamp]
+    if not effective:
+        first = min(joined for _site, joined in known)
+        effective = [site for site, joined in known if joined == first]
+    prefix = f"{group_key}\x00{message_key}\x00".encode()
+    # blake2b, not crc32: a CRC of the same prefix with different sites differs by a
+    # constant, so the ranking of sites would hardly depend on the message
+    return max(sorted(set(effective)),
+               key=lambda site: hashlib.blake2b(prefix + site.encode(), digest_size=8).digest())
