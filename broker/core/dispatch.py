@@ -67,19 +67,17 @@ class SharedGroup:
     def key(self) -> str:
         return f"{self.name}/{self.topic_filter}"
 
-    def pick(self, message: Message,
-             exclude: Session | None = None) -> tuple[Session, Subscription] | None:
+    def pick(self, message: Message) -> tuple[Session, Subscription] | None:
         candidates = [(session, subscription) for session, subscription in self.members
-                      if session is not exclude and session.may_receive(subscription, message)]
+                      if session.may_receive(subscription, message)]
         if not candidates:
             return None
         with_room = [candidate for candidate in candidates if candidate[0].has_room]
         choice = with_room or candidates
         return choice[next(self._turn) % len(choice)]
 
-    def connected(self, exclude: Session | None = None) -> bool:
-        return any(session.outlet is not None and session is not exclude
-                   for session, _ in self.members)
+    def connected(self) -> bool:
+        return any(session.outlet is not None for session, _ in self.members)
 
     def unsettled_from(self) -> dict[int, int]:
         """Per shard, the first timestamp of a message not settled here (held, or in
@@ -193,6 +191,11 @@ class Dispatcher:
         """The group of a `$share/group/filter` with members here."""
         return self._groups.get(share_filter.removeprefix("$share/"))
 
+    def holds(self, group: SharedGroup) -> bool:
+        """Whether the group still has members here (a group that went, and maybe
+        came back as a new one, takes its backlogs and held deliveries along)."""
+        return self._groups.get(group.key) is group
+
     def takes_lost_share(self, group: SharedGroup, message: Message,
                          lost: ShareMember) -> bool:
         """Whether this site delivers, from storage, a message of a site that left
@@ -205,13 +208,13 @@ class Dispatcher:
         return before == lost[0] and self.delivers_here(group, message)
 
     def deliver_shared(self, group: SharedGroup, message: Message, stream: Stream | None,
-                       exclude: Session | None = None, *, needs_room: bool = False) -> bool:
+                       *, needs_room: bool = False) -> bool:
         """Offer the message to one member. With `needs_room`, only to one with room
         in its queue: False when none has, or no member is connected (nothing
         offered)."""
-        if needs_room and not group.connected(exclude):
+        if needs_room and not group.connected():
             return False
-        picked = group.pick(message, exclude)
+        picked = group.pick(message)
         if picked is None:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
             return True

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..ds import DurableStorage, EndOfStream, Stream
+from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..supervise import RESTART_PAUSE, note_failure
 from .dispatch import Backlog, Dispatcher, SharedGroup
@@ -31,9 +31,20 @@ from .dispatch import Backlog, Dispatcher, SharedGroup
 log = logging.getLogger(__name__)
 
 BATCH = 256
-# How often a backlog held up by its members' full queues looks again: room comes
+# How often a delivery held up by the members' full queues looks again: room comes
 # as clients acknowledge, and no session tells its groups of it.
 ROOM_POLL = 0.05
+
+
+async def deliver_when_room(dispatcher: Dispatcher, group: SharedGroup, message: Message,
+                            stream: Stream) -> bool:
+    """Offer a message read from storage (or held) to a member of the group with room,
+    waiting for one; False when the group's last member here went meanwhile."""
+    while not dispatcher.deliver_shared(group, message, stream, needs_room=True):
+        await asyncio.sleep(ROOM_POLL)
+        if not dispatcher.holds(group):
+            return False
+    return True
 
 
 class SharedBacklog:
@@ -72,12 +83,8 @@ class SharedBacklog:
         if self._readers.get(group) is task:
             del self._readers[group]
 
-    def _current(self, group: SharedGroup) -> bool:
-        """The group still has members here (else its backlogs go with it)."""
-        return self._dispatcher.group_of(f"$share/{group.key}") is group
-
     async def _read_group(self, group: SharedGroup) -> None:
-        while self._current(group):
+        while self._dispatcher.holds(group):
             if group.held:
                 await self._offer_held(group)
                 continue
@@ -86,7 +93,7 @@ class SharedBacklog:
             if not behind:
                 return  # a new backlog starts another reader
             for stream, backlog in behind:
-                if not self._current(group):
+                if not self._dispatcher.holds(group):
                     return
                 try:
                     await self._read(group, stream, backlog)
@@ -108,11 +115,10 @@ class SharedBacklog:
         """The deliveries members lost when they left, each to a member with room."""
         while group.held:
             delivery = group.held[0]
-            while not self._dispatcher.deliver_shared(group, delivery.message, delivery.stream,
-                                                      needs_room=True):
-                await asyncio.sleep(ROOM_POLL)
-                if not self._current(group):
-                    return
+            assert delivery.stream is not None  # every shared delivery has its stream
+            if not await deliver_when_room(self._dispatcher, group, delivery.message,
+                                           delivery.stream):
+                return
             group.held.popleft()
 
     async def _read(self, group: SharedGroup, stream: Stream, backlog: Backlog) -> None:
@@ -134,12 +140,9 @@ class SharedBacklog:
             return
         iterator, batch = result
         for _key, message in batch:
-            if self._dispatcher.delivers_here(group, message):
-                while not self._dispatcher.deliver_shared(group, message, stream,
-                                                          needs_room=True):
-                    await asyncio.sleep(ROOM_POLL)
-                    if not self._current(group):
-                        return
+            if self._dispatcher.delivers_here(group, message) \
+                    and not await deliver_when_room(self._dispatcher, group, message, stream):
+                return
             # settled: should the group go from here now, another site takes its
             # share on after this message
             backlog.iterator = iterator.advanced_to(message.timestamp)

@@ -26,12 +26,10 @@ from ..ds import DurableStorage, EndOfStream, Message, ShareMember, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..supervise import RESTART_PAUSE
 from .dispatch import Dispatcher, SharedGroup
+from .shared_backlog import BATCH, deliver_when_room
 
 log = logging.getLogger(__name__)
 
-BATCH = 256
-# How often a replay held up by its members' full queues looks again.
-ROOM_POLL = 0.05
 # A read that fails (a shard's replicas out of reach) is tried again this many times.
 READ_TRIES = 10
 
@@ -74,14 +72,8 @@ class SharedReplay:
                 for message in batch:
                     if not self._dispatcher.takes_lost_share(group, message, lost):
                         continue
-                    # Offered when a member has room: the members' queues drain as
-                    # clients acknowledge. Polling, for a replay that is rare,
-                    # instead of a wake-up on every send of every session.
-                    while not self._dispatcher.deliver_shared(group, message, stream,
-                                                              needs_room=True):
-                        await asyncio.sleep(ROOM_POLL)
-                        if self._dispatcher.group_of(f"$share/{group.key}") is not group:
-                            return  # its last member here went: it is told on
+                    if not await deliver_when_room(self._dispatcher, group, message, stream):
+                        return  # its last member here went: it is told on
                     delivered += 1
         log.info("shared group %s: %d messages chosen for %s, gone from it, delivered "
                  "here", group.key, delivered, lost[0])

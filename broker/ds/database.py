@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..files import write_atomically
 from ..metrics import Tally
-from ..topic import check_topic, levels_match, validate_filter
+from ..topic import SHARE_PREFIX, check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
@@ -600,7 +600,7 @@ class Database:
             return
         left: dict[str, list[int]] = {}
         for topic_filter in self._interest - filters:
-            if topic_filter.startswith("$share/"):
+            if topic_filter.startswith(SHARE_PREFIX):
                 unsettled = (left_from or {}).get(topic_filter, {})
                 left[topic_filter] = [min(unsettled.get(shard, fed + 1), fed + 1)
                                       for shard, fed in enumerate(self._last_fed)]

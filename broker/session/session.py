@@ -803,8 +803,8 @@ class Session:
 
     @property
     def has_room(self) -> bool:
-        """Whether a delivery offered now is queued (a full queue drops what the
-        feed offers that storage does not hold for it: a shared group's)."""
+        """Whether a delivery offered now is queued (a full queue drops a delivery
+        without a cursor: a shared group waits for a member with room instead)."""
         return self.outlet is not None and len(self._queue) < self._max_queued
 
     def may_receive(self, subscription: Subscription, message: Message) -> bool:

@@ -260,6 +260,16 @@ def delivered_to(history: History, members: list[RecordingSubscriber]) -> list[o
                 for d in session.deliveries]
 
 
+def wait_delivered_to_group(history: History, members: list[RecordingSubscriber]
+                            ) -> tuple[set[object], list[object], bool]:
+    """Once publishers have stopped: the acknowledged messages, every copy delivered
+    to the members, and whether each acknowledged one reached a member (waited for)."""
+    acknowledged: set[object] = set(history.acknowledged_messages())
+    complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)), 60,
+                          every=0.5)
+    return acknowledged, delivered_to(history, members), complete
+
+
 def publish_to_group(cluster: Cluster, history: History, members: list[RecordingSubscriber],
                      publishers: list[RecordingPublisher], sites: list[int]) -> None:
     """Publish from `sites` until 600 more messages are acknowledged; check that each
@@ -267,10 +277,7 @@ def publish_to_group(cluster: Cluster, history: History, members: list[Recording
     start_publishers(cluster, history, members, publishers, sites)
     assert more_acknowledged(history, 600, 60), history.summary()
     assert stop_and_drain(publishers, 60), history.summary()
-    acknowledged = set(history.acknowledged_messages())
-    complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)), 60,
-                          every=0.5)
-    copies = delivered_to(history, members)
+    acknowledged, copies, complete = wait_delivered_to_group(history, members)
     per_member = {member.name: received_by(history, [member.name]) for member in members}
     print(f"\n{history.summary()}\nper member: {per_member}")
     missing = acknowledged - set(copies)
@@ -332,10 +339,7 @@ def test_a_killed_sites_share_reaches_the_members_left(tmp_path: Path) -> None:
             f"the site killed is still a member: {[s.replication() for s in left]}"
         assert more_acknowledged(history, 200, 60), history.summary()
         assert stop_and_drain(publishers, 60), history.summary()
-        acknowledged = set(history.acknowledged_messages())
-        complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)),
-                              60, every=0.5)
-        copies = delivered_to(history, members)
+        acknowledged, copies, complete = wait_delivered_to_group(history, members)
         missing = acknowledged - set(copies)
         print(f"\n{history.summary()}\n{len(copies) - len(set(copies))} delivered twice")
         assert complete, f"{len(missing)} acknowledged messages reached no member"
@@ -376,11 +380,7 @@ def test_a_site_leaving_and_joining_the_group_under_load_loses_nothing(
         assert wait_until(lambda: shared_known(cluster), 30)  # it took effect
         assert more_acknowledged(history, 300, 60), history.summary()
         assert stop_and_drain(publishers, 60), history.summary()
-
-        acknowledged = set(history.acknowledged_messages())
-        complete = wait_until(lambda: acknowledged <= set(delivered_to(history, members)),
-                              60, every=0.5)
-        copies = delivered_to(history, members)
+        acknowledged, copies, complete = wait_delivered_to_group(history, members)
         to_leaver = set(delivered_to(history, [leaver]))
         twice = [m for m in set(copies) if copies.count(m) > 1 and m not in to_leaver]
         per_member = {member.name: received_by(history, [member.name]) for member in members}

@@ -15,6 +15,17 @@ MAX_QUEUED = 10
 BROKER_CONFIG = {"mqtt": {"max_queued_messages": MAX_QUEUED}}
 
 
+def acknowledge_in_order(client: RawClient, expected: list[bytes]) -> None:
+    """Receive the QoS 1 messages `expected`, in this order, acknowledging each after
+    it came (one at a time, for a client with a receive maximum of 1)."""
+    for payload in expected:
+        packet = client.expect(Publish)
+        assert packet.payload == payload
+        assert packet.packet_id is not None
+        client.send(Puback(packet.packet_id))
+    client.quiet()
+
+
 def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
     topic = unique("q")
     dropped_before = metric_value(broker, "stratamq_messages_dropped_total",
@@ -35,13 +46,8 @@ def test_full_queue_drops_qos0_first(broker: BrokerProcess) -> None:
         for number in range(11):
             publisher.publish(topic, b"qos1-%d" % number, 1)
 
-        expected = [b"in flight", b"head"] + [b"qos1-%d" % n for n in range(11)]
-        for payload in expected:
-            packet = subscriber.expect(Publish)
-            assert packet.payload == payload
-            assert packet.packet_id is not None
-            subscriber.send(Puback(packet.packet_id))
-        subscriber.quiet()
+        acknowledge_in_order(subscriber, [b"in flight", b"head"]
+                             + [b"qos1-%d" % n for n in range(11)])
     finally:
         publisher.stop()
     subscriber.disconnect()
@@ -81,12 +87,7 @@ def test_a_shared_group_with_full_queues_gets_its_qos1_messages_from_storage(
         sent = [b"m%d" % n for n in range(3 * MAX_QUEUED)]
         for payload in sent:  # 1 in flight, 10 queued: 19 find no room
             publisher.publish(topic, payload, 1)
-        for payload in sent:
-            packet = member.expect(Publish)
-            assert packet.payload == payload
-            assert packet.packet_id is not None
-            member.send(Puback(packet.packet_id))
-        member.quiet()
+        acknowledge_in_order(member, sent)
     finally:
         publisher.stop()
     member.disconnect()

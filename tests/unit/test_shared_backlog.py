@@ -28,6 +28,14 @@ from tests.unit.test_session import (
 SHARE = Subscription("t/#", qos=1, share_group="g", since=1)
 
 
+def a_site() -> tuple[FakeStorage, FakeDatabase, Dispatcher, SharedBacklog]:
+    """The fake storage with its messages database, a dispatcher, and its backlogs."""
+    storage = FakeStorage()
+    dispatcher = Dispatcher()
+    return storage, storage.db(DB), dispatcher, SharedBacklog(storage.as_storage(), DB,
+                                                              dispatcher)
+
+
 def fed(dispatcher: Dispatcher, stream: Stream, message: Message) -> None:
     """The commit feed hands the dispatcher one committed message."""
     dispatcher.on_commit(CookedBatch(stream.shard, stream.generation, message.timestamp, 1,
@@ -72,10 +80,7 @@ def test_a_slow_group_reads_what_its_members_had_no_room_for_from_storage() -> N
     no room. None is dropped: all 30 arrive, once each, in order, and the live feed
     takes over again once the group has caught up."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        storage, db, dispatcher, backlog = a_site()
         slow = member(storage, dispatcher, "slow", max_queued=3, receive_maximum=1)
         dropped_before = dropped_for_full_queue()
         sent = [b"m%d" % n for n in range(30)]
@@ -99,10 +104,7 @@ def test_a_message_fed_while_the_group_reads_storage_comes_once() -> None:
     """Messages fed while the backlog reads are passed by (storage has them); a late
     feed of one storage gave already is passed over."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        storage, db, dispatcher, backlog = a_site()
         members = [member(storage, dispatcher, f"m{n}", max_queued=2, receive_maximum=1)
                    for n in range(2)]
         first = [b"a%d" % n for n in range(10)]
@@ -127,10 +129,7 @@ def test_a_feed_gap_delivers_the_groups_missed_share_from_storage() -> None:
     group once the gap is told, each once; what was fed before it is not sent again,
     and another shard's messages are not read."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        storage, db, dispatcher, backlog = a_site()
         only = member(storage, dispatcher, "only", max_queued=100, receive_maximum=100)
         publish(db, dispatcher, [b"fed"])
         last_fed = db.store("t/x", b"fed-2", qos=1)
@@ -148,10 +147,7 @@ def test_a_feed_gap_delivers_the_groups_missed_share_from_storage() -> None:
 
 def test_a_groups_backlog_goes_with_its_last_member() -> None:
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        storage, db, dispatcher, backlog = a_site()
         session, _outlet = member(storage, dispatcher, "m", max_queued=1, receive_maximum=1)
         publish(db, dispatcher, [b"m%d" % n for n in range(5)])
         assert dispatcher.groups[0].backlogs
@@ -168,10 +164,7 @@ def test_a_leaving_members_unacknowledged_messages_wait_for_room_in_the_others()
     """A member goes with messages in flight while the other member's queue is full:
     they are read again from storage once it has room, none lost."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
+        storage, db, dispatcher, backlog = a_site()
         leaving = member(storage, dispatcher, "leaving", max_queued=100, receive_maximum=5)
         staying = member(storage, dispatcher, "staying", max_queued=2, receive_maximum=1)
         sent = [b"m%d" % n for n in range(8)]
@@ -193,12 +186,9 @@ def test_a_group_that_goes_with_a_backlog_says_where_its_members_stopped() -> No
     tells, per shard, the first message its members did not settle (another site
     delivers from there)."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        dispatcher = Dispatcher()
+        storage, db, dispatcher, backlog = a_site()
         told: list[dict[str, dict[int, int]]] = []
         dispatcher.on_interest = lambda _filters, left: told.append(left)
-        backlog = SharedBacklog(storage.as_storage(), DB, dispatcher)
         only = member(storage, dispatcher, "only", max_queued=1, receive_maximum=1)
         first_unsent = db.store("t/x", b"x", qos=1)[1].timestamp + 1000  # the next one's
         publish(db, dispatcher, [b"a", b"b", b"c"])  # 1 in flight, 1 queued, 1 behind

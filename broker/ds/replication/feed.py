@@ -38,12 +38,13 @@ from aiohttp import web
 
 from ...errors import CorruptDataError
 from ...supervise import supervise
+from ...topic import SHARE_PREFIX
 from ..cooked import CookedBatch
 from ..database import Database
 from ..message import Message
 from ..shard import now_us
 from .feed_wire import Push, decode_push, encode_push
-from .interest import JOIN_DELAY_US, SHARE_PREFIX, InterestTable, ShareMember
+from .interest import JOIN_DELAY_US, InterestTable, ShareMember
 from .remote import PeersOf, PlacementOf, RemoteReads
 
 log = logging.getLogger(__name__)

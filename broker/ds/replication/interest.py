@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ...subscription_index import SubscriptionIndex
+from ...topic import SHARE_PREFIX
 
-SHARE_PREFIX = "$share/"
 # How far ahead of its first member's SUBSCRIBE a site's membership of a shared group
 # takes effect: long enough for its telling to reach every other site (they tell
 # once a second, and a telling that waits longer than INTEREST_TIMEOUT is dropped).
