@@ -44,7 +44,7 @@ from tests.support.cluster import (
     http_json,
     poll,
 )
-from tests.support.history import History
+from tests.support.history import History, Message, runs_of
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
@@ -175,15 +175,15 @@ def lost_by_shard(history: History, site_of: dict[str, str],
     lines = []
     for session, lost in sorted(history.missing().items()):
         name = session.split("[")[0]  # the History names sessions "client[n]"
-        by_shard: dict[int, int] = {}
+        by_shard: dict[int, list[Message]] = {}
         for message in lost:
-            shard = shard_of(message.publisher, N_SHARDS)
-            by_shard[shard] = by_shard.get(shard, 0) + 1
-        for shard, count in sorted(by_shard.items()):
+            by_shard.setdefault(shard_of(message.publisher, N_SHARDS), []).append(message)
+        for shard, missed in sorted(by_shard.items()):
             held = all(site_of[name] in replicas for replicas in replica_sets.get(shard, ()))
-            lines.append(f"{session} (site {site_of[name]}) misses {count} messages of {DB}/"
-                         f"{shard}: " + ("its site held a replica of it all along" if held
-                                         else "its site stopped being a replica of it"))
+            lines.append(f"{session} (site {site_of[name]}) misses {len(missed)} messages of "
+                         f"{DB}/{shard}: " + ("its site held a replica of it all along" if held
+                                              else "its site stopped being a replica of it")
+                         + f" ({runs_of(missed)})")
     return lines
 
 

@@ -377,3 +377,65 @@ def test_a_site_that_left_the_replica_set_reads_what_the_new_leader_took_over(
             for site in (a, b, c, d, s):
                 await site.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
+        tmp_path: Path) -> None:
+    """a leads a, b, c; s holds no replica and has a subscriber. b misses m2 (a cannot
+    reach b), which a commits with c and pushes to s. s can reach only b now: a read
+    at s must not take b's copy, which lacks m2, for the stream's end; a session
+    that was fed m2 while it read would go live without it (a subscriber on a site
+    that left a shard's replica set missed a message in test_cluster_transitions.py).
+    b says it is behind (a recoverable error at s) until it has m2."""
+    async def scenario() -> None:
+        a, b, c, s = [await start_site(tmp_path / name) for name in "abcs"]
+        replicas = tuple(sorted(site.id for site in (a, b, c)))
+        peers = {site.id: site.address for site in (a, b, c, s)}
+        cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, s)}
+        s.database.set_interest(frozenset({"t"}))
+        try:
+            for site in (a, b, c, s):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            await until("a knows s's subscriber",
+                        lambda: s.id in a.replication.feed.interest_of())
+            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
+                == "committed"
+            b_replica = b.replication.databases["messages"].replicas[0]
+            await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
+            await until("s fed m1", lambda: s.database.fed_through()[0] > 0)
+            await until("s mirrors the shard", lambda: s.replication.remote.loaded(0))
+
+            await offer(a, 2, replicas, a.id, 1, {**peers, b.id: cut_off[b.id]})
+            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
+                == "committed"
+            m2_at = a.database.shards[0].last_timestamp
+            await until("s fed m2", lambda: s.database.fed_through()[0] == m2_at)
+            await offer(s, 2, replicas, a.id, 1,  # s reaches b only
+                        {**peers, a.id: cut_off[a.id], c.id: cut_off[c.id]})
+
+            try:
+                payloads = [m.payload for m in await read_filter(s.storage, "messages", "t")]
+            except StorageError as exc:
+                assert exc.recoverable, exc
+            else:
+                assert payloads == [b"m1", b"m2"], f"read at s from b: {payloads}"
+            stream = next(stream for _rank, stream in s.storage.get_streams("messages", "t"))
+            try:
+                resent = await s.database.read_message(stream, m2_at)
+            except StorageError as exc:
+                assert exc.recoverable, exc
+            else:
+                assert resent is not None, "b said m2 is not there: taken for dropped"
+
+            await offer(a, 3, replicas, a.id, 1, peers)  # a reaches b again
+            await until("b applied m2", lambda: b.database.shards[0].last_timestamp == m2_at)
+            payloads = [m.payload for m in await read_filter(s.storage, "messages", "t")]
+            assert payloads == [b"m1", b"m2"]
+            resent = await s.database.read_message(stream, m2_at)
+            assert resent is not None and resent.payload == b"m2"
+        finally:
+            for site in (a, b, c, s):
+                await site.storage.close()
+    asyncio.run(scenario())

@@ -408,6 +408,8 @@ class CommitFeed:
         if http.match_info["db"] != self.database.name or push.shard != shard_id \
                 or not 0 <= shard_id < len(self.database.shards):
             return web.json_response({"error": "unknown_shard"}, status=404)
+        if push.messages:
+            self._remote.pushed(shard_id, push.messages[-1][2].timestamp)
         if not self._remote.is_remote(shard_id):
             # a replica here (the pusher's placement is older or newer): this site's
             # own apply feeds the shard

@@ -39,6 +39,10 @@ NEXT_CONTENT_TYPE = "application/vnd.stratamq.next"
 # How long a shard's leader waits for the sites without a replica to count what
 # their sessions lose to a generation it drops (they read the rest of it remotely).
 PRE_DROP_TIMEOUT = 30.0
+# How long a replica asked for a read waits to apply what the asking site was fed
+# before it says it is behind (the asking site then asks the next replica).
+BEHIND_WAIT = 0.5
+BEHIND_POLL = 0.02
 
 PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 PeersOf = Callable[[], dict[str, str]]
@@ -72,6 +76,10 @@ class RemoteReads:
         self._locks = [asyncio.Lock() for _ in database.shards]
         # where each shard was read last: a change empties the stream cache
         self._remote_now = [False] * len(database.shards)
+        # Per shard, the last timestamp its leader pushed here, taken or not (a push
+        # that comes while this site still reads the shard here is not fed): a
+        # replica asked for a read must have applied that far.
+        self._pushed_through = [0] * len(database.shards)
         # Whether this site's replica of each shard has passed a read barrier since it
         # was placed here (or since this site started): until then the shard is read
         # elsewhere. A replica catching up, bootstrapping from a checkpoint or restarted
@@ -99,6 +107,10 @@ class RemoteReads:
         replicas, _leader = self._placement_of(shard_id)
         return bool(replicas) and (self.site not in replicas or not self._caught_up[shard_id])
 
+    def pushed(self, shard_id: int, timestamp: int) -> None:
+        """The shard's leader pushed messages through `timestamp` here."""
+        self._pushed_through[shard_id] = max(self._pushed_through[shard_id], timestamp)
+
     def _is_placed_here(self, shard_id: int) -> bool:
         replicas, _leader = self._placement_of(shard_id)
         return self.site in replicas
@@ -110,9 +122,14 @@ class RemoteReads:
         return shard_id in self._mirrors
 
     async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
+        """The next batch, from a replica that has applied every message of the shard
+        fed or pushed here: a reader fed a message while it read goes live once a read
+        comes back empty, so an answer from a copy without it would lose it."""
         shard = iterator.stream.shard
+        fed = max(self.database.fed_through()[shard], self._pushed_through[shard])
         answer = await self._ask(shard, "next", method="POST", data=iterator.to_bytes(),
-                                 params={"batch": str(min(batch_size, MAX_REMOTE_BATCH))})
+                                 params={"batch": str(min(batch_size, MAX_REMOTE_BATCH)),
+                                         "applied": str(fed)})
         try:
             return decode_next(answer)
         except CorruptDataError as exc:
@@ -122,7 +139,8 @@ class RemoteReads:
         answer = await self._ask(stream.shard, "message", method="GET",
                                  params={"generation": str(stream.generation),
                                          "static": stream.static.hex(),
-                                         "timestamp": str(timestamp)})
+                                         "timestamp": str(timestamp),
+                                         "applied": str(timestamp)})
         if not answer:
             return None
         try:
@@ -349,6 +367,9 @@ class RemoteReads:
             return _error(400, "bad_request", str(exc))
         if iterator.stream.shard != shard_id:
             return _error(400, "bad_request", "the iterator reads another shard")
+        behind = await self._behind(http, shard_id)
+        if behind is not None:
+            return behind
         try:
             result = await self.database.next_local(iterator, batch)
         except StorageError as exc:
@@ -365,9 +386,31 @@ class RemoteReads:
             timestamp = int(http.query["timestamp"])
         except (KeyError, ValueError):
             return _error(400, "bad_request", "generation, static (hex), timestamp")
+        behind = await self._behind(http, shard_id)
+        if behind is not None:
+            return behind
         message = await self.database.read_message_local(stream, timestamp)
         return web.Response(body=b"" if message is None else encode_message(message),
                             content_type=NEXT_CONTENT_TYPE)
+
+
+    async def _behind(self, http: web.Request, shard_id: int) -> web.Response | None:
+        """A 503 unless this replica has applied the shard through the timestamp the
+        asking site says (`applied`: what it was fed, or the message it asks for),
+        waiting BEHIND_WAIT for it: a follower cut off from its leader, or an old
+        leader that left, holds a copy that lacks it."""
+        try:
+            wanted = int(http.query.get("applied", "0"))
+        except ValueError:
+            return _error(400, "bad_request", "applied must be a number")
+        deadline = asyncio.get_running_loop().time() + BEHIND_WAIT
+        while self.database.shards[shard_id].last_timestamp < wanted:
+            if asyncio.get_running_loop().time() >= deadline:
+                return _error(503, "behind", f"this replica has applied the shard through "
+                              f"{self.database.shards[shard_id].last_timestamp}, "
+                              f"not {wanted} yet")
+            await asyncio.sleep(BEHIND_POLL)
+        return None
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
