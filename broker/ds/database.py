@@ -870,9 +870,12 @@ class Database:
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)
-        is not there."""
-        self._shard(stream)
-        if self._remote is not None and self._remote.is_remote(stream.shard):
+        is not there. A replica here that has not applied that far yet (a session
+        handed the message out at a site whose copy is ahead) reads it elsewhere:
+        its absence here would look like a drop by retention."""
+        shard = self._shard(stream)
+        if self._remote is not None and (self._remote.is_remote(stream.shard)
+                                         or shard.last_timestamp < timestamp):
             return await self._remote.read_message(stream, timestamp)
         return await self.read_message_local(stream, timestamp)
 

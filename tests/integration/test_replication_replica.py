@@ -439,3 +439,37 @@ def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
             for site in (a, b, c, s):
                 await site.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_resend_read_at_a_lagging_replica_is_read_at_one_that_has_it(
+        tmp_path: Path) -> None:
+    """a leads a, b, c; b misses m2 (a cannot reach b), which a commits with c. A
+    durable session that moved to b from a site that sent it m2 reads m2 again for its
+    resend: b's copy lacks it, and taking that for 'dropped by retention' loses it. b
+    reads it at a replica that has it."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+        replicas = tuple(sorted(site.id for site in (a, b, c)))
+        peers = {site.id: site.address for site in (a, b, c)}
+        try:
+            for site in (a, b, c):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
+                == "committed"
+            b_replica = b.replication.databases["messages"].replicas[0]
+            await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
+            await offer(a, 2, replicas, a.id, 1, {**peers, b.id: f"{HOST}:{free_port()}"})
+            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
+                == "committed"
+            m2_at = a.database.shards[0].last_timestamp
+            assert b.database.shards[0].last_timestamp < m2_at
+            stream = next(stream for _rank, stream in b.storage.get_streams("messages", "t"))
+            resent = await b.database.read_message(stream, m2_at)
+            assert resent is not None, "b took m2 for dropped"
+            assert resent.payload == b"m2"
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
