@@ -473,3 +473,55 @@ def test_a_resend_read_at_a_lagging_replica_is_read_at_one_that_has_it(
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_push_refused_as_a_replica_still_bounds_where_the_site_reads(
+        tmp_path: Path) -> None:
+    """a leads a, b, c, s; s has a subscriber. The controller moves s out: a learns
+    first, stops replicating to s and pushes m2 (committed with c; a cannot reach b)
+    to s, which still reads the shard here and does not feed it. Then s learns it
+    left: its readers go back to storage, and s reaches only b, whose copy lacks m2.
+    b must not answer for it: s was pushed m2, even if it never fed it."""
+    async def scenario() -> None:
+        a, b, c, s = [await start_site(tmp_path / name) for name in "abcs"]
+        before = tuple(sorted(site.id for site in (a, b, c, s)))
+        after = tuple(sorted(site.id for site in (a, b, c)))
+        peers = {site.id: site.address for site in (a, b, c, s)}
+        cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, s)}
+        s.database.set_interest(frozenset({"t"}))
+        try:
+            for site in (a, b, c, s):
+                await offer(site, 1, before, a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            await until("a knows s's subscriber",
+                        lambda: s.id in a.replication.feed.interest_of())
+            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
+                == "committed"
+            await until("s fed m1 as a replica", lambda: s.database.fed_through()[0] > 0)
+            await until("b applied m1", lambda: b.database.shards[0].last_timestamp
+                        == a.database.shards[0].last_timestamp)
+
+            await offer(a, 2, after, a.id, 1, {**peers, b.id: cut_off[b.id]})
+            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
+                == "committed"
+            m2_at = a.database.shards[0].last_timestamp
+            remote = s.replication.remote
+            await until("a pushed m2 to s",  # private: nothing else shows a refused push
+                        lambda: remote._pushed_through[0] == m2_at)
+            assert s.database.fed_through()[0] < m2_at  # not fed: s reads it here
+
+            await offer(s, 2, after, a.id, 1,  # s left, and reaches b only
+                        {**peers, a.id: cut_off[a.id], c.id: cut_off[c.id]})
+            await until("s reads the shard at b's mirror", lambda: remote.is_remote(0)
+                        and bool(s.storage.get_streams("messages", "t")))
+            try:
+                payloads = [m.payload for m in await read_filter(s.storage, "messages", "t")]
+            except StorageError as exc:
+                assert exc.recoverable, exc
+            else:
+                assert payloads == [b"m1", b"m2"], f"read at s from b: {payloads}"
+        finally:
+            for site in (a, b, c, s):
+                await site.storage.close()
+    asyncio.run(scenario())
