@@ -21,13 +21,21 @@ async def run_broker(config_path: str | None) -> None:
     config = load_config(config_path)
     site = await start_site(config)
     stop = asyncio.Event()
+    received: list[int] = []
     loop = asyncio.get_running_loop()
+
+    def stop_on(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, stop_on, signum)
     log.info("site running (ports %s). Stop with Ctrl-C or SIGTERM.", site.listeners.ports)
     await stop.wait()
-    log.info("stopping: closing connections, persisting sessions, flushing storage")
-    await site.stop()
+    # SIGTERM (Kubernetes, a rolling restart) stops one site of a running cluster: it
+    # hands the shards it leads over first. Ctrl-C stops now (a whole local cluster
+    # stops at once, with no replica left to hand over to): they fail over.
+    await site.stop(hand_over=received[0] == signal.SIGTERM)
     log.info("stopped cleanly")
 
 

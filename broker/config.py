@@ -130,7 +130,7 @@ PositiveInt = Annotated[int, BeforeValidator(_reject_bool), Field(ge=1)]
 # would be a busy loop, a zero retention would drop every message).
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ByteSize = Annotated[int, BeforeValidator(parse_byte_size), Field(ge=1)]
-# The one duration where 0 means something: "do not wait".
+# The durations where 0 means something: "do not wait".
 Linger = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
@@ -364,6 +364,10 @@ class ClusterConfig(_Section):
     # it (e.g. 50MiB), so a joining site does not take the whole network or disk;
     # None: as fast as it goes.
     checkpoint_rate: ByteSize | None = None
+    # At a graceful stop (SIGTERM), how long a site that leads shards waits for the
+    # controller to name other replicas their leaders, serving meanwhile; then it
+    # stops anyway and what it still leads fails over. 0: it does not wait.
+    handover_timeout: Linger = parse_duration("10s")
 
     def advertised_peer(self) -> str:
         if self.advertise:

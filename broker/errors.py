@@ -91,6 +91,15 @@ class WriteAbandonedError(StorageError):
     recoverable = True
 
 
+class NotRelayedError(StorageError):
+    """A write another site forwarded to this site as its shard's leader, refused
+    unwritten because this site stopped leading first: relaying it to the next
+    leader could wait behind the sender's own forward, so the sender writes it again
+    there."""
+
+    recoverable = True
+
+
 class PlacementError(StratamqError):
     """A placement document (replica sets, leaders, epochs) that is not valid, or a
     change that does not apply to it (adding a site that already holds the shard)."""

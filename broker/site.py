@@ -74,10 +74,19 @@ class RunningSite:
     admin: AdminServer | None = None
     # when cluster.enable; closed with the storage (after the write buffers flush)
     replication: SiteReplication | None = None
+    handover_timeout: float = 0.0
 
-    async def stop(self) -> None:
-        """Stop accepting, close connections (persisting their sessions), flush the
-        write buffers and close RocksDB; the admin API (not ready) goes last."""
+    async def stop(self, hand_over: bool = False) -> None:
+        """With `hand_over`, in a cluster: have the shards this site leads handed
+        over to other replicas (at most `handover_timeout`; reported not ready
+        meanwhile). Then stop accepting, close connections (persisting their
+        sessions), flush the write buffers and close RocksDB; the admin API (not
+        ready) goes last."""
+        if hand_over and self.replication is not None and self.handover_timeout > 0:
+            if self.admin is not None:
+                self.admin.stopping()
+            await self.replication.hand_over(self.handover_timeout)
+        log.info("stopping: closing connections, persisting sessions, flushing storage")
         if self.admin is not None:
             self.admin.detach()
         await self.listeners.close()
@@ -195,4 +204,5 @@ async def _start_parts(config: Config) -> RunningSite:
         await storage.close()
         raise
     return RunningSite(storage, broker, ListenerSet(servers, runners, connections, ports),
-                       replication=replication)
+                       replication=replication,
+                       handover_timeout=config.cluster.handover_timeout)

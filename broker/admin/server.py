@@ -56,6 +56,7 @@ class AdminServer:
         self.credentials = credentials
         self.port = 0
         self._parts: SiteParts | None = None
+        self._stopping = False
         self._runner: web.AppRunner | None = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -65,6 +66,11 @@ class AdminServer:
         """The site is up: serve the API and report ready."""
         self._parts = SiteParts(storage, broker, listeners, replication)
         log.info("admin API serving site %s", storage.site_id)
+
+    def stopping(self) -> None:
+        """The site is stopping but still serves (it hands its shards over): report
+        not ready, so no new client is sent here; the API keeps answering."""
+        self._stopping = True
 
     def detach(self) -> None:
         """The site is stopping: report not ready, answer the API with 503."""
@@ -123,6 +129,7 @@ class AdminServer:
             "storage": parts is not None and bool(parts.storage.databases),
             "listeners": parts is not None and all(
                 server.is_serving() for server in parts.listeners.servers),
+            "running": not self._stopping,
         }
         ready = all(checks.values())
         return web.json_response(

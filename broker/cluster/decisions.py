@@ -119,13 +119,14 @@ def up_sites(sites: Mapping[str, SiteState], now: float, settings: Settings) -> 
 def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, started: float,
            settings: Settings) -> Decision:
     """The state after one heartbeat round: the first placement once enough sites are
-    up; else failovers of shards whose leader is gone (and the plan redone around
-    them); else the next step of the pending plan."""
+    up; else failovers of shards whose leader is gone or stopping (and the plan redone
+    around them); else the next step of the pending plan."""
     placed = set(state.placement.databases())
     if not set(settings.databases) <= placed:
         return _first_placement(state, sites, now, started, settings)
     notes: list[str] = []
     placement = failovers(state.placement, sites, now, settings, notes)
+    placement = handovers(placement, sites, now, settings, notes)
     if placement != state.placement:
         # No plan step in the same round: sites take their new leaders first.
         new_plan = _replan(state, placement, sites, settings, notes)
@@ -208,6 +209,39 @@ def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
             continue
         new = placement.shard(*shard.id)
         notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is gone; "
+                     f"{new.leader} leads from epoch {new.epoch}")
+    return placement
+
+
+def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
+              settings: Settings, notes: list[str]) -> Placement:
+    """`placement` with a new leader (and epoch) for every shard led by a site that
+    reports it is stopping (a graceful stop: it waits for this before it goes),
+    chosen by `planner.failover` among the shard's other replicas alive that reported
+    in this round. The stopping site serves until it takes the new placement and the
+    new leader takes the committed tail over (`ShardReplica._take_over`), so writes
+    wait for that alone, not for the site to be taken for gone first. A shard
+    without a majority of such replicas keeps its leader (noted): it fails over once
+    the site is gone and a majority is back."""
+    alive = alive_sites(sites, now, settings)
+    stopping = {site for site in alive if sites[site].stopping}
+    if not stopping:
+        return placement
+    fresh = {site.id for site in sites.values() if site.id in alive - stopping
+             and now - site.last_seen <= settings.heartbeat_interval / 2}
+    for shard in placement.shards:
+        if shard.leader not in stopping:
+            continue
+        positions = {site: report.last for site in shard.replicas if site in fresh
+                     and (report := sites[site].shards.get(shard.id)) is not None}
+        try:
+            placement = failover(placement, shard.id, alive - stopping, positions)
+        except NoMajorityError as exc:
+            notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is "
+                         f"stopping and keeps it for now: {exc.message}")
+            continue
+        new = placement.shard(*shard.id)
+        notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is stopping; "
                      f"{new.leader} leads from epoch {new.epoch}")
     return placement
 

@@ -40,6 +40,8 @@ class Report:
     peer: str
     placement_version: int | None
     shards: Mapping[ShardId, ShardReport]
+    # at a graceful stop: it waits for its shards' leaderships to go elsewhere
+    stopping: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,12 @@ class SiteState:
     peer: str | None = None
     placement_version: int | None = None
     shards: Mapping[ShardId, ShardReport] = field(default_factory=dict)
+    stopping: bool = False
 
     def seen(self, report: Report, now: float) -> SiteState:
         return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,
                          peer=report.peer, placement_version=report.placement_version,
-                         shards=report.shards)
+                         shards=report.shards, stopping=report.stopping)
 
 
 def _count(value: object, where: str) -> int:
@@ -81,6 +84,9 @@ def parse_report(document: Any) -> Report:
         version = document.get("placement_version")
         if version is not None:
             version = _count(version, "placement_version")
+        stopping = document.get("stopping", False)  # absent from older sites
+        if not isinstance(stopping, bool):
+            raise BadReportError(f"stopping: {stopping!r} is not true or false")
         entries = document.get("shards")
         if not isinstance(entries, list):
             raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")
@@ -106,4 +112,5 @@ def parse_report(document: Any) -> Report:
         if isinstance(exc, BadReportError):
             raise
         raise BadReportError(exc.message) from exc
-    return Report(site=site, peer=peer, placement_version=version, shards=shards)
+    return Report(site=site, peer=peer, placement_version=version, shards=shards,
+                  stopping=stopping)

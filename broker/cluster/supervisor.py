@@ -5,7 +5,8 @@ on 127.0.0.1. The supervisor writes each site's configuration, one admin token s
 by all (D/admin-token), starts the controller and the sites, restarts nothing by
 itself (a site that dies stays down, as a crashed machine would, until someone
 restarts it with `stratamq broker --config D/site-k/stratamq.yaml`), and on Ctrl-C
-or SIGTERM stops them all: SIGTERM, a wait, then SIGKILL for any still running.
+or SIGTERM stops them all: SIGINT to the sites (a stop without handing leaderships
+over), SIGTERM to the controller, a wait, then SIGKILL for any still running.
 
 `D/cluster.json` says where everything is (addresses, ports, pids, configs, logs).
 """
@@ -209,10 +210,12 @@ class Supervisor:
         self._stopping = True
 
     def stop(self) -> None:
-        """SIGTERM to every process, a wait for all, SIGKILL for any left."""
-        for process in self.processes.values():
+        """SIGINT to every site (they all stop: none hands its shards over, there is
+        no one to take them) and SIGTERM to the controller, a wait for all, SIGKILL for
+        any left."""
+        for name, process in self.processes.items():
             if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGTERM if name == "controller" else signal.SIGINT)
         deadline = time.monotonic() + STOP_TIMEOUT
         for name, process in self.processes.items():
             try:

@@ -19,7 +19,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from ..errors import StorageBusyError, StorageClosedError, WriteAbandonedError
+from ..errors import (
+    NotRelayedError,
+    StorageBusyError,
+    StorageClosedError,
+    WriteAbandonedError,
+)
 from . import metrics
 from .cooked import CookedBatch
 from .fence import Fence, FencedError, check_fences
@@ -28,10 +33,12 @@ from .shard import Shard
 
 CommitListener = Callable[[CookedBatch], None]
 # On a replicated site: commit one flush (messages, record puts, record deletes, the
-# fences of its fenced writes) through the shard's log; returns once committed and
-# applied, or raises (FencedError: some fences refused, nothing appended).
-Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence]],
-                     Awaitable[None]]
+# fences of its fenced writes, whether it holds writes other sites forwarded) through
+# the shard's log; returns once committed and applied, or raises (FencedError: some
+# fences refused, nothing appended; NotRelayedError: it holds forwarded writes and
+# this site no longer leads, nothing appended).
+Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence],
+                      bool], Awaitable[None]]
 
 # Queued bytes, in multiples of `max_bytes`, past which new messages are refused.
 OVERFULL = 4
@@ -58,6 +65,8 @@ class _Pending:
     # the fences of a fenced write (one, or a forwarded batch's): it fails with
     # FencedError when one does not hold, and the rest of its batch is tried again
     fences: list[Fence] = field(default_factory=list)
+    # forwarded by another site to this one as the shard's leader
+    forwarded: bool = False
 
 
 class WriteBuffer:
@@ -107,10 +116,13 @@ class WriteBuffer:
     def add(self, messages: list[Message], size: int, wait: bool,
             record_puts: list[tuple[bytes, bytes]] | None = None,
             record_deletes: list[bytes] | None = None,
-            fences: list[Fence] | None = None) -> asyncio.Future[None] | None:
+            fences: list[Fence] | None = None,
+            forwarded: bool = False) -> asyncio.Future[None] | None:
         """Queue messages (and records to write with them); the future (when `wait`)
         resolves once they are durable. A write with `fences` fails with FencedError when
-        one does not hold where its batch is cooked."""
+        one does not hold where its batch is cooked. A `forwarded` one (another site's,
+        to this site as the shard's leader) fails with NotRelayedError should this site
+        stop leading before it is appended."""
         if self._closed:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
         done = asyncio.get_running_loop().create_future() if wait else None
@@ -121,7 +133,7 @@ class WriteBuffer:
         if not self._pending:
             self._oldest_at = now
         self._pending.append(_Pending(messages, size, done, record_puts or [],
-                                      record_deletes or [], now, fences or []))
+                                      record_deletes or [], now, fences or [], forwarded))
         self._items += len(messages)
         self._bytes += size
         if self._bytes > self._peak_bytes:
@@ -132,6 +144,25 @@ class WriteBuffer:
         if self._bytes >= self._max_bytes:
             self._room.clear()
         return done
+
+    def refuse_forwarded(self, error: NotRelayedError) -> None:
+        """This site stopped leading the shard: the forwarded writes queued here fail
+        now, unwritten (their sites write them again at the next leader), rather
+        than wait behind this site's own writes, which may wait for those sites."""
+        kept: deque[_Pending] = deque()
+        for entry in self._pending:
+            if not entry.forwarded:
+                kept.append(entry)
+                continue
+            self._items -= len(entry.messages)
+            self._bytes -= entry.size
+            if entry.done is not None and not entry.done.done():
+                entry.done.set_exception(error)
+        self._pending = kept
+        if self._items < self._max_items and self._bytes < self._max_bytes:
+            self._full.clear()
+        if self._bytes < self._max_bytes:
+            self._room.set()
 
     def refuse_when_overfull(self) -> None:
         """Raise StorageBusyError when the queued bytes reach OVERFULL times
@@ -230,7 +261,8 @@ class WriteBuffer:
         record_puts, record_deletes = _final_records(taken)
         fences = [fence for entry in taken for fence in entry.fences]
         if self.replicate is not None:
-            await self._flush_replicated(taken, messages, record_puts, record_deletes, fences)
+            await self._flush_replicated(taken, messages, record_puts, record_deletes, fences,
+                                         any(entry.forwarded for entry in taken))
             return
         started = time.perf_counter()
         error: BaseException | None = None
@@ -275,16 +307,20 @@ class WriteBuffer:
 
     async def _flush_replicated(self, taken: list[_Pending], messages: list[Message],
                                 record_puts: list[tuple[bytes, bytes]],
-                                record_deletes: list[bytes], fences: list[Fence]) -> None:
+                                record_deletes: list[bytes], fences: list[Fence],
+                                forwarded: bool) -> None:
         """The flush of a replicated site: the shard's replication commits the batch
         (here or at the shard's leader) and feeds the commit listeners when it
         applies it; writers are answered only once it is committed."""
         assert self.replicate is not None
         started = time.perf_counter()
         try:
-            await self.replicate(messages, record_puts, record_deletes, fences)
+            await self.replicate(messages, record_puts, record_deletes, fences, forwarded)
         except FencedError as exc:
             self._refuse(taken, exc)
+            return
+        except NotRelayedError as exc:
+            self._send_back(taken, exc)
             return
         except Exception as exc:  # handed to every waiting writer
             failure = exc
@@ -319,6 +355,19 @@ class WriteBuffer:
                     entry.done.set_exception(FencedError(refused.message, frozenset(keys)))
             else:
                 again.append(entry)
+        self._requeue(again)
+
+    def _send_back(self, taken: list[_Pending], error: NotRelayedError) -> None:
+        """Nothing of the batch was written, and this site no longer leads: the
+        forwarded writes in it fail (their sites write them again at the next
+        leader), this site's own go back to the head of the queue, in order, and go
+        to that leader with the next flush."""
+        again = [entry for entry in taken if not entry.forwarded]
+        _settle([entry for entry in taken if entry.forwarded],
+                lambda done: done.set_exception(error))
+        self._requeue(again)
+
+    def _requeue(self, again: list[_Pending]) -> None:
         for entry in reversed(again):
             self._pending.appendleft(entry)
             self._items += len(entry.messages)

@@ -24,6 +24,7 @@ from ..errors import (
     InvalidIteratorError,
     InvalidMessageError,
     InvalidTopicFilterError,
+    NotRelayedError,
     PayloadTooLargeError,
 )
 from ..files import write_atomically
@@ -320,9 +321,14 @@ class Database:
             raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
         size = sum(len(message.payload) + len(message.topic) for message in messages)
         done = self._buffers[shard_id].add(messages, size, True, record_puts, record_deletes,
-                                           fences)
+                                           fences, forwarded=True)
         assert done is not None
         return done
+
+    def refuse_forwarded(self, shard_id: int, error: NotRelayedError) -> None:
+        """This site stopped leading the shard: the writes other sites forwarded to
+        it that wait in its buffer fail now, unwritten (`WriteBuffer.refuse_forwarded`)."""
+        self._buffers[shard_id].refuse_forwarded(error)
 
     def shard_lock(self, shard_id: int) -> asyncio.Lock:
         """Held while a shard writes, adds or drops a generation: a holder sees its

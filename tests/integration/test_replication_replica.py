@@ -525,3 +525,43 @@ def test_a_push_refused_as_a_replica_still_bounds_where_the_site_reads(
             for site in (a, b, c, s):
                 await site.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_write_forwarded_to_a_leader_that_steps_down_goes_back_to_its_site(
+        tmp_path: Path) -> None:
+    """b forwards a write of records to a, the leader; a queues it behind a write of
+    records of its own, and the controller names b leader (a hand-over) before that
+    one is appended. a's own write goes to b, the next leader; b's write buffer waits
+    on its forward to a, which waited behind a's own: neither moved until b's write
+    timed out (a hand-over stalled a shard's writes for write_timeout in the rolling
+    restart of test_cluster_failover.py). a refuses what other sites forwarded the
+    moment it stops leading, never having appended it, and b writes it again as the
+    new leader."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name, write_timeout=20.0)
+                   for name in "abc"]
+        replicas = tuple(sorted(site.id for site in (a, b, c)))
+        peers = {site.id: site.address for site in (a, b, c)}
+        try:
+            for site in (a, b, c):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            a_replica = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: a_replica.leadership is not None)
+            buffer = a.database._buffers[0]  # private: what a has queued
+            async with a_replica._append_lock:  # private: a's flush waits here
+                own = a.database.submit([], records_of="own", record_puts=[(b"own", b"1")])[0]
+                await until("a flushes its own write", lambda: buffer._flushing)
+                forwarded = b.database.submit([], records_of="client",
+                                              record_puts=[(b"key", b"value")])[0]
+                await until("a queued b's write", lambda: bool(buffer._pending))
+                for site in (a, b, c):
+                    await offer(site, 2, replicas, b.id, 2, peers)
+            assert await outcome(asyncio.wait_for(forwarded, WAIT)) == "committed"
+            # a's own write of records goes to b, once b's buffer is free again
+            assert await outcome(asyncio.wait_for(own, WAIT)) == "committed"
+            assert await b.database.read_shard_record(0, b"key") == b"value"
+            assert await b.database.read_shard_record(0, b"own") == b"1"
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())

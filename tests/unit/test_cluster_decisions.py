@@ -88,7 +88,10 @@ def test_reports_are_checked() -> None:
                             "placement_version": None, "shards": [entry]}
     report = parse_report(good)
     assert report.shards[(DB, 0)] == ShardReport("none", 0, (0, 0), 0, 0)
+    assert not report.stopping  # absent: an older site, or one not stopping
+    assert parse_report({**good, "stopping": True}).stopping
     for broken in ({**good, "site": "a b"}, {**good, "shards": {}},
+                   {**good, "stopping": "yes"},
                    {**good, "shards": [{**entry, "role": "boss"}]},
                    {**good, "shards": [{**entry, "last": [1]}]},
                    {**good, "shards": [{**entry, "applied": -1}]}):
@@ -210,6 +213,58 @@ def test_only_shards_led_by_the_gone_site_move() -> None:
     moved = sum(1 for shard in placement.shards if shard.leader == "A")
     assert moved > 0
     assert decision.state.placement.version == placement.version + moved
+
+
+def test_a_stopping_leader_hands_its_shards_over_while_it_is_alive() -> None:
+    state = placed("ABCD")
+    placement = state.placement
+    sites = sites_of(replace(site("A", placement=placement), stopping=True),
+                     *(site(name, placement=placement) for name in "BCD"))
+    decision = decisions.decide(state, sites, 100.0, started=0.0, settings=SETTINGS)
+    moved = [shard for shard in placement.shards if shard.leader == "A"]
+    assert moved
+    for before in placement.shards:
+        after = decision.state.placement.shard(*before.id)
+        if before.leader == "A":
+            assert after.leader != "A" and after.epoch == before.epoch + 1
+            assert after.replicas == before.replicas  # it stays a replica: only a stop
+        else:
+            assert after == before
+    assert sum("is stopping;" in note for note in decision.notes) == len(moved)
+    # the next round leaves it alone: it leads nothing any more
+    again = sites_of(replace(site("A", now=101.0, placement=decision.state.placement),
+                             stopping=True),
+                     *(site(name, 101.0, decision.state.placement) for name in "BCD"))
+    assert decisions.decide(decision.state, again, 101.0, started=0.0,
+                            settings=SETTINGS).state.placement == decision.state.placement
+
+
+def test_a_stopping_leader_keeps_a_shard_without_another_majority() -> None:
+    placement = one_shard("ABC", leader="A")
+    settings = replace(SETTINGS, n_shards=1)
+    sites = sites_of(replace(site("A", placement=placement), stopping=True),
+                     site("B", now=0.0, placement=placement),  # gone
+                     site("C", placement=placement))
+    notes: list[str] = []
+    assert decisions.handovers(placement, sites, 100.0, settings, notes) == placement
+    assert notes and "is stopping and keeps it for now" in notes[0]
+
+
+def test_a_stopping_site_is_no_successor() -> None:
+    placement = one_shard("ABC", leader="A", epoch=2)
+    settings = replace(SETTINGS, n_shards=1)
+    # B has the longest log but is stopping; A is stopping too
+    sites = sites_of(replace(site("A", placement=placement, positions={0: (2, 9)}),
+                             stopping=True),
+                     replace(site("B", placement=placement, positions={0: (2, 12)}),
+                             stopping=True),
+                     site("C", placement=placement, positions={0: (2, 10)}))
+    notes: list[str] = []
+    after = decisions.handovers(placement, sites, 100.0, settings, notes)
+    assert after == placement  # C alone is no majority of A, B, C
+    sites["B"] = replace(sites["B"], stopping=False)
+    after = decisions.handovers(placement, sites, 100.0, settings, notes)
+    assert (after.shard(DB, 0).leader, after.shard(DB, 0).epoch) == ("B", 3)
 
 
 # --- plans ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -78,8 +79,9 @@ class DatabaseReplication:
 
     async def write(self, shard_id: int, messages: list[Message],
                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
-                    fences: list[Fence]) -> None:
-        await self.replicas[shard_id].write(messages, record_puts, record_deletes, fences)
+                    fences: list[Fence], forwarded: bool = False) -> None:
+        await self.replicas[shard_id].write(messages, record_puts, record_deletes, fences,
+                                            forwarded)
 
     async def read_records(self, shard_id: int, prefix: bytes, limit: int | None = None,
                            after: bytes | None = None) -> list[tuple[bytes, bytes]]:
@@ -132,6 +134,9 @@ class SiteReplication:
         self.peers = peers
         # sites the controller forgot for good: this site may adopt their sessions
         self.forgotten = forgotten
+        self.stopping = False
+        # set (and replaced) each time this site has taken a placement
+        self._placement_taken = asyncio.Event()
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
                                   self._barrier, self._read_records)
         self._handlers: dict[str, PeerHandler] = {}
@@ -166,6 +171,38 @@ class SiteReplication:
         self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,
                                       self.feed.add_routes]
         self.messages.database.attach_remote(self.remote)
+
+    def leaderships(self) -> list[str]:
+        """The shards (`db/n`) this site leads, or is named to lead."""
+        return [f"{name}/{replica.shard_id}" for name, replicated in self.databases.items()
+                for replica in replicated.replicas
+                if replica.role == "leader" or (replica.placement is not None
+                                                and replica.placement.leader == self.site)]
+
+    async def hand_over(self, within: float) -> None:
+        """At a graceful stop: report `stopping` to the controller, which then names
+        other replicas leaders of the shards this site leads (`decisions.handovers`),
+        and wait for that, at most `within` seconds, serving meanwhile. Writes then
+        wait only for the new leaders' takeover, not for this site to be taken for
+        gone (a few heartbeats) first. What is still led here at the deadline fails
+        over once the site is gone."""
+        led = self.leaderships()
+        if not led:
+            return
+        self.stopping = True
+        log.info("stopping: waiting up to %.0fs for the controller to hand the leadership "
+                 "of %s to other replicas", within, ", ".join(led))
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(within):
+                while self.leaderships():
+                    await self._placement_taken.wait()
+        except TimeoutError:
+            log.warning("stopping: still leading %s after %.0fs; they fail over once this "
+                        "site is gone", ", ".join(self.leaderships()), within)
+            return
+        log.info("stopping: other replicas lead %s now (after %.1fs)", ", ".join(led),
+                 time.monotonic() - began)
 
     @property
     def replicas(self) -> list[ShardReplica]:
@@ -244,7 +281,9 @@ class SiteReplication:
                 # storage timestamp, µs), this site's own included
                 "shared_joined": self.feed.shared_joined_of(),
                 # the sites forgotten for good, whose sessions this site may adopt
-                "forgotten": sorted(self.forgotten)}
+                "forgotten": sorted(self.forgotten),
+                # a graceful stop waits for the controller to move its leaderships
+                "stopping": self.stopping}
 
     async def offer(self, document: object, peers_value: object,
                     forgotten_value: object = None) -> tuple[bool, int]:
@@ -296,6 +335,8 @@ class SiteReplication:
                                     shard_placement.shard, placement.version, exc.message)
         self.remote.placement_changed()
         self.feed.placement_changed()
+        self._placement_taken.set()
+        self._placement_taken = asyncio.Event()
 
     async def _barrier_here(self, shard: int) -> None:
         await self.messages.replicas[shard].read_barrier()

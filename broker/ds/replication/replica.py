@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from ...errors import StorageError, StorageTimeoutError
+from ...errors import NotRelayedError, StorageError, StorageTimeoutError
 from .. import metrics
 from ..cooked import CookedBatch
 from ..database import Database
@@ -401,20 +401,30 @@ class ShardReplica:
                 if not waiter.done():
                     waiter.set_exception(error)
         self._applied_waiters.clear()
+        self.database.refuse_forwarded(self.shard_id, NotRelayedError(
+            f"{self._label}: this site stopped leading ({why}) before it wrote a forwarded "
+            f"write; it goes back to its site"))
         self._placement_changed.set()
         self._placement_changed = asyncio.Event()
 
     # -- writing ------------------------------------------------------------------
 
     async def write(self, messages: list[Message], record_puts: list[tuple[bytes, bytes]],
-                    record_deletes: list[bytes], fences: list[Fence] | None = None) -> None:
+                    record_deletes: list[bytes], fences: list[Fence] | None = None,
+                    forwarded: bool = False) -> None:
         """Commit one flush of the shard's write buffer: as its leader, or at the
         leader. Raises a recoverable StorageError when that does not happen within
-        `write_timeout` (the writers are then not acknowledged)."""
+        `write_timeout` (the writers are then not acknowledged). A flush holding
+        writes other sites `forwarded` here is never sent on to another leader
+        (NotRelayedError instead): the next leader may be one of those sites, its
+        write buffer waiting on its forward here."""
         deadline = time.monotonic() + self._settings.write_timeout
         while True:
             placement = self.placement
             changed = self._placement_changed
+            if forwarded and self.leadership is None:
+                raise NotRelayedError(f"{self._label}: this site no longer leads the shard; "
+                                      f"a forwarded write goes back to its site")
             try:
                 if self.leadership is not None:
                     await self._write_as_leader(messages, record_puts, record_deletes,
