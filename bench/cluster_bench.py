@@ -22,6 +22,9 @@ Loads (64-byte payloads):
   every 0.1 s, each waiting up to 10 s for its PUBACK, until one is acknowledged.
   The site is restarted and the cluster waited for before the next kill. Median and
   max over the kills.
+  hand-over: the same, with SIGTERM instead of `kill -9` (a rolling restart): the
+  stopping site has the controller give its shards to other replicas before it
+  exits (`cluster.handover_timeout`). From the SIGTERM until acknowledged again.
   catch-up: every shard is filled (one publisher per shard), then a fourth site
   starts, is added to the controller and joined (`PUT .../replicas/SITE`, i.e.
   `ctl ds join messages SITE`); for each shard it gets a replica of, the time from
@@ -49,6 +52,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +60,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +231,7 @@ class CatchUp:
 class Results:
     rows: list[Row] = field(default_factory=list)
     failovers_s: list[float] = field(default_factory=list)
+    handovers_s: list[float] = field(default_factory=list)
     failover_notes: list[str] = field(default_factory=list)
     catch_up: CatchUp | None = None
     shard_messages: dict[int, int] = field(default_factory=dict)  # the cluster's, published
@@ -378,34 +384,47 @@ def until_acknowledged(host: str, port: int, client_id: str, topic: str,
             process.wait()
 
 
-def run_failovers(cluster: BenchCluster, kills: int, results: Results) -> None:
+def run_failovers(cluster: BenchCluster, kills: int, results: Results,
+                  graceful: bool = False) -> None:
+    """`kills` times, a leader site other than site 0 is killed (`graceful`: stopped
+    with SIGTERM, so it hands its shards over first), a shard it led is written to
+    from site 0 until acknowledged, and the site is started again."""
     entry = cluster.sites[0]
+    what = "stopped (SIGTERM)" if graceful else "killed"
     for k in range(kills):
         victim = 1 + k % (len(cluster.sites) - 1)
         led = [shard for shard, leader in cluster.leaders().items() if leader == victim]
         if not led:
             victim = next(i for i in cluster.leaders().values() if i != 0)
             led = [s for s, leader in cluster.leaders().items() if leader == victim]
-        client_id = client_for_shard(led[0], f"bench-failover-{k}")
+        client_id = client_for_shard(led[0], f"bench-{'handover' if graceful else 'failover'}-{k}")
         if not publish_once(entry.host, entry.port, client_id, "bench/failover"):  # warm
-            results.failover_notes.append(f"kill {k}: shard {led[0]} not writable before")
+            results.failover_notes.append(f"{what} {k}: shard {led[0]} not writable before")
             continue
-        cluster.sites[victim].kill()
-        took = until_acknowledged(entry.host, entry.port, client_id, "bench/failover",
-                                  time.monotonic())
+        site = cluster.sites[victim]
+        with ThreadPoolExecutor(1) as stopper:
+            began = time.monotonic()
+            stopped = stopper.submit(site.stop, 30.0) if graceful else None
+            if stopped is None:
+                site.kill()
+            took = until_acknowledged(entry.host, entry.port, client_id, "bench/failover",
+                                      began)
+            if stopped is not None:
+                stopped.result(60)
         results.count(client_id, 1)
-        results.failovers_s.append(took)
-        print(f"  failover {k + 1}: site-{victim} killed (leader of shards {led}): "
-              f"shard {led[0]} acknowledges again after {took:.2f} s", flush=True)
+        (results.handovers_s if graceful else results.failovers_s).append(took)
+        print(f"  {'hand-over' if graceful else 'failover'} {k + 1}: site-{victim} {what} "
+              f"(leader of shards {led}): shard {led[0]} acknowledges again after "
+              f"{took:.2f} s", flush=True)
         try:
-            cluster.sites[victim].start()
+            site.start()
         except RuntimeError as error:
             note = str(error).strip().splitlines()[-1]
             results.failover_notes.append(f"site-{victim} restart failed: {note}")
             print(f"  site-{victim} did not restart: {note}", flush=True)
             return
         if not cluster.wait_ready(90):
-            results.failover_notes.append(f"after kill {k}: roles not taken in 90 s")
+            results.failover_notes.append(f"after {what} {k}: roles not taken in 90 s")
             return
 
 
@@ -513,6 +532,7 @@ def bench_cluster(workroot: Path, files: LineFiles, sizes: Sizes, results: Resul
         results.rows.append(row)
         progress(row)
         run_failovers(cluster, sizes.kills, results)
+        run_failovers(cluster, sizes.kills, results, graceful=True)
         results.catch_up = run_catch_up(cluster, sizes.fill, files, workroot, results)
         c = results.catch_up
         print(f"  catch-up: {c.shards} shards, {c.messages} messages ({c.entries} entries), "
@@ -521,9 +541,10 @@ def bench_cluster(workroot: Path, files: LineFiles, sizes: Sizes, results: Resul
     except Exception as error:
         print(f"  cluster FAILED: {error!r}\n{cluster.logs(1500)}", file=sys.stderr)
     finally:
+        # the whole cluster stops: no hand-over (SIGINT), as `stratamq cluster` does
         for process in cluster.processes():
             try:
-                process.stop()
+                process.stop(signum=signal.SIGINT)
             except Exception:
                 process.kill()
 
@@ -600,6 +621,11 @@ def report(results: Results) -> list[str]:
         lines += ["", f"failover after kill -9 of a leader site (heartbeat {HEARTBEAT:g} s): "
                       f"{len(times)} kills, median {statistics.median(times):.2f} s, "
                       f"max {max(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)})"]
+    if results.handovers_s:
+        times = results.handovers_s
+        lines += [f"hand-over at SIGTERM of a leader site (cluster.handover_timeout): "
+                  f"{len(times)} stops, median {statistics.median(times):.2f} s, "
+                  f"max {max(times):.2f} s  ({', '.join(f'{t:.2f}' for t in times)})"]
     lines += [f"  {note}" for note in results.failover_notes]
     c = results.catch_up
     if c is not None:
@@ -649,12 +675,16 @@ def plot(results: Results, path: Path, title: str) -> None:
     axis = axes[3]
     if results.failovers_s:
         kills = range(1, len(results.failovers_s) + 1)
-        axis.bar(kills, results.failovers_s, color="crimson")
-        axis.axhline(statistics.median(results.failovers_s), color="black", linewidth=1,
-                     label="median")
+        width = 0.4
+        axis.bar([k - width / 2 for k in kills], results.failovers_s, width, color="crimson",
+                 label="kill -9")
+        if results.handovers_s:
+            stops = range(1, len(results.handovers_s) + 1)
+            axis.bar([k + width / 2 for k in stops], results.handovers_s, width,
+                     color="seagreen", label="SIGTERM (hand-over)")
         axis.set_xticks(list(kills))
         axis.legend(fontsize=8)
-        axis.set_xlabel("kill -9 of a leader site")
+        axis.set_xlabel("stop of a leader site")
         axis.set_ylabel("seconds until acknowledged again")
     c = results.catch_up
     axis.set_title("failover" + (

@@ -113,12 +113,13 @@ class ManagedProcess:
             self.process.wait()
         self._close_log()
 
-    def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM and wait for the clean shutdown; returns the exit code."""
+    def stop(self, timeout: float = 20.0, signum: int = signal.SIGTERM) -> int:
+        """SIGTERM (or `signum`) and wait for the clean shutdown; returns the exit
+        code."""
         if self.process is None:
             return 0
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signum)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
