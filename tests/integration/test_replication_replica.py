@@ -11,6 +11,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import aiohttp
 import pytest
 
 from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
-from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement
+from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
 from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
@@ -46,14 +47,17 @@ class Site:
         return self.storage.site_id
 
 
-async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1) -> Site:
+async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
+                     log_retain_entries: int = 10_000,
+                     checkpoint_rate: int | None = None) -> Site:
     storage = DurableStorage(path)
     # max_items=1: each write is a flush of its own, so a test knows what is in flight
     database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
     address = f"{HOST}:{free_port()}"
     replication = await SiteReplication.start(
         [database], storage.data_dir, storage.site_id, address, address,
-        ReplicaSettings(storage.site_id, write_timeout, 0.2), database.executor)
+        ReplicaSettings(storage.site_id, write_timeout, 0.2, log_retain_entries,
+                        checkpoint_rate), database.executor)
     return Site(storage, database, replication, address)
 
 
@@ -563,5 +567,44 @@ def test_a_write_forwarded_to_a_leader_that_steps_down_goes_back_to_its_site(
             assert await b.database.read_shard_record(0, b"own") == b"1"
         finally:
             for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_bootstrap_takes_as_long_as_it_makes_progress(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b joins a's shard and bootstraps from a checkpoint sent slowly
+    (`cluster.checkpoint_rate`): longer than any fixed limit on the whole transfer
+    would allow here. It fails only when nothing comes for STALL_TIMEOUT; the
+    follower tells the leader every PROGRESS_EVERY that it is still at it. (A fixed
+    10-minute limit made a shard bigger than checkpoint_rate x 600 s unable to ever
+    get a new replica.)"""
+    monkeypatch.setattr(bootstrap, "STALL_TIMEOUT", 1.5, raising=False)
+    monkeypatch.setattr(bootstrap, "PROGRESS_EVERY", 0.2, raising=False)
+    # what the limit on the whole transfer was named, shortened alike
+    monkeypatch.setattr(bootstrap, "BOOTSTRAP_TIMEOUT", 1.5, raising=False)
+
+    async def scenario() -> None:
+        a, b = [await start_site(tmp_path / name, max_items=1000, log_retain_entries=5,
+                                 checkpoint_rate=16 * 1024) for name in "ab"]
+        peers = {a.id: a.address, b.id: b.address}
+        try:
+            await offer(a, 1, (a.id,), a.id, 1, peers)
+            await offer(b, 1, (a.id,), a.id, 1, peers)
+            leading = a.replication.databases["messages"].replicas[0]
+            await until("a leads", lambda: leading.leadership is not None)
+            for _ in range(20):
+                payload = os.urandom(4000)  # incompressible: the checkpoint stays big
+                assert await outcome(a.database.submit([Message("t", payload, "pub", 1)])[0]) \
+                    == "committed"
+            for site in (a, b):
+                await offer(site, 2, tuple(sorted((a.id, b.id))), a.id, 1, peers)
+            b_replica = b.replication.databases["messages"].replicas[0]
+            await until("b bootstrapped and caught up",
+                        lambda: b_replica.bootstraps == 1
+                        and b_replica.applied >= leading.log.committed)
+            assert len(await read_filter(b.storage, "messages", "t")) == 20
+        finally:
+            for site in (a, b):
                 await site.storage.close()
     asyncio.run(scenario())

@@ -45,8 +45,13 @@ T = TypeVar("T")
 
 MARKER = "bootstrap.json"
 CHUNK = 1024 * 1024
-# A checkpoint of a big shard takes a while to stream: the leader waits this long.
-BOOTSTRAP_TIMEOUT = 600.0
+# A checkpoint of a big shard takes as long as it takes (at `cluster.checkpoint_rate`):
+# a bootstrap fails only once nothing (checkpoint bytes, or the follower's word that
+# it is still at it) came for this long.
+STALL_TIMEOUT = 60.0
+# How often a bootstrapping follower tells the leader that asked it that it is still
+# at it (well within STALL_TIMEOUT).
+PROGRESS_EVERY = 5.0
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -167,7 +172,7 @@ async def fetch_checkpoint(session: aiohttp.ClientSession, address: str, db: str
     url = f"http://{address}/peer/v1/checkpoints/{db}/{shard_id}"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(
-                total=BOOTSTRAP_TIMEOUT, sock_read=60)) as response:
+                total=None, sock_read=STALL_TIMEOUT)) as response:
             if response.status != 200:
                 body = await response.read()
                 raise PeerError(f"{address} made no checkpoint of {db}/{shard_id} "
@@ -253,21 +258,33 @@ async def request_bootstrap(session: aiohttp.ClientSession, address: str, db: st
                             shard_id: int, leader_address: str) -> Position:
     """Ask the follower at `address` to bootstrap its replica of the shard from this
     leader's checkpoint; returns once it has, with the position its log now ends at.
-    PeerError when it does not."""
+    The follower answers with a line of progress every PROGRESS_EVERY and a last line
+    with its outcome. PeerError when it does not bootstrap, or says nothing for
+    STALL_TIMEOUT."""
     url = f"http://{address}/peer/v1/bootstraps/{db}/{shard_id}"
+    line = b""
     try:
-        async with session.post(url, json={"from": leader_address},
-                                timeout=aiohttp.ClientTimeout(total=BOOTSTRAP_TIMEOUT)
+        async with session.post(url, json={"from": leader_address, "progress": True},
+                                timeout=aiohttp.ClientTimeout(total=None,
+                                                              sock_read=STALL_TIMEOUT)
                                 ) as response:
-            body = await response.read()
             if response.status != 200:
+                body = await response.read()
                 raise PeerError(f"{address} did not bootstrap {db}/{shard_id} "
                                 f"({response.status}): {body.decode('utf-8', 'replace')}")
-            epoch, offset = json.loads(body)["last"]
-            return Position(int(epoch), int(offset))
+            async for line in response.content:  # a site of an older version: one line
+                answer = json.loads(line)
+                if "error" in answer:
+                    raise PeerError(f"{address} did not bootstrap {db}/{shard_id}: "
+                                    f"{answer['error']}: {answer.get('message')}")
+                if "last" in answer:
+                    epoch, offset = answer["last"]
+                    return Position(int(epoch), int(offset))
     except (aiohttp.ClientError, TimeoutError) as error:
         raise PeerError(f"{address} did not answer a bootstrap of {db}/{shard_id}: "
                         f"{error!r}") from error
     except (ValueError, KeyError, TypeError) as error:
         raise PeerError(f"{address} answered a bootstrap of {db}/{shard_id} with "
-                        f"{body[:200]!r}") from error
+                        f"{line[:200]!r}") from error
+    raise PeerError(f"{address} ended its answer to a bootstrap of {db}/{shard_id} "
+                    f"without an outcome")

@@ -25,9 +25,15 @@ from ..database import Database
 from ..fence import Fence
 from ..message import Message
 from . import entries
-from .bootstrap import CHECKPOINTS_DIR, finish_install, remove_checkpoints, serve_checkpoint
+from .bootstrap import (
+    CHECKPOINTS_DIR,
+    PROGRESS_EVERY,
+    finish_install,
+    remove_checkpoints,
+    serve_checkpoint,
+)
 from .feed import CommitFeed
-from .log import ShardLog, StaleEpochError
+from .log import Position, ShardLog, StaleEpochError
 from .peer import PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
@@ -407,26 +413,43 @@ class SiteReplication:
                                       self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
                                       self._checkpoint_rate)
 
-    async def _bootstrap(self, http: web.Request) -> web.Response:
-        """The shard's leader asks this site to bootstrap its replica from it."""
+    async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
+        """The shard's leader asks this site to bootstrap its replica from it. With
+        `progress`, the answer is a line of progress every PROGRESS_EVERY, then one
+        with the outcome (the leader waits as long as lines come); without (a leader
+        of an older version), the outcome alone."""
         found = self._replica_of(http)
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
         _database, replica = found
         try:
-            source = (await http.json())["from"]
+            document = await http.json()
+            source = document["from"]
             if not isinstance(source, str):
                 raise TypeError(source)
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": "bad_request",
                                       "message": 'expected {"from": "host:port"}'},
                                      status=400)
+        bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source))
+        if document.get("progress") is not True:
+            return web.json_response(await _outcome(bootstrapping),
+                                     status=200 if bootstrapping.exception() is None else 503)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         try:
-            last = await replica.bootstrap_from(source)
-        except StorageError as error:
-            return web.json_response({"error": type(error).__name__,
-                                      "message": error.message}, status=503)
-        return web.json_response({"last": [last.epoch, last.offset]})
+            await response.prepare(http)
+            while not bootstrapping.done():
+                await asyncio.wait({bootstrapping}, timeout=PROGRESS_EVERY)
+                if not bootstrapping.done():
+                    progress = replica.bootstrap_progress
+                    await response.write(json.dumps(
+                        {"progress": None if progress is None else progress.as_dict()}
+                    ).encode() + b"\n")
+            await response.write(json.dumps(await _outcome(bootstrapping)).encode() + b"\n")
+            await response.write_eof()
+        except ConnectionError:  # the leader gave up; it asks again (and finds this one)
+            bootstrapping.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return response
 
     def serve(self, name: str, handler: PeerHandler) -> None:
         """Serve `POST /peer/v1/broker/{name}` on the peer port with `handler` (the
@@ -482,6 +505,15 @@ def _load_kept(data_dir: Path, name: str, parse: Callable[[object], T], absent: 
     except (ValueError, PlacementError) as exc:
         raise CorruptDataError(f"{path}: does not parse ({exc}); remove the file to "
                                f"wait for the controller's next push") from exc
+
+
+async def _outcome(bootstrapping: asyncio.Future[Position]) -> dict[str, Any]:
+    """What a bootstrap came to, as the leader that asked for it reads it."""
+    try:
+        last = await bootstrapping
+    except StorageError as error:
+        return {"error": type(error).__name__, "message": error.message}
+    return {"last": [last.epoch, last.offset]}
 
 
 def _store_kept(data_dir: Path, name: str, value: object) -> None:
