@@ -80,13 +80,16 @@ class SharedGroup:
         return any(session.outlet is not None for session, _ in self.members)
 
     def unsettled_from(self) -> dict[int, int]:
-        """Per shard, the first timestamp of a message not settled here (held, or in
-        a backlog not read yet): where another site takes the group's share on from
-        when it goes from here."""
+        """Per shard, the first timestamp of a message not settled here (held, in a
+        backlog not read yet, or with a member: queued or not acknowledged): where
+        another site takes the group's share on from when it goes from here, or when
+        this site dies."""
         unsettled = [(stream.shard, backlog.read_to + 1)
                      for stream, backlog in self.backlogs.items() if not backlog.caught_up]
         unsettled += [(delivery.stream.shard, delivery.message.timestamp)
                       for delivery in self.held if delivery.stream is not None]
+        unsettled += [item for session, _subscription in self.members
+                      for item in session.shared_unsettled(self.key).items()]
         first: dict[int, int] = {}
         for shard, timestamp in unsettled:
             first[shard] = min(first.get(shard, timestamp), timestamp)
@@ -186,6 +189,11 @@ class Dispatcher:
         if self.members_with is None:
             return [(self.site, 0)]
         return self.members_with(f"$share/{group.key}")
+
+    def shared_unsettled(self) -> dict[str, dict[int, int]]:
+        """For each `$share/group/filter` with members here, where per shard its
+        messages stop being settled here (`SharedGroup.unsettled_from`)."""
+        return {f"$share/{key}": group.unsettled_from() for key, group in self._groups.items()}
 
     def group_of(self, share_filter: str) -> SharedGroup | None:
         """The group of a `$share/group/filter` with members here."""

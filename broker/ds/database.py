@@ -209,6 +209,7 @@ class Database:
         self._interest: frozenset[str] = frozenset()
         self._interest_listeners: list[InterestListener] = []
         self._members_with: Callable[[str], list[tuple[str, int]]] | None = None
+        self._shared_unsettled: Callable[[], Mapping[str, Mapping[int, int]]] | None = None
         self._shared_lost_listeners: list[SharedSiteLostListener] = []
         self._update_generation_gauges()
 
@@ -604,15 +605,32 @@ class Database:
         the group's share on from there, or from what this site was fed."""
         if filters == self._interest:
             return
-        left: dict[str, list[int]] = {}
-        for topic_filter in self._interest - filters:
-            if topic_filter.startswith(SHARE_PREFIX):
-                unsettled = (left_from or {}).get(topic_filter, {})
-                left[topic_filter] = [min(unsettled.get(shard, fed + 1), fed + 1)
-                                      for shard, fed in enumerate(self._last_fed)]
+        left = {topic_filter: self._stopped_at((left_from or {}).get(topic_filter, {}))
+                for topic_filter in self._interest - filters
+                if topic_filter.startswith(SHARE_PREFIX)}
         self._interest = filters
         for listener in self._interest_listeners:
             listener(filters, left)
+
+    def _stopped_at(self, unsettled: Mapping[int, int]) -> list[int]:
+        """Per shard, where a shared group's members here stopped settling messages:
+        the first one unsettled, or the first after what this site was fed."""
+        return [min(unsettled.get(shard, fed + 1), fed + 1)
+                for shard, fed in enumerate(self._last_fed)]
+
+    def attach_shared_unsettled(
+            self, unsettled: Callable[[], Mapping[str, Mapping[int, int]]]) -> None:
+        """Where the shared groups with members here stop being settled per shard
+        (the dispatcher's `shared_unsettled`)."""
+        self._shared_unsettled = unsettled
+
+    def shared_stop_positions(self) -> dict[str, list[int]]:
+        """For each `$share/...` filter held here, per shard, where its members here
+        stopped settling messages (`_stopped_at`): told to the other sites all along,
+        so that when this site dies they deliver its share from there."""
+        unsettled = {} if self._shared_unsettled is None else self._shared_unsettled()
+        return {topic_filter: self._stopped_at(unsettled.get(topic_filter, {}))
+                for topic_filter in self._interest if topic_filter.startswith(SHARE_PREFIX)}
 
     def add_interest_listener(self, listener: InterestListener) -> None:
         self._interest_listeners.append(listener)

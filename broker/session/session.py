@@ -1113,6 +1113,19 @@ class Session:
             kept = {pid: e for pid, e in self._in_flight.items() if e.released}
             self._in_flight = kept
 
+    def shared_unsettled(self, group_key: str) -> dict[int, int]:
+        """Per shard, the first timestamp of this member's deliveries of a shared
+        group not settled yet: queued, or sent and not acknowledged (a QoS 2 one
+        the client has released has reached it)."""
+        first: dict[int, int] = {}
+        pending = [*self._queue, *(entry.delivery for entry in self._in_flight.values()
+                                   if not entry.released)]
+        for delivery in pending:
+            if delivery.share_group == group_key and delivery.stream is not None:
+                shard, timestamp = delivery.stream.shard, delivery.message.timestamp
+                first[shard] = min(first.get(shard, timestamp), timestamp)
+        return first
+
     @property
     def in_flight_count(self) -> int:
         return len(self._in_flight)

@@ -25,11 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
 
 from stratamq.broker.ds.database import shard_of
-from tests.support.clients import PahoClient
+from stratamq.broker.ds.replication.feed import INTEREST_EXPIRY, SHARED_FEED_LAG
+from tests.support.clients import PahoClient, paho_properties
 from tests.support.cluster import Cluster
-from tests.support.history import History
+from tests.support.history import History, runs_of
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
@@ -345,6 +347,61 @@ def test_a_killed_sites_share_reaches_the_members_left(tmp_path: Path) -> None:
         assert complete, f"{len(missing)} acknowledged messages reached no member"
         assert any("gone from it, delivered here" in line for site in left
                    for line in site.log().splitlines())
+
+
+@pytest.mark.slow
+def test_a_killed_sites_unacknowledged_share_reaches_the_members_left(tmp_path: Path) -> None:
+    """Site 2's member of the group takes its share but acknowledges nothing (receive
+    maximum 1, manual acknowledgements): what site 2 is chosen for piles up there,
+    unsettled, for longer than the guess of a silent site's lag (SHARED_FEED_LAG
+    past its last telling). Then site 2 is killed. It told the others, all along,
+    where its members stopped settling, so the sites left deliver its share from the
+    first message its member never acknowledged: every acknowledged message reaches
+    a member on site 0 or 1 (before, what was older than the guess was lost)."""
+    stalled_site = SITES - 1
+    cluster = Cluster(tmp_path, SITES, n_shards=3, replication_factor=3)
+    history = History()
+    members: list[RecordingSubscriber] = []
+    publishers: list[RecordingPublisher] = []
+    site = cluster.sites[stalled_site]
+    stalled = PahoClient(site.port, "fs-stalled", host=site.host, manual_ack=True)
+    try:
+        cluster.start()
+        for member_site in cluster.sites[:stalled_site]:
+            member = RecordingSubscriber(history, f"fs-member-{member_site.index}",
+                                         member_site.host, member_site.port, SHARED, 1,
+                                         durable=False)
+            member.start()
+            members.append(member)
+        assert all(member.subscribed.wait(15) for member in members)
+        stalled.connect(properties=paho_properties(PacketTypes.CONNECT, ReceiveMaximum=1))
+        assert stalled.subscribe(SHARED, 1) == [1]
+        assert wait_until(lambda: shared_known(cluster), 30), \
+            [s.replication() for s in cluster.sites]
+        start_publishers(cluster, history, members, publishers, [0, 1])
+        began = time.monotonic()
+        assert more_acknowledged(history, 100, 60), history.summary()
+        # its share piles up for longer than the guessed lag of a silent site
+        time.sleep(max(0.0, SHARED_FEED_LAG + INTEREST_EXPIRY - (time.monotonic() - began)))
+        assert not stalled.messages.empty(), "the stalled member got no share"
+        site.kill()
+        gone_id = cluster.site_ids[stalled_site]
+        left = cluster.sites[:stalled_site]
+        assert wait_until(lambda: all(gone_id not in s.replication().get("interest", {})
+                                      for s in left), 30, every=0.5), \
+            f"the site killed is still a member: {[s.replication() for s in left]}"
+        assert more_acknowledged(history, 100, 60), history.summary()
+        assert stop_and_drain(publishers, 60), history.summary()
+        acknowledged, copies, complete = wait_delivered_to_group(history, members)
+        missing = sorted(acknowledged - set(copies))
+        print(f"\n{history.summary()}\n{len(copies) - len(set(copies))} delivered twice")
+        assert complete, f"{len(missing)} acknowledged messages reached no member: " \
+                         f"{runs_of(missing)}"  # type: ignore[arg-type]
+    finally:
+        for client in [*members, *publishers]:
+            client.close()
+        stalled.stop()
+        cluster.close()
 
 
 @pytest.mark.slow

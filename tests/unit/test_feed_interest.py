@@ -129,3 +129,18 @@ def test_the_table_keeps_when_each_site_joined_each_shared_group() -> None:
     table.take("s1", None, frozenset({"b"}), now=1)
     assert table.members_of("$share/g/a") == [("s2", 0)]
     assert table.joined_of("s1") == {}
+
+
+def test_a_forgotten_site_leaves_where_its_members_stopped_as_it_last_told() -> None:
+    """A site tells with its filters, per shard, where the members of each of its
+    shared groups stopped settling messages; when it is forgotten (killed, cut off),
+    the sites left deliver its share from there, however far behind it was."""
+    table = InterestTable(expiry=5)
+    table.take("s1", None, frozenset({"$share/g/a", "b"}), now=0, joined={"$share/g/a": 7},
+               unsettled={"$share/g/a": [100, 200], "$share/h/x": [1, 1]})  # h: not held
+    table.take("s1", None, frozenset({"$share/g/a", "b"}), now=1, joined={"$share/g/a": 7},
+               unsettled={"$share/g/a": [150, 200]})  # it settled more
+    table.take("s2", None, frozenset({"$share/g/a"}), now=1)  # an older version tells none
+    gone = {forgotten.site: forgotten for forgotten in table.expire(now=10)}
+    assert gone["s1"].unsettled == {"$share/g/a": [150, 200]}
+    assert gone["s2"].unsettled == {}

@@ -199,3 +199,28 @@ def test_a_group_that_goes_with_a_backlog_says_where_its_members_stopped() -> No
         await backlog.close()
 
     run(main())
+
+
+def test_a_groups_unsettled_positions_count_what_its_members_have_not_acknowledged() -> None:
+    """What a site tells the others all along of a group (`unsettled_from`), so that
+    they deliver its share again from there should it die: the first message per
+    shard a member has queued or sent without an acknowledgement, not only what the
+    group holds or reads from storage."""
+    async def scenario() -> None:
+        storage, db, dispatcher, _backlog = a_site()
+        slow, outlet = member(storage, dispatcher, "slow", max_queued=10, receive_maximum=1)
+        sent = [db.store("t/x", payload) for payload in (b"m1", b"m2", b"m3")]
+        for stream, message in sent:
+            fed(dispatcher, stream, message)
+        await settle()
+        assert [p.payload for p in outlet.publishes] == [b"m1"]  # m2 and m3 queued
+        m1, m2 = sent[0][1].timestamp, sent[1][1].timestamp
+        assert dispatcher.shared_unsettled() == {"$share/g/t/#": {0: m1}}
+        await acknowledge_new(slow, outlet)
+        await settle()
+        assert dispatcher.shared_unsettled() == {"$share/g/t/#": {0: m2}}
+        await acknowledge_all([(slow, outlet)], 3)
+        await acknowledge_new(slow, outlet)  # the last one
+        await settle()
+        assert dispatcher.shared_unsettled() == {"$share/g/t/#": {}}
+    run(scenario())

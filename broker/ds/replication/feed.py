@@ -59,10 +59,11 @@ INTEREST_EXPIRY = 5 * INTEREST_INTERVAL
 INTEREST_TIMEOUT = 2 * INTEREST_INTERVAL
 # A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
 INTEREST_DEBOUNCE = 0.05
-# How far a site's deliveries may lag its last telling (its feed, then a member's
-# queue of up to `mqtt.max_queued_messages`, under load): the share of a shared group
-# a forgotten site was chosen for is delivered again from this long before it. 2 s
-# lost one message in 19k once on a loaded machine.
+# A site tells, with its filters, where the members of each of its shared groups
+# stopped settling messages; a forgotten site's share is delivered again from there.
+# One of an older version tells no positions: its share is delivered again from this
+# long before its last telling (how far its feed and its members' queues may lag
+# under load; 2 s lost one message in 19k once on a loaded machine).
 SHARED_FEED_LAG = 5 * INTEREST_INTERVAL
 # A site tells the others where its members of a shared group stopped, for this
 # long after the group went from it: one telling is enough, the rest are for one
@@ -215,9 +216,10 @@ class CommitFeed:
                 self._interest_changed.clear()
             self._forget_silent_sites()
             filters = self.database.interest
+            unsettled = self.database.shared_stop_positions()
             peers = {site: address for site, address in self._peers_of().items()
                      if site != self.site}
-            await asyncio.gather(*(self._tell(site, address, filters)
+            await asyncio.gather(*(self._tell(site, address, filters, unsettled)
                                    for site, address in peers.items()))
 
     def _forget_silent_sites(self) -> None:
@@ -228,23 +230,29 @@ class CommitFeed:
             outbox = self._outboxes.pop(gone.site, None)
             if outbox is not None and outbox.task is not None:
                 outbox.task.cancel()
-            shared = frozenset(topic_filter for topic_filter in gone.filters
-                               if topic_filter.startswith(SHARE_PREFIX))
-            if shared:
-                until = now_us()
-                silent = now - gone.last_told + SHARED_FEED_LAG
-                shards = len(self.database.shards)
+            shards = len(self.database.shards)
+            until = now_us()
+            # a site of an older version told no positions: a guess, at least once
+            guess = [until - int((now - gone.last_told + SHARED_FEED_LAG) * 1_000_000)] * shards
+            for share_filter in sorted(gone.filters):
+                if not share_filter.startswith(SHARE_PREFIX):
+                    continue
+                stopped = gone.unsettled.get(share_filter)
                 self.database.shared_site_lost(
-                    gone.site, shared, gone.joined,
-                    [until - int(silent * 1_000_000)] * shards, [until] * shards)
+                    gone.site, frozenset({share_filter}),
+                    {share_filter: gone.joined.get(share_filter, 0)},
+                    stopped if stopped is not None and len(stopped) == shards else guess,
+                    [until] * shards)
 
-    async def _tell(self, site: str, address: str, filters: frozenset[str]) -> None:
+    async def _tell(self, site: str, address: str, filters: frozenset[str],
+                    unsettled: dict[str, list[int]]) -> None:
         url = f"http://{address}/peer/v1/interest"
         recently = time.monotonic() - LEFT_TOLD_FOR
         body = json.dumps({
             "site": self.site, "peer": self.advertised, "filters": sorted(filters),
             "joined": {f: self._joined[f] for f in filters if f in self._joined},
             "left": {f: stopped for f, (stopped, at) in self._left.items() if at > recently},
+            "unsettled": unsettled,
         })
         try:
             async with self._session.put(url, data=body, timeout=_INTEREST_TIMEOUT,
@@ -365,21 +373,23 @@ class CommitFeed:
             # both absent from a site of an older version
             joined = document.get("joined", {})
             left = document.get("left", {})
+            unsettled = document.get("unsettled", {})
             if not isinstance(site, str) or not isinstance(peer, str | None) \
                     or not all(isinstance(f, str) for f in filters):
                 raise TypeError("site, peer and filters are strings")
             if not isinstance(joined, dict) or not all(
                     isinstance(at, int) for at in joined.values()):
                 raise TypeError("joined maps filters to timestamps")
-            if not isinstance(left, dict) or not all(
-                    isinstance(stopped, list) and all(isinstance(at, int) for at in stopped)
-                    for stopped in left.values()):
-                raise TypeError("left maps filters to a timestamp per shard")
+            for name, positions in (("left", left), ("unsettled", unsettled)):
+                if not isinstance(positions, dict) or not all(
+                        isinstance(stopped, list) and all(isinstance(at, int) for at in stopped)
+                        for stopped in positions.values()):
+                    raise TypeError(f"{name} maps filters to a timestamp per shard")
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
         before = self._interest.joined_of(site)
-        had = self._interest.take(site, peer, filters, time.monotonic(), joined)
+        had = self._interest.take(site, peer, filters, time.monotonic(), joined, unsettled)
         after = self._interest.joined_of(site)
         for share_filter, at in sorted(before.items()):
             if after.get(share_filter) != at:  # it left (and maybe joined again since)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...subscription_index import SubscriptionIndex
 from ...topic import SHARE_PREFIX
@@ -55,12 +55,14 @@ class FilterSet:
 @dataclass(frozen=True, slots=True)
 class Forgotten:
     """A site the table forgot: the filters it had told, and when it last told them
-    (the table's clock)."""
+    (the table's clock); for its shared groups, when it joined each and, per shard,
+    where its members had stopped settling messages then (absent: not told)."""
 
     site: str
     filters: frozenset[str]
     last_told: float
     joined: dict[str, int]
+    unsettled: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -69,6 +71,8 @@ class _Told:
     address: str | None
     at: float
     joined: dict[str, int]  # for each `$share/...` filter, when its membership began
+    # for each `$share/...` filter, per shard, where its members stopped settling
+    unsettled: dict[str, list[int]] = field(default_factory=dict)
 
 
 class InterestTable:
@@ -83,21 +87,26 @@ class InterestTable:
         self._told: dict[str, _Told] = {}
 
     def take(self, site: str, address: str | None, filters: frozenset[str],
-             now: float, joined: dict[str, int] | None = None) -> bool:
+             now: float, joined: dict[str, int] | None = None,
+             unsettled: dict[str, list[int]] | None = None) -> bool:
         """Record what `site` told at `now` (`address` None: it told none, so the last
         one it told stays; `joined`, when each of its `$share/...` filters took
-        effect, absent from a site of an older version: at once); whether these
+        effect, absent from a site of an older version: at once; `unsettled`, per
+        shard where the members of each stopped settling messages); whether these
         filters were had already."""
         joined = {topic_filter: (joined or {}).get(topic_filter, 0)
                   for topic_filter in filters if topic_filter.startswith(SHARE_PREFIX)}
+        unsettled = {topic_filter: stopped for topic_filter, stopped in (unsettled or {}).items()
+                     if topic_filter in joined}
         known = self._told.get(site)
         had = known is not None and known.filters.filters == filters
         if known is None:
-            self._told[site] = _Told(FilterSet(filters), address, now, joined)
+            self._told[site] = _Told(FilterSet(filters), address, now, joined, unsettled)
             return False
         if not had:
             known.filters = FilterSet(filters)
         known.joined = joined
+        known.unsettled = unsettled
         if address is not None:
             known.address = address
         known.at = now
@@ -118,7 +127,7 @@ class InterestTable:
         with what they had told."""
         gone = sorted(site for site, told in self._told.items()
                       if now - told.at > self.expiry)
-        return [Forgotten(site, told.filters.filters, told.at, told.joined)
+        return [Forgotten(site, told.filters.filters, told.at, told.joined, told.unsettled)
                 for site in gone if (told := self._told.pop(site))]
 
     def filters_of(self, site: str) -> FilterSet:
