@@ -59,7 +59,8 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["listeners"]["tls"] == {"enable": False, "port": 8883, "verifyPeer": False}
     assert spec["accessControl"] == {"allowAnonymous": True, "aclNoMatch": "allow"}
     assert spec["storage"] == {"size": "10Gi"}
-    assert spec["cluster"] == {"writeTimeout": "5s", "logRetainEntries": 10000}
+    assert spec["cluster"] == {"writeTimeout": "5s", "logRetainEntries": 10000,
+                               "handoverTimeout": "10s"}
     assert spec["podDisruptionBudget"] == {"enable": True, "maxUnavailable": 1}
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *"}
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
