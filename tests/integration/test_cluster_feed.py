@@ -393,7 +393,8 @@ def test_a_killed_sites_unacknowledged_share_reaches_the_members_left(tmp_path: 
         assert more_acknowledged(history, 100, 60), history.summary()
         assert stop_and_drain(publishers, 60), history.summary()
         _acknowledged, copies, complete = wait_delivered_to_group(history, members)
-        missing = [m for m in history.acknowledged_messages() if m not in set(copies)]
+        delivered = set(copies)
+        missing = [m for m in history.acknowledged_messages() if m not in delivered]
         print(f"\n{history.summary()}\n{len(copies) - len(set(copies))} delivered twice")
         assert complete, f"{len(missing)} acknowledged messages reached no member: " \
                          f"{runs_of(missing)}"
