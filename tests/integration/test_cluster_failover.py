@@ -14,6 +14,7 @@ surviving site) are printed, never asserted."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,39 +62,60 @@ def acks_grow(history: History, publishers: list[RecordingPublisher], timeout: f
     return wait_until(lambda: acks_of(history, publishers) > before, timeout, every=0.25)
 
 
+def start_clients(cluster: Cluster, history: History, prefix: str,
+                  shards_of: Callable[[int], list[int]], clients: list[RecordingClient],
+                  publishers: list[RecordingPublisher], site_of: dict[str, int]) -> None:
+    """A durable subscriber to `prefix/#` on every site, then on each site k a
+    publisher per shard of `shards_of(k)` (its client id on that shard), all
+    connected; `site_of` says where each client is."""
+    subscribers = []
+    for site in cluster.sites:
+        subscriber = RecordingSubscriber(history, f"{prefix}-sub-{site.index}", site.host,
+                                         site.port, f"{prefix}/#")
+        subscriber.start()
+        site_of[subscriber.name] = site.index
+        subscribers.append(subscriber)
+        clients.append(subscriber)
+    for subscriber in subscribers:
+        assert subscriber.subscribed.wait(15), f"no SUBACK for {subscriber.name}"
+    for site in cluster.sites:
+        for number, shard in enumerate(shards_of(site.index)):
+            name = client_id_on_shard(f"{prefix}-pub-{site.index}-{number}", shard)
+            publisher = RecordingPublisher(history, name, site.host, site.port,
+                                           [f"{prefix}/{name}/a", f"{prefix}/{name}/b"])
+            publishers.append(publisher)
+            clients.append(publisher)
+            site_of[name] = site.index
+            publisher.start()
+    assert all_connected(clients, 30, clients), \
+        f"clients did not connect: {describe_clients(clients)}"
+
+
+def finish(cluster: Cluster, history: History, publishers: list[RecordingPublisher]
+           ) -> tuple[bool, bool, bool, str]:
+    """More progress, then the publishers stop: whether they drained, every message
+    was delivered and the replicas converged, and the cluster's final state."""
+    assert more_acknowledged(history, 100, 30), history.summary()
+    drained = stop_and_drain(publishers, 60)
+    delivered = wait_delivered(history)
+    time.sleep(0.5)  # resends on their way arrive too
+    converged = wait_until(cluster.converged, 30)
+    return drained, delivered, converged, cluster.describe()
+
+
 @pytest.mark.slow
 def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS)
     history = History()
     clients: list[RecordingClient] = []
-    subscribers: list[RecordingSubscriber] = []
     publishers: list[RecordingPublisher] = []
     site_of: dict[str, int] = {}  # client -> the site it is connected to
     failovers: list[str] = []
     try:
         cluster.start()
-        for site in cluster.sites:
-            subscriber = RecordingSubscriber(history, f"fo-sub-{site.index}", site.host,
-                                             site.port, "fo/#")
-            subscriber.start()
-            site_of[subscriber.name] = site.index
-            subscribers.append(subscriber)
-            clients.append(subscriber)
-        for subscriber in subscribers:
-            assert subscriber.subscribed.wait(15), f"no SUBACK for {subscriber.name}"
-        for site in cluster.sites:
-            for number in range(PUBLISHERS_PER_SITE):
-                shard = (site.index + number) % N_SHARDS
-                name = client_id_on_shard(f"fo-pub-{site.index}-{number}", shard)
-                publisher = RecordingPublisher(history, name, site.host, site.port,
-                                               [f"fo/{name}/a", f"fo/{name}/b"])
-                publishers.append(publisher)
-                clients.append(publisher)
-                site_of[name] = site.index
-                publisher.start()
-
-        assert all_connected(clients, 30, clients), \
-            f"clients did not connect: {describe_clients(clients)}"
+        start_clients(cluster, history, "fo", lambda index: [
+            (index + number) % N_SHARDS for number in range(PUBLISHERS_PER_SITE)],
+            clients, publishers, site_of)
         for kill in range(KILLS):
             assert more_acknowledged(history, 100, 30), \
                 f"no progress before kill {kill}: {history.summary()}\n{cluster.describe()}"
@@ -126,12 +148,7 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
                 f"clients not back after kill {kill}: {describe_clients(clients)}\n" \
                 f"{cluster.describe()}"
 
-        assert more_acknowledged(history, 100, 30), history.summary()
-        drained = stop_and_drain(publishers, 60)
-        delivered = wait_delivered(history)
-        time.sleep(0.5)  # resends on their way arrive too
-        converged = wait_until(cluster.converged, 30)
-        final_state = cluster.describe()
+        drained, delivered, converged, final_state = finish(cluster, history, publishers)
     finally:
         client_state = describe_clients(clients)
         for client in clients:
@@ -172,25 +189,8 @@ def test_a_rolling_restart_hands_the_leaderships_over_and_loses_nothing(
     restarts: list[str] = []
     try:
         cluster.start()
-        for site in cluster.sites:
-            subscriber = RecordingSubscriber(history, f"rr-sub-{site.index}", site.host,
-                                             site.port, "rr/#")
-            subscriber.start()
-            site_of[subscriber.name] = site.index
-            clients.append(subscriber)
-        for client in clients:
-            assert isinstance(client, RecordingSubscriber)
-            assert client.subscribed.wait(15), f"no SUBACK for {client.name}"
-        for site in cluster.sites:
-            name = client_id_on_shard(f"rr-pub-{site.index}", site.index % N_SHARDS)
-            publisher = RecordingPublisher(history, name, site.host, site.port,
-                                           [f"rr/{name}/a", f"rr/{name}/b"])
-            publishers.append(publisher)
-            clients.append(publisher)
-            site_of[name] = site.index
-            publisher.start()
-        assert all_connected(clients, 30, clients), \
-            f"clients did not connect: {describe_clients(clients)}"
+        start_clients(cluster, history, "rr", lambda index: [index % N_SHARDS],
+                      clients, publishers, site_of)
 
         for index, site in enumerate(cluster.sites):
             assert more_acknowledged(history, 100, 30), \
@@ -243,12 +243,7 @@ def test_a_rolling_restart_hands_the_leaderships_over_and_loses_nothing(
                 f"clients not back after restarting site-{index}: " \
                 f"{describe_clients(clients)}"
 
-        assert more_acknowledged(history, 100, 30), history.summary()
-        drained = stop_and_drain(publishers, 60)
-        delivered = wait_delivered(history)
-        time.sleep(0.5)  # resends on their way arrive too
-        converged = wait_until(cluster.converged, 30)
-        final_state = cluster.describe()
+        drained, delivered, converged, final_state = finish(cluster, history, publishers)
     finally:
         client_state = describe_clients(clients)
         for client in clients:

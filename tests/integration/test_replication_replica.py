@@ -83,6 +83,23 @@ async def outcome(future: Awaitable[None]) -> str:
     return "committed"
 
 
+def replica_of(site: Site) -> ShardReplica:
+    """The site's replica of the one shard of `messages`."""
+    return site.replication.databases["messages"].replicas[0]
+
+
+def addresses(sites: tuple[Site, ...]) -> tuple[dict[str, str], dict[str, str]]:
+    """The sites' peer addresses, and addresses where nothing listens (a cut link)."""
+    return ({site.id: site.address for site in sites},
+            {site.id: f"{HOST}:{free_port()}" for site in sites})
+
+
+async def commit(leader: Site, payload: bytes) -> None:
+    """Write one message on topic t at the leader; it must be committed."""
+    assert await outcome(leader.database.submit([Message("t", payload, "pub", 1)])[0]) \
+        == "committed"
+
+
 def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
         tmp_path: Path) -> None:
     """A site restarted with a kept placement that makes it lead epoch 1, while a
@@ -394,26 +411,23 @@ def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
     async def scenario() -> None:
         a, b, c, s = [await start_site(tmp_path / name) for name in "abcs"]
         replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers = {site.id: site.address for site in (a, b, c, s)}
-        cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, s)}
+        peers, cut_off = addresses((a, b, c, s))
         s.database.set_interest(frozenset({"t"}))
         try:
             for site in (a, b, c, s):
                 await offer(site, 1, replicas, a.id, 1, peers)
-            leading = a.replication.databases["messages"].replicas[0]
+            leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
             await until("a knows s's subscriber",
                         lambda: s.id in a.replication.feed.interest_of())
-            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
-                == "committed"
-            b_replica = b.replication.databases["messages"].replicas[0]
+            await commit(a, b"m1")
+            b_replica = replica_of(b)
             await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
             await until("s fed m1", lambda: s.database.fed_through()[0] > 0)
             await until("s mirrors the shard", lambda: s.replication.remote.loaded(0))
 
             await offer(a, 2, replicas, a.id, 1, {**peers, b.id: cut_off[b.id]})
-            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
-                == "committed"
+            await commit(a, b"m2")
             m2_at = a.database.shards[0].last_timestamp
             await until("s fed m2", lambda: s.database.fed_through()[0] == m2_at)
             await offer(s, 2, replicas, a.id, 1,  # s reaches b only
@@ -454,19 +468,17 @@ def test_a_resend_read_at_a_lagging_replica_is_read_at_one_that_has_it(
     async def scenario() -> None:
         a, b, c = [await start_site(tmp_path / name) for name in "abc"]
         replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers = {site.id: site.address for site in (a, b, c)}
+        peers, _ = addresses((a, b, c))
         try:
             for site in (a, b, c):
                 await offer(site, 1, replicas, a.id, 1, peers)
-            leading = a.replication.databases["messages"].replicas[0]
+            leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
-            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
-                == "committed"
-            b_replica = b.replication.databases["messages"].replicas[0]
+            await commit(a, b"m1")
+            b_replica = replica_of(b)
             await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
             await offer(a, 2, replicas, a.id, 1, {**peers, b.id: f"{HOST}:{free_port()}"})
-            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
-                == "committed"
+            await commit(a, b"m2")
             m2_at = a.database.shards[0].last_timestamp
             assert b.database.shards[0].last_timestamp < m2_at
             stream = next(stream for _rank, stream in b.storage.get_streams("messages", "t"))
@@ -490,25 +502,22 @@ def test_a_push_refused_as_a_replica_still_bounds_where_the_site_reads(
         a, b, c, s = [await start_site(tmp_path / name) for name in "abcs"]
         before = tuple(sorted(site.id for site in (a, b, c, s)))
         after = tuple(sorted(site.id for site in (a, b, c)))
-        peers = {site.id: site.address for site in (a, b, c, s)}
-        cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, s)}
+        peers, cut_off = addresses((a, b, c, s))
         s.database.set_interest(frozenset({"t"}))
         try:
             for site in (a, b, c, s):
                 await offer(site, 1, before, a.id, 1, peers)
-            leading = a.replication.databases["messages"].replicas[0]
+            leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
             await until("a knows s's subscriber",
                         lambda: s.id in a.replication.feed.interest_of())
-            assert await outcome(a.database.submit([Message("t", b"m1", "pub", 1)])[0]) \
-                == "committed"
+            await commit(a, b"m1")
             await until("s fed m1 as a replica", lambda: s.database.fed_through()[0] > 0)
             await until("b applied m1", lambda: b.database.shards[0].last_timestamp
                         == a.database.shards[0].last_timestamp)
 
             await offer(a, 2, after, a.id, 1, {**peers, b.id: cut_off[b.id]})
-            assert await outcome(a.database.submit([Message("t", b"m2", "pub", 1)])[0]) \
-                == "committed"
+            await commit(a, b"m2")
             m2_at = a.database.shards[0].last_timestamp
             remote = s.replication.remote
             await until("a pushed m2 to s",  # private: nothing else shows a refused push
@@ -545,11 +554,11 @@ def test_a_write_forwarded_to_a_leader_that_steps_down_goes_back_to_its_site(
         a, b, c = [await start_site(tmp_path / name, write_timeout=20.0)
                    for name in "abc"]
         replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers = {site.id: site.address for site in (a, b, c)}
+        peers, _ = addresses((a, b, c))
         try:
             for site in (a, b, c):
                 await offer(site, 1, replicas, a.id, 1, peers)
-            a_replica = a.replication.databases["messages"].replicas[0]
+            a_replica = replica_of(a)
             await until("a leads", lambda: a_replica.leadership is not None)
             buffer = a.database._buffers[0]  # private: what a has queued
             async with a_replica._append_lock:  # private: a's flush waits here
@@ -587,19 +596,18 @@ def test_a_bootstrap_takes_as_long_as_it_makes_progress(
     async def scenario() -> None:
         a, b = [await start_site(tmp_path / name, max_items=1000, log_retain_entries=5,
                                  checkpoint_rate=16 * 1024) for name in "ab"]
-        peers = {a.id: a.address, b.id: b.address}
+        peers, _ = addresses((a, b))
         try:
             await offer(a, 1, (a.id,), a.id, 1, peers)
             await offer(b, 1, (a.id,), a.id, 1, peers)
-            leading = a.replication.databases["messages"].replicas[0]
+            leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
             for _ in range(20):
                 payload = os.urandom(4000)  # incompressible: the checkpoint stays big
-                assert await outcome(a.database.submit([Message("t", payload, "pub", 1)])[0]) \
-                    == "committed"
+                await commit(a, payload)
             for site in (a, b):
                 await offer(site, 2, tuple(sorted((a.id, b.id))), a.id, 1, peers)
-            b_replica = b.replication.databases["messages"].replicas[0]
+            b_replica = replica_of(b)
             await until("b bootstrapped and caught up",
                         lambda: b_replica.bootstraps == 1
                         and b_replica.applied >= leading.log.committed)
