@@ -7,7 +7,8 @@ folder (a volume every site and every Spark pod mounts at the same path), the jo
 that checkpoint in this driver's SparkSession, the result applied through the same
 admin API (`gc`: the plan, `learn-topics`: the seed; `export` leaves its Parquet in
 the folder), then the checkpoint is removed (its results stay). Every site, because
-until replication is built each site holds its own data.
+a site's checkpoint holds only the shards it has a replica of (what it applies goes
+through each shard's log, to every replica).
 
 The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
 writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run

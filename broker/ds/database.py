@@ -81,6 +81,17 @@ class Replication(Protocol):
     async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
         """Drop a closed generation of a shard on its leader; False elsewhere."""
 
+    async def drop_generation_at_leader(self, shard_id: int, generation_id: int) -> None:
+        """Drop a closed generation of a shard through its log, at its leader wherever
+        that is; returns once applied there."""
+
+    async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
+                       record_puts: list[tuple[bytes, bytes]]) -> None:
+        """`Shard.gc_write` on every replica of a shard, through its log."""
+
+    async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
+        """`Shard.set_topic_seed` on every replica of a shard, through its log."""
+
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         """The shard's replica set and leader as this site knows them (none and ""
         before the first placement)."""
@@ -538,6 +549,28 @@ class Database:
                 shard.destroy_generation, generation, applied=offset))
         self._after_drop(shard_id, generation_id)
 
+    async def apply_gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
+                             record_puts: list[tuple[bytes, bytes]], offset: int) -> None:
+        """Delete expired messages of a closed generation as a log entry says. Deletes in
+        a generation that is gone, or current, are refused the same way on every
+        replica: only the entry's records are put."""
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            generation = shard.generations.get(generation_id)
+            if deletes and (generation is None or generation.info.is_current):
+                log.warning("%s/%d: log entry %d deletes nothing: generation %d is gone or "
+                            "current", self.name, shard_id, offset, generation_id)
+                deletes = []
+            await asyncio.get_running_loop().run_in_executor(self._executor, partial(
+                shard.gc_write, generation_id, deletes, record_puts, applied=offset))
+
+    async def apply_topic_seed(self, shard_id: int, patterns: tuple[str, ...],
+                               offset: int) -> None:
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            await asyncio.get_running_loop().run_in_executor(self._executor, partial(
+                shard.set_topic_seed, patterns, applied=offset))
+
     async def apply_noop(self, shard_id: int, offset: int) -> None:
         shard = self.shards[shard_id]
         async with self._locks[shard_id]:
@@ -948,10 +981,32 @@ class Database:
             if "#" in levels:
                 raise InvalidTopicFilterError(f"seed pattern {pattern!r}: a stream pattern "
                                               "has literal and + levels only, no #")
+        if self._replication is not None:  # every replica, through each shard's log
+            for shard in self.shards:
+                await self._replication.set_topic_seed(shard.shard_id, tuple(patterns))
+            return
         loop = asyncio.get_running_loop()
         for shard, lock in zip(self.shards, self._locks, strict=True):
             async with lock:
                 await loop.run_in_executor(self._executor, shard.set_topic_seed, patterns)
+
+    async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
+                       record_puts: list[tuple[bytes, bytes]]) -> None:
+        """Delete data entries of a closed generation and put records (generation GC,
+        `Shard.gc_write`); on a replicated site on every replica, through the shard's
+        log (at its leader, wherever that is)."""
+        if self._replication is not None:
+            await self._replication.gc_write(shard_id, generation_id, deletes, record_puts)
+            return
+        async with self._locks[shard_id]:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.shards[shard_id].gc_write, generation_id, deletes,
+                record_puts)
+
+    def holds(self, shard_id: int) -> bool:
+        """Whether this site holds the shard's data (always, but on a replicated site
+        whose `messages` shard is held only by other sites)."""
+        return not self._is_remote(shard_id)
 
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
         return {(shard.shard_id, generation_id): generation.info
@@ -964,7 +1019,7 @@ class Database:
         if not 0 <= shard_id < len(self.shards):
             raise InvalidIteratorError(f"database {self.name!r} has no shard {shard_id}")
         if self._replication is not None:
-            await self._replication.drop_generation(shard_id, generation_id)
+            await self._replication.drop_generation_at_leader(shard_id, generation_id)
             return
         shard = self.shards[shard_id]
         about_to_go = shard.generations.get(generation_id)

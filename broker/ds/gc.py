@@ -13,8 +13,17 @@ What the site checks before it touches anything:
   its messages and of those expired under the plan's rules at the plan's time is
   what the plan counted; a generation that changed is left alone and reported.
 The current generation is never in a plan's drop or rewrite lists (the job keeps
-it), and `Shard.gc_write` refuses it anyway. Each generation's deletes are one
-atomic RocksDB batch."""
+it), and `Shard.gc_write` refuses it anyway. A rewrite's deletes go in batches of
+about `DELETE_BATCH_BYTES`, each atomic; a plan cut short by a crash is not applied
+again (its mark is written first), and the next plan deletes the rest.
+
+On a replicated site every change goes through the shard's log at its leader
+(`Database.gc_write`, `drop_generation`), so every replica deletes the same messages:
+the site asked counts on its own copy (a closed generation is the same on every
+replica) and the plan acts on the shards it holds a replica of; the others are
+reported `skipped` (their data is not in this site's checkpoint: `stratamq spark
+launch` makes a plan on every site). Only the compaction that frees the space runs
+on the site asked alone: the other replicas free it as RocksDB compacts."""
 
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptDataError, GcPlanRefusedError
+from ..errors import CorruptDataError, GcPlanRefusedError, GenerationError
 from .database import Database
 from .layouts import ReadStats
 from .message import peek_timestamp, peek_topic
@@ -39,6 +48,8 @@ PLAN_FORMAT = 1
 APPLIED_RECORD = b"\xffgc/applied-checkpoint"
 ACTIONS = ("drop", "rewrite", "keep")
 _SCAN_BATCH = 4096
+# A rewrite's deletes go through the shard log in entries of about this size.
+DELETE_BATCH_BYTES = 256 * 1024
 _U64 = struct.Struct(">Q")
 _locks: weakref.WeakKeyDictionary[Database, asyncio.Lock] = weakref.WeakKeyDictionary()
 
@@ -112,23 +123,21 @@ async def apply_gc_plan(database: Database, plan: Any) -> dict[str, Any]:
     and the bytes freed."""
     rules, made_at, created_at = check_plan(plan, database)
     lock = _locks.setdefault(database, asyncio.Lock())
-    loop = asyncio.get_running_loop()
+    held = [shard.shard_id for shard in database.shards if database.holds(shard.shard_id)]
     async with lock:
-        for shard in database.shards:
-            raw = await loop.run_in_executor(database.executor, shard.get_record,
-                                             APPLIED_RECORD)
+        for shard_id in held:
+            raw = await database.read_shard_record(shard_id, APPLIED_RECORD)
             applied = _U64.unpack(raw)[0] if raw is not None else 0
             if applied >= created_at:
                 raise GcPlanRefusedError(
-                    f"the plan is older than the data: shard {shard.shard_id} already had a "
+                    f"the plan is older than the data: shard {shard_id} already had a "
                     f"plan applied from a checkpoint made at {applied} µs, and this plan's "
                     f"checkpoint was made at {created_at} µs; make a new checkpoint and plan")
         # Marked first: a plan half applied (a crash) is never applied again.
         marker = [(APPLIED_RECORD, _U64.pack(created_at))]
-        for shard in database.shards:
-            async with database.shard_lock(shard.shard_id):
-                await loop.run_in_executor(database.executor, shard.gc_write,
-                                           shard.current.info.id, [], marker)
+        for shard_id in held:
+            await database.gc_write(shard_id, database.shards[shard_id].current.info.id, [],
+                                    marker)
         results = []
         for entry in plan["generations"]:
             if entry["action"] in ("drop", "rewrite"):
@@ -146,6 +155,10 @@ async def _apply_one(database: Database, entry: dict[str, Any], rules: Retention
                               "bytes_freed": 0}
     if not 0 <= shard_id < len(database.shards):
         return {**result, "status": "refused", "reason": f"no shard {shard_id}"}
+    if not database.holds(shard_id):
+        return {**result, "status": "skipped",
+                "reason": f"this site holds no replica of shard {shard_id}; a plan made on "
+                          "a site that does covers it"}
     shard = database.shards[shard_id]
     generation = shard.generations.get(generation_id)
     if generation is None:
@@ -177,13 +190,12 @@ async def _apply_one(database: Database, entry: dict[str, Any], rules: Retention
 
 async def _rewrite(database: Database, shard: Shard, generation_id: int, scan: GenerationScan,
                    before: int, result: dict[str, Any]) -> dict[str, Any]:
+    for deletes in _batches(scan.deletes):
+        try:
+            await database.gc_write(shard.shard_id, generation_id, deletes, [])
+        except GenerationError:  # dropped meanwhile (retention)
+            return {**result, "status": "gone", "reason": "dropped while being rewritten"}
     loop = asyncio.get_running_loop()
-    async with database.shard_lock(shard.shard_id):
-        generation = shard.generations.get(generation_id)
-        if generation is None:
-            return {**result, "status": "gone", "reason": "dropped while being counted"}
-        await loop.run_in_executor(database.executor, shard.gc_write, generation_id,
-                                   scan.deletes)
     async with database.reading(shard.shard_id, generation_id):
         generation = shard.generations.get(generation_id)
         if generation is None:
@@ -194,3 +206,17 @@ async def _rewrite(database: Database, shard: Shard, generation_id: int, scan: G
                                            generation)
     return {**result, "status": "rewritten", "deleted_messages": scan.expired,
             "bytes_freed": max(0, before - after)}
+
+
+def _batches(keys: list[bytes]) -> list[list[bytes]]:
+    """`keys` in runs of about `DELETE_BATCH_BYTES` (a message's keys stay together
+    only by chance: each batch is atomic, the rewrite as a whole is not)."""
+    batches: list[list[bytes]] = []
+    size = DELETE_BATCH_BYTES
+    for key in keys:
+        if size >= DELETE_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(key)
+        size += len(key)
+    return batches

@@ -199,17 +199,26 @@ class Shard:
         if applied is not None:
             batch.put(_APPLIED_KEY, _U64.pack(applied))
         self._db.write(batch, self._write_options)
-        if applied is not None:
-            self.applied_offset = applied
         generation = self._open_generation(info)
         self.generations[info.id] = generation
+        # after the generation is in the table: a reader on another thread that sees
+        # the entry applied sees the generation too
+        if applied is not None:
+            self.applied_offset = applied
         return info
 
-    def set_topic_seed(self, patterns: Sequence[str]) -> None:
+    def set_topic_seed(self, patterns: Sequence[str], applied: int | None = None) -> None:
         """Keep a seed structure for the generations created from now on (see
-        `lts.seed_edges`); an empty one ends seeding. Blocking."""
-        self._db.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode(), self._synced)
+        `lts.seed_edges`); an empty one ends seeding. Blocking. A replica applying a
+        log entry gives its offset to record as applied."""
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode())
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
+        self._db.write(batch, self._synced)
         self.topic_seed = tuple(patterns)
+        if applied is not None:
+            self.applied_offset = applied
 
     def add_generation(self, at: int | None = None, seed: Sequence[str] | None = None,
                        applied: int | None = None) -> GenerationInfo:
@@ -427,22 +436,31 @@ class Shard:
         return generation_bytes(self._db, generation.info, generation.data)
 
     def gc_write(self, generation_id: int, deletes: Sequence[bytes],
-                 record_puts: Sequence[tuple[bytes, bytes]] = ()) -> None:
+                 record_puts: Sequence[tuple[bytes, bytes]] = (),
+                 applied: int | None = None) -> None:
         """Delete data entries of a closed generation and put records, in one atomic,
-        synced batch (generation GC). Blocking; the caller holds the shard's lock."""
-        generation = self.generations.get(generation_id)
-        if generation is None:
-            raise GenerationError(f"shard {self.shard_id} has no generation {generation_id}")
-        if generation.info.is_current and deletes:
-            raise GenerationError(f"generation {generation_id} of shard {self.shard_id} is "
-                                  "current; GC never rewrites the current generation")
+        synced batch (generation GC); records alone need no generation. Blocking; the
+        caller holds the shard's lock. A replica applying a log entry gives its offset
+        to record as applied."""
         batch = WriteBatch(raw_mode=True)
-        family = self._db.get_column_family_handle(generation.info.data_column_family())
-        for key in deletes:
-            batch.delete(key, family)
+        if deletes:
+            generation = self.generations.get(generation_id)
+            if generation is None:
+                raise GenerationError(f"shard {self.shard_id} has no generation "
+                                      f"{generation_id}")
+            if generation.info.is_current:
+                raise GenerationError(f"generation {generation_id} of shard {self.shard_id} "
+                                      "is current; GC never rewrites the current generation")
+            family = self._db.get_column_family_handle(generation.info.data_column_family())
+            for key in deletes:
+                batch.delete(key, family)
         for key, value in record_puts:
             batch.put(RECORD_PREFIX + key, value)
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
         self._db.write(batch, self._synced)
+        if applied is not None:
+            self.applied_offset = applied
 
     def compact_generation(self, generation_id: int) -> None:
         """Flush and compact a generation's data, so deleted entries free their space.

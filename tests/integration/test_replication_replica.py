@@ -20,14 +20,24 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
+from stratamq.broker.ds import (
+    Database,
+    DbOptions,
+    DurableStorage,
+    EndOfStream,
+    Message,
+    RetentionRules,
+    apply_gc_plan,
+)
+from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
 from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
-from stratamq.broker.errors import StorageError
+from stratamq.broker.ds.shard import now_us
+from stratamq.broker.errors import GcPlanRefusedError, StorageError
 from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
 from tests.support.storage import read_filter
@@ -92,6 +102,11 @@ def addresses(sites: tuple[Site, ...]) -> tuple[dict[str, str], dict[str, str]]:
     """The sites' peer addresses, and addresses where nothing listens (a cut link)."""
     return ({site.id: site.address for site in sites},
             {site.id: f"{HOST}:{free_port()}" for site in sites})
+
+
+def caught_up(site: Site, leader: Site) -> Callable[[], bool]:
+    """Whether `site` has applied every entry `leader` committed."""
+    return lambda: replica_of(site).applied >= replica_of(leader).log.committed
 
 
 async def commit(leader: Site, payload: bytes) -> None:
@@ -614,5 +629,93 @@ def test_a_bootstrap_takes_as_long_as_it_makes_progress(
             assert len(await read_filter(b.storage, "messages", "t")) == 20
         finally:
             for site in (a, b):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_topic_seed_set_at_a_follower_reaches_every_replica(tmp_path: Path) -> None:
+    """`ctl ds seed-topics` (or `stratamq spark launch learn-topics`) asks one site. The
+    seed goes through the shard's log, so every replica keeps it, and the next
+    generation, started by whichever replica leads then, starts seeded (it used to
+    stay on the site asked, and matter only while that site led the shard)."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+        replicas = tuple(sorted(site.id for site in (a, b, c)))
+        peers, _ = addresses((a, b, c))
+        try:
+            for site in (a, b, c):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            await until("a leads", lambda: replica_of(a).leadership is not None)
+            await c.database.set_topic_seed(["fleet/+/temp"])
+            await until("every replica keeps the seed",
+                        lambda: all(site.database.shards[0].topic_seed == ("fleet/+/temp",)
+                                    for site in (a, b, c)))
+            for site in (a, b, c):  # b leads from now on
+                await offer(site, 2, replicas, b.id, 2, peers)
+            await until("b leads", lambda: replica_of(b).leadership is not None)
+            await b.database.add_generation()
+            for site in (a, b, c):
+                await until(f"{site.id} applied what b did", caught_up(site, b))
+                shard = site.database.shards[0]
+                assert len(shard.generations) == 2
+                assert shard.current.trie.wildcard_paths(), \
+                    f"{site.id}'s new generation is not seeded"
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_gc_plan_applied_at_a_follower_changes_every_replica(tmp_path: Path) -> None:
+    """A GC plan made from c's checkpoint and applied at c (a follower): the drop of a
+    generation whose messages all expired and the rewrite of one partly expired go
+    through the shard's log, so a and b delete the same messages (they used to keep
+    them: the rewrite deleted on c alone, and the drop, asked of a site that does not
+    lead, did nothing though the plan's answer said `dropped`)."""
+    async def scenario() -> None:
+        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+        replicas = tuple(sorted(site.id for site in (a, b, c)))
+        peers, _ = addresses((a, b, c))
+        rules = RetentionRules(86_400.0, {"old/#": 1.0})
+        made_at = now_us() + 10_000_000  # every old/ message has expired by then
+        try:
+            for site in (a, b, c):
+                await offer(site, 1, replicas, a.id, 1, peers)
+            await until("a leads", lambda: replica_of(a).leadership is not None)
+            for topics in (["old/1", "old/2"], ["old/3", "keep/1", "old/4", "keep/2"]):
+                for topic in topics:
+                    assert await outcome(a.database.submit(
+                        [Message(topic, topic.encode(), "pub", 1)])[0]) == "committed"
+                await a.database.add_generation()
+            first, second = sorted(a.database.shards[0].generations)[:2]
+            for site in (b, c):
+                await until(f"{site.id} applied what a did", caught_up(site, a))
+
+            def entry(generation: int, action: str) -> dict[str, object]:
+                info = c.database.shards[0].generations[generation]
+                scan = scan_generation(info, rules, made_at)
+                return {"shard": 0, "generation": generation, "action": action,
+                        "until": info.info.until, "messages": scan.messages,
+                        "expired_messages": scan.expired}
+
+            plan = {"kind": PLAN_KIND, "format": PLAN_FORMAT, "db": "messages",
+                    "site": c.id, "retention": rules.to_json(), "made_at": made_at,
+                    "checkpoint": {"created_at": now_us()},
+                    "generations": [entry(first, "drop"), entry(second, "rewrite")]}
+            report = await apply_gc_plan(c.database, plan)
+            assert [result["status"] for result in report["generations"]] \
+                == ["dropped", "rewritten"], report
+            assert report["deleted_messages"] == 4
+            for site in (a, b, c):
+                shard = site.database.shards[0]
+                await until(f"{site.id} applied the plan", caught_up(site, a))
+                assert first not in shard.generations, f"{site.id} kept the dropped one"
+                left = scan_generation(shard.generations[second], rules, made_at)
+                assert (left.messages, left.expired) == (2, 0), \
+                    f"{site.id} holds {left.messages} messages, {left.expired} expired"
+            with pytest.raises(GcPlanRefusedError, match="older than the data"):
+                await apply_gc_plan(b.database, {**plan, "site": b.id})
+        finally:
+            for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())

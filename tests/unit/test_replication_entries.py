@@ -20,6 +20,11 @@ changes = st.one_of(
     st.builds(entries.AddGeneration, st.integers(0, 2**64 - 1),
               st.lists(st.text(max_size=12), max_size=4).map(tuple)),
     st.builds(entries.DropGeneration, st.integers(0, 2**32 - 1)),
+    st.builds(entries.GcWrite, st.integers(0, 2**32 - 1),
+              st.lists(st.binary(max_size=40), max_size=5).map(tuple),
+              st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=20)),
+                       max_size=3).map(tuple)),
+    st.builds(entries.SetTopicSeed, st.lists(st.text(max_size=12), max_size=4).map(tuple)),
     st.just(entries.Noop()))
 
 
@@ -29,6 +34,8 @@ def test_entries_round_trip(change: entries.Change) -> None:
     assert entries.decode(raw) == change
     assert raw[0] == {bytes: entries.Kind.BATCH, entries.AddGeneration: entries.Kind.ADD_GENERATION,
                       entries.DropGeneration: entries.Kind.DROP_GENERATION,
+                      entries.GcWrite: entries.Kind.GC_WRITE,
+                      entries.SetTopicSeed: entries.Kind.SET_TOPIC_SEED,
                       entries.Noop: entries.Kind.NOOP}[type(change)]
 
 
@@ -39,7 +46,13 @@ def test_a_batch_entry_is_its_kind_then_the_cooked_bytes() -> None:
 
 @pytest.mark.parametrize("raw", [b"", b"\x09", b"\x00extra", b"\x03\x00\x01",
                                  b"\x02\x00\x00\x00\x00\x00\x00\x00\x01{",
-                                 b"\x02\x00\x00\x00\x00\x00\x00\x00\x01[1]"])
+                                 b"\x02\x00\x00\x00\x00\x00\x00\x00\x01[1]",
+                                 # a GC write: a key longer than the entry, a delete
+                                 # missing, a record without its value
+                                 b"\x04\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x05ab",
+                                 b"\x04\x00\x00\x00\x01\x00\x00\x00\x01",
+                                 b"\x04\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x01k",
+                                 b"\x05{}"])
 def test_damaged_entries_are_refused(raw: bytes) -> None:
     with pytest.raises(CorruptDataError):
         entries.decode(raw)

@@ -101,12 +101,30 @@ class DatabaseReplication:
         return await self.replicas[shard_id].add_generation()
 
     async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
+        return await self.propose(shard_id, entries.DropGeneration(generation_id))
+
+    async def drop_generation_at_leader(self, shard_id: int, generation_id: int) -> None:
+        await self.replicas[shard_id].change(entries.DropGeneration(generation_id),
+                                             functools.partial(self.propose, shard_id))
+
+    async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
+                       record_puts: list[tuple[bytes, bytes]]) -> None:
+        await self.replicas[shard_id].change(
+            entries.GcWrite(generation_id, tuple(deletes), tuple(record_puts)))
+
+    async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
+        await self.replicas[shard_id].change(entries.SetTopicSeed(patterns))
+
+    async def propose(self, shard_id: int, change: entries.Change) -> bool:
+        """Append a generation change as the shard's leader (False elsewhere); a drop
+        is first told to the sites that read the shard here without a replica."""
         replica = self.replicas[shard_id]
         if replica.leadership is None:
-            return False  # the leader drops it, through the log
-        if self._site.remote.database is self.database:
-            await self._site.remote.before_drop(shard_id, generation_id)
-        return await replica.propose(entries.DropGeneration(generation_id))
+            return False
+        if isinstance(change, entries.DropGeneration) \
+                and self._site.remote.database is self.database:
+            await self._site.remote.before_drop(shard_id, change.generation)
+        return await replica.propose(change)
 
     async def close(self) -> None:
         """Stop this database's replicas' loops and close their logs; the peer port
@@ -144,7 +162,7 @@ class SiteReplication:
         # set (and replaced) each time this site has taken a placement
         self._placement_taken = asyncio.Event()
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records)
+                                  self._barrier, self._read_records, self._change)
         self._handlers: dict[str, PeerHandler] = {}
         self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
         # connections to peers start from this site's own address (when it binds one)
@@ -381,6 +399,18 @@ class SiteReplication:
         replica = self._replica(db, shard)
         messages, puts, deletes, fences = decode_submit(body)
         await replica.submit_forwarded(messages, puts, deletes, fences)
+
+    async def _change(self, db: str, shard: int, entry: bytes) -> None:
+        """A generation change another site asks this site to append as the leader."""
+        change = entries.decode(entry)
+        if not isinstance(change, entries.DropGeneration | entries.GcWrite
+                          | entries.SetTopicSeed):
+            raise CorruptDataError(f"a {type(change).__name__} is not a change another "
+                                   "site may ask for")
+        replica = self._replica(db, shard)
+        await replica.until_leading()
+        if not await self.databases[db].propose(shard, change):
+            raise NotLeaderError(f"{db}/{shard}: this site does not lead the shard")
 
     async def _barrier(self, db: str, shard: int) -> int:
         return await self._replica(db, shard).barrier_offset()

@@ -39,6 +39,10 @@ OnAppend = Callable[[str, int], None]
 # returns once committed.
 Submit = Callable[[str, int, bytes], Awaitable[None]]
 SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
+# A generation change (an encoded log entry: a drop, GC deletes, a topic seed) another
+# site asks this site to append as the shard's leader: (db, shard, entry); returns
+# once applied here.
+ChangeAt = Callable[[str, int, bytes], Awaitable[None]]
 DEADLINE_HEADER = "X-Stratamq-Deadline"
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
@@ -61,8 +65,10 @@ class PeerError(StorageError):
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
                  submit: Submit | None = None, barrier: Barrier | None = None,
-                 read_records: ReadRecords | None = None) -> None:
+                 read_records: ReadRecords | None = None, change: ChangeAt | None = None
+                 ) -> None:
         self._logs_of = logs_of
+        self._change_at = change
         self._executor = executor
         self._on_append = on_append
         self._submit = submit
@@ -95,6 +101,7 @@ class PeerServer:
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/submit", self._submit_write)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
+        app.router.add_post("/peer/v1/dbs/{db}/{shard}/change", self._change)
         for add_routes in self.extra_routes:
             add_routes(app)
         return app
@@ -211,6 +218,22 @@ class PeerServer:
                           error.message)
         return web.json_response({"committed": True})
 
+
+    async def _change(self, http: web.Request) -> web.Response:
+        if self._change_at is None:
+            return _error(404, "unknown_shard", "this site takes no generation changes")
+        try:
+            shard = int(http.match_info["shard"])
+        except ValueError:
+            return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        try:
+            await self._change_at(http.match_info["db"], shard, await http.read())
+        except CorruptDataError as error:
+            return _error(400, "bad_request", str(error))
+        except StorageError as error:
+            return _error(503 if error.recoverable else 500, type(error).__name__,
+                          error.message)
+        return web.json_response({"applied": True})
 
     async def _read_barrier(self, http: web.Request) -> web.Response:
         if self._barrier is None:
@@ -350,6 +373,14 @@ class PeerClient:
             raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
                             f"forwarded write: {error!r}") from error
 
+
+    async def change(self, address: str, db: str, shard: int, entry: bytes,
+                     within: float) -> None:
+        """Have the shard's leader at `address` append a generation change (an encoded
+        log entry); returns once it is applied there. PeerError (recoverable)
+        otherwise."""
+        await self._json("POST", address, f"/peer/v1/dbs/{db}/{shard}/change",
+                         f"a generation change of {db}/{shard}", within, data=entry)
 
     async def read_records(self, address: str, db: str, shard: int, prefix: bytes,
                            within: float, limit: int | None = None,

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,7 +253,7 @@ class ShardReplica:
                 await self._begin(placement)
                 return
 
-    async def _until_leading(self) -> None:
+    async def until_leading(self) -> None:
         """While this site is named the leader and still takes over, wait for it (up
         to `write_timeout`): a request sent to the new leader right after the push
         is not refused for arriving a moment early."""
@@ -488,6 +488,43 @@ class ShardReplica:
         await self._wait_applied(offset, deadline)
         return True
 
+    async def change(self, change: entries.Change,
+                     as_leader: Callable[[entries.Change], Awaitable[bool]] | None = None
+                     ) -> None:
+        """Append a generation change (a drop, GC deletes, a topic seed) as the shard's
+        leader, or have the leader append it; returns once applied where it was
+        appended. Such changes are safe to append twice (a drop or delete of what is
+        gone is only recorded, a seed is set again), so a change that may or may not
+        have landed is sent again, to the next leader, until `write_timeout`.
+        `as_leader` (default `propose`) is how this site appends it when it leads."""
+        propose = as_leader or self.propose
+        deadline = time.monotonic() + self._settings.write_timeout
+        while True:
+            placement = self.placement
+            changed = self._placement_changed
+            try:
+                if await propose(change):
+                    return
+                if placement is not None and placement.leader != self._settings.site \
+                        and placement.leader in self.peers:
+                    await self._client.change(self.peers[placement.leader],
+                                              self.database.name, self.shard_id,
+                                              entries.encode(change), self._remaining(deadline))
+                    return
+            except (PeerError, NotLeaderError) as exc:
+                if self._remaining(deadline) <= 0:
+                    raise
+                log.info("%s: a generation change goes to the shard's next leader: %s",
+                         self._label, exc.message)
+            try:
+                await asyncio.wait_for(changed.wait(),
+                                       min(RETRY_INTERVAL, self._remaining(deadline)))
+            except TimeoutError:
+                if self._remaining(deadline) <= 0:
+                    raise StorageTimeoutError(
+                        f"{self._label}: no leader took the change within "
+                        f"{self._settings.write_timeout}s") from None
+
     async def add_generation(self) -> bool:
         if self.leadership is None:
             return False
@@ -544,7 +581,7 @@ class ShardReplica:
                                record_deletes: list[bytes],
                                fences: list[Fence] | None = None) -> None:
         """A write another site forwarded to this site as the shard's leader."""
-        await self._until_leading()
+        await self.until_leading()
         if self.leadership is None:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
         done = self.database.submit_to_shard(self.shard_id, messages, record_puts,
@@ -558,7 +595,7 @@ class ShardReplica:
         write buffer (forwarded ones among them) have been tried. A replica that has
         applied that far has every write this leader answered, and every write whose
         outcome was still open here decided one way or the other."""
-        await self._until_leading()
+        await self.until_leading()
         leadership = self.leadership
         if leadership is None or not leadership.current:
             raise NotLeaderError(f"{self._label}: this site does not lead the shard")
@@ -845,6 +882,12 @@ class ShardReplica:
             await database.apply_add_generation(self.shard_id, change.at, change.seed, offset)
         elif isinstance(change, entries.DropGeneration):
             await database.apply_drop_generation(self.shard_id, change.generation, offset)
+        elif isinstance(change, entries.GcWrite):
+            await database.apply_gc_write(self.shard_id, change.generation,
+                                          list(change.deletes), list(change.record_puts),
+                                          offset)
+        elif isinstance(change, entries.SetTopicSeed):
+            await database.apply_topic_seed(self.shard_id, change.patterns, offset)
         else:
             await database.apply_noop(self.shard_id, offset)
 
