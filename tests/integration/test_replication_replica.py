@@ -104,6 +104,20 @@ def addresses(sites: tuple[Site, ...]) -> tuple[dict[str, str], dict[str, str]]:
             {site.id: f"{HOST}:{free_port()}" for site in sites})
 
 
+async def start_three_led_by_a(tmp_path: Path
+                               ) -> tuple[tuple[Site, Site, Site], tuple[str, ...],
+                                          dict[str, str]]:
+    """Sites a, b, c holding the shard, a leading it at epoch 1 (placement version
+    1); their replica set and peer addresses, for the placements that follow."""
+    a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+    replicas = tuple(sorted(site.id for site in (a, b, c)))
+    peers, _ = addresses((a, b, c))
+    for site in (a, b, c):
+        await offer(site, 1, replicas, a.id, 1, peers)
+    await until("a leads", lambda: replica_of(a).leadership is not None)
+    return (a, b, c), replicas, peers
+
+
 def caught_up(site: Site, leader: Site) -> Callable[[], bool]:
     """Whether `site` has applied every entry `leader` committed."""
     return lambda: replica_of(site).applied >= replica_of(leader).log.committed
@@ -481,14 +495,9 @@ def test_a_resend_read_at_a_lagging_replica_is_read_at_one_that_has_it(
     resend: b's copy lacks it, and taking that for 'dropped by retention' loses it. b
     reads it at a replica that has it."""
     async def scenario() -> None:
-        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
-        replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers, _ = addresses((a, b, c))
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
         try:
-            for site in (a, b, c):
-                await offer(site, 1, replicas, a.id, 1, peers)
             leading = replica_of(a)
-            await until("a leads", lambda: leading.leadership is not None)
             await commit(a, b"m1")
             b_replica = replica_of(b)
             await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
@@ -639,13 +648,8 @@ def test_a_topic_seed_set_at_a_follower_reaches_every_replica(tmp_path: Path) ->
     generation, started by whichever replica leads then, starts seeded (it used to
     stay on the site asked, and matter only while that site led the shard)."""
     async def scenario() -> None:
-        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
-        replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers, _ = addresses((a, b, c))
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
         try:
-            for site in (a, b, c):
-                await offer(site, 1, replicas, a.id, 1, peers)
-            await until("a leads", lambda: replica_of(a).leadership is not None)
             await c.database.set_topic_seed(["fleet/+/temp"])
             await until("every replica keeps the seed",
                         lambda: all(site.database.shards[0].topic_seed == ("fleet/+/temp",)
@@ -673,15 +677,10 @@ def test_a_gc_plan_applied_at_a_follower_changes_every_replica(tmp_path: Path) -
     them: the rewrite deleted on c alone, and the drop, asked of a site that does not
     lead, did nothing though the plan's answer said `dropped`)."""
     async def scenario() -> None:
-        a, b, c = [await start_site(tmp_path / name) for name in "abc"]
-        replicas = tuple(sorted(site.id for site in (a, b, c)))
-        peers, _ = addresses((a, b, c))
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path)
         rules = RetentionRules(86_400.0, {"old/#": 1.0})
         made_at = now_us() + 10_000_000  # every old/ message has expired by then
         try:
-            for site in (a, b, c):
-                await offer(site, 1, replicas, a.id, 1, peers)
-            await until("a leads", lambda: replica_of(a).leadership is not None)
             for topics in (["old/1", "old/2"], ["old/3", "keep/1", "old/4", "keep/2"]):
                 for topic in topics:
                     assert await outcome(a.database.submit(
