@@ -34,6 +34,7 @@ class Broker:
         self.dispatcher.on_interest = messages.set_interest
         self.dispatcher.site = messages.site_id
         self.dispatcher.members_with = messages.members_with
+        self.dispatcher.fed_through = messages.fed_through
         messages.attach_shared_unsettled(self.dispatcher.shared_unsettled)
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)

@@ -4,11 +4,14 @@ into one delivery), and to one member of each matching shared group that the ACL
 lets receive it. A shared group whose members have no room in their queues for a
 message reads that stream from storage from the message on (a backlog, read by
 `shared_backlog.py`), as a transient session does: no QoS 1/2 message is dropped
-for a slow group."""
+for a slow group. A group whose members are all away (disconnected, their sessions
+kept) is kept as where they stopped settling messages, and reads from there when
+one comes back: no QoS 1/2 message is dropped for an absent group either."""
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +30,12 @@ def _message_key(message: Message) -> str:
 
 def _group_key(subscription: Subscription) -> str:
     return f"{subscription.share_group}/{subscription.topic_filter}"
+
+
+# A shard that fed this site nothing since it started: an absent group reads it from
+# this long before its last member went (a message stored just before may be fed
+# just after).
+AWAY_FEED_LAG_US = 5_000_000
 
 
 @dataclass(slots=True, eq=False)
@@ -57,6 +66,9 @@ class SharedGroup:
     name: str
     topic_filter: str
     members: list[tuple[Session, Subscription]] = field(default_factory=list)
+    # The client ids of members that disconnected and keep their session (and so
+    # their subscription): the group stays theirs while they are away.
+    away: set[str] = field(default_factory=set)
     backlogs: dict[Stream, Backlog] = field(default_factory=dict)
     # Deliveries a member lost (it left) that no other member had room for yet:
     # at most what the members that left had queued and in flight.
@@ -96,6 +108,16 @@ class SharedGroup:
         return first
 
 
+@dataclass(slots=True)
+class AbsentGroup:
+    """A group whose last member here went away (keeping its session) while no other
+    site had members of it: per shard, the first timestamp its members had not
+    settled (or the first after what this site was fed), and who keeps it."""
+
+    since: dict[int, int]
+    away: set[str]
+
+
 class Dispatcher:
     def __init__(self) -> None:
         self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
@@ -114,6 +136,12 @@ class Dispatcher:
         self.members_with: Callable[[str], Sequence[ShareMember]] | None = None
         # Told when a group has a backlog to read (shared_backlog.py reads it).
         self.on_backlog: Callable[[SharedGroup], None] | None = None
+        # Groups whose members are all away, by key; told when one comes back, with
+        # where per shard it reads from (shared_backlog.py); per shard, the last
+        # timestamp fed here (the database's `fed_through`).
+        self._absent: dict[str, AbsentGroup] = {}
+        self.on_back: Callable[[SharedGroup, dict[int, int]], None] | None = None
+        self.fed_through: Callable[[], list[int]] | None = None
 
     def _hold(self, topic_filter: str, change: int,
               left_from: dict[int, int] | None = None) -> None:
@@ -183,6 +211,11 @@ class Dispatcher:
             return True
         return shared_site(group.key, _message_key(message), members,
                            message.timestamp) == self.site
+
+    @property
+    def absent_groups(self) -> list[str]:
+        """The keys of the groups whose members are all away (see `AbsentGroup`)."""
+        return list(self._absent)
 
     def members_of(self, group: SharedGroup) -> Sequence[ShareMember]:
         """The sites with members of the group, this one included."""
@@ -260,20 +293,53 @@ class Dispatcher:
                                                           subscription.topic_filter)
             self._index.add(subscription.topic_filter, group)
             self._hold(f"$share/{group_key}", 1)
+            absent = self._absent.pop(group_key, None)
+            if absent is not None:
+                group.away = absent.away
+                if self.on_back is not None:
+                    self.on_back(group, absent.since)
+        group.away.discard(session.client_id)
         group.members = [m for m in group.members if m[0] is not session]
         group.members.append((session, subscription))
 
-    def unroute(self, session: Session, subscription: Subscription) -> None:
+    def unroute(self, session: Session, subscription: Subscription, *,
+                stays_subscribed: bool = False) -> None:
+        """Take a subscription out of the feed. `stays_subscribed`: the session went
+        away (disconnected) and keeps it, so a shared group waits for it."""
         if subscription.share_group is None:
             if self._index.remove(subscription.topic_filter, (session, subscription.key)):
                 self._hold(subscription.topic_filter, -1)
             return
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
-        if group is None:
+        if group is None:  # a member away ends (expiry, takeover elsewhere)
+            absent = self._absent.get(group_key)
+            if absent is not None and not stays_subscribed:
+                absent.away.discard(session.client_id)
+                if not absent.away:
+                    del self._absent[group_key]
             return
         group.members = [m for m in group.members if m[0] is not session]
+        if stays_subscribed:
+            group.away.add(session.client_id)
+        else:
+            group.away.discard(session.client_id)
         if not group.members:
+            unsettled = group.unsettled_from()
+            if group.away and len(self.members_of(group)) <= 1:
+                self._absent[group_key] = AbsentGroup(self._stopped_at(unsettled),
+                                                      group.away)
             del self._groups[group_key]
             self._index.remove(subscription.topic_filter, group)
-            self._hold(f"$share/{group_key}", -1, group.unsettled_from())
+            self._hold(f"$share/{group_key}", -1, unsettled)
+
+    def _stopped_at(self, unsettled: dict[int, int]) -> dict[int, int]:
+        """Per shard, where a group whose members all went away reads from when one
+        comes back: the first message not settled, else the first after what this
+        site was fed."""
+        fed = self.fed_through() if self.fed_through is not None else []
+        lag = int(time.time() * 1_000_000) - AWAY_FEED_LAG_US
+        since = {shard: last + 1 if last else lag for shard, last in enumerate(fed)}
+        for shard, timestamp in unsettled.items():
+            since[shard] = min(since.get(shard, timestamp), timestamp)
+        return since

@@ -246,8 +246,9 @@ class SessionRegistry:
             if session.outlet is None and self.sessions.get(client_id) is not session:
                 return
             await session.detach()
+            stays = session.durable and session.expiry_interval != 0
             for subscription in session.subscriptions.values():
-                self._dispatcher.unroute(session, subscription)
+                self._dispatcher.unroute(session, subscription, stays_subscribed=stays)
             will = session.will if publish_will else None
             if not publish_will:
                 session.set_will(None)

@@ -54,6 +54,18 @@ class SharedBacklog:
         self._dispatcher = dispatcher
         self._readers: dict[SharedGroup, asyncio.Task[None]] = {}
         dispatcher.on_backlog = self._start_reader
+        dispatcher.on_back = self.on_back
+
+    def on_back(self, group: SharedGroup, since: dict[int, int]) -> None:
+        """A group whose members were all away has one again: it reads its streams
+        from where they stopped settling messages, per shard (at least once: what
+        was sent and not acknowledged comes again)."""
+        if not since:
+            return
+        for _rank, stream in self._storage.get_streams(self._db, group.topic_filter,
+                                                       min(since.values())):
+            if stream.shard in since:
+                self._dispatcher.add_backlog(group, stream, since[stream.shard])
 
     def on_feed_gap(self, shard: int, since: int) -> None:
         """The site may have missed the shard's messages from `since` on (a database's

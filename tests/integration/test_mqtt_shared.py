@@ -6,11 +6,14 @@ import contextlib
 import queue
 import time
 
+from paho.mqtt.packettypes import PacketTypes
+
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
 from tests.support.clients import (
     TIMEOUT,
     PahoClient,
     RawClient,
+    paho_properties,
     unique,
 )
 from tests.support.harness import BrokerProcess
@@ -110,3 +113,35 @@ def test_no_local_on_a_shared_subscription_is_a_protocol_error(broker: BrokerPro
     client.connect(unique("nl"))
     client.send(Subscribe(1, [(f"$share/g/{unique('nl')}", SubscriptionOptions(1, True))]))
     assert [p.reason_code for p in client.wait_closed() if isinstance(p, Disconnect)] == [0x82]
+
+
+def test_a_group_whose_only_member_is_away_keeps_its_messages(
+        broker: BrokerProcess, clients: list[PahoClient]) -> None:
+    """The only member of a group, a session kept across disconnects with receive
+    maximum 1, holds one message unacknowledged and has the rest queued when it
+    disconnects; more are published while it is away. Back, it gets every one (the
+    group used to go with its last connection, and start again from the live feed:
+    all 40 were lost)."""
+    topic = unique("away")
+    client_id = unique("member")
+    keep_session = paho_properties(PacketTypes.CONNECT, SessionExpiryInterval=3600,
+                                   ReceiveMaximum=1)
+    member = PahoClient(broker.port, client_id, manual_ack=True)
+    clients.append(member)
+    assert member.connect(clean_start=False, properties=keep_session).reason_code == 0
+    assert member.subscribe(f"$share/g/{topic}/#", 1) == [1]
+    publisher = connected(broker, clients)
+    for number in range(20):
+        publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1)
+    first = member.expect(1)[0]  # never acknowledged
+    member.disconnect()
+    for number in range(20, 40):
+        publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1)
+
+    back = PahoClient(broker.port, client_id)
+    clients.append(back)
+    connack = back.connect(clean_start=False, properties=keep_session)
+    assert (connack.reason_code, connack.session_present) == (0, True)
+    # at least once: the one sent and not acknowledged comes again
+    got = [int(message.payload) for message in back.expect(40, timeout=2 * TIMEOUT)]
+    assert sorted(got) == list(range(40)), (int(first.payload), got)

@@ -224,3 +224,29 @@ def test_a_groups_unsettled_positions_count_what_its_members_have_not_acknowledg
         await settle()
         assert dispatcher.shared_unsettled() == {"$share/g/t/#": {}}
     run(scenario())
+
+
+def test_a_group_whose_members_are_away_waits_for_them_and_only_for_them() -> None:
+    """A group stays (absent) while a member that went away keeps its session, so it
+    reads what it missed when one comes back; it goes once no member keeps it (memory
+    stays bounded), and is not kept here when another site has members (they take
+    this site's share on, as when a site leaves a group)."""
+    async def scenario() -> None:
+        storage, _db, dispatcher, _backlog = a_site()
+        a, _ = member(storage, dispatcher, "a", max_queued=10, receive_maximum=5)
+        b, _ = member(storage, dispatcher, "b", max_queued=10, receive_maximum=5)
+        dispatcher.unroute(a, SHARE, stays_subscribed=True)  # a disconnects
+        dispatcher.unroute(b, SHARE)  # b unsubscribes: the group waits for a
+        assert dispatcher.absent_groups == ["g/t/#"]
+        dispatcher.route(a, SHARE)  # a is back
+        assert dispatcher.absent_groups == []
+        dispatcher.unroute(a, SHARE, stays_subscribed=True)
+        assert dispatcher.absent_groups == ["g/t/#"]
+        dispatcher.unroute(a, SHARE)  # a's session ends while away
+        assert dispatcher.absent_groups == []
+
+        dispatcher.members_with = lambda _filter: [("", 0), ("other", 0)]
+        dispatcher.route(a, SHARE)
+        dispatcher.unroute(a, SHARE, stays_subscribed=True)
+        assert dispatcher.absent_groups == []
+    run(scenario())
