@@ -11,6 +11,7 @@ from .publish import Publisher
 from .registry import Owner, SessionLimits, SessionRegistry
 from .retained import RetainedStore
 from .shared_backlog import SharedBacklog
+from .shared_positions import SharedPositions
 from .shared_replay import SharedReplay
 
 SESSIONS_DB = "sessions"
@@ -40,6 +41,10 @@ class Broker:
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
         self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
         messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
+        options = messages.options
+        self.shared_positions = SharedPositions(
+            self.dispatcher, storage.data_dir, messages.executor,
+            options.longest_retention_period or options.message_retention_period)
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
@@ -59,6 +64,8 @@ class Broker:
             ownership = Ownership(store, replication, peer_timeout)
             ownership.serve(broker.registry.release)
             broker.registry.ownership = ownership
+        await broker.shared_positions.load()
+        broker.shared_positions.start()
         broker.registry.start()
         return broker
 
@@ -66,6 +73,7 @@ class Broker:
         await self.shared_replay.close()
         await self.shared_backlog.close()
         await self.registry.stop()
+        await self.shared_positions.close()
 
     # The admin API lists these.
     @property

@@ -212,6 +212,34 @@ class Dispatcher:
         return shared_site(group.key, _message_key(message), members,
                            message.timestamp) == self.site
 
+    def positions_to_keep(self) -> dict[str, AbsentGroup]:
+        """What a restarted site needs to find its groups again: every absent group,
+        and every group here as it would be absent if its members went now (those
+        whose sessions outlive their connections keep it). A group that no member
+        keeps is left out."""
+        kept = dict(self._absent)
+        for key, group in self._groups.items():
+            away = group.away | {session.client_id for session, _s in group.members
+                                 if session.durable and session.expiry_interval != 0}
+            if away:
+                kept[key] = AbsentGroup(self._stopped_at(group.unsettled_from()), away)
+        return kept
+
+    def session_ended(self, client_id: str) -> None:
+        """A stored session not held here ended (it expired while no site held it):
+        the absent groups stop waiting for it."""
+        for key, absent in list(self._absent.items()):
+            absent.away.discard(client_id)
+            if not absent.away:
+                del self._absent[key]
+
+    def restore_absent(self, groups: dict[str, AbsentGroup]) -> None:
+        """At start: the groups a site kept when it stopped, absent until a member is
+        back (`positions_to_keep`)."""
+        for key, absent in groups.items():
+            if key not in self._groups:
+                self._absent[key] = absent
+
     @property
     def absent_groups(self) -> list[str]:
         """The keys of the groups whose members are all away (see `AbsentGroup`)."""

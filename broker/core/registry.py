@@ -499,6 +499,7 @@ class SessionRegistry:
             return 0
         await self._store.delete(record.client_id, record.owner_epoch)
         await self._store.forget_qos2(record.client_id, record.owner_epoch)
+        self._dispatcher.session_ended(client_id)
         log.info("stored session of %r expired: deleted", client_id)
         return 1
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import queue
 import time
+from collections.abc import Callable
 
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from stratamq.broker.core.shared_positions import SAVE_INTERVAL
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
 from tests.support.clients import (
     TIMEOUT,
@@ -115,13 +118,17 @@ def test_no_local_on_a_shared_subscription_is_a_protocol_error(broker: BrokerPro
     assert [p.reason_code for p in client.wait_closed() if isinstance(p, Disconnect)] == [0x82]
 
 
+@pytest.mark.parametrize("while_away", ["nothing", "restart", "kill -9"])
 def test_a_group_whose_only_member_is_away_keeps_its_messages(
-        broker: BrokerProcess, clients: list[PahoClient]) -> None:
+        broker_factory: Callable[..., BrokerProcess], clients: list[PahoClient],
+        while_away: str) -> None:
     """The only member of a group, a session kept across disconnects with receive
-    maximum 1, holds one message unacknowledged and has the rest queued when it
-    disconnects; more are published while it is away. Back, it gets every one (the
-    group used to go with its last connection, and start again from the live feed:
-    all 40 were lost)."""
+    maximum 1, holds one message unacknowledged and has the rest queued when it goes
+    (it disconnects, or the site restarts under it, or the site is killed); more are
+    published while it is away. Back, it gets every one, at least once. (The group
+    used to go with its last connection, and start again from the live feed: all 40
+    were lost.)"""
+    broker = broker_factory()
     topic = unique("away")
     client_id = unique("member")
     keep_session = paho_properties(PacketTypes.CONNECT, SessionExpiryInterval=3600,
@@ -134,7 +141,17 @@ def test_a_group_whose_only_member_is_away_keeps_its_messages(
     for number in range(20):
         publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1)
     first = member.expect(1)[0]  # never acknowledged
-    member.disconnect()
+    if while_away == "nothing":
+        member.disconnect()
+    elif while_away == "restart":
+        assert broker.stop() == 0
+        broker.start()
+    else:
+        time.sleep(2 * SAVE_INTERVAL)  # the positions are saved meanwhile
+        broker.kill()
+        broker.start()
+    member.stop()
+    publisher = connected(broker, clients)
     for number in range(20, 40):
         publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1)
 
