@@ -6,11 +6,12 @@ import contextlib
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from stratamq.broker.core.shared_positions import SAVE_INTERVAL
+from stratamq.broker.core.shared_positions import FILE_NAME, SAVE_INTERVAL
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
 from tests.support.clients import (
     TIMEOUT,
@@ -147,7 +148,13 @@ def test_a_group_whose_only_member_is_away_keeps_its_messages(
         assert broker.stop() == 0
         broker.start()
     else:
-        time.sleep(2 * SAVE_INTERVAL)  # the positions are saved meanwhile
+        # Killed once the site has saved the group with this member: any position
+        # saved since it subscribed is at or before its first message.
+        kept = Path(broker.config["durable_storage"]["messages"]["data_dir"]) / FILE_NAME
+        deadline = time.monotonic() + TIMEOUT
+        while not (kept.exists() and client_id in kept.read_text()):
+            assert time.monotonic() < deadline, f"{kept} never named {client_id}"
+            time.sleep(SAVE_INTERVAL / 10)
         broker.kill()
         broker.start()
     member.stop()
