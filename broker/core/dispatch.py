@@ -220,7 +220,7 @@ class Dispatcher:
         kept = dict(self._absent)
         for key, group in self._groups.items():
             away = group.away | {session.client_id for session, _s in group.members
-                                 if session.durable and session.expiry_interval != 0}
+                                 if session.outlives_connection}
             if away:
                 kept[key] = AbsentGroup(self._stopped_at(group.unsettled_from()), away)
         return kept
@@ -228,10 +228,16 @@ class Dispatcher:
     def session_ended(self, client_id: str) -> None:
         """A stored session not held here ended (it expired while no site held it):
         the absent groups stop waiting for it."""
-        for key, absent in list(self._absent.items()):
+        for key in list(self._absent):
+            self._stop_waiting(key, client_id)
+
+    def _stop_waiting(self, group_key: str, client_id: str) -> None:
+        """An absent group no longer waits for `client_id`; with nobody left, it goes."""
+        absent = self._absent.get(group_key)
+        if absent is not None:
             absent.away.discard(client_id)
             if not absent.away:
-                del self._absent[key]
+                del self._absent[group_key]
 
     def restore_absent(self, groups: dict[str, AbsentGroup]) -> None:
         """At start: the groups a site kept when it stopped, absent until a member is
@@ -341,11 +347,8 @@ class Dispatcher:
         group_key = _group_key(subscription)
         group = self._groups.get(group_key)
         if group is None:  # a member away ends (expiry, takeover elsewhere)
-            absent = self._absent.get(group_key)
-            if absent is not None and not stays_subscribed:
-                absent.away.discard(session.client_id)
-                if not absent.away:
-                    del self._absent[group_key]
+            if not stays_subscribed:
+                self._stop_waiting(group_key, session.client_id)
             return
         group.members = [m for m in group.members if m[0] is not session]
         if stays_subscribed:

@@ -246,13 +246,13 @@ class SessionRegistry:
             if session.outlet is None and self.sessions.get(client_id) is not session:
                 return
             await session.detach()
-            stays = session.durable and session.expiry_interval != 0
             for subscription in session.subscriptions.values():
-                self._dispatcher.unroute(session, subscription, stays_subscribed=stays)
+                self._dispatcher.unroute(session, subscription,
+                                         stays_subscribed=session.outlives_connection)
             will = session.will if publish_will else None
             if not publish_will:
                 session.set_will(None)
-            if not session.durable or session.expiry_interval == 0:
+            if not session.outlives_connection:
                 stored = session.durable  # expiry set to 0 by the DISCONNECT
                 session.end_durability()
                 if self.sessions.get(client_id) is session:

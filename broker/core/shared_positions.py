@@ -1,12 +1,12 @@
 """Where this site's shared groups stopped settling messages, kept on disk
-(`<data dir>/shared-groups.json`) every `SAVE_INTERVAL` and at a clean stop, so that a
+(`<data_dir>/shared-groups.json`) every `SAVE_INTERVAL` and at a clean stop, so that a
 restarted site finds its groups again: each is absent (`AbsentGroup` in dispatch.py)
 until a member is back, and then reads from where its members stopped, at least once.
 After a `kill -9`, messages settled in the last interval come again.
 
 The file is the site's own: a member that comes back on another site of a cluster
-finds the group there from the live feed. An entry older than `KEEP_FOR` (the longest
-retention: storage holds nothing older to read) is dropped at load."""
+finds the group there from the live feed. A file older than `keep_for` (the longest
+retention: storage holds nothing older to read) is not loaded."""
 
 from __future__ import annotations
 

@@ -216,6 +216,7 @@ class Shard:
         if applied is not None:
             batch.put(_APPLIED_KEY, _U64.pack(applied))
         self._db.write(batch, self._synced)
+        # kept once written, and before the entry is known as applied
         self.topic_seed = tuple(patterns)
         if applied is not None:
             self.applied_offset = applied
@@ -250,9 +251,7 @@ class Shard:
         else:
             batch = WriteBatch(raw_mode=True)
             batch.delete(_generation_key(generation.info.id))
-            batch.put(_APPLIED_KEY, _U64.pack(applied))
-            self._db.write(batch, self._synced)
-            self.applied_offset = applied
+            self._write_applied(batch, self._synced, applied)
         generation.data.close()
         for name in (generation.info.data_column_family(), generation.info.trie_column_family()):
             self._db.drop_column_family(name)
@@ -323,16 +322,23 @@ class Shard:
             batch.delete(key)
         batch.put(_LAST_TIMESTAMP_KEY,
                   _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
-        if applied is not None:
-            batch.put(_APPLIED_KEY, _U64.pack(applied))
-        self._db.write(batch, self._no_stall_options if no_stall else self._write_options)
-        if applied is not None:
-            self.applied_offset = applied
+        self._write_applied(batch, self._no_stall_options if no_stall else self._write_options,
+                            applied)
 
     def record_applied(self, applied: int) -> None:
         """Record a log entry that changes no data (a no-op) as applied. Blocking."""
         self._db.put(_APPLIED_KEY, _U64.pack(applied), self._write_options)
         self.applied_offset = applied
+
+    def _write_applied(self, batch: WriteBatch, options: WriteOptions,
+                       applied: int | None) -> None:
+        """Write `batch`, with the log offset it applies (a replica applying an entry)
+        recorded in it, and known as applied only once written. Blocking."""
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
+        self._db.write(batch, options)
+        if applied is not None:
+            self.applied_offset = applied
 
     def messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
         """The messages of an applied batch with the static index of each one's stream:
@@ -456,11 +462,7 @@ class Shard:
                 batch.delete(key, family)
         for key, value in record_puts:
             batch.put(RECORD_PREFIX + key, value)
-        if applied is not None:
-            batch.put(_APPLIED_KEY, _U64.pack(applied))
-        self._db.write(batch, self._synced)
-        if applied is not None:
-            self.applied_offset = applied
+        self._write_applied(batch, self._synced, applied)
 
     def compact_generation(self, generation_id: int) -> None:
         """Flush and compact a generation's data, so deleted entries free their space.

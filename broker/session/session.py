@@ -1113,6 +1113,11 @@ class Session:
             kept = {pid: e for pid, e in self._in_flight.items() if e.released}
             self._in_flight = kept
 
+    @property
+    def outlives_connection(self) -> bool:
+        """Whether the session (and its subscriptions) stays when its connection ends."""
+        return self.durable and self.expiry_interval != 0
+
     def shared_unsettled(self, group_key: str) -> dict[int, int]:
         """Per shard, the first timestamp of this member's deliveries of a shared
         group not settled yet: queued, or sent and not acknowledged (a QoS 2 one

@@ -104,16 +104,19 @@ class DatabaseReplication:
         return await self.propose(shard_id, entries.DropGeneration(generation_id))
 
     async def drop_generation_at_leader(self, shard_id: int, generation_id: int) -> None:
-        await self.replicas[shard_id].change(entries.DropGeneration(generation_id),
-                                             functools.partial(self.propose, shard_id))
+        await self._change(shard_id, entries.DropGeneration(generation_id))
 
     async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
                        record_puts: list[tuple[bytes, bytes]]) -> None:
-        await self.replicas[shard_id].change(
-            entries.GcWrite(generation_id, tuple(deletes), tuple(record_puts)))
+        await self._change(shard_id,
+                           entries.GcWrite(generation_id, tuple(deletes), tuple(record_puts)))
 
     async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
-        await self.replicas[shard_id].change(entries.SetTopicSeed(patterns))
+        await self._change(shard_id, entries.SetTopicSeed(patterns))
+
+    async def _change(self, shard_id: int, change: entries.Change) -> None:
+        """Append a generation change here as the leader (`propose`), or at the leader."""
+        await self.replicas[shard_id].change(change, functools.partial(self.propose, shard_id))
 
     async def propose(self, shard_id: int, change: entries.Change) -> bool:
         """Append a generation change as the shard's leader (False elsewhere); a drop

@@ -489,21 +489,20 @@ class ShardReplica:
         return True
 
     async def change(self, change: entries.Change,
-                     as_leader: Callable[[entries.Change], Awaitable[bool]] | None = None
-                     ) -> None:
+                     as_leader: Callable[[entries.Change], Awaitable[bool]]) -> None:
         """Append a generation change (a drop, GC deletes, a topic seed) as the shard's
         leader, or have the leader append it; returns once applied where it was
         appended. Such changes are safe to append twice (a drop or delete of what is
         gone is only recorded, a seed is set again), so a change that may or may not
         have landed is sent again, to the next leader, until `write_timeout`.
-        `as_leader` (default `propose`) is how this site appends it when it leads."""
-        propose = as_leader or self.propose
+        `as_leader` appends it when this site leads (`DatabaseReplication.propose`:
+        `propose` here, after telling a drop to the sites that read the shard here)."""
         deadline = time.monotonic() + self._settings.write_timeout
         while True:
             placement = self.placement
             changed = self._placement_changed
             try:
-                if await propose(change):
+                if await as_leader(change):
                     return
                 if placement is not None and placement.leader != self._settings.site \
                         and placement.leader in self.peers:
