@@ -33,7 +33,15 @@ from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
 from .middleware import authentication, errors, json_body, listing
-from .views import Json, client_view, site_view, storage_summary, storage_view, subscription_view
+from .views import (
+    Json,
+    client_view,
+    shared_group_views,
+    site_view,
+    storage_summary,
+    storage_view,
+    subscription_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,7 @@ class AdminServer:
             web.get(f"{API}/clients", self._clients),
             web.get(f"{API}/clients/{{client_id}}", self._client),
             web.get(f"{API}/subscriptions", self._subscriptions),
+            web.get(f"{API}/shared_groups", self._shared_groups),
             web.get(f"{API}/ds/storages", self._storages),
             web.get(f"{API}/ds/storages/{{db}}", self._storage),
             web.post(f"{API}/ds/storages/{{db}}/checkpoints", self._checkpoint),
@@ -166,6 +175,10 @@ class AdminServer:
         return listing([subscription_view(session, subscription)
                         for session in sessions
                         for _, subscription in sorted(session.subscriptions.items())])
+
+    async def _shared_groups(self, _request: web.Request) -> web.Response:
+        broker = self._running().broker
+        return listing(shared_group_views(broker.dispatcher, broker.shared_positions.saved))
 
     async def _descriptions(self) -> list[DbDescription]:
         databases = self._running().storage.databases

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..channel.channel import Channel as Connection
+from ..core.dispatch import Dispatcher
 from ..ds import DbDescription
 from ..session.model import Subscription
 from ..session.session import Session
@@ -54,6 +55,28 @@ def subscription_view(session: Session, subscription: Subscription) -> Json:
         "identifier": subscription.identifier,
         "connected": session.outlet is not None,
     }
+
+
+def shared_group_views(dispatcher: Dispatcher, saved: dict[str, list[str]]) -> list[Json]:
+    """This site's shared groups: with members here, or absent (every member away,
+    see `AbsentGroup`); `saved_away`: the members away its stored record names (None:
+    no record)."""
+    live = {group.key: group for group in dispatcher.groups}
+    absent = dispatcher.absent
+    views = []
+    for key in sorted(live.keys() | absent.keys()):
+        name, _, topic_filter = key.partition("/")
+        group = live.get(key)
+        views.append({
+            "share_group": name,
+            "topic_filter": topic_filter,
+            "members": [] if group is None
+            else sorted(session.client_id for session, _s in group.members),
+            "away": sorted(group.away if group is not None else absent[key].away),
+            "absent": group is None,
+            "saved_away": saved.get(key),
+        })
+    return views
 
 
 def storage_summary(database: DbDescription) -> Json:

@@ -43,8 +43,9 @@ class Broker:
         messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
         options = messages.options
         self.shared_positions = SharedPositions(
-            self.dispatcher, storage.data_dir, messages.executor,
+            self.dispatcher, store, storage.site_id, storage.data_dir, messages.executor,
             options.longest_retention_period or options.message_retention_period)
+        self.registry.groups_kept_for = self.shared_positions.kept_for
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
@@ -64,7 +65,6 @@ class Broker:
             ownership = Ownership(store, replication, peer_timeout)
             ownership.serve(broker.registry.release)
             broker.registry.ownership = ownership
-        await broker.shared_positions.load()
         broker.shared_positions.start()
         broker.registry.start()
         return broker

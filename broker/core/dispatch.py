@@ -28,10 +28,6 @@ def _message_key(message: Message) -> str:
     return f"{message.client_id}|{message.timestamp}"
 
 
-def _group_key(subscription: Subscription) -> str:
-    return f"{subscription.share_group}/{subscription.topic_filter}"
-
-
 # A shard that fed this site nothing since it started: an absent group reads it from
 # this long before its last member went (a message stored just before may be fed
 # just after).
@@ -183,9 +179,10 @@ class Dispatcher:
 
     def add_backlog(self, group: SharedGroup, stream: Stream, since: int) -> None:
         """Read the group's share of the stream from storage from `since` on (a feed
-        gap: the site may have missed messages from there)."""
+        gap: the site may have missed messages from there; a member back: the group
+        stopped settling there). A backlog that began later reads again from `since`."""
         backlog = group.backlogs.get(stream)
-        if backlog is None:
+        if backlog is None or since < backlog.since:
             group.backlogs[stream] = Backlog(since)
         else:  # what it read is delivered; it reads on from there
             backlog.caught_up = False
@@ -239,17 +236,32 @@ class Dispatcher:
             if not absent.away:
                 del self._absent[group_key]
 
-    def restore_absent(self, groups: dict[str, AbsentGroup]) -> None:
-        """At start: the groups a site kept when it stopped, absent until a member is
-        back (`positions_to_keep`)."""
+    def adopt_absent(self, groups: dict[str, AbsentGroup]) -> None:
+        """Groups kept for members whose sessions are here now: kept by this site when
+        it stopped, or taken along from the site a session moved from. Each is absent
+        here until a member is back (with one kept here already: the earlier position
+        per shard, and both's members away); a group with members here already reads
+        from there too (at least once)."""
         for key, absent in groups.items():
-            if key not in self._groups:
-                self._absent[key] = absent
+            group = self._groups.get(key)
+            if group is not None:
+                if self.on_back is not None:
+                    self.on_back(group, absent.since)
+                continue
+            kept = self._absent.setdefault(key, AbsentGroup({}, set()))
+            for shard, at in absent.since.items():
+                kept.since[shard] = min(kept.since.get(shard, at), at)
+            kept.away |= absent.away
 
     @property
     def absent_groups(self) -> list[str]:
         """The keys of the groups whose members are all away (see `AbsentGroup`)."""
         return list(self._absent)
+
+    @property
+    def absent(self) -> dict[str, AbsentGroup]:
+        """The groups whose members are all away, by key (a copy)."""
+        return dict(self._absent)
 
     def members_of(self, group: SharedGroup) -> Sequence[ShareMember]:
         """The sites with members of the group, this one included."""
@@ -320,7 +332,7 @@ class Dispatcher:
             if self._index.add(subscription.topic_filter, (session, subscription.key)):
                 self._hold(subscription.topic_filter, 1)
             return
-        group_key = _group_key(subscription)
+        group_key = subscription.group_key
         group = self._groups.get(group_key)
         if group is None:
             group = self._groups[group_key] = SharedGroup(subscription.share_group,
@@ -344,7 +356,7 @@ class Dispatcher:
             if self._index.remove(subscription.topic_filter, (session, subscription.key)):
                 self._hold(subscription.topic_filter, -1)
             return
-        group_key = _group_key(subscription)
+        group_key = subscription.group_key
         group = self._groups.get(group_key)
         if group is None:  # a member away ends (expiry, takeover elsewhere)
             if not stays_subscribed:

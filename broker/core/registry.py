@@ -11,7 +11,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from ..session.model import NEVER_EXPIRES, SessionRecord
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..supervise import note_task_failure, supervise
-from .dispatch import Dispatcher
+from .dispatch import AbsentGroup, Dispatcher
 from .ownership import NotOwnerError, Ownership
 from .publish import Publisher
 
@@ -76,6 +76,10 @@ class SessionRegistry:
         self.limits = limits
         # set in a cluster: who owns each client id is decided across sites
         self.ownership: Ownership | None = None
+        # (client id, site, group keys) -> the shared groups that site keeps for the
+        # client (shared_positions.py): they move here with its session
+        self.groups_kept_for: Callable[[str, str, Collection[str]],
+                                       Awaitable[dict[str, AbsentGroup]]] | None = None
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
         # only while a client id's lock is held or awaited (see _lock)
@@ -162,8 +166,9 @@ class SessionRegistry:
         session keeps only the subscriptions `may_subscribe` still allows."""
         client_id = connection.client_id
         epoch = None
+        groups_along: dict[str, AbsentGroup] = {}
         if self.ownership is not None:
-            epoch = await self._take_ownership(client_id, username)
+            epoch, groups_along = await self._take_ownership(client_id, username)
         while True:
             async with self._lock(client_id):
                 session = self.sessions.get(client_id)
@@ -183,7 +188,7 @@ class SessionRegistry:
                     try:
                         return await self._open_session_locked(
                             client_id, clean_start, expiry_interval, username,
-                            may_subscribe, record, ended, epoch)
+                            may_subscribe, record, ended, epoch, groups_along)
                     except BaseException:
                         if self.connections.get(client_id) is connection:
                             del self.connections[client_id]
@@ -196,8 +201,10 @@ class SessionRegistry:
     async def _open_session_locked(self, client_id: str, clean_start: bool,
                                    expiry_interval: int, username: str | None,
                                    may_subscribe: Callable[[str], bool],
-                                   record: SessionRecord | None,
-                                   ended: bool, epoch: int | None) -> tuple[Session, bool]:
+                                   record: SessionRecord | None, ended: bool,
+                                   epoch: int | None,
+                                   groups_along: dict[str, AbsentGroup]
+                                   ) -> tuple[Session, bool]:
         self._cancel_timers(client_id)
         session = self.sessions.get(client_id)
         if session is None and not clean_start:
@@ -228,6 +235,10 @@ class SessionRegistry:
         else:
             # the ACL may have changed since the session subscribed
             session.drop_subscriptions(may_subscribe)
+            self._dispatcher.adopt_absent({
+                key: group for key, group in groups_along.items()
+                if key in {subscription.group_key
+                           for subscription in session.subscriptions.values()}})
         # A stored session stays durable for the connection that resumes it, whatever
         # expiry this CONNECT asks for: the new expiry applies when the connection ends
         # (MQTT-3.1.2-4/5; close_session deletes the record then if it is 0).
@@ -376,18 +387,28 @@ class SessionRegistry:
 
     # -- ownership across sites (a cluster) -----------------------------------------
 
-    async def _take_ownership(self, client_id: str, username: str | None) -> int:
+    async def _take_ownership(self, client_id: str, username: str | None
+                              ) -> tuple[int, dict[str, AbsentGroup]]:
+        """This site's owner epoch of the client id, and the shared groups the site
+        that owned it keeps for it (read before that site is told to let go: it
+        forgets them then)."""
         assert self.ownership is not None
         async with self._lock(client_id):
             held = self.sessions.get(client_id)
+            subscriptions = [] if held is None else list(held.subscriptions.values())
             if held is None:
                 # a stored session of another user is refused before its owner site
                 # is told to let go of it
                 record = await self._store.load(client_id)
-                if record is not None and _resumable(record) and record.username != username:
-                    raise NotSessionOwner(client_id)
+                if record is not None and _resumable(record):
+                    if record.username != username:
+                        raise NotSessionOwner(client_id)
+                    subscriptions = record.subscriptions
             elif held.username != username:
                 raise NotSessionOwner(client_id)
+        groups_along = await self._groups_kept_elsewhere(
+            client_id, {subscription.group_key for subscription in subscriptions
+                        if subscription.share_group is not None})
         try:
             epoch = await self.ownership.take(
                 client_id, username, None if held is None else held.owner_epoch)
@@ -398,7 +419,19 @@ class SessionRegistry:
             if stale is not None and stale.owner_epoch != epoch and stale.outlet is None:
                 # a copy from before another site owned it: the store has the session
                 self._forget_here(stale)
-        return epoch
+        return epoch, groups_along
+
+    async def _groups_kept_elsewhere(self, client_id: str, group_keys: set[str]
+                                     ) -> dict[str, AbsentGroup]:
+        """The groups among `group_keys` that the site owning `client_id` keeps for
+        it, when that is another site (a storage error fails the connect, as the
+        session's own read does: the client tries again)."""
+        if not group_keys or self.groups_kept_for is None:
+            return {}
+        _epoch, owner = await self._store.owner_of(client_id)
+        if not owner or owner == self._store.owner:
+            return {}
+        return await self.groups_kept_for(client_id, owner, group_keys)
 
     async def release(self, client_id: str, username: str | None) -> bool:
         """Another site takes `client_id` over: close its connection here (0x8E

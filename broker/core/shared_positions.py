@@ -1,12 +1,20 @@
-"""Where this site's shared groups stopped settling messages, kept on disk
-(`<data_dir>/shared-groups.json`) every `SAVE_INTERVAL` and at a clean stop, so that a
-restarted site finds its groups again: each is absent (`AbsentGroup` in dispatch.py)
-until a member is back, and then reads from where its members stopped, at least once.
-After a `kill -9`, messages settled in the last interval come again.
+"""Where this site's shared groups stopped settling messages, kept in storage (a
+record per group and site in the `sessions` database, `SessionStore.save_group`)
+every `SAVE_INTERVAL` when they moved, and at a clean stop:
 
-The file is the site's own: a member that comes back on another site of a cluster
-finds the group there from the live feed. A file older than `keep_for` (the longest
-retention: storage holds nothing older to read) is not loaded."""
+- a restarted site finds its groups again: each is absent (`AbsentGroup` in
+  dispatch.py) until a member is back, and then reads from where its members
+  stopped, at least once. After a `kill -9`, messages settled in the last interval
+  come again.
+- on a cluster, a member whose session moves to another site takes the group's
+  positions along (`kept_for`): the new site reads the old one's record before it
+  takes the client id over, so the group's messages published while its members
+  were away reach it there too, also when the old site is down. The `sessions`
+  database is replicated, so the record outlives the site's disk.
+
+A record older than `keep_for` (the longest retention: storage holds nothing older to
+read) is not used. A site of the previous version kept its groups in
+`<data_dir>/shared-groups.json`: it is read once, and removed after the first save."""
 
 from __future__ import annotations
 
@@ -14,32 +22,46 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Collection
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptDataError
-from ..files import write_atomically
-from ..supervise import supervise
+from ..errors import CorruptDataError, StratamqError
+from ..session.store import SessionStore
+from ..supervise import RESTART_PAUSE, supervise
 from .dispatch import AbsentGroup, Dispatcher
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = "shared-groups.json"
+OLD_FILE_NAME = "shared-groups.json"
 FORMAT = 1
 SAVE_INTERVAL = 1.0
 
 
-def encode(groups: dict[str, AbsentGroup], saved_at: float) -> str:
-    return json.dumps({"format": FORMAT, "saved_at": saved_at, "groups": {
-        key: {"since": {str(shard): at for shard, at in sorted(group.since.items())},
-              "away": sorted(group.away)}
-        for key, group in sorted(groups.items())}})
+def encode(group: AbsentGroup, saved_at: float) -> bytes:
+    return json.dumps({"format": FORMAT, "saved_at": saved_at,
+                       "since": {str(shard): at for shard, at in sorted(group.since.items())},
+                       "away": sorted(group.away)}).encode()
 
 
-def decode(text: str) -> tuple[dict[str, AbsentGroup], float]:
-    """The groups and when they were saved (s since the epoch); CorruptDataError when
-    the text is not such a file."""
+def decode(raw: bytes) -> tuple[AbsentGroup, float]:
+    """The group and when it was saved (s since the epoch); CorruptDataError when the
+    bytes are not such a record."""
+    try:
+        found: Any = json.loads(raw)
+        if found.get("format") != FORMAT:
+            raise ValueError(f"unknown format {found.get('format')!r}")
+        return (AbsentGroup({int(shard): int(at) for shard, at in found["since"].items()},
+                            {str(client) for client in found["away"]}),
+                float(found["saved_at"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptDataError(f"shared group record: {exc}") from exc
+
+
+def decode_old_file(text: str) -> tuple[dict[str, AbsentGroup], float]:
+    """The groups of a `shared-groups.json` of the previous version, and when it was
+    saved; CorruptDataError when the text is not such a file."""
     try:
         found: Any = json.loads(text)
         if found.get("format") != FORMAT:
@@ -50,42 +72,94 @@ def decode(text: str) -> tuple[dict[str, AbsentGroup], float]:
                   for key, entry in found["groups"].items()}
         return groups, float(found["saved_at"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptDataError(f"{FILE_NAME}: {exc}") from exc
+        raise CorruptDataError(f"{OLD_FILE_NAME}: {exc}") from exc
 
 
 class SharedPositions:
-    def __init__(self, dispatcher: Dispatcher, data_dir: Path, executor: Executor,
-                 keep_for: float) -> None:
+    def __init__(self, dispatcher: Dispatcher, store: SessionStore, site: str,
+                 data_dir: Path, executor: Executor, keep_for: float) -> None:
         self._dispatcher = dispatcher
-        self._path = data_dir / FILE_NAME
+        self._store = store
+        self._site = site
+        self._old_file = data_dir / OLD_FILE_NAME
         self._executor = executor
         self._keep_for = keep_for
         self._saver: asyncio.Task[None] | None = None
-        self._last_saved = ""
-        self._last_saved_at = 0.0
+        # per group key: what is stored (without its time; "" for a record found at
+        # start and not written since) and when it was written
+        self._stored: dict[str, tuple[str, float]] = {}
+        self._old_file_found = False
+        self._loaded = False
 
     async def load(self) -> None:
-        """Give the dispatcher the groups kept at the last stop. A damaged file is
-        logged and set aside (the groups start from the live feed), never fatal."""
-        loop = asyncio.get_running_loop()
-        try:
-            text = await loop.run_in_executor(self._executor, self._path.read_text)
-        except FileNotFoundError:
-            return
-        try:
-            groups, saved_at = decode(text)
-        except CorruptDataError as exc:
-            log.error("shared groups' positions not read (the groups start from the live "
-                      "feed): %s", exc.message)
-            return
-        if time.time() - saved_at > self._keep_for:
-            return
-        self._dispatcher.restore_absent(groups)
+        """Give the dispatcher the groups this site kept when it stopped. A damaged
+        record is logged and left out (its group starts from the live feed), never
+        fatal; so is a client whose session another site owns now."""
+        groups = await self._load_old_file()
+        for group_key, raw in (await self._store.groups_kept_by(self._site)).items():
+            self._stored[group_key] = ("", 0.0)  # rewritten, or deleted, at the first save
+            try:
+                group, saved_at = decode(raw)
+            except CorruptDataError as exc:
+                log.error("shared group %s starts from the live feed: %s", group_key,
+                          exc.message)
+                continue
+            if time.time() - saved_at <= self._keep_for:
+                groups[group_key] = group
+        for group in groups.values():
+            group.away = {client for client in group.away if await self._owned_here(client)}
+        groups = {key: group for key, group in groups.items() if group.away}
+        self._dispatcher.adopt_absent(groups)
+        self._loaded = True
         if groups:
             log.info("shared groups kept for their members: %s", ", ".join(sorted(groups)))
 
+    async def _load_old_file(self) -> dict[str, AbsentGroup]:
+        loop = asyncio.get_running_loop()
+        try:
+            text = await loop.run_in_executor(self._executor, self._old_file.read_text)
+        except FileNotFoundError:
+            return {}
+        self._old_file_found = True
+        try:
+            groups, saved_at = decode_old_file(text)
+        except CorruptDataError as exc:
+            log.error("shared groups' positions not read (the groups start from the live "
+                      "feed): %s", exc.message)
+            return {}
+        return groups if time.time() - saved_at <= self._keep_for else {}
+
+    async def _owned_here(self, client_id: str) -> bool:
+        if not self._store.fenced:
+            return True
+        _epoch, owner = await self._store.owner_of(client_id)
+        return owner in ("", self._site)
+
+    async def kept_for(self, client_id: str, site: str,
+                       group_keys: Collection[str]) -> dict[str, AbsentGroup]:
+        """The groups among `group_keys` that `site` keeps for `client_id` (stored
+        there, saved within `keep_for`), each as absent for that client alone: its
+        session moves here, and the groups go along."""
+        found: dict[str, AbsentGroup] = {}
+        for group_key in group_keys:
+            raw = await self._store.group_kept_by(group_key, site)
+            if raw is None:
+                continue
+            try:
+                group, saved_at = decode(raw)
+            except CorruptDataError as exc:
+                log.error("shared group %s of site %s not taken along: %s", group_key,
+                          site, exc.message)
+                continue
+            if client_id in group.away and time.time() - saved_at <= self._keep_for:
+                found[group_key] = AbsentGroup(group.since, {client_id})
+        return found
+
     def start(self) -> None:
-        self._saver = asyncio.create_task(supervise("shared-positions", self._save_every),
+        """Load, then save every `SAVE_INTERVAL`, in the background: on a cluster the
+        `sessions` database may not be readable yet when a site starts (a member back
+        before then reads from the positions once they are loaded)."""
+        self._saver = asyncio.create_task(supervise("shared-positions", self._run),
                                           name="shared-positions")
 
     async def close(self) -> None:
@@ -94,22 +168,55 @@ class SharedPositions:
         if self._saver is not None:
             self._saver.cancel()
             await asyncio.gather(self._saver, return_exceptions=True)
-        await self.save(force=True)
+        if not self._loaded:  # a save now would write over what is still to be read
+            return
+        try:
+            await self.save(force=True)
+        except StratamqError as exc:  # storage unwritable: the last save's positions stay
+            log.warning("shared groups' positions not saved at the stop: %s", exc)
 
-    async def _save_every(self) -> None:
+    async def _run(self) -> None:
+        while not self._loaded:
+            try:
+                await self.load()
+            except StratamqError as exc:
+                log.info("shared groups' positions not read yet (%s); trying again",
+                         exc.message)
+                await asyncio.sleep(RESTART_PAUSE)
         while True:
             await asyncio.sleep(SAVE_INTERVAL)
             await self.save()
 
+    @property
+    def saved(self) -> dict[str, list[str]]:
+        """Per group key, the members away that this site's stored record names."""
+        return {key: json.loads(text)["away"] for key, (text, _at) in self._stored.items()
+                if text}
+
     async def save(self, force: bool = False) -> None:
-        """Write the positions when they moved (or the file's time would soon make
-        them look too old to load), or with `force`."""
-        groups = self._dispatcher.positions_to_keep()
-        text = encode(groups, 0.0)
+        """Write the records of the groups whose positions moved (or whose time would
+        soon make them look too old to use), or all with `force`; delete those of
+        groups no longer kept."""
+        kept = self._dispatcher.positions_to_keep()
         now = time.time()
-        if not force and text == self._last_saved \
-                and now - self._last_saved_at < self._keep_for / 2:
-            return
-        self._last_saved, self._last_saved_at = text, now
-        await asyncio.get_running_loop().run_in_executor(
-            self._executor, write_atomically, self._path, encode(groups, now))
+        writes = []
+        for group_key, group in kept.items():
+            text = encode(group, 0.0).decode()
+            stored, at = self._stored.get(group_key, ("", 0.0))
+            if force or text != stored or now - at >= self._keep_for / 2:
+                writes.append(self._write(group_key, group, text, now))
+        writes += [self._delete(group_key) for group_key in self._stored
+                   if group_key not in kept]
+        await asyncio.gather(*writes)
+        if self._old_file_found:
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, lambda: self._old_file.unlink(missing_ok=True))
+            self._old_file_found = False
+
+    async def _write(self, group_key: str, group: AbsentGroup, text: str, now: float) -> None:
+        await self._store.save_group(group_key, self._site, encode(group, now))
+        self._stored[group_key] = (text, now)
+
+    async def _delete(self, group_key: str) -> None:
+        await self._store.delete_group(group_key, self._site)
+        del self._stored[group_key]

@@ -34,6 +34,11 @@ class Subscription:
             return self.topic_filter
         return f"{SHARE_PREFIX}{self.share_group}/{self.topic_filter}"
 
+    @property
+    def group_key(self) -> str:
+        """`group/filter` of a shared subscription: the key of its shared group."""
+        return f"{self.share_group}/{self.topic_filter}"
+
 
 def split_shared(raw_filter: str) -> tuple[str | None, str]:
     """`$share/group/a/b` -> ("group", "a/b"); a plain filter -> (None, filter).

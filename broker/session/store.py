@@ -1,7 +1,9 @@
 """Where sessions live in storage: the one owner of the key schemas of session
-records (`s/<client>` in the `sessions` database) and of inbound QoS 2 records
-(`qos2/<len><client><packet id>`, kept with the client's messages in the `messages`
-database). Nothing else reads or writes these keys.
+records (`s/<client>` in the `sessions` database), of the positions a site keeps for
+its shared groups (`g/<len><group key><site>`, also in `sessions`, with the group's
+shard) and of inbound QoS 2 records (`qos2/<len><client><packet id>`, kept with the
+client's messages in the `messages` database). Nothing else reads or writes these
+keys.
 
 On a replicated site (`owner` set: this site's id) a session record is written fenced
 by its owner epoch (`ds.fence`): a site takes a client id with `claim`, which moves
@@ -25,10 +27,30 @@ def _session_key(client_id: str) -> bytes:
     return _SESSION_KEY + client_id.encode()
 
 
+def _length_prefixed(name: str) -> bytes:
+    raw = name.encode("utf-8")
+    return len(raw).to_bytes(2, "big") + raw
+
+
+_GROUP_KEY = b"g/"
+
+
+def _group_key(group_key: str, site: str) -> bytes:
+    # length-prefixed, so the records of group "a" and of group "a/b" never mix
+    return _GROUP_KEY + _length_prefixed(group_key) + site.encode("utf-8")
+
+
+def _split_group_key(key: bytes) -> tuple[str, str]:
+    """(group key, site) of a group record's key."""
+    length = int.from_bytes(key[len(_GROUP_KEY):len(_GROUP_KEY) + 2], "big")
+    start = len(_GROUP_KEY) + 2
+    return (key[start:start + length].decode("utf-8", "replace"),
+            key[start + length:].decode("utf-8", "replace"))
+
+
 def _qos2_prefix(client_id: str) -> bytes:
     # length-prefixed, so client "a" never sees the records of client "a/b"
-    raw = client_id.encode("utf-8")
-    return b"qos2/" + len(raw).to_bytes(2, "big") + raw
+    return b"qos2/" + _length_prefixed(client_id)
 
 
 def _qos2_key(client_id: str, packet_id: int) -> bytes:
@@ -92,6 +114,28 @@ class SessionStore:
     async def scan(self) -> list[SessionRecord]:
         return [SessionRecord.from_json(raw)
                 for _key, raw in await self._sessions_db.scan(_SESSION_KEY)]
+
+    # -- shared groups' positions (core/shared_positions.py) -----------------------
+    # Not fenced: each site writes its own record of a group, and only its own.
+
+    async def save_group(self, group_key: str, site: str, value: bytes) -> None:
+        await self._sessions_db.write(group_key, puts=[(_group_key(group_key, site), value)])
+
+    async def delete_group(self, group_key: str, site: str) -> None:
+        await self._sessions_db.write(group_key, deletes=[_group_key(group_key, site)])
+
+    async def group_kept_by(self, group_key: str, site: str) -> bytes | None:
+        return await self._sessions_db.get(group_key, _group_key(group_key, site))
+
+    async def groups_kept_by(self, site: str) -> dict[str, bytes]:
+        """The records of every group `site` keeps, by group key."""
+        found: dict[str, bytes] = {}
+        async for page in self._sessions_db.scan_pages(_GROUP_KEY):
+            for key, value in page:
+                group_key, keeper = _split_group_key(key)
+                if keeper == site:
+                    found[group_key] = value
+        return found
 
     # -- inbound QoS 2 records ----------------------------------------------------
 

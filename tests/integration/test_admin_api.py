@@ -39,7 +39,7 @@ ADMIN_USER = "admin"
 ADMIN_PASSWORD = "admin-password-1"
 
 API_ROUTES = ["/api/v1/clients", "/api/v1/clients/nobody", "/api/v1/subscriptions",
-              "/api/v1/ds/storages", "/api/v1/ds/storages/messages", "/api/v1/ds/sites"]
+              "/api/v1/shared_groups", "/api/v1/ds/storages", "/api/v1/ds/storages/messages", "/api/v1/ds/sites"]
 OPEN_ROUTES = ["/metrics", "/healthz", "/readyz"]
 
 
@@ -244,10 +244,17 @@ def test_clients_and_subscriptions_show_a_connected_client(broker: BrokerProcess
                         "identifier": None, "connected": True},
     }
 
+    group = {"share_group": "grp", "topic_filter": "jobs/#", "members": ["admin-probe"],
+             "away": [], "absent": False, "saved_away": ["admin-probe"]}
+    # its session outlives the connection: the site stores the group for it
+    wait_for(lambda: api(broker, "/api/v1/shared_groups")["data"] == [group])
+
     client.disconnect()
     wait_for(lambda: api(broker, "/api/v1/clients")["data"] == [])
     assert http(f"http://127.0.0.1:{broker.admin_port}/api/v1/clients/admin-probe",
                 bearer(TOKEN))[0] == 404
+    assert api(broker, "/api/v1/shared_groups")["data"] == [
+        {**group, "members": [], "away": ["admin-probe"], "absent": True}]
 
 
 def test_storages_and_sites(broker: BrokerProcess) -> None:

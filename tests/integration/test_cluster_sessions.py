@@ -20,7 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.support.clients import PahoClient, paho_properties, unique
-from tests.support.cluster import DATABASES, Cluster, ctl_ds, poll
+from tests.support.cluster import DATABASES, Cluster, SiteProcess, ctl_ds, poll
 from tests.support.history import History, Message
 from tests.support.recorder import (
     SESSION_EXPIRY,
@@ -345,3 +345,61 @@ def test_the_sessions_of_a_forgotten_site_expire_and_publish_their_wills(
             if client is not None:
                 client.client.loop_stop()
         cluster.close()
+
+
+def saved_away(site: SiteProcess) -> set[str]:
+    """The members away that the site's stored records of its shared groups name."""
+    return {client for group in site.shared_groups() for client in group["saved_away"] or []}
+
+
+@pytest.mark.parametrize("left_site", ["running", "killed"])
+def test_a_shared_groups_messages_follow_its_member_to_another_site(
+        cluster_rf3: Cluster, left_site: str) -> None:
+    """The only member of a shared group, on site 0, with receive maximum 1 holds one
+    message unacknowledged and has the rest queued when it goes (it disconnects, or
+    site 0 is killed with -9). More are published on site 1 while it is away. It
+    comes back on site 1: the group's positions moved with its session (read from
+    site 0's record in the replicated `sessions` database), so it gets all 40, at
+    least once. (A group used to start again from the live feed on a site it had not
+    been on: the 39 held or published while it was away were lost.)"""
+    cluster = cluster_rf3
+    topic = unique("follow")
+    client_id = unique("member")
+    keep_session = paho_properties(PacketTypes.CONNECT, SessionExpiryInterval=3600,
+                                   ReceiveMaximum=1)
+    site0, site1 = cluster.sites[0], cluster.sites[1]
+    member = PahoClient(site0.port, client_id, host=site0.host, manual_ack=True)
+    publisher = PahoClient(site1.port, unique("pub"), host=site1.host)
+    back = PahoClient(site1.port, client_id, host=site1.host)
+    try:
+        assert member.connect(clean_start=False, properties=keep_session).reason_code == 0
+        assert member.subscribe(f"$share/g/{topic}/#", 1) == [1]
+        assert publisher.connect().reason_code == 0
+        for number in range(20):
+            assert publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1) == 0
+        first = member.expect(1, timeout=WAIT)[0]  # never acknowledged
+        # once site 0 has stored the group with this member: any position saved since
+        # it subscribed is at or before its first message
+        assert wait_until(lambda: client_id in saved_away(site0), WAIT), site0.shared_groups()
+        if left_site == "running":
+            member.disconnect()
+        else:
+            site0.kill()
+            assert all(cluster.wait_leaders_moved(0, list(range(N_SHARDS)), WAIT, db)
+                       for db in DATABASES), cluster.describe()
+            # site 1 no longer counts site 0's member: there is nobody left to take
+            # what site 0 had not settled (shared_replay.py) when it comes back
+            gone = cluster.site_ids[0]
+            assert wait_until(lambda: gone not in site1.replication().get("interest", {}),
+                              WAIT), site1.replication()
+        member.stop()
+        for number in range(20, 40):
+            assert publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1) == 0
+
+        connack = back.connect(clean_start=False, properties=keep_session)
+        assert (connack.reason_code, connack.session_present) == (0, True)
+        got = [int(message.payload) for message in back.expect(40, timeout=WAIT)]
+        assert sorted(got) == list(range(40)), (int(first.payload), got)
+    finally:
+        for client in (member, publisher, back):
+            client.stop()

@@ -6,12 +6,11 @@ import contextlib
 import queue
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from stratamq.broker.core.shared_positions import FILE_NAME, SAVE_INTERVAL
+from stratamq.broker.core.shared_positions import SAVE_INTERVAL
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
 from tests.support.clients import (
     TIMEOUT,
@@ -119,6 +118,11 @@ def test_no_local_on_a_shared_subscription_is_a_protocol_error(broker: BrokerPro
     assert [p.reason_code for p in client.wait_closed() if isinstance(p, Disconnect)] == [0x82]
 
 
+def saved_away(broker: BrokerProcess) -> set[str]:
+    """The members away that the site's stored records of its groups name."""
+    return {client for group in broker.shared_groups() for client in group["saved_away"] or []}
+
+
 @pytest.mark.parametrize("while_away", ["nothing", "restart", "kill -9"])
 def test_a_group_whose_only_member_is_away_keeps_its_messages(
         broker_factory: Callable[..., BrokerProcess], clients: list[PahoClient],
@@ -150,10 +154,9 @@ def test_a_group_whose_only_member_is_away_keeps_its_messages(
     else:
         # Killed once the site has saved the group with this member: any position
         # saved since it subscribed is at or before its first message.
-        kept = Path(broker.config["durable_storage"]["messages"]["data_dir"]) / FILE_NAME
         deadline = time.monotonic() + TIMEOUT
-        while not (kept.exists() and client_id in kept.read_text()):
-            assert time.monotonic() < deadline, f"{kept} never named {client_id}"
+        while client_id not in saved_away(broker):
+            assert time.monotonic() < deadline, f"never saved: {broker.shared_groups()}"
             time.sleep(SAVE_INTERVAL / 10)
         broker.kill()
         broker.start()

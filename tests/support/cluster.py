@@ -27,23 +27,12 @@ import yaml
 
 from stratamq.broker.config import merge_config
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port
+from tests.support.harness import http_json as http_json  # for the tests that import it here
 from tests.support.netns import NetnsNetwork, Network, ProxyNetwork
 
 DB = "messages"
 # every site replicates these (a connect writes to `sessions`)
 DATABASES = ("messages", "sessions", "retained")
-TIMEOUT = 5.0  # one HTTP request
-
-
-def http_json(method: str, url: str, body: Any = None) -> Any:
-    """A request to a site's or the controller's admin API with the admin token."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method,
-        headers={"Authorization": f"Bearer {BrokerProcess.ADMIN_TOKEN}",
-                 "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-        return json.loads(response.read())
 
 
 def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -258,9 +247,11 @@ class Cluster:
                 return False
         return True
 
-    def wait_leaders_moved(self, away_from: int, shards: list[int], timeout: float) -> bool:
-        """The controller gave each of `shards` a leader other than site `away_from`."""
-        return poll(lambda: all(self.leaders()[s] != away_from for s in shards), timeout)
+    def wait_leaders_moved(self, away_from: int, shards: list[int], timeout: float,
+                           db: str = DB) -> bool:
+        """The controller gave each of `shards` of `db` a leader other than site
+        `away_from`."""
+        return poll(lambda: all(self.leaders(db)[s] != away_from for s in shards), timeout)
 
     def describe(self) -> str:
         parts = []

@@ -5,6 +5,7 @@ SIGKILLed and restarted like a pod would be."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +24,8 @@ from stratamq.broker.config import merge_config
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
+ADMIN_TOKEN = "test-token-0123456789"
+HTTP_TIMEOUT = 5.0  # one admin API request
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # Below Linux's ephemeral range (32768-60999 by default), so a port we pick is never
@@ -143,12 +147,23 @@ class ManagedProcess:
         return self.log()[-size:]
 
 
+def http_json(method: str, url: str, body: Any = None) -> Any:
+    """A request to a site's or the controller's admin API with the admin token."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method=method,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                 "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
+        return json.loads(response.read())
+
+
 class BrokerProcess(ManagedProcess):
     """One stratamq site. `config` entries are merged over `base_config()`: a fast
     test configuration, or the shipped defaults with `fast=False` (benchmarks)."""
 
     name = "stratamq"
-    ADMIN_TOKEN = "test-token-0123456789"
+    ADMIN_TOKEN = ADMIN_TOKEN
 
     def __init__(self, workdir: Path, config: dict[str, Any] | None = None, *,
                  fast: bool = True) -> None:
@@ -189,6 +204,15 @@ class BrokerProcess(ManagedProcess):
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         super().start(timeout)
         return self
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.admin_port}"
+
+    def shared_groups(self) -> list[Any]:
+        """`GET /api/v1/shared_groups`: the site's shared groups, with members here or
+        absent, and the members away its stored record names (`saved_away`)."""
+        return list(http_json("GET", f"{self.admin_url}/api/v1/shared_groups")["data"])
 
 
 @contextlib.contextmanager

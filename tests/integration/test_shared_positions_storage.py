@@ -1,0 +1,149 @@
+"""Where a site keeps its shared groups' positions: a record per group and site in the
+`sessions` database (core/shared_positions.py), real storage. A site finds its own
+records again (not too old ones, not damaged ones, not others'); a group's record
+follows its positions and goes with the group; a client whose session another site
+owns now is not waited for; the site its session moved to takes the group along."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from stratamq.broker.core.broker import SESSIONS_DB
+from stratamq.broker.core.dispatch import AbsentGroup, Dispatcher
+from stratamq.broker.core.shared_positions import (
+    OLD_FILE_NAME,
+    SharedPositions,
+    decode,
+    encode,
+)
+from stratamq.broker.ds import DbOptions, DurableStorage
+from stratamq.broker.session.store import SessionStore
+from tests.support.storage import run
+
+KEEP_FOR = 3600.0
+
+
+async def open_stores(storage: DurableStorage, *owners: str) -> list[SessionStore]:
+    """A store per site (owner) on the one storage."""
+    messages = await storage.open_db("messages", DbOptions(n_shards=2))
+    sessions_db = await storage.open_kv_db(SESSIONS_DB, 2, False)
+    return [SessionStore(sessions_db, messages, owner) for owner in owners]
+
+
+async def open_store(storage: DurableStorage) -> SessionStore:
+    return (await open_stores(storage, ""))[0]
+
+
+def positions(dispatcher: Dispatcher, store: SessionStore, site: str, path: Path,
+              executor: ThreadPoolExecutor) -> SharedPositions:
+    return SharedPositions(dispatcher, store, site, path, executor, KEEP_FOR)
+
+
+def test_a_site_finds_the_groups_it_kept_and_only_those(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        try:
+            store = await open_store(storage)
+            now = time.time()
+            await store.save_group("g/t/#", "a", encode(AbsentGroup({0: 5}, {"x"}), now))
+            await store.save_group("g/t/#/more", "a",
+                                   encode(AbsentGroup({1: 6}, {"y"}), now))
+            await store.save_group("old/t", "a", encode(AbsentGroup({0: 1}, {"z"}),
+                                                        now - 2 * KEEP_FOR))
+            await store.save_group("bad/t", "a", b"{not json")
+            await store.save_group("g/t/#", "b", encode(AbsentGroup({0: 1}, {"w"}), now))
+            with ThreadPoolExecutor(1) as executor:
+                dispatcher = Dispatcher()
+                kept = positions(dispatcher, store, "a", tmp_path, executor)
+                await kept.load()
+                assert dispatcher.absent == {"g/t/#": AbsentGroup({0: 5}, {"x"}),
+                                             "g/t/#/more": AbsentGroup({1: 6}, {"y"})}
+                # the first save writes what is kept, and deletes what is not
+                await kept.save()
+                assert sorted(await store.groups_kept_by("a")) == ["g/t/#", "g/t/#/more"]
+                assert kept.saved == {"g/t/#": ["x"], "g/t/#/more": ["y"]}
+                # another site's record is its own
+                assert sorted(await store.groups_kept_by("b")) == ["g/t/#"]
+                # the last member away ends: the record goes at the next save
+                dispatcher.session_ended("y")
+                await kept.save()
+                assert sorted(await store.groups_kept_by("a")) == ["g/t/#"]
+        finally:
+            await storage.close()
+    run(scenario())
+
+
+def test_a_record_is_written_when_its_group_moved_and_not_otherwise(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        try:
+            store = await open_store(storage)
+            with ThreadPoolExecutor(1) as executor:
+                dispatcher = Dispatcher()
+                kept = positions(dispatcher, store, "a", tmp_path, executor)
+                await kept.load()
+                dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"})})
+                await kept.save()
+                first = await store.group_kept_by("g/t", "a")
+                assert first is not None
+                await asyncio.sleep(0.01)
+                await kept.save()  # nothing moved: not written again
+                assert await store.group_kept_by("g/t", "a") == first
+                dispatcher.adopt_absent({"g/t": AbsentGroup({0: 3}, {"v"})})
+                await kept.save()
+                moved = await store.group_kept_by("g/t", "a")
+                assert moved is not None
+                assert decode(moved)[0] == AbsentGroup({0: 3}, {"v", "x"})
+        finally:
+            await storage.close()
+    run(scenario())
+
+
+def test_a_session_that_moved_takes_its_groups_along(tmp_path: Path) -> None:
+    """Site a kept group g for clients x and y; x's session is site b's now. Site b
+    reads the group from a's record, for x alone; a, restarted, waits for y only."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        try:
+            site_a, site_b = await open_stores(storage, "a", "b")
+            for client in ("x", "y"):
+                await site_a.claim(client, 1)
+            await site_a.save_group("g/t", "a", encode(AbsentGroup({0: 5, 1: 7}, {"x", "y"}),
+                                                       time.time()))
+            await site_b.claim("x", 2)
+            with ThreadPoolExecutor(1) as executor:
+                at_b = positions(Dispatcher(), site_b, "b", tmp_path, executor)
+                assert await at_b.kept_for("x", "a", ["g/t", "h/t"]) == {
+                    "g/t": AbsentGroup({0: 5, 1: 7}, {"x"})}
+                assert await at_b.kept_for("q", "a", ["g/t"]) == {}  # not waited for
+                dispatcher = Dispatcher()
+                await positions(dispatcher, site_a, "a", tmp_path, executor).load()
+                assert dispatcher.absent == {"g/t": AbsentGroup({0: 5, 1: 7}, {"y"})}
+        finally:
+            await storage.close()
+    run(scenario())
+
+
+def test_the_file_of_the_previous_version_is_read_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        (tmp_path / OLD_FILE_NAME).write_text(json.dumps({
+            "format": 1, "saved_at": time.time(),
+            "groups": {"g/t": {"since": {"0": 9}, "away": ["x"]}}}))
+        storage = DurableStorage(tmp_path / "storage")
+        try:
+            store = await open_store(storage)
+            with ThreadPoolExecutor(1) as executor:
+                dispatcher = Dispatcher()
+                kept = positions(dispatcher, store, "a", tmp_path, executor)
+                await kept.load()
+                assert dispatcher.absent == {"g/t": AbsentGroup({0: 9}, {"x"})}
+                await kept.save()
+                assert not (tmp_path / OLD_FILE_NAME).exists()
+                assert sorted(await store.groups_kept_by("a")) == ["g/t"]
+        finally:
+            await storage.close()
+    run(scenario())
