@@ -39,7 +39,8 @@ ADMIN_USER = "admin"
 ADMIN_PASSWORD = "admin-password-1"
 
 API_ROUTES = ["/api/v1/clients", "/api/v1/clients/nobody", "/api/v1/subscriptions",
-              "/api/v1/shared_groups", "/api/v1/ds/storages", "/api/v1/ds/storages/messages", "/api/v1/ds/sites"]
+              "/api/v1/shared_groups", "/api/v1/ds/storages", "/api/v1/ds/storages/messages",
+              "/api/v1/ds/sites"]
 OPEN_ROUTES = ["/metrics", "/healthz", "/readyz"]
 
 
