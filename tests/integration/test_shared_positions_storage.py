@@ -7,8 +7,10 @@ owns now is not waited for; the site its session moved to takes the group along.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,11 +45,23 @@ def positions(dispatcher: Dispatcher, store: SessionStore, site: str, path: Path
     return SharedPositions(dispatcher, store, site, path, executor, KEEP_FOR)
 
 
+@contextlib.asynccontextmanager
+async def site_a(data_dir: Path, storage_dir: Path
+                 ) -> AsyncIterator[tuple[SessionStore, Dispatcher, SharedPositions]]:
+    """Site a's store, dispatcher and positions (not loaded yet) on a fresh storage."""
+    storage = DurableStorage(storage_dir)
+    try:
+        store = await open_store(storage)
+        with ThreadPoolExecutor(1) as executor:
+            dispatcher = Dispatcher()
+            yield store, dispatcher, positions(dispatcher, store, "a", data_dir, executor)
+    finally:
+        await storage.close()
+
+
 def test_a_site_finds_the_groups_it_kept_and_only_those(tmp_path: Path) -> None:
     async def scenario() -> None:
-        storage = DurableStorage(tmp_path)
-        try:
-            store = await open_store(storage)
+        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
             now = time.time()
             await store.save_group("g/t/#", "a", encode(AbsentGroup({0: 5}, {"x"}), now))
             await store.save_group("g/t/#/more", "a",
@@ -56,50 +70,38 @@ def test_a_site_finds_the_groups_it_kept_and_only_those(tmp_path: Path) -> None:
                                                         now - 2 * KEEP_FOR))
             await store.save_group("bad/t", "a", b"{not json")
             await store.save_group("g/t/#", "b", encode(AbsentGroup({0: 1}, {"w"}), now))
-            with ThreadPoolExecutor(1) as executor:
-                dispatcher = Dispatcher()
-                kept = positions(dispatcher, store, "a", tmp_path, executor)
-                await kept.load()
-                assert dispatcher.absent == {"g/t/#": AbsentGroup({0: 5}, {"x"}),
-                                             "g/t/#/more": AbsentGroup({1: 6}, {"y"})}
-                # the first save writes what is kept, and deletes what is not
-                await kept.save()
-                assert sorted(await store.groups_kept_by("a")) == ["g/t/#", "g/t/#/more"]
-                assert kept.saved == {"g/t/#": ["x"], "g/t/#/more": ["y"]}
-                # another site's record is its own
-                assert sorted(await store.groups_kept_by("b")) == ["g/t/#"]
-                # the last member away ends: the record goes at the next save
-                dispatcher.session_ended("y")
-                await kept.save()
-                assert sorted(await store.groups_kept_by("a")) == ["g/t/#"]
-        finally:
-            await storage.close()
+            await kept.load()
+            assert dispatcher.absent == {"g/t/#": AbsentGroup({0: 5}, {"x"}),
+                                         "g/t/#/more": AbsentGroup({1: 6}, {"y"})}
+            # the first save writes what is kept, and deletes what is not
+            await kept.save()
+            assert sorted(await store.groups_kept_by("a")) == ["g/t/#", "g/t/#/more"]
+            assert kept.saved == {"g/t/#": ["x"], "g/t/#/more": ["y"]}
+            # another site's record is its own
+            assert sorted(await store.groups_kept_by("b")) == ["g/t/#"]
+            # the last member away ends: the record goes at the next save
+            dispatcher.session_ended("y")
+            await kept.save()
+            assert sorted(await store.groups_kept_by("a")) == ["g/t/#"]
     run(scenario())
 
 
 def test_a_record_is_written_when_its_group_moved_and_not_otherwise(tmp_path: Path) -> None:
     async def scenario() -> None:
-        storage = DurableStorage(tmp_path)
-        try:
-            store = await open_store(storage)
-            with ThreadPoolExecutor(1) as executor:
-                dispatcher = Dispatcher()
-                kept = positions(dispatcher, store, "a", tmp_path, executor)
-                await kept.load()
-                dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"})})
-                await kept.save()
-                first = await store.group_kept_by("g/t", "a")
-                assert first is not None
-                await asyncio.sleep(0.01)
-                await kept.save()  # nothing moved: not written again
-                assert await store.group_kept_by("g/t", "a") == first
-                dispatcher.adopt_absent({"g/t": AbsentGroup({0: 3}, {"v"})})
-                await kept.save()
-                moved = await store.group_kept_by("g/t", "a")
-                assert moved is not None
-                assert decode(moved)[0] == AbsentGroup({0: 3}, {"v", "x"})
-        finally:
-            await storage.close()
+        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
+            await kept.load()
+            dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"})})
+            await kept.save()
+            first = await store.group_kept_by("g/t", "a")
+            assert first is not None
+            await asyncio.sleep(0.01)
+            await kept.save()  # nothing moved: not written again
+            assert await store.group_kept_by("g/t", "a") == first
+            dispatcher.adopt_absent({"g/t": AbsentGroup({0: 3}, {"v"})})
+            await kept.save()
+            moved = await store.group_kept_by("g/t", "a")
+            assert moved is not None
+            assert decode(moved)[0] == AbsentGroup({0: 3}, {"v", "x"})
     run(scenario())
 
 
@@ -133,17 +135,10 @@ def test_the_file_of_the_previous_version_is_read_once(tmp_path: Path) -> None:
         (tmp_path / OLD_FILE_NAME).write_text(json.dumps({
             "format": 1, "saved_at": time.time(),
             "groups": {"g/t": {"since": {"0": 9}, "away": ["x"]}}}))
-        storage = DurableStorage(tmp_path / "storage")
-        try:
-            store = await open_store(storage)
-            with ThreadPoolExecutor(1) as executor:
-                dispatcher = Dispatcher()
-                kept = positions(dispatcher, store, "a", tmp_path, executor)
-                await kept.load()
-                assert dispatcher.absent == {"g/t": AbsentGroup({0: 9}, {"x"})}
-                await kept.save()
-                assert not (tmp_path / OLD_FILE_NAME).exists()
-                assert sorted(await store.groups_kept_by("a")) == ["g/t"]
-        finally:
-            await storage.close()
+        async with site_a(tmp_path, tmp_path / "storage") as (store, dispatcher, kept):
+            await kept.load()
+            assert dispatcher.absent == {"g/t": AbsentGroup({0: 9}, {"x"})}
+            await kept.save()
+            assert not (tmp_path / OLD_FILE_NAME).exists()
+            assert sorted(await store.groups_kept_by("a")) == ["g/t"]
     run(scenario())
