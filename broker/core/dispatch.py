@@ -240,7 +240,7 @@ class Dispatcher:
         """Groups kept for members whose sessions are here now: kept by this site when
         it stopped, or taken along from the site a session moved from. Each is absent
         here until a member is back (with one kept here already: the earlier position
-        per shard, and both's members away); a group with members here already reads
+        per shard, and the members away of both); a group with members here already reads
         from there too (at least once)."""
         for key, absent in groups.items():
             group = self._groups.get(key)
@@ -252,11 +252,6 @@ class Dispatcher:
             for shard, at in absent.since.items():
                 kept.since[shard] = min(kept.since.get(shard, at), at)
             kept.away |= absent.away
-
-    @property
-    def absent_groups(self) -> list[str]:
-        """The keys of the groups whose members are all away (see `AbsentGroup`)."""
-        return list(self._absent)
 
     @property
     def absent(self) -> dict[str, AbsentGroup]:

@@ -235,10 +235,10 @@ class SessionRegistry:
         else:
             # the ACL may have changed since the session subscribed
             session.drop_subscriptions(may_subscribe)
-            self._dispatcher.adopt_absent({
-                key: group for key, group in groups_along.items()
-                if key in {subscription.group_key
-                           for subscription in session.subscriptions.values()}})
+            kept_keys = {subscription.group_key
+                         for subscription in session.subscriptions.values()}
+            self._dispatcher.adopt_absent({key: group for key, group in groups_along.items()
+                                           if key in kept_keys})
         # A stored session stays durable for the connection that resumes it, whatever
         # expiry this CONNECT asks for: the new expiry applies when the connection ends
         # (MQTT-3.1.2-4/5; close_session deletes the record then if it is 0).

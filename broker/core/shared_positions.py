@@ -39,6 +39,12 @@ FORMAT = 1
 SAVE_INTERVAL = 1.0
 
 
+def _group(entry: Any) -> AbsentGroup:
+    """A group as encoded in a record or the old file (raises on a bad entry)."""
+    return AbsentGroup({int(shard): int(at) for shard, at in entry["since"].items()},
+                       {str(client) for client in entry["away"]})
+
+
 def encode(group: AbsentGroup, saved_at: float) -> bytes:
     return json.dumps({"format": FORMAT, "saved_at": saved_at,
                        "since": {str(shard): at for shard, at in sorted(group.since.items())},
@@ -52,9 +58,7 @@ def decode(raw: bytes) -> tuple[AbsentGroup, float]:
         found: Any = json.loads(raw)
         if found.get("format") != FORMAT:
             raise ValueError(f"unknown format {found.get('format')!r}")
-        return (AbsentGroup({int(shard): int(at) for shard, at in found["since"].items()},
-                            {str(client) for client in found["away"]}),
-                float(found["saved_at"]))
+        return _group(found), float(found["saved_at"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptDataError(f"shared group record: {exc}") from exc
 
@@ -66,10 +70,7 @@ def decode_old_file(text: str) -> tuple[dict[str, AbsentGroup], float]:
         found: Any = json.loads(text)
         if found.get("format") != FORMAT:
             raise ValueError(f"unknown format {found.get('format')!r}")
-        groups = {str(key): AbsentGroup({int(shard): int(at)
-                                         for shard, at in entry["since"].items()},
-                                        {str(client) for client in entry["away"]})
-                  for key, entry in found["groups"].items()}
+        groups = {str(key): _group(entry) for key, entry in found["groups"].items()}
         return groups, float(found["saved_at"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptDataError(f"{OLD_FILE_NAME}: {exc}") from exc
@@ -141,10 +142,7 @@ class SharedPositions:
         there, saved within `keep_for`), each as absent for that client alone: its
         session moves here, and the groups go along."""
         found: dict[str, AbsentGroup] = {}
-        for group_key in group_keys:
-            raw = await self._store.group_kept_by(group_key, site)
-            if raw is None:
-                continue
+        for group_key, raw in (await self._store.groups_kept_by(site, group_keys)).items():
             try:
                 group, saved_at = decode(raw)
             except CorruptDataError as exc:

@@ -16,6 +16,7 @@ either in what the new one reads or refused."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 from ..ds import Database, Fence, KvDatabase, Message
 from .model import SessionRecord
@@ -124,11 +125,16 @@ class SessionStore:
     async def delete_group(self, group_key: str, site: str) -> None:
         await self._sessions_db.write(group_key, deletes=[_group_key(group_key, site)])
 
-    async def group_kept_by(self, group_key: str, site: str) -> bytes | None:
-        return await self._sessions_db.get(group_key, _group_key(group_key, site))
-
-    async def groups_kept_by(self, site: str) -> dict[str, bytes]:
-        """The records of every group `site` keeps, by group key."""
+    async def groups_kept_by(self, site: str, group_keys: Collection[str] | None = None
+                             ) -> dict[str, bytes]:
+        """The records `site` keeps, by group key: of `group_keys` (one storage read
+        per shard), or of every group."""
+        if group_keys is not None:
+            keys = list(group_keys)
+            values = await self._sessions_db.get_many(
+                [(group_key, _group_key(group_key, site)) for group_key in keys])
+            return {group_key: value for group_key, value in zip(keys, values, strict=True)
+                    if value is not None}
         found: dict[str, bytes] = {}
         async for page in self._sessions_db.scan_pages(_GROUP_KEY):
             for key, value in page:
