@@ -194,6 +194,8 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
 def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, **_: Any) -> None:
     assert namespace is not None
+    if config_problems(plain(spec)):
+        return  # the reconcile refused it (phase Failed): the running config stays
     try:
         apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec))
     except Exception:

@@ -278,9 +278,10 @@ def test_spec_change_rolls_into_the_config_and_the_pods(
 
 
 def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
-        cluster: ControlPlane, node: Kubelet) -> None:
+        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     """The schema lets mqtt.maxPacketSize above 256MiB through; the operator checks the
-    config with the broker's own model, applies nothing, and says why."""
+    config with the broker's own model, applies nothing, and says why. Nor does the
+    periodic re-apply apply it."""
     config_before = get(cluster, "configmap", f"{NAME}-config")
     assert config_before is not None
     pods_before = {name: c.uid for name, c in node.running(NAMESPACE).items()}
@@ -294,6 +295,11 @@ def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidConfig")
     assert "mqtt.max_packet_size" in ready["message"]
+    reapplied = "Timer 'reapply' succeeded"
+    runs = operators.current.log().count(reapplied)
+    wait_for("two more runs of the periodic re-apply",
+             lambda: operators.current.log().count(reapplied) >= runs + 2,
+             explain=operators.current.log_tail)
     config_after = get(cluster, "configmap", f"{NAME}-config")
     assert config_after is not None and config_after["data"] == config_before["data"]
     assert {name: c.uid for name, c in node.running(NAMESPACE).items()} == pods_before
