@@ -60,6 +60,13 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
     session.renew_streams(added)
     if session.durable:
         await broker.registry.persist(session)
+    if session.outlives_connection:
+        # Its shared groups are stored with it as a member before the SUBACK: the
+        # session can then move to another site at once and take them along.
+        joined = {subscription.group_key for subscription in added
+                  if subscription.share_group is not None}
+        if joined:
+            await broker.shared_positions.save_joined(joined)
     # Look the retained messages up before SUBACK: one published after the client has
     # its SUBACK reaches it through the subscription only, not twice.
     retained = [(subscription, message) for subscription in retained_to_send

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..ds import CookedBatch, Iterator, Message, ShareMember, Stream, shared_site
@@ -209,13 +209,20 @@ class Dispatcher:
         return shared_site(group.key, _message_key(message), members,
                            message.timestamp) == self.site
 
-    def positions_to_keep(self) -> dict[str, AbsentGroup]:
+    def positions_to_keep(self, group_keys: Collection[str] | None = None
+                          ) -> dict[str, AbsentGroup]:
         """What a restarted site needs to find its groups again: every absent group,
         and every group here as it would be absent if its members went now (those
         whose sessions outlive their connections keep it). A group that no member
-        keeps is left out."""
-        kept = dict(self._absent)
-        for key, group in self._groups.items():
+        keeps is left out. With `group_keys`: those groups only."""
+        groups: Iterable[tuple[str, SharedGroup]]
+        if group_keys is None:
+            kept = dict(self._absent)
+            groups = self._groups.items()
+        else:
+            kept = {key: self._absent[key] for key in group_keys if key in self._absent}
+            groups = [(key, self._groups[key]) for key in group_keys if key in self._groups]
+        for key, group in groups:
             away = group.away | {session.client_id for session, _s in group.members
                                  if session.outlives_connection}
             if away:

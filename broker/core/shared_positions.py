@@ -1,6 +1,7 @@
 """Where this site's shared groups stopped settling messages, kept in storage (a
 record per group and site in the `sessions` database, `SessionStore.save_group`)
-every `SAVE_INTERVAL` when they moved, and at a clean stop:
+every `SAVE_INTERVAL` when they moved, at a clean stop, and before the SUBACK of a
+member whose session outlives its connection (`save_joined`):
 
 - a restarted site finds its groups again: each is absent (`AbsentGroup` in
   dispatch.py) until a member is back, and then reads from where its members
@@ -91,6 +92,8 @@ class SharedPositions:
         self._stored: dict[str, tuple[str, float]] = {}
         self._old_file_found = False
         self._loaded = False
+        # one save at a time: a record written late must not undo a newer one
+        self._saving = asyncio.Lock()
 
     async def load(self) -> None:
         """Give the dispatcher the groups this site kept when it stopped. A damaged
@@ -195,21 +198,44 @@ class SharedPositions:
         """Write the records of the groups whose positions moved (or whose time would
         soon make them look too old to use), or all with `force`; delete those of
         groups no longer kept."""
-        kept = self._dispatcher.positions_to_keep()
-        now = time.time()
-        writes = []
+        async with self._saving:
+            kept = self._dispatcher.positions_to_keep()
+            now = time.time()
+            writes = [self._write(group_key, group, text, now)
+                      for group_key, group, text in self._changed(kept, now, force)]
+            writes += [self._delete(group_key) for group_key in self._stored
+                       if group_key not in kept]
+            await asyncio.gather(*writes)
+            if self._old_file_found:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, lambda: self._old_file.unlink(missing_ok=True))
+                self._old_file_found = False
+
+    async def save_joined(self, group_keys: Collection[str]) -> None:
+        """Write the records of these groups now where they changed: a member whose
+        session outlives its connection joined them (SUBSCRIBE). Its SUBACK waits for
+        this, so the member can go at once, even to another site or with this site
+        killed, and its group's messages published meanwhile still reach it. Before
+        the load is done nothing is written (a write would replace what is still to
+        be read); the next periodic save writes them."""
+        if not self._loaded:
+            return
+        async with self._saving:
+            now = time.time()
+            kept = self._dispatcher.positions_to_keep(group_keys)
+            await asyncio.gather(*[self._write(group_key, group, text, now)
+                                   for group_key, group, text in self._changed(kept, now)])
+
+    def _changed(self, kept: dict[str, AbsentGroup], now: float, force: bool = False
+                 ) -> list[tuple[str, AbsentGroup, str]]:
+        """The groups of `kept` whose records must be written, each with its text."""
+        changed = []
         for group_key, group in kept.items():
             text = encode(group, 0.0).decode()
             stored, at = self._stored.get(group_key, ("", 0.0))
             if force or text != stored or now - at >= self._keep_for / 2:
-                writes.append(self._write(group_key, group, text, now))
-        writes += [self._delete(group_key) for group_key in self._stored
-                   if group_key not in kept]
-        await asyncio.gather(*writes)
-        if self._old_file_found:
-            await asyncio.get_running_loop().run_in_executor(
-                self._executor, lambda: self._old_file.unlink(missing_ok=True))
-            self._old_file_found = False
+                changed.append((group_key, group, text))
+        return changed
 
     async def _write(self, group_key: str, group: AbsentGroup, text: str, now: float) -> None:
         await self._store.save_group(group_key, self._site, encode(group, now))

@@ -352,6 +352,23 @@ def saved_away(site: SiteProcess) -> set[str]:
     return {client for group in site.shared_groups() for client in group["saved_away"] or []}
 
 
+def leave_site0(cluster: Cluster, member: PahoClient, left_site: str) -> None:
+    """The member on site 0 goes: it disconnects, or site 0 is killed with -9 and the
+    cluster gets over it (new leaders everywhere, and site 1 no longer counts site 0's
+    member: there is nobody left to take what site 0 had not settled
+    (shared_replay.py) when the member comes back)."""
+    if left_site == "running":
+        member.disconnect()
+    else:
+        cluster.sites[0].kill()
+        assert all(cluster.wait_leaders_moved(0, list(range(N_SHARDS)), WAIT, db)
+                   for db in DATABASES), cluster.describe()
+        gone = cluster.site_ids[0]
+        assert wait_until(lambda: gone not in cluster.sites[1].replication().get(
+            "interest", {}), WAIT), cluster.sites[1].replication()
+    member.stop()
+
+
 @pytest.mark.parametrize("left_site", ["running", "killed"])
 def test_a_shared_groups_messages_follow_its_member_to_another_site(
         cluster_rf3: Cluster, left_site: str) -> None:
@@ -381,18 +398,7 @@ def test_a_shared_groups_messages_follow_its_member_to_another_site(
         # once site 0 has stored the group with this member: any position saved since
         # it subscribed is at or before its first message
         assert wait_until(lambda: client_id in saved_away(site0), WAIT), site0.shared_groups()
-        if left_site == "running":
-            member.disconnect()
-        else:
-            site0.kill()
-            assert all(cluster.wait_leaders_moved(0, list(range(N_SHARDS)), WAIT, db)
-                       for db in DATABASES), cluster.describe()
-            # site 1 no longer counts site 0's member: there is nobody left to take
-            # what site 0 had not settled (shared_replay.py) when it comes back
-            gone = cluster.site_ids[0]
-            assert wait_until(lambda: gone not in site1.replication().get("interest", {}),
-                              WAIT), site1.replication()
-        member.stop()
+        leave_site0(cluster, member, left_site)
         for number in range(20, 40):
             assert publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1) == 0
 
@@ -400,6 +406,39 @@ def test_a_shared_groups_messages_follow_its_member_to_another_site(
         assert (connack.reason_code, connack.session_present) == (0, True)
         got = [int(message.payload) for message in back.expect(40, timeout=WAIT)]
         assert sorted(got) == list(range(40)), (int(first.payload), got)
+    finally:
+        for client in (member, publisher, back):
+            client.stop()
+
+
+@pytest.mark.parametrize("left_site", ["running", "killed"])
+def test_a_member_that_goes_right_after_its_suback_takes_its_group_along(
+        cluster_rf3: Cluster, left_site: str) -> None:
+    """Site 0 stores a durable member's shared group before it answers the SUBSCRIBE.
+    So the member can go at once (before the periodic save), and still finds the
+    group on site 1 with what was published while it was away. (Without that save,
+    nothing named it: the group started from the live feed on site 1, and the 20
+    messages were lost.)"""
+    cluster = cluster_rf3
+    topic = unique("at-once")
+    client_id = unique("member")
+    keep_session = paho_properties(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+    site0, site1 = cluster.sites[0], cluster.sites[1]
+    member = PahoClient(site0.port, client_id, host=site0.host)
+    publisher = PahoClient(site1.port, unique("pub"), host=site1.host)
+    back = PahoClient(site1.port, client_id, host=site1.host)
+    try:
+        assert member.connect(clean_start=False, properties=keep_session).reason_code == 0
+        assert member.subscribe(f"$share/g/{topic}/#", 1) == [1]
+        leave_site0(cluster, member, left_site)
+        assert publisher.connect().reason_code == 0
+        for number in range(20):
+            assert publisher.publish(f"{topic}/{number % 3}", b"%d" % number, 1) == 0
+
+        connack = back.connect(clean_start=False, properties=keep_session)
+        assert (connack.reason_code, connack.session_present) == (0, True)
+        got = [int(message.payload) for message in back.expect(20, timeout=WAIT)]
+        assert sorted(got) == list(range(20)), got
     finally:
         for client in (member, publisher, back):
             client.stop()

@@ -105,6 +105,27 @@ def test_a_record_is_written_when_its_group_moved_and_not_otherwise(tmp_path: Pa
     run(scenario())
 
 
+def test_groups_joined_are_written_at_once_and_only_those(tmp_path: Path) -> None:
+    """`save_joined` (before a SUBACK) writes the groups named, when they changed, and
+    nothing before the load (which would replace what is still to be read)."""
+    async def scenario() -> None:
+        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
+            dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"}),
+                                     "h/t": AbsentGroup({1: 6}, {"y"})})
+            await kept.save_joined(["g/t"])
+            assert await store.groups_kept_by("a") == {}
+            await kept.load()
+            await kept.save_joined(["g/t", "not/kept"])
+            stored = await store.groups_kept_by("a")
+            assert sorted(stored) == ["g/t"]
+            assert decode(stored["g/t"])[0] == AbsentGroup({0: 5}, {"x"})
+            assert kept.saved == {"g/t": ["x"]}
+            await asyncio.sleep(0.01)
+            await kept.save_joined(["g/t"])  # nothing changed: not written again
+            assert (await store.groups_kept_by("a"))["g/t"] == stored["g/t"]
+    run(scenario())
+
+
 def test_a_session_that_moved_takes_its_groups_along(tmp_path: Path) -> None:
     """Site a kept group g for clients x and y; x's session is site b's now. Site b
     reads the group from a's record, for x alone; a, restarted, waits for y only."""
