@@ -18,7 +18,15 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
 from kubernetes.utils import parse_quantity
 
-from .resources import TOKEN_KEY, Manifest, Owner, admin_secret, admin_secret_name, selector
+from .resources import (
+    TOKEN_KEY,
+    Manifest,
+    Owner,
+    admin_secret,
+    admin_secret_name,
+    selector,
+    site_selector,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +166,7 @@ class PodView:
 
 def site_pods(owner: Owner) -> list[PodView]:
     found = []
-    for pod in list_labeled("v1", "Pod", owner.namespace, selector(owner.name)):
+    for pod in list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name)):
         status = pod.get("status") or {}
         ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
                     for condition in status.get("conditions") or [])

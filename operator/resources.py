@@ -50,6 +50,12 @@ SERVICE_LABEL = f"{GROUP}/service"
 TERMINATION_GRACE_SECONDS = 60
 # The user of the image (images/): the volume is made writable for its group.
 RUN_AS_USER = 10001
+# What Pod Security "restricted" asks of a pod (with each container's
+# allowPrivilegeEscalation false and capabilities dropped): the sites' and the Spark
+# jobs' pods carry it, and so does the chart's operator Deployment.
+RESTRICTED_POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+    "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +86,32 @@ def admin_secret_name(name: str) -> str:
 
 
 def selector_labels(name: str) -> dict[str, str]:
+    """The StatefulSet's selector, which its volume claims carry too. A StatefulSet's
+    selector is immutable, so this stays as first released; it also matches the chart's
+    operator pod when a storage is named after the release (`durableStorage.create`),
+    so whatever looks for the sites' pods uses `site_selector_labels` instead (the
+    StatefulSet itself never adopts that pod: a ReplicaSet owns it)."""
     return {"app.kubernetes.io/name": "stratamq", "app.kubernetes.io/instance": name}
 
 
 def selector(name: str) -> str:
-    """The pods' label selector as a string (status.selector, for the scale subresource)."""
+    """`selector_labels` as a string: finds the sites' volume claims."""
     return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
 
 
+def site_selector_labels(name: str) -> dict[str, str]:
+    """What selects the sites' pods and nothing else: Services, the disruption budget,
+    the operator's pod listing and the scale subresource's selector."""
+    return {**selector_labels(name), "app.kubernetes.io/component": "broker"}
+
+
+def site_selector(name: str) -> str:
+    """`site_selector_labels` as a string (status.selector, the pod listing)."""
+    return ",".join(f"{key}={value}" for key, value in site_selector_labels(name).items())
+
+
 def labels(name: str) -> dict[str, str]:
-    return {**selector_labels(name), "app.kubernetes.io/component": "broker",
-            "app.kubernetes.io/managed-by": MANAGED_BY}
+    return {**site_selector_labels(name), "app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def metadata(owner: Owner, name: str) -> dict[str, Any]:
@@ -152,7 +173,7 @@ def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": metadata(owner, peer_service_name(owner.name)),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": selector_labels(owner.name),
+                     "selector": site_selector_labels(owner.name),
                      "ports": [{"name": "admin", "port": admin_port(spec),
                                 "targetPort": "admin", "protocol": "TCP"},
                                {"name": "peer", "port": PEER_PORT,
@@ -163,7 +184,7 @@ def client_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
     meta = metadata(owner, owner.name)
     meta["labels"][SERVICE_LABEL] = "client"  # what the ServiceMonitor selects
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-            "spec": {"type": "ClusterIP", "selector": selector_labels(owner.name),
+            "spec": {"type": "ClusterIP", "selector": site_selector_labels(owner.name),
                      "ports": _service_ports(spec)}}
 
 
@@ -276,8 +297,7 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER,
-                                        "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER},
+                    "securityContext": {**RESTRICTED_POD_SECURITY, "fsGroup": RUN_AS_USER},
                 },
             },
             "volumeClaimTemplates": [_volume_claim_template(spec)],
@@ -293,7 +313,7 @@ def pod_disruption_budget(owner: Owner, spec: dict[str, Any]) -> Manifest | None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": metadata(owner, owner.name),
             "spec": {"maxUnavailable": budget.get("maxUnavailable", 1),
-                     "selector": {"matchLabels": selector_labels(owner.name)}}}
+                     "selector": {"matchLabels": site_selector_labels(owner.name)}}}
 
 
 def service_monitor(owner: Owner) -> Manifest:

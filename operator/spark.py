@@ -30,7 +30,7 @@ from typing import Any
 from .config import SPARK_WORK_MOUNT, admin_port
 from .resources import (
     MANAGED_BY,
-    RUN_AS_USER,
+    RESTRICTED_POD_SECURITY,
     SPARK_WORK_VOLUME,
     TOKEN_KEY,
     Manifest,
@@ -225,9 +225,7 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                             "serviceAccountName": service_account_name(owner.name),
                             "restartPolicy": "Never",
                             "enableServiceLinks": False,
-                            "securityContext": {"runAsNonRoot": True,
-                                                "runAsUser": RUN_AS_USER,
-                                                "runAsGroup": RUN_AS_USER},
+                            "securityContext": RESTRICTED_POD_SECURITY,
                             "containers": [{
                                 "name": "spark-submit",
                                 "image": image(spec),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .kube import PodView
-from .resources import selector
+from .resources import site_selector
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
         "conditions": conditions,
         "replicas": len(live),
         "readyReplicas": len(ready),
-        "selector": selector(observed.name),
+        "selector": site_selector(observed.name),
         "underReplicatedShards": 0 if replication is None else replication.under_replicated,
         "pendingTransitions": 0 if replication is None else replication.pending,
         "sites": [{"id": observed.site_ids[pod.name], "pod": pod.name, "ready": pod.ready}

@@ -4,13 +4,18 @@ crds/ unchanged, lints clean, renders, and installs into the test API server."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from stratamq.operator import resources, spark
+from stratamq.operator.resources import Owner
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane, run_tool, tool_env
+from tests.unit.test_operator_resources import crd_defaults
+from tests.unit.test_operator_spark import with_spark
 
 CHART = REPO / "charts" / "stratamq"
 CRDS = REPO / "crds"
@@ -179,3 +184,83 @@ def test_rendered_manifests_validate_on_the_api_server(crds: ControlPlane, names
                           "-f", "-", input=out)
     kinds = [line.split()[0].split("/")[0] for line in result.stdout.splitlines()]
     assert "service" in kinds and "deployment.apps" in kinds, result.stdout
+
+
+def operator_pod_template(tmp_path: Path) -> dict[str, Any]:
+    """The operator Deployment's pod template, as the chart renders it next to a storage
+    named after the release (`durableStorage.create`)."""
+    [deployment] = [doc for doc in render(tmp_path, "--set", "durableStorage.create=true")
+                    if doc["kind"] == "Deployment"]
+    template: dict[str, Any] = deployment["spec"]["template"]
+    return template
+
+
+def test_nothing_that_looks_for_sites_finds_the_operators_pod(tmp_path: Path) -> None:
+    """With `durableStorage.create` the storage is named after the release, and the
+    operator's pod carries that name and instance too. It was counted as a site (the
+    phase never reached Ready) and selected by the sites' Services and disruption
+    budget. Everything that looks for the sites now also asks for component=broker."""
+    operator_labels = operator_pod_template(tmp_path)["metadata"]["labels"].items()
+    owner = Owner(name="mq", namespace="brokers", uid="1234-uid")
+    objects = resources.desired_objects(owner, crd_defaults(), service_monitors=False)
+    [site_set] = [made for made in objects if made["kind"] == "StatefulSet"]
+    site_labels = site_set["spec"]["template"]["metadata"]["labels"].items()
+    selectors = {"pod listing and status.selector": resources.site_selector_labels("mq")}
+    selectors |= {f"{made['kind']} {made['metadata']['name']}":
+                  made["spec"]["selector"].get("matchLabels", made["spec"]["selector"])
+                  for made in objects if made["kind"] in ("Service", "PodDisruptionBudget")}
+    assert len(selectors) == 4
+    for what, selector in selectors.items():
+        assert selector.items() <= site_labels, what
+        assert not selector.items() <= operator_labels, f"{what} selects the operator's pod"
+    assert resources.site_selector("mq") == ",".join(
+        f"{key}={value}" for key, value in resources.site_selector_labels("mq").items())
+
+
+def test_the_operators_root_is_read_only_with_a_writable_tmp(tmp_path: Path) -> None:
+    """The Kubernetes client keeps its discovery cache under /tmp: with a read-only root
+    and nothing mounted there, the operator crashed in its own pod."""
+    spec = operator_pod_template(tmp_path)["spec"]
+    [container] = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    [mount] = [mount for mount in container["volumeMounts"] if mount["mountPath"] == "/tmp"]
+    [volume] = [volume for volume in spec["volumes"] if volume["name"] == mount["name"]]
+    assert "emptyDir" in volume and not mount.get("readOnly")
+
+
+def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": template["metadata"].get("labels", {})},
+            "spec": template["spec"]}
+
+
+def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace: str,
+                                                  tmp_path: Path) -> None:
+    """The operator's, the sites' and the Spark jobs' pods, created (server-side dry run)
+    in a namespace that enforces Pod Security "restricted": the API server's PodSecurity
+    admission refused all three (no seccompProfile)."""
+    crds.kubectl("label", "namespace", namespace,
+                 "pod-security.kubernetes.io/enforce=restricted")
+    # The accounts the pods name must exist (the ServiceAccount admission checks that).
+    for account in ("mq-stratamq-operator", "mq-spark"):
+        crds.kubectl("create", "serviceaccount", "-n", namespace, account)
+    deadline = time.monotonic() + 30  # `default`: made by the controller manager
+    while crds.kubectl("get", "serviceaccount", "-n", namespace, "default",
+                       check=False).returncode != 0:
+        assert time.monotonic() < deadline, "no default ServiceAccount"
+        time.sleep(0.2)
+    owner = Owner(name="mq", namespace=namespace, uid="1234-uid")
+    spec = with_spark(gc={"enable": True})
+    site_set = resources.stateful_set(owner, spec)
+    site_template = site_set["spec"]["template"]
+    site_template["spec"]["volumes"].append(  # what the StatefulSet adds from its claims
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data-mq-0"}})
+    [gc_job] = [made for made in spark.spark_objects(owner, spec, spark_operator=False)
+                if made["kind"] == "CronJob"]
+    pods = [as_pod("operator", operator_pod_template(tmp_path)),
+            as_pod("site", site_template),
+            as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
+    for pod in pods:
+        result = crds.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                              input=json.dumps(pod), check=False)
+        assert result.returncode == 0, f"{pod['metadata']['name']}: {result.stderr}"

@@ -191,7 +191,8 @@ def test_services() -> None:
         ("mqtt", 1883), ("mqtt-ws", 8083), ("admin", 18083)]
     for service in (peers, client):
         assert service["spec"]["selector"] == {"app.kubernetes.io/name": "stratamq",
-                                               "app.kubernetes.io/instance": "mq"}
+                                               "app.kubernetes.io/instance": "mq",
+                                               "app.kubernetes.io/component": "broker"}
 
 
 def test_pod_disruption_budget_and_service_monitor() -> None:

@@ -73,7 +73,8 @@ def test_ready() -> None:
     assert status["observedGeneration"] == 4
     assert all(c["observedGeneration"] == 4 for c in status["conditions"])
     assert (status["replicas"], status["readyReplicas"]) == (3, 3)
-    assert status["selector"] == "app.kubernetes.io/name=stratamq,app.kubernetes.io/instance=mq"
+    assert status["selector"] == ("app.kubernetes.io/name=stratamq,app.kubernetes.io/instance=mq,"
+                                  "app.kubernetes.io/component=broker")
     assert status["sites"] == [{"id": f"SITE{n}", "pod": f"mq-{n}", "ready": True}
                                for n in range(3)]
     assert status["pendingTransitions"] == 0
