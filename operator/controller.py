@@ -316,8 +316,10 @@ class StorageController:
                token: str) -> None:
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
         port = admin_port(dict(spec))
-        reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods
-                   if pod.ip and not pod.terminating]
+        # Terminating pods too: a site that got its SIGTERM reports `stopping` and
+        # serves on until its leaderships are handed over (cluster.handover_timeout).
+        # Skipping them made every pod deletion and every roll a failover.
+        reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods if pod.ip]
         now = time.monotonic()
         sites, site_pods, urls = dict(self.sites), dict(self.pods), dict(self.urls)
         forgotten = set(self.forgotten)

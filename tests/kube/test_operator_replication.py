@@ -13,16 +13,18 @@ excused.
 
 1. ready: every shard of every replicated database (messages, sessions, retained) has
    a leader and 3 replicas, in status;
-2. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas,
+2. a pod leading shards is deleted: its leaderships are handed over while it stops
+   (no failover), and it comes back as the same site;
+3. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas,
    `kubectl get replicatransitions -w` shows each step's phases in order (Pending,
    Bootstrapping where the site bootstrapped from a checkpoint, CatchingUp, Joined,
    Done; Removing for a -site);
-3. scale 5 -> 3 with the operator killed mid-plan: the next one resumes the plan (the
+4. scale 5 -> 3 with the operator killed mid-plan: the next one resumes the plan (the
    plan in status.controller), and the StatefulSet shrinks only once the departing
    sites hold nothing;
-4. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
+5. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
    epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins;
-5. replicationFactor 3 -> 2 is planned (one -site per shard); 4 (above the sites) is
+6. replicationFactor 3 -> 2 is planned (one -site per shard); 4 (above the sites) is
    refused by the API server.
 """
 
@@ -101,6 +103,13 @@ def site_of_pod(status: dict[str, Any]) -> dict[str, str]:
 def shards(status: dict[str, Any], database: str = "messages") -> list[dict[str, Any]]:
     [found] = [entry["shards"] for entry in status["databases"] if entry["name"] == database]
     return found  # type: ignore[no-any-return]
+
+
+def every_shard(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(database, shard) -> its status entry, for every replicated database."""
+    return {(database, shard["shard"]): shard for database in ("messages", "sessions",
+                                                                "retained")
+            for shard in shards(status, database)}
 
 
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
@@ -251,6 +260,44 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     wait_for("the controller's metrics", exported, timeout=30)
 
 
+def test_a_deleted_pod_hands_its_leaderships_over(
+        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+    """`kubectl delete pod` of a site that leads shards: the kubelet's SIGTERM makes the
+    site report `stopping` and serve on; the operator hands its leaderships to other
+    replicas in its next round (no failover, which waits for missed heartbeats). The
+    operator used to skip terminating pods, so the site was never heard stopping."""
+    status = storage(cluster)["status"]
+    pod_of = {site: pod for pod, site in site_of_pod(status).items()}
+    before = every_shard(status)
+    victim = next(site for site in sorted({shard["leader"] for shard in before.values()})
+                  if pod_of[site] != CLIENT_POD)
+    its_shards = {key for key, shard in before.items() if shard["leader"] == victim}
+    old_uid = node.container(NAMESPACE, pod_of[victim]).uid
+    cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
+
+    def handed_over() -> bool:
+        now = every_shard(storage(cluster)["status"])
+        return all(now[key]["leader"] != victim
+                   and now[key]["leaderEpoch"] > before[key]["leaderEpoch"]
+                   for key in its_shards)
+    # Well inside the site's cluster.handover_timeout (10 s) plus a few rounds.
+    wait_for("the victim's leaderships handed over", handed_over, timeout=40,
+             explain=explain(cluster, operators, node))
+    logs = "\n".join(process.log() for process in operators.started)
+    for database, shard in its_shards:
+        assert f"{database}/{shard}: leader {victim} is stopping; " in logs, logs[-6000:]
+        assert f"{database}/{shard}: leader {victim} is gone" not in logs, logs[-6000:]
+
+    def back() -> dict[str, Any] | None:
+        container = node.running(NAMESPACE).get(pod_of[victim])
+        if container is None or container.uid == old_uid:
+            return None
+        return ready_with(cluster, 3)
+    found = wait_for("the pod back as the same site", back,
+                     explain=explain(cluster, operators, node))
+    assert site_of_pod(found["status"])[pod_of[victim]] == victim
+
+
 def watch_phases(kube: ControlPlane, into: Any) -> subprocess.Popen[str]:
     """`kubectl get replicatransitions -w`: every phase each one shows, as it happens."""
     return subprocess.Popen(
@@ -384,10 +431,11 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     status = storage(cluster)["status"]
     pods = site_of_pod(status)
     pod_of = {site: pod for pod, site in pods.items()}
-    led = {shard["shard"]: (shard["leader"], shard["leaderEpoch"]) for shard in shards(status)}
+    # A shard of any replicated database whose leader is not the clients' pod.
+    led = {key: (shard["leader"], shard["leaderEpoch"])
+           for key, shard in every_shard(status).items()}
     victim_shard, (victim, epoch) = next(
-        (number, held) for number, held in sorted(led.items())
-        if pod_of[held[0]] != CLIENT_POD)
+        (key, held) for key, held in sorted(led.items()) if pod_of[held[0]] != CLIENT_POD)
     # A dead pod: its broker hangs (SIGSTOP), answering nothing. (A pod merely deleted
     # comes back as the same site within a heartbeat or two here, too soon for the
     # operator to take it for gone: no failover is needed for that.)
@@ -397,8 +445,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     container.process.send_signal(signal.SIGSTOP)
 
     def failed_over() -> tuple[str, int] | None:
-        found = {shard["shard"]: shard for shard in shards(storage(cluster)["status"])}
-        shard = found[victim_shard]
+        shard = every_shard(storage(cluster)["status"])[victim_shard]
         return ((shard["leader"], shard["leaderEpoch"]) if shard["leader"] != victim
                 and shard["leaderEpoch"] > epoch else None)
     leader, new_epoch = wait_for("a new leader", failed_over,

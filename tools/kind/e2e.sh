@@ -10,7 +10,8 @@
 #    of 3 sites, replication factor 3; wait until it is Ready;
 # 3. scale 3 -> 5 -> 3: ReplicaTransitions appear and reach Done; the StatefulSet
 #    shrinks back to 3 only after the departing pods hold nothing;
-# 4. delete a pod leading a shard: Ready again with the pod back as the same site.
+# 4. delete a pod leading a shard: its leadership moves (handed over as it stops), the
+#    pod comes back (a new uid) and the storage is Ready again.
 # KEEP=1 keeps the cluster afterwards.
 set -euo pipefail
 
@@ -55,11 +56,26 @@ wait_phase Ready 3 600
 [[ "$(kubectl -n "$NS" get statefulset mq -o jsonpath='{.spec.replicas}')" == 3 ]]
 kubectl -n "$NS" get replicatransitions
 
-leader=$(kubectl -n "$NS" get durablestorage mq \
-    -o jsonpath='{.status.databases[0].shards[0].leader}')
+shard0='{.status.databases[0].shards[0]'
+shard0_field() { kubectl -n "$NS" get durablestorage mq -o jsonpath="$shard0.$1}"; }
+pod_uid() { kubectl -n "$NS" get pod "$pod" -o jsonpath='{.metadata.uid}' 2>/dev/null || true; }
+leader=$(shard0_field leader)
+epoch=$(shard0_field leaderEpoch)
 pod=$(kubectl -n "$NS" get durablestorage mq \
     -o jsonpath="{.status.sites[?(@.id==\"$leader\")].pod}")
-kubectl -n "$NS" delete pod "$pod"
+uid=$(pod_uid)
+kubectl -n "$NS" delete pod "$pod" --wait=false
+# Ready alone passes at once (nothing has happened yet): wait for the shard's leadership
+# to move (handed over while the pod stops), then for the pod back as a new one.
+deadline=$((SECONDS + 120))
+until [[ "$(shard0_field leader)" != "$leader" && "$(shard0_field leaderEpoch)" -gt "$epoch" ]]; do
+    (( SECONDS < deadline )) || { kubectl -n "$NS" get durablestorage mq -o yaml; exit 1; }
+    sleep 1
+done
+until [[ -n "$(pod_uid)" && "$(pod_uid)" != "$uid" ]]; do
+    (( SECONDS < deadline )) || { kubectl -n "$NS" get pods; exit 1; }
+    sleep 1
+done
 wait_phase Ready 3 600
 kubectl -n "$NS" get durablestorage mq -o wide
 echo "kind-e2e: passed"
