@@ -271,7 +271,7 @@ class AccessControlConfig(_Section):
     # Password checks one source address may have admitted at once (the rest: Server
     # busy), so that one address cannot fill the queue.
     hash_per_source: PositiveInt = 2
-    # After 3 failed logins from one source address, each further failure refuses its
+    # After 10 failed logins from one source address, each further failure refuses its
     # password logins (0x9F Connection rate exceeded, no hash) for 1 s, 2 s, 4 s, ...
     # at most this long. 0: no back-off.
     failure_backoff_max: Linger = parse_duration("30s")

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 from ..metrics import LOGINS_REFUSED, PASSWORD_CHECKS_PENDING
 
-# Failures a source may have before it is backed off: a user mistyping a password a
-# couple of times is not slowed down.
-FREE_FAILURES = 3
+# Failures a source may have before it is backed off: users mistyping a password a
+# few times are not slowed down, nor are the other users behind the same address (a
+# NAT, a proxy), who share its back-off once it starts.
+FREE_FAILURES = 10
 FIRST_BACKOFF = 1.0  # seconds; doubled with every further failure
 # Source addresses remembered (LRU). An entry is a few hundred bytes: ~3 MB at most.
 MAX_SOURCES = 10_000
