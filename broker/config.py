@@ -263,6 +263,18 @@ class AccessControlConfig(_Section):
     acl_file: Annotated[str, Field(min_length=1)] | None = None
     # What happens when no ACL rule matches (or there is no ACL file).
     acl_no_match: Literal["allow", "deny"] = "allow"
+    # Threads computing password hashes (0.1-0.3 s of CPU each at the default cost).
+    hash_workers: PositiveInt = 2
+    # Password checks admitted beyond those running; a CONNECT that finds no room is
+    # refused at once with Server busy (3.1.1: Server unavailable) and retries.
+    hash_queue: PositiveInt = 32
+    # Password checks one source address may have admitted at once (the rest: Server
+    # busy), so that one address cannot fill the queue.
+    hash_per_source: PositiveInt = 2
+    # After 10 failed logins from one source address, each further failure refuses its
+    # password logins (0x9F Connection rate exceeded, no hash) for 1 s, 2 s, 4 s, ...
+    # at most this long. 0: no back-off.
+    failure_backoff_max: Linger = parse_duration("30s")
 
     @model_validator(mode="after")
     def _someone_can_connect(self) -> AccessControlConfig:
@@ -327,7 +339,12 @@ class MqttConfig(_Section):
     # Inbound QoS 1/2 messages a client may have unacknowledged (MQTT 5 Receive Maximum).
     receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 128
     topic_alias_maximum: Annotated[int, Field(ge=0, le=65535)] = 64
+    # Time from accept to a whole CONNECT, however the bytes trickle in.
     connect_timeout: Duration = parse_duration("10s")
+    # Largest CONNECT accepted (at most max_packet_size): what a client sends before it
+    # has authenticated is buffered, so this is small. A larger one (a will message of
+    # that size) is refused (Packet too large) as soon as its fixed header is in.
+    max_connect_packet_size: ByteSize = parse_byte_size("64KiB")
     # Longest keepalive a client may ask for; longer requests get this (Server Keep Alive).
     max_keepalive: Annotated[int, Field(ge=1, le=65535)] = 65535
 

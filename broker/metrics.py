@@ -76,6 +76,12 @@ BACKGROUND_FAILURES = Counter("stratamq_background_failures",
                               "Failures of background loops and tasks (each restarted)",
                               ("loop",))
 IN_FLIGHT = Gauge("stratamq_in_flight", "Outbound QoS 1/2 messages awaiting acknowledgement")
+LOGINS_REFUSED = Counter("stratamq_logins_refused",
+                         "CONNECTs refused before their password was checked: no room in "
+                         "the hash pool (busy) or a source backed off after failures "
+                         "(backoff)", ("reason",))
+PASSWORD_CHECKS_PENDING = Gauge("stratamq_password_checks_pending",
+                                "Password checks waiting for or running on a hash thread")
 
 
 # The tallies of the per-packet counters, kept so the hot path skips the lookup.

@@ -75,6 +75,8 @@ class RunningSite:
     # when cluster.enable; closed with the storage (after the write buffers flush)
     replication: SiteReplication | None = None
     handover_timeout: float = 0.0
+    # its password hashing threads stop with the listeners
+    access: AccessControl | None = None
 
     async def stop(self, hand_over: bool = False) -> None:
         """With `hand_over`, in a cluster: have the shards this site leads handed
@@ -90,6 +92,8 @@ class RunningSite:
         if self.admin is not None:
             self.admin.detach()
         await self.listeners.close()
+        if self.access is not None:
+            self.access.close()
         await self.broker.stop()
         await self.storage.close()
         if self.admin is not None:
@@ -103,6 +107,7 @@ def connection_limits(config: Config) -> ChannelLimits:
         max_subscriptions=mqtt.max_subscriptions,
         max_inflight=mqtt.max_inflight, receive_maximum=mqtt.receive_maximum,
         topic_alias_maximum=mqtt.topic_alias_maximum, connect_timeout=mqtt.connect_timeout,
+        max_connect_packet_size=mqtt.max_connect_packet_size,
         max_keepalive=mqtt.max_keepalive)
 
 
@@ -205,4 +210,4 @@ async def _start_parts(config: Config) -> RunningSite:
         raise
     return RunningSite(storage, broker, ListenerSet(servers, runners, connections, ports),
                        replication=replication,
-                       handover_timeout=config.cluster.handover_timeout)
+                       handover_timeout=config.cluster.handover_timeout, access=access)

@@ -13,14 +13,20 @@ subscribe to (ACL file), configured by the `access_control` config section.
   unchecked claim, and `%u` ACL rules trust it.
 
 Password hashes are slow on purpose, so a reconnect storm would burn CPU: successful
-verifications are remembered (bounded LRU), and `authenticate_async` runs the hash in
-the event loop's default executor.
+verifications are remembered (bounded LRU), and `authenticate_async` runs the hash in a
+bounded pool of its own and backs off sources whose logins fail (`login_guard`):
+
+* no room in the pool (for the source, or at all): 0x89 Server busy, at once;
+* a source backed off after failed logins: 0x9F Connection rate exceeded, no hash.
+
+(MQTT 3.1.1 has neither: both are return code 3, Server unavailable.) A remembered
+success is answered before either, so a known password gets through a back-off.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import functools
 import hashlib
 import threading
 from collections import OrderedDict
@@ -28,7 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..config import AccessControlConfig
+from ..metrics import LOGINS_REFUSED
 from .acl import Acl, AclRule, Permission, load_acl_file, parse_rules
+from .login_guard import FailureBackoff, HashPool, ServerBusy
 from .passwords import (
     DEFAULT_PBKDF2_ITERATIONS,
     PBKDF2_HASH_BYTES,
@@ -46,11 +54,15 @@ from .passwords import (
 
 __all__ = [
     "BAD_USER_NAME_OR_PASSWORD",
+    "CONNECTION_RATE_EXCEEDED",
     "NOT_AUTHORIZED",
+    "SERVER_BUSY",
     "SUCCESS",
     "AccessControl",
     "Acl",
     "AclRule",
+    "FailureBackoff",
+    "HashPool",
     "InvalidHashError",
     "check_hash",
     "delete_user",
@@ -67,6 +79,8 @@ __all__ = [
 SUCCESS = 0x00
 BAD_USER_NAME_OR_PASSWORD = 0x86
 NOT_AUTHORIZED = 0x87
+SERVER_BUSY = 0x89
+CONNECTION_RATE_EXCEEDED = 0x9F
 
 DEFAULT_CACHE_SIZE = 4096
 
@@ -105,9 +119,12 @@ class AccessControl:
                  passwords: Mapping[str, str] | None = None,
                  acl: Acl | None = None,
                  acl_no_match: Permission = "allow",
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 hash_pool: HashPool | None = None,
+                 backoff: FailureBackoff | None = None) -> None:
         """`passwords`: user name -> encoded hash, None for no password file. `acl`:
-        the rules, None for no ACL file (then `acl_no_match` decides everything)."""
+        the rules, None for no ACL file (then `acl_no_match` decides everything).
+        `hash_pool` and `backoff`: those of the config's defaults when None."""
         self.allow_anonymous = allow_anonymous
         self.passwords = None if passwords is None else dict(passwords)
         self.acl = acl if acl is not None else Acl([], acl_no_match)
@@ -118,6 +135,11 @@ class AccessControl:
         # in memory; that is the price of not re-hashing on every reconnect.
         self._cache: OrderedDict[_CacheKey, None] = OrderedDict()
         self._lock = threading.Lock()
+        defaults = AccessControlConfig()
+        self._hash_pool = hash_pool if hash_pool is not None else HashPool(
+            defaults.hash_workers, defaults.hash_queue, defaults.hash_per_source)
+        self._backoff = backoff if backoff is not None else FailureBackoff(
+            defaults.failure_backoff_max)
 
     @classmethod
     def from_config(cls, config: AccessControlConfig) -> AccessControl:
@@ -128,7 +150,14 @@ class AccessControl:
         acl = (None if config.acl_file is None
                else load_acl_file(config.acl_file, config.acl_no_match))
         return cls(allow_anonymous=config.allow_anonymous, passwords=passwords, acl=acl,
-                   acl_no_match=config.acl_no_match)
+                   acl_no_match=config.acl_no_match,
+                   hash_pool=HashPool(config.hash_workers, config.hash_queue,
+                                      config.hash_per_source),
+                   backoff=FailureBackoff(config.failure_backoff_max))
+
+    def close(self) -> None:
+        """Stop the hashing threads (checks under way finish on their own)."""
+        self._hash_pool.close()
 
     # --- authentication ----------------------------------------------------------------
 
@@ -167,13 +196,23 @@ class AccessControl:
         return self._finish(check, verify_password(check.password, check.encoded))
 
     async def authenticate_async(self, client_id: str, username: str | None,
-                                 password: bytes | None) -> int:
-        """`authenticate`, with the hash computed in the event loop's default executor."""
+                                 password: bytes | None, source: str = "") -> int:
+        """`authenticate` for a client at the `source` address, with the hash computed
+        in the bounded pool; Server busy or Connection rate exceeded instead of a hash
+        when the pool has no room or the source is backed off (module docstring)."""
         check = self._precheck(username, password)
         if isinstance(check, int):
             return check
-        verified = await asyncio.get_running_loop().run_in_executor(
-            None, verify_password, check.password, check.encoded)
+        if self._backoff.backed_off(source):
+            LOGINS_REFUSED.labels("backoff").inc()
+            return CONNECTION_RATE_EXCEEDED
+        try:
+            verified = await self._hash_pool.run(
+                source, functools.partial(verify_password, check.password, check.encoded))
+        except ServerBusy:
+            return SERVER_BUSY
+        if not verified:
+            self._backoff.failed(source)
         return self._finish(check, verified)
 
     # --- authorization -----------------------------------------------------------------

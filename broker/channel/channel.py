@@ -69,6 +69,7 @@ class ChannelLimits:
     receive_maximum: int = 128  # what clients may have in flight towards us
     topic_alias_maximum: int = 64
     connect_timeout: float = 10.0
+    max_connect_packet_size: int = 64 * 1024
     max_keepalive: int = 65535
     max_write_buffer: int = 8 * 1024 * 1024
 
@@ -124,7 +125,8 @@ class Channel:
         self.last_store: asyncio.Future[None] | None = None
         self.closing = False
         self.will_on_close = True
-        self._reader = PacketReader(limits.max_packet_size)
+        self._reader = PacketReader(limits.max_packet_size,
+                                    max_connect_size=limits.max_connect_packet_size)
         self._outbound_aliases: dict[str, int] = {}
         self._kicked = asyncio.Event()
 

@@ -9,6 +9,7 @@ from ..core.registry import NotSessionOwner
 from ..errors import StratamqError
 from ..mqtt import MQTT_5, Connack, Connect, Properties, ReasonCode
 from ..mqtt.error_codes import mqtt_reason_code
+from ..net.address import peer_host
 from ..session.model import NEVER_EXPIRES, WillRecord
 from .properties import to_message_properties
 
@@ -33,7 +34,7 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
     channel.client_id = client_id
     channel.username = packet.username
     reason = await channel.access.authenticate_async(client_id, packet.username,
-                                                     packet.password)
+                                                     packet.password, peer_host(channel.peer))
     if reason != ReasonCode.SUCCESS:
         channel.refuse(reason)
     if packet.will is not None and not channel.access.authorize_publish(

@@ -432,17 +432,22 @@ class PacketReader:
     must be CONNECT and sets `protocol_level`; a later CONNECT is a Protocol Error
     (MQTT-3.1.0-1, MQTT-3.1.0-2). `max_packet_size` bounds the whole packet, fixed
     header included, as MQTT 5's Maximum Packet Size does; it is checked as soon as the
-    fixed header is in, before the body is waited for.
+    fixed header is in, before the body is waited for. `max_connect_size`, when given,
+    bounds the first packet (CONNECT) instead: a server buffers what an unauthenticated
+    peer sends, so that bound is kept small.
 
     After feed() raises, the connection is to be closed: the reader's state is not
     defined any more, and packets decoded earlier in the same feed() are dropped (none
     of them has been acknowledged, so a client sends them again).
     """
 
-    def __init__(self, max_packet_size: int, protocol_level: int | None = None) -> None:
+    def __init__(self, max_packet_size: int, protocol_level: int | None = None, *,
+                 max_connect_size: int | None = None) -> None:
         if protocol_level is not None:
             _check_level(protocol_level)
         self.max_packet_size = max_packet_size
+        self.max_connect_size = (max_packet_size if max_connect_size is None
+                                 else min(max_connect_size, max_packet_size))
         self.protocol_level = protocol_level
         self._pending = bytearray()
 
@@ -510,9 +515,11 @@ class PacketReader:
                 return None
             remaining, start = scanned
             end = start + remaining
-        if end - pos > self.max_packet_size:
+        limit = self.max_connect_size if self.protocol_level is None else self.max_packet_size
+        if end - pos > limit:
+            what = "CONNECT" if self.protocol_level is None else "packet"
             raise PacketTooLargeError(
-                f"packet of {end - pos} bytes exceeds the maximum of {self.max_packet_size}")
+                f"{what} of {end - pos} bytes exceeds the maximum of {limit}")
         return start, end
 
 

@@ -24,3 +24,14 @@ def format_peer(address: object) -> str:
         host, port = address[0], address[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
     return str(address)
+
+
+def peer_host(peer: str) -> str:
+    """The host of a peer as `format_peer` shows it (`[::1]:1883` -> `::1`,
+    `10.0.0.1:1883` -> `10.0.0.1`); a peer shown without a port (the WebSocket
+    listener's) is returned as it is."""
+    if peer.startswith("["):
+        return peer[1:].partition("]")[0]
+    if peer.count(":") == 1:
+        return peer.partition(":")[0]
+    return peer

@@ -1,5 +1,6 @@
 """The read loop of one client connection: bytes in, packets out to a handler, with
-the read deadline the handler asks for (connect timeout, keep alive)."""
+the read deadline the handler asks for (connect timeout, keep alive), measured from
+the last whole packet (or the accept), not from the last byte."""
 
 from __future__ import annotations
 
@@ -33,10 +34,16 @@ class PacketHandler(Protocol):
 
 
 class ReadDeadline:
-    """The handler's read timeout with one timer per timeout period instead of one
-    per read: a timer made and cancelled costs ~5 us, and a busy connection reads
-    thousands of times a second. A read that has waited the whole timeout cancels the
-    reading task (as asyncio.timeout does), and `expired` tells why."""
+    """The handler's read timeout, measured from real progress: from the connection's
+    accept until the first whole packet (the connect timeout), then from the last
+    whole packet handled (keep alive). Bytes that do not finish a packet move nothing,
+    so a peer trickling a byte now and then is closed at the timeout all the same.
+
+    One timer per timeout period instead of one per read: a timer made and cancelled
+    costs ~5 us, and a busy connection reads thousands of times a second. A read under
+    way when the deadline passes is cancelled (as asyncio.timeout does), and `expired`
+    tells why. While the handler works on a packet nothing is read and the deadline
+    waits: the time the broker takes is not the peer's."""
 
     def __init__(self, handler: PacketHandler) -> None:
         self._loop = asyncio.get_running_loop()
@@ -46,21 +53,25 @@ class ReadDeadline:
         self._handler = handler
         self._timer: asyncio.TimerHandle | None = None
         self._timeout: float | None = None
-        self._reading_since: float | None = None
+        self._progress_at = self._loop.time()  # the accept, then the last whole packet
+        self._reading = False
         self.expired = False
 
     def reading(self) -> None:
-        now = self._loop.time()
-        self._reading_since = now
+        self._reading = True
         timeout = self._handler.read_timeout()
         if timeout != self._timeout:  # CONNECT moves from connect timeout to keep alive
             self._timeout = timeout
             self.stop()
         if self._timer is None and timeout is not None:
-            self._timer = self._loop.call_at(now + timeout, self._check)
+            self._timer = self._loop.call_at(self._progress_at + timeout, self._check)
 
     def read(self) -> None:
-        self._reading_since = None
+        self._reading = False
+
+    def progressed(self) -> None:
+        """Whole packets were received and handled: the timeout starts again."""
+        self._progress_at = self._loop.time()
 
     def cancelled_the_read(self) -> bool:
         """Whether the CancelledError a read raised came from this deadline alone (not
@@ -74,9 +85,9 @@ class ReadDeadline:
 
     def _check(self) -> None:
         self._timer = None
-        if self._reading_since is None or self._timeout is None:
+        if not self._reading or self._timeout is None:
             return  # not reading now: the next read arms the timer again
-        left = self._reading_since + self._timeout - self._loop.time()
+        left = self._progress_at + self._timeout - self._loop.time()
         if left > 0:
             self._timer = self._loop.call_later(left, self._check)
             return
@@ -103,10 +114,13 @@ async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReade
             if not data:
                 raise ConnectionClosed()
             BYTES_RECEIVED.inc(len(data))
-            for packet in reader.feed(data):
+            packets = reader.feed(data)
+            for packet in packets:
                 packets_received(type(packet).__name__).inc()
                 pending = handler.handle(packet)
                 if pending is not None:
                     await pending
+            if packets:
+                deadline.progressed()
     finally:
         deadline.stop()
