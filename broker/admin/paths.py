@@ -1,6 +1,6 @@
 """The folders the admin API writes in: a checkpoint folder it is given is confined
-to `<data dir>/checkpoints` (relative folders are taken there) or to one of
-`admin.checkpoint_dirs`, after `..` and symbolic links are resolved, and never to the
+to `<data dir>/checkpoints` (a relative folder is taken there and must stay there) or,
+when absolute, to one of `admin.checkpoint_dirs`, after `..` and symbolic links are resolved, and never to the
 live data folder around it."""
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ def checkpoint_folder(given: object, data_dir: Path, allowed: Sequence[Path]) ->
         raise BadRequestError(f"the checkpoint folder {given!r} holds a NUL character")
     base = (data_dir / CHECKPOINTS).resolve()
     target = Path(given)
-    if not target.is_absolute():
-        target = base / target
+    if target.is_absolute():
+        roots = [base, *(Path(root).resolve() for root in allowed)]
+    else:  # a relative folder stays in the checkpoints folder
+        target, roots = base / target, [base]
     target = target.resolve()
-    roots = [base, *(Path(root).resolve() for root in allowed)]
     in_live_data = target.is_relative_to(data_dir.resolve()) and not target.is_relative_to(base)
     if in_live_data or not any(target != root and target.is_relative_to(root)
                                for root in roots):

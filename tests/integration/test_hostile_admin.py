@@ -33,6 +33,8 @@ import pytest
 from tests.support.clients import ADMIN_TOKEN, PahoClient, RawClient, unique
 from tests.support.harness import HOST, BrokerProcess, running_broker
 
+# The default render interval (the test harness makes it 1 ms for other tests).
+BROKER_CONFIG = {"admin": {"metrics_interval": "1s"}}
 SCRAPERS = 20
 ATTACK_SECONDS = 4.0
 HALF_OPEN = 1500  # above the broker's 1,024 descriptors (see `few_descriptors`)
