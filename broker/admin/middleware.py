@@ -97,6 +97,8 @@ async def json_value(request: web.Request) -> Any:
             raw = await request.read()
     except TimeoutError:
         raise RequestTimeoutError(f"the request body took longer than {timeout:g} s") from None
+    except ConnectionError:  # the client went away mid-body: nobody to answer
+        raise BadRequestError("the connection closed before the request body was in") from None
     try:
         value = json.loads(raw)
     except RecursionError:

@@ -1,7 +1,7 @@
 """The folders the admin API writes in: a checkpoint folder it is given is confined
 to `<data dir>/checkpoints` (a relative folder is taken there and must stay there) or,
-when absolute, to one of `admin.checkpoint_dirs`, after `..` and symbolic links are resolved, and never to the
-live data folder around it."""
+when absolute, to one of `admin.checkpoint_dirs`, after `..` and symbolic links are
+resolved, and never to the live data folder around it."""
 
 from __future__ import annotations
 
