@@ -358,6 +358,20 @@ class AdminConfig(_Section):
     token: Annotated[str, Field(min_length=16)] | None = None
     username: Annotated[str, Field(min_length=1)] | None = None
     password: Annotated[str, Field(min_length=8)] | None = None
+    # /metrics needs the credentials above too (Prometheus then sends the token as a
+    # bearer token); false: open, like /healthz and /readyz, and cached (below).
+    metrics_auth: bool = False
+    # /metrics is rendered at most once per interval, shared by every scrape meanwhile.
+    metrics_interval: Duration = parse_duration("1s")
+    # Connections the admin port holds at once (apart from MQTT's); more answer 503.
+    max_connections: PositiveInt = 256
+    # A connection must send its request headers within this time of its accept (or of
+    # its previous response), else it is closed; and a request body within body_timeout.
+    header_timeout: Duration = parse_duration("10s")
+    body_timeout: Duration = parse_duration("30s")
+    # Folders (absolute) checkpoints may be made in besides <data_dir>/checkpoints,
+    # e.g. a volume shared with the Spark jobs; anywhere else is refused (403).
+    checkpoint_dirs: list[Annotated[str, Field(pattern=r"^/")]] = []
 
 
 class ClusterConfig(_Section):

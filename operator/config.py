@@ -134,6 +134,10 @@ def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
     if access:
         config["access_control"] = access
     config["admin"] = {"enable": True, "bind": _bind(admin_port(spec))}
+    if spec.get("spark", {}).get("volume", {}).get("claimName"):
+        # The Spark launch asks each site for its checkpoint in the shared volume; the
+        # admin API refuses folders outside those it is given.
+        config["admin"]["checkpoint_dirs"] = [SPARK_WORK_MOUNT]
     # The advertised address comes from the environment (ADVERTISE_ENV): the Pod IP is
     # not known when the ConfigMap is made.
     config["cluster"] = {**snake_keys(spec.get("cluster", {})), "enable": True,

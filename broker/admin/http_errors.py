@@ -39,11 +39,21 @@ class BadRequestError(StratamqError):
     """A request body the API cannot use (not JSON, a missing or wrong field)."""
 
 
+class ForbiddenPathError(StratamqError):
+    """A folder outside those the API may write in."""
+
+
+class RequestTimeoutError(StratamqError):
+    """A request body not received within `admin.body_timeout`."""
+
+
 _BY_TYPE: dict[type[StratamqError], int] = {
     UnknownClientError: 404,
     ReplicationOffError: 404,
     UnknownSiteError: 404,
     BadRequestError: 400,
+    ForbiddenPathError: 403,
+    RequestTimeoutError: 408,
     UnknownDatabaseError: 404,
     InvalidTopicError: 400,
     InvalidTopicFilterError: 400,

@@ -5,6 +5,8 @@ checked on every path but the open ones; JSON request bodies and listings."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from http import HTTPStatus
@@ -15,9 +17,15 @@ from aiohttp.typedefs import Middleware
 
 from ..errors import StratamqError
 from .credentials import Credentials
-from .http_errors import BadRequestError, http_status
+from .http_errors import BadRequestError, RequestTimeoutError, http_status
 
 log = logging.getLogger(__name__)
+
+# How long a request body may take to arrive (`admin.body_timeout`; the app's value).
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+DEFAULT_BODY_TIMEOUT = 30.0
+# No request body of the APIs nests deeper than a few levels.
+MAX_JSON_DEPTH = 32
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -80,11 +88,47 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 
 
 async def json_value(request: web.Request) -> Any:
-    """The request's JSON value; BadRequestError when the body is not JSON."""
+    """The request's JSON value; BadRequestError when the body is not JSON, nests
+    deeper than MAX_JSON_DEPTH or holds a string that is not UTF-8 (a lone surrogate
+    escape), RequestTimeoutError when it takes longer than the app's BODY_TIMEOUT."""
+    timeout = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT)
     try:
-        return await request.json()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeoutError(f"the request body took longer than {timeout:g} s") from None
+    except ConnectionError:  # the client went away mid-body: nobody to answer
+        raise BadRequestError("the connection closed before the request body was in") from None
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise BadRequestError(f"the request body is nested too deeply (more than "
+                              f"{MAX_JSON_DEPTH} levels)") from None
     except ValueError as exc:
         raise BadRequestError(f"the request body is not JSON: {exc}") from exc
+    _check_json(value)
+    return value
+
+
+def _check_json(value: Any) -> None:
+    """Depth and strings of a parsed JSON value, without recursion."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequestError(f"the request body is nested too deeply (more than "
+                                  f"{MAX_JSON_DEPTH} levels)")
+        if isinstance(item, dict):
+            pending.extend((key, depth) for key in item)
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequestError(f"the request body holds a string that is not "
+                                      f"UTF-8 (a lone surrogate escape): {item[:80]!r}") from None
 
 
 def listing(items: list[Any]) -> web.Response:

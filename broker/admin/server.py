@@ -2,18 +2,22 @@
 
 It starts before the storage opens, so `/healthz` answers while a large RocksDB is
 still opening; `/readyz` and `/api/v1` answer 503 until the site is attached and
-again once it starts stopping. Every response of `/api/v1` is JSON; every error is
+again once it starts stopping. The listener is guarded (`guard.py`: a connection
+limit of its own, a header timeout) and `/metrics` is cached (`metrics_cache.py`), so
+that nobody who reaches the port can take MQTT down. Every response of `/api/v1` is
+JSON; every error is
 `{"error": CODE, "message": why}` with CODE the HTTP status phrase (`NOT_FOUND`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
@@ -31,8 +35,11 @@ from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
+from .guard import HTTP_LOG, ConnectionGuard
 from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
-from .middleware import authentication, errors, json_body, listing
+from .metrics_cache import MetricsCache
+from .middleware import BODY_TIMEOUT, authentication, errors, json_body, listing
+from .paths import checkpoint_folder
 from .views import (
     Json,
     client_view,
@@ -46,9 +53,12 @@ from .views import (
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
-# The only paths served without credentials; everything else (unknown paths too)
-# needs them, so a typo in a route never opens it.
-OPEN_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+# The only paths served without credentials (`/metrics` too unless
+# `admin.metrics_auth`); everything else (unknown paths too) needs them, so a typo in
+# a route never opens it.
+PROBES = frozenset({"/healthz", "/readyz"})
+# Connections queued by the kernel before the admin server accepts them.
+BACKLOG = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +70,17 @@ class SiteParts:
 
 
 class AdminServer:
-    def __init__(self, credentials: Credentials) -> None:
+    def __init__(self, credentials: Credentials, settings: AdminConfig | None = None) -> None:
         self.credentials = credentials
+        self.settings = settings or AdminConfig()
         self.port = 0
         self._parts: SiteParts | None = None
         self._stopping = False
         self._runner: web.AppRunner | None = None
+        self._guard: ConnectionGuard | None = None
+        self._listener: asyncio.Server | None = None
+        self._metrics_cache = MetricsCache(self.settings.metrics_interval,
+                                           self._refresh_disk_metrics)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -85,7 +100,12 @@ class AdminServer:
         self._parts = None
 
     async def start(self, bind: str) -> None:
-        app = web.Application(middlewares=[errors, authentication(self.credentials, OPEN_PATHS)])
+        settings = self.settings
+        open_paths = PROBES if settings.metrics_auth else PROBES | {"/metrics"}
+        guard = ConnectionGuard(settings.max_connections, settings.header_timeout)
+        app = web.Application(middlewares=[guard.middleware, errors,
+                                           authentication(self.credentials, open_paths)])
+        app[BODY_TIMEOUT] = settings.body_timeout
         app.add_routes([
             web.get("/healthz", self._healthz),
             web.get("/readyz", self._readyz),
@@ -104,20 +124,32 @@ class AdminServer:
             web.get(f"{API}/ds/replication", self._replication_status),
             web.put(f"{API}/ds/placement", self._placement),
         ])
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, logger=HTTP_LOG,
+                               keepalive_timeout=settings.header_timeout)
         await runner.setup()
+        assert runner.server is not None
+        guard.start(runner.server)
         host, port = split_bind(bind)
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            # Not web.TCPSite: the guard's protocol factory counts and refuses.
+            self._listener = await asyncio.get_running_loop().create_server(
+                guard.protocol, host, port, reuse_address=True, backlog=BACKLOG)
         except BaseException:
+            await guard.stop()
             await runner.cleanup()
             raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self._runner, self._guard = runner, guard
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         log.info("admin API listening on http://%s:%d", host, self.port)
 
     async def stop(self) -> None:
         self.detach()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._guard is not None:
+            await self._guard.stop()
+            self._guard = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -146,10 +178,12 @@ class AdminServer:
              "checks": {name: "ok" if ok else "failing" for name, ok in checks.items()}},
             status=200 if ready else 503)
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _refresh_disk_metrics(self) -> None:
         if self._parts is not None:
             await self._parts.storage.refresh_disk_metrics()
-        return web.Response(body=generate_latest(REGISTRY),
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=await self._metrics_cache.body(),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- /api/v1 ----------------------------------------------------------------------
@@ -203,15 +237,12 @@ class AdminServer:
 
     async def _checkpoint(self, request: web.Request) -> web.Response:
         """Make a checkpoint of a database: body `{"dir": FOLDER}`, a new folder on
-        the site's machine; relative folders are taken under `<data dir>/checkpoints`."""
+        the site's machine; relative folders are taken under `<data dir>/checkpoints`,
+        absolute ones must lie there or in one of `admin.checkpoint_dirs`."""
         database = self._any_database(request.match_info["db"])
         body = await json_body(request)
-        folder = body.get("dir")
-        if not isinstance(folder, str) or not folder:
-            raise BadRequestError('give the checkpoint folder as {"dir": "/some/new/folder"}')
-        target = Path(folder)
-        if not target.is_absolute():
-            target = self._running().storage.data_dir / "checkpoints" / target
+        target = checkpoint_folder(body.get("dir"), self._running().storage.data_dir,
+                                   [Path(folder) for folder in self.settings.checkpoint_dirs])
         manifest = await create_checkpoint(database, target)
         log.info("checkpoint of %r made in %s", database.name, target)
         return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
@@ -280,6 +311,6 @@ class AdminServer:
 async def start_admin(config: AdminConfig, data_dir: Path) -> AdminServer:
     """Resolve the credentials (generating a token when none is configured) and start
     serving probes and metrics. The site id comes from the storage, once attached."""
-    server = AdminServer(resolve_credentials(config, data_dir))
+    server = AdminServer(resolve_credentials(config, data_dir), config)
     await server.start(config.bind)
     return server

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -179,7 +180,11 @@ class BrokerProcess(ManagedProcess):
             "durable_storage": {"messages": {"data_dir": str(self.workdir / "data")}},
             "listeners": {"tcp": {"bind": f"{HOST}:{self.port}"},
                           "ws": {"bind": f"{HOST}:{self.ws_port}"}},
-            "admin": {"bind": f"{HOST}:{self.admin_port}", "token": self.ADMIN_TOKEN},
+            # Tests make checkpoints in their own temporary folders, and read /metrics
+            # right after what they count (a site caches a render for 1 s by default).
+            "admin": {"bind": f"{HOST}:{self.admin_port}", "token": self.ADMIN_TOKEN,
+                      "checkpoint_dirs": [tempfile.gettempdir()],
+                      "metrics_interval": "1ms"},
         }
         if fast:  # fewer shards start faster; streams are found sooner
             config = merge_config(config, {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratamq.operator import resources, spark
+from stratamq.operator.config import broker_config
 from stratamq.operator.resources import Owner
 from tests.support.harness import REPO
 from tests.unit.test_operator_resources import crd_defaults
@@ -68,6 +69,11 @@ def test_the_sites_mount_the_shared_volume() -> None:
         pod["volumes"])
     assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
         pod["containers"][0]["volumeMounts"])
+    # and their admin API may make the jobs' checkpoints there (only there, besides
+    # their own checkpoints folder)
+    assert broker_config(with_spark())["admin"]["checkpoint_dirs"] == [
+        "/var/lib/stratamq-spark"]
+    assert "checkpoint_dirs" not in broker_config(crd_defaults())["admin"]
 
 
 def job(name: str, created: str, status: dict[str, Any]) -> dict[str, Any]:
