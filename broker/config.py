@@ -216,6 +216,11 @@ class MessagesDbConfig(_Section):
     # Memory the write path's topic caches may hold over all shards (topic names can
     # be 64 KB each, so the bound is in bytes, not topics).
     topic_cache_bytes: ByteSize = parse_byte_size("64MiB")
+    # The learned topic structure of a generation: levels learned at most (65535 is
+    # the most a topic can have), and its estimated memory over all shards (each
+    # shard its share). What goes past them is folded, not learned (`lts.TrieBounds`).
+    learned_topic_max_levels: Annotated[int, Field(ge=1, le=65535)] = 32
+    learned_topic_bytes: ByteSize = parse_byte_size("128MiB")
 
 
 class DurableStorageConfig(_Section):

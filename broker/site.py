@@ -44,6 +44,8 @@ def messages_db_options(messages: MessagesDbConfig, retention_period: float,
         message_retention_period=retention_period,
         longest_retention_period=longest_retention_period,
         topic_cache_bytes=messages.topic_cache_bytes,
+        learned_topic_max_levels=messages.learned_topic_max_levels,
+        learned_topic_bytes=messages.learned_topic_bytes,
     )
 
 

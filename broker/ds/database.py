@@ -38,7 +38,7 @@ from .generation import GenerationInfo, RetentionPlan, plan_retention
 from .install import recover_shard_folder, swap_in_staged
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import ReadStats
-from .lts import END, Edge, Trie
+from .lts import END, Edge, Trie, TrieBounds
 from .message import Message, decode_message, peek_timestamp
 from .options import DbOptions
 from .shard import Shard, now_us
@@ -154,6 +154,16 @@ def shard_of(client_id: str, n_shards: int) -> int:
     return zlib.crc32(client_id.encode("utf-8")) % n_shards
 
 
+def open_shard(db_name: str, path: Path, shard_id: int, options: DbOptions) -> Shard:
+    """Open one shard of a database with its share of the database's bounds. Blocking."""
+    return Shard(path, shard_id, options.layout, options.layout_options,
+                 options.wildcard_thresholds, options.sync_writes,
+                 options.topic_cache_bytes // options.n_shards,
+                 TrieBounds(options.learned_topic_max_levels,
+                            options.learned_topic_bytes // options.n_shards),
+                 metrics.LTS_FOLDED_TOPICS.labels(db_name))
+
+
 def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
     meta = path / META_FILE
     if meta.exists():
@@ -223,6 +233,13 @@ class Database:
         self._shared_unsettled: Callable[[], Mapping[str, Mapping[int, int]]] | None = None
         self._shared_lost_listeners: list[SharedSiteLostListener] = []
         self._update_generation_gauges()
+        for shard in shards:
+            metrics.LTS_BYTES.labels(name, str(shard.shard_id)).set_function(
+                partial(self._trie_bytes, shard.shard_id))
+
+    def _trie_bytes(self, shard_id: int) -> int:
+        return sum(generation.trie.bytes
+                   for generation in list(self.shards[shard_id].generations.values()))
 
     @classmethod
     async def open(cls, name: str, data_dir: Path, options: DbOptions,
@@ -240,9 +257,7 @@ class Database:
                 await loop.run_in_executor(executor, recover_shard_folder,
                                            path / str(shard_id))
                 shards.append(await loop.run_in_executor(
-                    executor, Shard, path / str(shard_id), shard_id, options.layout,
-                    options.layout_options, options.wildcard_thresholds, options.sync_writes,
-                    options.topic_cache_bytes // options.n_shards))
+                    executor, open_shard, name, path / str(shard_id), shard_id, options))
         except BaseException:
             for shard in shards:
                 shard.close()
@@ -474,9 +489,7 @@ class Database:
             await loop.run_in_executor(self._executor, swap_in_staged, old.path)
             options = self.options
             new = await loop.run_in_executor(
-                self._executor, Shard, old.path, shard_id, options.layout,
-                options.layout_options, options.wildcard_thresholds, options.sync_writes,
-                options.topic_cache_bytes // options.n_shards)
+                self._executor, open_shard, self.name, old.path, shard_id, options)
             new.replicated = old.replicated
             self.shards[shard_id] = new
             self._buffers[shard_id].replace_shard(new)

@@ -49,11 +49,13 @@ class Iterator:
     def start(cls, trie: Trie, stream: Stream, topic_filter: str,
               start_time: int = 0) -> Iterator:
         """An iterator over the messages of `stream` (a stream of `trie`'s generation)
-        matching `topic_filter`, from `start_time` (µs) on."""
+        matching `topic_filter`, from `start_time` (µs) on. Walks the stream's own
+        path (O(levels)), not the trie: a wildcard read opens one iterator per
+        stream, and matching the whole trie for each was quadratic."""
         levels = validate_filter(topic_filter)
-        for match in trie.match(levels):
-            if match.static == stream.static:
-                return cls(stream, topic_filter, match.pattern, max(start_time - 1, 0))
+        match = trie.match_static(levels, stream.static)
+        if match is not None:
+            return cls(stream, topic_filter, match.pattern, max(start_time - 1, 0))
         raise InvalidIteratorError(f"filter {topic_filter!r} does not read stream {stream}")
 
     def advanced_to(self, timestamp: int) -> Iterator:

@@ -10,7 +10,18 @@ levels)`: the id of the END state its walk reaches, and the levels taken through
 
 Ids are derived from the parent id and the edge label, so two replicas that learn
 the same topics in the same order build identical tries, and re-adding an edge is
-harmless. After the algorithm of EMQX's `emqx_ds_lts` (read, not copied)."""
+harmless. After the algorithm of EMQX's `emqx_ds_lts` (read, not copied).
+
+The trie is bounded (`TrieBounds`): no exact or `+` edge is learned at a depth of
+`max_levels` or more, nor once the edges' estimated bytes reach `max_bytes`. A topic
+that would need one is *folded*: the rest of it, from that level on, goes through a
+REST edge of the state reached and is one varying level (`a/b/c/d` folded at depth 2:
+varying `c/d`). A state has at most one REST edge (and one END under it), and once
+it has one it learns no more edges, so a topic keeps its stream; REST and END edges
+are not refused by the bound (at most one of each per state), so the bound holds to
+within three edges per learned state. A stream with a folded level matches a filter
+that reaches its state with levels left; every message read is checked against the
+filter anyway (see `Database.next_local`)."""
 
 from __future__ import annotations
 
@@ -19,6 +30,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from ..metrics import Tally
 from .cache import BytesBoundedCache
 
 StaticIndex = bytes
@@ -27,10 +39,38 @@ STATIC_INDEX_BYTES = 8
 PLUS = "+"
 # U+0000 can never appear in an MQTT topic level, so it cannot clash with one.
 END = "\x00"
+# A topic name has no `#`: the label of the edge that folds the rest of a topic.
+REST = "#"
 
 # Bytes the topic-to-key cache of one trie may hold (the shard passes its share of
 # the database's `topic_cache_bytes`).
 DEFAULT_TOPIC_CACHE_BYTES = 8 * 1024 * 1024
+
+
+# Estimated memory of one learned edge besides its label (two dict entries, the child
+# id, the state's own dicts, the Edge persisted and kept): 5,000 120-level topics
+# grew a site by about 450 bytes an edge.
+EDGE_BYTES = 450
+
+
+def edge_bytes(label: str) -> int:
+    return EDGE_BYTES + len(label)
+
+
+@dataclass(frozen=True, slots=True)
+class TrieBounds:
+    """How far a trie learns (see the module's docstring); the defaults bound
+    nothing."""
+
+    max_levels: int = 65535
+    max_bytes: int = 1 << 62
+
+    def __post_init__(self) -> None:
+        if self.max_levels < 1 or self.max_bytes < 0:
+            raise ValueError(f"trie bounds must be positive: {self!r}")
+
+
+UNBOUNDED = TrieBounds()
 
 
 def child_id(parent: StaticIndex, label: str) -> StaticIndex:
@@ -88,10 +128,17 @@ class Trie:
     the caller's, through `edges()` and `add_edge`."""
 
     def __init__(self, thresholds: Sequence[int],
-                 cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES,
+                 bounds: TrieBounds = UNBOUNDED, folds: Tally | None = None) -> None:
+        """`folds` counts the topics mapped through a fold (each time one is mapped
+        without the topic cache)."""
         if not thresholds or any(t < 1 for t in thresholds):
             raise ValueError(f"wildcard thresholds must be positive integers: {thresholds!r}")
         self.thresholds = tuple(thresholds)
+        self.bounds = bounds
+        self._folds = folds
+        # estimated bytes of the edges (see `edge_bytes`)
+        self.bytes = 0
         self._children: dict[StaticIndex, dict[str, StaticIndex]] = {}
         # exact edges per state, kept apart so the threshold test is O(1)
         self._exact_count: dict[StaticIndex, int] = {}
@@ -111,6 +158,7 @@ class Trie:
             return False
         children[edge.label] = edge.child
         self._parents[edge.child] = (edge.parent, edge.label)
+        self.bytes += edge_bytes(edge.label)
         if edge.label not in (PLUS, END):
             self._exact_count[edge.parent] = self._exact_count.get(edge.parent, 0) + 1
         return True
@@ -121,6 +169,7 @@ class Trie:
             children = self._children.get(edge.parent)
             if children is not None and children.pop(edge.label, None) is not None:
                 self._parents.pop(edge.child, None)
+                self.bytes -= edge_bytes(edge.label)
                 if edge.label not in (PLUS, END):
                     self._exact_count[edge.parent] -= 1
         self._topic_cache.clear()
@@ -159,11 +208,20 @@ class Trie:
             elif children is not None and PLUS in children:
                 state = children[PLUS]
                 varying.append(level)
-            elif self._exact_count.get(state, 0) < self.threshold(depth):
-                state = self._learn(state, level, learned)
             else:
-                state = self._learn(state, PLUS, learned)
-                varying.append(level)
+                label = level if self._exact_count.get(state, 0) < self.threshold(depth) \
+                    else PLUS
+                if (children is not None and REST in children) \
+                        or not self._may_learn(depth, label):
+                    state = children[REST] if children is not None and REST in children \
+                        else self._learn(state, REST, learned)
+                    varying.append("/".join(levels[depth:]))
+                    if self._folds is not None:
+                        self._folds.inc()
+                    break
+                state = self._learn(state, label, learned)
+                if label == PLUS:
+                    varying.append(level)
         children = self._children.get(state)
         if children is not None and END in children:
             static = children[END]
@@ -173,6 +231,10 @@ class Trie:
         self._topic_cache.put(topic, key, _key_bytes(key, sys.getsizeof(topic)))
         return key
 
+    def _may_learn(self, depth: int, label: str) -> bool:
+        return depth < self.bounds.max_levels \
+            and self.bytes + edge_bytes(label) <= self.bounds.max_bytes
+
     def clear_cache(self) -> None:
         """Forget cached topic keys (a closed generation maps no more topics)."""
         self._topic_cache.clear()
@@ -181,7 +243,7 @@ class Trie:
         """The key of a topic without learning; None if the trie has never seen it."""
         state = root_for(levels[0])
         varying: list[str] = []
-        for level in levels:
+        for depth, level in enumerate(levels):
             children = self._children.get(state)
             if children is None:
                 return None
@@ -190,6 +252,10 @@ class Trie:
             elif PLUS in children:
                 state = children[PLUS]
                 varying.append(level)
+            elif REST in children:
+                state = children[REST]
+                varying.append("/".join(levels[depth:]))
+                break
             else:
                 return None
         static = self._children.get(state, {}).get(END)
@@ -216,11 +282,17 @@ class Trie:
             level = filter_levels[depth]
             if level == "#":
                 self._collect_all(state, pattern, found)
-            elif level == PLUS:
+                continue
+            if REST in children:  # its topics have the filter's levels left, or more
+                end = self._children.get(children[REST], {}).get(END)
+                if end is not None:
+                    found.append(StreamMatch(
+                        end, (*pattern, folded_pattern(filter_levels[depth:]))))
+            if level == PLUS:
                 for label, child in children.items():
                     if label == PLUS:
                         stack.append((child, depth + 1, (*pattern, PLUS)))
-                    elif label != END:
+                    elif label not in (END, REST):
                         stack.append((child, depth + 1, pattern))
             elif level in children:
                 # An exact edge, once it exists, takes every topic with this level:
@@ -253,8 +325,10 @@ class Trie:
             if level is None:
                 return None
             if level == "#":
-                pattern += [PLUS for _parent, later in path[depth:] if later == PLUS]
+                pattern += [PLUS for _parent, later in path[depth:] if later in (PLUS, REST)]
                 return StreamMatch(static, tuple(pattern))
+            if label == REST:
+                return StreamMatch(static, (*pattern, folded_pattern(filter_levels[depth:])))
             if level == PLUS:
                 if label == PLUS:
                     pattern.append(PLUS)
@@ -272,7 +346,7 @@ class Trie:
             for label, child in self._children.get(current, {}).items():
                 if label == END:
                     found.append(StreamMatch(child, current_pattern))
-                elif label == PLUS:
+                elif label in (PLUS, REST):
                     stack.append((child, (*current_pattern, PLUS)))
                 else:
                     stack.append((child, current_pattern))
@@ -289,6 +363,8 @@ class Trie:
             state, path, through_plus = stack.pop()
             for label, child in self._children.get(state, {}).items():
                 edge = Edge(state, label, child)
+                if label == REST:
+                    continue  # a fold is this generation's bound, not a structure
                 if label != END:
                     stack.append((child, (*path, edge), through_plus or label == PLUS))
                 elif through_plus:
@@ -305,6 +381,14 @@ class Trie:
             state, label = parents[state]
             labels.append(label)
         return list(reversed(labels)) if state in (ROOT, DOLLAR_ROOT) else None
+
+
+def folded_pattern(filter_levels: Sequence[str]) -> str:
+    """The pattern of a folded level for the filter's levels from its depth on: the
+    rest itself when they are all concrete, else `+` (any; the read checks)."""
+    if any(level in (PLUS, "#") for level in filter_levels):
+        return PLUS
+    return "/".join(filter_levels)
 
 
 def seed_edges(patterns: Iterable[str]) -> list[Edge]:

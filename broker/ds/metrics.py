@@ -42,6 +42,15 @@ LAYOUT_SEEK = LoopCounter("stratamq_ds_layout_seek", "RocksDB seeks made by layo
                           ("db", "layout"))
 LAYOUT_NEXT = LoopCounter("stratamq_ds_layout_next", "Entries stepped over by layout reads",
                           ("db", "layout"))
+LTS_FOLDED_TOPICS = LoopCounter(
+    "stratamq_ds_lts_folded_topics",
+    "Topics mapped into a folded stream of the learned topic structure: past its "
+    "learned_topic_max_levels or learned_topic_bytes (counted per mapping not cached)",
+    ("db",))
+# Read when /metrics is scraped (set_function).
+LTS_BYTES = Gauge("stratamq_ds_lts_bytes",
+                  "Estimated bytes of a shard's learned topic structures, all generations",
+                  _LABELS)
 LAYOUT_HASH_COLLISIONS = LoopCounter(
     "stratamq_ds_layout_hash_collisions",
     "Entries a layout read found under the reader's key whose topic the reader did not "

@@ -32,6 +32,11 @@ class DbOptions:
     # Bytes the write path's topic caches (learned topic keys, index key prefixes)
     # may hold in all, over every shard.
     topic_cache_bytes: int = 64 * 1024 * 1024
+    # The learned topic structure of each generation: levels learned at most, and the
+    # estimated bytes of all shards' tries of one generation (each shard its share);
+    # what goes past them is folded (see `lts.TrieBounds`).
+    learned_topic_max_levels: int = 32
+    learned_topic_bytes: int = 128 * 1024 * 1024
     # A key-value database (`sessions`, `retained`) takes only records (puts and
     # deletes), written through the same shard log as messages; retention never
     # drops them (records live outside generations).

@@ -20,10 +20,11 @@ from pathlib import Path
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from ..errors import CorruptDataError, GenerationError
+from ..metrics import Tally
 from .cooked import CookedBatch
 from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
-from .lts import DEFAULT_TOPIC_CACHE_BYTES, Edge, Trie, seed_edges
+from .lts import DEFAULT_TOPIC_CACHE_BYTES, UNBOUNDED, Edge, Trie, TrieBounds, seed_edges
 from .message import Message, decode_message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
@@ -68,9 +69,10 @@ def read_generation_table(db: Rdict) -> list[GenerationInfo]:
 
 
 def read_trie(db: Rdict, info: GenerationInfo, thresholds: Sequence[int],
-              cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES) -> Trie:
+              cache_bytes: int = DEFAULT_TOPIC_CACHE_BYTES, bounds: TrieBounds = UNBOUNDED,
+              folds: Tally | None = None) -> Trie:
     """The learned topic structure of one generation, from its trie family. Blocking."""
-    trie = Trie(thresholds, cache_bytes)
+    trie = Trie(thresholds, cache_bytes, bounds, folds)
     for key, child in db.get_column_family(info.trie_column_family()).items():
         raw_key = as_bytes(key)
         trie.add_edge(Edge(raw_key[:8], raw_key[8:].decode("utf-8"), as_bytes(child)))
@@ -104,14 +106,18 @@ def generation_bytes(db: Rdict, info: GenerationInfo, data: Rdict) -> int:
 class Shard:
     def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
                  thresholds: Sequence[int], sync_writes: bool,
-                 topic_cache_bytes: int = 2 * DEFAULT_TOPIC_CACHE_BYTES) -> None:
+                 topic_cache_bytes: int = 2 * DEFAULT_TOPIC_CACHE_BYTES,
+                 trie_bounds: TrieBounds = UNBOUNDED, folds: Tally | None = None) -> None:
         """Open (or create) the shard at `path`. Blocking. `topic_cache_bytes`
         bounds the topic caches of the current generation (half for the trie, half
-        for the layout)."""
+        for the layout); `trie_bounds` what each generation's trie learns, `folds`
+        counts the topics folded past them."""
         self.path = path
         self.shard_id = shard_id
         self.thresholds = tuple(thresholds)
         self._cache_bytes = topic_cache_bytes // 2
+        self._trie_bounds = trie_bounds
+        self._folds = folds
         self._new_layout = (layout, dict(layout_options))
         make_layout(layout, dict(layout_options))  # fail early on a bad configuration
         path.mkdir(parents=True, exist_ok=True)
@@ -162,7 +168,8 @@ class Shard:
                 self._db.drop_column_family(name)
 
     def _open_generation(self, info: GenerationInfo) -> Generation:
-        trie = read_trie(self._db, info, self.thresholds, self._cache_bytes)
+        trie = read_trie(self._db, info, self.thresholds, self._cache_bytes,
+                         self._trie_bounds, self._folds)
         return Generation(info, make_layout(info.layout, dict(info.layout_options),
                                             self._cache_bytes), trie,
                           self._db.get_column_family(info.data_column_family()))

@@ -20,7 +20,7 @@ from ..topic import levels_match, validate_filter
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .layouts import Layout, ReadStats, make_layout
-from .lts import END, PLUS, StaticIndex, Trie
+from .lts import END, PLUS, REST, StaticIndex, Trie
 from .message import Message, decode_message, peek_timestamp, peek_topic
 from .shard import generation_bytes, read_generation_table, read_last_timestamp, read_trie
 from .site_id import SITE_ID_FILE
@@ -55,7 +55,7 @@ def stream_paths(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
 def stream_patterns(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
     """Every stream of a generation with its all-`+` pattern (one `+` per varying
     level): what an iterator reading the whole stream uses."""
-    return {static: tuple(PLUS for label in labels if label == PLUS)
+    return {static: tuple(PLUS for label in labels if label in (PLUS, REST))
             for static, labels in stream_paths(trie).items()}
 
 

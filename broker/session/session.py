@@ -21,14 +21,15 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ..ds import DurableStorage, EndOfStream, Iterator, Message, Stream
+from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
+from .cursors import Cursor, CursorTable
 from .expiry import is_expired
 from .model import (
     CursorState,
@@ -47,6 +48,9 @@ _T = TypeVar("_T")
 ROUTE_CACHE_SIZE = 256
 # Messages one read takes when counting what a dropped generation takes with it.
 _COUNT_BATCH = 1000
+# Storage reads a replay pass makes before it lets the event loop run others: a read
+# on the loop does not yield, and a wildcard filter may have thousands of streams.
+REPLAY_SLICE = 32
 
 
 class Outlet(Protocol):
@@ -68,53 +72,6 @@ class Outlet(Protocol):
         """Whether the ACL lets a message on this topic reach the client through a
         subscription it may hold."""
         ...
-
-
-@dataclass(slots=True, eq=False)
-class Cursor:
-    """A durable session's position in one stream for one subscription."""
-
-    key: str
-    subscription: Subscription
-    stream: Stream
-    iterator: Iterator  # the stream and filter; its position may lag `last_handed`
-    state: CursorState  # what is done (persisted)
-    in_flight: deque[int] = field(default_factory=deque)  # handed out, in order
-    done_early: set[int] = field(default_factory=set)
-    live: bool = False
-    dirty: bool = False
-    ended: bool = False
-    last_handed: int = -1  # timestamp of the last message handed out (or skipped)
-
-    def __post_init__(self) -> None:
-        if self.last_handed < 0:
-            self.last_handed = self.iterator.last_timestamp
-
-    def handed_out(self, timestamp: int) -> None:
-        # An int, not a new Iterator per message: the iterator is moved only when
-        # reading resumes (see `reader`).
-        self.in_flight.append(timestamp)
-        self.last_handed = timestamp
-
-    def reader(self) -> Iterator:
-        """The iterator positioned after the last message handed out."""
-        if self.iterator.last_timestamp != self.last_handed:
-            self.iterator = self.iterator.advanced_to(self.last_handed)
-        return self.iterator
-
-    def done(self, timestamp: int) -> None:
-        if self.in_flight and self.in_flight[0] == timestamp:
-            self.in_flight.popleft()
-            self.state.position = timestamp
-            while self.in_flight and self.in_flight[0] in self.done_early:
-                self.done_early.discard(self.in_flight[0])
-                self.state.position = self.in_flight.popleft()
-        else:
-            self.done_early.add(timestamp)
-        if self.done_early or self.state.done_above:
-            above = self.state.position
-            self.done_early = {t for t in self.done_early if t > above}
-            self.state.done_above = sorted(self.done_early)
 
 
 @dataclass(slots=True, eq=False)
@@ -194,7 +151,7 @@ class Session:
         # reserved until the replay offers the message again.
         self._resend: dict[tuple[str, int], int] = {}
         self._reserved_ids: set[int] = set()
-        self._cursors: dict[str, Cursor] = {}
+        self._cursors = CursorTable()
         self._wake = asyncio.Event()
         self._replayer: asyncio.Task[None] | None = None
         self._persist_pending = False
@@ -357,12 +314,14 @@ class Session:
         if subscriptions is None:
             subscriptions = self.subscriptions.values()
             self._stream_version = self._storage.db(self._db).stream_version
+        opened: list[Cursor] = []
         for subscription in subscriptions:
             if subscription.share_group is not None:
                 continue
             for _rank, stream in self._storage.get_streams(self._db, subscription.topic_filter,
                                                            subscription.since):
-                self._cursor_for(subscription, stream)
+                self._cursor_for(subscription, stream, opened)
+        self._cursors.retire_older(opened)
         self._wake.set()
 
     def renew_new_streams(self) -> None:
@@ -378,17 +337,23 @@ class Session:
         if database.stream_version == self._stream_version:
             return
         version = database.stream_version
+        opened: list[Cursor] = []
         for subscription in self.subscriptions.values():
             if subscription.share_group is not None:
                 continue
             version, found = database.get_streams_since(subscription.topic_filter,
                                                         self._stream_version)
             for _rank, stream in found:
-                self._cursor_for(subscription, stream)
+                self._cursor_for(subscription, stream, opened)
+        self._cursors.retire_older(opened)
         self._stream_version = version
         self._wake.set()
 
-    def _cursor_for(self, subscription: Subscription, stream: Stream) -> Cursor | None:
+    def _cursor_for(self, subscription: Subscription, stream: Stream,
+                    opened: list[Cursor]) -> Cursor | None:
+        """The subscription's cursor on the stream, opened if need be (then appended
+        to `opened`: the caller hands those to `CursorTable.retire_older`); None for
+        a stream done or going."""
         key = cursor_key(subscription.topic_filter, stream)
         cursor = self._cursors.get(key)
         if cursor is not None:
@@ -404,21 +369,9 @@ class Session:
         self._restored_cursors.pop(key, None)
         cursor = Cursor(key, subscription, stream, iterator, state,
                         done_early=set(state.done_above))
-        self._cursors[key] = cursor
-        # A newer generation of this shard means the older ones are complete: let
-        # them read to their end so generations replay in order.
-        for other in self._cursors.values():
-            if other.subscription is subscription and other.stream.shard == stream.shard \
-                    and other.stream.generation < stream.generation:
-                other.live = False
+        self._cursors.add(cursor)
+        opened.append(cursor)
         return cursor
-
-    def _blocked(self, cursor: Cursor) -> bool:
-        """Within a shard, a generation waits until every older one has ended."""
-        return any(other.subscription is cursor.subscription
-                   and other.stream.shard == cursor.stream.shard
-                   and other.stream.generation < cursor.stream.generation and not other.ended
-                   for other in self._cursors.values())
 
     async def _resend_in_order(self) -> None:
         """Unacknowledged messages go out again in the order they were first sent,
@@ -463,11 +416,17 @@ class Session:
             self._waiting_for_room = False
             cursors = list(self._cursors.values())
             start = self._replay_turn % len(cursors) if cursors else 0
+            reads = 0
             for turn, cursor in enumerate(cursors[start:] + cursors[:start]):
+                if reads == REPLAY_SLICE:
+                    reads = 0
+                    await asyncio.sleep(0)  # reads on the loop do not yield: let others in
                 if self.outlet is None:
                     break
-                if cursor.live or cursor.ended or self._blocked(cursor):
+                if cursor.live or cursor.ended or self._cursors.blocked(cursor) \
+                        or self._cursors.get(cursor.key) is not cursor:
                     continue
+                reads += 1
                 if len(self._queue) >= self._replay_room:
                     self._waiting_for_room = True  # acks wake us (see _finished)
                     self._replay_turn = start + turn
@@ -478,7 +437,7 @@ class Session:
                         or (cursor.stream.shard, cursor.stream.generation) in self._going:
                     continue  # unsubscribed meanwhile, or counted as lost to retention
                 if isinstance(result, EndOfStream):
-                    cursor.ended = True
+                    self._cursors.end(cursor)
                     self._forget_if_complete(cursor)
                     progressed = True
                     continue
@@ -508,7 +467,7 @@ class Session:
             # A closed generation's streams keep coming back from get_streams: the
             # mark stops a later look from reading this one again from the start.
             self._done_cursors.add(cursor.key)
-            self._cursors.pop(cursor.key, None)
+            self._cursors.remove(cursor.key)
             self.request_persist()
             self._wake.set()
 
@@ -519,7 +478,7 @@ class Session:
         resends are messages that will not be sent again."""
         states = [k for k in self._cursors if doomed(k)]
         for key in states:
-            del self._cursors[key]
+            self._cursors.remove(key)
         restored = [k for k in self._restored_cursors if doomed(k)]
         for key in restored:
             del self._restored_cursors[key]
@@ -644,7 +603,9 @@ class Session:
             return
         if self.durable:
             for subscription in routes:
-                cursor = self._cursor_for(subscription, stream)
+                opened: list[Cursor] = []
+                cursor = self._cursor_for(subscription, stream, opened)
+                self._cursors.retire_older(opened)
                 if cursor is not None:
                     self._feed_cursor(cursor, message)
             return
@@ -680,7 +641,7 @@ class Session:
         self._wake.set()
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
-        if cursor.live and not self._waiting_for_room and not self._blocked(cursor) \
+        if cursor.live and not self._waiting_for_room and not self._cursors.blocked(cursor) \
                 and len(self._queue) < self._max_queued and self.outlet is not None:
             if message.timestamp > cursor.last_handed:
                 self._offer_durable(cursor, message)
@@ -745,7 +706,7 @@ class Session:
         except InvalidIteratorError:  # its generation was dropped: nothing left to read
             return None
         cursor = Cursor(key, subscription, stream, iterator, CursorState(timestamp - 1))
-        self._cursors[key] = cursor
+        self._cursors.add(cursor)
         return cursor
 
     # -- routes and access --------------------------------------------------------

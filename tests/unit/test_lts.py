@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq.broker.ds.lts import END, PLUS, Edge, Trie
+from stratamq.broker.ds.lts import EDGE_BYTES, END, PLUS, REST, Edge, Trie, TrieBounds
+from stratamq.broker.metrics import Tally
 
 
 def learn(trie: Trie, *topics: str) -> list[Edge]:
@@ -131,17 +133,24 @@ def test_rejects_bad_thresholds() -> None:
 
 
 levels = st.sampled_from(["a", "b", "c", "d", "e", "$x", ""])
+# unbounded; folding at the second level; folding once a few edges are learned
+BOUNDS = [TrieBounds(), TrieBounds(max_levels=2), TrieBounds(max_bytes=6 * (EDGE_BYTES + 1))]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(levels, min_size=1, max_size=4), min_size=1, max_size=40),
        st.lists(st.sampled_from(["a", "b", "+", "c", ""]), min_size=0, max_size=3),
-       st.booleans())
+       st.booleans(), st.sampled_from(BOUNDS))
 def test_every_learned_topic_is_found_by_every_matching_filter(
-        topics: list[list[str]], filter_prefix: list[str], hash_tail: bool) -> None:
+        topics: list[list[str]], filter_prefix: list[str], hash_tail: bool,
+        bounds: TrieBounds) -> None:
     from stratamq.broker.topic import levels_match
-    trie = Trie([2, 2])
+    trie = Trie([2, 2], bounds=bounds)
     keys = {tuple(t): trie.topic_key(t, []) for t in topics}
+    # a topic keeps its key however much is learned after it; lookup agrees
+    for topic, key in keys.items():
+        assert trie.topic_key(list(topic), []) == key
+        assert trie.lookup(list(topic)) == key
     topic_filter = [*filter_prefix, "#"] if hash_tail else filter_prefix
     if not topic_filter:
         return
@@ -153,9 +162,9 @@ def test_every_learned_topic_is_found_by_every_matching_filter(
                 for m in matches), (topic, topic_filter)
 
 
-def test_match_static_agrees_with_match() -> None:
-
-    trie = Trie([3, 2])
+@pytest.mark.parametrize("bounds", BOUNDS)
+def test_match_static_agrees_with_match(bounds: TrieBounds) -> None:
+    trie = Trie([3, 2], bounds=bounds)
     learned: list[Edge] = []
     topics = ["a", "a/b", "a/b/c", "$s/x", "x/1", "x/2", "x/3", "x/4/y", "x/5/z", "q/r/s/t",
               "q/r/u", "q/v", "q/w/1", "q/w/2", "q/w/3", "q/w/4", "a/b/c/d"]
@@ -174,3 +183,43 @@ def test_match_static_agrees_with_match() -> None:
             if found is not None:
                 got.add((found.static, found.pattern))
         assert got == expected, filter_levels
+
+
+def test_levels_past_the_bound_fold_into_one_varying_level() -> None:
+    folds = Tally()
+    trie = Trie([100, 10], bounds=TrieBounds(max_levels=2), folds=folds)
+    deep = trie.key_of_topic("a/b/c/d", [])
+    assert deep.varying == ("c/d",)
+    assert trie.static_path(deep.static) == ["a", "b", REST, END]
+    assert trie.key_of_topic("a/b/e", []).static == deep.static  # one folded stream
+    assert trie.key_of_topic("a/b", []).varying == ()  # not deeper than the bound
+    assert folds.value == 2
+    # the fold reads every filter that can match its topics, and only as far as it must
+    for topic_filter, pattern in (("a/b/c/d", "c/d"), ("a/+/c/+", PLUS), ("a/#", PLUS),
+                                  ("a/b/c", "c"), ("+/b/+/d", PLUS)):
+        assert (deep.static, (pattern,)) in {
+            (m.static, m.pattern) for m in trie.match(topic_filter.split("/"))}, topic_filter
+    assert all(m.static != deep.static for m in trie.match(["a", "b"]))
+
+
+def test_a_byte_budget_stops_learning_and_a_new_generation_inherits_no_fold() -> None:
+    budget = 20 * (EDGE_BYTES + 2)
+    trie = Trie([100, 10], bounds=TrieBounds(max_bytes=budget))
+    for i in range(200):
+        # every topic parts from the others at its first levels (the attack)
+        trie.key_of_topic("/".join([*str(i)[::-1], *["x"] * 20]), [])
+    learned_exact = sum(1 for edge in trie.edges() if edge.label not in (END, REST))
+    assert learned_exact * EDGE_BYTES <= budget
+    states = len({edge.parent for edge in trie.edges()})
+    assert len(trie) <= learned_exact + 2 * states  # REST and END: one each per state
+    assert all(edge.label != REST for edge in trie.wildcard_paths())
+
+
+def test_a_replica_given_the_edges_folds_alike() -> None:
+    leader = Trie([2], bounds=TrieBounds(max_levels=1))
+    learned = learn(leader, "a/b/c", "a/d", "e/f")
+    replica = Trie([2])  # a replica applies the leader's edges; it does not learn
+    for edge in learned:
+        replica.add_edge(edge)
+    for topic in ("a/b/c", "a/d", "e/f", "a/zz/y"):
+        assert replica.key_of_topic(topic, []) == leader.key_of_topic(topic, [])
