@@ -173,11 +173,11 @@ class SessionRegistry:
             async with self._lock(client_id):
                 session = self.sessions.get(client_id)
                 record = None
-                ended = False  # a record is left of a session that has ended
+                ended = None  # the record left of a session that has ended
                 if session is None:
                     record = await self._store.load(client_id)
                     if record is not None and not _resumable(record):
-                        record, ended = None, True
+                        record, ended = None, record
                 owner = session.username if session is not None \
                     else record.username if record is not None else username
                 if owner != username:
@@ -201,7 +201,8 @@ class SessionRegistry:
     async def _open_session_locked(self, client_id: str, clean_start: bool,
                                    expiry_interval: int, username: str | None,
                                    may_subscribe: Callable[[str], bool],
-                                   record: SessionRecord | None, ended: bool,
+                                   record: SessionRecord | None,
+                                   ended: SessionRecord | None,
                                    epoch: int | None,
                                    groups_along: dict[str, AbsentGroup]
                                    ) -> tuple[Session, bool]:
@@ -215,7 +216,7 @@ class SessionRegistry:
                     session.owner_epoch = epoch
                 session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
-            elif ended:
+            elif ended is not None:
                 # the ids of a session that ended must not pass for the new one's
                 await self._store.forget_qos2(client_id, epoch or 0)
         if clean_start and session is not None:
@@ -228,6 +229,9 @@ class SessionRegistry:
         durable = expiry_interval > 0 and self.limits.durable_sessions
         if session is None:
             session = self._new_session(client_id, expiry_interval, durable)
+            if ended is not None and not clean_start:
+                # its parts are still stored: the first save deletes them
+                session.stored_parts = ended.stored_parts()
             session.set_owner(username)
             if epoch is not None:
                 session.owner_epoch = epoch
@@ -378,11 +382,15 @@ class SessionRegistry:
     async def _persist_locked(self, session: Session, disconnected: bool) -> None:
         if not session.durable:
             return
+        record = session.to_record(
+            time.time() if disconnected or session.outlet is None else None)
         try:
-            await self._store.save(session.to_record(
-                time.time() if disconnected or session.outlet is None else None))
+            session.stored_parts = await self._store.save(record, session.stored_parts)
         except FencedError:
             self._lost(session)
+            raise
+        except BaseException:  # it may have been written or not: read what is, next time
+            session.stored_parts = None
             raise
 
     # -- ownership across sites (a cluster) -----------------------------------------
@@ -492,15 +500,15 @@ class SessionRegistry:
         (after a restart, say) and publish their wills. Returns how many."""
         now = time.time()
         removed = 0
-        for scanned in await self._store.scan():
+        for client_id in await self._store.client_ids():
             # Under the client's lock, and read again: a client that reconnected since
             # the scan has its session in memory (or has ended it), whose record and
             # QoS 2 ids must not be touched from here.
-            async with self._lock(scanned.client_id):
-                if scanned.client_id in self.sessions:
+            async with self._lock(client_id):
+                if client_id in self.sessions:
                     continue
                 try:
-                    removed += await self._collect(scanned.client_id, now)
+                    removed += await self._collect(client_id, now)
                 except FencedError:  # taken by another site meanwhile: it is that one's
                     continue
         return removed
@@ -518,16 +526,17 @@ class SessionRegistry:
             return 0
         if epoch is not None:  # adopted here, maybe
             record.owner_epoch = epoch
+        stored = record.stored_parts()
         if record.disconnected_at is None:
             # It was connected when its site stopped without saying goodbye: its expiry
             # (and will delay) count from now, when the site is back (or adopted it).
             record.disconnected_at = now
-            await self._store.save(record)
+            stored = await self._store.save(record, stored)
         if record.will is not None and record.disconnected_at + min(
                 record.will.delay, record.expiry_interval) <= now:
             self._publisher.publish_will(record.will.to_message(record.client_id))
             record.will = None
-            await self._store.save(record)
+            stored = await self._store.save(record, stored)
         if not record.expired(now):
             return 0
         await self._store.delete(record.client_id, record.owner_epoch)

@@ -89,6 +89,7 @@ class WriteBuffer:
         self._batches = metrics.BUFFER_BATCHES.labels(*self._labels)
         self._batch_messages = metrics.BUFFER_MESSAGES.labels(*self._labels)
         self._batch_bytes = metrics.BUFFER_BYTES.labels(*self._labels)
+        self._record_bytes = metrics.BUFFER_RECORD_BYTES.labels(*self._labels)
         self._flush_time = metrics.BUFFER_FLUSH_TIME.labels(*self._labels)
         self._commit_latency = metrics.COMMIT_LATENCY.labels(*self._labels)
         metrics.BUFFER_QUEUED_BYTES.labels(*self._labels).set_function(lambda: self._bytes)
@@ -260,9 +261,11 @@ class WriteBuffer:
         messages = [message for entry in taken for message in entry.messages]
         record_puts, record_deletes = _final_records(taken)
         fences = [fence for entry in taken for fence in entry.fences]
+        record_bytes = sum(len(key) + len(value) for key, value in record_puts) \
+            + sum(len(key) for key in record_deletes)
         if self.replicate is not None:
             await self._flush_replicated(taken, messages, record_puts, record_deletes, fences,
-                                         any(entry.forwarded for entry in taken))
+                                         any(entry.forwarded for entry in taken), record_bytes)
             return
         started = time.perf_counter()
         error: BaseException | None = None
@@ -296,6 +299,7 @@ class WriteBuffer:
         self._batches.inc()
         self._batch_messages.inc(len(messages))
         self._batch_bytes.inc(cooked.payload_bytes)
+        self._record_bytes.inc(record_bytes)
         self._flush_time.observe(time.perf_counter() - started)
         self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
         _settle(taken, lambda done: done.set_result(None))
@@ -308,7 +312,7 @@ class WriteBuffer:
     async def _flush_replicated(self, taken: list[_Pending], messages: list[Message],
                                 record_puts: list[tuple[bytes, bytes]],
                                 record_deletes: list[bytes], fences: list[Fence],
-                                forwarded: bool) -> None:
+                                forwarded: bool, record_bytes: int) -> None:
         """The flush of a replicated site: the shard's replication commits the batch
         (here or at the shard's leader) and feeds the commit listeners when it
         applies it; writers are answered only once it is committed."""
@@ -339,6 +343,7 @@ class WriteBuffer:
             return
         self._batches.inc()
         self._batch_messages.inc(len(messages))
+        self._record_bytes.inc(record_bytes)
         self._flush_time.observe(time.perf_counter() - started)
         self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
         _settle(taken, lambda done: done.set_result(None))

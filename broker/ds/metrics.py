@@ -23,6 +23,10 @@ BUFFER_MESSAGES = Counter("stratamq_ds_buffer_messages", "Messages committed fro
                           _LABELS)
 BUFFER_BYTES = Counter("stratamq_ds_buffer_bytes", "Payload bytes committed from the buffer",
                        _LABELS)
+BUFFER_RECORD_BYTES = Counter(
+    "stratamq_ds_buffer_record_bytes",
+    "Record bytes committed from the buffer: keys and values put, keys deleted "
+    "(key-value databases, QoS 2 records; owner epochs not counted)", _LABELS)
 # Read when /metrics is scraped (set_function): nothing on the write path.
 BUFFER_QUEUED_BYTES = Gauge("stratamq_ds_buffer_queued_bytes",
                             "Bytes queued in a shard's write buffer, not written yet", _LABELS)

@@ -1,13 +1,22 @@
-"""The records a session is made of, and their persisted (JSON) form. Pure."""
+"""The records a session is made of, and their persisted (JSON) form. Pure.
+
+A session is stored as a head (its scalars, wills and in-flight packet ids) and one
+part per subscription, cursor and finished cursor (`SessionStore` keys them), so a
+change writes the head and the parts that changed (`changed_names`), not the whole
+session. `SessionRecord.to_json`/`from_json` are the form of the previous version,
+one whole record, still read (`whole`) and rewritten as parts on the next save."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..ds import Message, MessageProperties, Stream
 from ..topic import SHARE_PREFIX
+
+_T = TypeVar("_T")
 
 # A session expiry interval at which the session never expires (MQTT 5.0 3.1.2.11.2).
 NEVER_EXPIRES = 2**32 - 1
@@ -94,33 +103,123 @@ class SessionRecord:
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0
     username: str | None = None  # who made it: only they may resume it
+    # Read from one whole record (the previous version's form, `from_json`): none of
+    # its parts are stored as parts yet. Not persisted.
+    whole: bool = False
 
     def expired(self, now: float) -> bool:
         return self.disconnected_at is not None and \
             self.disconnected_at + self.expiry_interval <= now
 
+    def as_parts(self) -> StoredParts:
+        """Its parts, by name: this record's own objects, so neither may change
+        while the other is in use."""
+        return StoredParts({subscription.key: subscription
+                            for subscription in self.subscriptions},
+                           self.cursors, dict.fromkeys(self.done, True))
+
+    def stored_parts(self) -> StoredParts:
+        """The parts of a record read from storage that are stored as parts: its
+        own (`as_parts`), or none for a `whole` record."""
+        return StoredParts() if self.whole else self.as_parts()
+
+    def head_to_json(self) -> bytes:
+        """Everything but the parts (built field by field: `asdict` would copy every
+        subscription and cursor too)."""
+        return json.dumps({
+            "client_id": self.client_id, "expiry_interval": self.expiry_interval,
+            "pubrel_pending": self.pubrel_pending, "resend": self.resend,
+            "will": _will_to_json(self.will), "disconnected_at": self.disconnected_at,
+            "owner_epoch": self.owner_epoch, "username": self.username,
+        }, separators=(",", ":")).encode()
+
     def to_json(self) -> bytes:
+        """The whole record, the previous version's stored form."""
         data = asdict(self)
-        if self.will is not None:
-            data["will"]["payload"] = self.will.payload.hex()
-            data["will"]["properties"] = _properties_to_json(self.will.properties)
+        del data["whole"]
+        data["will"] = _will_to_json(self.will)
         return json.dumps(data, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> SessionRecord:
+        """A stored head (`head_to_json`: the parts are left empty, for the caller to
+        fill in), or a whole record of the previous version (`to_json`: `whole`)."""
         data = json.loads(raw)
+        if "subscriptions" not in data:
+            return cls(
+                client_id=str(data["client_id"]),
+                expiry_interval=int(data["expiry_interval"]),
+                pubrel_pending=[int(packet_id) for packet_id in data["pubrel_pending"]],
+                resend=_resend_from_json(data["resend"]), will=_will_from_json(data["will"]),
+                disconnected_at=data["disconnected_at"], owner_epoch=int(data["owner_epoch"]),
+                username=data["username"])
         will = data.pop("will")
-        record = cls(
+        data.pop("whole", None)
+        return cls(
             subscriptions=[Subscription(**s) for s in data.pop("subscriptions")],
             cursors={k: CursorState(**v) for k, v in data.pop("cursors").items()},
-            resend=[(int(packet_id), str(key), int(timestamp))
-                    for packet_id, key, timestamp in data.pop("resend", [])],
-            **data)
-        if will is not None:
-            record.will = WillRecord(
-                will["topic"], bytes.fromhex(will["payload"]), will["qos"], will["retain"],
-                _properties_from_json(will["properties"]), will["delay"])
-        return record
+            resend=_resend_from_json(data.pop("resend", [])),
+            will=_will_from_json(will), whole=True, **data)
+
+
+@dataclass(slots=True)
+class StoredParts:
+    """The parts of a session known to be in storage, by name: what the next save
+    compares with to write only what changed (`changed_names`). Subscriptions are
+    replaced when they change, never changed in place, so most compare by identity."""
+
+    subscriptions: dict[str, Subscription] = field(default_factory=dict)  # by key
+    cursors: dict[str, CursorState] = field(default_factory=dict)  # by cursor key
+    done: dict[str, bool] = field(default_factory=dict)  # cursor keys: a set, ordered
+
+
+def changed_names(stored: Mapping[str, _T], current: Mapping[str, _T]
+                  ) -> tuple[list[str], list[str]]:
+    """(names whose value is new or differs from the stored one, names gone)."""
+    changed = []
+    for name, value in current.items():
+        old = stored.get(name)
+        if old is not value and old != value:
+            changed.append(name)
+    return changed, [name for name in stored if name not in current]
+
+
+def subscription_to_json(subscription: Subscription) -> bytes:
+    return json.dumps(asdict(subscription), separators=(",", ":")).encode()
+
+
+def subscription_from_json(raw: bytes) -> Subscription:
+    return Subscription(**json.loads(raw))
+
+
+def cursor_to_json(state: CursorState) -> bytes:
+    return json.dumps([state.position, state.done_above], separators=(",", ":")).encode()
+
+
+def cursor_from_json(raw: bytes) -> CursorState:
+    position, done_above = json.loads(raw)
+    return CursorState(int(position), [int(timestamp) for timestamp in done_above])
+
+
+def _resend_from_json(data: list[Any]) -> list[tuple[int, str, int]]:
+    return [(int(packet_id), str(key), int(timestamp)) for packet_id, key, timestamp in data]
+
+
+def _will_to_json(will: WillRecord | None) -> dict[str, Any] | None:
+    if will is None:
+        return None
+    data = asdict(will)
+    data["payload"] = will.payload.hex()
+    data["properties"] = _properties_to_json(will.properties)
+    return data
+
+
+def _will_from_json(data: dict[str, Any] | None) -> WillRecord | None:
+    if data is None:
+        return None
+    return WillRecord(data["topic"], bytes.fromhex(data["payload"]), data["qos"],
+                      data["retain"], _properties_from_json(data["properties"]),
+                      data["delay"])
 
 
 def cursor_key(topic_filter: str, stream: Stream) -> str:

@@ -34,6 +34,7 @@ from .expiry import is_expired
 from .model import (
     CursorState,
     SessionRecord,
+    StoredParts,
     Subscription,
     WillRecord,
     cursor_key,
@@ -156,6 +157,10 @@ class Session:
         self._replayer: asyncio.Task[None] | None = None
         self._persist_pending = False
         self._persist_task: asyncio.Task[None] | None = None
+        # The parts of this session known to be in storage (None: not known, after a
+        # write whose outcome is not): a save writes only what differs from them.
+        # Kept by the registry, which saves; a new session has none stored.
+        self.stored_parts: StoredParts | None = StoredParts()
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
         # Per topic, the subscriptions a message on it goes through (ACL applied);
@@ -203,7 +208,10 @@ class Session:
         placeholder = Message("", b"")
         for packet_id in record.pubrel_pending:
             self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
-        self._restored_cursors = dict(record.cursors)
+        # copies: the cursors move on from them, and the record's are the stored parts
+        self._restored_cursors = {key: CursorState(state.position, list(state.done_above))
+                                  for key, state in record.cursors.items()}
+        self.stored_parts = record.stored_parts()
         self._done_cursors = set(record.done)
         self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
         self._reserved_ids = set(self._resend.values())

@@ -1,9 +1,10 @@
 """Where sessions live in storage: the one owner of the key schemas of session
-records (`s/<client>` in the `sessions` database), of the positions a site keeps for
-its shared groups (`g/<len><group key><site>`, also in `sessions`, with the group's
-shard) and of inbound QoS 2 records (`qos2/<len><client><packet id>`, kept with the
-client's messages in the `messages` database). Nothing else reads or writes these
-keys.
+records (in the `sessions` database: the head `s/<client>`, and one part per
+subscription, cursor and finished cursor, `sp/<len><client><kind><name>`), of the
+positions a site keeps for its shared groups (`g/<len><group key><site>`, also in
+`sessions`, with the group's shard) and of inbound QoS 2 records
+(`qos2/<len><client><packet id>`, kept with the client's messages in the `messages`
+database). Nothing else reads or writes these keys.
 
 On a replicated site (`owner` set: this site's id) a session record is written fenced
 by its owner epoch (`ds.fence`): a site takes a client id with `claim`, which moves
@@ -11,7 +12,14 @@ the epoch on at the shard's leader, and the writes of the site that held it befo
 carry an older epoch and are refused (FencedError). The claim moves the epoch of the
 client's inbound QoS 2 records on too (they are in another database, so they have a
 fence of their own), before the new owner reads them: a write of the old owner is
-either in what the new one reads or refused."""
+either in what the new one reads or refused.
+
+A save writes the head and only the parts that differ from those known to be stored
+(`StoredParts`), with the deletes of the parts gone, in one atomic batch under the
+head's fence: a SUBSCRIBE on a session of 1,000 subscriptions writes one part, not
+1,000. Parts are absolute values, never increments, so writing one again (after a
+write whose outcome is unknown) is harmless. A whole record of the previous version
+is read as it is (`SessionRecord.whole`) and replaced by parts on its next save."""
 
 from __future__ import annotations
 
@@ -19,9 +27,24 @@ import asyncio
 from collections.abc import Collection
 
 from ..ds import Database, Fence, KvDatabase, Message
-from .model import SessionRecord
+from .model import (
+    CursorState,
+    SessionRecord,
+    StoredParts,
+    Subscription,
+    changed_names,
+    cursor_from_json,
+    cursor_to_json,
+    subscription_from_json,
+    subscription_to_json,
+)
 
 _SESSION_KEY = b"s/"
+# Not under `s/`: a scan of the heads sees one entry per session.
+_PART_KEY = b"sp/"
+_SUBSCRIPTION_PART = b"s"
+_CURSOR_PART = b"c"
+_DONE_PART = b"d"
 
 
 def _session_key(client_id: str) -> bytes:
@@ -31,6 +54,35 @@ def _session_key(client_id: str) -> bytes:
 def _length_prefixed(name: str) -> bytes:
     raw = name.encode("utf-8")
     return len(raw).to_bytes(2, "big") + raw
+
+
+def _parts_prefix(client_id: str) -> bytes:
+    # length-prefixed, so client "a" never sees the parts of client "a/b"
+    return _PART_KEY + _length_prefixed(client_id)
+
+
+def _part_key(prefix: bytes, kind: bytes, name: str) -> bytes:
+    return prefix + kind + name.encode("utf-8")
+
+
+def _changed_parts(client_id: str, stored: StoredParts, current: StoredParts
+                   ) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """The puts and deletes that turn the `stored` parts into the `current` ones."""
+    prefix = _parts_prefix(client_id)
+    puts: list[tuple[bytes, bytes]] = []
+    deletes: list[bytes] = []
+    changed, gone = changed_names(stored.subscriptions, current.subscriptions)
+    puts += [(_part_key(prefix, _SUBSCRIPTION_PART, name),
+              subscription_to_json(current.subscriptions[name])) for name in changed]
+    deletes += [_part_key(prefix, _SUBSCRIPTION_PART, name) for name in gone]
+    changed, gone = changed_names(stored.cursors, current.cursors)
+    puts += [(_part_key(prefix, _CURSOR_PART, name), cursor_to_json(current.cursors[name]))
+             for name in changed]
+    deletes += [_part_key(prefix, _CURSOR_PART, name) for name in gone]
+    changed, gone = changed_names(stored.done, current.done)
+    puts += [(_part_key(prefix, _DONE_PART, name), b"") for name in changed]
+    deletes += [_part_key(prefix, _DONE_PART, name) for name in gone]
+    return puts, deletes
 
 
 _GROUP_KEY = b"g/"
@@ -75,25 +127,74 @@ class SessionStore:
     # -- session records ----------------------------------------------------------
 
     async def load(self, client_id: str) -> SessionRecord | None:
-        raw = await self._sessions_db.get(client_id, _session_key(client_id))
-        return None if raw is None else SessionRecord.from_json(raw)
+        """The stored session (its head and parts), or None.
 
-    async def save(self, record: SessionRecord) -> None:
-        puts = [(_session_key(record.client_id), record.to_json())]
-        if self.fenced:
-            await self._sessions_db.write_fenced(
-                record.client_id, Fence(_session_key(record.client_id), record.owner_epoch),
-                puts=puts)
-        else:
-            await self._sessions_db.write(record.client_id, puts=puts)
+        Two reads, the head and then the parts: no write of the session may come
+        between them. Callers read a session no connection here holds, and on a
+        replicated site after their claim (a write of the site that held it before
+        is refused then), or only to check its user (in the head)."""
+        raw = await self._sessions_db.get(client_id, _session_key(client_id))
+        if raw is None:
+            return None
+        record = SessionRecord.from_json(raw)
+        if not record.whole:
+            parts = await self._read_parts(client_id)
+            record.subscriptions = list(parts.subscriptions.values())
+            record.cursors = parts.cursors
+            record.done = list(parts.done)
+        return record
+
+    async def _read_parts(self, client_id: str) -> StoredParts:
+        prefix = _parts_prefix(client_id)
+        subscriptions: dict[str, Subscription] = {}
+        cursors: dict[str, CursorState] = {}
+        done: dict[str, bool] = {}
+        async for page in self._sessions_db.scan_pages(
+                prefix, self._sessions_db.shard_of(client_id)):
+            for key, value in page:
+                kind = key[len(prefix):len(prefix) + 1]
+                name = key[len(prefix) + 1:].decode("utf-8")
+                if kind == _SUBSCRIPTION_PART:
+                    subscriptions[name] = subscription_from_json(value)
+                elif kind == _CURSOR_PART:
+                    cursors[name] = cursor_from_json(value)
+                elif kind == _DONE_PART:
+                    done[name] = True
+        return StoredParts(subscriptions, cursors, done)
+
+    async def save(self, record: SessionRecord, stored: StoredParts | None = None
+                   ) -> StoredParts:
+        """Write `record`: its head, and of its parts those that differ from the
+        `stored` ones (None when they are not known, after a write whose outcome is
+        not: they are read then). Returns the parts stored now, the record's own
+        objects: it must not change afterwards."""
+        client_id = record.client_id
+        if stored is None:
+            stored = await self._read_parts(client_id)
+        current = record.as_parts()
+        puts, deletes = _changed_parts(client_id, stored, current)
+        puts.append((_session_key(client_id), record.head_to_json()))
+        await self._write(client_id, record.owner_epoch, puts, deletes)
+        return current
 
     async def delete(self, client_id: str, owner_epoch: int = 0) -> None:
+        """Delete the session's head and every part of it."""
         deletes = [_session_key(client_id)]
+        async for page in self._sessions_db.scan_pages(
+                _parts_prefix(client_id), self._sessions_db.shard_of(client_id)):
+            deletes += [key for key, _value in page]
+        await self._write(client_id, owner_epoch, [], deletes)
+
+    async def _write(self, client_id: str, owner_epoch: int,
+                     puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        """One atomic batch in the client's shard, fenced by its owner epoch on a
+        replicated site."""
         if self.fenced:
             await self._sessions_db.write_fenced(
-                client_id, Fence(_session_key(client_id), owner_epoch), deletes=deletes)
+                client_id, Fence(_session_key(client_id), owner_epoch),
+                puts=puts, deletes=deletes)
         else:
-            await self._sessions_db.write(client_id, deletes=deletes)
+            await self._sessions_db.write(client_id, puts=puts, deletes=deletes)
 
     # -- ownership (fenced sites only) --------------------------------------------------
 
@@ -112,9 +213,10 @@ class SessionStore:
         await asyncio.gather(*self._messages.submit(
             [], True, records_of=client_id, fence=_qos2_fence(client_id, epoch, claim=True)))
 
-    async def scan(self) -> list[SessionRecord]:
-        return [SessionRecord.from_json(raw)
-                for _key, raw in await self._sessions_db.scan(_SESSION_KEY)]
+    async def client_ids(self) -> list[str]:
+        """The client ids of every stored session."""
+        return [key[len(_SESSION_KEY):].decode("utf-8", "replace")
+                for key, _raw in await self._sessions_db.scan(_SESSION_KEY)]
 
     # -- shared groups' positions (core/shared_positions.py) -----------------------
     # Not fenced: each site writes its own record of a group, and only its own.
