@@ -274,8 +274,9 @@ class AccessControlConfig(_Section):
     # refused at once with Server busy (3.1.1: Server unavailable) and retries.
     hash_queue: PositiveInt = 32
     # Password checks one source address may have admitted at once (the rest: Server
-    # busy), so that one address cannot fill the queue.
-    hash_per_source: PositiveInt = 2
+    # busy), so that one address cannot fill the queue; not 1 or 2, since many clients
+    # may share one address (a NAT, a Service's source NAT).
+    hash_per_source: PositiveInt = 4
     # After 10 failed logins from one source address, each further failure refuses its
     # password logins (0x9F Connection rate exceeded, no hash) for 1 s, 2 s, 4 s, ...
     # at most this long. 0: no back-off.
