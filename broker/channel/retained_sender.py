@@ -28,6 +28,9 @@ from ..supervise import note_task_failure
 
 log = logging.getLogger(__name__)
 
+# Jobs kept before those no longer wanted are looked for (see `add`).
+_MIN_PENDING = 16
+
 
 @dataclass(eq=False)
 class _Job:
@@ -59,6 +62,11 @@ class RetainedSender:
             self._job.superseded = True
         self._pending.pop(subscription.key, None)
         self._pending[subscription.key] = _Job(session, subscription, asked_us)
+        # The jobs still wanted are at most one per subscription the session holds:
+        # those unsubscribed meanwhile go now and then, so a client that subscribes
+        # and unsubscribes without reading grows nothing here.
+        if len(self._pending) > 2 * max(len(session.subscriptions), _MIN_PENDING):
+            self._pending = {key: job for key, job in self._pending.items() if job.wanted}
 
     async def read_ahead(self) -> None:
         """Before the SUBACK: with nothing being sent, read the next job's first page."""
