@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/stratamq.yaml
 
-.PHONY: install kube-bin run test lint bench typecheck-tree clean kind-e2e
+.PHONY: install kube-bin run test fuzz lint bench typecheck-tree clean kind-e2e
 
 install: $(STAMP)
 
@@ -46,6 +46,20 @@ run: $(STAMP)
 
 test: $(STAMP) kube-bin
 	$(BIN)/python -m pytest
+
+# The broker fuzz test (tests/integration/test_broker_fuzz.py) at length: the suite runs
+# a fixed set of cases; this runs FUZZ_EXAMPLES per test from a random FUZZ_SEED (set
+# it to run a failure again: make fuzz FUZZ_SEED=...). No per-test time limit.
+FUZZ_EXAMPLES ?= 10000
+ifndef FUZZ_SEED
+FUZZ_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+
+fuzz: $(STAMP)
+	@echo "fuzz: FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED)"
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest \
+	  tests/integration/test_broker_fuzz.py --timeout=0 -p no:cacheprovider \
+	  --hypothesis-show-statistics
 
 # The operator's replication scenario on a kind cluster (needs Docker, kind, kubectl,
 # helm; cannot run on the machines this project is built on): tools/kind/e2e.sh.

@@ -7,6 +7,8 @@ from .errors import InvalidTopicError, InvalidTopicFilterError
 MAX_TOPIC_BYTES = 65535
 # A shared subscription: `$share/<group>/<filter>` (MQTT 5.0 section 4.8.2).
 SHARE_PREFIX = "$share/"
+# The broker's own topics (MQTT 5.0 section 4.7.2): no client publishes there.
+SYSTEM_TOPIC_ROOT = "$SYS"
 
 
 def _check_common(text: str, error: type[InvalidTopicError] | type[InvalidTopicFilterError],
@@ -51,6 +53,11 @@ def validate_filter(topic_filter: str) -> list[str]:
             raise InvalidTopicFilterError(
                 f"a wildcard must occupy a whole level: {topic_filter!r}")
     return levels
+
+
+def is_system_topic(topic: str) -> bool:
+    """Whether a topic name is the broker's: `$SYS` or under `$SYS/`."""
+    return topic == SYSTEM_TOPIC_ROOT or topic.startswith(SYSTEM_TOPIC_ROOT + "/")
 
 
 def is_wildcard(topic_filter: str) -> bool:

@@ -12,6 +12,9 @@ subscribe to (ACL file), configured by the `access_control` config section.
   `allow_anonymous: false` without a password file). The user name is then an
   unchecked claim, and `%u` ACL rules trust it.
 
+No client publishes to `$SYS` or `$SYS/...` (a PUBLISH or a will): those topics are
+the broker's, whatever the ACL says; a refusal there is an ACL deny.
+
 Password hashes are slow on purpose, so a reconnect storm would burn CPU: successful
 verifications are remembered (bounded LRU), and `authenticate_async` runs the hash in a
 bounded pool of its own and backs off sources whose logins fail (`login_guard`):
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 from ..config import AccessControlConfig
 from ..metrics import LOGINS_REFUSED
+from ..topic import is_system_topic
 from .acl import Acl, AclRule, Permission, load_acl_file, parse_rules
 from .login_guard import FailureBackoff, HashPool, ServerBusy
 from .passwords import (
@@ -219,8 +223,12 @@ class AccessControl:
 
     def authorize_publish(self, client_id: str, username: str | None, topic: str,
                           levels: list[str] | None = None) -> bool:
-        """Whether the client may publish to the topic name (an invalid one: no).
-        `levels`: the topic's levels when the caller has validated it already."""
+        """Whether the client may publish to the topic name (an invalid one: no), a
+        will included. `$SYS` topics are the broker's: no client publishes there,
+        whatever the ACL says. `levels`: the topic's levels when the caller has
+        validated it already."""
+        if is_system_topic(topic):
+            return False
         return self.acl.allows("publish", client_id, username, topic, levels)
 
     def authorize_subscribe(self, client_id: str, username: str | None,

@@ -53,6 +53,7 @@ from . import (
     handle_unsubscribe,
 )
 from .properties import NO_PROPERTIES, to_publish_properties
+from .retained_sender import RetainedSender
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class Channel:
         self.last_store: asyncio.Future[None] | None = None
         self.closing = False
         self.will_on_close = True
+        # the retained messages its SUBSCRIBEs ask for, sent as the queue has room
+        self.retained = RetainedSender(broker.retained)
         self._reader = PacketReader(limits.max_packet_size,
                                     max_connect_size=limits.max_connect_packet_size)
         self._outbound_aliases: dict[str, int] = {}
@@ -204,6 +207,9 @@ class Channel:
         self.close_transport()
         session = self.session
         try:
+            # before the session is detached: a connection that takes it over next
+            # gets none of the retained messages this one asked for
+            await self.retained.close()
             if session is not None:
                 self.session = None
                 await self.broker.registry.close_session(self, session, self.will_on_close)

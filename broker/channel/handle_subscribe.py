@@ -1,4 +1,5 @@
-"""SUBSCRIBE: check and route each filter, SUBACK, then the retained messages."""
+"""SUBSCRIBE: check and route each filter, SUBACK, then the retained messages (sent
+by the connection's RetainedSender as the session's queue has room)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from ..errors import StratamqError
 from ..mqtt import ReasonCode, Suback, Subscribe
 from ..net.read_loop import ConnectionClosed
 from ..session.model import Subscription, split_shared
-from ..session.session import Delivery
 from ..topic import validate_filter
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
         if group is None and (options.retain_handling == 0
                               or (options.retain_handling == 1 and is_new)):
             retained_to_send.append(subscription)
+    # Retained messages set from now on reach the routes just made live: the ones to
+    # send are those set before (taken here, before anything below awaits).
+    asked_us = time.time_ns() // 1000
     # One look for the streams of this packet's filters, not one per filter: each look
     # over all subscriptions made a large SUBSCRIBE quadratic.
     session.renew_streams(added)
@@ -67,12 +70,8 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
                   if subscription.share_group is not None}
         if joined:
             await broker.shared_positions.save_joined(joined)
-    # Look the retained messages up before SUBACK: one published after the client has
-    # its SUBACK reaches it through the subscription only, not twice.
-    retained = [(subscription, message) for subscription in retained_to_send
-                for message in await broker.retained.matching(subscription.topic_filter)]
+    for subscription in retained_to_send:
+        channel.retained.add(session, subscription, asked_us)
+    await channel.retained.read_ahead()
     channel.send(Suback(packet.packet_id, codes))
-    for subscription, message in retained:
-        session.offer(Delivery(message, min(message.qos, subscription.qos), True,
-                               (subscription.identifier,)
-                               if subscription.identifier else ()))
+    channel.retained.start()

@@ -9,15 +9,18 @@ shard, wherever its replicas are, a page at a time), a topic name reads its one 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import AsyncGenerator
 
 from ..ds import KvDatabase, Message, decode_message, encode_message
 from ..session.expiry import is_expired
 from ..topic import levels_match, validate_filter
 from .topic_index import TopicIndex
 
-# Retained messages read and decoded per step of a lookup: a filter matching a great
-# many yields to the event loop between steps instead of holding it.
+# Retained messages read and decoded per page of a lookup: a filter matching a great
+# many yields to the event loop between pages instead of holding it, and its reader
+# holds one page at a time.
 _READ_BATCH = 500
 
 
@@ -47,36 +50,33 @@ class RetainedStore:
                 await self._db.write(message.topic, deletes=[key])
                 self._index.remove(message.topic)
 
-    async def matching(self, topic_filter: str) -> list[Message]:
-        if not self._indexed:
-            return await self._read_matching(topic_filter)
-        topics = list(self._index.matching(validate_filter(topic_filter)))
-        found = []
-        now_us = time.time_ns() // 1000
-        for first in range(0, len(topics), _READ_BATCH):
-            batch = topics[first:first + _READ_BATCH]
-            values = await self._db.get_many([(topic, topic.encode("utf-8"))
-                                              for topic in batch])
-            for raw in values:
-                if raw is None:  # deleted since the index was read
-                    continue
-                message = decode_message(raw)
-                if not is_expired(message, now_us):
-                    found.append(message)
-        return found
-
-    async def _read_matching(self, topic_filter: str) -> list[Message]:
+    async def pages(self, topic_filter: str, before_us: int
+                    ) -> AsyncGenerator[list[Message], None]:
+        """The retained messages the filter matches, a page of at most `_READ_BATCH`
+        at a time, so a caller holds one page and not the whole set. Left out: the
+        expired ones, and those set at or after `before_us` (microseconds, the time
+        of the SUBSCRIBE): the subscription had them live already. The set may
+        change while it is read: each topic is read as it is when its page is."""
         levels = validate_filter(topic_filter)
-        now_us = time.time_ns() // 1000
-        if "+" not in levels and "#" not in levels:
+        if self._indexed:
+            topics = self._index.matching(levels)
+            while batch := list(itertools.islice(topics, _READ_BATCH)):
+                values = await self._db.get_many([(topic, topic.encode("utf-8"))
+                                                  for topic in batch])
+                # None: deleted since the index was read
+                yield _current([decode_message(raw) for raw in values if raw is not None],
+                               before_us)
+        elif "+" not in levels and "#" not in levels:
             raw = await self._db.get(topic_filter, topic_filter.encode("utf-8"))
-            message = None if raw is None else decode_message(raw)
-            return [] if message is None or is_expired(message, now_us) else [message]
-        found = []
-        async for page in self._db.scan_pages():
-            for key, raw in page:
-                if levels_match(levels, key.decode("utf-8").split("/")):
-                    message = decode_message(raw)
-                    if not is_expired(message, now_us):
-                        found.append(message)
-        return found
+            yield [] if raw is None else _current([decode_message(raw)], before_us)
+        else:
+            async for page in self._db.scan_pages():
+                yield _current([decode_message(raw) for key, raw in page
+                                if levels_match(levels, key.decode("utf-8").split("/"))],
+                               before_us)
+
+
+def _current(messages: list[Message], before_us: int) -> list[Message]:
+    now_us = time.time_ns() // 1000
+    return [message for message in messages
+            if message.timestamp < before_us and not is_expired(message, now_us)]

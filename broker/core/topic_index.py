@@ -63,7 +63,12 @@ class TopicIndex:
 
     def matching(self, filter_levels: list[str]) -> Iterator[str]:
         """The topics the filter (a valid one, as levels) matches, with the `$` rule:
-        a filter starting with a wildcard matches no topic starting with `$`."""
+        a filter starting with a wildcard matches no topic starting with `$`.
+
+        The walk is lazy and may be consumed across awaits while topics are added and
+        removed: each node's children are copied when it is reached, so it yields
+        the topics present in a branch when it reached it (one removed since may
+        still come, one added since may not)."""
         yield from self._walk(self._root, filter_levels, 0, [])
 
     def _walk(self, node: _Node, filter_levels: list[str], depth: int,
@@ -79,7 +84,7 @@ class TopicIndex:
             yield from self._all_below(node, prefix, skip_dollar=depth == 0)
             return
         if want == "+":
-            for level, child in node.children.items():
+            for level, child in tuple(node.children.items()):
                 if depth == 0 and level.startswith("$"):
                     continue
                 yield from self._walk(child, filter_levels, depth + 1, [*prefix, level])
@@ -90,10 +95,11 @@ class TopicIndex:
 
     def _all_below(self, node: _Node, prefix: list[str], skip_dollar: bool) -> Iterator[str]:
         # Iterative: topics may have up to the configured maximum of levels.
-        stack = [(child, [*prefix, level]) for level, child in node.children.items()
+        stack = [(child, [*prefix, level]) for level, child in tuple(node.children.items())
                  if not (skip_dollar and level.startswith("$"))]
         while stack:
             current, levels = stack.pop()
             if current.present:
                 yield "/".join(levels)
-            stack.extend((child, [*levels, level]) for level, child in current.children.items())
+            stack.extend((child, [*levels, level])
+                         for level, child in tuple(current.children.items()))

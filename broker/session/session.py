@@ -142,6 +142,9 @@ class Session:
         self._waiting_for_room = False
         # where the next replay round starts: each stream gets its turn at the queue
         self._replay_turn = 0
+        # set when the queue falls under the replay's mark (or the connection goes):
+        # wakes deliveries that wait for room instead of being dropped (wait_for_room)
+        self._room = asyncio.Event()
         self._persist = persist
         self._on_shared_loss = on_shared_loss
         self._queue: deque[Delivery] = deque()
@@ -776,6 +779,21 @@ class Session:
         without a cursor: a shared group waits for a member with room instead)."""
         return self.outlet is not None and len(self._queue) < self._max_queued
 
+    @property
+    def has_room_for_backlog(self) -> bool:
+        """Whether a delivery that waits for room rather than being dropped (retained
+        messages at SUBSCRIBE) may be queued now: below the mark the replay reads
+        to, so the live feed keeps the other half of the queue."""
+        return self.outlet is not None and len(self._queue) < self._replay_room
+
+    async def wait_for_room(self) -> bool:
+        """Wait until `has_room_for_backlog` (the client's acknowledgements make
+        room); False once the connection is gone."""
+        while self.outlet is not None and len(self._queue) >= self._replay_room:
+            self._room.clear()
+            await self._room.wait()
+        return self.outlet is not None
+
     def may_receive(self, subscription: Subscription, message: Message) -> bool:
         """Whether the ACL lets this session's connection receive the message through
         the subscription (a shared one included)."""
@@ -885,6 +903,8 @@ class Session:
             if delivery.qos == 2 and delivery.cursor is not None and delivery.packet_id is None:
                 needs_save = True
             batch.append((delivery, packet_id))
+        if len(self._queue) < self._replay_room:
+            self._room.set()
         if not batch:
             return
         if needs_save or self._releaser is not None:
@@ -1054,6 +1074,7 @@ class Session:
         is in storage); shared deliveries move to another member of their group."""
         self.outlet = None
         self._wake.set()
+        self._room.set()
         self._held.clear()  # in flight already, or QoS 0
         self._pubrel_waiting.clear()  # released in flight: the record resends their PUBREL
         self._forget_decisions()

@@ -5,16 +5,21 @@ one running broker. After every example the broker process lives, logged no trac
 and a fresh paho client connects, publishes at QoS 1 and receives its message; clearly
 malformed input closes the connection (MQTT 5: after a DISCONNECT with the reason);
 and a durable subscriber set up at the start gets every well-behaved message in the
-end. (The codec alone is fuzzed in tests/unit/test_mqtt_codec_fuzz.py.)"""
+end. (The codec alone is fuzzed in tests/unit/test_mqtt_codec_fuzz.py.)
+
+The suite runs a fixed set of cases (derandomized: the same every run, 2,700
+in all). `make fuzz` runs many more from a random seed: FUZZ_EXAMPLES sets the cases
+per test, FUZZ_SEED the seed (make prints it; set it to run a failure again)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from stratamq.broker.mqtt import (
@@ -41,7 +46,20 @@ from tests.integration.crash_clients import RawClient
 from tests.integration.fuzz_site import Site, send_hostile
 from tests.support.harness import BrokerProcess
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = os.environ.get("FUZZ_EXAMPLES")
+SEED = os.environ.get("FUZZ_SEED")
+
+
+def fuzz(examples: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """`examples` fixed cases (FUZZ_EXAMPLES instead, when set), derandomized unless
+    FUZZ_SEED names a seed. No example database either way: a run is its seed."""
+    def configure(test: Callable[..., None]) -> Callable[..., None]:
+        configured: Callable[..., None] = settings(
+            max_examples=int(EXAMPLES) if EXAMPLES else examples, deadline=None,
+            derandomize=SEED is None, suppress_health_check=[HealthCheck.too_slow])(test)
+        return configured if SEED is None else seed(int(SEED))(configured)
+    return configure
+
 LEVELS = (3, 4, 5)
 MAX_PACKET = 1024 * 1024  # the broker's defaults: max_packet_size,
 RECEIVE_MAXIMUM = 128  # receive_maximum,
@@ -294,7 +312,7 @@ def until_closed(client: RawClient) -> tuple[list[Packet], bool]:
 
 # -- tests ------------------------------------------------------------------------------
 
-@FUZZ
+@fuzz(1200)
 @given(data=st.binary(min_size=1, max_size=300))
 def test_random_bytes(site: Site, data: bytes) -> None:
     clearly_malformed = data[0] >> 4 != CONNECT_TYPE  # the first packet must be CONNECT
@@ -305,14 +323,14 @@ def test_random_bytes(site: Site, data: bytes) -> None:
     site.check(f"random bytes {data!r}")
 
 
-@FUZZ
+@fuzz(500)
 @given(chunks=mutated_streams())
 def test_mutated_packets(site: Site, chunks: list[bytes]) -> None:
     send_hostile(site.broker.port, chunks, 0.05)
     site.check(f"mutated packets {chunks!r}")
 
 
-@FUZZ
+@fuzz(1000)
 @given(case=st.sampled_from(LEVELS).flatmap(
     lambda level: st.tuples(st.just(level), malformed_packets(level))))
 def test_malformed_packet_closes_the_connection_with_its_reason(

@@ -51,6 +51,15 @@ def test_defaults_allow_everyone() -> None:
     assert control.authorize_subscribe("c", None, "#")
 
 
+def test_no_client_publishes_to_sys_whatever_the_acl_says(tmp_path: Path) -> None:
+    control = access(tmp_path, "  acl_no_match: allow\n")
+    for topic in ("$SYS", "$SYS/broker/uptime", "$SYS/"):
+        assert not control.authorize_publish("c", None, topic)
+    for topic in ("$SYSTEM/x", "$sys/x", "a/$SYS", "$share-like/x"):
+        assert control.authorize_publish("c", None, topic)
+    assert control.authorize_subscribe("c", None, "$SYS/#")  # reading stays an ACL matter
+
+
 def test_anonymous_allowed(tmp_path: Path, password_file: Path) -> None:
     control = access(tmp_path, f"  allow_anonymous: true\n  password_file: {password_file}\n")
     assert control.authenticate("c", None, None) == SUCCESS

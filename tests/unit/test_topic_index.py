@@ -55,3 +55,22 @@ def test_removing_every_topic_leaves_an_empty_trie() -> None:
     index.remove("never/there")
     assert len(index) == 0
     assert index._root.children == {}  # no node is left behind
+
+
+def test_a_walk_goes_on_while_topics_come_and_go() -> None:
+    """The walk of a large retained set is consumed across awaits: topics added and
+    removed meanwhile never break it, and every topic there all along is found."""
+    index = TopicIndex()
+    kept = [f"k/{i}/{j}" for i in range(20) for j in range(20)]
+    for topic in kept:
+        index.add(topic)
+    for topic_filter in ["#", "k/#", "k/+/+"]:
+        found = []
+        for step, topic in enumerate(index.matching(topic_filter.split("/"))):
+            found.append(topic)
+            index.add(f"k/n{step}/new")  # a new branch under one being walked
+            index.add(f"k/{step % 20}/n{step}")  # a new leaf in an old branch
+            index.remove(f"k/n{step - 1}/new")  # a branch removed again
+            index.add(f"other/{step}")
+        assert set(kept) <= set(found), topic_filter
+        assert all(topic_matches(topic_filter, topic) for topic in found)
