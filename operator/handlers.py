@@ -12,7 +12,8 @@ and everything they call (the `kubernetes` client, the sites' admin API) blocks.
   to the DurableStorage itself); another re-applies the objects now and then, which
   repairs drift;
 - delete: nothing to undo (owner references let the garbage collector remove the
-  objects), so no finalizer; an optional handler forgets the metrics' series.
+  objects); an optional handler forgets the metrics' series. Kopf still adds its
+  finalizer, because of the timers (operator/README.md says what that costs).
 """
 
 from __future__ import annotations
@@ -353,7 +354,8 @@ def spark_application_changed(namespace: str | None, labels: kopf.Labels, **_: A
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
-    """Optional: no finalizer; the owned objects go by garbage collection."""
+    """Optional (though the timers make Kopf add its finalizer anyway); the owned
+    objects go by garbage collection."""
     metrics.forget(namespace or "", name)
     controller.forget(uid)
     with _applied_lock:
