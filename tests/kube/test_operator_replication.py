@@ -201,6 +201,20 @@ def explain(kube: ControlPlane, operators: Operators, node: Kubelet) -> Callable
     return text
 
 
+def back_as_a_new_pod(kube: ControlPlane, node: Kubelet, operators: Operators, pod: str,
+                      old_uid: str) -> dict[str, Any]:
+    """The storage once `pod` runs again as a new pod (the StatefulSet made it) and all
+    3 sites are ready."""
+    def back() -> dict[str, Any] | None:
+        container = node.running(NAMESPACE).get(pod)
+        if container is None or container.uid == old_uid:
+            return None
+        return ready_with(kube, 3)
+    found: dict[str, Any] = wait_for("the pod back as a new one", back,
+                                     explain=explain(kube, operators, node))
+    return found
+
+
 def plan_of(items: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
     """The ReplicaTransitions not in `seen` (names): those of the plans made since."""
     return sorted((item for item in items if item["metadata"]["name"] not in seen),
@@ -288,13 +302,7 @@ def test_a_deleted_pod_hands_its_leaderships_over(
         assert f"{database}/{shard}: leader {victim} is stopping; " in logs, logs[-6000:]
         assert f"{database}/{shard}: leader {victim} is gone" not in logs, logs[-6000:]
 
-    def back() -> dict[str, Any] | None:
-        container = node.running(NAMESPACE).get(pod_of[victim])
-        if container is None or container.uid == old_uid:
-            return None
-        return ready_with(cluster, 3)
-    found = wait_for("the pod back as the same site", back,
-                     explain=explain(cluster, operators, node))
+    found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"])[pod_of[victim]] == victim
 
 
@@ -456,14 +464,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     # same site, with its volume, and rejoins as a follower of the new epoch.
     cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--grace-period=1",
                     "--wait=false")
-
-    def back() -> dict[str, Any] | None:
-        container = node.running(NAMESPACE).get(pod_of[victim])
-        if container is None or container.uid == old_uid:
-            return None
-        return ready_with(cluster, 3)
-    found = wait_for("the pod back as the same site", back,
-                     explain=explain(cluster, operators, node))
+    found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"]) == pods
     assert all(len(shard["replicas"]) == 3 and not shard["underReplicated"]
                for shard in shards(found["status"]))
