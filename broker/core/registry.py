@@ -483,7 +483,8 @@ class SessionRegistry:
     # -- background work ----------------------------------------------------------
 
     async def _session_gc_loop(self) -> None:
-        retry_pause = RESTART_PAUSE
+        first_pause = min(RESTART_PAUSE, self.limits.session_gc_interval)
+        retry_pause = first_pause
         while True:
             try:
                 await self.collect_expired_sessions()
@@ -498,7 +499,7 @@ class SessionRegistry:
                 await asyncio.sleep(retry_pause)
                 retry_pause = min(retry_pause * 2, self.limits.session_gc_interval)
                 continue
-            retry_pause = RESTART_PAUSE
+            retry_pause = first_pause
             await asyncio.sleep(self.limits.session_gc_interval)
 
     async def collect_expired_sessions(self) -> int:
