@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from ..auth import AccessControl
 from ..core.broker import Broker
 from ..ds import FencedError
+from ..errors import StratamqError
 from ..metrics import BYTES_SENT, MESSAGES_DROPPED, messages_delivered, packets_sent
 from ..mqtt import (
     MQTT_3_1_1,
@@ -153,9 +154,18 @@ class Channel:
             # a write of the session was refused: another site took it over (and this
             # one heard of it only now); the registry has dropped it here
             self.disconnect(ReasonCode.SESSION_TAKEN_OVER)
-        except Exception:  # a bug must end this connection, never the site
-            log.exception("connection %s (%s) failed", self.client_id or "?", self.peer)
-            self.disconnect(ReasonCode.UNSPECIFIED_ERROR)
+        except Exception as error:  # a bug must end this connection, never the site
+            if isinstance(error, StratamqError) and error.recoverable:
+                # storage slow or not readable yet (a write or read timed out): a
+                # passing state, said in a line; 0x89 Server busy: try again later
+                # (0x88 Server unavailable is for a CONNACK only)
+                log.warning("connection %s (%s) closed: %s", self.client_id or "?",
+                            self.peer, error.message)
+                self.disconnect(ReasonCode.SERVER_BUSY)
+            else:
+                log.exception("connection %s (%s) failed", self.client_id or "?",
+                              self.peer)
+                self.disconnect(ReasonCode.UNSPECIFIED_ERROR)
         finally:
             await self._finish()
 

@@ -20,7 +20,8 @@ RETAINED_DB = "retained"
 
 class Broker:
     def __init__(self, storage: DurableStorage, messages: Database, store: SessionStore,
-                 retained: RetainedStore, limits: SessionLimits) -> None:
+                 retained: RetainedStore, limits: SessionLimits,
+                 storage_timeout: float = 5.0) -> None:
         self.storage = storage
         self.messages = messages
         self.retained = retained
@@ -44,7 +45,8 @@ class Broker:
         options = messages.options
         self.shared_positions = SharedPositions(
             self.dispatcher, store, storage.site_id, storage.data_dir, messages.executor,
-            options.longest_retention_period or options.message_retention_period)
+            options.longest_retention_period or options.message_retention_period,
+            load_wait=storage_timeout)
         self.registry.groups_kept_for = self.shared_positions.kept_for
 
     @classmethod
@@ -60,7 +62,7 @@ class Broker:
         await retained.load()
         store = SessionStore(sessions_db, messages,
                              owner=storage.site_id if replication is not None else "")
-        broker = cls(storage, messages, store, retained, limits)
+        broker = cls(storage, messages, store, retained, limits, peer_timeout)
         if replication is not None:
             ownership = Ownership(store, replication, peer_timeout)
             ownership.serve(broker.registry.release)

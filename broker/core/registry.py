@@ -22,7 +22,7 @@ from ..mqtt.reason_codes import ReasonCode
 from ..session.model import NEVER_EXPIRES, SessionRecord
 from ..session.session import Session
 from ..session.store import SessionStore
-from ..supervise import note_task_failure, supervise
+from ..supervise import RESTART_PAUSE, note_task_failure, supervise
 from .dispatch import AbsentGroup, Dispatcher
 from .ownership import NotOwnerError, Ownership
 from .publish import Publisher
@@ -491,8 +491,23 @@ class SessionRegistry:
     # -- background work ----------------------------------------------------------
 
     async def _session_gc_loop(self) -> None:
+        first_pause = min(RESTART_PAUSE, self.limits.session_gc_interval)
+        retry_pause = first_pause
         while True:
-            await self.collect_expired_sessions()
+            try:
+                await self.collect_expired_sessions()
+            except StratamqError as exc:
+                if not exc.recoverable:
+                    raise  # a fault: supervised (logged with its traceback, counted)
+                # The storage not readable yet (a cluster site before its placement)
+                # or slow: expected and passing, so one line, and a pass again soon
+                # (sooner than the interval), less and less often.
+                log.warning("session GC pass not done (%s); trying again in %.0fs",
+                            exc.message, retry_pause)
+                await asyncio.sleep(retry_pause)
+                retry_pause = min(retry_pause * 2, self.limits.session_gc_interval)
+                continue
+            retry_pause = first_pause
             await asyncio.sleep(self.limits.session_gc_interval)
 
     async def collect_expired_sessions(self) -> int:

@@ -13,6 +13,11 @@ member whose session outlives its connection (`save_joined`):
   were away reach it there too, also when the old site is down. The `sessions`
   database is replicated, so the record outlives the site's disk.
 
+Until the first load has succeeded nothing is written (a write would replace what
+is still to be read): a member's SUBSCRIBE loads first, so its SUBACK never goes out
+with its group unstored; if the load fails or takes longer than `load_wait`, so does
+the SUBSCRIBE (its connection ends, the client tries again).
+
 A record older than `keep_for` (the longest retention: storage holds nothing older to
 read) is not used. A site of the previous version kept its groups in
 `<data_dir>/shared-groups.json`: it is read once, and removed after the first save."""
@@ -28,7 +33,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptDataError, StratamqError
+from ..errors import CorruptDataError, StorageTimeoutError, StratamqError
 from ..session.store import SessionStore
 from ..supervise import RESTART_PAUSE, supervise
 from .dispatch import AbsentGroup, Dispatcher
@@ -79,19 +84,23 @@ def decode_old_file(text: str) -> tuple[dict[str, AbsentGroup], float]:
 
 class SharedPositions:
     def __init__(self, dispatcher: Dispatcher, store: SessionStore, site: str,
-                 data_dir: Path, executor: Executor, keep_for: float) -> None:
+                 data_dir: Path, executor: Executor, keep_for: float,
+                 load_wait: float) -> None:
         self._dispatcher = dispatcher
         self._store = store
         self._site = site
         self._old_file = data_dir / OLD_FILE_NAME
         self._executor = executor
         self._keep_for = keep_for
+        self._load_wait = load_wait
         self._saver: asyncio.Task[None] | None = None
         # per group key: what is stored (without its time; "" for a record found at
         # start and not written since) and when it was written
         self._stored: dict[str, tuple[str, float]] = {}
         self._old_file_found = False
         self._loaded = False
+        # the load under way (one at a time, shared by whoever waits for it)
+        self._loading: asyncio.Task[None] | None = None
         # one save at a time: a record written late must not undo a newer one
         self._saving = asyncio.Lock()
 
@@ -166,9 +175,10 @@ class SharedPositions:
     async def close(self) -> None:
         """Stop saving; a last save (the connections are closed: every group whose
         members keep their sessions is absent now)."""
-        if self._saver is not None:
-            self._saver.cancel()
-            await asyncio.gather(self._saver, return_exceptions=True)
+        for task in (self._saver, self._loading):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if not self._loaded:  # a save now would write over what is still to be read
             return
         try:
@@ -176,10 +186,21 @@ class SharedPositions:
         except StratamqError as exc:  # storage unwritable: the last save's positions stay
             log.warning("shared groups' positions not saved at the stop: %s", exc)
 
+    async def _load_once(self) -> None:
+        """The load, unless done: the attempt under way if there is one (its error
+        too), else a new one. Attempts never overlap."""
+        if self._loaded:
+            return
+        if self._loading is None or self._loading.done():
+            self._loading = asyncio.ensure_future(self.load())
+            # its callers see its error; none may be left to, once they are cancelled
+            self._loading.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(self._loading)
+
     async def _run(self) -> None:
         while not self._loaded:
             try:
-                await self.load()
+                await self._load_once()
             except StratamqError as exc:
                 log.info("shared groups' positions not read yet (%s); trying again",
                          exc.message)
@@ -216,10 +237,15 @@ class SharedPositions:
         session outlives its connection joined them (SUBSCRIBE). Its SUBACK waits for
         this, so the member can go at once, even to another site or with this site
         killed, and its group's messages published meanwhile still reach it. Before
-        the load is done nothing is written (a write would replace what is still to
-        be read); the next periodic save writes them."""
+        the load is done it loads first (a write would replace what is still to be
+        read); when that fails or takes more than `load_wait`, it raises (a
+        StratamqError, nothing written): the SUBSCRIBE fails, never answered."""
         if not self._loaded:
-            return
+            try:
+                await asyncio.wait_for(self._load_once(), self._load_wait)
+            except TimeoutError:
+                raise StorageTimeoutError(f"shared groups' positions not read within "
+                                          f"{self._load_wait}s") from None
         async with self._saving:
             now = time.time()
             kept = self._dispatcher.positions_to_keep(group_keys)
