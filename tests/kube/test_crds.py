@@ -53,7 +53,8 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
         "localWriteBuffer": {"maxItems": 1000, "flushInterval": "0ms", "maxBytes": "16MiB"},
         "layout": {"type": "wildcard_optimized_v2", "wildcardThresholds": [100, 10],
                    "topicIndexBytes": 8, "bitsPerTopicLevel": 64, "epochBits": 20},
-        "maxPayloadBytes": 268435455, "topicCacheBytes": "64MiB"}
+        "maxPayloadBytes": 268435455, "topicCacheBytes": "64MiB",
+        "learnedTopicMaxLevels": 32, "learnedTopicBytes": "128MiB"}
     assert spec["durableSessions"]["messageRetentionPeriod"] == "1d"
     assert spec["listeners"]["tcp"] == {"enable": True, "port": 1883}
     assert spec["listeners"]["tls"] == {"enable": False, "port": 8883, "verifyPeer": False}

@@ -179,7 +179,8 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     # The scale subresource's status side and the printer columns.
     assert status["replicas"] == 3
     assert status["selector"] == ("app.kubernetes.io/name=stratamq,"
-                                  "app.kubernetes.io/instance=mq")
+                                  "app.kubernetes.io/instance=mq,"
+                                  "app.kubernetes.io/component=broker")
     table = cluster.kubectl("get", "-n", NAMESPACE, "durablestorage", NAME).stdout
     assert table.splitlines()[1].split()[:4] == [NAME, "3", "3", "2"], table
     # The broker config the pods run with is the spec's.
