@@ -381,7 +381,7 @@ class AdminConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    """Replication across sites (DESIGN.md, "Replication"). Off: a single site with
+    """Replication across sites (docs/architecture.md, "Replication"). Off: a single site with
     no shard log, exactly as before."""
 
     enable: bool = False

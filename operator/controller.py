@@ -1,4 +1,4 @@
-"""The operator as the replication controller of each DurableStorage (DESIGN.md,
+"""The operator as the replication controller of each DurableStorage (docs/architecture.md,
 "Replication": in Kubernetes the controller is the operator).
 
 One `StorageController` per DurableStorage does what `stratamq cluster controller`
@@ -55,7 +55,7 @@ from .status import ReplicationView
 
 log = logging.getLogger(__name__)
 
-# Every replicated database of a site (DESIGN.md "Replication"), placed alike: the same
+# Every replicated database of a site (docs/architecture.md "Replication"), placed alike: the same
 # sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
 PROBE_TIMEOUT = 2.0

@@ -1,5 +1,5 @@
 """Durable storage: databases, shards, generations, streams and iterators on RocksDB
-(see DESIGN.md, "Data model"). This package's names are the storage's one public
+(see docs/architecture.md, "Data model"). This package's names are the storage's one public
 API: the rest of the broker imports from here, never from the modules below."""
 
 from .checkpoint import create_checkpoint

@@ -1,4 +1,4 @@
-"""Crash safety of the broker (DESIGN "Guarantees" 1 and 2).
+"""Crash safety of the broker (docs/architecture.md "Guarantees" 1 and 2).
 
 The main test: publishers stream numbered QoS 1 and QoS 2 messages, a durable
 subscriber acknowledges them late, and the broker is SIGKILLed and restarted on the

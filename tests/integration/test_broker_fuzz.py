@@ -1,4 +1,4 @@
-"""Hostile input on live connections (DESIGN "Guarantees" 4): random bytes, valid
+"""Hostile input on live connections (docs/architecture.md "Guarantees" 4): random bytes, valid
 packets with bytes flipped, inserted, deleted or cut off and remaining lengths
 rewritten, and packets that are malformed on purpose, each sent over a raw socket to
 one running broker. After every example the broker process lives, logged no traceback,

@@ -1,5 +1,5 @@
 """Replica bootstrap from a checkpoint and log trimming (issue 7, "Replica
-transitions"; DESIGN "Replication"), with real processes.
+transitions"; docs/architecture.md "Replication"), with real processes.
 
 Three sites at replication factor 3, two shards, `cluster.log_retain_entries` small.
 A publisher per shard on site 0 streams numbered QoS 1 and QoS 2 messages; every

@@ -1,4 +1,4 @@
-"""Failover under load (issue 7, "Tests (real processes)"; DESIGN "Guarantees" 1, 2).
+"""Failover under load (issue 7, "Tests (real processes)"; docs/architecture.md "Guarantees" 1, 2).
 
 Three sites and a controller, replication factor 3, three shards. Two publishers on
 every site stream numbered QoS 1 and QoS 2 messages, site k's to shards k and k+1, so

@@ -1,4 +1,4 @@
-"""A partition with real network separation (issue 7, "Partitions"; DESIGN
+"""A partition with real network separation (issue 7, "Partitions"; docs/architecture.md
 "Guarantees" 1).
 
 Three sites and the controller, each in its own network namespace

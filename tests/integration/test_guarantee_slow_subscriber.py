@@ -1,4 +1,4 @@
-"""A connected subscriber never loses a QoS 1/2 message because it is slow (DESIGN
+"""A connected subscriber never loses a QoS 1/2 message because it is slow (docs/architecture.md
 "Guarantees" 6): when the queue of a transient session is full
 (`mqtt.max_queued_messages`), it keeps reading from storage; only QoS 0 messages may
 be dropped, and each drop is counted in `stratamq_messages_dropped_total`."""

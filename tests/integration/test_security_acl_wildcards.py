@@ -1,5 +1,5 @@
 """A `deny subscribe` rule must hold for every topic it names, whatever filter reaches
-it (DESIGN.md, guarantee 5): a user denied `secret/#` who subscribes `#` or `+/x` must
+it (docs/architecture.md, guarantee 5): a user denied `secret/#` who subscribes `#` or `+/x` must
 never receive a message published on `secret/...`, live, retained or replayed from
 storage into a durable session.
 

@@ -1,5 +1,5 @@
 """A history of what MQTT clients published, had acknowledged and received, and a
-checker over it (issue 7, "A history checker"; DESIGN "Guarantees" 1 and 2).
+checker over it (issue 7, "A history checker"; docs/architecture.md "Guarantees" 1 and 2).
 
 Pure: no sockets, no clients, no clock. Clients (tests/support/recorder.py for paho)
 report events into a `History` from any thread; every event gets the next number of

@@ -1,4 +1,4 @@
-"""Replication of the durable storage across sites (DESIGN.md, "Replication").
+"""Replication of the durable storage across sites (docs/architecture.md, "Replication").
 
 The placement data model (`placement`), the pure planner that the local cluster
 controller and the Kubernetes operator share (`planner`), the site's on-disk copy of

@@ -1,4 +1,4 @@
-"""Replica bootstrap from a checkpoint (DESIGN.md, "Replication"): a replica that
+"""Replica bootstrap from a checkpoint (docs/architecture.md, "Replication"): a replica that
 needs log entries its leader has trimmed (or that is new to a big shard) gets a
 consistent RocksDB checkpoint of that one shard from the leader, installs it in
 place of its own shard and then reads the log from where the checkpoint was taken.

@@ -1,6 +1,6 @@
-"""The commit feed to sites that hold no replica of a shard (DESIGN.md, "Broker":
-every committed batch is fanned out by the shard leader to the sites that have
-subscribers).
+"""The commit feed to sites that hold no replica of a shard (docs/architecture.md,
+"Every site sees every shard": every committed batch is fanned out by the shard
+leader to the sites that have subscribers).
 
 - Interest: each site tells every peer the topic filters its subscribers hold, and
   its own peer address, on change (debounced) and again every `INTEREST_INTERVAL`,

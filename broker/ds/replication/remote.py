@@ -1,4 +1,4 @@
-"""Reads of the shards this site holds no replica of (DESIGN.md, "Replication":
+"""Reads of the shards this site holds no replica of (docs/architecture.md, "Replication":
 iterators are portable bytes; a session reads a stream here when this site holds a
 replica, else at a site that does, the leader first).
 
