@@ -1,7 +1,7 @@
 """Durable sessions across broker restarts and `kill -9` (docs/architecture.md
 "Guarantees" 1 and 2): every message the publisher got a PUBACK for reaches a
-durable subscriber, however long it was away; what it did not acknowledge comes again with DUP and its packet
-identifier; a QoS 2 message past PUBREC is never published again."""
+durable subscriber, however long it was away; what it did not acknowledge comes again
+with DUP and its packet identifier; a QoS 2 message past PUBREC is never published again."""
 
 from __future__ import annotations
 
