@@ -2,11 +2,15 @@
 its own loopback address 127.0.0.(k+1) with the standard ports (as pods each have
 their own IP), keeps its data in D/site-k, and the controller (D/controller) listens
 on 127.0.0.1. The supervisor writes each site's configuration, one admin token shared
-by all (D/admin-token), starts the controller and the sites, restarts nothing by
-itself (a site that dies stays down, as a crashed machine would, until someone
-restarts it with `stratamq broker --config D/site-k/stratamq.yaml`), and on Ctrl-C
+by all (D/admin-token), starts the controller and the sites, and on Ctrl-C
 or SIGTERM stops them all: SIGINT to the sites (a stop without handing leaderships
 over), SIGTERM to the controller, a wait, then SIGKILL for any still running.
+
+A controller that exits while the cluster runs (a crash, a `kill -9`, a SIGTERM of its
+own) is started again, after 1 s and then a back-off doubling up to 30 s while it keeps
+dying soon after its start: without a controller nothing fails over. A site that dies stays
+down, as a crashed machine would, until someone restarts it with
+`stratamq broker --config D/site-k/stratamq.yaml`: the controller fails its shards over.
 
 `D/cluster.json` says where everything is (addresses, ports, pids, configs, logs).
 """
@@ -39,6 +43,12 @@ STANDARD_PORTS = {"mqtt": 1883, "ws": 8083, "admin": 18083, "peer": 18084}
 CONTROLLER_PORT = 18090
 LAYOUT_FILE = "cluster.json"
 STOP_TIMEOUT = 20.0
+# A controller that dies is started again after this, doubled after each death soon
+# after a start (a controller that cannot start must not spin), up to the cap.
+RESTART_DELAY = 1.0
+RESTART_DELAY_MAX = 30.0
+# A controller that ran this long before dying was healthy: the delay starts over.
+HEALTHY_RUN = 60.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,7 @@ class Supervisor:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         self._stopping = False
+        self._started_at: dict[str, float] = {}
 
     def prepare(self) -> None:
         """Write the token and every site's configuration."""
@@ -157,13 +168,17 @@ class Supervisor:
         self.processes[name] = subprocess.Popen(
             command, stdout=stream, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        self._started_at[name] = time.monotonic()
 
-    def start(self) -> None:
+    def _start_controller(self) -> None:
         controller_dir = self.options.data_dir.resolve() / "controller"
         controller_dir.mkdir(parents=True, exist_ok=True)
         self._spawn("controller", controller_command(self.options, self.controller_bind,
                                                      self.sites, self.token_file),
                     controller_dir / "controller.log")
+
+    def start(self) -> None:
+        self._start_controller()
         for site in self.sites:
             self._spawn(f"site-{site.index}", [sys.executable, "-m", "stratamq.broker",
                                                "broker", "--config", site.config],
@@ -195,15 +210,33 @@ class Supervisor:
         return "\n".join(lines)
 
     def watch(self) -> None:
-        """Until asked to stop: report processes that exit (and restart none)."""
+        """Until asked to stop: report processes that exit, and start a controller that
+        died again (after `restart_delay`); sites are not restarted."""
         reported: set[str] = set()
+        delay = RESTART_DELAY / 2  # the first death waits RESTART_DELAY
+        restart_at: float | None = None
         while not self._stopping:
             for name, process in self.processes.items():
                 code = process.poll()
-                if code is not None and name not in reported:
-                    reported.add(name)
+                if code is None or name in reported:
+                    continue
+                reported.add(name)
+                if name != "controller":
                     log.warning("%s (pid %d) exited with %d; not restarted", name,
                                 process.pid, code)
+                    continue
+                ran = time.monotonic() - self._started_at[name]
+                delay = restart_delay(delay, ran)
+                restart_at = time.monotonic() + delay
+                log.warning("the controller (pid %d) exited with %d after %.0fs; started "
+                            "again in %.0fs", process.pid, code, ran, delay)
+            if restart_at is not None and time.monotonic() >= restart_at:
+                restart_at = None
+                reported.discard("controller")
+                self._start_controller()
+                self._write_layout()
+                log.info("the controller started again (pid %d)",
+                         self.processes["controller"].pid)
             time.sleep(0.2)
 
     def request_stop(self, _signum: int, _frame: FrameType | None) -> None:
@@ -227,6 +260,15 @@ class Supervisor:
                 process.wait()
         for stream in self._logs:
             stream.close()
+
+
+def restart_delay(previous: float, ran: float) -> float:
+    """The wait before starting again a controller that died after running `ran`
+    seconds: `RESTART_DELAY` after a healthy run, else the previous wait doubled, within
+    `RESTART_DELAY` .. `RESTART_DELAY_MAX`."""
+    if ran >= HEALTHY_RUN:
+        return RESTART_DELAY
+    return min(RESTART_DELAY_MAX, max(RESTART_DELAY, previous * 2))
 
 
 def run_cluster(options: ClusterOptions) -> int:

@@ -7,9 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stratamq.broker.cluster.supervisor import (
+    HEALTHY_RUN,
+    RESTART_DELAY,
+    RESTART_DELAY_MAX,
     ClusterOptions,
     controller_command,
     layout,
+    restart_delay,
     site_config,
 )
 from stratamq.broker.config import Config
@@ -60,3 +64,15 @@ def test_the_controller_gets_every_site_and_the_same_settings(tmp_path: Path) ->
         [site.admin_url for site in sites]
     assert command[command.index("--n-shards") + 1] == "8"
     assert command[command.index("--heartbeat-interval") + 1] == "0.5"
+
+
+def test_a_controller_that_keeps_dying_waits_longer_up_to_the_cap() -> None:
+    delays = []
+    delay = RESTART_DELAY / 2
+    for _ in range(8):
+        delay = restart_delay(delay, ran=0.5)
+        delays.append(delay)
+    assert delays[0] == RESTART_DELAY
+    assert delays == sorted(delays) and delays[-1] == RESTART_DELAY_MAX
+    # one that ran long enough was healthy: the wait starts over
+    assert restart_delay(RESTART_DELAY_MAX, ran=HEALTHY_RUN) == RESTART_DELAY
