@@ -3,7 +3,9 @@
 admin API of a running site over HTTP and print readable tables. `stratamq ctl ds
 set-replicas DB SITE...`, `ds join DB SITE`, `ds leave DB SITE` and `ds forget SITE`
 call the cluster controller (default URL and token file: those of `stratamq
-cluster`); `ds info` against the controller shows the whole cluster.
+cluster`); `ds info` against the controller shows the whole cluster. `ds verify
+[DB...]` asks the controller where the replicas are and compares the digests of
+every shard's replicas (exit status 1 when any differ).
 
 Credentials, first found wins: `--token`, `--user NAME[:PASSWORD]`, the environment
 variable STRATAMQ_ADMIN_TOKEN, the token file (`--token-file`, default
@@ -32,11 +34,22 @@ DEFAULT_TOKEN_FILE = "data/admin-token"
 CONTROLLER_URL = "http://127.0.0.1:18090"
 CLUSTER_TOKEN_FILE = "data/cluster/admin-token"
 CLUSTER_ACTIONS = {"set-replicas", "join", "leave", "forget"}
+# actions that talk to the controller by default
+CONTROLLER_ACTIONS = {*CLUSTER_ACTIONS, "verify"}
 TOKEN_ENV = "STRATAMQ_ADMIN_TOKEN"
 
 
 class CtlError(Exception):
     """A failure to report in one line (exit code 1)."""
+
+
+class CheckFailedError(CtlError):
+    """A check that ran and found something wrong: its whole output is printed, and
+    the exit code is 1."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__("the check failed")
+        self.output = output
 
 
 # -- HTTP ------------------------------------------------------------------------------
@@ -256,7 +269,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
     else:
         parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics",
-                                               *sorted(CLUSTER_ACTIONS)],
+                                               "verify", *sorted(CLUSTER_ACTIONS)],
                             help="info: sites, databases, shards and generations (of a "
                                  "site; of the cluster when --url is the controller); "
                                  "checkpoint DB DIR: a checkpoint of database DB in the new "
@@ -266,7 +279,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
                                  "of `stratamq spark learn-topics`; set-replicas DB SITE...: "
                                  "move DB onto exactly these sites; join DB SITE / leave DB "
                                  "SITE: add or drain one site; forget SITE: drop a site that "
-                                 "is down and holds nothing (these four: the controller)")
+                                 "is down and holds nothing (these four: the controller); "
+                                 "verify [DB...]: compare the content digests of every "
+                                 "shard's replicas (through the controller)")
+        parser.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                            help="verify: how long a replica that lags may take to reach "
+                                 "the offset of the others (default 10)")
         parser.add_argument("arguments", nargs="*", help="the arguments of the action")
     return parser
 
@@ -354,7 +372,19 @@ def _ds_seed_topics(client: AdminClient, arguments: argparse.Namespace) -> str:
     return f"{answer['patterns']} stream patterns seeded into {db}: {answer['applies_to']}"
 
 
+def _ds_verify(client: AdminClient, arguments: argparse.Namespace) -> str:
+    from .verify import report, verify  # verify.py uses this module's client
+
+    output, same = report(verify(client, arguments.arguments, arguments.wait),
+                          arguments.json)
+    if not same:
+        raise CheckFailedError(output)
+    return output
+
+
 def _ds(client: AdminClient, arguments: argparse.Namespace) -> str:
+    if arguments.action == "verify":
+        return _ds_verify(client, arguments)
     if arguments.action in CLUSTER_ACTIONS:
         return _ds_replicas(client, arguments)
     if arguments.action == "seed-topics":
@@ -375,7 +405,7 @@ def ctl_main(command: str, argv: list[str]) -> int:
         arguments = _parser(command).parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, message printed)
         return exit_.code if isinstance(exit_.code, int) else 2
-    cluster = command == "ds" and arguments.action in CLUSTER_ACTIONS
+    cluster = command == "ds" and arguments.action in CONTROLLER_ACTIONS
     if arguments.url is None:
         arguments.url = CONTROLLER_URL if cluster else DEFAULT_URL
     if arguments.token_file is None:
@@ -384,6 +414,9 @@ def ctl_main(command: str, argv: list[str]) -> int:
         client = AdminClient(arguments.url, authorization(arguments))
         output = _clients(client, arguments) if command == "clients" \
             else _ds(client, arguments)
+    except CheckFailedError as exc:
+        print(exc.output)
+        return 1
     except CtlError as exc:
         print(f"stratamq ctl {command}: {exc}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from ..channel.channel import Channel as Connection
 from ..config import AdminConfig
 from ..core.broker import Broker
 from ..ds import (
+    DIGEST_DIR,
     Database,
     DbDescription,
     DurableStorage,
@@ -35,6 +36,7 @@ from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
+from .digests import ShardDigests
 from .guard import HTTP_LOG, ConnectionGuard
 from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
 from .metrics_cache import MetricsCache
@@ -79,6 +81,8 @@ class AdminServer:
         self._runner: web.AppRunner | None = None
         self._guard: ConnectionGuard | None = None
         self._listener: asyncio.Server | None = None
+        # by data folder (one, once the storage is attached): one digest at a time
+        self._digests: dict[Path, ShardDigests] = {}
         self._metrics_cache = MetricsCache(self.settings.metrics_interval,
                                            self._refresh_disk_metrics)
 
@@ -119,6 +123,7 @@ class AdminServer:
             web.post(f"{API}/ds/storages/{{db}}/checkpoints", self._checkpoint),
             web.post(f"{API}/ds/storages/{{db}}/gc-plan", self._gc_plan),
             web.put(f"{API}/ds/storages/{{db}}/topic-structure", self._topic_structure),
+            web.get(f"{API}/ds/storages/{{db}}/shards/{{shard}}/digest", self._digest),
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
             web.get(f"{API}/ds/replication", self._replication_status),
@@ -268,6 +273,15 @@ class AdminServer:
                  len(patterns), database.name)
         return web.json_response({"db": database.name, "patterns": len(patterns),
                                   "applies_to": "the next generation of every shard"})
+
+    async def _digest(self, request: web.Request) -> web.Response:
+        """The digest of one shard's applied content (`digests.py`)."""
+        storage = self._running().storage
+        digests = self._digests.setdefault(storage.data_dir, ShardDigests(
+            storage.data_dir / DIGEST_DIR))
+        return web.json_response(await digests.answer(
+            storage.site_id, self._any_database(request.match_info["db"]),
+            request.match_info["shard"], dict(request.query)))
 
     async def _sites(self, _request: web.Request) -> web.Response:
         return listing([await self._site_view()])

@@ -6,6 +6,7 @@ from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database, DropListener, NextResult, PreDropListener, shard_of
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
+from .digest import DIGEST_DIR, ShardDigest, digest_shard
 from .fence import Fence, FencedError
 from .gc import apply_gc_plan
 from .generation import GenerationInfo
@@ -28,6 +29,7 @@ from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 
 __all__ = [
+    "DIGEST_DIR",
     "END_OF_STREAM",
     "MANIFEST_FILE",
     "CookedBatch",
@@ -51,6 +53,7 @@ __all__ = [
     "ReplicaSettings",
     "RetentionRules",
     "ShardDescription",
+    "ShardDigest",
     "ShardSnapshot",
     "ShareMember",
     "SiteReplication",
@@ -60,6 +63,7 @@ __all__ = [
     "create_checkpoint",
     "decode_message",
     "describe",
+    "digest_shard",
     "encode_message",
     "peek_timestamp",
     "peek_topic",

@@ -82,5 +82,10 @@ UNDER_REPLICATED = Gauge(
     _LABELS)
 REPLICA_ROLE = Gauge("stratamq_ds_replica_leader",
                      "1 while this site leads the shard, else 0", _LABELS)
+LOG_CUTS_REFUSED = Counter(
+    "stratamq_ds_log_cuts_refused",
+    "Cuts of a shard log's committed entries refused on this site (a leader without "
+    "them, a truncate below the commit offset, a bootstrap that would roll back what was "
+    "applied): a replica was asked to diverge", _LABELS)
 LEADER_CHANGES = Counter("stratamq_ds_leader_changes",
                          "Times this site started or stopped leading a shard", _LABELS)

@@ -28,7 +28,7 @@ from .lts import DEFAULT_TOPIC_CACHE_BYTES, UNBOUNDED, Edge, Trie, TrieBounds, s
 from .message import Message, decode_message, encode_message
 from .rocks import after_prefix, as_bytes, raw_options
 
-_GENERATION_PREFIX = b"gen/"
+GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
 # The seed structure (stream patterns) new generations start their trie with.
 _TOPIC_SEED_KEY = b"topic_seed"
@@ -45,7 +45,7 @@ def now_us() -> int:
 
 
 def _generation_key(generation_id: int) -> bytes:
-    return _GENERATION_PREFIX + b"%010d" % generation_id
+    return GENERATION_PREFIX + b"%010d" % generation_id
 
 
 def _stream_of(trie: Trie, topic: str) -> bytes | None:
@@ -61,8 +61,8 @@ def read_generation_table(db: Rdict) -> list[GenerationInfo]:
     """The generations a shard's RocksDB records, in id order. Blocking. Shared with
     the read-only snapshots of checkpoints (`snapshot.py`)."""
     found = []
-    for key, raw in db.items(from_key=_GENERATION_PREFIX):
-        if not as_bytes(key).startswith(_GENERATION_PREFIX):
+    for key, raw in db.items(from_key=GENERATION_PREFIX):
+        if not as_bytes(key).startswith(GENERATION_PREFIX):
             break
         found.append(GenerationInfo.from_json(as_bytes(raw)))
     return found

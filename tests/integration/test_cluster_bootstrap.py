@@ -195,7 +195,8 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
         agreed = poll(lambda: all(
             len({shard_reports(cluster.sites[cluster.index_of(site)])[shard["id"]]["applied"]
                  for site in shard["replicas"]}) == 1
-            for shard in cluster.controller.storage()["shards"]), 30, 0.2)
+            for shard in cluster.controller.storage()["shards"])
+            and cluster.same_content(DB), 30, 0.2)
         reports = shard_reports(new)
         new_log = new.log()
         # a site that left a shard's replica set deleted its copy of it

@@ -191,7 +191,7 @@ def replicas_agree(cluster: Cluster) -> bool:
     storage = cluster.controller.storage()
     positions = applied_per_shard(cluster, storage)
     return all(len({applied for _, _, applied in replicas.values()}) == 1
-               for replicas in positions.values())
+               for replicas in positions.values()) and cluster.same_content(DB)
 
 
 @pytest.mark.slow
@@ -339,7 +339,8 @@ def test_grow_to_five_sites_then_drain_and_forget_one_under_load(tmp_path: Path)
         assert len(shard["replicas"]) == 3, shard
         assert shard["leader"] in shard["replicas"], shard
         assert not shard["transitions"], shard
-    assert agreed, f"replicas report different applied offsets: {positions}\n{final_state}"
+    assert agreed, f"replicas report different applied offsets or content: {positions}\n" \
+                   f"{final_state}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     assert not losses, "\n".join(losses)
     assert delivered

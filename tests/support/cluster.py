@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from stratamq.broker.admin.ctl import AdminClient
+from stratamq.broker.admin.verify import Verdict, verify
 from stratamq.broker.config import merge_config
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port
 from tests.support.harness import http_json as http_json  # for the tests that import it here
@@ -236,7 +238,8 @@ class Cluster:
 
     def converged(self) -> bool:
         """Every site holds every shard up to the same log position, committed and
-        applied all of it (every site is a replica when replication factor = sites)."""
+        applied all of it (every site is a replica when replication factor = sites),
+        and then the same content: the digests of its shards' replicas agree."""
         positions = self.positions()
         for shard in range(self.n_shards):
             seen = {positions[site].get(shard) for site in positions}
@@ -245,7 +248,19 @@ class Cluster:
             only = seen.pop()
             if only is None or not only[0][1] == only[1] == only[2]:
                 return False
-        return True
+        return self.same_content(DB)
+
+    def verify(self, *databases: str, wait: float = 10.0) -> list[Verdict]:
+        """What `stratamq ctl ds verify` finds for `databases` (all when none): per
+        shard whether its replicas hold the same content."""
+        controller = AdminClient(self.controller.url,
+                                 f"Bearer {BrokerProcess.ADMIN_TOKEN}", timeout=wait + 30)
+        return verify(controller, list(databases), wait)
+
+    def same_content(self, *databases: str) -> bool:
+        """The replicas of every shard of `databases` (all when none) hold the same
+        content at the same applied offset (compared by digest)."""
+        return all(verdict.status == "same" for verdict in self.verify(*databases))
 
     def wait_leaders_moved(self, away_from: int, shards: list[int], timeout: float,
                            db: str = DB) -> bool:

@@ -170,3 +170,29 @@ def test_a_follower_commits_only_what_is_known_to_be_the_leaders(tmp_path: Path)
     assert follower.committed == 3 and content(follower)[-1] == (2, 3, b"c")
     follower.append_from_leader(2, Position(2, 3), [], committed=1)
     assert follower.committed == 3  # never back
+
+
+def test_a_follower_refuses_to_cut_committed_entries_and_counts_it(tmp_path: Path) -> None:
+    """Issue 22, "log invariants": a leader whose log lacks entries this follower
+    knows committed (a bug, or a leader elected on stale positions) must not make it
+    drop them silently."""
+    from stratamq.broker.ds import metrics
+    from stratamq.broker.ds.replication.log import CommittedCutError
+
+    log = ShardLog(tmp_path / "log", labels=("db", "0"))
+    assert log.append_from_leader(1, START, [Entry(Position(1, 1), b"a"),
+                                             Entry(Position(1, 2), b"b")], committed=2).accepted
+    assert log.committed == 2
+    refused = metrics.LOG_CUTS_REFUSED.labels("db", "0")
+    before = refused._value.get()
+    with pytest.raises(CommittedCutError):
+        log.append_from_leader(2, Position(1, 1), [Entry(Position(2, 2), b"other")])
+    assert content(log) == [(1, 1, b"a"), (1, 2, b"b")]
+    assert refused._value.get() == before + 1
+    with pytest.raises(CommittedCutError):
+        log.truncate_after(1)
+    assert content(log) == [(1, 1, b"a"), (1, 2, b"b")]
+    # an uncommitted tail is still cut as before
+    log.append_from_leader(2, Position(1, 2), [Entry(Position(2, 3), b"c")], committed=2)
+    assert log.append_from_leader(3, Position(1, 2), [Entry(Position(3, 3), b"d")]).accepted
+    assert content(log)[-1] == (3, 3, b"d")

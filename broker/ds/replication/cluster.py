@@ -252,8 +252,9 @@ class SiteReplication:
                 logs_dir = data_dir / REPLICATION_DIR / database.name
                 opened = logs[database.name] = []
                 for shard in range(len(database.shards)):
-                    opened.append(await loop.run_in_executor(executor, ShardLog,
-                                                             logs_dir / str(shard)))
+                    opened.append(await loop.run_in_executor(
+                        executor, ShardLog, logs_dir / str(shard),
+                        (database.name, str(shard))))
                 for shard, shard_log in enumerate(opened):
                     # a checkpoint installed just before a crash: its log starts there
                     await loop.run_in_executor(executor, finish_install,

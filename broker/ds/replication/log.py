@@ -15,6 +15,7 @@ applied them)."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,10 @@ from typing import NamedTuple
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from ...errors import CorruptDataError, StorageError
+from .. import metrics
 from ..rocks import as_bytes, raw_options
+
+log = logging.getLogger(__name__)
 
 _U64 = struct.Struct(">Q")
 _POSITION = struct.Struct(">QQ")
@@ -51,6 +55,12 @@ class StaleEpochError(StorageError):
 
 class LogGapError(StorageError):
     """An append or read past what the log holds."""
+
+
+class CommittedCutError(CorruptDataError):
+    """A cut of entries this log knows committed (a new leader's log lacks them, or a
+    truncate below the commit offset): refused, counted and logged, since applying
+    the replacement would make this replica differ from the others silently."""
 
 
 class BootstrapNeededError(StorageError):
@@ -95,9 +105,11 @@ def _entry(key: bytes, value: bytes) -> Entry:
 
 
 class ShardLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, labels: tuple[str, str] = ("", "")) -> None:
+        """`labels`: the database and shard, for the metrics."""
         path.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
         self._db = Rdict(str(path), raw_options())
         self._synced = WriteOptions()
         self._synced.sync = True
@@ -230,6 +242,9 @@ class ShardLog:
         new = [entry for entry in entries if entry.position.offset >= self.first_offset
                and self.epoch_at(entry.position.offset) != entry.position.epoch]
         if new:
+            if new[0].position.offset <= self._last.offset:
+                self._refuse_cut_below_committed(new[0].position.offset - 1,
+                                                 f"the leader of epoch {epoch}")
             write = WriteBatch(raw_mode=True)
             if new[0].position.offset <= self._last.offset:
                 # a divergent tail (written under an older leader, never committed)
@@ -246,6 +261,7 @@ class ShardLog:
         """Cut every entry after `offset` (a new leader's log ends there)."""
         if offset >= self._last.offset:
             return
+        self._refuse_cut_below_committed(offset, "a truncate")
         if offset < self._before_first.offset:
             raise LogGapError(f"cannot truncate to {offset}: entries before "
                               f"{self.first_offset} are trimmed")
@@ -290,6 +306,17 @@ class ShardLog:
         self._db.close()
 
     # -- helpers ------------------------------------------------------------------
+
+    def _refuse_cut_below_committed(self, keep_to: int, who: str) -> None:
+        """Raise CommittedCutError (counted, logged) when cutting every entry after
+        `keep_to` would cut one known committed (so maybe applied)."""
+        if keep_to >= self._committed:
+            return
+        self._cuts_refused.inc()
+        message = (f"shard log {self.path}: {who} would cut entries after offset {keep_to}, "
+                   f"below the committed offset {self._committed}: refused")
+        log.error("%s", message)
+        raise CommittedCutError(message)
 
     def _read_u64(self, key: bytes) -> int:
         raw = self._db.get(key)

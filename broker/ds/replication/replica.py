@@ -847,10 +847,16 @@ class ShardReplica:
     async def _apply_some(self) -> None:
         async with self._apply_lock:
             start = self.applied + 1
-            found = await self._run(self.log.read, start, APPLY_BATCH)
+            # Read with the commit offset of that moment, under the log lock: a new
+            # leader's append may replace uncommitted entries right after, and the
+            # commit offset may then cover the replacements (the log never cuts
+            # committed entries, so those read at or below it stay as read).
+            async with self._log_lock:
+                committed = self.log.committed
+                found = await self._run(self.log.read, start, APPLY_BATCH)
             for entry in found:
                 offset = entry.position.offset
-                if offset > self.log.committed or offset != self.applied + 1:
+                if offset > committed or offset != self.applied + 1:
                     break
                 await self._apply(offset, entries.decode(entry.batch))
                 self._wake_writers()
