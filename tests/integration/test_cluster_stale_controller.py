@@ -18,13 +18,15 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, unique
-from tests.support.cluster import Cluster, ControllerProcess, poll
+from tests.support.cluster import Cluster, ControllerProcess, http_json, poll
 from tests.support.harness import REPO
 
 pytestmark = pytest.mark.slow
@@ -85,6 +87,14 @@ def test_a_controller_restored_from_an_old_copy_adopts_the_sites_placement(
         cluster.start()
         shutil.copytree(state, backup)
         old_version = site_version(cluster)
+        # what a site keeps, as a controller adopts it (with the admin token only)
+        url = f"{cluster.sites[0].admin_url}/api/v1/ds/placement"
+        held = http_json("GET", url)
+        assert held["placement"]["version"] == old_version
+        assert set(held["peers"]) == set(cluster.site_ids)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
 
         # the placement moves on: a messages leader fails over and comes back
         first = cluster.leaders()[0]
@@ -107,6 +117,10 @@ def test_a_controller_restored_from_an_old_copy_adopts_the_sites_placement(
                       f"the sites; restored controller " + (
                           f"holds {new_version} after {adopted_after:.2f}s" if adopted
                           else "never took the sites' version"))
+
+        with urllib.request.urlopen(f"{controller.url}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert "stratamq_cluster_placement_adoptions_total 1.0" in metrics, metrics
 
         # the leader the sites follow now is killed
         time.sleep(1.0)  # a few rounds of the restored controller
