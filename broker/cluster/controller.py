@@ -42,12 +42,12 @@ from ..admin.credentials import Credentials
 from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
-from ..errors import PlacementError, UnknownDatabaseError, UnknownSiteError
+from ..errors import UnknownDatabaseError, UnknownSiteError
 from ..net.address import source_address, split_bind
 from . import decisions
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
-from .sites import BadReportError, Report, SiteState, parse_report
+from .sites import BadReportError, Report, SiteState, parse_held, parse_report
 from .state import FolderLock, KnownSite, StateFiles
 from .views import site_view, storage_summary, storage_view
 
@@ -69,6 +69,11 @@ class ControllerConfig:
 
 
 class Controller:
+    """The process: its heartbeat rounds, its pushes and its API share the state and
+    one lock, so they are one class (past 300 lines); what it decides is
+    `decisions.py`, what it shows `views.py` and `metrics.py`, what it parses
+    `sites.py`."""
+
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.settings = config.settings
@@ -98,6 +103,7 @@ class Controller:
         # sites that refused the last push (they keep another placement): the next
         # round adopts what the sites keep
         self._refused: set[str] = set()
+        self._unreadable: set[str] = set()  # sites whose kept placement could not be read
         self._registry = controller_registry(
             lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
                              self.adoptions), self.settings)
@@ -246,18 +252,15 @@ class Controller:
                 if answer.status != 200:
                     raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
                 document = await answer.json()
-            if not isinstance(document, dict) or document.get("placement") is None:
-                return None
-            forgotten = document.get("forgotten", [])
-            if not isinstance(forgotten, list) or \
-                    not all(isinstance(entry, str) for entry in forgotten):
-                raise BadReportError(f"forgotten: {forgotten!r} is not a list of site ids")
-            return Placement.from_dict(document["placement"]), frozenset(forgotten)
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError,
-                PlacementError) as exc:
-            log.warning("cannot read the placement site %s keeps: %s", site.id,
-                        str(exc) or type(exc).__name__)
+            found = parse_held(document)
+        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
+            if site.id not in self._unreadable:  # once, not every round
+                log.warning("cannot read the placement site %s keeps: %s", site.id,
+                            str(exc) or type(exc).__name__)
+            self._unreadable.add(site.id)
             return None
+        self._unreadable.discard(site.id)
+        return found
 
     async def _probe(self, url: str) -> Report | None:
         assert self._http is not None

@@ -6,6 +6,7 @@ and a plan resumed from the controller's files after a restart."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -16,7 +17,13 @@ import pytest
 
 from stratamq.broker.cluster import decisions
 from stratamq.broker.cluster.decisions import ClusterState, Settings
-from stratamq.broker.cluster.sites import BadReportError, ShardReport, SiteState, parse_report
+from stratamq.broker.cluster.sites import (
+    BadReportError,
+    ShardReport,
+    SiteState,
+    parse_held,
+    parse_report,
+)
 from stratamq.broker.cluster.state import FolderLock, FolderLockedError, KnownSite, StateFiles
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.errors import (
@@ -527,3 +534,14 @@ def test_a_second_controller_cannot_lock_the_same_folder(tmp_path: Path) -> None
         FolderLock(tmp_path)
     first.release()
     FolderLock(tmp_path).release()
+
+
+def test_the_placement_a_site_keeps_is_checked() -> None:
+    kept = one_shard("ABC", leader="A")
+    document = {"placement": json.loads(kept.to_json()), "peers": {}, "forgotten": ["E"]}
+    assert parse_held(document) == (kept, frozenset({"E"}))
+    assert parse_held({"placement": None, "peers": {}, "forgotten": []}) is None
+    for broken in ([], {**document, "forgotten": "E"}, {**document, "forgotten": ["a b"]},
+                   {**document, "placement": {"version": 1}}):
+        with pytest.raises(BadReportError):
+            parse_held(broken)
