@@ -541,7 +541,9 @@ def test_the_placement_a_site_keeps_is_checked() -> None:
     document = {"placement": json.loads(kept.to_json()), "peers": {}, "forgotten": ["E"]}
     assert parse_held(document) == (kept, frozenset({"E"}))
     assert parse_held({"placement": None, "peers": {}, "forgotten": []}) is None
-    for broken in ([], {**document, "forgotten": "E"}, {**document, "forgotten": ["a b"]},
-                   {**document, "placement": {"version": 1}}):
+    broken_documents: list[Any] = [
+        [], {**document, "forgotten": "E"}, {**document, "forgotten": ["a b"]},
+        {**document, "placement": {"version": 1}}]
+    for broken in broken_documents:
         with pytest.raises(BadReportError):
             parse_held(broken)
