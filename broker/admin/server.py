@@ -127,6 +127,7 @@ class AdminServer:
             web.get(f"{API}/ds/sites", self._sites),
             web.get(f"{API}/ds/sites/{{site}}", self._site_detail),
             web.get(f"{API}/ds/replication", self._replication_status),
+            web.get(f"{API}/ds/placement", self._held_placement),
             web.put(f"{API}/ds/placement", self._placement),
         ])
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, logger=HTTP_LOG,
@@ -305,6 +306,12 @@ class AdminServer:
         offsets. Also the controller's heartbeat probe."""
         return web.json_response(self._replication().status())
 
+    async def _held_placement(self, _request: web.Request) -> web.Response:
+        """The placement this site keeps (`null` before the first push), the peers'
+        addresses and the sites forgotten: `{"placement": document, "peers": {...},
+        "forgotten": [...]}`. A controller whose own copy is older adopts it."""
+        return web.json_response(self._replication().held())
+
     async def _placement(self, request: web.Request) -> web.Response:
         """Take a placement pushed by the controller: body `{"placement": document,
         "peers": {site: "host:port"}, "forgotten": [site, ...]}` (`forgotten`:
@@ -314,6 +321,8 @@ class AdminServer:
         if "placement" not in body or "peers" not in body:
             raise BadRequestError('give {"placement": {...}, "peers": {"<site>": '
                                   '"host:port", ...}}')
+        # accepted: false (this site keeps another document) tells the controller that
+        # its placement is stale
         accepted, version = await replication.offer(body["placement"], body["peers"],
                                                     body.get("forgotten"))
         return web.json_response({"accepted": accepted, "version": version})

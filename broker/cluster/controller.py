@@ -4,10 +4,17 @@ every shard (docs/architecture.md, "Replication").
 Every heartbeat interval it asks each site's `GET /api/v1/ds/replication` (the
 heartbeat probe), hands what it learned to `decisions.decide` (first placement,
 failover, the next step of a pending plan), keeps the result in its data folder
-(`state.StateFiles`), and pushes the placement with `PUT /api/v1/ds/placement` to
-every site whenever it changes and to any site that reports an older version. It
-serves the cluster API of the admin CLI (`stratamq ctl ds ...`) with the same
-bearer-token scheme as the sites, and calls the sites with that same token.
+(`state.StateFiles`, locked by `state.FolderLock`), and pushes the placement with
+`PUT /api/v1/ds/placement` to every site whenever it changes and to any site that
+reports an older version. It serves the cluster API of the admin CLI (`stratamq ctl
+ds ...`) with the same bearer-token scheme as the sites, and calls the sites with
+that same token.
+
+A controller is never ahead of the sites by construction, but it can be behind
+(restored from an older copy of its folder): when a site reports a newer placement
+version or refuses a push (`accepted: false`), the controller fetches what the sites
+keep (`GET /api/v1/ds/placement`) and adopts the newest (`decisions.adopt`) before it
+decides anything, so that it fails over from the placement the sites actually hold.
 
 All decisions and state changes happen on the event loop, one at a time under a
 lock; files are written in an executor.
@@ -40,8 +47,8 @@ from ..net.address import source_address, split_bind
 from . import decisions
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
-from .sites import BadReportError, Report, SiteState, parse_report
-from .state import KnownSite, StateFiles
+from .sites import BadReportError, Report, SiteState, parse_held, parse_report
+from .state import FolderLock, KnownSite, StateFiles
 from .views import site_view, storage_summary, storage_view
 
 log = logging.getLogger(__name__)
@@ -62,9 +69,15 @@ class ControllerConfig:
 
 
 class Controller:
+    """The process: its heartbeat rounds, its pushes and its API share the state and
+    one lock, so they are one class (past 300 lines); what it decides is
+    `decisions.py`, what it shows `views.py` and `metrics.py`, what it parses
+    `sites.py`."""
+
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.settings = config.settings
+        self._folder_lock = FolderLock(config.data_dir)
         self.files = StateFiles(config.data_dir)
         self.state, known, forgotten = self.files.load()
         self.started = time.monotonic()
@@ -85,8 +98,15 @@ class Controller:
         self._last_notes: tuple[str, ...] = ()
         self._unreachable: dict[str, str] = {}
         self.leader_changes = 0
+        # times this controller took the sites' placement for its own
+        self.adoptions = 0
+        # sites that refused the last push (they keep another placement): the next
+        # round adopts what the sites keep
+        self._refused: set[str] = set()
+        self._unreadable: set[str] = set()  # sites whose kept placement could not be read
         self._registry = controller_registry(
-            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes), self.settings)
+            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
+                             self.adoptions), self.settings)
         self.port = 0
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -139,6 +159,7 @@ class Controller:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        self._folder_lock.release()
 
     async def _run(self) -> None:
         interval = self.settings.heartbeat_interval
@@ -162,8 +183,10 @@ class Controller:
         reports = await asyncio.gather(*(self._probe(url) for url in urls))
         now = time.monotonic()
         async with self._lock:
-            before = self.state
             sites_changed = self._take_reports(urls, reports, now)
+            if self._refused or decisions.behind(self.state, self.sites):
+                await self._adopt_held()
+            before = self.state
             decision = decisions.decide(self.state, self.sites, now, self.started,
                                         self.settings)
             if decision.notes != self._last_notes:
@@ -193,6 +216,51 @@ class Controller:
                 known = SiteState(id=report.site, admin_url=url, last_seen=now)
             self.sites[report.site] = known.seen(report, now)
         return changed
+
+    async def _adopt_held(self) -> None:
+        """Fetch the placement every site that answered keeps and adopt the newest
+        when it is not this controller's (`decisions.adopt`); kept on disk at once."""
+        self._refused.clear()
+        answered = [site for site in self.sites.values()
+                    if site.answered and site.placement_version is not None]
+        fetched = await asyncio.gather(*(self._fetch_held(site) for site in answered))
+        held = {site.id: found[0] for site, found in zip(answered, fetched, strict=True)
+                if found is not None}
+        forgotten = set().union(*(found[1] for found in fetched if found is not None))
+        adoption = decisions.adopt(self.state, held)
+        for note in adoption.notes:
+            log.warning("%s", note)
+        if adoption.state == self.state:
+            return
+        # sites forgotten after this controller's copy was made stay forgotten
+        for site_id in sorted(forgotten - self.forgotten):
+            gone = self.sites.pop(site_id, None)
+            if gone is not None:
+                self.urls = [url for url in self.urls if url != gone.admin_url]
+            self.forgotten.add(site_id)
+        await self._save(adoption.state)
+        self.state = adoption.state
+        self.adoptions += 1
+
+    async def _fetch_held(self, site: SiteState) -> tuple[Placement, frozenset[str]] | None:
+        """The placement `site` keeps and the sites it was told are forgotten; None
+        when it keeps none or does not answer as it should."""
+        assert self._http is not None
+        try:
+            async with self._http.get(site.admin_url + PLACEMENT_PATH,
+                                      headers=self._headers) as answer:
+                if answer.status != 200:
+                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
+                document = await answer.json()
+            found = parse_held(document)
+        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
+            if site.id not in self._unreadable:  # once, not every round
+                log.warning("cannot read the placement site %s keeps: %s", site.id,
+                            str(exc) or type(exc).__name__)
+            self._unreadable.add(site.id)
+            return None
+        self._unreadable.discard(site.id)
+        return found
 
     async def _probe(self, url: str) -> Report | None:
         assert self._http is not None
@@ -246,10 +314,13 @@ class Controller:
                 elif found is None:
                     log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
                                 version, answer.status, await answer.text())
-                elif found.get("version", version) > version:
-                    log.warning("site %s keeps placement version %s, newer than this "
-                                "controller's %d (was the controller's data lost?)",
-                                site.id, found.get("version"), version)
+                elif found.get("accepted") is False:
+                    # it keeps a newer placement, or another under this version: this
+                    # controller's is stale; the next round adopts the sites'
+                    log.warning("site %s refused placement version %d: it keeps version "
+                                "%s; adopting the placement the sites keep", site.id,
+                                version, found.get("version"))
+                    self._refused.add(site.id)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             log.debug("push of placement version %d to %s failed: %s", version, site.id, exc)
 

@@ -10,6 +10,7 @@ Every new placement is one version newer than the last: `planner.failover`,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -152,10 +153,11 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
                      if sites[site].placement_version is not None)
     if holding and state.placement.version == 0:
         # Their logs carry epochs a fresh placement would not know: starting over
-        # would have them refuse it, or worse. The controller's state must come back.
+        # would have them refuse it, or worse. The controller adopts theirs
+        # (`adopt`, once it has fetched them) instead.
         return Decision(state, (f"sites hold a placement but this controller has none: "
-                                f"{', '.join(holding)}; restore the controller's data "
-                                f"folder (placement.json) instead of placing shards anew",))
+                                f"{', '.join(holding)}; waiting to adopt the newest they "
+                                f"hold instead of placing shards anew",))
     mismatched = sorted(
         f"{site} has {count} shards of {database}"
         for site in up for database in settings.databases
@@ -203,7 +205,8 @@ def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
             if report is not None:
                 positions[site] = report.last
         try:
-            placement = failover(placement, shard.id, alive, positions)
+            placement = failover(placement, shard.id, alive, positions,
+                                 above=reported_epoch(sites, shard.id))
         except NoMajorityError as exc:
             notes.append(exc.message)
             continue
@@ -235,7 +238,8 @@ def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
         positions = {site: report.last for site in shard.replicas if site in fresh
                      and (report := sites[site].shards.get(shard.id)) is not None}
         try:
-            placement = failover(placement, shard.id, alive - stopping, positions)
+            placement = failover(placement, shard.id, alive - stopping, positions,
+                                 above=reported_epoch(sites, shard.id))
         except NoMajorityError as exc:
             notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is "
                          f"stopping and keeps it for now: {exc.message}")
@@ -244,6 +248,13 @@ def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
         notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is stopping; "
                      f"{new.leader} leads from epoch {new.epoch}")
     return placement
+
+
+def reported_epoch(sites: Mapping[str, SiteState], shard: ShardId) -> int:
+    """The highest epoch any site reports for `shard` (seen, or of its last entry);
+    0 when none does. A new leader's epoch goes above it."""
+    return max((max(report.epoch, report.last[0]) for site in sites.values()
+                if (report := site.shards.get(shard)) is not None), default=0)
 
 
 def _replan(state: ClusterState, placement: Placement, sites: Mapping[str, SiteState],
@@ -278,6 +289,50 @@ def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
         result = Plan(start=result.start, target=step.target,
                       transitions=result.transitions + step.transitions)
     return result
+
+
+# --- a controller behind the sites --------------------------------------------------
+
+def behind(state: ClusterState, sites: Mapping[str, SiteState]) -> bool:
+    """Some site that answered keeps a newer placement than the controller's: its data
+    folder went back to an older copy (or was lost), or another controller pushed."""
+    return any(site.answered and site.placement_version is not None
+               and site.placement_version > state.placement.version
+               for site in sites.values())
+
+
+def adopt(state: ClusterState, held: Mapping[str, Placement]) -> Decision:
+    """The state once the controller knows the placement each site keeps (`held`:
+    site -> placement). When the newest of them is newer than the controller's, or
+    another document under the same version (the sites refused the controller's), the
+    controller takes it for its own: decisions made from a placement the sites do not
+    hold would be refused, and leave shards without a leader. The pending plan goes
+    (it was made from a placement the sites never had; the operator asks again), and
+    each database's goal becomes the sites it is on. Otherwise the state is unchanged.
+    Of several documents under the newest version, the one most sites keep wins."""
+    if not held:
+        return Decision(state)
+    newest = max(placement.version for placement in held.values())
+    kept_by = Counter(placement.to_json() for placement in held.values()
+                      if placement.version == newest)
+    chosen_json = max(kept_by, key=lambda document: (kept_by[document], document))
+    chosen = next(placement for placement in held.values()
+                  if placement.to_json() == chosen_json)
+    own = state.placement
+    if chosen.version < own.version or chosen == own:
+        return Decision(state)
+    holders = sorted(site for site, placement in held.items() if placement == chosen)
+    goals = {database: tuple(sorted({site for shard in chosen.shards_of(database)
+                                     for site in shard.replicas}))
+             for database in chosen.databases()}
+    notes = [f"this controller's placement (version {own.version}) is not the one the "
+             f"sites keep (version {chosen.version}, on {', '.join(holders)}): adopted "
+             f"theirs"]
+    if state.plan is not None:
+        notes.append("pending plan dropped: it was made from a placement the sites do not "
+                     "hold; ask for the change again")
+    return Decision(ClusterState(placement=chosen, plan=None, goals=goals, catch_up=None),
+                    tuple(notes))
 
 
 # --- the pending plan ------------------------------------------------------------------

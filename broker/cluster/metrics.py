@@ -1,5 +1,6 @@
 """The controller's metrics (`/metrics` of its API), computed at scrape time from its
-state: sites up, the placement version, leader changes, steps of the pending plan,
+state: sites up, the placement version, leader changes, placements adopted from the
+sites, steps of the pending plan,
 under-replicated shards and each replica's lag. A registry of its own, so that the
 broker's metrics (registered when broker modules are imported) do not show up as
 zeros next to them."""
@@ -24,6 +25,7 @@ class Snapshot:
     state: ClusterState
     sites: Mapping[str, SiteState]
     leader_changes: int
+    adoptions: int = 0
 
 
 class ControllerCollector(Collector):
@@ -50,6 +52,12 @@ class ControllerCollector(Collector):
                                       "Shard leaders changed (failovers and handovers)")
         changes.add_metric([], found.leader_changes)
         yield changes
+        adoptions = CounterMetricFamily(
+            "stratamq_cluster_placement_adoptions", "Times the controller took the "
+            "placement the sites keep for its own (its own was older: a data folder "
+            "restored from an older copy, or lost)")
+        adoptions.add_metric([], found.adoptions)
+        yield adoptions
         remaining = 0
         if found.state.plan is not None:
             try:

@@ -1,6 +1,7 @@
 """What the controller knows of each site: where to reach it, when it last answered
-its heartbeat probe (`GET /api/v1/ds/replication`), and what it reported there.
-Pure data and parsing; the controller does the polling."""
+its heartbeat probe (`GET /api/v1/ds/replication`), and what it reported there;
+the placement it keeps (`GET /api/v1/ds/placement`). Pure data and parsing; the
+controller does the polling."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ds.replication import ShardId
+from ..ds.replication import Placement, ShardId
 from ..ds.replication.placement import check_database, check_site_id
-from ..errors import StratamqError
+from ..errors import PlacementError, StratamqError
 
 ROLES = frozenset({"leader", "follower", "none"})
 
@@ -70,6 +71,25 @@ def _count(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise BadReportError(f"{where}: {value!r} is not a whole number >= 0")
     return value
+
+
+def parse_held(document: Any) -> tuple[Placement, frozenset[str]] | None:
+    """A site's answer to `GET /api/v1/ds/placement`: the placement it keeps and the
+    sites it was told are forgotten; None when it keeps none. `BadReportError` says
+    what is wrong."""
+    if not isinstance(document, dict):
+        raise BadReportError(f"expected an object, got {type(document).__name__}")
+    if document.get("placement") is None:
+        return None
+    try:
+        placement = Placement.from_dict(document["placement"])
+        forgotten = document.get("forgotten", [])
+        if not isinstance(forgotten, list):
+            raise BadReportError(f"forgotten: {forgotten!r} is not a list of site ids")
+        sites = frozenset(check_site_id(site, "forgotten") for site in forgotten)
+    except PlacementError as exc:
+        raise BadReportError(exc.message) from exc
+    return placement, sites
 
 
 def parse_report(document: Any) -> Report:

@@ -3,27 +3,66 @@ goes on where it stopped: `placement.json` (the newest placement, `PlacementStor
 `plan.json` (the pending plan, `Plan.to_json`; absent when none) and `cluster.json`
 (the sites it knows, with their admin URLs and peer addresses, the sites each
 database should live on, and the sites forgotten for good). Every file is written
-atomically.
+atomically. `controller.lock` is held (`FolderLock`) by the one controller that
+uses the folder.
 
 Blocking file I/O on small files; the controller calls it in an executor.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..ds.replication import Placement, PlacementStore, Plan
 from ..ds.replication.placement import check_database, check_site_id
-from ..errors import CorruptDataError, PlacementError
+from ..errors import CorruptDataError, PlacementError, StratamqError
 from ..files import write_atomically
 from .decisions import ClusterState, resumed_catch_up
 
 PLAN_FILE = "plan.json"
 CLUSTER_FILE = "cluster.json"
+LOCK_FILE = "controller.lock"
 FORMAT = 1
+
+
+class FolderLockedError(StratamqError):
+    """Another controller holds the data folder's lock."""
+
+
+class FolderLock:
+    """An exclusive `flock` on `controller.lock` in a controller's data folder, held
+    until `release` (or the process ends, even by SIGKILL). Two controllers on one
+    folder would each decide from a copy of the placement the other overwrites, so
+    the second one refuses to start (`FolderLockedError`, naming the holder's pid)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / LOCK_FILE
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
+            os.close(descriptor)
+            raise FolderLockedError(
+                f"{data_dir}: another controller uses this data folder (pid "
+                f"{holder or 'unknown'} holds {path}); stop it first or give this one "
+                f"another --data-dir") from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        self._descriptor: int | None = descriptor
+
+    def release(self) -> None:
+        if self._descriptor is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._descriptor)  # closing the only descriptor drops the lock
+            self._descriptor = None
 
 
 @dataclass(frozen=True)

@@ -718,3 +718,33 @@ def test_a_gc_plan_applied_at_a_follower_changes_every_replica(tmp_path: Path) -
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())
+
+
+def test_a_site_says_whether_it_keeps_the_placement_pushed_and_serves_the_one_it_keeps(
+        tmp_path: Path) -> None:
+    """`accepted` means the site keeps that very document (also when a push repeats);
+    an older version, or another document under the kept version, is refused with the
+    version kept, and `held` (`GET /api/v1/ds/placement`) gives the kept one back: a
+    controller restored from an older copy adopts it (issue 22)."""
+    async def scenario() -> None:
+        site = await start_site(tmp_path / "a")
+        peers = {site.id: site.address}
+
+        def document(version: int, epoch: int) -> dict[str, object]:
+            placement = Placement(version, (ShardPlacement("messages", 0, (site.id,),
+                                                           site.id, epoch),))
+            found: dict[str, object] = json.loads(placement.to_json())
+            return found
+
+        try:
+            assert site.replication.held()["placement"] is None
+            assert await site.replication.offer(document(2, 1), peers) == (True, 2)
+            assert await site.replication.offer(document(2, 1), peers) == (True, 2)
+            assert await site.replication.offer(document(2, 3), peers) == (False, 2)
+            assert await site.replication.offer(document(1, 1), peers) == (False, 2)
+            held = site.replication.held()
+            assert held["placement"] == document(2, 1)
+            assert held["peers"] == peers and held["forgotten"] == []
+        finally:
+            await site.storage.close()
+    asyncio.run(scenario())

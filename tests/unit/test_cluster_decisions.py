@@ -6,6 +6,8 @@ and a plan resumed from the controller's files after a restart."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -15,8 +17,14 @@ import pytest
 
 from stratamq.broker.cluster import decisions
 from stratamq.broker.cluster.decisions import ClusterState, Settings
-from stratamq.broker.cluster.sites import BadReportError, ShardReport, SiteState, parse_report
-from stratamq.broker.cluster.state import KnownSite, StateFiles
+from stratamq.broker.cluster.sites import (
+    BadReportError,
+    ShardReport,
+    SiteState,
+    parse_held,
+    parse_report,
+)
+from stratamq.broker.cluster.state import FolderLock, FolderLockedError, KnownSite, StateFiles
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.errors import (
     ClusterNotReadyError,
@@ -130,7 +138,11 @@ def test_no_first_placement_over_sites_that_hold_one() -> None:
     sites = sites_of(site("A", placement=old), site("B"), site("C"))
     decision = decisions.decide(ClusterState(), sites, 100.0, started=0.0, settings=SETTINGS)
     assert decision.state == ClusterState()
-    assert "restore the controller's data folder" in decision.notes[0]
+    assert "waiting to adopt the newest they hold" in decision.notes[0]
+    # what the controller does once it has fetched the sites' placements
+    adopted = decisions.adopt(ClusterState(), {"A": old})
+    assert adopted.state.placement == old
+    assert adopted.state.goals == {DB: ("A", "B", "C")}
 
 
 def test_no_first_placement_when_the_sites_have_other_shard_counts() -> None:
@@ -184,6 +196,25 @@ def test_no_failover_without_a_majority() -> None:
                                 settings=replace(SETTINGS, n_shards=1))
     assert decision.state == state
     assert any("a new leader needs 2" in note for note in decision.notes)
+
+
+def test_a_failover_epoch_is_above_every_epoch_a_site_reports() -> None:
+    # The controller's placement says epoch 2, but B has seen epoch 5 (a placement
+    # the controller does not know): the new leader must not reuse an epoch.
+    placement = one_shard("ABC", leader="A", epoch=2)
+    settings = replace(SETTINGS, n_shards=1)
+    b = site("B", placement=placement, positions={0: (3, 10)})
+    b = replace(b, shards={(DB, 0): replace(b.shards[(DB, 0)], epoch=5)})
+    sites = sites_of(site("A", now=0.0, placement=placement), b,
+                     site("C", placement=placement, positions={0: (3, 10)}))
+    assert decisions.reported_epoch(sites, (DB, 0)) == 5
+    after = decisions.failovers(placement, sites, 100.0, settings, [])
+    assert after.shard(DB, 0).epoch == 6
+    stopping = sites_of(replace(site("A", placement=placement), stopping=True), b,
+                        site("C", placement=placement, positions={0: (3, 10)}))
+    handed = decisions.handovers(placement, stopping, 100.0, settings, [])
+    assert handed.shard(DB, 0).leader != "A"
+    assert handed.shard(DB, 0).epoch == 6
 
 
 def test_only_positions_reported_in_this_round_count() -> None:
@@ -455,3 +486,64 @@ def test_databases_not_placed_yet_are_placed_beside_the_kept_ones() -> None:
     for db in ("sessions", "retained"):
         assert [shard.shard for shard in placement.shards_of(db)] == [0, 1, 2, 3]
         assert all(len(shard.replicas) == 3 for shard in placement.shards_of(db))
+
+
+# --- a controller behind the sites -----------------------------------------------------
+
+def test_a_controller_behind_the_sites_adopts_their_newest_placement() -> None:
+    """Restored from an older copy of its folder: the sites keep version 7 (B the
+    leader), the controller version 5 and a plan made from it."""
+    own = one_shard("ABC", leader="A", epoch=1, version=5)
+    newer = one_shard("ABCD", leader="B", epoch=2, version=7)
+    older = one_shard("ABC", leader="B", epoch=2, version=6)
+    sites = sites_of(*(site(name, 100.0, own) for name in "ABCD"))
+    state = decisions.set_replicas(ClusterState(placement=own), DB, ["A", "B", "D"], sites,
+                                   100.0, replace(SETTINGS, n_shards=1))
+    assert state.plan is not None  # +D, then -C
+    reports = sites_of(site("A", placement=newer), site("B", placement=older))
+    assert decisions.behind(state, reports)
+    decision = decisions.adopt(state, {"A": newer, "B": older, "C": newer})
+    assert decision.state.placement == newer
+    assert decision.state.plan is None and decision.state.catch_up is None
+    assert decision.state.goals == {DB: ("A", "B", "C", "D")}
+    assert "version 7, on A, C" in decision.notes[0]
+    assert "pending plan dropped" in decision.notes[1]
+    assert not decisions.behind(decision.state, reports)
+    # nothing to adopt: the controller's own is the newest, or what the sites keep
+    assert decisions.adopt(decision.state, {"A": newer, "B": older}).state \
+        == decision.state
+    ahead = replace(decision.state, placement=one_shard("ABCD", "A", 3, version=8))
+    assert decisions.adopt(ahead, {"A": newer}) == decisions.Decision(ahead)
+    assert decisions.adopt(state, {}) == decisions.Decision(state)
+
+
+def test_another_document_under_the_same_version_is_adopted_from_the_sites() -> None:
+    """The controller failed over from a stale placement to version 6, which the
+    sites refused: they keep another version 6; the one most of them keep wins."""
+    own = one_shard("ABC", leader="C", epoch=2, version=6)
+    theirs = one_shard("ABC", leader="B", epoch=2, version=6)
+    odd = one_shard("ABC", leader="A", epoch=2, version=6)
+    state = ClusterState(placement=own, goals={DB: ("A", "B", "C")})
+    decision = decisions.adopt(state, {"A": theirs, "B": odd, "C": theirs})
+    assert decision.state.placement == theirs
+
+
+def test_a_second_controller_cannot_lock_the_same_folder(tmp_path: Path) -> None:
+    first = FolderLock(tmp_path)
+    with pytest.raises(FolderLockedError, match=f"pid {os.getpid()} holds"):
+        FolderLock(tmp_path)
+    first.release()
+    FolderLock(tmp_path).release()
+
+
+def test_the_placement_a_site_keeps_is_checked() -> None:
+    kept = one_shard("ABC", leader="A")
+    document = {"placement": json.loads(kept.to_json()), "peers": {}, "forgotten": ["E"]}
+    assert parse_held(document) == (kept, frozenset({"E"}))
+    assert parse_held({"placement": None, "peers": {}, "forgotten": []}) is None
+    broken_documents: list[Any] = [
+        [], {**document, "forgotten": "E"}, {**document, "forgotten": ["a b"]},
+        {**document, "placement": {"version": 1}}]
+    for broken in broken_documents:
+        with pytest.raises(BadReportError):
+            parse_held(broken)

@@ -313,9 +313,20 @@ class SiteReplication:
                 # a graceful stop waits for the controller to move its leaderships
                 "stopping": self.stopping}
 
+    def held(self) -> dict[str, Any]:
+        """The placement this site keeps (None before the first push), with the peers'
+        addresses and the sites forgotten as last pushed: what a controller whose own
+        copy is older than the sites' adopts (`decisions.adopt`)."""
+        current = self._store.current
+        return {"placement": None if current is None else json.loads(current.to_json()),
+                "peers": dict(self.peers), "forgotten": sorted(self.forgotten)}
+
     async def offer(self, document: object, peers_value: object,
                     forgotten_value: object = None) -> tuple[bool, int]:
-        """A placement pushed by the controller: (accepted, the version kept).
+        """A placement pushed by the controller: (accepted, the version kept), where
+        accepted means this site now keeps that very document (also when it already
+        did); False: it keeps another, newer or different under the same version, and
+        the controller must adopt it rather than believe its own.
         PlacementError when it does not parse. `forgotten_value`: the sites forgotten
         for good (None: not told, from a controller before they were)."""
         placement = Placement.from_dict(document)
@@ -341,7 +352,7 @@ class SiteReplication:
                                                self._data_dir, PEERS_FILE, peers)
                 assert kept is not None
                 await self._take(kept)
-        return accepted, kept.version if kept is not None else placement.version
+        return kept == placement, kept.version if kept is not None else placement.version
 
     async def _take(self, placement: Placement) -> None:
         for name, replicated in self.databases.items():

@@ -208,7 +208,7 @@ def _with_shards(placement: Placement, shards: Sequence[ShardPlacement],
 
 
 def failover(placement: Placement, shard: ShardId, alive_sites: Collection[str],
-             positions: Mapping[str, tuple[int, int]]) -> Placement:
+             positions: Mapping[str, tuple[int, int]], above: int = 0) -> Placement:
     """The placement, one version newer, with a new leader for `shard` and its epoch
     bumped past every epoch seen: the alive replica whose log ends at the highest
     (epoch, offset). `positions` are the replicas' log ends as they report them;
@@ -218,7 +218,9 @@ def failover(placement: Placement, shard: ShardId, alive_sites: Collection[str],
     that leads the fewest shards, then by site id.
 
     The epoch is bumped even when the current leader is chosen again: a leader that
-    the controller gave up on must not go on appending in its old epoch."""
+    the controller gave up on must not go on appending in its old epoch. `above`: an
+    epoch some replica reports having seen (the new epoch is above it too), so that a
+    controller whose placement lags the sites' never hands out an epoch already used."""
     database, number = shard
     current = placement.shard(database, number)
     for site, position in positions.items():
@@ -236,7 +238,7 @@ def failover(placement: Placement, shard: ShardId, alive_sites: Collection[str],
                                   if other.id != current.id)
     best = min(voters, key=lambda site: (
         _negated(positions[site]), site != current.leader, leads[site], site))
-    epoch = max(current.epoch, *(positions[site][0] for site in voters)) + 1
+    epoch = max(current.epoch, above, *(positions[site][0] for site in voters)) + 1
     return placement.replace_shards([replace(current, leader=best, epoch=epoch)])
 
 
