@@ -42,6 +42,7 @@ CUT_SHARD = 0
 # How long the leader stays cut off: the controller takes a site for gone after
 # 3 heartbeats of 0.5s, so a failover is due within a few seconds of the cut.
 CUT_SECONDS = 12.0
+GONE_AFTER = 1.5  # the controller's 3 heartbeats of 0.5s (tests/support/cluster.py)
 
 
 def client_id_on_shard(prefix: str, shard: int) -> str:
@@ -51,6 +52,12 @@ def client_id_on_shard(prefix: str, shard: int) -> str:
         if shard_of(client_id, N_SHARDS) == shard:
             return client_id
     raise AssertionError(f"no client id on shard {shard}")
+
+
+def leaders_quorum_age(cluster: Cluster) -> float:
+    """The largest `quorum_age` any site reports for a shard it leads (any database)."""
+    return max(float(shard["quorum_age"]) for site in cluster.sites
+               for shard in site.replication()["shards"] if shard["role"] == "leader")
 
 
 def acknowledged(history: History, publisher: RecordingPublisher) -> int:
@@ -87,6 +94,11 @@ def test_a_leader_cut_off_from_its_peers_only_is_replaced(tmp_path: Path, kind: 
             assert wait_until(lambda: acknowledged(history, publisher) >= 50, 30, every=0.25), \
                 f"no acknowledgements before the cut: {history.summary()}"
             epoch = cluster.epochs()[CUT_SHARD]
+            # healthy shards, the idle ones among them, hear a majority every heartbeat
+            idle_age = 0.0
+            for _ in range(5):
+                idle_age = max(idle_age, leaders_quorum_age(cluster))
+                time.sleep(0.2)
 
             acked_at_cut = acknowledged(history, publisher)
             cut_at = time.monotonic()
@@ -117,12 +129,14 @@ def test_a_leader_cut_off_from_its_peers_only_is_replaced(tmp_path: Path, kind: 
             cluster.close()
     failover = f"new leader after {failover_after:.2f}s" if moved else "no failover"
     resumption = f"after {resumed_after:.2f}s" if resumed else "never"
-    print(f"\n[{kind}] site-{cut}, leader of messages/{CUT_SHARD}, cut off from the other "
+    print(f"\n[{kind}] before the cut the leaders' quorum age was {idle_age:.2f}s at most")
+    print(f"[{kind}] site-{cut}, leader of messages/{CUT_SHARD}, cut off from the other "
           f"sites (not from the controller) for {CUT_SECONDS:.0f}s: {failover}, epoch "
           f"{epoch} -> {new_epoch}; acknowledgements resumed {resumption} after the cut; "
           f"{acked_in_cut} writes acknowledged in the cut window")
     print(history.summary(), f"\nclients: {client_state}\ntracebacks in logs: {tracebacks}")
     assert all(alive), f"a site died by itself: {alive}"
+    assert idle_age < GONE_AFTER, f"a healthy leader reported quorum age {idle_age}s"
     assert moved, f"no failover of messages/{CUT_SHARD} within {CUT_SECONDS}s of cutting " \
                   f"its leader site-{cut} off from its peers:\n{cut_state}"
     assert new_epoch > epoch
