@@ -18,6 +18,7 @@ from ..ds.replication import (
     Placement,
     Plan,
     ShardId,
+    ShardPlacement,
     Site,
     Transition,
     apply_transition,
@@ -188,32 +189,60 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
 def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
               settings: Settings, notes: list[str]) -> Placement:
     """`placement` with a new leader (and epoch) for every shard whose leader is gone,
-    chosen by `planner.failover` among the log ends that alive replicas reported in
-    this round (`now`). A shard with no majority of such replicas keeps its leader
-    (and is noted) until a later round has one."""
+    or reports it has heard from no majority of the shard's replicas for longer than a
+    site takes to be taken for gone (`lost_quorum`: cut off from its peers, not from
+    the controller), chosen by `planner.failover` among the log ends that alive
+    replicas reported in this round (`now`), the lost leader left out. A shard with
+    no majority of such replicas keeps its leader (and is noted) until a later round
+    has one."""
     alive = alive_sites(sites, now, settings)
     # Only positions reported in this round count: an older report may understate a
     # replica's log, and the choice must not pass over one that holds more.
     fresh = {site.id for site in sites.values()
              if site.id in alive and now - site.last_seen <= settings.heartbeat_interval / 2}
     for shard in placement.shards:
-        if shard.leader in alive:
+        lost = lost_quorum(shard, sites[shard.leader], settings) \
+            if shard.leader in alive else None
+        if shard.leader in alive and lost is None:
             continue
+        # A leader without its majority would win again on its log end (it may hold
+        # an uncommitted tail) and reach no majority again; the others, if a majority,
+        # hold every committed entry between them.
+        voters = alive - {shard.leader} if lost is not None else alive
         positions = {}
         for site in shard.replicas:
             report = sites[site].shards.get(shard.id) if site in fresh else None
             if report is not None:
                 positions[site] = report.last
         try:
-            placement = failover(placement, shard.id, alive, positions,
+            placement = failover(placement, shard.id, voters, positions,
                                  above=reported_epoch(sites, shard.id))
         except NoMajorityError as exc:
-            notes.append(exc.message)
+            notes.append(exc.message if lost is None else
+                         f"{shard.database}/{shard.shard}: {lost}; {exc.message}")
             continue
         new = placement.shard(*shard.id)
-        notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is gone; "
-                     f"{new.leader} leads from epoch {new.epoch}")
+        why = f"leader {shard.leader} is gone" if lost is None else lost
+        notes.append(f"{shard.database}/{shard.shard}: {why}; {new.leader} leads from "
+                     f"epoch {new.epoch}")
     return placement
+
+
+def lost_quorum(shard: ShardPlacement, leader: SiteState, settings: Settings) -> str | None:
+    """Why `shard`'s leader, which the controller reaches, is to be replaced: it
+    reports (at the shard's epoch) no answer from a majority of its replicas for
+    longer than a site may miss heartbeats, its own heartbeats to its followers
+    counted too (they set how often an idle leader hears them); else None. Such a
+    leader commits nothing, while the controller's probe alone sees nothing wrong."""
+    report = leader.shards.get(shard.id)
+    if report is None or report.quorum_age is None or report.epoch != shard.epoch:
+        return None
+    allowed = max(settings.gone_after,
+                  settings.missed_heartbeats * (leader.heartbeat_interval or 0.0))
+    if report.quorum_age <= allowed:
+        return None
+    return (f"leader {shard.leader} has heard from no majority of its replicas for "
+            f"{report.quorum_age:.1f}s (allowed {allowed:.1f}s)")
 
 
 def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,

@@ -24,13 +24,16 @@ class BadReportError(StratamqError):
 class ShardReport:
     """One shard as a site reports it: its role, the epoch it knows, where its log
     ends (`last`, (epoch, offset)), the committed offset it knows, and how far it has
-    applied committed entries to its storage."""
+    applied committed entries to its storage. `quorum_age`, from the shard's leader
+    only: seconds since a majority of its replicas last answered it (None elsewhere,
+    and from sites older than it)."""
 
     role: str
     epoch: int
     last: tuple[int, int]
     committed: int
     applied: int
+    quorum_age: float | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Report:
     shards: Mapping[ShardId, ShardReport]
     # at a graceful stop: it waits for its shards' leaderships to go elsewhere
     stopping: bool = False
+    # seconds between an idle leader's heartbeats to its followers (None: not told)
+    heartbeat_interval: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,13 @@ class SiteState:
     placement_version: int | None = None
     shards: Mapping[ShardId, ShardReport] = field(default_factory=dict)
     stopping: bool = False
+    heartbeat_interval: float | None = None
 
     def seen(self, report: Report, now: float) -> SiteState:
         return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,
                          peer=report.peer, placement_version=report.placement_version,
-                         shards=report.shards, stopping=report.stopping)
+                         shards=report.shards, stopping=report.stopping,
+                         heartbeat_interval=report.heartbeat_interval)
 
 
 def _count(value: object, where: str) -> int:
@@ -92,6 +99,16 @@ def parse_held(document: Any) -> tuple[Placement, frozenset[str]] | None:
     return placement, sites
 
 
+def _seconds(value: object, where: str) -> float | None:
+    """An optional number of seconds >= 0 (None or absent: not told)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+            or value == float("inf"):
+        raise BadReportError(f"{where}: {value!r} is not a number of seconds >= 0")
+    return float(value)
+
+
 def parse_report(document: Any) -> Report:
     """Check and read a site's answer; `BadReportError` says what is wrong."""
     if not isinstance(document, dict):
@@ -107,6 +124,8 @@ def parse_report(document: Any) -> Report:
         stopping = document.get("stopping", False)  # absent from older sites
         if not isinstance(stopping, bool):
             raise BadReportError(f"stopping: {stopping!r} is not true or false")
+        heartbeat_interval = _seconds(document.get("heartbeat_interval"),
+                                      "heartbeat_interval")  # absent from older sites
         entries = document.get("shards")
         if not isinstance(entries, list):
             raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")
@@ -127,10 +146,11 @@ def parse_report(document: Any) -> Report:
                 role=str(role), epoch=_count(entry.get("epoch"), f"{where}.epoch"),
                 last=(_count(last[0], f"{where}.last"), _count(last[1], f"{where}.last")),
                 committed=_count(entry.get("committed"), f"{where}.committed"),
-                applied=_count(entry.get("applied"), f"{where}.applied"))
+                applied=_count(entry.get("applied"), f"{where}.applied"),
+                quorum_age=_seconds(entry.get("quorum_age"), f"{where}.quorum_age"))
     except StratamqError as exc:
         if isinstance(exc, BadReportError):
             raise
         raise BadReportError(exc.message) from exc
     return Report(site=site, peer=peer, placement_version=version, shards=shards,
-                  stopping=stopping)
+                  stopping=stopping, heartbeat_interval=heartbeat_interval)

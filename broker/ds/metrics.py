@@ -80,6 +80,12 @@ UNDER_REPLICATED = Gauge(
     "stratamq_ds_under_replicated",
     "1 on a shard's leader while some replica does not hold every committed entry",
     _LABELS)
+QUORUM_AGE = Gauge(
+    "stratamq_ds_quorum_age_seconds",
+    "On a shard's leader: seconds since a majority of its replicas last answered it "
+    "(0 elsewhere); the controller fails the shard over once it passes a site's "
+    "allowance of missed heartbeats",
+    _LABELS)
 REPLICA_ROLE = Gauge("stratamq_ds_replica_leader",
                      "1 while this site leads the shard, else 0", _LABELS)
 LOG_CUTS_REFUSED = Counter(

@@ -135,7 +135,8 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
     assert before["shards"][0] == {"db": "messages", "shard": 0, "role": "none", "epoch": 0,
                                    "last": [0, 0], "committed": 0, "applied": 0,
                                    "state": "ok", "bootstrap": None, "bootstraps": 0,
-                                   "log_start": 1}
+                                   "log_start": 1, "quorum_age": None}
+    assert before["heartbeat_interval"] == 0.2
 
     status, body = admin(a, "PUT", "/api/v1/ds/placement", {"placement": {"format": 1},
                                                             "peers": {}})
@@ -148,6 +149,12 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
              ["follower"] * ALL_SHARDS)
     after = replication(b)
     assert after["placement_version"] == 1
+    # the leaders hear their followers each heartbeat (200ms): far below the controller's
+    # allowance of three; followers report no quorum age
+    wait_for("the leaders hear their followers", lambda: all(
+        shard["quorum_age"] is not None and shard["quorum_age"] < 0.6
+        for shard in replication(a)["shards"]))
+    assert all(shard["quorum_age"] is None for shard in after["shards"])
     status, storage = admin(b, "GET", "/api/v1/ds/storages/messages")
     assert status == 200
     assert [(shard["replicas"], shard["leader"]) for shard in storage["shards"]] == \

@@ -3,7 +3,8 @@ separation").
 
 `open_network(n)` gives `n` members (sites, a controller), each with an address the
 others and the test process reach it at, and `cut(k)` / `heal(k)` to separate member
-`k` from the other members and join it again. Two kinds:
+`k` from the other members and join it again (`separate(group, others)`: only some
+members from some others, an asymmetric cut). Two kinds:
 
 - `NetnsNetwork` (root and iproute2): a Linux network namespace per member, joined by
   veth pairs to one bridge in the test's own namespace, which holds the host address
@@ -350,6 +351,7 @@ class ProxyNetwork:
         self._proxies: dict[tuple[int, int, int], _Proxy] = {}
         self._fronts: dict[tuple[int, int], _Front] = {}
         self._cut: set[int] = set()
+        self._separated: set[frozenset[int]] = set()  # pairs apart by `separate`
 
     def address(self, k: int) -> str:
         return f"127.0.0.{k + 1}"
@@ -371,7 +373,7 @@ class ProxyNetwork:
         if key not in self._proxies:
             proxy = _Proxy(self.address(source), (self.address(target), port))
             self._proxies[key] = proxy
-            if not self._cut & {source, target}:
+            if not self._apart(source, target):
                 proxy.start()
             else:  # bind now so the address is known; refuse until healed
                 proxy.start()
@@ -393,25 +395,40 @@ class ProxyNetwork:
     def _blocked(self, target: int) -> frozenset[str]:
         """The source addresses of members cut off from `target`."""
         return frozenset(self.address(member) for member in range(self.members)
-                         if member != target and (self._cut & {member, target}))
+                         if member != target and self._apart(member, target))
+
+    def _apart(self, a: int, b: int) -> bool:
+        """Whether a cut or a `separate` keeps members `a` and `b` apart."""
+        return bool(self._cut & {a, b}) or frozenset((a, b)) in self._separated
 
     def _update_fronts(self) -> None:
         for (target, _port), front in self._fronts.items():
             front.blocked = self._blocked(target)
 
+    def separate(self, group: list[int], others: list[int]) -> None:
+        """No connection between a member of `group` and one of `others`, either way
+        (an asymmetric cut: the members outside both still reach everyone)."""
+        self._separated |= {frozenset((a, b)) for a in group for b in others if a != b}
+        self._stop_apart()
+
     def cut(self, k: int) -> None:
         self._cut.add(k)
+        self._stop_apart()
+
+    def _stop_apart(self) -> None:
         for (source, target, _), proxy in self._proxies.items():
-            if k in (source, target):
+            if self._apart(source, target):
                 proxy.stop()
         self._update_fronts()
 
     def heal(self, k: int | None = None) -> None:
-        healed = set(self._cut) if k is None else {k}
-        self._cut -= healed
-        for (source, target, _), proxy in self._proxies.items():
-            if healed & {source, target} and not self._cut & {source, target}:
-                proxy.start()
+        """Undo the cuts and separations that involve member k (all when None)."""
+        was_apart = {key for key in self._proxies if self._apart(key[0], key[1])}
+        self._cut -= set(self._cut) if k is None else {k}
+        self._separated = {pair for pair in self._separated if k is not None and k not in pair}
+        for key in was_apart:
+            if not self._apart(key[0], key[1]):
+                self._proxies[key].start()
         self._update_fronts()
 
     def close(self) -> None:

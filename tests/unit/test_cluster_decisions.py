@@ -98,8 +98,14 @@ def test_reports_are_checked() -> None:
     assert report.shards[(DB, 0)] == ShardReport("none", 0, (0, 0), 0, 0)
     assert not report.stopping  # absent: an older site, or one not stopping
     assert parse_report({**good, "stopping": True}).stopping
+    assert report.heartbeat_interval is None  # absent from older sites, as quorum_age
+    newer = parse_report({**good, "heartbeat_interval": 0.5,
+                          "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
+    assert newer.heartbeat_interval == 0.5 and newer.shards[(DB, 0)].quorum_age == 1.25
     for broken in ({**good, "site": "a b"}, {**good, "shards": {}},
-                   {**good, "stopping": "yes"},
+                   {**good, "stopping": "yes"}, {**good, "heartbeat_interval": "1s"},
+                   {**good, "shards": [{**entry, "quorum_age": -1}]},
+                   {**good, "shards": [{**entry, "quorum_age": float("nan")}]},
                    {**good, "shards": [{**entry, "role": "boss"}]},
                    {**good, "shards": [{**entry, "last": [1]}]},
                    {**good, "shards": [{**entry, "applied": -1}]}):
@@ -296,6 +302,72 @@ def test_a_stopping_site_is_no_successor() -> None:
     sites["B"] = replace(sites["B"], stopping=False)
     after = decisions.handovers(placement, sites, 100.0, settings, notes)
     assert (after.shard(DB, 0).leader, after.shard(DB, 0).epoch) == ("B", 3)
+
+
+def lost(placement: Placement, leader: str, quorum_age: float | None,
+         heartbeat_interval: float | None = None, **positions: tuple[int, int]
+         ) -> dict[str, SiteState]:
+    """Every replica of shard 0 answering this round; `leader` reports `quorum_age`."""
+    states = []
+    for name in placement.shard(DB, 0).replicas:
+        state = site(name, placement=placement,
+                     positions={0: positions[name]} if name in positions else None)
+        if name == leader:
+            report = replace(state.shards[(DB, 0)], quorum_age=quorum_age)
+            state = replace(state, shards={(DB, 0): report},
+                            heartbeat_interval=heartbeat_interval)
+        states.append(state)
+    return sites_of(*states)
+
+
+def test_a_leader_that_hears_no_majority_fails_over_though_it_is_alive() -> None:
+    placement = one_shard("ABC", leader="A", epoch=2)
+    state = ClusterState(placement=placement, goals={DB: ("A", "B", "C")})
+    settings = replace(SETTINGS, n_shards=1)
+    # A holds the longest log (an uncommitted tail) but has heard from nobody for 3.5s
+    sites = lost(placement, "A", 3.5, A=(2, 20), B=(2, 10), C=(2, 12))
+    decision = decisions.decide(state, sites, 100.0, started=0.0, settings=settings)
+    shard = decision.state.placement.shard(DB, 0)
+    assert (shard.leader, shard.epoch) == ("C", 3)
+    assert shard.replicas == ("A", "B", "C")
+    assert any("A has heard from no majority of its replicas for 3.5s" in note
+               for note in decision.notes), decision.notes
+
+
+def test_a_leader_within_its_allowance_keeps_the_shard() -> None:
+    placement = one_shard("ABC", leader="A")
+    settings = replace(SETTINGS, n_shards=1)
+    for age in (None, 0.0, 2.9, 3.0):  # gone_after: 3 heartbeats of 1s
+        notes: list[str] = []
+        assert decisions.failovers(placement, lost(placement, "A", age), 100.0, settings,
+                                   notes) == placement, age
+        assert notes == []
+    # A site that heartbeats its followers every 2s is allowed three of those
+    slow = lost(placement, "A", 5.9, heartbeat_interval=2.0)
+    assert decisions.failovers(placement, slow, 100.0, settings, []) == placement
+    slower = lost(placement, "A", 6.1, heartbeat_interval=2.0)
+    assert decisions.failovers(placement, slower, 100.0, settings, []).shard(DB, 0).leader \
+        != "A"
+
+
+def test_a_lost_quorum_reported_at_an_older_epoch_is_not_acted_on() -> None:
+    placement = one_shard("ABC", leader="A", epoch=3)
+    settings = replace(SETTINGS, n_shards=1)
+    sites = lost(placement, "A", 9.0)
+    stale = replace(sites["A"].shards[(DB, 0)], epoch=2)  # from before it took epoch 3
+    sites["A"] = replace(sites["A"], shards={(DB, 0): stale})
+    assert decisions.failovers(placement, sites, 100.0, settings, []) == placement
+
+
+def test_a_lost_leader_keeps_the_shard_without_another_majority() -> None:
+    placement = one_shard("ABC", leader="A")
+    settings = replace(SETTINGS, n_shards=1)
+    sites = lost(placement, "A", 9.0)
+    sites["B"] = replace(sites["B"], last_seen=0.0)  # gone
+    notes: list[str] = []
+    assert decisions.failovers(placement, sites, 100.0, settings, notes) == placement
+    assert len(notes) == 1 and "heard from no majority" in notes[0] \
+        and "a new leader needs 2" in notes[0], notes
 
 
 # --- plans ------------------------------------------------------------------------------

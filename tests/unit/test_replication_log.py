@@ -157,6 +157,24 @@ def test_leadership_sends_followers_what_they_lack(tmp_path: Path) -> None:
         leadership.request_for("c")  # c needs a checkpoint first
 
 
+def test_a_leader_counts_how_long_no_majority_has_answered_it(tmp_path: Path) -> None:
+    three = Leadership.begin("a", 1, ShardLog(tmp_path / "3"), ("a", "b", "c"), now=10.0)
+    assert three.quorum_age(11.0) == 1.0  # nobody heard yet: counted from the start
+    three.heard_from("b", 12.0)
+    assert three.quorum_age(12.5) == 0.5  # a and b are a majority of three
+    three.heard_from("b", 11.0)  # a late answer does not move it back
+    assert three.quorum_age(20.0) == 8.0
+    three.heard_from("c", 19.0)
+    assert three.quorum_age(20.0) == 1.0
+    five = Leadership.begin("a", 1, ShardLog(tmp_path / "5"), tuple("abcde"), now=0.0)
+    five.heard_from("b", 9.0)
+    assert five.quorum_age(10.0) == 10.0  # a and b are not three of five
+    five.heard_from("e", 7.0)
+    assert five.quorum_age(10.0) == 3.0  # a, b and e: the oldest of them counts
+    alone = Leadership.begin("a", 1, ShardLog(tmp_path / "1"), ("a",), now=0.0)
+    assert alone.quorum_age(100.0) == 0.0  # a majority by itself
+
+
 def test_a_follower_commits_only_what_is_known_to_be_the_leaders(tmp_path: Path) -> None:
     follower = ShardLog(tmp_path / "f")
     follower.append_as_leader(1, batches("a", "b", "stale"))  # (1, 3) never committed

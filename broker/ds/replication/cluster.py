@@ -173,6 +173,7 @@ class SiteReplication:
             connector=aiohttp.TCPConnector(local_addr=local_addr))
         self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
         self._checkpoint_rate = settings.checkpoint_rate
+        self._heartbeat_interval = settings.heartbeat_interval
         self.databases: dict[str, DatabaseReplication] = {}
         for database in databases:
             replicas = [ShardReplica(database, shard, shard_log,
@@ -311,7 +312,10 @@ class SiteReplication:
                 # the sites forgotten for good, whose sessions this site may adopt
                 "forgotten": sorted(self.forgotten),
                 # a graceful stop waits for the controller to move its leaderships
-                "stopping": self.stopping}
+                "stopping": self.stopping,
+                # how often an idle leader hears its followers: the controller allows
+                # a shard's `quorum_age` a few of these before it fails the shard over
+                "heartbeat_interval": self._heartbeat_interval}
 
     def held(self) -> dict[str, Any]:
         """The placement this site keeps (None before the first push), with the peers'

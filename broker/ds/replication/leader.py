@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .commit import commit_offset
+from .commit import commit_offset, majority
 from .log import (
     AppendResult,
     BootstrapNeededError,
@@ -45,20 +45,25 @@ class Leadership:
     committed: int = 0
     # what followers may trim (entries before it), told with each append
     trim_before: int = 0
+    # per follower: when it last answered this leader (the caller's monotonic clock),
+    # and when this leadership began (a follower not heard from yet counts from then)
+    heard: dict[str, float] = field(default_factory=dict)
+    began: float = 0.0
 
     @classmethod
     def begin(cls, site: str, epoch: int, log: ShardLog, replica_set: tuple[str, ...],
-              committed: int = 0) -> Leadership:
+              committed: int = 0, now: float = 0.0) -> Leadership:
         """Take the lead of a shard at `epoch` (the controller's choice): fence the
         own log, then start sending each follower from the end of ours (a follower
-        that lacks something says where to resend from)."""
+        that lacks something says where to resend from). `now`: the caller's
+        monotonic clock, which `heard_from` and `quorum_age` are given too."""
         if site not in replica_set:
             raise ValueError(f"site {site} leads a shard it is no replica of")
         log.observe_epoch(epoch)
         start = log.last.offset + 1
         return cls(site, epoch, log, replica_set,
                    {follower: start for follower in replica_set if follower != site},
-                   {}, committed)
+                   {}, committed, began=now)
 
     @property
     def current(self) -> bool:
@@ -99,6 +104,23 @@ class Leadership:
         else:
             self.next_offset[follower] = result.retry_from
         return self._advance()
+
+    def heard_from(self, follower: str, at: float) -> None:
+        """`follower` answered an append or heartbeat (accepted or not) at `at`."""
+        self.heard[follower] = max(self.heard.get(follower, at), at)
+
+    def quorum_age(self, now: float) -> float:
+        """Seconds since a majority of the replica set, this leader included, last
+        answered it: how long this leader has been unable to commit for want of
+        replicas. Idle, it still hears every follower each heartbeat interval (an
+        empty append), so a healthy shard's age stays below that interval plus a
+        round trip. 0 when this leader alone is a majority."""
+        needed = majority(len(self.replica_set)) - 1  # this leader counts itself
+        if needed <= 0:
+            return 0.0
+        latest = sorted((self.heard.get(follower, self.began) for follower in self.replica_set
+                         if follower != self.site), reverse=True)
+        return max(0.0, now - latest[needed - 1])
 
     def _advance(self) -> int:
         matched = {**self.matched, self.site: self.log.last.offset}

@@ -121,6 +121,7 @@ class ShardReplica:
         self.bootstraps = 0  # checkpoints installed here since the site started
         self._dropping: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None  # a takeover (see _take_lead)
+        self._starting_since = 0.0  # when that takeover began (monotonic)
         self._installing: asyncio.Task[None] | None = None
         self._leading_listeners: list[Callable[[], None]] = []
         # Leading listeners are told once this offset (committed when this site began
@@ -135,6 +136,7 @@ class ShardReplica:
         metrics.UNDER_REPLICATED.labels(*labels).set_function(self._under_replicated)
         metrics.REPLICA_ROLE.labels(*labels).set_function(
             lambda: 1 if self.leadership is not None else 0)
+        metrics.QUORUM_AGE.labels(*labels).set_function(lambda: self.quorum_age() or 0.0)
         self._leader_changes = metrics.LEADER_CHANGES.labels(*labels)
         self._applier = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
 
@@ -165,7 +167,22 @@ class ShardReplica:
                 "committed": self.log.committed, "applied": self.applied,
                 "state": "ok" if progress is None else "bootstrapping",
                 "bootstrap": None if progress is None else progress.as_dict(),
-                "bootstraps": self.bootstraps, "log_start": self.log.first_offset}
+                "bootstraps": self.bootstraps, "log_start": self.log.first_offset,
+                "quorum_age": self.quorum_age()}
+
+    def quorum_age(self) -> float | None:
+        """As the shard's leader: seconds since a majority of its replicas last
+        answered (`Leadership.quorum_age`); while this site takes over as leader: since
+        it began to (a takeover that reaches no majority is no better). None
+        otherwise. The controller fails over a shard whose leader reports more than a
+        site's allowance of missed heartbeats, though the leader itself answers it."""
+        now = time.monotonic()
+        leadership = self.leadership
+        if leadership is not None:
+            return round(leadership.quorum_age(now), 3)
+        if self._starting is not None and not self._starting.done():
+            return round(now - self._starting_since, 3)
+        return None
 
     def _under_replicated(self) -> int:
         leadership = self.leadership
@@ -226,6 +243,7 @@ class ShardReplica:
         if self._starting is None or self._starting.done():
             self._starting = asyncio.create_task(self._take_lead(),
                                                  name=f"ds-lead-{self._label}")
+            self._starting_since = time.monotonic()
 
     async def _take_lead(self) -> None:
         site = self._settings.site
@@ -336,7 +354,8 @@ class ShardReplica:
         async with self._log_lock:
             try:
                 leadership = await self._run(Leadership.begin, site, placement.epoch,
-                                             self.log, placement.replicas, self.log.committed)
+                                             self.log, placement.replicas, self.log.committed,
+                                             time.monotonic())
             except StaleEpochError as exc:
                 # A kept (or late) placement that a failover replaced, and the new
                 # leader's append got here first: follow it; the controller's next
@@ -366,11 +385,17 @@ class ShardReplica:
         assert leading is not None
         start = self.log.last.offset + 1
         followers = [site for site in placement.replicas if site != leading.site]
+        now = time.monotonic()
         self.leadership = Leadership(
             leading.site, leading.epoch, leading.log, placement.replicas,
             {site: leading.next_offset.get(site, start) for site in followers},
             {site: offset for site, offset in leading.matched.items() if site in followers},
-            leading.committed)
+            leading.committed,
+            # a replica that joins now counts as heard from now on
+            heard={site: leading.heard.get(site, leading.began
+                                           if site in leading.replica_set else now)
+                   for site in followers},
+            began=leading.began)
         self._stop_senders()
         self._start_senders()
         self._advance()
@@ -744,6 +769,7 @@ class ShardReplica:
                 continue
             if self.leadership is not leadership:
                 return
+            leadership.heard_from(follower, time.monotonic())
             told_committed = request.committed
             before = leadership.committed
             leadership.on_result(follower, result)
@@ -772,6 +798,7 @@ class ShardReplica:
             await asyncio.sleep(RETRY_INTERVAL)
             return
         if self.leadership is leadership:
+            leadership.heard_from(follower, time.monotonic())
             log.info("%s: %s bootstrapped up to offset %d", self._label, follower,
                      position.offset)
             leadership.next_offset[follower] = position.offset + 1
