@@ -350,6 +350,7 @@ class ProxyNetwork:
         self._proxies: dict[tuple[int, int, int], _Proxy] = {}
         self._fronts: dict[tuple[int, int], _Front] = {}
         self._cut: set[int] = set()
+        self._pairs: set[frozenset[int]] = set()  # member pairs `separate` cut apart
 
     def address(self, k: int) -> str:
         return f"127.0.0.{k + 1}"
@@ -371,7 +372,7 @@ class ProxyNetwork:
         if key not in self._proxies:
             proxy = _Proxy(self.address(source), (self.address(target), port))
             self._proxies[key] = proxy
-            if not self._cut & {source, target}:
+            if not self._separated(source, target):
                 proxy.start()
             else:  # bind now so the address is known; refuse until healed
                 proxy.start()
@@ -390,10 +391,23 @@ class ProxyNetwork:
             self._fronts[key] = front
         return self.address(target), self._fronts[key].port
 
+    def _separated(self, a: int, b: int) -> bool:
+        return bool(self._cut & {a, b}) or frozenset((a, b)) in self._pairs
+
     def _blocked(self, target: int) -> frozenset[str]:
         """The source addresses of members cut off from `target`."""
         return frozenset(self.address(member) for member in range(self.members)
-                         if member != target and (self._cut & {member, target}))
+                         if member != target and self._separated(member, target))
+
+    def separate(self, group: list[int], others: list[int]) -> None:
+        """No connection between a member of `group` and one of `others`, either
+        way; each keeps reaching every other member (an asymmetric partition: a
+        leader cut from some peers but not from the controller)."""
+        self._pairs |= {frozenset((a, b)) for a in group for b in others if a != b}
+        for (source, target, _), proxy in self._proxies.items():
+            if frozenset((source, target)) in self._pairs:
+                proxy.stop()
+        self._update_fronts()
 
     def _update_fronts(self) -> None:
         for (target, _port), front in self._fronts.items():
@@ -409,8 +423,11 @@ class ProxyNetwork:
     def heal(self, k: int | None = None) -> None:
         healed = set(self._cut) if k is None else {k}
         self._cut -= healed
+        cut_pairs = self._pairs
+        self._pairs = set() if k is None else {pair for pair in self._pairs if k not in pair}
         for (source, target, _), proxy in self._proxies.items():
-            if healed & {source, target} and not self._cut & {source, target}:
+            was_cut = healed & {source, target} or frozenset((source, target)) in cut_pairs
+            if was_cut and not self._separated(source, target):
                 proxy.start()
         self._update_fronts()
 
