@@ -17,15 +17,25 @@ leader committed."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import queue
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from stratamq.broker.ds.replication import Position, entries
+from stratamq.broker.ds.replication.leader import AppendRequest
+from stratamq.broker.ds.replication.log import Entry
+from stratamq.broker.ds.replication.peer import PeerClient, PeerError
 from tests.support.clients import PahoClient, paho_properties
-from tests.support.cluster import DB, Cluster, ctl_ds, poll
+from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, poll
 from tests.support.netns import open_network
 
 SITES = 5
@@ -130,3 +140,69 @@ def test_lowering_the_replication_factor_keeps_what_a_lagging_majority_lacks(
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged messages lost: " \
                      f"{lost}\n{state}"
     assert finished, f"the plan did not finish after healing:\n{state}"
+
+
+def test_a_removed_replica_refuses_its_old_leaders_appends_and_bootstraps(
+        tmp_path: Path) -> None:
+    """A replica the placement took away is sent an append and a bootstrap request by
+    the shard's leader, as a leader that has not taken the placement yet would: it
+    must refuse both (its log and data stay as they are), or it would hold, and
+    count towards a commit, a copy nobody tracks any more."""
+    cluster = Cluster(tmp_path, 4, n_shards=1, replication_factor=3,
+                      heartbeat_interval=HEARTBEAT)
+    try:
+        cluster.start()
+        ids = cluster.site_ids
+        replicas, leader = cluster.replicas()[0], cluster.leaders()[0]
+        outsider = next(k for k in range(4) if k not in replicas)
+        leaving = next(k for k in replicas if k != leader)
+        goal = [ids[k] for k in range(4) if k != leaving]
+        ctl_ds(cluster, "set-replicas", DB, *goal)
+        assert poll(lambda: cluster.replicas()[0] == sorted({*replicas, outsider} - {leaving})
+                    and not cluster.controller.storage()["plan"], 60, 0.2), cluster.describe()
+        removed = cluster.sites[leaving]
+        assert poll(lambda: shard_report(removed)["role"] == "none", 30), cluster.describe()
+        before = shard_report(removed)
+        epoch = cluster.epochs()[0]
+        leader_peer = cluster.sites[cluster.leaders()[0]].replication()["peer"]
+        peer = removed.replication()["peer"]
+
+        previous = Position(*before["last"])
+        request = AppendRequest(epoch=epoch, previous=previous, entries=[Entry(
+            Position(epoch, previous.offset + 1), entries.encode(entries.Noop()))])
+        appended = asyncio.run(append_to(peer, request))
+        bootstrap = http_post(f"http://{peer}/peer/v1/bootstraps/{DB}/0",
+                              {"from": leader_peer})
+        after = shard_report(removed)
+    finally:
+        cluster.close()
+    print(f"\nremoved replica site-{leaving} ({before['last']}, {before['bootstraps']} "
+          f"bootstraps): append answered {appended}; bootstrap answered {bootstrap}; "
+          f"then ({after['last']}, {after['bootstraps']} bootstraps)")
+    assert appended.startswith("refused"), appended
+    assert bootstrap[0] == 403, bootstrap
+    assert (after["last"], after["bootstraps"]) == (before["last"], before["bootstraps"])
+
+
+def shard_report(site: SiteProcess) -> dict[str, Any]:
+    return next(s for s in site.replication()["shards"] if s["db"] == DB and s["shard"] == 0)
+
+
+async def append_to(peer: str, request: AppendRequest) -> str:
+    """An append sent to the site at `peer` the way a leader sends it: what came back."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            result = await PeerClient(session, timeout=5).append(peer, DB, 0, request)
+        except PeerError as error:
+            return f"refused: {error.message}"
+        return f"taken: {result}"
+
+
+def http_post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()[-300:]
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()[-300:]
