@@ -34,7 +34,7 @@ from ..errors import (
     UnknownDatabaseError,
     UnknownSiteError,
 )
-from .sites import SiteState
+from .sites import ShardReport, SiteState
 
 # A site that has not answered for this many heartbeat intervals is taken for gone.
 MISSED_HEARTBEATS = 3
@@ -421,30 +421,91 @@ def check_catch_up(catch_up: CatchUp, placement: Placement, sites: Mapping[str, 
 
 def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteState],
              now: float, settings: Settings) -> str | None:
-    """Why `step` may not go now, or None."""
+    """Why `step` may not go now, or None. Every step waits until the shard's leader
+    has taken the placement it follows (`_leader_behind`); a step that takes a replica
+    away waits until a majority of the replicas it leaves hold what the leader
+    committed (`_short_of_majority`)."""
+    shard = placement.shard(step.database, step.shard)
     if step.action == "add":
         joiner = sites.get(step.site)
         if joiner is None or not joiner.answered or is_gone(joiner, now, settings):
             return f"{step.site} is down"
-        return None
-    if step.leader is None:
-        return None
-    # A handover: the successor must hold what the leader committed, or the new epoch
-    # would start without acknowledged writes.
-    shard = placement.shard(step.database, step.shard)
-    leader, successor = sites.get(shard.leader), sites.get(step.leader)
-    if successor is None or not successor.answered or is_gone(successor, now, settings):
-        return f"the next leader {step.leader} is down"
-    if leader is None or is_gone(leader, now, settings):
-        return None  # failover's business: the successor's log is the best there is
-    leader_report = leader.shards.get(step.shard_id)
-    successor_report = successor.shards.get(step.shard_id)
-    if leader_report is None or successor_report is None:
-        return "positions not reported yet"
-    if successor_report.applied < leader_report.committed:
-        return (f"{step.leader} has applied {successor_report.applied} of "
-                f"{leader_report.committed} committed")
+        # No majority asked of the set it makes: the joiner holds nothing yet, and an
+        # add must be able to replace a replica that is down. One site more keeps every
+        # majority of the new set overlapping every majority of the old one; the
+        # catch-up then holds the next step until the joiner has what was committed.
+        return _leader_behind(shard, placement.version, sites, now, settings)
+    if step.leader is not None:
+        # A handover: the successor must hold what the leader committed, or the new
+        # epoch would start without acknowledged writes.
+        leader, successor = sites.get(shard.leader), sites.get(step.leader)
+        if successor is None or not successor.answered or is_gone(successor, now, settings):
+            return f"the next leader {step.leader} is down"
+        if leader is None or is_gone(leader, now, settings):
+            return None  # failover's business: the successor's log is the best there is
+        leader_report = leader.shards.get(step.shard_id)
+        successor_report = successor.shards.get(step.shard_id)
+        if leader_report is None or successor_report is None:
+            return "positions not reported yet"
+        if successor_report.applied < leader_report.committed:
+            return (f"{step.leader} has applied {successor_report.applied} of "
+                    f"{leader_report.committed} committed")
+    behind = _leader_behind(shard, placement.version, sites, now, settings)
+    if behind is not None:
+        return behind
+    remaining = tuple(site for site in shard.replicas if site != step.site)
+    return _short_of_majority(shard, remaining, sites, now, settings)
+
+
+def _leader_behind(shard: ShardPlacement, version: int, sites: Mapping[str, SiteState],
+                   now: float, settings: Settings) -> str | None:
+    """Why the shard's leader is not known to commit with the replica set of placement
+    `version` yet, or None. Until it reports that version it may still count the
+    replicas the last step took away, and a second change on top of the first could
+    leave what it committed on a minority (issue 22, defect 1)."""
+    leader = sites.get(shard.leader)
+    if leader is None or not leader.answered or is_gone(leader, now, settings):
+        return f"the leader {shard.leader} is down"
+    if leader.placement_version is None or leader.placement_version < version:
+        return (f"the leader {shard.leader} has not taken placement version {version} "
+                f"yet (it reports {leader.placement_version})")
+    if leader.shards.get(shard.id) is None:
+        return f"the leader {shard.leader} has not reported the shard yet"
     return None
+
+
+def holds_committed(report: ShardReport, leader_report: ShardReport) -> bool:
+    """Whether a replica reporting `report` holds every entry up to the offset the
+    leader reporting `leader_report` knows committed: it knows that offset committed
+    itself, or its log ends in the leader's last epoch at or past it (entries of one
+    epoch come from that epoch's one leader, so the two logs agree up to there)."""
+    target = leader_report.committed
+    return report.committed >= target or (
+        report.last[0] == leader_report.last[0] and report.last[1] >= target)
+
+
+def _short_of_majority(shard: ShardPlacement, remaining: Sequence[str],
+                       sites: Mapping[str, SiteState], now: float,
+                       settings: Settings) -> str | None:
+    """Why the replica set `remaining` (what a step leaves of `shard`) may not be the
+    shard's yet, or None: fewer than a majority of it hold what the leader committed,
+    so a failover among it could pick a replica without acknowledged writes."""
+    leader = sites[shard.leader]
+    leader_report = leader.shards[shard.id]
+    holding = []
+    for name in remaining:
+        found = sites.get(name)
+        if found is None or not found.answered or is_gone(found, now, settings):
+            continue
+        report = found.shards.get(shard.id)
+        if report is not None and holds_committed(report, leader_report):
+            holding.append(name)
+    needed = len(remaining) // 2 + 1
+    if len(holding) >= needed:
+        return None
+    return (f"{len(holding)} of the {len(remaining)} replicas it leaves "
+            f"({', '.join(holding) or 'none'}) hold offset {leader_report.committed}, "
+            f"committed by {shard.leader}; {needed} must")
 
 
 def resumed_catch_up(plan_: Plan, placement: Placement) -> CatchUp | None:

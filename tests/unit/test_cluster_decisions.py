@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from stratamq.broker.cluster import decisions
 from stratamq.broker.cluster.decisions import ClusterState, Settings
@@ -619,3 +621,134 @@ def test_the_placement_a_site_keeps_is_checked() -> None:
     for broken in broken_documents:
         with pytest.raises(BadReportError):
             parse_held(broken)
+
+
+# --- membership changes gated (issue 22, defect 1) ---------------------------------------
+
+ONE_SHARD = replace(SETTINGS, n_shards=1)
+
+
+def reports(placement: Placement, now: float, ends: dict[str, int],
+            committed: dict[str, int], leader_version: int | None = None
+            ) -> dict[str, SiteState]:
+    """Every site of `ends` reporting shard 0 with its log ending at `ends[site]` (all
+    in epoch 1) and knowing `committed[site]` committed; each holds `placement`,
+    except the leader, which holds `leader_version` when given."""
+    shard = placement.shard(DB, 0)
+    found = {}
+    for name, end in ends.items():
+        version = placement.version
+        if name == shard.leader and leader_version is not None:
+            version = leader_version
+        role = "leader" if name == shard.leader else "follower"
+        found[name] = SiteState(
+            id=name, admin_url=f"http://{name}", last_seen=now, answered=True,
+            peer=f"{name}:1", placement_version=version,
+            shards={(DB, 0): ShardReport(role, 1, (1, end), committed[name],
+                                         committed[name])})
+    return found
+
+
+def shrinking(replicas: str = "ABCDE", leader: str = "E") -> ClusterState:
+    """One shard on `replicas`, and a plan to bring it to replication factor 3."""
+    placement = one_shard(replicas, leader, version=5)
+    state = ClusterState(placement=placement, goals={DB: tuple(replicas)})
+    ends = dict.fromkeys(replicas, 0)
+    state = decisions.set_replicas(state, DB, replicas, reports(placement, 100.0, ends, ends),
+                                   100.0, ONE_SHARD)
+    assert state.plan is not None
+    assert [(step.action, step.site) for step in state.plan.transitions] \
+        == [("remove", "A"), ("remove", "B")]
+    return state
+
+
+def test_a_removal_waits_until_a_majority_of_what_it_leaves_holds_the_commits() -> None:
+    """The reproduction of defect 1 in the pure core: the leader E committed 20 with A
+    and B, which the plan removes; C and D lag at 2."""
+    state = shrinking()
+    ends = {"A": 20, "B": 20, "C": 2, "D": 2, "E": 20}
+    sites = reports(state.placement, 101.0, ends, ends)
+    decision = decisions.decide(state, sites, 101.0, 0.0, ONE_SHARD)
+    assert decision.state.placement == state.placement
+    assert any(note.startswith("waiting: messages/0: -A") and "hold offset 20" in note
+               for note in decision.notes), decision.notes
+    # C holds the entries in its log (same epoch, past 20) but does not know them
+    # committed yet: that counts, as does D knowing 20 committed.
+    sites = reports(state.placement, 102.0, {**ends, "C": 25, "D": 20}, {**ends, "C": 2})
+    after = decisions.decide(state, sites, 102.0, 0.0, ONE_SHARD).state
+    assert after.placement.version == state.placement.version + 1
+    assert after.placement.shard(DB, 0).replicas == ("B", "C", "D", "E")
+
+
+def test_the_next_removal_waits_until_the_leader_has_taken_the_last_one() -> None:
+    state = shrinking()
+    ends = dict.fromkeys("ABCDE", 20)
+    state = decisions.decide(state, reports(state.placement, 101.0, ends, ends), 101.0, 0.0,
+                             ONE_SHARD).state
+    removed_a = state.placement
+    assert removed_a.shard(DB, 0).replicas == ("B", "C", "D", "E")
+    old = removed_a.version - 1
+    sites = reports(removed_a, 102.0, ends, ends, leader_version=old)
+    decision = decisions.decide(state, sites, 102.0, 0.0, ONE_SHARD)
+    assert decision.state.placement == removed_a
+    assert any("has not taken placement version" in note for note in decision.notes), \
+        decision.notes
+    sites = reports(removed_a, 103.0, ends, ends)
+    final = decisions.decide(state, sites, 103.0, 0.0, ONE_SHARD).state
+    assert final.placement.shard(DB, 0).replicas == ("C", "D", "E")
+
+
+def test_an_add_replaces_a_replica_that_is_down() -> None:
+    """An add asks no majority of the set it makes: B is down and lags, C is new."""
+    placement = one_shard("ABD", "A", version=5)
+    state = ClusterState(placement=placement, goals={DB: ("A", "B", "D")})
+    ends = {"A": 20, "B": 3, "C": 0, "D": 20}
+    sites = reports(placement, 100.0, ends, ends)
+    state = decisions.set_replicas(state, DB, "ACD", sites, 100.0, ONE_SHARD)
+    assert state.plan is not None
+    assert [(s.action, s.site) for s in state.plan.transitions] == [("add", "C"),
+                                                                    ("remove", "B")]
+    sites["B"] = replace(sites["B"], last_seen=0.0)  # gone
+    added = decisions.decide(state, sites, 100.0, 0.0, ONE_SHARD).state
+    assert added.placement.shard(DB, 0).replicas == ("A", "B", "C", "D")
+    caught_up = {**ends, "C": 20}
+    sites = reports(added.placement, 101.0, caught_up, caught_up)
+    sites["B"] = replace(sites["B"], last_seen=0.0)
+    final = decisions.decide(added, sites, 101.0, 0.0, ONE_SHARD).state
+    assert final.placement.shard(DB, 0).replicas == ("A", "C", "D")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sets(st.sampled_from("ABCD")), st.booleans()),
+                min_size=1, max_size=30))
+@example([(3, {"A", "B"}, False), (0, set(), False)])  # defect 1: two removals in a row
+def test_whatever_lags_every_committed_entry_stays_on_enough_replicas(
+        rounds: list[tuple[int, set[str], bool]]) -> None:
+    """A simulated shard on A..E led by E, shrunk to 3 replicas while E commits: each
+    round E appends some entries, ships its log to some followers of the replica set
+    it holds, commits what a majority of that set holds, and perhaps takes the
+    controller's newest placement. After every round, any majority of the controller's
+    replica set (what a failover chooses among) includes a replica holding everything
+    E committed."""
+    state = shrinking()
+    taken = state.placement  # the placement E commits by
+    ends = dict.fromkeys("ABCDE", 0)
+    committed = dict.fromkeys("ABCDE", 0)
+    for number, (appended, reached, takes) in enumerate(rounds):
+        now = 101.0 + number
+        ends["E"] += appended
+        for name in reached & set(taken.shard(DB, 0).replicas):
+            ends[name] = ends["E"]
+        voters = sorted((ends[name] for name in taken.shard(DB, 0).replicas), reverse=True)
+        committed["E"] = max(committed["E"], voters[len(voters) // 2])
+        for name in reached & set(taken.shard(DB, 0).replicas):
+            committed[name] = min(committed["E"], ends[name])
+        if takes:
+            taken = state.placement
+        sites = reports(state.placement, now, ends, committed, leader_version=taken.version)
+        state = decisions.decide(state, sites, now, 0.0, ONE_SHARD).state
+        replicas = state.placement.shard(DB, 0).replicas
+        holders = [name for name in replicas if ends[name] >= committed["E"]]
+        # every majority meets the holders: more holders than non-majority seats
+        assert len(holders) > len(replicas) - (len(replicas) // 2 + 1), \
+            (replicas, ends, committed, taken.version)

@@ -34,7 +34,7 @@ from .bootstrap import (
 )
 from .feed import CommitFeed
 from .log import Position, ShardLog, StaleEpochError
-from .peer import PeerClient, PeerError, PeerHandler, PeerServer
+from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
@@ -165,7 +165,8 @@ class SiteReplication:
         # set (and replaced) each time this site has taken a placement
         self._placement_taken = asyncio.Event()
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records, self._change)
+                                  self._barrier, self._read_records, self._change,
+                                  self.holds_replica)
         self._handlers: dict[str, PeerHandler] = {}
         self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
         # connections to peers start from this site's own address (when it binds one)
@@ -399,6 +400,18 @@ class SiteReplication:
         """Held while a shard log is written or closed (see `PeerServer.lock`)."""
         return self._server.lock(db, shard)
 
+    def holds_replica(self, db: str, shard: int) -> bool:
+        """Whether the placement this site keeps lists it as a replica of db/shard
+        (True before it has one, or when it places no such shard yet: nothing says
+        otherwise)."""
+        current = self._store.current
+        if current is None:
+            return True
+        try:
+            return self.site in current.shard(db, shard).replicas
+        except PlacementError:
+            return True
+
     def _log_of(self, db: str, shard: int) -> ShardLog:
         replicated = self.databases.get(db)
         if replicated is None or not 0 <= shard < len(replicated.logs):
@@ -471,6 +484,11 @@ class SiteReplication:
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
         _database, replica = found
+        if not self.holds_replica(http.match_info["db"], replica.shard_id):
+            return web.json_response(
+                {"error": NOT_A_REPLICA, "message": "this site is no replica of the shard "
+                                                   "under the placement it holds"},
+                status=403)
         try:
             document = await http.json()
             source = document["from"]

@@ -44,6 +44,9 @@ SUBMIT_CONTENT_TYPE = "application/vnd.stratamq.submit"
 # once applied here.
 ChangeAt = Callable[[str, int, bytes], Awaitable[None]]
 DEADLINE_HEADER = "X-Stratamq-Deadline"
+# The error code of a site asked to append to, fence or bootstrap a shard it is no
+# replica of (HTTP 403): the leader tries again later, it does not step down.
+NOT_A_REPLICA = "not_a_replica"
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
 Barrier = Callable[[str, int], Awaitable[int]]
@@ -52,6 +55,10 @@ Barrier = Callable[[str, int], Awaitable[int]]
 # shard; a recoverable StorageError when this site cannot.
 ReadRecords = Callable[[str, int, bytes, int | None, bytes | None],
                        Awaitable[list[tuple[bytes, bytes]]]]
+# Whether this site is a replica of (db, shard) under the placement it keeps: a site
+# taken off a shard refuses the appends and fences of a leader that has not taken
+# that placement yet.
+Holds = Callable[[str, int], bool]
 # A request the broker serves on the peer port (a session taken over elsewhere).
 PeerHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -65,9 +72,10 @@ class PeerError(StorageError):
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
                  submit: Submit | None = None, barrier: Barrier | None = None,
-                 read_records: ReadRecords | None = None, change: ChangeAt | None = None
-                 ) -> None:
+                 read_records: ReadRecords | None = None, change: ChangeAt | None = None,
+                 holds: Holds | None = None) -> None:
         self._logs_of = logs_of
+        self._holds = holds
         self._change_at = change
         self._executor = executor
         self._on_append = on_append
@@ -125,6 +133,14 @@ class PeerServer:
             return _error(404, "unknown_shard", f"no replica of {db}/{http.match_info['shard']} "
                                                 f"on this site")
 
+    def _not_a_replica(self, db: str, shard: int) -> web.Response | None:
+        """The refusal for a site the placement took off `db/shard`, or None. Called
+        under the shard's log lock: a placement taken later drops the log after."""
+        if self._holds is None or self._holds(db, shard):
+            return None
+        return _error(403, NOT_A_REPLICA, f"this site is no replica of {db}/{shard} under "
+                                          f"the placement it holds")
+
     async def _fence(self, http: web.Request) -> web.Response:
         """A new leader taking over: refuse older leaders' appends from now on, and
         say where this log ends (the new leader appends the furthest tail of a
@@ -138,6 +154,9 @@ class PeerServer:
         except (ValueError, KeyError, TypeError) as error:
             return _error(400, "bad_request", f"expected {{\"epoch\": n}}: {error}")
         async with self.lock(db, shard):
+            refused = self._not_a_replica(db, shard)
+            if refused is not None:
+                return refused
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.observe_epoch, epoch)
@@ -177,6 +196,9 @@ class PeerServer:
         except CorruptDataError as error:
             return _error(400, "bad_request", str(error))
         async with self.lock(db, shard):
+            refused = self._not_a_replica(db, shard)
+            if refused is not None:
+                return refused
             try:
                 result = await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.append_from_leader, request.epoch, request.previous,
