@@ -915,19 +915,32 @@ class ShardReplica:
 
     async def _trim(self) -> None:
         """Forget log entries no replica needs any more, keeping the configured tail
-        (see `trim.py`); the leader tells its followers with each append."""
-        leadership = self.leadership
-        if leadership is not None:
-            point = leader_trim_point(leadership.site, leadership.replica_set,
-                                      leadership.matched, self.applied,
-                                      self._settings.log_retain_entries)
-            leadership.trim_before = point
-        else:
-            point = follower_trim_point(self.log.leader_trims_before, self.applied)
+        (see `trim.py`); the leader tells its followers with each append. Never past
+        what this site's shard holds durably: without `sync_writes` its applied offset
+        may be ahead of what a power loss leaves (the log's own writes are synced),
+        and a replica that comes back applied below its log's start can never apply
+        the entries in between. So the shard's log is synced before a trim."""
+        if self._trim_point(self.applied) - self.log.first_offset < TRIM_STEP:
+            return
+        async with self._apply_lock:  # not while a checkpoint replaces the shard
+            durable = await self._run(self.database.shards[self.shard_id].sync_applied)
+        point = self._trim_point(durable)
         if point - self.log.first_offset < TRIM_STEP:
             return
         async with self._log_lock:
             await self._run(self.log.trim_before, point, TRIM_BATCH)
+
+    def _trim_point(self, applied: int) -> int:
+        """Where this site's log may be trimmed, this site having applied `applied`
+        (the leader also tells its followers so)."""
+        leadership = self.leadership
+        if leadership is not None:
+            point = leader_trim_point(leadership.site, leadership.replica_set,
+                                      leadership.matched, applied,
+                                      self._settings.log_retain_entries)
+            leadership.trim_before = point
+            return point
+        return follower_trim_point(self.log.leader_trims_before, applied)
 
     async def _apply(self, offset: int, change: entries.Change) -> None:
         database = self.database
