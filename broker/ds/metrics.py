@@ -93,5 +93,9 @@ LOG_CUTS_REFUSED = Counter(
     "Cuts of a shard log's committed entries refused on this site (a leader without "
     "them, a truncate below the commit offset, a bootstrap that would roll back what was "
     "applied): a replica was asked to diverge", _LABELS)
+BOOTSTRAPS_REFUSED = Counter(
+    "stratamq_ds_bootstraps_refused",
+    "Bootstrap requests refused on this site because they came from a leader of an "
+    "older epoch than this replica has seen (a deposed leader's late request)", _LABELS)
 LEADER_CHANGES = Counter("stratamq_ds_leader_changes",
                          "Times this site started or stopped leading a shard", _LABELS)

@@ -337,6 +337,15 @@ class Shard:
         self._db.put(_APPLIED_KEY, _U64.pack(applied), self._write_options)
         self.applied_offset = applied
 
+    def sync_applied(self) -> int:
+        """The applied offset, made durable first: without `sync_writes` the writes
+        that recorded it may still sit unsynced in RocksDB's log, and a power loss
+        would take them back. Blocking (one fdatasync of the log)."""
+        applied = self.applied_offset  # set only once its write returned: in the log
+        if not self.sync_writes:
+            self._db.flush_wal(True)
+        return applied
+
     def _write_applied(self, batch: WriteBatch, options: WriteOptions,
                        applied: int | None) -> None:
         """Write `batch`, with the log offset it applies (a replica applying an entry)

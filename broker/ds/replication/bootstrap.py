@@ -4,15 +4,19 @@ consistent RocksDB checkpoint of that one shard from the leader, installs it in
 place of its own shard and then reads the log from where the checkpoint was taken.
 
 The leader asks (its sender to that follower meets `BootstrapNeededError`): it posts
-`/peer/v1/bootstraps/{db}/{shard}` to the follower with its own peer address and
-waits for the answer. The follower fetches `/peer/v1/checkpoints/{db}/{shard}` from
-the leader: one streamed response, a JSON header line (the position the checkpoint
-was taken at, its files and sizes), then each file's bytes in turn, read and written
-in bounded chunks. The files land in the staged folder next to the shard's (see
-`install.py`) with a `bootstrap.json` naming the position; the folder is swapped in,
-the log reset to that position, and the marker removed. A crash before the swap
-keeps the old shard (the leader asks again); after it, the site finishes the reset
-on start (`finish_install`)."""
+`/peer/v1/bootstraps/{db}/{shard}` to the follower with its own peer address and its
+leader epoch, and waits for the answer. The follower refuses a request of an epoch
+older than its log has seen (a deposed leader's late request: the new leader may have
+counted entries this follower holds), before the fetch and again, under the log lock,
+before the install; and it refuses to install a checkpoint taken below what it has
+applied (that would roll back what it acknowledged). Otherwise it fetches
+`/peer/v1/checkpoints/{db}/{shard}` from the leader: one streamed response, a JSON
+header line (the position the checkpoint was taken at, its files and sizes), then
+each file's bytes in turn, read and written in bounded chunks. The files land in the
+staged folder next to the shard's (see `install.py`) with a `bootstrap.json` naming
+the position; the folder is swapped in, the log reset to that position, and the
+marker removed. A crash before the swap keeps the old shard (the leader asks again);
+after it, the site finishes the reset on start (`finish_install`)."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from ...errors import CorruptDataError
 from ..checkpoint import checkpoint_shard
 from ..database import Database
 from ..install import staged_folder, sync_folder
-from .log import START, Position, ShardLog
+from .log import START, Position, ShardLog, StaleEpochError
 from .peer import PeerError
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,20 @@ STALL_TIMEOUT = 60.0
 # at it (well within STALL_TIMEOUT).
 PROGRESS_EVERY = 5.0
 CHECKPOINTS_DIR = "checkpoints"
+
+
+class BootstrapRefusedError(CorruptDataError):
+    """A checkpoint taken below what this replica has applied: installing it would roll
+    back entries it applied (and acknowledged). Refused, counted and logged."""
+
+
+def check_install(position: Position, applied: int) -> None:
+    """Raise BootstrapRefusedError when a checkpoint taken at `position` would reset a
+    replica that applied up to `applied` below it."""
+    if position.offset < applied:
+        raise BootstrapRefusedError(
+            f"a checkpoint taken at offset {position.offset} (epoch {position.epoch}) is "
+            f"below what this replica has applied ({applied}): refused")
 
 
 def should_bootstrap(next_offset: int, first_offset: int, last_offset: int,
@@ -227,6 +245,11 @@ def _write_marker(staged: Path, position: Position) -> None:
     sync_folder(staged)
 
 
+def remove_staged(shard_path: Path) -> None:
+    """Drop a staged folder that is not to be installed. Blocking."""
+    shutil.rmtree(staged_folder(shard_path), ignore_errors=True)
+
+
 def stage_empty_shard(shard_path: Path) -> None:
     """Stage an empty shard (with a marker for an empty log) for `swap_in_staged`:
     what a site keeps of a shard once it left the shard's replica set. Blocking."""
@@ -255,25 +278,34 @@ def finish_install(shard_path: Path, shard_log: ShardLog) -> Position | None:
 # -- the leader asks ----------------------------------------------------------------------
 
 async def request_bootstrap(session: aiohttp.ClientSession, address: str, db: str,
-                            shard_id: int, leader_address: str) -> Position:
+                            shard_id: int, leader_address: str, epoch: int) -> Position:
     """Ask the follower at `address` to bootstrap its replica of the shard from this
-    leader's checkpoint; returns once it has, with the position its log now ends at.
-    The follower answers with a line of progress every PROGRESS_EVERY and a last line
-    with its outcome. PeerError when it does not bootstrap, or says nothing for
+    leader's checkpoint (the leader of `epoch`); returns once it has, with the position
+    its log now ends at. The follower answers with a line of progress every
+    PROGRESS_EVERY and a last line with its outcome. StaleEpochError when it knows a
+    newer epoch; PeerError when it does not bootstrap otherwise, or says nothing for
     STALL_TIMEOUT."""
     url = f"http://{address}/peer/v1/bootstraps/{db}/{shard_id}"
     line = b""
     try:
-        async with session.post(url, json={"from": leader_address, "progress": True},
+        async with session.post(url, json={"from": leader_address, "epoch": epoch,
+                                           "progress": True},
                                 timeout=aiohttp.ClientTimeout(total=None,
                                                               sock_read=STALL_TIMEOUT)
                                 ) as response:
+            if response.status == 409:
+                body = await response.read()
+                raise StaleEpochError(f"{address} refused a bootstrap of {db}/{shard_id}: "
+                                      f"{body.decode('utf-8', 'replace')}")
             if response.status != 200:
                 body = await response.read()
                 raise PeerError(f"{address} did not bootstrap {db}/{shard_id} "
                                 f"({response.status}): {body.decode('utf-8', 'replace')}")
             async for line in response.content:  # a site of an older version: one line
                 answer = json.loads(line)
+                if answer.get("error") == StaleEpochError.__name__:
+                    raise StaleEpochError(f"{address} did not bootstrap {db}/{shard_id}: "
+                                          f"{answer.get('message')}")
                 if "error" in answer:
                     raise PeerError(f"{address} did not bootstrap {db}/{shard_id}: "
                                     f"{answer['error']}: {answer.get('message')}")

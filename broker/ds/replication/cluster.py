@@ -476,7 +476,8 @@ class SiteReplication:
                                       self._checkpoint_rate)
 
     async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
-        """The shard's leader asks this site to bootstrap its replica from it. With
+        """The shard's leader asks this site to bootstrap its replica from it (refused
+        with 409 when this replica has seen a newer epoch than the leader's). With
         `progress`, the answer is a line of progress every PROGRESS_EVERY, then one
         with the outcome (the leader waits as long as lines come); without (a leader
         of an older version), the outcome alone."""
@@ -491,14 +492,21 @@ class SiteReplication:
                 status=403)
         try:
             document = await http.json()
-            source = document["from"]
-            if not isinstance(source, str):
+            source, epoch = document["from"], document["epoch"]
+            if not isinstance(source, str) or not isinstance(epoch, int) \
+                    or isinstance(epoch, bool):
                 raise TypeError(source)
         except (ValueError, KeyError, TypeError):
-            return web.json_response({"error": "bad_request",
-                                      "message": 'expected {"from": "host:port"}'},
-                                     status=400)
-        bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source))
+            return web.json_response(
+                {"error": "bad_request",
+                 "message": 'expected {"from": "host:port", "epoch": leader epoch}'},
+                status=400)
+        try:  # refused at once, before a checkpoint is asked for
+            await replica.check_bootstrap_epoch(epoch)
+        except StaleEpochError as error:
+            return web.json_response({"error": "stale_epoch", "message": error.message},
+                                     status=409)
+        bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source, epoch))
         if document.get("progress") is not True:
             return web.json_response(await _outcome(bootstrapping),
                                      status=200 if bootstrapping.exception() is None else 503)

@@ -34,8 +34,10 @@ from ..shard import now_us
 from . import entries
 from .bootstrap import (
     Progress,
+    check_install,
     fetch_checkpoint,
     finish_install,
+    remove_staged,
     request_bootstrap,
     should_bootstrap,
     stage_empty_shard,
@@ -138,6 +140,8 @@ class ShardReplica:
             lambda: 1 if self.leadership is not None else 0)
         metrics.QUORUM_AGE.labels(*labels).set_function(lambda: self.quorum_age() or 0.0)
         self._leader_changes = metrics.LEADER_CHANGES.labels(*labels)
+        self._bootstraps_refused = metrics.BOOTSTRAPS_REFUSED.labels(*labels)
+        self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
         self._applier = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
 
     def add_leading_listener(self, listener: Callable[[], None]) -> None:
@@ -791,7 +795,12 @@ class ShardReplica:
         log.info("%s: %s bootstraps from a checkpoint: %s", self._label, follower, why)
         try:
             position = await request_bootstrap(self._client.session, address,
-                                               self.database.name, self.shard_id, own)
+                                               self.database.name, self.shard_id, own,
+                                               leadership.epoch)
+        except StaleEpochError as exc:
+            if self.leadership is leadership:
+                self._step_down(f"{follower} knows a newer leader: {exc.message}")
+            return
         except PeerError as exc:
             log.warning("%s: bootstrap of %s failed (tried again): %s", self._label,
                         follower, exc.message)
@@ -803,28 +812,60 @@ class ShardReplica:
                      position.offset)
             leadership.next_offset[follower] = position.offset + 1
 
-    async def bootstrap_from(self, address: str) -> Position:
-        """As a follower: install a checkpoint of the shard from its leader at
-        `address` (asked by that leader); the position this log then ends at. One
-        bootstrap at a time: a repeated ask waits for the one under way."""
+    async def bootstrap_from(self, address: str, epoch: int) -> Position:
+        """As a follower: install a checkpoint of the shard from its leader of `epoch`
+        at `address` (asked by that leader); the position this log then ends at. One
+        bootstrap at a time: a repeated ask waits for the one under way.
+        StaleEpochError when this log has seen a newer epoch (checked again, under the
+        log lock, before the checkpoint goes in), BootstrapRefusedError when the
+        checkpoint was taken below what this replica applied."""
+        await self.check_bootstrap_epoch(epoch)
         task = self._bootstrap_task
         if task is None or task.done():
-            task = asyncio.create_task(self._bootstrap(address),
+            task = asyncio.create_task(self._bootstrap(address, epoch),
                                        name=f"ds-bootstrap-{self._label}")
             self._bootstrap_task = task
         return await asyncio.shield(task)
 
-    async def _bootstrap(self, address: str) -> Position:
+    async def check_bootstrap_epoch(self, epoch: int) -> None:
+        """Take a bootstrap request of the leader of `epoch` as an append of it would
+        be taken (from now on older leaders are refused); StaleEpochError, counted and
+        logged, when this log has seen a newer one."""
+        async with self._log_lock:
+            try:
+                await self._run(self.log.observe_epoch, epoch)
+            except StaleEpochError as exc:
+                self._refuse_bootstrap(exc)
+                raise
+
+    def _refuse_bootstrap(self, error: StorageError) -> None:
+        if isinstance(error, StaleEpochError):
+            self._bootstraps_refused.inc()
+        else:
+            self._cuts_refused.inc()
+        log.error("%s: bootstrap refused: %s", self._label, error.message)
+
+    async def _bootstrap(self, address: str, epoch: int) -> Position:
         if self.leadership is not None:
             raise NotLeaderError(f"{self._label}: this site leads the shard")
         progress = self.bootstrap_progress = Progress(address)
         shard_path = self.database.shards[self.shard_id].path
-        log.info("%s: bootstrapping from a checkpoint at %s", self._label, address)
+        log.info("%s: bootstrapping from a checkpoint at %s (epoch %d)", self._label,
+                 address, epoch)
         try:
             position = await fetch_checkpoint(self._client.session, address,
                                               self.database.name, self.shard_id, shard_path,
                                               progress, self._executor)
-            await self._install(shard_path)
+
+            def check() -> None:
+                # under the apply and log locks: nothing moves the epoch or the
+                # applied offset between this check and the swap
+                if epoch < self.log.epoch:
+                    raise StaleEpochError(f"the bootstrap of epoch {epoch} was overtaken "
+                                          f"by epoch {self.log.epoch}")
+                check_install(position, self.applied)
+
+            await self._install(shard_path, check)
         finally:
             self.bootstrap_progress = None
         self.bootstraps += 1
@@ -834,12 +875,22 @@ class ShardReplica:
         self._committed_moved.set()
         return self.log.last
 
-    async def _install(self, shard_path: Path) -> None:
+    async def _install(self, shard_path: Path, check: Callable[[], None] | None = None
+                       ) -> None:
         """Put the staged shard folder in place of the shard's and reset the log to
-        its marker's position, with the applier paused. Not cancelled halfway: a
-        stopping site waits for it (`close`), so the shard is not closed under it."""
+        its marker's position, with the applier paused. `check` runs first under the
+        same locks; when it raises StorageError the staged folder is dropped (and the
+        refusal counted and logged) instead. Not cancelled halfway: a stopping site
+        waits for it (`close`), so the shard is not closed under it."""
         async def install() -> None:
             async with self._apply_lock, self._log_lock:
+                if check is not None:
+                    try:
+                        check()
+                    except StorageError as exc:
+                        self._refuse_bootstrap(exc)
+                        await self._run(remove_staged, shard_path)
+                        raise
                 await self.database.replace_shard(self.shard_id)
                 await self._run(finish_install, shard_path, self.log)
 
@@ -891,19 +942,32 @@ class ShardReplica:
 
     async def _trim(self) -> None:
         """Forget log entries no replica needs any more, keeping the configured tail
-        (see `trim.py`); the leader tells its followers with each append."""
-        leadership = self.leadership
-        if leadership is not None:
-            point = leader_trim_point(leadership.site, leadership.replica_set,
-                                      leadership.matched, self.applied,
-                                      self._settings.log_retain_entries)
-            leadership.trim_before = point
-        else:
-            point = follower_trim_point(self.log.leader_trims_before, self.applied)
+        (see `trim.py`); the leader tells its followers with each append. Never past
+        what this site's shard holds durably: without `sync_writes` its applied offset
+        may be ahead of what a power loss leaves (the log's own writes are synced),
+        and a replica that comes back applied below its log's start can never apply
+        the entries in between. So the shard's log is synced before a trim."""
+        if self._trim_point(self.applied) - self.log.first_offset < TRIM_STEP:
+            return
+        async with self._apply_lock:  # not while a checkpoint replaces the shard
+            durable = await self._run(self.database.shards[self.shard_id].sync_applied)
+        point = self._trim_point(durable)
         if point - self.log.first_offset < TRIM_STEP:
             return
         async with self._log_lock:
             await self._run(self.log.trim_before, point, TRIM_BATCH)
+
+    def _trim_point(self, applied: int) -> int:
+        """Where this site's log may be trimmed, this site having applied `applied`
+        (the leader also tells its followers so)."""
+        leadership = self.leadership
+        if leadership is not None:
+            point = leader_trim_point(leadership.site, leadership.replica_set,
+                                      leadership.matched, applied,
+                                      self._settings.log_retain_entries)
+            leadership.trim_before = point
+            return point
+        return follower_trim_point(self.log.leader_trims_before, applied)
 
     async def _apply(self, offset: int, change: entries.Change) -> None:
         database = self.database
