@@ -27,7 +27,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_load() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 14 rules found" in result.stdout
 
 
 def described(name: str) -> str:
@@ -135,9 +135,20 @@ def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> N
         (f"stratamq_ds_leader_changes_total{{{shard(HEALTHY, 3)}}}", "0+0x9 0+1x50"),
         (f"stratamq_ds_leader_changes_total{{{shard(SITE, 2)}}}", "1+0x60"),
         (f"stratamq_ds_leader_changes_total{{{shard(HEALTHY, 2)}}}", "1+0x60"),
+        # site-0's leadership of shard 4 hears from no majority from minute 10 (its age
+        # grows a minute a minute); site-1's leadership of shard 2 lost it for 20 s only
+        (f"stratamq_ds_quorum_age_seconds{{{shard(SITE, 4)}}}", "0.2+0x9 60+60x50"),
+        (f"stratamq_ds_quorum_age_seconds{{{shard(HEALTHY, 2)}}}", "0.3+0x11 20 0.3+0x47"),
+        # site-0 refused a cut of shard 4 at minute 20
+        (f"stratamq_ds_log_cuts_refused_total{{{shard(SITE, 4)}}}", "0+0x19 1+0x40"),
+        (f"stratamq_ds_log_cuts_refused_total{{{shard(HEALTHY, 4)}}}", "0+0x60"),
+        # the operator is scraped up until minute 10, then gone (its pod deleted)
+        ('up{instance="10.0.0.9:8081", job="mq-stratamq-operator-metrics"}', "1+0x9"),
     ]
     names = ["StratamqShardUnderReplicated", "StratamqReplicaLagHigh",
-             "StratamqShardWithoutLeader", "StratamqFrequentLeaderChanges"]
+             "StratamqShardWithoutLeader", "StratamqFrequentLeaderChanges",
+             "StratamqLeaderWithoutQuorum", "StratamqReplicaRefusedCut",
+             "StratamqOperatorDown"]
     expected_at: dict[str, dict[str, list[dict[str, Any]]]] = {
         "8m": {name: [] for name in names},
         "25m": {
@@ -154,6 +165,18 @@ def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> N
             "StratamqShardWithoutLeader": [alert(
                 "StratamqShardWithoutLeader", "stratamq shard messages/1: no leader",
                 severity="critical", job="stratamq", db="messages", shard="1")],
+            "StratamqLeaderWithoutQuorum": [alert(
+                "StratamqLeaderWithoutQuorum",
+                "stratamq shard messages/4: its leader site-0:18083 has heard from no "
+                "majority for 16m 0s", severity="critical", instance="site-0:18083",
+                job="stratamq", db="messages", shard="4")],
+            "StratamqReplicaRefusedCut": [alert(
+                "StratamqReplicaRefusedCut", "stratamq site site-0:18083: shard "
+                "messages/4 refused to cut committed entries", severity="critical",
+                instance="site-0:18083", db="messages", shard="4")],
+            "StratamqOperatorDown": [alert(
+                "StratamqOperatorDown", "stratamq operator: not running for 5 minutes",
+                severity="critical")],
         },
         "45m": {"StratamqFrequentLeaderChanges": [alert(
             "StratamqFrequentLeaderChanges",
