@@ -39,6 +39,8 @@ class ReplicationView:
     generation: int
     # Why the spec's goal has no plan ("": it has one, or needs none).
     no_plan: str = ""
+    # Before the first placement: what the controller waits for ("": nothing said).
+    waiting: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +149,9 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
             message += "; admin API not answering: " + ", ".join(missing_ids)
         return "Degraded", "SitesNotReady", message
     if replication is None or not placed:
-        return "Pending", "Placing", f"{counted}; waiting for the first placement of the shards"
+        why = f" ({replication.waiting})" if replication and replication.waiting else ""
+        return "Pending", "Placing", (
+            f"{counted}; waiting for the first placement of the shards{why}")
     if replication.under_replicated and not replication.rebalancing:
         return "Degraded", "UnderReplicated", (
             f"{counted}; {replication.under_replicated} shards under-replicated")

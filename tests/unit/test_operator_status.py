@@ -262,3 +262,27 @@ def test_degraded_when_nothing_planned_explains_it() -> None:
         status = compute_status(seen, [], T0)
         assert (status["phase"], conditions(status)["Degraded"]) == (
             "Degraded", ("True", reason)), seen
+
+
+def test_placing_says_why_a_recreated_storage_waits() -> None:
+    """Issue 21, defect 5: a storage deleted and made again over its retained volumes
+    stays Placing (the sites hold a placement its new status.controller does not
+    know); the reason pointed at a `placement.json` the operator has none of."""
+    from stratamq.broker.cluster.decisions import ClusterState, Settings, decide
+    from stratamq.broker.cluster.sites import SiteState
+    from stratamq.operator.controller import in_operator_terms
+
+    # What decisions.py says of a site that holds placement 7 to a controller with none.
+    held = SiteState(id="S1", admin_url="", last_seen=100.0, answered=True,
+                     placement_version=7)
+    [note] = decide(ClusterState(), {"S1": held}, 100.0, 0.0,
+                    Settings(replication_factor=1, n_shards=2, heartbeat_interval=1.0)).notes
+    assert "placement.json" in note
+    said = in_operator_terms(note)
+    assert "placement.json" not in said and "status.controller has none" in said
+    assert "deleted and made again over its retained volumes" in said
+    assert in_operator_terms("waiting for sites: 1 up") == "waiting for sites: 1 up"
+    view = replace(replication(placed=False), waiting=said)
+    status = compute_status(observed(3, pods(3), stateful_set(3), placement=view), [], T0)
+    assert status["phase"] == "Pending"
+    assert said in status["conditions"][0]["message"]
