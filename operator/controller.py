@@ -342,8 +342,9 @@ class StorageController:
                                            {pod.name for pod in pods}, now)
         state = self._follow_goal(state, spec, sites, site_pods)
         decision = decisions.decide(state, sites, now, self.started, self.settings)
-        if decision.notes != self.notes:
-            for note in decision.notes:
+        notes = tuple(in_operator_terms(note) for note in decision.notes)
+        if notes != self.notes:
+            for note in notes:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
         document = kept_document(decision.state, sites, site_pods, forgotten)
@@ -356,7 +357,7 @@ class StorageController:
             self.sites, self.pods, self.urls = sites, site_pods, urls
             self.forgotten = forgotten
             self._boots = boots
-            self.state, self.notes = decision.state, decision.notes
+            self.state, self.notes = decision.state, notes
             self.goal_unsettled = self._unsettled
             self.round_generation = generation
             self.no_plan = self._no_plan
@@ -623,6 +624,7 @@ class StorageController:
         with self._publish_lock:
             state, sites, unsettled = self.state, self.sites, self.goal_unsettled
             generation, no_plan = self.round_generation, self.no_plan
+            waiting = "; ".join(self.notes) if state.placement.version == 0 else ""
         now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
@@ -652,10 +654,33 @@ class StorageController:
             placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
             under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
             rebalancing=state.plan is not None or unsettled, generation=generation,
-            no_plan=no_plan)
+            no_plan=no_plan, waiting=waiting)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.state, dict(self.sites), self.leader_changes)
+
+
+# decisions.py's words for sites that hold a placement the controller does not know,
+# which name `stratamq cluster controller`'s data folder.
+_HELD_PLACEMENT_HINT = ("restore the controller's data folder (placement.json) instead "
+                        "of placing shards anew")
+
+
+def in_operator_terms(note: str) -> str:
+    """A note of decisions.py as the operator's user must read it: the operator keeps
+    the controller's state in status.controller, not in a placement.json. Sites that
+    hold a placement while the storage's status has none are what a DurableStorage
+    deleted and made again over its retained volumes looks like (issue 21, defect 5);
+    the operator does not adopt their placement yet."""
+    if _HELD_PLACEMENT_HINT not in note:
+        return note
+    return note.replace(
+        "this controller has none", "the storage's status.controller has none").replace(
+        _HELD_PLACEMENT_HINT,
+        "was this DurableStorage deleted and made again over its retained volumes? The "
+        "operator does not adopt a placement the sites hold yet: re-create the storage "
+        "from a saved copy of its status.controller, or delete the volume claims "
+        "data-<name>-N (their data is lost) to start afresh")
 
 
 # --- every storage's controller ----------------------------------------------------------

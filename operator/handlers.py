@@ -13,7 +13,10 @@ and everything they call (the `kubernetes` client, the sites' admin API) blocks.
   repairs drift;
 - delete: nothing to undo (owner references let the garbage collector remove the
   objects); an optional handler forgets the metrics' series. Kopf still adds its
-  finalizer, because of the timers (operator/README.md says what that costs).
+  finalizer while the operator runs, because of the timers (Kopf requires one for
+  timers and daemons, to stop them before the object goes); at the operator's exit a
+  cleanup handler takes it off every storage of an index of those it serves, so a
+  storage deleted with (or after) the operator goes at once (operator/README.md).
 """
 
 from __future__ import annotations
@@ -354,9 +357,40 @@ def spark_application_changed(namespace: str | None, labels: kopf.Labels, **_: A
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
-    """Optional (though the timers make Kopf add its finalizer anyway); the owned
-    objects go by garbage collection."""
+    """Optional: the owned objects go by garbage collection. Seen while this operator
+    runs (its finalizer holds the storage until its timers stopped)."""
     metrics.forget(namespace or "", name)
     controller.forget(uid)
     with _applied_lock:
         _applied.pop(uid, None)
+
+
+# --- the finalizer lives no longer than the operator ---------------------------------------
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def storages(namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], None]:
+    """The storages this operator serves (its namespace, or all): those whose finalizer
+    it takes off at its exit. An index needs no finalizer."""
+    return {(namespace or "", name): None}
+
+
+@kopf.on.cleanup()
+def release_storages(*, settings: kopf.OperatorSettings,
+                     storages: kopf.Index[tuple[str, str], None] | None = None,
+                     **_: Any) -> None:
+    """Kopf puts its finalizer on every storage because of the timers (Kopf requires
+    it for timers and daemons, so it can stop them before the object goes; there is no
+    opt-out). Nothing else needs it, and once this operator exits (its timers are
+    stopped by then: cleanup runs after every other task ended) it only keeps a deleted
+    storage Terminating until an operator comes back, which after `helm uninstall`
+    never happens (issue 21, defect 4). So it goes at the exit; the next operator's
+    Kopf puts it back when it lists the storages."""
+    finalizer = settings.persistence.finalizer
+    for namespace, name in list((storages or {}).keys()):
+        try:
+            if kube.remove_finalizer(API_VERSION, KIND, namespace, name, finalizer):
+                log.info("%s/%s: finalizer %s removed at the operator's exit", namespace,
+                         name, finalizer)
+        except Exception as error:  # the others are still worth trying
+            log.warning("%s/%s: finalizer %s not removed at the operator's exit: %s",
+                        namespace, name, finalizer, error)

@@ -129,6 +129,33 @@ def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
     return True
 
 
+def remove_finalizer(api_version: str, kind: str, namespace: str, name: str,
+                     finalizer: str) -> bool:
+    """Take `finalizer` off the object and leave the others; True when it was there.
+    The write carries the resourceVersion read, so a finalizer added meanwhile by
+    someone else is never dropped (409: read again and retry)."""
+    resource = resource_of(api_version, kind)
+    for _ in range(5):
+        found = get(api_version, kind, namespace, name)
+        if found is None:
+            return False
+        finalizers = found["metadata"].get("finalizers") or []
+        if finalizer not in finalizers:
+            return False
+        try:
+            dynamic().patch(resource, name=name, namespace=namespace, body={"metadata": {
+                "resourceVersion": found["metadata"]["resourceVersion"],
+                "finalizers": [other for other in finalizers if other != finalizer]}},
+                content_type="application/merge-patch+json")
+        except NotFoundError:
+            return False
+        except ConflictError:
+            continue
+        return True
+    raise StaleWriteError(f"{kind} {namespace}/{name} kept changing; finalizer "
+                          f"{finalizer} not removed")
+
+
 def list_labeled(api_version: str, kind: str, namespace: str, label_selector: str
                  ) -> list[dict[str, Any]]:
     resource = resource_of(api_version, kind)

@@ -2,14 +2,17 @@
 StatefulSet and the site id each ready pod's broker reported. Pure, so every phase
 and condition is unit-tested.
 
-Phase: Ready when every site asked for is ready and reported its id; Pending while the
-StatefulSet is still rolling out (created, scaled or a new config rolling through the
-pods); Degraded when it has rolled out but a site is not ready, or a shard is
-under-replicated or without a leader that answers, or the spec's goal has no plan
-(say a replication factor above the sites); Pending too until the controller
-(controller.py) has run a round with the current spec (a scale's plan is made there);
-Rebalancing while the controller runs a plan. The pods kept are spec.sites, or more
-while departing pods still hold replicas.
+Phase: Ready when every site asked for is ready and reported its id. A planned change
+in progress has a phase of its own and is never Degraded (no Warning event): Rolling
+while the StatefulSet replaces its pods one at a time (a new config), Scaling while it
+makes or removes pods or a scale's new pods start (pods never known as sites),
+Rebalancing while the controller runs a plan (shards short of a replica the plan adds
+included), Pending before the first placement and until the controller (controller.py)
+has run a round with the current spec (a scale's plan is made there). Degraded is what
+nothing planned explains: a known site not ready once the StatefulSet rolled out, a
+shard under-replicated with no plan running, a goal with no plan (say a replication
+factor above the sites), and always a shard without a leader that answers. The pods
+kept are spec.sites, or more while departing pods still hold replicas.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class ReplicationView:
     generation: int
     # Why the spec's goal has no plan ("": it has one, or needs none).
     no_plan: str = ""
+    # Before the first placement: what the controller waits for ("": nothing said).
+    waiting: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +103,72 @@ def _replication_conditions(replication: ReplicationView | None) -> tuple[bool, 
     return False, "Balanced", "every database is on the sites asked for"
 
 
+def _scaling(observed: Observed, live: list[PodView]) -> bool:
+    """The StatefulSet is making or removing pods (a scale), rather than replacing them
+    (a roll): its pod count, or the pods there, differ from the count kept."""
+    found = observed.stateful_set or {}
+    kept = max(observed.kept, observed.sites)
+    return (found.get("observedGeneration", 0) >= found.get("generation", 0)
+            and found.get("replicas", 0) != kept) or len(live) != kept
+
+
+def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
+           live: list[PodView], missing_ids: list[str]) -> tuple[str, str, str]:
+    """(phase, reason, message). A planned change in progress (a roll, a scale, a
+    plan) is a phase of its own, not Degraded: pods restarting or starting, and shards
+    short of a replica while the plan that fixes them runs, are what it does. Degraded
+    is what nothing planned explains (issue 21, defect 7), and always a shard without
+    a leader that answers."""
+    replication = observed.replication
+    placed = replication is not None and replication.placed
+    leaderless = f"{counted}; {replication.leaderless if replication else 0} shards " \
+        "without a leader that answers"
+    if not done and (observed.stateful_set is None or not placed):
+        return "Pending", "RollingOut", (
+            f"{counted}; the StatefulSet is rolling out (created, scaled or a new config)")
+    if replication is not None and placed and replication.leaderless:
+        return "Degraded", "NoLeader", leaderless
+    if not done and _scaling(observed, live):
+        return "Scaling", "Scaling", f"{counted}; the StatefulSet is scaling to them"
+    if not done:
+        return "Rolling", "RollingOut", (
+            f"{counted}; a new pod template is rolling through the pods, one at a time")
+    if not all_ready:
+        starting = [pod.name for pod in live
+                    if pod.name not in observed.site_ids or pod.name in missing_ids]
+        if len(starting) == len([pod for pod in live if not pod.ready]) + len(missing_ids):
+            # Every pod short of being a site never was one: a scale's new pods
+            # starting (or, before the first placement, the first ones).
+            return ("Scaling" if placed else "Pending"), "Scaling", (
+                f"{counted}; new sites starting: " + ", ".join(sorted(starting)))
+        message = counted
+        not_ready = [pod.name for pod in live if not pod.ready]
+        if not_ready:
+            message += "; not ready: " + ", ".join(not_ready)
+        if missing_ids:
+            message += "; admin API not answering: " + ", ".join(missing_ids)
+        return "Degraded", "SitesNotReady", message
+    if replication is None or not placed:
+        why = f" ({replication.waiting})" if replication and replication.waiting else ""
+        return "Pending", "Placing", (
+            f"{counted}; waiting for the first placement of the shards{why}")
+    if replication.under_replicated and not replication.rebalancing:
+        return "Degraded", "UnderReplicated", (
+            f"{counted}; {replication.under_replicated} shards under-replicated")
+    if replication.no_plan:
+        return "Degraded", "NoPlan", f"{counted}; {replication.no_plan}"
+    if replication.generation < observed.spec_generation:
+        return "Pending", "Planning", (
+            f"{counted}; the replication controller has not yet followed "
+            f"generation {observed.spec_generation}")
+    if replication.rebalancing:
+        short = (f", {replication.under_replicated} shards short of a replica until it ends"
+                 if replication.under_replicated else "")
+        return "Rebalancing", "PlanRunning", (
+            f"{counted}; {replication.pending} replica transitions to go{short}")
+    return "Ready", "AllSitesReady", f"{counted}; every shard fully replicated"
+
+
 def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]],
                    now: str) -> dict[str, Any]:
     """The whole `status` (less what other handlers own); `now`: an RFC 3339 time."""
@@ -114,39 +185,7 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     counted = f"{len(ready)} of {kept} sites ready" + (
         f" ({departing} departing, their replicas moving off first)" if departing else "")
 
-    if not done:
-        phase, reason = "Pending", "RollingOut"
-        message = f"{counted}; the StatefulSet is rolling out (created, scaled or a new config)"
-    elif not all_ready:
-        phase, reason = "Degraded", "SitesNotReady"
-        not_ready = [pod.name for pod in live if not pod.ready]
-        message = counted
-        if not_ready:
-            message += "; not ready: " + ", ".join(not_ready)
-        if missing_ids:
-            message += "; admin API not answering: " + ", ".join(missing_ids)
-    elif replication is None or not placed:
-        phase, reason = "Pending", "Placing"
-        message = f"{counted}; waiting for the first placement of the shards"
-    elif replication.leaderless:
-        phase, reason = "Degraded", "NoLeader"
-        message = f"{counted}; {replication.leaderless} shards without a leader that answers"
-    elif replication.under_replicated:
-        phase, reason = "Degraded", "UnderReplicated"
-        message = f"{counted}; {replication.under_replicated} shards under-replicated"
-    elif replication.no_plan:
-        phase, reason = "Degraded", "NoPlan"
-        message = f"{counted}; {replication.no_plan}"
-    elif replication.generation < observed.spec_generation:
-        phase, reason = "Pending", "Planning"
-        message = (f"{counted}; the replication controller has not yet followed "
-                   f"generation {observed.spec_generation}")
-    elif replication.rebalancing:
-        phase, reason = "Rebalancing", "PlanRunning"
-        message = f"{counted}; {replication.pending} replica transitions to go"
-    else:
-        phase, reason = "Ready", "AllSitesReady"
-        message = f"{counted}; every shard fully replicated"
+    phase, reason, message = _phase(observed, done, all_ready, counted, live, missing_ids)
     serving = all_ready and placed and replication is not None and not replication.leaderless
 
     rebalancing, rebalance_reason, rebalance_message = _replication_conditions(replication)

@@ -88,8 +88,10 @@ def test_replication_decides_the_phase_once_the_sites_are_ready() -> None:
         (replication(placed=False), "Pending", ("False", "Placing"), ("False", "NotPlaced")),
         (replication(pending=4), "Rebalancing", ("True", "AllSitesReady"),
          ("True", "PlanRunning")),
-        (replication(under=2, pending=1), "Degraded", ("True", "AllSitesReady"),
+        # Short of replicas while the plan adding them runs (a raised factor).
+        (replication(under=2, pending=1), "Rebalancing", ("True", "AllSitesReady"),
          ("True", "PlanRunning")),
+        (replication(under=2), "Degraded", ("True", "AllSitesReady"), ("False", "Balanced")),
         (replication(leaderless=1, under=1), "Degraded", ("False", "NoLeader"),
          ("False", "Balanced")),
     ]
@@ -136,37 +138,50 @@ def test_departing_pods_kept_while_they_hold_replicas() -> None:
     assert status["phase"] == "Rebalancing"
     assert "2 departing" in status["conditions"][0]["message"]
     assert (status["replicas"], status["readyReplicas"]) == (5, 5)
-    # Once they hold none, the StatefulSet shrinks to 3: rolling out until it has.
+    # Once they hold none, the StatefulSet shrinks to 3: scaling until it has.
     status = compute_status(observed(3, pods(5), stateful_set(5), kept=3), [], T0)
-    assert status["phase"] == "Pending"
+    assert status["phase"] == "Scaling"
 
 
-def test_pending_while_rolling_out() -> None:
+def test_pending_rolling_or_scaling_while_the_stateful_set_rolls_out() -> None:
     cases = [
-        (3, None, pods(0)),  # no StatefulSet yet
-        (3, stateful_set(3, generation=2, observed=1), pods(3)),  # spec not acted on
-        (3, stateful_set(3, updated=2, update="r2"), pods(3)),  # a new template rolling
-        (4, stateful_set(4, updated=3), pods(3)),  # scaled to 4, the 4th pod not made
-        (4, stateful_set(3), pods(3)),  # scaled to 4, the StatefulSet not yet
+        (3, None, pods(0), "Pending", "RollingOut"),  # no StatefulSet yet
+        # the spec not acted on yet, pods the same: a roll
+        (3, stateful_set(3, generation=2, observed=1), pods(3), "Rolling", "RollingOut"),
+        (3, stateful_set(3, updated=2, update="r2"), pods(3), "Rolling", "RollingOut"),
+        # scaled to 4, the 4th pod not made
+        (4, stateful_set(4, updated=3), pods(3), "Scaling", "Scaling"),
+        (4, stateful_set(3), pods(3), "Scaling", "Scaling"),  # the StatefulSet not yet
     ]
-    for sites, sts, found in cases:
+    for sites, sts, found, phase, reason in cases:
         status = compute_status(observed(sites, found, sts), [], T0)
-        assert status["phase"] == "Pending", (sites, sts)
-        assert conditions(status)["Ready"] == ("False", "RollingOut")
+        assert status["phase"] == phase, (sites, sts)
+        assert conditions(status)["Ready"] == ("False", reason)
         assert conditions(status)["Degraded"][0] == "False"
+    # The first pods, before the first placement: Pending.
+    first = observed(3, pods(1, 2), stateful_set(3), placement=None)
+    assert compute_status(first, [], T0)["phase"] == "Pending"
+
+
+KNOWN = {"mq-0": "SITE0", "mq-1": "SITE1", "mq-2": "SITE2"}
 
 
 def test_degraded_when_rolled_out_but_a_site_is_not_ready() -> None:
-    status = compute_status(observed(3, pods(2, 1), stateful_set(3)), [], T0)
+    status = compute_status(observed(3, pods(2, 1), stateful_set(3), ids=KNOWN), [], T0)
     assert status["phase"] == "Degraded"
     assert conditions(status)["Degraded"] == ("True", "SitesNotReady")
     assert "not ready: mq-2" in status["conditions"][1]["message"]
     assert status["readyReplicas"] == 2
-    # A ready pod whose admin API does not answer is not a known site.
-    status = compute_status(observed(3, pods(3), stateful_set(3),
-                                     ids={"mq-0": "A", "mq-1": "B"}), [], T0)
+    # A ready pod whose admin API does not answer is not a known site: next to a
+    # known site that is not ready, Degraded; alone, a new site starting (a scale).
+    status = compute_status(observed(4, pods(3, 1), stateful_set(4),
+                                     ids={"mq-0": "A", "mq-1": "B", "mq-3": "D"}), [], T0)
     assert status["phase"] == "Degraded"
     assert "admin API not answering: mq-2" in status["conditions"][0]["message"]
+    status = compute_status(observed(3, pods(3), stateful_set(3),
+                                     ids={"mq-0": "A", "mq-1": "B"}), [], T0)
+    assert status["phase"] == "Scaling"
+    assert "new sites starting: mq-2" in status["conditions"][0]["message"]
 
 
 def test_terminating_pods_are_not_sites() -> None:
@@ -179,7 +194,8 @@ def test_transition_times_change_only_with_the_status() -> None:
     first = compute_status(observed(3, pods(3), stateful_set(3)), [], T0)
     again = compute_status(observed(3, pods(3), stateful_set(3)), first["conditions"], T1)
     assert [c["lastTransitionTime"] for c in again["conditions"]] == [T0, T0, T0]
-    degraded = compute_status(observed(3, pods(2, 1), stateful_set(3)), again["conditions"], T1)
+    degraded = compute_status(observed(3, pods(2, 1), stateful_set(3), ids=KNOWN),
+                              again["conditions"], T1)
     times = {c["type"]: c["lastTransitionTime"] for c in degraded["conditions"]}
     assert times == {"Ready": T1, "Degraded": T1, "Rebalancing": T0}
 
@@ -202,3 +218,71 @@ def test_rolled_out() -> None:
     assert rolled_out(observed(3, pods(3), stateful_set(3)))
     assert not rolled_out(observed(3, pods(3), stateful_set(3, current="r1", update="r2")))
     assert not rolled_out(observed(3, pods(3), None))
+
+
+def test_planned_changes_are_progress_not_degradation() -> None:
+    """Issue 21, defect 7: planned, healthy scales and config rolls showed phase
+    Degraded (and its Warning event). A pod restarting in a roll, the new pods of a
+    scale, shards short of a replica while the plan that fixes them runs: progress."""
+    cases = [
+        # A config roll: the StatefulSet replaces one pod at a time; mq-2 restarts and
+        # its replicas are not up meanwhile.
+        ("Rolling", "RollingOut", observed(
+            3, pods(2, 1), stateful_set(3, updated=1, current="r1", update="r2"),
+            placement=replication(under=1))),
+        # Scaled 3 -> 5: the StatefulSet made the two pods, they are not ready yet.
+        ("Scaling", "Scaling", observed(5, pods(3, 2), stateful_set(5))),
+        # Scaled, the StatefulSet not yet acted on the new count.
+        ("Scaling", "Scaling", observed(5, pods(3), stateful_set(3, generation=2))),
+        # Replication factor 1 -> 2: every shard is short of its second replica until
+        # the plan adding them ends.
+        ("Rebalancing", "PlanRunning", observed(3, pods(3), stateful_set(3),
+                                               placement=replication(under=2, pending=2))),
+    ]
+    for phase, reason, seen in cases:
+        status = compute_status(seen, [], T0)
+        assert (status["phase"], conditions(status)["Degraded"]) == (
+            phase, ("False", reason)), seen
+
+
+def test_degraded_when_nothing_planned_explains_it() -> None:
+    cases = [
+        # Rolled out, no roll or scale: a site that is not ready.
+        ("SitesNotReady", observed(3, pods(2, 1), stateful_set(3), ids=KNOWN)),
+        # Under-replicated with no plan running (a site gone).
+        ("UnderReplicated", observed(3, pods(3), stateful_set(3),
+                                     placement=replication(under=1))),
+        # A shard without a leader that answers, even in the middle of a roll or scale.
+        ("NoLeader", observed(3, pods(2, 1), stateful_set(3, updated=1, update="r2"),
+                              placement=replication(leaderless=1, under=1))),
+        ("NoLeader", observed(5, pods(3, 2), stateful_set(5),
+                              placement=replication(leaderless=1, under=1, pending=2))),
+    ]
+    for reason, seen in cases:
+        status = compute_status(seen, [], T0)
+        assert (status["phase"], conditions(status)["Degraded"]) == (
+            "Degraded", ("True", reason)), seen
+
+
+def test_placing_says_why_a_recreated_storage_waits() -> None:
+    """Issue 21, defect 5: a storage deleted and made again over its retained volumes
+    stays Placing (the sites hold a placement its new status.controller does not
+    know); the reason pointed at a `placement.json` the operator has none of."""
+    from stratamq.broker.cluster.decisions import ClusterState, Settings, decide
+    from stratamq.broker.cluster.sites import SiteState
+    from stratamq.operator.controller import in_operator_terms
+
+    # What decisions.py says of a site that holds placement 7 to a controller with none.
+    held = SiteState(id="S1", admin_url="", last_seen=100.0, answered=True,
+                     placement_version=7)
+    [note] = decide(ClusterState(), {"S1": held}, 100.0, 0.0,
+                    Settings(replication_factor=1, n_shards=2, heartbeat_interval=1.0)).notes
+    assert "placement.json" in note
+    said = in_operator_terms(note)
+    assert "placement.json" not in said and "status.controller has none" in said
+    assert "deleted and made again over its retained volumes" in said
+    assert in_operator_terms("waiting for sites: 1 up") == "waiting for sites: 1 up"
+    view = replace(replication(placed=False), waiting=said)
+    status = compute_status(observed(3, pods(3), stateful_set(3), placement=view), [], T0)
+    assert status["phase"] == "Pending"
+    assert said in status["conditions"][0]["message"]
