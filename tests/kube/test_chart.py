@@ -48,8 +48,9 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
-        "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap", "ClusterRole", "ClusterRole",
-        "ClusterRoleBinding", "Service", "Deployment", "ClusterKopfPeering"]
+        "PriorityClass", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+        "ClusterKopfPeering"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
                   "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
@@ -217,6 +218,28 @@ def test_nothing_that_looks_for_sites_finds_the_operators_pod(tmp_path: Path) ->
         f"{key}={value}" for key, value in resources.site_selector_labels("mq").items())
 
 
+def test_the_operator_is_the_last_evicted_and_kept_through_drains(tmp_path: Path) -> None:
+    """While no operator runs nothing fails over: its pods get a PriorityClass above
+    ordinary workloads (the chart's own, or the one named), and with two replicas or
+    more a disruption budget keeps one through node drains (with one it would block
+    every drain)."""
+    docs = render(tmp_path)
+    [priority] = [doc for doc in docs if doc["kind"] == "PriorityClass"]
+    assert priority["value"] == 1000000 and priority["globalDefault"] is False
+    assert operator_pod_template(tmp_path)["spec"]["priorityClassName"] \
+        == priority["metadata"]["name"] == "mq-stratamq-operator"
+    assert not [doc for doc in docs if doc["kind"] == "PodDisruptionBudget"]
+    docs = render(tmp_path, "--set", "operator.replicas=2",
+                  "--set", "operator.priorityClassName=platform-critical")
+    assert not [doc for doc in docs if doc["kind"] == "PriorityClass"]
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert deployment["spec"]["template"]["spec"]["priorityClassName"] == "platform-critical"
+    [budget] = [doc for doc in docs if doc["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() \
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_the_operators_root_is_read_only_with_a_writable_tmp(tmp_path: Path) -> None:
     """The Kubernetes client keeps its discovery cache under /tmp: with a read-only root
     and nothing mounted there, the operator crashed in its own pod."""
@@ -244,6 +267,11 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
     # The accounts the pods name must exist (the ServiceAccount admission checks that).
     for account in ("mq-stratamq-operator", "mq-spark"):
         crds.kubectl("create", "serviceaccount", "-n", namespace, account)
+    # ... and so must the operator's PriorityClass (the Priority admission checks it):
+    # the chart's own, created for real beside the dry runs (cluster-wide, so removed
+    # at the end)
+    [priority] = [doc for doc in render(tmp_path) if doc["kind"] == "PriorityClass"]
+    crds.kubectl("create", "-f", "-", input=json.dumps(priority))
     deadline = time.monotonic() + 30  # `default`: made by the controller manager
     while crds.kubectl("get", "serviceaccount", "-n", namespace, "default",
                        check=False).returncode != 0:
@@ -260,7 +288,10 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
     pods = [as_pod("operator", operator_pod_template(tmp_path)),
             as_pod("site", site_template),
             as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
-    for pod in pods:
-        result = crds.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
-                              input=json.dumps(pod), check=False)
-        assert result.returncode == 0, f"{pod['metadata']['name']}: {result.stderr}"
+    try:
+        for pod in pods:
+            result = crds.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                                  input=json.dumps(pod), check=False)
+            assert result.returncode == 0, f"{pod['metadata']['name']}: {result.stderr}"
+    finally:
+        crds.kubectl("delete", "priorityclass", priority["metadata"]["name"])

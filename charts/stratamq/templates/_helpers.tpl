@@ -23,3 +23,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
+
+{{/* The PriorityClass of the operator's pods: the values' name, else the chart's own. */}}
+{{- define "stratamq.operatorPriorityClass" -}}
+{{- if .Values.operator.priorityClassName -}}
+{{ .Values.operator.priorityClassName }}
+{{- else if .Values.operator.priorityClass.create -}}
+{{ include "stratamq.operatorName" . }}
+{{- end -}}
+{{- end -}}
