@@ -44,6 +44,10 @@ class Peers(Protocol):
     async def call(self, site: str, name: str, body: dict[str, Any],
                    within: float) -> dict[str, Any]: ...
 
+    def peer_time(self, site: str, local: float) -> float:
+        """This site's wall clock time `local` in `site`'s clock."""
+        ...
+
 
 class NotOwnerError(StratamqError):
     """The client id's session belongs to another user (the owning site said so)."""
@@ -107,7 +111,9 @@ class Ownership:
         try:
             answer = await self._peers.call(
                 owner, RELEASE, {"client_id": client_id, "username": username,
-                                 "deadline": time.time() + self._within}, self._within)
+                                 # in the owner's clock: its own may be off
+                                 "deadline": self._peers.peer_time(
+                                     owner, time.time() + self._within)}, self._within)
         except StratamqError as exc:
             # down or cut off: the claim goes ahead, and its epoch fences that site
             log.warning("client %r: site %s did not let go of it (%s); taking it over "

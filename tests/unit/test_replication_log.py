@@ -175,6 +175,28 @@ def test_a_leader_counts_how_long_no_majority_has_answered_it(tmp_path: Path) ->
     assert alone.quorum_age(100.0) == 0.0  # a majority by itself
 
 
+def test_a_leader_confirms_it_leads_only_by_answers_to_requests_sent_after_a_read(
+        tmp_path: Path) -> None:
+    """Issue 22, "a deposed leader answers reads": what proves leadership for a read
+    that began at some moment is a majority answering requests sent from then on; an
+    answer that arrives later to a request sent earlier proves nothing of that moment."""
+    three = Leadership.begin("a", 1, ShardLog(tmp_path / "3"), ("a", "b", "c"), now=0.0)
+    assert not three.confirmed_since(5.0)
+    three.confirmed_by("b", 4.9)  # sent before the read began
+    assert not three.confirmed_since(5.0)
+    three.confirmed_by("c", 5.0)
+    assert three.confirmed_since(5.0) and not three.confirmed_since(5.1)
+    three.confirmed_by("c", 3.0)  # a late answer to an older request: no step back
+    assert three.confirmed_since(5.0)
+    five = Leadership.begin("a", 1, ShardLog(tmp_path / "5"), tuple("abcde"), now=0.0)
+    five.confirmed_by("b", 7.0)
+    assert not five.confirmed_since(6.0)  # a and b are not three of five
+    five.confirmed_by("e", 6.5)
+    assert five.confirmed_since(6.0) and not five.confirmed_since(7.0)
+    alone = Leadership.begin("a", 1, ShardLog(tmp_path / "1"), ("a",), now=0.0)
+    assert alone.confirmed_since(100.0)  # a majority by itself
+
+
 def test_a_follower_commits_only_what_is_known_to_be_the_leaders(tmp_path: Path) -> None:
     follower = ShardLog(tmp_path / "f")
     follower.append_as_leader(1, batches("a", "b", "stale"))  # (1, 3) never committed

@@ -32,6 +32,7 @@ from .bootstrap import (
     remove_checkpoints,
     serve_checkpoint,
 )
+from .clock import ClockOffsets
 from .feed import CommitFeed
 from .log import Position, ShardLog, StaleEpochError
 from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
@@ -170,9 +171,13 @@ class SiteReplication:
         self._handlers: dict[str, PeerHandler] = {}
         self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
         # connections to peers start from this site's own address (when it binds one)
+        # every peer's answer tells its clock: how far it is from this site's
+        clocks = ClockOffsets()
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(local_addr=local_addr))
-        self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0))
+            connector=aiohttp.TCPConnector(local_addr=local_addr),
+            trace_configs=[clocks.trace_config()])
+        self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0),
+                                 clocks=clocks)
         self._checkpoint_rate = settings.checkpoint_rate
         self._heartbeat_interval = settings.heartbeat_interval
         self.databases: dict[str, DatabaseReplication] = {}
@@ -316,7 +321,10 @@ class SiteReplication:
                 "stopping": self.stopping,
                 # how often an idle leader hears its followers: the controller allows
                 # a shard's `quorum_age` a few of these before it fails the shard over
-                "heartbeat_interval": self._heartbeat_interval}
+                "heartbeat_interval": self._heartbeat_interval,
+                # per peer address: how far its wall clock runs ahead of this site's
+                # (seconds, negative when behind), right within `uncertainty`
+                "clock_offsets": self.client.clocks.status()}
 
     def held(self) -> dict[str, Any]:
         """The placement this site keeps (None before the first push), with the peers'
@@ -545,6 +553,12 @@ class SiteReplication:
         if address is None:
             raise PeerError(f"no peer address known for site {site}")
         return await self.client.call(address, name, body, within)
+
+    def peer_time(self, site: str, local: float) -> float:
+        """This site's wall clock time `local` in `site`'s clock (as far as its
+        answers tell; unchanged for a site not heard from)."""
+        address = self.peers.get(site)
+        return local if address is None else self.client.clocks.peer_time(address, local)
 
     def peer_address(self, site: str) -> str | None:
         return self.peers.get(site)

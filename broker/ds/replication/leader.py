@@ -49,6 +49,9 @@ class Leadership:
     # and when this leadership began (a follower not heard from yet counts from then)
     heard: dict[str, float] = field(default_factory=dict)
     began: float = 0.0
+    # per follower: when the newest request it answered at this epoch was sent (the
+    # same clock): it had not seen a newer leader then (a read index, `confirmed_since`)
+    confirmed: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def begin(cls, site: str, epoch: int, log: ShardLog, replica_set: tuple[str, ...],
@@ -108,6 +111,21 @@ class Leadership:
     def heard_from(self, follower: str, at: float) -> None:
         """`follower` answered an append or heartbeat (accepted or not) at `at`."""
         self.heard[follower] = max(self.heard.get(follower, at), at)
+
+    def confirmed_by(self, follower: str, sent: float) -> None:
+        """`follower` answered, at this leader's epoch, a request sent at `sent`."""
+        self.confirmed[follower] = max(self.confirmed.get(follower, sent), sent)
+
+    def confirmed_since(self, at: float) -> bool:
+        """Whether a majority of the replica set, this leader included, answered at
+        its epoch requests sent at `at` or later: then no newer leader had fenced a
+        majority by `at` (it would have fenced one of them, which would have refused),
+        so nothing was committed without this leader by then, and a read of what it
+        holds once it applied its log as of `at` misses no write acknowledged before.
+        Raft's read index, with the controller's failover in place of an election."""
+        needed = majority(len(self.replica_set)) - 1  # this leader counts itself
+        return sum(1 for follower in self.replica_set if follower != self.site
+                   and self.confirmed.get(follower, -1.0) >= at) >= needed
 
     def quorum_age(self, now: float) -> float:
         """Seconds since a majority of the replica set, this leader included, last

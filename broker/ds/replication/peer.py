@@ -17,6 +17,7 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, StorageError
 from ..fence import FencedError
+from .clock import TIME_HEADER, ClockOffsets
 from .leader import AppendRequest, tail_for
 from .log import (
     AppendResult,
@@ -103,6 +104,7 @@ class PeerServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app.on_response_prepare.append(_stamp_time)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/fence", self._fence)
         app.router.add_get("/peer/v1/logs/{db}/{shard}/tail", self._tail)
@@ -292,9 +294,13 @@ class PeerServer:
 
 
 class PeerClient:
-    def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0) -> None:
+    def __init__(self, session: aiohttp.ClientSession, timeout: float = 5.0,
+                 clocks: ClockOffsets | None = None) -> None:
+        """`clocks`: the peers' clock offsets, estimated from this session's answers
+        (its `trace_config`); deadlines sent to a peer are stated in its clock."""
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.clocks = clocks or ClockOffsets()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -375,11 +381,11 @@ class PeerClient:
         """Forward a write (`wire.encode_submit`) to the shard's leader at `address`;
         returns once it is committed. PeerError (recoverable) otherwise."""
         url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
+        deadline = self.clocks.peer_time(address, time.time() + within)
         try:
             async with self._session.post(url, data=body,
                                           headers={"Content-Type": SUBMIT_CONTENT_TYPE,
-                                                   DEADLINE_HEADER:
-                                                       f"{time.time() + within:.6f}"},
+                                                   DEADLINE_HEADER: f"{deadline:.6f}"},
                                           timeout=aiohttp.ClientTimeout(total=within)
                                           ) as response:
                 reason = await response.read()
@@ -467,9 +473,16 @@ def _fenced_keys(body: bytes) -> frozenset[bytes]:
         raise PeerError(f"a refused fenced write answered with {body[:200]!r}") from error
 
 
+async def _stamp_time(_http: web.Request, response: web.StreamResponse) -> None:
+    """Every answer tells this site's wall clock, from which the asking site estimates
+    how far the two clocks are apart (`clock.py`)."""
+    response.headers[TIME_HEADER] = f"{time.time():.6f}"
+
+
 def _deadline(http: web.Request) -> float:
     """The wall-clock time after which the sender of a forwarded write no longer waits
-    for it (sites' clocks agree to well within a write timeout)."""
+    for it, in this site's clock (the sender converts it with its estimate of this
+    site's clock offset, `clock.py`)."""
     try:
         return float(http.headers.get(DEADLINE_HEADER, "inf"))
     except ValueError:

@@ -114,6 +114,8 @@ class ShardReplica:
         self._append_lock = asyncio.Lock()
         self._committed_moved = asyncio.Event()
         self._placement_changed = asyncio.Event()
+        # set (and replaced) each time a follower answers this leader
+        self._answered = asyncio.Event()
         self._closed = False
         # Held while committed entries are applied, and while a checkpoint replaces
         # the shard's data (so no entry of the old log lands on the new data).
@@ -399,7 +401,9 @@ class ShardReplica:
             heard={site: leading.heard.get(site, leading.began
                                            if site in leading.replica_set else now)
                    for site in followers},
-            began=leading.began)
+            began=leading.began,
+            confirmed={site: sent for site, sent in leading.confirmed.items()
+                       if site in followers})
         self._stop_senders()
         self._start_senders()
         self._advance()
@@ -435,6 +439,8 @@ class ShardReplica:
             f"write; it goes back to its site"))
         self._placement_changed.set()
         self._placement_changed = asyncio.Event()
+        self._answered.set()  # a read waiting for this leadership's confirmation fails
+        self._answered = asyncio.Event()
 
     # -- writing ------------------------------------------------------------------
 
@@ -620,9 +626,13 @@ class ShardReplica:
 
     async def barrier_offset(self) -> int:
         """As the shard's leader: the end of its log once the writes queued in its
-        write buffer (forwarded ones among them) have been tried. A replica that has
-        applied that far has every write this leader answered, and every write whose
-        outcome was still open here decided one way or the other."""
+        write buffer (forwarded ones among them) have been tried, and once a majority
+        confirmed that this site still leads (`confirm_leadership`). A replica that has
+        applied that far has every write acknowledged before the call, by this leader
+        or any other, and every write whose outcome was still open here decided one
+        way or the other."""
+        asked = time.monotonic()
+        deadline = asked + self._settings.write_timeout
         await self.until_leading()
         leadership = self.leadership
         if leadership is None or not leadership.current:
@@ -630,7 +640,33 @@ class ShardReplica:
         await self.database.drain_shard(self.shard_id)
         if self.leadership is not leadership or not leadership.current:
             raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
+        await self.confirm_leadership(asked, deadline)
         return self.log.last.offset
+
+    async def confirm_leadership(self, since: float, deadline: float) -> None:
+        """Return once a majority of the replica set answered this leader requests
+        sent at `since` (monotonic) or later (`Leadership.confirmed_since`): the
+        followers are sent a heartbeat at once. A leader cut off from its peers takes
+        itself for the leader until a placement tells it otherwise, while the
+        controller may have named another that took writes: its own copy must not
+        answer a read then. NotLeaderError when it stops leading meanwhile,
+        StorageTimeoutError when no majority answers by `deadline`."""
+        for event in self._send_now.values():
+            event.set()  # a request in flight now is sent again once answered
+        leadership = self.leadership
+        while leadership is not None and leadership.current \
+                and not leadership.confirmed_since(since):
+            answered = self._answered
+            try:
+                await asyncio.wait_for(answered.wait(), self._remaining(deadline))
+            except TimeoutError:
+                raise StorageTimeoutError(
+                    f"{self._label}: no majority of replicas confirmed within "
+                    f"{self._settings.write_timeout}s that this site still leads the "
+                    f"shard; it answers no read") from None
+            leadership = self.leadership  # a changed replica set replaces it
+        if leadership is None or not leadership.current:
+            raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
 
     async def read_barrier(self) -> None:
         """Return once this replica has applied everything its leader had appended
@@ -758,6 +794,7 @@ class ShardReplica:
                                                f"{self.log.last.offset} entries",
                                                self.log.first_offset)
                 request = await self._run(leadership.request_for, follower)
+                sent = time.monotonic()
                 result = await self._client.append(address, self.database.name,
                                                    self.shard_id, request)
             except BootstrapNeededError as exc:
@@ -774,6 +811,9 @@ class ShardReplica:
             if self.leadership is not leadership:
                 return
             leadership.heard_from(follower, time.monotonic())
+            leadership.confirmed_by(follower, sent)
+            self._answered.set()
+            self._answered = asyncio.Event()
             told_committed = request.committed
             before = leadership.committed
             leadership.on_result(follower, result)

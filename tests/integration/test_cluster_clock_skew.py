@@ -1,0 +1,88 @@
+"""A site whose wall clock is off (issue 22, "cross-site deadlines compare wall clocks
+with no skew check"; docs/architecture.md "Replication").
+
+Three sites, one of them run under libfaketime (Debian's `faketime` package) with its
+wall clock ahead of the others' (its monotonic clock left alone). A forwarded write
+carries the sender's deadline, which the leader compared with its own wall clock: a
+leader ahead by more than `write_timeout` took every write forwarded to it for one
+that arrived after its sender gave up, and refused it (a publisher on another site
+got no PUBACK for a message of a shard that site leads). Sites now estimate each
+peer's clock offset from a timestamp in every peer answer (NTP style, within half a
+round trip), report it (`clock_offsets` in the replication view, the metric
+`stratamq_ds_peer_clock_offset_seconds`), warn past `CLOCK_SKEW_WARNING`, and state
+a deadline sent to a peer in that peer's clock. Skew within and beyond
+`write_timeout`: every write acknowledged, the skew reported."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from stratamq.broker.ds.database import shard_of
+from tests.support.clients import PahoClient, unique
+from tests.support.cluster import Cluster
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+SITES = 3
+N_SHARDS = 3
+WRITE_TIMEOUT = 3.0
+SKEWED = 2
+MESSAGES = 10
+
+
+def client_id_on_shard(prefix: str, shard: int) -> str:
+    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
+    return next(f"{prefix}-{n}" for n in range(10_000)
+                if shard_of(f"{prefix}-{n}", N_SHARDS) == shard)
+
+
+@pytest.mark.skipif(not FAKETIME.exists(), reason="libfaketime is not installed "
+                    "(Debian: apt-get install faketime)")
+@pytest.mark.parametrize("skew", [1.0, 10.0], ids=["within-write-timeout",
+                                                   "beyond-write-timeout"])
+def test_writes_forwarded_to_a_site_with_a_skewed_clock_are_taken(tmp_path: Path,
+                                                                  skew: float) -> None:
+    cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS,
+                      site_config={"cluster": {"write_timeout": f"{WRITE_TIMEOUT}s"}})
+    cluster.sites[SKEWED].wrapper = ("env", f"LD_PRELOAD={FAKETIME}", f"FAKETIME=+{skew}s",
+                                     "DONT_FAKE_MONOTONIC=1")
+    publisher: PahoClient | None = None
+    try:
+        cluster.start()
+        led = [shard for shard, leader in cluster.leaders().items() if leader == SKEWED]
+        assert led, f"site-{SKEWED} leads no shard of messages:\n{cluster.describe()}"
+        writer = next(k for k in range(SITES) if k != SKEWED)
+        publisher = PahoClient(cluster.sites[writer].port,
+                               client_id_on_shard(unique("skew"), led[0]),
+                               host=cluster.sites[writer].host)
+        acknowledged = 0
+        started = time.monotonic()
+        try:
+            assert publisher.connect().reason_code == 0
+            for number in range(MESSAGES):
+                if publisher.publish("skew/t", str(number).encode(), qos=1) == 0:
+                    acknowledged += 1
+        except AssertionError as exc:  # no CONNACK or no PUBACK in time
+            print(f"\n{exc}")
+        took = time.monotonic() - started
+        offsets = cluster.sites[writer].replication().get("clock_offsets", {})
+        skewed_log = cluster.sites[SKEWED].log()
+        writer_log = cluster.sites[writer].log()
+    finally:
+        if publisher is not None:
+            publisher.stop()
+        cluster.close()
+    reported = max((entry["offset"] for entry in offsets.values()), default=None)
+    print(f"\nsite-{SKEWED} {skew:+.0f}s ahead, leads messages/{led[0]}; a publisher on "
+          f"site-{writer}: {acknowledged} of {MESSAGES} QoS 1 messages acknowledged in "
+          f"{took:.1f}s; site-{writer} reports peer clock offsets {offsets}; "
+          f"'expired' refusals at site-{SKEWED}: {skewed_log.count('expired')}")
+    assert acknowledged == MESSAGES, \
+        f"{acknowledged} of {MESSAGES} writes forwarded to a site {skew}s ahead acknowledged"
+    assert reported is not None and abs(reported - skew) < 0.5, \
+        f"site-{writer} reports offsets {offsets}, the skew is {skew}s"
+    if skew > 1.0:
+        assert "clock" in writer_log and "ahead" in writer_log, \
+            "no warning of the skewed clock in the log"
