@@ -11,9 +11,11 @@ CONFIG ?= config/stratamq.yaml
 install: $(STAMP)
 
 # Real peers the tests and benchmarks run: Prometheus (scrapes /metrics in a test),
-# Mosquitto and its C clients (benchmark peer and load generator). Debian packages.
-SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub
-SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients
+# Mosquitto and its C clients (benchmark peer and load generator); libfaketime (a site
+# with its clock off, in the clock-skew test) and a C compiler (the power-loss shim of
+# the trimming test). Debian packages.
+SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub faketime cc
+SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients faketime gcc
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml

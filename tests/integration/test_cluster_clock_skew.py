@@ -38,12 +38,11 @@ def client_id_on_shard(prefix: str, shard: int) -> str:
                 if shard_of(f"{prefix}-{n}", N_SHARDS) == shard)
 
 
-@pytest.mark.skipif(not FAKETIME.exists(), reason="libfaketime is not installed "
-                    "(Debian: apt-get install faketime)")
 @pytest.mark.parametrize("skew", [1.0, 10.0], ids=["within-write-timeout",
                                                    "beyond-write-timeout"])
 def test_writes_forwarded_to_a_site_with_a_skewed_clock_are_taken(tmp_path: Path,
                                                                   skew: float) -> None:
+    assert FAKETIME.exists(), "libfaketime is missing: `make test` installs Debian's faketime"
     cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS,
                       site_config={"cluster": {"write_timeout": f"{WRITE_TIMEOUT}s"}})
     cluster.sites[SKEWED].wrapper = ("env", f"LD_PRELOAD={FAKETIME}", f"FAKETIME=+{skew}s",
