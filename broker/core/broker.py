@@ -58,7 +58,8 @@ class Broker:
         and the peer port serves other sites' takeovers of client ids."""
         sessions_db = await storage.open_kv_db(SESSIONS_DB, n_shards, sync_writes)
         retained_db = await storage.open_kv_db(RETAINED_DB, n_shards, sync_writes)
-        retained = RetainedStore(retained_db)
+        retained = RetainedStore(retained_db) if replication is None else RetainedStore(
+            retained_db, clock_lead=replication.peers_clock_lead)
         await retained.load()
         store = SessionStore(sessions_db, messages,
                              owner=storage.site_id if replication is not None else "")

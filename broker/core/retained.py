@@ -4,14 +4,19 @@ messages its filter matches.
 
 On a replicated site (a cluster) other sites set and delete retained messages too, and
 no index here would see them: a filter with wildcards scans the database (every
-shard, wherever its replicas are, a page at a time), a topic name reads its one key."""
+shard, wherever its replicas are, a page at a time), a topic name reads its one key.
+A message carries the wall clock of the site that set it: one set on a site whose
+clock runs ahead carries a later time than this site's SUBSCRIBE though it came
+first, so a SUBSCRIBE takes those up to `clock_lead` seconds past its time (the
+furthest a peer's clock is known to run ahead): a message set just after it may then
+come twice (live and retained), none is left out."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from ..ds import KvDatabase, Message, decode_message, encode_message
 from ..session.expiry import is_expired
@@ -24,9 +29,14 @@ from .topic_index import TopicIndex
 _READ_BATCH = 500
 
 
+def _no_lead() -> float:
+    return 0.0
+
+
 class RetainedStore:
-    def __init__(self, db: KvDatabase) -> None:
+    def __init__(self, db: KvDatabase, clock_lead: Callable[[], float] = _no_lead) -> None:
         self._db = db
+        self._clock_lead = clock_lead
         self._lock = asyncio.Lock()
         self._index = TopicIndex()
         self._indexed = not db.database.replicated
@@ -55,9 +65,11 @@ class RetainedStore:
         """The retained messages the filter matches, a page of at most `_READ_BATCH`
         at a time, so a caller holds one page and not the whole set. Left out: the
         expired ones, and those set at or after `before_us` (microseconds, the time
-        of the SUBSCRIBE): the subscription had them live already. The set may
+        of the SUBSCRIBE, plus `clock_lead`): the subscription had them live
+        already. The set may
         change while it is read: each topic is read as it is when its page is."""
         levels = validate_filter(topic_filter)
+        before_us += int(self._clock_lead() * 1_000_000)
         if self._indexed:
             topics = self._index.matching(levels)
             while batch := list(itertools.islice(topics, _READ_BATCH)):

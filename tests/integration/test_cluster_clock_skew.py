@@ -85,3 +85,43 @@ def test_writes_forwarded_to_a_site_with_a_skewed_clock_are_taken(tmp_path: Path
     if skew > 1.0:
         assert "clock" in writer_log and "ahead" in writer_log, \
             "no warning of the skewed clock in the log"
+
+
+def test_a_retained_message_set_on_a_site_ahead_reaches_a_subscribe_elsewhere(
+        tmp_path: Path) -> None:
+    """A retained message carries the clock of the site that set it. Set on a site 5 s
+    ahead, then subscribed to on another site at once, it carried a time after the
+    SUBSCRIBE's and was left out as if it had come live: it never came at all."""
+    assert FAKETIME.exists(), "libfaketime is missing: `make test` installs Debian's faketime"
+    skew = 5.0
+    cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS)
+    cluster.sites[SKEWED].wrapper = ("env", f"LD_PRELOAD={FAKETIME}", f"FAKETIME=+{skew}s",
+                                     "DONT_FAKE_MONOTONIC=1")
+    clients: list[PahoClient] = []
+    try:
+        cluster.start()
+        reader = next(k for k in range(SITES) if k != SKEWED)
+        # the reader's site has heard from the skewed one over the peer port
+        deadline = time.monotonic() + 20
+        while not any(entry["offset"] > skew - 1 for entry in cluster.sites[reader]
+                      .replication().get("clock_offsets", {}).values()):
+            assert time.monotonic() < deadline, "no clock offset of the skewed site known"
+            time.sleep(0.2)
+        topics = [f"skew/retained/{number}" for number in range(5)]
+        setter = PahoClient(cluster.sites[SKEWED].port, unique("setter"),
+                            host=cluster.sites[SKEWED].host)
+        clients.append(setter)
+        assert setter.connect().reason_code == 0
+        for topic in topics:
+            assert setter.publish(topic, topic.encode(), qos=1, retain=True) == 0
+        subscriber = PahoClient(cluster.sites[reader].port, unique("reader"),
+                                host=cluster.sites[reader].host)
+        clients.append(subscriber)
+        assert subscriber.connect().reason_code == 0
+        subscriber.subscribe("skew/retained/#", qos=1)
+        got = sorted(message.topic for message in subscriber.expect(len(topics)))
+    finally:
+        for client in clients:
+            client.stop()
+        cluster.close()
+    assert got == topics

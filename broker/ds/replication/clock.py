@@ -11,7 +11,10 @@ tightest bound), so a slow answer does not move it.
 
 What uses it: deadlines sent to a peer (a forwarded write, a release of a client id)
 are stated in that peer's clock, so a site whose clock is off neither refuses writes
-as expired nor takes late ones. The offsets are reported (`status`, the metric
+as expired nor takes late ones; the retained messages a SUBSCRIBE sends take those
+set up to `largest_lead` past its time (set on a site whose clock runs ahead, they
+carry a later time though they came before the subscription's routes). The offsets
+are reported (`status`, the metric
 `stratamq_ds_peer_clock_offset_seconds`) and a warning logged once an offset passes
 `CLOCK_SKEW_WARNING` beyond its uncertainty: message timestamps, shared-subscription
 membership and retained-message times are wall clocks of the site that made them."""
@@ -80,6 +83,12 @@ class ClockOffsets:
         before it answered anything)."""
         kept = self._estimates.get(address)
         return 0.0 if kept is None else kept.offset
+
+    def largest_lead(self) -> float:
+        """Seconds the clock of the peer furthest ahead may run ahead of this site's
+        (its offset plus that estimate's uncertainty; 0 when none runs ahead)."""
+        return max([0.0, *(kept.offset + kept.uncertainty
+                            for kept in self._estimates.values())])
 
     def peer_time(self, address: str, local: float) -> float:
         """This site's wall clock time `local` in the clock of the peer at `address`."""

@@ -554,6 +554,10 @@ class SiteReplication:
             raise PeerError(f"no peer address known for site {site}")
         return await self.client.call(address, name, body, within)
 
+    def peers_clock_lead(self) -> float:
+        """Seconds the peer clock furthest ahead of this site's may run ahead of it."""
+        return self.client.clocks.largest_lead()
+
     def peer_time(self, site: str, local: float) -> float:
         """This site's wall clock time `local` in `site`'s clock (as far as its
         answers tell; unchanged for a site not heard from)."""
