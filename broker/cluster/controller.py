@@ -20,7 +20,9 @@ Two controllers on different folders are told apart by the controller term
 (`broker/ds/replication/term.py`, `terms.py`): once a majority of the sites answered,
 a starting controller takes a term above every term they report, claims it at the
 sites (`PUT /api/v1/ds/controller-term`) and decides nothing until a majority holds
-it; it stamps every push with it. A site refuses a lower term; a controller that
+it, then adopts the newest placement those sites keep (`decisions.adopt`: what an
+older controller pushed before they took the new term); it stamps every push with
+its term. A site refuses a lower term; a controller that
 learns of a higher one (a site reports it or refuses with it) steps aside for good:
 it logs an error once, says `fenced` on `/healthz` (503) and in
 `stratamq_cluster_controller_fenced`, and decides and pushes nothing more.
@@ -294,6 +296,9 @@ class Controller:
             self.claimed = True
             log.info("controller term %s held by a majority of the sites: deciding",
                      self.term)
+            # what the previous controller pushed before these sites took this term,
+            # even under a version this controller has too, is the starting point
+            self._refused.add(self.controller_id)
         return True
 
     def _say_once(self, note: str) -> None:

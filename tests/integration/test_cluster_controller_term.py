@@ -14,6 +14,7 @@ beyond wide bounds."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -118,4 +119,46 @@ def test_a_second_controller_fences_the_first_and_only_it_fails_over(
     assert epochs[0] == shard_epoch(before, "messages", 0) + 1, context
     assert resumed is not None, context
     for text in (first_log, second_log):
+        assert "Traceback" not in text, context
+
+
+def test_two_controllers_started_at_once_end_with_one(tmp_path: Path) -> None:
+    """Two fresh controllers over three fresh sites, started together (processes start
+    a second or so apart, so the later one usually takes the higher number; the tie of
+    numbers, broken by the controller id, is tested on a real site in
+    test_replication_replica.py): one steps aside, the cluster is placed once (every
+    site keeps the same placement and term) and neither takes another term."""
+    cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS, heartbeat_interval=HEARTBEAT)
+    controllers = [cluster.controller,
+                   ControllerProcess(tmp_path / "controller-b", "127.0.0.1", cluster.sites,
+                                     replication_factor=3, n_shards=N_SHARDS,
+                                     heartbeat_interval=HEARTBEAT)]
+    try:
+        for site in cluster.sites:
+            site.start()
+        cluster.site_ids = [site.replication()["site"] for site in cluster.sites]
+        for controller in controllers:
+            controller.start()
+        placed = cluster.wait_ready(60)
+        one_fenced = poll(lambda: sorted(health(c)[0] for c in controllers) == [200, 503],
+                          STEP_ASIDE_WITHIN, 0.2)
+        time.sleep(4 * HEARTBEAT)
+        healths = [health(controller) for controller in controllers]
+        documents = [held(cluster, site.index) for site in cluster.sites]
+        logs = [controller.log() for controller in controllers]
+        final = cluster.describe()
+    finally:
+        controllers[1].kill()
+        cluster.close()
+    context = f"{healths}\n{final}\nA: {logs[0][-3000:]}\nB: {logs[1][-3000:]}"
+    assert placed and one_fenced, context
+    assert sorted(status for status, _ in healths) == [200, 503], context
+    terms = [document["term"] for document in documents]
+    assert all(term == terms[0] for term in terms), context
+    assert all(document["placement"] == documents[0]["placement"] for document in documents), \
+        context
+    winner = next(said for status, said in healths if status == 200)
+    assert json.loads(winner)["term"] == terms[0], context
+    for text in logs:  # each took one term, at its start: no bump loop
+        assert len(re.findall(r"controller term \S+ taken", text)) == 1, context
         assert "Traceback" not in text, context
