@@ -109,6 +109,7 @@ class Controller:
         self.claimed = False
         self.fenced_by: ControllerTerm | None = None
         self._term_note = ""
+        self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
         # Sites known from disk get the grace of one that answered just now.
         self.sites: dict[str, SiteState] = {
@@ -220,7 +221,7 @@ class Controller:
                 if sites_changed:
                     await self._save(self.state)
                 return
-            if self._refused or decisions.behind(self.state, self.sites):
+            if self._refused or self._adopt_now or decisions.behind(self.state, self.sites):
                 await self._adopt_held()
             before = self.state
             decision = decisions.decide(self.state, self.sites, now, self.started,
@@ -298,7 +299,7 @@ class Controller:
                      self.term)
             # what the previous controller pushed before these sites took this term,
             # even under a version this controller has too, is the starting point
-            self._refused.add(self.controller_id)
+            self._adopt_now = True
         return True
 
     def _say_once(self, note: str) -> None:
@@ -353,6 +354,7 @@ class Controller:
         """Fetch the placement every site that answered keeps and adopt the newest
         when it is not this controller's (`decisions.adopt`); kept on disk at once."""
         self._refused.clear()
+        self._adopt_now = False
         answered = [site for site in self.sites.values()
                     if site.answered and site.placement_version is not None]
         fetched = await asyncio.gather(*(self._fetch_held(site) for site in answered))
