@@ -131,6 +131,11 @@ class SiteStateError(PlanError):
     holds replicas, placing a replica on a site that is down."""
 
 
+class ControllerFencedError(StratamqError):
+    """A request to a controller that the sites fenced: they hold a newer controller's
+    term, so this one decides nothing (ask the newer one)."""
+
+
 class ClusterNotReadyError(StratamqError):
     """The controller has no placement yet (too few sites have answered)."""
 

@@ -17,6 +17,15 @@ What is Kubernetes' own here:
 - a site whose pod is gone and that holds nothing is forgotten: kept in
   status.controller and told to the sites with every push (they adopt the sessions it
   owned); found again (its pod back with its volume), it is not forgotten any more.
+- the controller term (docs/architecture.md, "The controller"): Kopf's peering and the
+  conditional writes of status.controller already keep one operator acting, so the
+  operator takes a term above every term the sites report on its first round, keeps
+  it in status.controller.term and stamps its pushes with it, without the local
+  controller's claim; a site that holds a newer term (another controller) makes it
+  step aside: an error, a Warning event `ControllerFenced`, nothing pushed any more.
+  A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
+  Warning event `PlacementRefused`, and the next round adopts what the sites keep
+  (`decisions.adopt`), as the local controller does.
 
 Blocking (urllib and the `kubernetes` client): the Kopf timer that runs a round is a
 sync handler, run in Kopf's thread pool like every other handler of this operator.
@@ -30,6 +39,7 @@ import datetime
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 import urllib.error
@@ -41,12 +51,19 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stratamq.broker.cluster import decisions
+from stratamq.broker.cluster import decisions, terms
 from stratamq.broker.cluster.decisions import ClusterState, Settings, is_gone
 from stratamq.broker.cluster.metrics import ControllerCollector, Snapshot
-from stratamq.broker.cluster.sites import BadReportError, Report, SiteState, parse_report
+from stratamq.broker.cluster.sites import (
+    BadReportError,
+    Report,
+    SiteState,
+    parse_held,
+    parse_report,
+)
 from stratamq.broker.ds.replication import Placement, Plan, ShardId, Transition
-from stratamq.broker.errors import PlanError, StratamqError
+from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, next_term, parse_term
+from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
@@ -84,12 +101,15 @@ def settings_of(spec: Mapping[str, Any], heartbeat: float) -> Settings:
 # --- the state kept in status.controller -------------------------------------------------
 
 def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
-                  pods: Mapping[str, str], forgotten: Iterable[str] = ()) -> dict[str, Any]:
+                  pods: Mapping[str, str], forgotten: Iterable[str] = (),
+                  term: ControllerTerm = NO_TERM) -> dict[str, Any]:
     """`status.controller`: the placement and plan as the local controller keeps them
     in its files (strings: their own checked formats), the goals, the sites known
-    (with their pods and peer addresses), and the sites forgotten (their pods went
-    away while they held nothing: the sites adopt the sessions they owned)."""
+    (with their pods and peer addresses), the sites forgotten (their pods went away
+    while they held nothing: the sites adopt the sessions they owned), and the
+    controller term taken."""
     return {
+        "term": {"number": term.number, "controller": term.controller},
         "placement": state.placement.to_json() if state.placement.version > 0 else "",
         "plan": "" if state.plan is None else state.plan.to_json(),
         "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
@@ -97,6 +117,14 @@ def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
                   for site in sorted(sites)],
         "forgotten": sorted(forgotten),
     }
+
+
+def term_of(document: Mapping[str, Any]) -> ControllerTerm:
+    """The term kept in status.controller (term 0 when none: an operator before
+    terms)."""
+    kept = document.get("term") or {}
+    return parse_term([kept["number"], kept["controller"]] if kept else None,
+                      "status.controller.term")
 
 
 def load_document(document: Mapping[str, Any], now: float
@@ -163,15 +191,26 @@ def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
         return None
 
 
-def push(url: str, token: str, body: Mapping[str, Any]) -> bool:
-    """False when the site did not take it (it reports its version next round, and
-    gets it again)."""
+def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The site's answer (`accepted`, the `version` and `term` it keeps); None when it
+    did not answer (it reports its version next round, and gets it again)."""
     try:
-        _call("PUT", url + "/api/v1/ds/placement", token, body)
+        found = _call("PUT", url + "/api/v1/ds/placement", token, body)
     except (urllib.error.URLError, OSError, ValueError) as error:
         log.debug("push to %s failed: %s", url, error)
-        return False
-    return True
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def held_placement(url: str, token: str) -> Placement | None:
+    """The placement a site keeps (`GET /api/v1/ds/placement`); None when it keeps
+    none or does not answer as it should."""
+    try:
+        found = parse_held(_call("GET", url + "/api/v1/ds/placement", token))
+    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
+        log.warning("cannot read the placement the site at %s keeps: %s", url, error)
+        return None
+    return None if found is None else found[0]
 
 
 # --- ReplicaTransitions ------------------------------------------------------------------
@@ -300,6 +339,15 @@ class StorageController:
         self._phases: dict[str, str] = {}
         self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
         self._round_lock = threading.Lock()
+        # the controller term: taken on the first round with reports (above the kept one
+        # and every one reported), kept in status.controller, stamped on every push
+        self._kept_term = term_of(document)
+        self.controller_id = f"operator-{secrets.token_hex(4)}"
+        self.term: ControllerTerm | None = None
+        self.fenced_by: ControllerTerm | None = None
+        self._refused = False  # a site refused the last push: adopt what the sites keep
+        # (reason, message) of the Warning events the handler is to post
+        self._warnings: list[tuple[str, str]] = []
         if self.state.plan is not None:
             log.info("%s/%s: resuming a plan at placement version %d", owner.namespace,
                      owner.name, self.state.placement.version)
@@ -337,7 +385,11 @@ class StorageController:
             sites[report.site] = known.seen(report, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
+        if not self.hold_term([sites[site].term for site in boots]):
+            return
         state = self.state
+        if self._refused or decisions.behind(state, sites):
+            state = self._adopt_held(state, sites, urls, token)
         forgotten |= self._forget_departed(state, sites, site_pods,
                                            {pod.name for pod in pods}, now)
         state = self._follow_goal(state, spec, sites, site_pods)
@@ -347,7 +399,8 @@ class StorageController:
             for note in notes:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
-        document = kept_document(decision.state, sites, site_pods, forgotten)
+        document = kept_document(decision.state, sites, site_pods, forgotten,
+                                 self.term or self._kept_term)
         if document != self._saved and not self._keep(document):
             # Kept before anything is pushed: a site must never hold a placement that
             # a restarted operator does not know. Not kept: the storage is gone, or
@@ -365,6 +418,73 @@ class StorageController:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
         self._transitions()
+
+    # -- the controller term ---------------------------------------------------------------
+
+    def hold_term(self, reported: list[ControllerTerm | None]) -> bool:
+        """Take the term on the first round with reports (before it, nothing is
+        pushed); False (nothing decided or pushed) once a site holds a newer one."""
+        if self.fenced_by is not None:
+            return False
+        if self.term is None:
+            if not reported:
+                return True
+            self.term = next_term(self._kept_term,
+                                  [term for term in reported if term is not None],
+                                  self.controller_id)
+            log.info("%s/%s: controller term %s taken", self.owner.namespace,
+                     self.owner.name, self.term)
+        newer = terms.newer_term(self.term, reported)
+        if newer is not None:
+            self._step_aside(newer)
+            return False
+        return True
+
+    def _step_aside(self, newer: ControllerTerm) -> None:
+        if self.fenced_by is not None:
+            return
+        self.fenced_by = newer
+        message = (f"controller term {self.term} is fenced: the sites hold term {newer} of "
+                   f"another controller; this operator pushes nothing to this storage any "
+                   f"more (stop the other controller, then restart the operator)")
+        log.error("%s/%s: %s", self.owner.namespace, self.owner.name, message)
+        self._warnings.append(("ControllerFenced", message))
+
+    def take_warnings(self) -> list[tuple[str, str]]:
+        """The Warning events to post since the last call (the handler posts them)."""
+        warnings, self._warnings = self._warnings, []
+        return warnings
+
+    def _adopt_held(self, state: ClusterState, sites: Mapping[str, SiteState],
+                    urls: Mapping[str, str], token: str) -> ClusterState:
+        """`state` after adopting the newest placement the sites keep, when it is
+        not this operator's (`decisions.adopt`)."""
+        self._refused = False
+        held = {site: found for site in sites if site in urls and sites[site].answered
+                and (found := held_placement(urls[site], token)) is not None}
+        adoption = decisions.adopt(state, held)
+        for note in adoption.notes:
+            log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, note)
+        return adoption.state
+
+    def push_answered(self, site: str, version: int, found: Mapping[str, Any]) -> None:
+        """A site's answer to a push: a newer term fences this operator; a refused
+        placement (the site keeps a newer one) is adopted next round."""
+        if found.get("accepted") is not False:
+            return
+        assert self.term is not None
+        try:
+            held = parse_term(found.get("term"))
+        except PlacementError:
+            held = NO_TERM
+        if held > self.term:
+            self._step_aside(held)
+            return
+        message = (f"site {site} refused placement version {version}: it keeps version "
+                   f"{found.get('version')}; adopting the placement the sites keep")
+        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, message)
+        self._warnings.append(("PlacementRefused", message))
+        self._refused = True
 
     def _keep(self, document: dict[str, Any]) -> bool:
         """Write `document` as status.controller, on condition that the storage is at
@@ -475,12 +595,13 @@ class StorageController:
 
     def _push(self, token: str) -> None:
         placement = self.state.placement
-        if placement.version == 0:
+        if placement.version == 0 or self.term is None or self.fenced_by is not None:
             return
         peers = {site.id: site.peer for site in self.sites.values() if site.peer is not None}
         told = {"peers": peers, "forgotten": sorted(self.forgotten)}
         everyone = told != self._pushed_told
-        body = {"placement": json.loads(placement.to_json()), **told}
+        body = {"placement": json.loads(placement.to_json()), **told,
+                "term": self.term.to_json()}
         missed = False
         for site in self.sites.values():
             url = self.urls.get(site.id)
@@ -488,7 +609,10 @@ class StorageController:
                 continue
             if everyone or site.placement_version is None or (
                     site.placement_version < placement.version):
-                missed |= not push(url, token, body)
+                found = push(url, token, body)
+                missed |= found is None
+                if found is not None:
+                    self.push_answered(site.id, placement.version, found)
         if not missed:
             self._pushed_told = told
 
@@ -657,7 +781,9 @@ class StorageController:
             no_plan=no_plan, waiting=waiting)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.state, dict(self.sites), self.leader_changes)
+        return Snapshot(self.state, dict(self.sites), self.leader_changes,
+                        term=0 if self.term is None else self.term.number,
+                        fenced=self.fenced_by is not None)
 
 
 # decisions.py's words for sites that hold a placement the controller does not know,

@@ -275,7 +275,7 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=HEARTBEAT_INTERVAL)
 def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
-            **_: Any) -> None:
+            body: kopf.Body, **_: Any) -> None:
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
@@ -288,6 +288,8 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     if token is None or running is None:
         return
     running.round(current, int(meta.get("generation", 0)), kube.site_pods(owner), token)
+    for reason, message in running.take_warnings():
+        kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(int(current.get("sites", 3)))
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.

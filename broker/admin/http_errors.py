@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import (
     CheckpointExistsError,
     ConfigError,
+    ControllerFencedError,
     CorruptDataError,
     GcPlanRefusedError,
     GenerationError,
@@ -65,6 +66,7 @@ _BY_TYPE: dict[type[StratamqError], int] = {
     GenerationError: 409,
     PlanError: 400,
     SiteStateError: 409,
+    ControllerFencedError: 409,
     PlacementError: 400,
     StalePlacementError: 409,
     NoMajorityError: 503,

@@ -129,6 +129,7 @@ class AdminServer:
             web.get(f"{API}/ds/replication", self._replication_status),
             web.get(f"{API}/ds/placement", self._held_placement),
             web.put(f"{API}/ds/placement", self._placement),
+            web.put(f"{API}/ds/controller-term", self._controller_term),
         ])
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, logger=HTTP_LOG,
                                keepalive_timeout=settings.header_timeout)
@@ -314,18 +315,30 @@ class AdminServer:
 
     async def _placement(self, request: web.Request) -> web.Response:
         """Take a placement pushed by the controller: body `{"placement": document,
-        "peers": {site: "host:port"}, "forgotten": [site, ...]}` (`forgotten`:
-        optional)."""
+        "peers": {site: "host:port"}, "forgotten": [site, ...], "term": [number,
+        "controller id"]}` (`forgotten`, `term`: optional; no term is term 0)."""
         replication = self._replication()
         body = await json_body(request)
         if "placement" not in body or "peers" not in body:
             raise BadRequestError('give {"placement": {...}, "peers": {"<site>": '
                                   '"host:port", ...}}')
-        # accepted: false (this site keeps another document) tells the controller that
-        # its placement is stale
-        accepted, version = await replication.offer(body["placement"], body["peers"],
-                                                    body.get("forgotten"))
-        return web.json_response({"accepted": accepted, "version": version})
+        # accepted: false (this site keeps another document, or holds a newer controller
+        # term) tells the controller that its placement, or itself, is stale
+        accepted, version, term = await replication.offer(
+            body["placement"], body["peers"], body.get("forgotten"), body.get("term"))
+        return web.json_response({"accepted": accepted, "version": version,
+                                  "term": term.to_json()})
+
+    async def _controller_term(self, request: web.Request) -> web.Response:
+        """A controller claims its term before it decides: body `{"term": [number,
+        "controller id"]}`; `accepted: false` with the term this site holds when that
+        is higher (the claimant is fenced)."""
+        replication = self._replication()
+        body = await json_body(request)
+        if "term" not in body:
+            raise BadRequestError('give {"term": [number, "controller id"]}')
+        accepted, term = await replication.claim(body["term"])
+        return web.json_response({"accepted": accepted, "term": term.to_json()})
 
     async def _site_view(self) -> Json:
         return site_view(self._running().storage.site_id, await self._descriptions())

@@ -16,6 +16,17 @@ version or refuses a push (`accepted: false`), the controller fetches what the s
 keep (`GET /api/v1/ds/placement`) and adopts the newest (`decisions.adopt`) before it
 decides anything, so that it fails over from the placement the sites actually hold.
 
+Two controllers on different folders are told apart by the controller term
+(`broker/ds/replication/term.py`, `terms.py`): once a majority of the sites answered,
+a starting controller takes a term above every term they report, claims it at the
+sites (`PUT /api/v1/ds/controller-term`) and decides nothing until a majority holds
+it, then adopts the newest placement those sites keep (`decisions.adopt`: what an
+older controller pushed before they took the new term); it stamps every push with
+its term. A site refuses a lower term; a controller that
+learns of a higher one (a site reports it or refuses with it) steps aside for good:
+it logs an error once, says `fenced` on `/healthz` (503) and in
+`stratamq_cluster_controller_fenced`, and decides and pushes nothing more.
+
 All decisions and state changes happen on the event loop, one at a time under a
 lock; files are written in an executor.
 """
@@ -26,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import signal
 import time
 import urllib.parse
@@ -42,9 +54,15 @@ from ..admin.credentials import Credentials
 from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
-from ..errors import UnknownDatabaseError, UnknownSiteError
+from ..ds.replication.term import ControllerTerm, next_term, parse_term
+from ..errors import (
+    ControllerFencedError,
+    PlacementError,
+    UnknownDatabaseError,
+    UnknownSiteError,
+)
 from ..net.address import source_address, split_bind
-from . import decisions
+from . import decisions, terms
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
 from .sites import BadReportError, Report, SiteState, parse_held, parse_report
@@ -57,6 +75,7 @@ API = "/api/v1"
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 REPLICATION_PATH = f"{API}/ds/replication"
 PLACEMENT_PATH = f"{API}/ds/placement"
+TERM_PATH = f"{API}/ds/controller-term"
 
 
 @dataclass(frozen=True)
@@ -79,7 +98,18 @@ class Controller:
         self.settings = config.settings
         self._folder_lock = FolderLock(config.data_dir)
         self.files = StateFiles(config.data_dir)
-        self.state, known, forgotten = self.files.load()
+        self.state, known, forgotten, self._last_term = self.files.load()
+        # this process's own id, the tie-break of its term: a copy of the folder
+        # started beside this one is another controller
+        self.controller_id = secrets.token_hex(8)
+        # the term taken (None until a majority of the sites answered), whether a
+        # majority of the sites holds it (nothing is decided before), and the newer
+        # term that fenced this controller (for good)
+        self.term: ControllerTerm | None = None
+        self.claimed = False
+        self.fenced_by: ControllerTerm | None = None
+        self._term_note = ""
+        self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
         # Sites known from disk get the grace of one that answered just now.
         self.sites: dict[str, SiteState] = {
@@ -106,7 +136,8 @@ class Controller:
         self._unreadable: set[str] = set()  # sites whose kept placement could not be read
         self._registry = controller_registry(
             lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
-                             self.adoptions), self.settings)
+                             self.adoptions, 0 if self.term is None else self.term.number,
+                             self.fenced_by is not None), self.settings)
         self.port = 0
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -184,7 +215,13 @@ class Controller:
         now = time.monotonic()
         async with self._lock:
             sites_changed = self._take_reports(urls, reports, now)
-            if self._refused or decisions.behind(self.state, self.sites):
+            answered = {report.site for report in reports
+                        if report is not None and report.site in self.sites}
+            if not await self._hold_term(answered):
+                if sites_changed:
+                    await self._save(self.state)
+                return
+            if self._refused or self._adopt_now or decisions.behind(self.state, self.sites):
                 await self._adopt_held()
             before = self.state
             decision = decisions.decide(self.state, self.sites, now, self.started,
@@ -217,10 +254,107 @@ class Controller:
             self.sites[report.site] = known.seen(report, now)
         return changed
 
+    # -- the controller term ----------------------------------------------------------
+
+    async def _hold_term(self, answered: set[str]) -> bool:
+        """Whether this controller may decide and push this round: it has taken a term
+        (once a majority of the electorate answered), a majority of the electorate
+        holds it (claimed where a site reports another), and no site holds a newer one
+        (else it steps aside, for good)."""
+        if self.fenced_by is not None:
+            return False
+        reported = [self.sites[site].term for site in answered]
+        members, size = terms.electorate(self.state.placement, answered, len(self.urls))
+        if self.term is None:
+            if not terms.has_quorum(members, size, answered):
+                self._say_once(f"waiting for a majority of the sites to answer before "
+                               f"taking a controller term ({len(members & answered)} of "
+                               f"{size})")
+                return False
+            self.term = next_term(self._last_term,
+                                  [term for term in reported if term is not None],
+                                  self.controller_id)
+            self._last_term = self.term
+            await self._save(self.state)
+            log.info("controller term %s taken", self.term)
+        newer = terms.newer_term(self.term, reported)
+        if newer is not None:
+            self._step_aside(newer)
+            return False
+        # a site older than terms (None) fences no one: it counts as holding it
+        holding = {site for site in answered if self.sites[site].term in (self.term, None)}
+        behind = sorted(answered - holding)
+        claims = await asyncio.gather(*(self._claim(self.sites[site]) for site in behind))
+        if self.fenced_by is not None:
+            return False
+        holding |= {site for site, held in zip(behind, claims, strict=True) if held}
+        if not self.claimed:
+            if not terms.has_quorum(members, size, holding):
+                self._say_once(f"controller term {self.term}: held by "
+                               f"{len(members & holding)} of {size} sites, waiting for a "
+                               f"majority before deciding")
+                return False
+            self.claimed = True
+            log.info("controller term %s held by a majority of the sites: deciding",
+                     self.term)
+            # what the previous controller pushed before these sites took this term,
+            # even under a version this controller has too, is the starting point
+            self._adopt_now = True
+        return True
+
+    def _say_once(self, note: str) -> None:
+        if note != self._term_note:
+            log.info("%s", note)
+            self._term_note = note
+
+    async def _claim(self, site: SiteState) -> bool:
+        """Claim this controller's term at `site`: True when it holds it now."""
+        assert self._http is not None and self.term is not None
+        try:
+            async with self._http.put(site.admin_url + TERM_PATH,
+                                      json={"term": self.term.to_json()},
+                                      headers=self._headers) as answer:
+                if answer.status != 200:
+                    return False
+                found = await answer.json()
+            self._notice_term(site.id, found.get("term") if isinstance(found, dict) else None)
+            return isinstance(found, dict) and found.get("accepted") is True
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            log.debug("claim of controller term %s at %s failed: %s", self.term, site.id, exc)
+            return False
+
+    def _notice_term(self, site: str, value: object) -> None:
+        """A site's answer named the term it holds: step aside when it is newer."""
+        assert self.term is not None
+        try:
+            held = parse_term(value)
+        except PlacementError:
+            log.warning("site %s answered with a controller term that is not one: %r",
+                        site, value)
+            return
+        if held > self.term:
+            self._step_aside(held)
+
+    def _step_aside(self, newer: ControllerTerm) -> None:
+        if self.fenced_by is not None:
+            return
+        self.fenced_by = newer
+        log.error("controller term %s is fenced: the sites hold term %s of a newer "
+                  "controller. This controller decides and pushes nothing from now on; "
+                  "stop it (or stop the other controller and restart this one)",
+                  self.term, newer)
+
+    def _fence_check(self) -> None:
+        if self.fenced_by is not None:
+            raise ControllerFencedError(
+                f"this controller (term {self.term}) is fenced: the sites hold term "
+                f"{self.fenced_by} of a newer controller; ask that one")
+
     async def _adopt_held(self) -> None:
         """Fetch the placement every site that answered keeps and adopt the newest
         when it is not this controller's (`decisions.adopt`); kept on disk at once."""
         self._refused.clear()
+        self._adopt_now = False
         answered = [site for site in self.sites.values()
                     if site.answered and site.placement_version is not None]
         fetched = await asyncio.gather(*(self._fetch_held(site) for site in answered))
@@ -283,7 +417,7 @@ class Controller:
         known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
                  for site in self.sites.values()]
         await asyncio.get_running_loop().run_in_executor(
-            None, self.files.save, state, known, frozenset(self.forgotten))
+            None, self.files.save, state, known, frozenset(self.forgotten), self._last_term)
 
     def _peers(self) -> dict[str, str]:
         return {site.id: site.peer for site in self.sites.values() if site.peer is not None}
@@ -291,15 +425,16 @@ class Controller:
     async def _push(self, placement: Placement, everyone: bool) -> None:
         """Send `placement` to every site (`everyone`) or to those reporting an older
         version; a site that misses it reports the old version and gets it next round."""
-        if placement.version == 0:
+        if placement.version == 0 or self.fenced_by is not None or not self.claimed:
             return
+        assert self.term is not None
         targets = [site for site in self.sites.values() if site.answered and (
             everyone or site.placement_version is None
             or site.placement_version < placement.version)]
         if not targets:
             return
         body = {"placement": json.loads(placement.to_json()), "peers": self._peers(),
-                "forgotten": sorted(self.forgotten)}
+                "forgotten": sorted(self.forgotten), "term": self.term.to_json()}
         await asyncio.gather(*(self._push_to(site, body, placement.version)
                                for site in targets))
 
@@ -314,6 +449,9 @@ class Controller:
                 elif found is None:
                     log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
                                 version, answer.status, await answer.text())
+                elif found.get("accepted") is False and "term" in found and \
+                        self._is_newer(found["term"]):
+                    self._notice_term(site.id, found["term"])
                 elif found.get("accepted") is False:
                     # it keeps a newer placement, or another under this version: this
                     # controller's is stale; the next round adopts the sites'
@@ -326,8 +464,23 @@ class Controller:
 
     # -- API ------------------------------------------------------------------------------
 
+    def _is_newer(self, value: object) -> bool:
+        assert self.term is not None
+        try:
+            return parse_term(value) > self.term
+        except PlacementError:
+            return False
+
     async def _healthz(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        """200 `ok`, or 503 `fenced` once the sites hold a newer controller's term;
+        with this controller's term and whether a majority of the sites holds it."""
+        fenced = self.fenced_by is not None
+        return web.json_response({
+            "status": "fenced" if fenced else "ok",
+            "term": None if self.term is None else self.term.to_json(),
+            "holds_term": self.claimed and not fenced,
+            "fenced_by": None if self.fenced_by is None else self.fenced_by.to_json(),
+        }, status=503 if fenced else 200)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self._registry),
@@ -386,6 +539,7 @@ class Controller:
                       change: Callable[[ClusterState, float], ClusterState]) -> web.Response:
         """Apply an operator request: a new plan (or a refusal that changes nothing),
         kept on disk before it is answered; the rounds carry it out."""
+        self._fence_check()
         async with self._lock:
             state = change(self.state, time.monotonic())
             if state != self.state:
@@ -420,6 +574,7 @@ class Controller:
 
     async def _forget(self, request: web.Request) -> web.Response:
         site = request.match_info["site"]
+        self._fence_check()
         async with self._lock:
             state = decisions.forget(self.state, site, self.sites, time.monotonic(),
                                            self.settings)

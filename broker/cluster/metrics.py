@@ -26,6 +26,10 @@ class Snapshot:
     sites: Mapping[str, SiteState]
     leader_changes: int
     adoptions: int = 0
+    # the controller term's number (0 before one is taken) and whether a newer
+    # controller fenced this one
+    term: int = 0
+    fenced: bool = False
 
 
 class ControllerCollector(Collector):
@@ -58,6 +62,12 @@ class ControllerCollector(Collector):
             "restored from an older copy, or lost)")
         adoptions.add_metric([], found.adoptions)
         yield adoptions
+        yield GaugeMetricFamily("stratamq_cluster_controller_term",
+                                "Number of the controller term this controller took (0: "
+                                "none yet)", value=found.term)
+        yield GaugeMetricFamily("stratamq_cluster_controller_fenced",
+                                "1 when the sites hold a newer controller's term: this "
+                                "controller decides and pushes nothing", value=int(found.fenced))
         remaining = 0
         if found.state.plan is not None:
             try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..ds.replication import Placement, ShardId
 from ..ds.replication.placement import check_database, check_site_id
+from ..ds.replication.term import ControllerTerm, parse_term
 from ..errors import PlacementError, StratamqError
 
 ROLES = frozenset({"leader", "follower", "none"})
@@ -48,6 +49,8 @@ class Report:
     stopping: bool = False
     # seconds between an idle leader's heartbeats to its followers (None: not told)
     heartbeat_interval: float | None = None
+    # the highest controller term the site has seen (None: a site older than terms)
+    term: ControllerTerm | None = None
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,13 @@ class SiteState:
     shards: Mapping[ShardId, ShardReport] = field(default_factory=dict)
     stopping: bool = False
     heartbeat_interval: float | None = None
+    term: ControllerTerm | None = None
 
     def seen(self, report: Report, now: float) -> SiteState:
         return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,
                          peer=report.peer, placement_version=report.placement_version,
                          shards=report.shards, stopping=report.stopping,
-                         heartbeat_interval=report.heartbeat_interval)
+                         heartbeat_interval=report.heartbeat_interval, term=report.term)
 
 
 def _count(value: object, where: str) -> int:
@@ -126,6 +130,8 @@ def parse_report(document: Any) -> Report:
             raise BadReportError(f"stopping: {stopping!r} is not true or false")
         heartbeat_interval = _seconds(document.get("heartbeat_interval"),
                                       "heartbeat_interval")  # absent from older sites
+        term_value = document.get("controller_term")  # absent from older sites
+        term = None if term_value is None else parse_term(term_value, "controller_term")
         entries = document.get("shards")
         if not isinstance(entries, list):
             raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")
@@ -153,4 +159,4 @@ def parse_report(document: Any) -> Report:
             raise
         raise BadReportError(exc.message) from exc
     return Report(site=site, peer=peer, placement_version=version, shards=shards,
-                  stopping=stopping, heartbeat_interval=heartbeat_interval)
+                  stopping=stopping, heartbeat_interval=heartbeat_interval, term=term)

@@ -2,7 +2,8 @@
 goes on where it stopped: `placement.json` (the newest placement, `PlacementStore`),
 `plan.json` (the pending plan, `Plan.to_json`; absent when none) and `cluster.json`
 (the sites it knows, with their admin URLs and peer addresses, the sites each
-database should live on, and the sites forgotten for good). Every file is written
+database should live on, the sites forgotten for good, and the last controller term
+it took). Every file is written
 atomically. `controller.lock` is held (`FolderLock`) by the one controller that
 uses the folder.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..ds.replication import Placement, PlacementStore, Plan
 from ..ds.replication.placement import check_database, check_site_id
+from ..ds.replication.term import NO_TERM, ControllerTerm, parse_term
 from ..errors import CorruptDataError, PlacementError, StratamqError
 from ..files import write_atomically
 from .decisions import ClusterState, resumed_catch_up
@@ -82,19 +84,20 @@ class StateFiles:
         self.plan_path = data_dir / PLAN_FILE
         self.cluster_path = data_dir / CLUSTER_FILE
 
-    def load(self) -> tuple[ClusterState, list[KnownSite], frozenset[str]]:
-        """The state as kept, the sites known and the sites forgotten; a pending plan
-        that the kept placement is a step of resumes (waiting on a replica that
-        joined last)."""
+    def load(self) -> tuple[ClusterState, list[KnownSite], frozenset[str], ControllerTerm]:
+        """The state as kept, the sites known, the sites forgotten and the last term
+        taken; a pending plan that the kept placement is a step of resumes (waiting on
+        a replica that joined last)."""
         placement = self.placements.current or Placement.empty()
         plan = self._load_plan()
-        sites, goals, forgotten = self._load_cluster()
+        sites, goals, forgotten, term = self._load_cluster()
         catch_up = None if plan is None else resumed_catch_up(plan, placement)
         return ClusterState(placement=placement, plan=plan, goals=goals,
-                            catch_up=catch_up), sites, forgotten
+                            catch_up=catch_up), sites, forgotten, term
 
     def save(self, state: ClusterState, sites: list[KnownSite],
-             forgotten: frozenset[str] = frozenset()) -> None:
+             forgotten: frozenset[str] = frozenset(), term: ControllerTerm = NO_TERM
+             ) -> None:
         """Keep `state`. The placement goes first: it is the one document sites may
         already hold, and a restart must never go back to an older version."""
         if state.placement.version > 0:
@@ -109,6 +112,7 @@ class StateFiles:
                       for site in sorted(sites, key=lambda site: site.id)],
             "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
             "forgotten": sorted(forgotten),
+            "term": term.to_json(),
         }
         write_atomically(self.cluster_path, json.dumps(document, indent=2) + "\n")
 
@@ -124,11 +128,11 @@ class StateFiles:
                                    f"({exc.message}); remove it to drop the plan") from exc
 
     def _load_cluster(self) -> tuple[list[KnownSite], dict[str, tuple[str, ...]],
-                                     frozenset[str]]:
+                                     frozenset[str], ControllerTerm]:
         try:
             document: Any = json.loads(self.cluster_path.read_bytes())
         except FileNotFoundError:
-            return [], {}, frozenset()
+            return [], {}, frozenset(), NO_TERM
         except ValueError as exc:
             raise CorruptDataError(f"{self.cluster_path}: not JSON: {exc}") from exc
         try:
@@ -142,6 +146,8 @@ class StateFiles:
             # absent from the files of a controller before forgotten sites were kept
             forgotten = frozenset(check_site_id(site)
                                   for site in document.get("forgotten", []))
+            # absent from the files of a controller before terms
+            term = parse_term(document.get("term"))
         except (PlacementError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptDataError(f"{self.cluster_path}: damaged ({exc})") from exc
-        return sites, goals, forgotten
+        return sites, goals, forgotten, term

@@ -35,6 +35,7 @@ from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.shard import now_us
 from stratamq.broker.errors import GcPlanRefusedError, StorageError
@@ -74,7 +75,7 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
 async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
                 peers: dict[str, str]) -> None:
     placement = Placement(version, (ShardPlacement("messages", 0, replicas, leader, epoch),))
-    accepted, _ = await site.replication.offer(json.loads(placement.to_json()), peers)
+    accepted, _, _ = await site.replication.offer(json.loads(placement.to_json()), peers)
     assert accepted
 
 
@@ -738,13 +739,55 @@ def test_a_site_says_whether_it_keeps_the_placement_pushed_and_serves_the_one_it
 
         try:
             assert site.replication.held()["placement"] is None
-            assert await site.replication.offer(document(2, 1), peers) == (True, 2)
-            assert await site.replication.offer(document(2, 1), peers) == (True, 2)
-            assert await site.replication.offer(document(2, 3), peers) == (False, 2)
-            assert await site.replication.offer(document(1, 1), peers) == (False, 2)
+            assert (await site.replication.offer(document(2, 1), peers))[:2] == (True, 2)
+            assert (await site.replication.offer(document(2, 1), peers))[:2] == (True, 2)
+            assert (await site.replication.offer(document(2, 3), peers))[:2] == (False, 2)
+            assert (await site.replication.offer(document(1, 1), peers))[:2] == (False, 2)
             held = site.replication.held()
             assert held["placement"] == document(2, 1)
             assert held["peers"] == peers and held["forgotten"] == []
+        finally:
+            await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_site_refuses_pushes_and_claims_of_a_controller_term_below_the_one_it_holds(
+        tmp_path: Path) -> None:
+    """The controller term (issue 22): a site keeps the highest term pushed or claimed,
+    refuses a push of a lower one without changing anything (its answer names the
+    term it holds), keeps a higher term even when it refuses that push's placement,
+    breaks a tie of numbers by the controller id, reads a push without a term as term
+    0, and keeps its term across a restart."""
+    async def scenario() -> None:
+        site = await start_site(tmp_path / "a")
+        peers = {site.id: site.address}
+
+        def document(version: int) -> dict[str, object]:
+            placement = Placement(version, (ShardPlacement("messages", 0, (site.id,),
+                                                           site.id, 1),))
+            found: dict[str, object] = json.loads(placement.to_json())
+            return found
+
+        a1, b1, a2 = ControllerTerm(1, "a"), ControllerTerm(1, "b"), ControllerTerm(2, "a")
+        try:
+            offer = site.replication.offer
+            assert await offer(document(1), peers) == (True, 1, NO_TERM)  # before terms
+            assert await offer(document(2), peers, None, a1.to_json()) == (True, 2, a1)
+            assert await offer(document(3), peers) == (False, 2, a1)  # term 0 now fenced
+            assert await site.replication.claim(b1.to_json()) == (True, b1)
+            assert await site.replication.claim(a1.to_json()) == (False, b1)
+            assert await offer(document(3), peers, None, a1.to_json()) == (False, 2, b1)
+            # a higher term is kept although its (older) placement is refused
+            assert await offer(document(1), peers, None, a2.to_json()) == (False, 2, a2)
+            assert site.replication.status()["controller_term"] == a2.to_json()
+            assert site.replication.held()["term"] == a2.to_json()
+        finally:
+            await site.storage.close()
+        site = await start_site(tmp_path / "a")
+        try:
+            assert site.replication.status()["controller_term"] == a2.to_json()
+            assert (await site.replication.offer(document(3), peers, None,
+                                                 b1.to_json()))[2] == a2
         finally:
             await site.storage.close()
     asyncio.run(scenario())

@@ -28,6 +28,7 @@ from stratamq.broker.cluster.sites import (
 )
 from stratamq.broker.cluster.state import FolderLock, FolderLockedError, KnownSite, StateFiles
 from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (
     ClusterNotReadyError,
     LastReplicaError,
@@ -463,11 +464,12 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D, catching up
     files = StateFiles(tmp_path)
     known = [KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1") for name in "ABCD"]
-    files.save(state, known, frozenset({"E"}))
+    files.save(state, known, frozenset({"E"}), ControllerTerm(3, "c0"))
 
-    loaded, loaded_sites, forgotten = StateFiles(tmp_path).load()
+    loaded, loaded_sites, forgotten, term = StateFiles(tmp_path).load()
     assert loaded_sites == known
     assert forgotten == {"E"}
+    assert term == ControllerTerm(3, "c0")  # a restarted controller takes a higher one
     assert loaded.placement == state.placement
     assert loaded.plan == state.plan
     assert loaded.goals == state.goals
@@ -478,8 +480,8 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     assert final.placement == state.plan.target
     files.save(final, known)
     assert not (tmp_path / "plan.json").exists()
-    again, _, forgotten = StateFiles(tmp_path).load()
-    assert forgotten == set()
+    again, _, forgotten, term = StateFiles(tmp_path).load()
+    assert forgotten == set() and term == NO_TERM
     assert again.plan is None and again.placement == final.placement
 
 

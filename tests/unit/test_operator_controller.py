@@ -11,6 +11,7 @@ from dataclasses import replace
 from stratamq.broker.cluster.decisions import CatchUp, ClusterState
 from stratamq.broker.cluster.sites import SiteState
 from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
+from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
     StorageController,
     kept_document,
@@ -18,6 +19,7 @@ from stratamq.operator.controller import (
     phase_path,
     settings_of,
     step_phases,
+    term_of,
     transition_manifest,
     transition_name,
 )
@@ -141,3 +143,39 @@ def test_a_step_shows_the_phases_it_passed_between_two_rounds() -> None:
     assert phase_path("add", "CatchingUp", "Bootstrapping", True) == ["Bootstrapping"]
     assert phase_path("remove", "Pending", "Done", False) == ["Removing", "Done"]
     assert phase_path("add", "CatchingUp", "Failed", False) == ["Failed"]
+
+
+def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
+    """The controller term (issue 22): the operator takes a term above the kept one and
+    every one reported, keeps it in status.controller; a push refused for its placement
+    is adopted next round (a Warning event), one refused for a newer term fences it (an
+    error and a Warning event; nothing pushed from then on)."""
+    kept = kept_document(ClusterState(placement=first_placement([A, B, C])), {}, {},
+                         term=ControllerTerm(4, "operator-0"))
+    assert term_of(kept) == ControllerTerm(4, "operator-0")
+    assert term_of({}) == NO_TERM  # kept by an operator before terms
+    running = StorageController(OWNER, settings_of(SPEC, 1.0), kept)
+    assert running.hold_term([]) and running.term is None  # no report: no term yet
+    assert running.hold_term([ControllerTerm(2, "c"), None])
+    assert running.term is not None and running.term.number == 5
+    own = running.term.to_json()
+    running.push_answered(A, 2, {"accepted": True, "version": 2, "term": own})
+    assert running.take_warnings() == []
+    running.push_answered(A, 2, {"accepted": False, "version": 3, "term": own})
+    [(reason, message)] = running.take_warnings()
+    assert reason == "PlacementRefused" and "keeps version 3" in message
+    assert running.fenced_by is None and running.hold_term([running.term])
+    running.push_answered(B, 2, {"accepted": False, "version": 2, "term": [6, "other"]})
+    [(reason, message)] = running.take_warnings()
+    assert reason == "ControllerFenced" and "6/other" in message
+    assert running.fenced_by == ControllerTerm(6, "other")
+    assert not running.hold_term([running.term])
+    assert running.snapshot().fenced
+
+
+def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
+    running = StorageController(OWNER, settings_of(SPEC, 1.0), {})
+    assert running.hold_term([NO_TERM])
+    assert running.term is not None and running.term.number == 1
+    assert not running.hold_term([ControllerTerm(1, "zzzz-later")])
+    assert [reason for reason, _ in running.take_warnings()] == ["ControllerFenced"]

@@ -40,6 +40,7 @@ from .placement import Placement, check_site_id
 from .remote import RemoteReads
 from .replica import NotLeaderError, ReplicaSettings, ShardReplica
 from .store import PlacementStore
+from .term import ControllerTerm, TermStore, parse_term
 from .wire import decode_submit
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ class SiteReplication:
 
     def __init__(self, site: str, advertised: str, data_dir: Path, databases: list[Database],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
-                 logs: dict[str, list[ShardLog]], peers: dict[str, str],
+                 terms: TermStore, logs: dict[str, list[ShardLog]], peers: dict[str, str],
                  forgotten: frozenset[str], local_addr: tuple[str, int] | None = None
                  ) -> None:
         self.site = site
@@ -159,6 +160,8 @@ class SiteReplication:
         self._data_dir = data_dir
         self.executor = executor
         self._store = store
+        # the highest controller term seen: pushes of lower terms are refused
+        self._terms = terms
         self.peers = peers
         # sites the controller forgot for good: this site may adopt their sessions
         self.forgotten = forgotten
@@ -276,6 +279,7 @@ class SiteReplication:
             await loop.run_in_executor(executor, remove_checkpoints,
                                        data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
+            terms = await loop.run_in_executor(executor, TermStore, data_dir)
             peers = await loop.run_in_executor(executor, _load_kept, data_dir, PEERS_FILE,
                                                parse_peers, {})
             forgotten = await loop.run_in_executor(executor, _load_kept, data_dir,
@@ -287,7 +291,7 @@ class SiteReplication:
                     shard_log.close()
             raise
         replication = cls(site, advertised, data_dir, databases, executor, settings, store,
-                          logs, peers, forgotten, source_address(peer_bind))
+                          terms, logs, peers, forgotten, source_address(peer_bind))
         for database in databases:
             database.attach_replication(replication.databases[database.name])
         host, port = split_bind(peer_bind)
@@ -309,6 +313,9 @@ class SiteReplication:
         current = self._store.current
         return {"site": self.site, "peer": self.advertised,
                 "placement_version": None if current is None else current.version,
+                # the highest controller term this site has seen (the controller
+                # steps aside when it is not its own)
+                "controller_term": self._terms.current.to_json(),
                 "shards": [replica.status() for replica in self.replicas],
                 # the topic filters each peer said its subscribers hold
                 "interest": self.feed.interest_of(),
@@ -332,21 +339,50 @@ class SiteReplication:
         copy is older than the sites' adopts (`decisions.adopt`)."""
         current = self._store.current
         return {"placement": None if current is None else json.loads(current.to_json()),
-                "peers": dict(self.peers), "forgotten": sorted(self.forgotten)}
+                "peers": dict(self.peers), "forgotten": sorted(self.forgotten),
+                "term": self._terms.current.to_json()}
+
+    async def claim(self, term_value: object) -> tuple[bool, ControllerTerm]:
+        """A controller's claim of its term before it decides anything: (admitted, the
+        term this site holds now). Admitted: not below the term kept (`term.admits`),
+        and kept from now on when higher. PlacementError when it does not parse."""
+        term = parse_term(term_value)
+        async with self._take_lock:
+            admitted = await self._admit(term)
+        return admitted, self._terms.current
+
+    async def _admit(self, term: ControllerTerm) -> bool:
+        kept = self._terms.current
+        admitted = await asyncio.get_running_loop().run_in_executor(
+            self.executor, self._terms.offer, term)
+        if not admitted:
+            log.info("controller term %s refused: this site holds term %s (a newer "
+                     "controller)", term, kept)
+        return admitted
 
     async def offer(self, document: object, peers_value: object,
-                    forgotten_value: object = None) -> tuple[bool, int]:
-        """A placement pushed by the controller: (accepted, the version kept), where
-        accepted means this site now keeps that very document (also when it already
-        did); False: it keeps another, newer or different under the same version, and
-        the controller must adopt it rather than believe its own.
-        PlacementError when it does not parse. `forgotten_value`: the sites forgotten
-        for good (None: not told, from a controller before they were)."""
+                    forgotten_value: object = None, term_value: object = None
+                    ) -> tuple[bool, int, ControllerTerm]:
+        """A placement pushed by the controller: (accepted, the version kept, the
+        controller term held), where accepted means this site now keeps that very
+        document (also when it already did); False: the push is of a controller term
+        below the one held (a fenced controller: nothing changes), or the site keeps
+        another placement, newer or different under the same version, and the
+        controller must adopt it rather than believe its own. A higher term is kept
+        even when its placement is refused. PlacementError when it does not parse.
+        `forgotten_value`: the sites forgotten for good (None: not told, from a
+        controller before they were); `term_value`: the pushing controller's term
+        (None: term 0, a controller older than terms)."""
         placement = Placement.from_dict(document)
         peers = parse_peers(peers_value)
         forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
+        term = parse_term(term_value)
         loop = asyncio.get_running_loop()
         async with self._take_lock:
+            if not await self._admit(term):
+                kept = self._store.current
+                return (False, placement.version if kept is None else kept.version,
+                        self._terms.current)
             if forgotten is not None and forgotten != self.forgotten:
                 await loop.run_in_executor(self.executor, _store_kept, self._data_dir,
                                            FORGOTTEN_FILE, sorted(forgotten))
@@ -365,7 +401,8 @@ class SiteReplication:
                                                self._data_dir, PEERS_FILE, peers)
                 assert kept is not None
                 await self._take(kept)
-        return kept == placement, kept.version if kept is not None else placement.version
+        return (kept == placement, kept.version if kept is not None else placement.version,
+                self._terms.current)
 
     async def _take(self, placement: Placement) -> None:
         for name, replicated in self.databases.items():
