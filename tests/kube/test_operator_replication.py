@@ -24,12 +24,15 @@ excused.
    sites hold nothing;
 5. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
    epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins;
-6. replicationFactor 3 -> 2 is planned (one -site per shard); 4 (above the sites) is
-   refused by the API server.
+6. replicationFactor 3 -> 2 is planned (one -site per shard) while a site is frozen
+   (SIGSTOP): no shard drops a replica other than it while it is frozen (its Remove
+   waits Pending) until it is thawed; then the plan finishes and the replicas left hold
+   the same content (their digests); 4 (above the sites) is refused by the API server.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
@@ -42,6 +45,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from stratamq.broker.admin.verify import site_asker, verify_shard
 from stratamq.broker.ds.database import shard_of
 from tests.support.history import History
 from tests.support.kube import ControlPlane, kube_binary
@@ -68,6 +72,9 @@ CLIENT_POD = f"{NAME}-0"  # stays for the whole module
 # Seconds between two messages of a publisher: the module runs for minutes, and a
 # publisher stops at MAX_PER_PUBLISHER messages.
 PACE = 0.01
+# How long the removals that keep a frozen site must still wait once seen waiting:
+# several of the operator's rounds.
+FROZEN_WINDOW = 10.0
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
@@ -493,9 +500,35 @@ def test_a_changed_replication_factor_is_planned(
                               check=False)
     assert refused.returncode != 0
     assert "messages.replicationFactor (default 3) must not exceed sites" in refused.stderr
-    # 3 -> 2: a plan drops one replica of every shard of every database.
-    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
-                    "-p", json.dumps({"spec": {"messages": {"replicationFactor": 2}}}))
+    # 3 -> 2: a plan drops one replica of every shard of every database, while one
+    # site is frozen (SIGSTOP): a shard that keeps it may not drop its other follower
+    # until it is thawed, or the two replicas left would be its leader and a replica
+    # that may lack what was committed (issue 22, defect 1). Its quota keeps it on a
+    # shard of every database, so some removals must wait.
+    pods = site_of_pod(storage(cluster)["status"])
+    frozen_pod = max(pod for pod in pods if pod != CLIENT_POD)
+    frozen = pods[frozen_pod]
+    container = node.container(NAMESPACE, frozen_pod)
+    assert container.process is not None
+    container.process.send_signal(signal.SIGSTOP)
+    try:
+        cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                        "-p", json.dumps({"spec": {"messages": {"replicationFactor": 2}}}))
+        frozen_at = time.monotonic()
+        waiting = wait_for("the removals that keep the frozen site waiting",
+                           lambda: removals_waiting_for(cluster, frozen, before),
+                           explain=explain(cluster, operators, node))
+        waited_from = time.monotonic()
+        while time.monotonic() - waited_from < FROZEN_WINDOW:
+            still = removals_waiting_for(cluster, frozen, before)
+            assert still is not None and set(waiting) <= set(still), (waiting, still)
+            time.sleep(1)
+        frozen_for = time.monotonic() - frozen_at
+    finally:
+        container.process.send_signal(signal.SIGCONT)
+    thawed_at = time.monotonic()
+    print(f"replication factor 3 -> 2 with {frozen_pod} ({frozen}) frozen for "
+          f"{frozen_for:.0f}s: removals waiting for it (shard: phase): {waiting}")
 
     def at_two() -> dict[str, Any] | None:
         found = ready_with(cluster, 3)
@@ -513,7 +546,49 @@ def test_a_changed_replication_factor_is_planned(
             if item["spec"]["action"] == "Remove"} == {
         (database, shard) for database in ("messages", "sessions", "retained")
         for shard in range(N_SHARDS)}, made
+    print(f"the plan finished {time.monotonic() - thawed_at:.1f}s after the thaw")
     assert found["status"]["underReplicatedShards"] == 0
     for database in ("messages", "sessions", "retained"):
         assert all(shard["leader"] in shard["replicas"] and not shard["underReplicated"]
                    for shard in shards(found["status"], database))
+    # The replicas left hold the same content, by the digests their admin APIs give.
+    ask = site_asker({site: f"http://{node.container(NAMESPACE, pod).ip}:18083"
+                      for pod, site in site_of_pod(found["status"]).items()},
+                     f"Bearer {admin_token(cluster)}", wait=30)
+    verdicts = [verify_shard(database, shard["shard"], shard["replicas"], ask)
+                for database in ("messages", "sessions", "retained")
+                for shard in shards(found["status"], database)]
+    assert all(verdict.status == "same" for verdict in verdicts), verdicts
+
+
+def removals_waiting_for(kube: ControlPlane, frozen: str, before: set[str]
+                         ) -> dict[str, str] | None:
+    """While `frozen` is frozen: no shard is down to 2 replicas with it among them
+    (asserted); the shards (`db/n`) still at 3 with a pending Remove of another
+    replica than `frozen` (one it would leave with it), and that Remove's phase; None
+    when there are none. (The plan takes its steps in order: those behind a waiting
+    one wait too.)"""
+    status = storage(kube)["status"]
+    now = every_shard(status)
+    early = sorted(f"{db}/{n}" for (db, n), shard in now.items()
+                   if len(shard["replicas"]) == 2 and frozen in shard["replicas"])
+    assert not early, f"{early} dropped a replica while {frozen}, which they keep, " \
+                      f"was frozen: {now}"
+    removes = {(item["spec"]["database"], item["spec"]["shard"]): item
+               for item in plan_of(transitions(kube), before)
+               if item["spec"]["action"] == "Remove"
+               and item.get("status", {}).get("phase") != "Done"}
+    waiting = {}
+    for key, shard in now.items():
+        if len(shard["replicas"]) == 2:
+            continue
+        pending = removes.get(key)
+        if pending is not None and pending["spec"]["site"] != frozen:
+            waiting[f"{key[0]}/{key[1]}"] = pending.get("status", {}).get("phase", "")
+    return waiting or None
+
+
+def admin_token(kube: ControlPlane) -> str:
+    token = kube.kubectl("get", "-n", NAMESPACE, "secret", f"{NAME}-admin", "-o",
+                         "jsonpath={.data.token}").stdout
+    return base64.b64decode(token).decode()
