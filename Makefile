@@ -33,6 +33,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
+# kubelet and kube-scheduler (the real-node tests),
 # helm), built from source with the Go toolchain through the Go module proxy, at the
 # versions pinned in tools/kube/*/go.mod; a group already built at its pin is skipped.
 # Go is only for this test infrastructure. The first build takes a while (see README).
