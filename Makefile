@@ -11,9 +11,14 @@ CONFIG ?= config/stratamq.yaml
 install: $(STAMP)
 
 # Real peers the tests and benchmarks run: Prometheus (scrapes /metrics in a test),
-# Mosquitto and its C clients (benchmark peer and load generator). Debian packages.
-SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub
-SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients
+# Mosquitto and its C clients (benchmark peer and load generator); for the real-node
+# tests (tests/realnode), containerd, runc, the CNI plugins and iptables the kubelets
+# run with, debootstrap and Docker to build the images without a registry
+# (images/build-local.sh). Debian packages.
+SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub containerd runc \
+  iptables debootstrap dockerd
+SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients containerd runc \
+  containernetworking-plugins iptables debootstrap docker.io
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml

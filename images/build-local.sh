@@ -23,6 +23,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 cache="$(mkdir -p "${1:-$repo/.cache/images}" && cd "${1:-$repo/.cache/images}" && pwd)"
 tag="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/stratamq/Chart.yaml")"
 image="stratamq/stratamq:$tag"
+minbase="local/debian-python:bookworm-minbase"
 base="local/python:3.11-bookworm"
 pause_image="local/pause:3.10"
 say() { echo "build-local: $*"; }
@@ -53,12 +54,22 @@ fi
 
 # A Docker daemon: the one running, or our own for this build.
 own_daemon=""
+# What the daemon makes on the host outside its roots; removed again unless it was there.
+daemon_leftovers=""
+for path in /run/containerd /run/docker /opt/containerd /etc/docker/key.json; do
+  [ -e "$path" ] || daemon_leftovers="$daemon_leftovers $path"
+done
 stop_daemon() {
   [ -n "$own_daemon" ] || return 0
   kill "$own_daemon" 2>/dev/null || true
   for _ in $(seq 1 100); do kill -0 "$own_daemon" 2>/dev/null || break; sleep 0.2; done
-  # What the daemon leaves on the host: its (empty) cgroups.
+  # What the daemon leaves on the host: its network namespace mount, (empty) cgroups.
+  for point in $(awk -v root="$cache/docker/exec" 'index($5, root) == 1 { print $5 }' \
+      /proc/self/mountinfo | sort -r); do
+    umount -l "$point" || true
+  done
   for group in /sys/fs/cgroup/*/docker; do rmdir "$group" 2>/dev/null || true; done
+  for path in $daemon_leftovers; do rm -rf "$path"; done
 }
 trap stop_daemon EXIT
 if ! docker info >/dev/null 2>&1; then
@@ -81,22 +92,34 @@ export DOCKER_BUILDKIT=0
 
 if ! up_to_date stratamq "$stratamq_pin"; then
   start=$SECONDS
-  if ! docker image inspect "$base" >/dev/null 2>&1; then
+  if ! docker image inspect "$minbase" >/dev/null 2>&1; then
     mirror="$(sed -n 's/^URIs: *\(.*debian\)\/\{0,1\}$/\1/p' /etc/apt/sources.list.d/*.sources \
       2>/dev/null | grep -v security | head -1)"
     mirror="${mirror:-$(sed -n 's/^deb \(http[^ ]*debian\)\/\{0,1\} bookworm .*/\1/p' \
       /etc/apt/sources.list 2>/dev/null | head -1)}"
     mirror="${mirror:-http://deb.debian.org/debian}"
-    say "making the base $base with debootstrap from $mirror"
+    say "making $minbase with debootstrap from $mirror"
     rootfs="$cache/rootfs"
     rm -rf "$rootfs"
     nice debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3 \
       bookworm "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1 || {
         tail -20 "$cache/debootstrap.log" >&2; exit 1; }
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-    tar -C "$rootfs" -c . | docker import --change 'CMD ["python3"]' - "$base" >/dev/null
+    tar -C "$rootfs" -c . | docker import --change 'CMD ["python3"]' - "$minbase" >/dev/null
     rm -rf "$rootfs"
   fi
+  # The base: the minimal system trusting what this machine trusts (its own CAs, e.g.
+  # of a proxy that intercepts TLS), for pip in the build. Rebuilt each time (seconds).
+  context="$cache/base-context"
+  rm -rf "$context" && mkdir -p "$context/ca"
+  cp /usr/local/share/ca-certificates/*.crt "$context/ca/" 2>/dev/null || true
+  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$context/pip.conf"
+  printf '%s\n' "FROM $minbase" "COPY ca/ /usr/local/share/ca-certificates/" \
+    "COPY pip.conf /etc/pip.conf" "RUN update-ca-certificates >/dev/null" \
+    >"$context/Dockerfile"
+  docker build --network host -t "$base" "$context" >"$cache/base-build.log" 2>&1 || {
+    tail -20 "$cache/base-build.log" >&2; exit 1; }
+  rm -rf "$context"
   say "building $image"
   (cd "$repo" && nice docker build --network host --build-arg "PYTHON_IMAGE=$base" \
     -f images/stratamq/Dockerfile -t "$image" . >"$cache/stratamq-build.log" 2>&1) || {

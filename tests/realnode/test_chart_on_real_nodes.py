@@ -14,6 +14,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from stratamq.operator import resources
 from tests.kube.test_operator import wait_for
 from tests.support.clients import PahoClient
@@ -49,6 +51,9 @@ def explain(cluster: RealCluster) -> str:
             f"operator log:\n{operator.stdout}{operator.stderr}")
 
 
+# The first test of the session also starts the cluster (and builds the images when
+# they changed: minutes).
+@pytest.mark.timeout(1800)
 def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluster) -> None:
     cluster = real_cluster
     kubectl = cluster.plane.kubectl
