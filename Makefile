@@ -13,9 +13,13 @@ install: $(STAMP)
 # Real peers the tests and benchmarks run: Prometheus (scrapes /metrics in a test),
 # Mosquitto and its C clients (benchmark peer and load generator); libfaketime (a site
 # with its clock off, in the clock-skew test) and a C compiler (the power-loss shim of
-# the trimming test). Debian packages.
-SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub faketime cc
-SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients faketime gcc
+# the trimming test); for the real-node tests (tests/realnode), containerd, runc, the
+# CNI plugins and iptables the kubelets run with, debootstrap and Docker to build the
+# images without a registry (images/build-local.sh). Debian packages.
+SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub faketime cc \
+  containerd runc iptables debootstrap dockerd
+SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients faketime gcc containerd runc \
+  containernetworking-plugins iptables debootstrap docker.io
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml
@@ -35,6 +39,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
+# kubelet and kube-scheduler (the real-node tests),
 # helm), built from source with the Go toolchain through the Go module proxy, at the
 # versions pinned in tools/kube/*/go.mod; a group already built at its pin is skipped.
 # Go is only for this test infrastructure. The first build takes a while (see README).

@@ -141,6 +141,28 @@ def container_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return ports
 
 
+def host_network(spec: dict[str, Any]) -> bool:
+    """spec.hostNetwork: the sites run in their node's network namespace."""
+    return bool(spec.get("hostNetwork", False))
+
+
+# The broker config keys (as STRATAMQ__ variables) that bind each port, by port name.
+_BIND_ENV = {"mqtt": "STRATAMQ__LISTENERS__TCP__BIND",
+             "mqtt-ws": "STRATAMQ__LISTENERS__WS__BIND",
+             "mqtts": "STRATAMQ__LISTENERS__TLS__BIND",
+             "admin": "STRATAMQ__ADMIN__BIND",
+             "peer": "STRATAMQ__CLUSTER__PEER_BIND"}
+
+
+def _pod_ip_binds(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """On the host network a site binds its node's address (its pod IP) only, not all
+    of the node's addresses: the node's other interfaces, and other sites on the same
+    node at other addresses, keep their ports. The kubelet expands $(POD_IP) because
+    these variables come after it in the env list."""
+    return [{"name": _BIND_ENV[port["name"]], "value": f"$({POD_IP_ENV}):{port['containerPort']}"}
+            for port in container_ports(spec)]
+
+
 def _service_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
     # The peer port is between sites only (the headless Service), not for clients.
     return [{"name": port["name"], "port": port["containerPort"], "targetPort": port["name"],
@@ -226,7 +248,8 @@ def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
                     "name": admin_secret_name(owner.name), "key": TOKEN_KEY}}},
                 {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                 # $(POD_IP): the kubelet expands variables defined before this one.
-                {"name": ADVERTISE_ENV, "value": f"$({POD_IP_ENV}):{PEER_PORT}"}],
+                {"name": ADVERTISE_ENV, "value": f"$({POD_IP_ENV}):{PEER_PORT}"},
+                *(_pod_ip_binds(spec) if host_network(spec) else [])],
         # /healthz answers while a large storage is still opening; /readyz only once
         # the site serves clients.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "admin"},
@@ -298,6 +321,9 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
                     "securityContext": {**RESTRICTED_POD_SECURITY, "fsGroup": RUN_AS_USER},
+                    **({"hostNetwork": True,
+                        # Cluster DNS stays reachable from the node's namespace.
+                        "dnsPolicy": "ClusterFirstWithHostNet"} if host_network(spec) else {}),
                 },
             },
             "volumeClaimTemplates": [_volume_claim_template(spec)],

@@ -251,6 +251,27 @@ def test_the_operators_root_is_read_only_with_a_writable_tmp(tmp_path: Path) -> 
     assert "emptyDir" in volume and not mount.get("readOnly")
 
 
+def test_the_operator_on_the_host_network_binds_its_pod_ip(tmp_path: Path) -> None:
+    """operator.hostNetwork: health and metrics on the node's address (the pod IP), not
+    on all of the node's addresses; operator.env reaches the container as given."""
+    default = operator_pod_template(tmp_path)["spec"]
+    assert "hostNetwork" not in default
+    [deployment] = [doc for doc in render(
+        tmp_path, "--set", "operator.hostNetwork=true",
+        "--set-json", 'operator.env=[{"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}]')
+        if doc["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    [container] = spec["containers"]
+    assert "--liveness=http://$(POD_IP):8080/healthz" in container["command"]
+    names = [variable["name"] for variable in container["env"]]
+    values = {variable["name"]: variable.get("value") for variable in container["env"]}
+    assert values["STRATAMQ_OPERATOR_METRICS_BIND"] == "$(POD_IP):8081"
+    assert names.index("POD_IP") < names.index("STRATAMQ_OPERATOR_METRICS_BIND")
+    assert values["KUBERNETES_SERVICE_HOST"] == "10.1.2.3"
+
+
 def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": template["metadata"].get("labels", {})},

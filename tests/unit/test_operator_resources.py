@@ -4,11 +4,12 @@ is one the broker itself accepts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from stratamq.broker.config import Config
+from stratamq.broker.config import Config, load_config
 from stratamq.operator import config as operator_config
 from stratamq.operator import resources
 from stratamq.operator.resources import Owner
@@ -233,3 +234,35 @@ def test_config_problems_are_the_brokers() -> None:
     spec["mqtt"]["maxPacketSize"] = "512MiB"
     [problem] = operator_config.config_problems(spec)
     assert problem.startswith("mqtt.max_packet_size: ")
+
+
+def test_host_network_binds_every_port_on_the_pod_ip(tmp_path: Path) -> None:
+    """spec.hostNetwork: the pods share their node's network, so each site binds its
+    node's address (the pod IP) only; the broker then listens where the Services and
+    probes (by port name) expect it."""
+    assert "hostNetwork" not in resources.stateful_set(OWNER, crd_defaults())["spec"][
+        "template"]["spec"]
+    assert not any(variable["name"].endswith("BIND") for variable in container(crd_defaults())[
+        "env"])
+    spec = crd_defaults() | {"hostNetwork": True, "admin": {"port": 9000},
+                             "listeners": {"tcp": {"port": 1884}, "ws": {"enable": False}}}
+    pod = resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = pod["containers"][0]["env"]
+    names = [variable["name"] for variable in env]
+    binds = {variable["name"]: variable["value"] for variable in env
+             if variable["name"].endswith("BIND")}
+    assert binds == {"STRATAMQ__LISTENERS__TCP__BIND": "$(POD_IP):1884",
+                     "STRATAMQ__ADMIN__BIND": "$(POD_IP):9000",
+                     "STRATAMQ__CLUSTER__PEER_BIND": "$(POD_IP):18084"}
+    # The kubelet expands $(POD_IP) only from variables defined before.
+    assert all(names.index("POD_IP") < names.index(name) for name in binds)
+    # As the kubelet hands them over, the broker takes them over its config file.
+    config_file = tmp_path / "stratamq.yaml"
+    config_file.write_text(resources.rendered_config(spec))
+    loaded = load_config(config_file, {name: value.replace("$(POD_IP)", "127.0.0.51")
+                                       for name, value in binds.items()})
+    assert loaded.listeners.tcp.bind == "127.0.0.51:1884"
+    assert loaded.admin.bind == "127.0.0.51:9000"
+    assert loaded.cluster.peer_bind == "127.0.0.51:18084"

@@ -2,7 +2,8 @@
 # Builds the Kubernetes test binaries from source with the Go toolchain, through the Go
 # module proxy, into a cache folder (default .cache/bin):
 #   etcd                                          tools/kube/etcd
-#   kube-apiserver, kube-controller-manager, kubectl   tools/kube/kubernetes
+#   kube-apiserver, kube-controller-manager, kubectl,
+#   kubelet, kube-scheduler (the real-node tests)   tools/kube/kubernetes
 #   helm                                          tools/kube/helm
 # Each folder is a small Go module whose go.mod/go.sum pin the versions. A group is
 # rebuilt only when its binaries are missing or its go.mod/go.sum (or this script)
@@ -74,5 +75,7 @@ build etcd "-s -w" etcd=go.etcd.io/etcd/server/v3
 build kubernetes "$kube_ldflags" \
   kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
   kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-  kubectl=k8s.io/kubernetes/cmd/kubectl
+  kubectl=k8s.io/kubernetes/cmd/kubectl \
+  kubelet=k8s.io/kubernetes/cmd/kubelet \
+  kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler
 build helm "$helm_ldflags" helm=helm.sh/helm/v3/cmd/helm

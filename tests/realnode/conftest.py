@@ -1,0 +1,45 @@
+"""Fixtures of the tests on real nodes (tests/support/realnode.py): a real kubelet and
+containerd per node running the images as containers. `real_cluster` is one cluster
+for the whole session (it takes a minute or more to start); tests share it, each in a
+namespace of its own. Its teardown leaves the host as it was, also after a failure."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import REPO
+from tests.support.realnode import RealCluster, missing_prerequisites
+
+IMAGES = REPO / ".cache" / "images"
+NODES = 3
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[RealCluster]:
+    why = missing_prerequisites()
+    if why:
+        pytest.skip(why)
+    started = time.monotonic()
+    # The images, built or found in the cache (seconds when nothing changed).
+    subprocess.run([str(REPO / "images" / "build-local.sh"), str(IMAGES)], check=True,
+                   timeout=1800)
+    images_built = time.monotonic() - started
+    workdir = Path(tempfile.mkdtemp(prefix="stratamq-realnode-"))
+    cluster = RealCluster(workdir, [IMAGES / "pause.tar", IMAGES / "stratamq.tar"], NODES)
+    try:
+        cluster.start()
+        print(f"\nreal nodes: images {images_built:.0f} s, "
+              f"cluster up {time.monotonic() - started - images_built:.0f} s")
+        yield cluster
+    finally:
+        problems = cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        assert not problems, f"host state not restored: {problems}"
+        assert not workdir.exists(), f"{workdir} left"

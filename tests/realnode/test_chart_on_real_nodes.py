@@ -1,0 +1,121 @@
+"""The chart as a user installs it, on real nodes (tests/support/realnode.py): `helm
+install` runs the operator as a pod of the built image; a DurableStorage with three
+sites, each a container of the same image on its own node, becomes Ready; MQTT
+publish/subscribe works through a site; `helm uninstall` completes.
+
+The operator and the sites use the host network (the chart's `operator.hostNetwork`,
+the storage's `spec.hostNetwork`): these nodes have no pod network. The operator
+reaches the API server at its loopback address (`operator.env`), since no kube-proxy
+routes the `kubernetes` Service."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from stratamq.operator import resources
+from tests.kube.test_operator import wait_for
+from tests.support.clients import PahoClient
+from tests.support.harness import REPO
+from tests.support.realnode import RealCluster
+
+CHART = REPO / "charts" / "stratamq"
+NAMESPACE = "realnode-chart"
+RELEASE = "mq"
+STORAGE = "mq"
+SITES = 3
+# Far above what each step takes on a loaded 2-core machine (install seconds, Ready
+# tens of seconds), far below forever.
+INSTALL_TIMEOUT_S = 180
+READY_TIMEOUT_S = 300
+
+
+def storage_status(cluster: RealCluster) -> dict[str, Any]:
+    result = cluster.plane.kubectl("get", "-n", NAMESPACE, "durablestorage", STORAGE,
+                                   "-o", "json", check=False)
+    if result.returncode:
+        return {}
+    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
+    return status
+
+
+def explain(cluster: RealCluster) -> str:
+    kubectl = cluster.plane.kubectl
+    pods = kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    operator = kubectl("logs", "-n", NAMESPACE, "deployment/mq-stratamq-operator",
+                       "--tail=40", check=False)
+    return (f"pods:\n{pods}\nstatus: {storage_status(cluster)}\n"
+            f"operator log:\n{operator.stdout}{operator.stderr}")
+
+
+# The first test of the session also starts the cluster (and builds the images when
+# they changed: minutes).
+@pytest.mark.timeout(1800)
+def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluster) -> None:
+    cluster = real_cluster
+    kubectl = cluster.plane.kubectl
+    cluster.add_volumes(SITES)
+    api_port = cluster.plane.apiserver.port
+    started = time.monotonic()
+    cluster.plane.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set", "operator.hostNetwork=true",
+        "--set-json", "operator.env=" + json.dumps([
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)}]),
+        "--set", "operator.image.pullPolicy=Never", "--set", "dashboards.enabled=false",
+        "--wait", f"--timeout={INSTALL_TIMEOUT_S}s", timeout=INSTALL_TIMEOUT_S + 30)
+    installed = time.monotonic() - started
+    # The operator runs as a real container of the built image.
+    [operator_pod] = json.loads(kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator",
+        "-o", "json").stdout)["items"]
+    assert operator_pod["status"]["containerStatuses"][0]["ready"], explain(cluster)
+
+    started = time.monotonic()
+    kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": STORAGE},
+        "spec": {"sites": SITES, "hostNetwork": True,
+                 "image": {"pullPolicy": "Never"},
+                 "messages": {"nShards": 4, "replicationFactor": 3},
+                 "storage": {"size": "1Gi"}}}))
+    wait_for("the storage Ready", lambda: storage_status(cluster).get("phase") == "Ready",
+             timeout=READY_TIMEOUT_S, explain=lambda: explain(cluster))
+    ready = time.monotonic() - started
+    print(f"\nhelm install --wait {installed:.1f} s, storage Ready {ready:.1f} s")
+
+    # Each site on its own node, bound on its node's address.
+    pods = json.loads(kubectl("get", "pods", "-n", NAMESPACE, "-l",
+                              resources.site_selector(STORAGE), "-o", "json").stdout)["items"]
+    addresses = sorted(pod["status"]["podIP"] for pod in pods)
+    assert addresses == sorted(kubelet.address for kubelet in cluster.kubelets), addresses
+
+    subscriber = PahoClient(1883, "realnode-sub", host=addresses[0])
+    publisher = PahoClient(1883, "realnode-pub", host=addresses[-1])
+    try:
+        assert subscriber.connect().reason_code == 0
+        assert subscriber.subscribe("realnode/#", qos=1) == [1]
+        assert publisher.connect().reason_code == 0
+        for number in range(10):
+            assert publisher.publish(f"realnode/{number % 3}", f"m{number}".encode()) == 0
+        received = subscriber.expect(10)
+        assert [message.payload for message in received] == [
+            f"m{number}".encode() for number in range(10)]
+    finally:
+        publisher.stop()
+        subscriber.stop()
+
+    started = time.monotonic()
+    kubectl("delete", "-n", NAMESPACE, "durablestorage", STORAGE, "--wait=true",
+            "--timeout=120s", timeout=150)
+    result = cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
+                                "--timeout=120s", check=False, timeout=150)
+    assert result.returncode == 0, result.stderr + explain(cluster)
+    wait_for("the pods gone", lambda: not json.loads(kubectl(
+        "get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"],
+        timeout=120, explain=lambda: explain(cluster))
+    print(f"storage deleted and helm uninstall --wait {time.monotonic() - started:.1f} s")

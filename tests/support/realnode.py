@@ -1,0 +1,397 @@
+"""Real Kubernetes nodes on this one machine: the test control plane (kube.py) plus
+kube-scheduler, and N nodes, each a real kubelet with its own containerd (root, state
+and socket under the test's folder) running the built images as real containers.
+
+Networking: no bridges, no NAT, no private addresses are available here, so node N is
+a kubelet at its own loopback address 127.0.0.(50+N), registered with
+`--cloud-provider=external` and given that address as a cloud controller would; a CNI
+configuration with only the `loopback` plugin makes the node Ready; the pods run on
+the host network (DurableStorage `spec.hostNetwork`, the chart's
+`operator.hostNetwork`) and bind their pod IP, which is their node's address. Services
+(ClusterIPs: no kube-proxy) and cluster DNS are not exercised this way. All traffic
+stays on 127.0.0.0/8.
+
+The host is left as found: the kubelet sets `vm.overcommit_memory`, `kernel.panic`,
+`kernel.panic_on_oops` (and a few more) at start, adds `KUBE-*` iptables chains, makes
+folders and mounts. `RealCluster` records every such setting before the first kubelet
+starts, puts them back right after each kubelet's start and at `stop()`, removes the
+chains it added, kills the containers and their shims, unmounts everything under its
+folder and removes what it created. `stop()` runs also after a failed start.
+
+Needs root, Debian's `containerd`, `runc`, `containernetworking-plugins` and
+`iptables`, `make kube-bin` (kubelet, kube-scheduler) and the images of
+images/build-local.sh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.support.harness import ManagedProcess
+from tests.support.kube import ControlPlane, kube_binary
+
+# The pause image containerd makes each pod's sandbox of (images/build-local.sh).
+PAUSE_IMAGE = "docker.io/local/pause:3.10"
+CNI_PLUGINS = Path("/usr/lib/cni")
+FIRST_NODE_ADDRESS = 50  # node N is 127.0.0.(50+N)
+# What the kubelet changes on the host at start (kubelet's container manager).
+SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+           "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+# Folders the kubelet and containerd make outside their configured roots.
+HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/log/pods"),
+              Path("/var/lib/cni"), Path("/run/containerd"), Path("/opt/containerd"))
+IPTABLES = ("iptables", "ip6tables")
+IPTABLES_TABLES = ("filter", "nat", "mangle")
+REQUIRED_COMMANDS = ("containerd", "ctr", "runc", "iptables", "mount", "umount")
+
+
+def missing_prerequisites() -> str | None:
+    """Why real nodes cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "real nodes need root (a kubelet and containerd)"
+    for command in REQUIRED_COMMANDS:
+        if shutil.which(command) is None and not Path("/usr/sbin", command).exists():
+            return (f"real nodes need `{command}` (Debian: containerd runc "
+                    f"containernetworking-plugins iptables)")
+    if not (CNI_PLUGINS / "loopback").exists():
+        return "real nodes need the CNI loopback plugin (Debian: containernetworking-plugins)"
+    return None
+
+
+def node_address(index: int) -> str:
+    return f"127.0.0.{FIRST_NODE_ADDRESS + index}"
+
+
+def run(*command: str, check: bool = True, timeout: float = 120,
+        input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    result = subprocess.run(command, capture_output=True, timeout=timeout, check=False,
+                            input=input)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with {result.returncode}:\n"
+                           + result.stderr.decode(errors="replace"))
+    return result
+
+
+# --- processes ------------------------------------------------------------------------
+
+class KubeScheduler(ManagedProcess):
+    name = "kube-scheduler"
+
+    def __init__(self, workdir: Path, kubeconfig: Path) -> None:
+        super().__init__(workdir)
+        self.log_path = workdir / "kube-scheduler.log"
+        self.kubeconfig = kubeconfig
+
+    def ports(self) -> list[int]:
+        return []  # serves nothing here (--secure-port=0)
+
+    def command(self) -> list[str]:
+        return [str(kube_binary("kube-scheduler")), f"--kubeconfig={self.kubeconfig}",
+                "--authentication-skip-lookup", "--leader-elect=false", "--secure-port=0"]
+
+
+class Containerd(ManagedProcess):
+    name = "containerd"
+
+    def __init__(self, workdir: Path, cni: Path) -> None:
+        super().__init__(workdir)
+        self.log_path = workdir / "containerd.log"
+        self.socket = workdir / "containerd.sock"
+        self.config = workdir / "containerd.toml"
+        self.config.write_text(f"""version = 2
+root = "{workdir / 'root'}"
+state = "{workdir / 'state'}"
+[grpc]
+  address = "{self.socket}"
+[ttrpc]
+  address = "{self.socket}.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_cdi = false
+  # Root here lacks CAP_SYS_RESOURCE: no lowering of a container's OOM score.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_PLUGINS}"
+    conf_dir = "{cni}"
+""")
+
+    def ports(self) -> list[int]:
+        return []
+
+    def command(self) -> list[str]:
+        return ["nice", "-n", "5", "containerd", "--config", str(self.config)]
+
+    def ctr(self, *args: str, input: bytes | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        return run("ctr", "--address", str(self.socket), "-n", "k8s.io", *args,
+                   input=input, check=check, timeout=300)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ctr("version", check=False).returncode != 0:
+            if not self.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd did not start:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def kill_containers(self) -> None:
+        """SIGKILL every container it runs and its shim (found by this socket in the
+        shim's command line: shims outlive containerd)."""
+        if self.alive():
+            for task in self.ctr("tasks", "ls", "-q", check=False).stdout.decode().split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", "--all", task, check=False)
+        for pid in _pids_with_argument(str(self.socket)):
+            if pid != (self.process.pid if self.process else None):
+                _kill_tree(pid)
+
+
+class Kubelet(ManagedProcess):
+    name = "kubelet"
+
+    def __init__(self, workdir: Path, index: int, kubeconfig: Path, runtime: Path) -> None:
+        super().__init__(workdir)
+        self.index = index
+        self.node = f"node-{index}"
+        self.address = node_address(index)
+        self.log_path = workdir / "kubelet.log"
+        self.kubeconfig = kubeconfig
+        self.config = workdir / "kubelet.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": self.address, "port": 10250, "readOnlyPort": 0,
+            "healthzBindAddress": self.address, "healthzPort": 10248,
+            "authentication": {"anonymous": {"enabled": True},
+                               "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs", "cgroupsPerQOS": False, "enforceNodeAllocatable": [],
+            "containerRuntimeEndpoint": f"unix://{runtime}",
+            "failSwapOn": False, "podLogsDir": str(workdir / "pod-logs"),
+            "serializeImagePulls": False,
+            # The images are imported, never pulled: never collect them, and evict
+            # nothing for a host disk the other tests share.
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                             "imagefs.available": "1%"},
+            "registerNode": True, "clusterDomain": "cluster.local",
+            # Status often enough for tests that wait on it.
+            "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
+        }))
+
+    def ports(self) -> list[int]:
+        return []
+
+    def command(self) -> list[str]:
+        return ["nice", "-n", "5", str(kube_binary("kubelet")), f"--config={self.config}",
+                f"--kubeconfig={self.kubeconfig}", f"--root-dir={self.workdir / 'root'}",
+                f"--hostname-override={self.node}", "--cloud-provider=external", "--v=1"]
+
+
+def _pids_with_argument(argument: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if argument.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (the shim and its container's processes,
+    which run in their own process groups)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    pending, tree = [pid], []
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending += children.get(current, [])
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+# --- host state -----------------------------------------------------------------------
+
+class HostState:
+    """What the kubelets change on the host, recorded before and put back after."""
+
+    def __init__(self) -> None:
+        self.sysctls = {name: Path("/proc/sys", name).read_text() for name in SYSCTLS
+                        if Path("/proc/sys", name).exists()}
+        self.paths = [path for path in HOST_PATHS if not path.exists()]
+        self.chains = {(tool, table): self._chains(tool, table)
+                       for tool in IPTABLES for table in IPTABLES_TABLES}
+        self.cgroups = {path for path in Path("/sys/fs/cgroup").glob("*/k8s.io")}
+
+    @staticmethod
+    def _chains(tool: str, table: str) -> set[str]:
+        result = run(tool, "-w", "-t", table, "-S", check=False)
+        return {line.split()[1] for line in result.stdout.decode().splitlines()
+                if line.startswith("-N ")}
+
+    def restore_sysctls(self) -> None:
+        for name, value in self.sysctls.items():
+            with contextlib.suppress(OSError):
+                if Path("/proc/sys", name).read_text() != value:
+                    Path("/proc/sys", name).write_text(value)
+
+    def restore(self) -> list[str]:
+        """Everything back; returns what could not be (for the test's report)."""
+        problems: list[str] = []
+        self.restore_sysctls()
+        for (tool, table), before in self.chains.items():
+            added = {chain for chain in self._chains(tool, table) - before
+                     if chain.startswith("KUBE-")}
+            if not added:
+                continue
+            # First the rules that jump to them (from any chain), then the chains.
+            for line in run(tool, "-w", "-t", table, "-S", check=False).stdout.decode(
+                    ).splitlines():
+                words = line.split()
+                jumps_to_added = any(words[i] == "-j" and words[i + 1] in added
+                                     for i in range(len(words) - 1))
+                if words[:1] == ["-A"] and words[1] not in added and jumps_to_added:
+                    run(tool, "-w", "-t", table, "-D", *words[1:], check=False)
+            for chain in added:
+                run(tool, "-w", "-t", table, "-F", chain, check=False)
+            for chain in added:
+                if run(tool, "-w", "-t", table, "-X", chain, check=False).returncode:
+                    problems.append(f"{tool} -t {table}: chain {chain} left")
+        for group in sorted(set(Path("/sys/fs/cgroup").glob("*/k8s.io")) - self.cgroups):
+            for child in sorted(group.glob("*/"), reverse=True):
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        for path in self.paths:
+            unmount_under(path)
+            shutil.rmtree(path, ignore_errors=True)
+            if path.exists():
+                problems.append(f"{path} left")
+        return problems
+
+
+def unmount_under(folder: Path) -> None:
+    """Unmount every mount point at or under `folder`, deepest first."""
+    resolved = str(folder.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == resolved or point.startswith(resolved + "/"):
+            points.append(point)
+    for point in sorted(set(points), key=len, reverse=True):
+        run("umount", "-l", point, check=False)
+
+
+# --- the cluster ----------------------------------------------------------------------
+
+class RealCluster:
+    """The control plane, a scheduler and `nodes` real nodes in `workdir`."""
+
+    def __init__(self, workdir: Path, images: list[Path], nodes: int = 3) -> None:
+        self.workdir = workdir
+        self.images = images
+        self.host = HostState()
+        self.plane = ControlPlane(workdir / "control-plane")
+        self.scheduler = KubeScheduler(workdir / "scheduler", self.plane.kubeconfig)
+        cni = workdir / "cni"
+        cni.mkdir(parents=True, exist_ok=True)
+        (cni / "10-loopback.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}))
+        self.runtimes = [Containerd(workdir / f"node-{index}" / "containerd", cni)
+                         for index in range(nodes)]
+        self.kubelets = [Kubelet(workdir / f"node-{index}" / "kubelet", index,
+                                 self.plane.kubeconfig, runtime.socket)
+                         for index, runtime in enumerate(self.runtimes)]
+        self.volumes = workdir / "volumes"
+        self.problems: list[str] = []
+
+    def start(self, timeout: float = 300) -> RealCluster:
+        deadline = time.monotonic() + timeout
+        self.plane.start(timeout)
+        self.scheduler.start()
+        for runtime in self.runtimes:
+            runtime.start()
+        archives = [path.read_bytes() for path in self.images]
+        for runtime in self.runtimes:
+            runtime.wait_ready()
+            for archive in archives:
+                runtime.ctr("images", "import", "-", input=archive)
+        for kubelet in self.kubelets:
+            kubelet.start()
+        for kubelet in self.kubelets:
+            self._initialize(kubelet, deadline)
+        self.plane.kubectl("wait", "--for=condition=Ready", "node", "--all",
+                           f"--timeout={max(1, int(deadline - time.monotonic()))}s",
+                           timeout=timeout)
+        return self
+
+    def _initialize(self, kubelet: Kubelet, deadline: float) -> None:
+        """What a cloud controller does for a node: its address, and the taint off."""
+        while self.plane.kubectl("get", "node", kubelet.node, check=False).returncode:
+            if not kubelet.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"{kubelet.node} did not register:\n{kubelet.log_tail()}")
+            time.sleep(0.5)
+        # The kubelet set its kernel tunables at start, before registering.
+        self.host.restore_sysctls()
+        self.plane.kubectl("patch", "node", kubelet.node, "--subresource=status",
+                           "--type=merge", "-p", json.dumps({"status": {"addresses": [
+                               {"type": "InternalIP", "address": kubelet.address},
+                               {"type": "Hostname", "address": kubelet.node}]}}))
+        self.plane.kubectl("taint", "node", kubelet.node,
+                           "node.cloudprovider.kubernetes.io/uninitialized-")
+
+    def add_volumes(self, count: int, size: str = "1Gi") -> None:
+        """`count` more hostPath PersistentVolumes of no class (the claims of a
+        StatefulSet without storageClassName bind them), writable by the images' user."""
+        existing = len(list(self.volumes.glob("pv-*"))) if self.volumes.exists() else 0
+        for index in range(existing, existing + count):
+            path = self.volumes / f"pv-{index}"
+            path.mkdir(parents=True)
+            os.chown(path, 10001, 10001)
+            self.plane.kubectl("apply", "-f", "-", input=json.dumps({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": f"pv-{index}"},
+                "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                         "persistentVolumeReclaimPolicy": "Retain",
+                         "hostPath": {"path": str(path), "type": "Directory"}}}))
+
+    def stop(self) -> list[str]:
+        """Everything stopped and the host as it was; returns what was left (empty)."""
+        for kubelet in self.kubelets:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                kubelet.stop(timeout=20)
+            kubelet.kill()
+        for runtime in self.runtimes:
+            runtime.kill_containers()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                runtime.stop(timeout=20)
+            runtime.kill()
+            runtime.kill_containers()  # shims that were still starting
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.scheduler.stop(timeout=10)
+        self.scheduler.kill()
+        self.plane.stop()
+        unmount_under(self.workdir)
+        self.problems = self.host.restore()
+        return self.problems
