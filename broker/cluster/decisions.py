@@ -434,6 +434,12 @@ def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteSta
         # add must be able to replace a replica that is down. One site more keeps every
         # majority of the new set overlapping every majority of the old one; the
         # catch-up then holds the next step until the joiner has what was committed.
+        leader = sites.get(shard.leader)
+        if leader is None or not leader.answered or is_gone(leader, now, settings):
+            # A shard whose leader is gone with no majority left to fail over to (two
+            # replicas, one of them dead) gets one back by this add; a leader that is
+            # gone commits nothing meanwhile that the new set could outvote.
+            return None
         return _leader_behind(shard, placement.version, sites, now, settings)
     if step.leader is not None:
         # A handover: the successor must hold what the leader committed, or the new

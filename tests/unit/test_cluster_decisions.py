@@ -720,6 +720,27 @@ def test_an_add_replaces_a_replica_that_is_down() -> None:
     assert final.placement.shard(DB, 0).replicas == ("A", "C", "D")
 
 
+def test_an_add_restores_the_majority_of_a_shard_whose_leader_is_gone() -> None:
+    """Replication factor 2 and the leader A gone: {A, B} has no majority left to fail
+    over to. The add of C must go though no leader reports anything (it gives the
+    shard a majority, B and C, which the failover then uses); the removal of A after
+    it waits for C to catch up with the new leader."""
+    RF2 = replace(ONE_SHARD, replication_factor=2)
+    placement = one_shard("AB", "A", version=5)
+    state = ClusterState(placement=placement, goals={DB: ("A", "B")})
+    ends = {"A": 20, "B": 20, "C": 0}
+    sites = reports(placement, 100.0, ends, ends)
+    state = decisions.set_replicas(state, DB, "BC", sites, 100.0, RF2)
+    assert state.plan is not None
+    sites["A"] = replace(sites["A"], last_seen=0.0)  # gone
+    added = decisions.decide(state, sites, 100.0, 0.0, RF2)
+    assert added.state.placement.shard(DB, 0).replicas == ("A", "B", "C"), added.notes
+    sites = reports(added.state.placement, 101.0, ends, ends)
+    sites["A"] = replace(sites["A"], last_seen=0.0)
+    failed_over = decisions.decide(added.state, sites, 101.0, 0.0, RF2).state
+    assert failed_over.placement.shard(DB, 0).leader == "B"
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sets(st.sampled_from("ABCD")), st.booleans()),
                 min_size=1, max_size=30))
