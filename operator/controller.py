@@ -465,6 +465,10 @@ class StorageController:
         adoption = decisions.adopt(state, held)
         for note in adoption.notes:
             log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, note)
+        if adoption.state.placement != state.placement:
+            # e.g. a storage deleted and made again over its retained volumes: its
+            # sites hold a placement its new status.controller does not know
+            self._warnings.append(("PlacementAdopted", "; ".join(adoption.notes)))
         return adoption.state
 
     def push_answered(self, site: str, version: int, found: Mapping[str, Any]) -> None:
