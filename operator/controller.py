@@ -394,7 +394,7 @@ class StorageController:
                                            {pod.name for pod in pods}, now)
         state = self._follow_goal(state, spec, sites, site_pods)
         decision = decisions.decide(state, sites, now, self.started, self.settings)
-        notes = tuple(in_operator_terms(note) for note in decision.notes)
+        notes = decision.notes
         if notes != self.notes:
             for note in notes:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
@@ -788,29 +788,6 @@ class StorageController:
         return Snapshot(self.state, dict(self.sites), self.leader_changes,
                         term=0 if self.term is None else self.term.number,
                         fenced=self.fenced_by is not None)
-
-
-# decisions.py's words for sites that hold a placement the controller does not know,
-# which name `stratamq cluster controller`'s data folder.
-_HELD_PLACEMENT_HINT = ("restore the controller's data folder (placement.json) instead "
-                        "of placing shards anew")
-
-
-def in_operator_terms(note: str) -> str:
-    """A note of decisions.py as the operator's user must read it: the operator keeps
-    the controller's state in status.controller, not in a placement.json. Sites that
-    hold a placement while the storage's status has none are what a DurableStorage
-    deleted and made again over its retained volumes looks like (issue 21, defect 5);
-    the operator does not adopt their placement yet."""
-    if _HELD_PLACEMENT_HINT not in note:
-        return note
-    return note.replace(
-        "this controller has none", "the storage's status.controller has none").replace(
-        _HELD_PLACEMENT_HINT,
-        "was this DurableStorage deleted and made again over its retained volumes? The "
-        "operator does not adopt a placement the sites hold yet: re-create the storage "
-        "from a saved copy of its status.controller, or delete the volume claims "
-        "data-<name>-N (their data is lost) to start afresh")
 
 
 # --- every storage's controller ----------------------------------------------------------
