@@ -66,8 +66,8 @@ class RetainedStore:
         at a time, so a caller holds one page and not the whole set. Left out: the
         expired ones, and those set at or after `before_us` (microseconds, the time
         of the SUBSCRIBE, plus `clock_lead`): the subscription had them live
-        already. The set may
-        change while it is read: each topic is read as it is when its page is."""
+        already. The set may change while it is read: each topic is read as it is
+        when its page is."""
         levels = validate_filter(topic_filter)
         before_us += int(self._clock_lead() * 1_000_000)
         if self._indexed:
