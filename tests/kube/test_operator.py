@@ -23,7 +23,12 @@ import yaml
 from tests.support.clients import PahoClient
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import PEERING, OperatorProcess, Operators
+from tests.support.operator_process import (
+    OperatorProcess,
+    Operators,
+    peered_namespace,
+    running_operators,
+)
 
 NAMESPACE = "operator-e2e"
 NAME = "mq"
@@ -71,11 +76,8 @@ def storage(kube: ControlPlane) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
     """The namespace of this module, with the peering object of the operator."""
-    crds.kubectl("create", "namespace", NAMESPACE)
-    crds.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
-    yield crds
-    crds.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+    with peered_namespace(crds, NAMESPACE) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +90,9 @@ def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def operators(cluster: ControlPlane, node: Kubelet,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    made = Operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE,
-                     reapply_interval=REAPPLY_INTERVAL)
-    made.start()
-    yield made
-    for process in made.started:
-        process.kill()
-    for process in made.started:
-        assert "Traceback" not in process.log(), process.log_tail(6000)
+    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE,
+                           reapply_interval=REAPPLY_INTERVAL) as made:
+        yield made
 
 
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:

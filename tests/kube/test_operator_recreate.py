@@ -15,7 +15,7 @@ import yaml
 
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import PEERING, Operators
+from tests.support.operator_process import Operators, peered_namespace, running_operators
 
 NAMESPACE = "operator-recreate"
 NAME = "again"
@@ -26,11 +26,8 @@ TIMEOUT = 180.0
 
 @pytest.fixture(scope="module")
 def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    crds.kubectl("create", "namespace", NAMESPACE)
-    crds.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
-    yield crds
-    crds.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+    with peered_namespace(crds, NAMESPACE) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +40,8 @@ def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def operators(cluster: ControlPlane, node: Kubelet,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    made = Operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE)
-    made.start()
-    yield made
-    for process in made.started:
-        process.kill()
-    for process in made.started:
-        assert "Traceback" not in process.log(), process.log_tail(6000)
+    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE) as made:
+        yield made
 
 
 def wait_for(what: str, check: Callable[[], Any], explain: Callable[[], str]) -> Any:

@@ -50,7 +50,7 @@ from stratamq.broker.ds.database import shard_of
 from tests.support.history import History
 from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import PEERING, Operators
+from tests.support.operator_process import Operators, peered_namespace, running_operators
 from tests.support.recorder import (
     RecordingPublisher,
     RecordingSubscriber,
@@ -135,11 +135,8 @@ def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
 
 @pytest.fixture(scope="module")
 def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    crds.kubectl("create", "namespace", NAMESPACE)
-    crds.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
-    yield crds
-    crds.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+    with peered_namespace(crds, NAMESPACE) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -152,13 +149,8 @@ def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def operators(cluster: ControlPlane, node: Kubelet,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    made = Operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE)
-    made.start()
-    yield made
-    for process in made.started:
-        process.kill()
-    for process in made.started:
-        assert "Traceback" not in process.log(), process.log_tail(6000)
+    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE) as made:
+        yield made
 
 
 class Load:

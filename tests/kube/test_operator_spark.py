@@ -27,7 +27,7 @@ import yaml
 from stratamq.operator import spark
 from tests.kube.test_operator import wait_for
 from tests.support.kube import ControlPlane
-from tests.support.operator_process import PEERING, OperatorProcess
+from tests.support.operator_process import OperatorProcess, peered_namespace
 
 NAMESPACE = "operator-spark"
 NAME = "mq"
@@ -97,11 +97,8 @@ def arguments(command: list[str]) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    crds.kubectl("create", "namespace", NAMESPACE)
-    crds.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
-    yield crds
-    crds.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+    with peered_namespace(crds, NAMESPACE) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,12 @@ metrics endpoints on loopback ports."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import yaml
 
 from tests.support.harness import HOST, ManagedProcess, free_port
 from tests.support.kube import ControlPlane
@@ -89,3 +93,28 @@ class Operators:
     def logs(self) -> str:
         return "\n".join(f"--- {process.workdir.name}:\n{process.log_tail(6000)}"
                          for process in self.started)
+
+
+@contextlib.contextmanager
+def peered_namespace(kube: ControlPlane, namespace: str) -> Iterator[ControlPlane]:
+    """`namespace` made, with the KopfPeering object the operators elect through;
+    deleted (without waiting) afterwards."""
+    kube.kubectl("create", "namespace", namespace)
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}))
+    yield kube
+    kube.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+@contextlib.contextmanager
+def running_operators(kube: ControlPlane, workdir: Path, namespace: str, *,
+                      reapply_interval: float = 300.0) -> Iterator[Operators]:
+    """The operators of a test module, the first started; afterwards each is killed
+    and none may have logged a traceback."""
+    made = Operators(kube, workdir, namespace, reapply_interval=reapply_interval)
+    made.start()
+    yield made
+    for process in made.started:
+        process.kill()
+    for process in made.started:
+        assert "Traceback" not in process.log(), process.log_tail(6000)
