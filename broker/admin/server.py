@@ -2,7 +2,7 @@
 
 It starts before the storage opens, so `/healthz` answers while a large RocksDB is
 still opening; `/readyz` and `/api/v1` answer 503 until the site is attached and
-again once it starts stopping. The listener is guarded (`guard.py`: a connection
+again once it starts stopping. The listener is guarded (`http/guard.py`: a connection
 limit of its own, a header timeout) and `/metrics` is cached (`metrics_cache.py`), so
 that nobody who reaches the port can take MQTT down. Every response of `/api/v1` is
 JSON; every error is
@@ -11,7 +11,6 @@ JSON; every error is
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +32,11 @@ from ..ds import (
     describe,
 )
 from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
+from ..http.guard import ConnectionGuard, GuardedListener
 from ..net.address import split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .digests import ShardDigests
-from .guard import HTTP_LOG, ConnectionGuard
 from .http_errors import BadRequestError, ReplicationOffError, UnknownClientError
 from .metrics_cache import MetricsCache
 from .middleware import BODY_TIMEOUT, authentication, errors, json_body, listing
@@ -59,8 +58,6 @@ API = "/api/v1"
 # `admin.metrics_auth`); everything else (unknown paths too) needs them, so a typo in
 # a route never opens it.
 PROBES = frozenset({"/healthz", "/readyz"})
-# Connections queued by the kernel before the admin server accepts them.
-BACKLOG = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +75,7 @@ class AdminServer:
         self.port = 0
         self._parts: SiteParts | None = None
         self._stopping = False
-        self._runner: web.AppRunner | None = None
-        self._guard: ConnectionGuard | None = None
-        self._listener: asyncio.Server | None = None
+        self._listener: GuardedListener | None = None
         # by data folder (one, once the storage is attached): one digest at a time
         self._digests: dict[Path, ShardDigests] = {}
         self._metrics_cache = MetricsCache(self.settings.metrics_interval,
@@ -106,7 +101,7 @@ class AdminServer:
     async def start(self, bind: str) -> None:
         settings = self.settings
         open_paths = PROBES if settings.metrics_auth else PROBES | {"/metrics"}
-        guard = ConnectionGuard(settings.max_connections, settings.header_timeout)
+        guard = ConnectionGuard("admin", settings.max_connections, settings.header_timeout)
         app = web.Application(middlewares=[guard.middleware, errors,
                                            authentication(self.credentials, open_paths)])
         app[BODY_TIMEOUT] = settings.body_timeout
@@ -131,35 +126,18 @@ class AdminServer:
             web.put(f"{API}/ds/placement", self._placement),
             web.put(f"{API}/ds/controller-term", self._controller_term),
         ])
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, logger=HTTP_LOG,
-                               keepalive_timeout=settings.header_timeout)
-        await runner.setup()
-        assert runner.server is not None
-        guard.start(runner.server)
+        listener = GuardedListener(app, guard, shutdown_timeout=5.0)
         host, port = split_bind(bind)
-        try:
-            # Not web.TCPSite: the guard's protocol factory counts and refuses.
-            self._listener = await asyncio.get_running_loop().create_server(
-                guard.protocol, host, port, reuse_address=True, backlog=BACKLOG)
-        except BaseException:
-            await guard.stop()
-            await runner.cleanup()
-            raise
-        self._runner, self._guard = runner, guard
-        self.port = int(self._listener.sockets[0].getsockname()[1])
+        await listener.start(host, port)
+        self._listener = listener
+        self.port = listener.port
         log.info("admin API listening on http://%s:%d", host, self.port)
 
     async def stop(self) -> None:
         self.detach()
         if self._listener is not None:
-            self._listener.close()
+            await self._listener.stop()
             self._listener = None
-        if self._guard is not None:
-            await self._guard.stop()
-            self._guard = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     def _running(self) -> SiteParts:
         if self._parts is None:

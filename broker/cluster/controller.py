@@ -8,7 +8,8 @@ failover, the next step of a pending plan), keeps the result in its data folder
 `PUT /api/v1/ds/placement` to every site whenever it changes and to any site that
 reports an older version. It serves the cluster API of the admin CLI (`stratamq ctl
 ds ...`) with the same bearer-token scheme as the sites, and calls the sites with
-that same token.
+that same token. The API's listener is guarded (`http/guard.py`): whoever reaches
+it cannot hold the controller's file descriptors.
 
 A controller is never ahead of the sites by construction, but it can be behind
 (restored from an older copy of its folder): when a site reports a newer placement
@@ -61,6 +62,13 @@ from ..errors import (
     UnknownDatabaseError,
     UnknownSiteError,
 )
+from ..http.guard import (
+    HEADER_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    ConnectionGuard,
+    GuardedListener,
+    descriptor_share,
+)
 from ..net.address import source_address, split_bind
 from . import decisions, terms
 from .decisions import ClusterState, Settings
@@ -76,6 +84,10 @@ OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 REPLICATION_PATH = f"{API}/ds/replication"
 PLACEMENT_PATH = f"{API}/ds/placement"
 TERM_PATH = f"{API}/ds/controller-term"
+# The most connections the API holds (`http/guard.py`; then the one waiting longest
+# for its first request is closed). Its clients are the admin CLI, the operator,
+# Prometheus and probes: a handful at a time; 256 as the sites' admin ports.
+API_MAX_CONNECTIONS = 256
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,7 @@ class Controller:
         self._lock = asyncio.Lock()
         self._headers = {"Authorization": f"Bearer {config.token}"}
         self._http: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._listener: GuardedListener | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
         self._unreachable: dict[str, str] = {}
@@ -147,8 +159,11 @@ class Controller:
         # requests to sites start from the controller's own address (when it binds one)
         self._http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(
             local_addr=source_address(self.config.bind)))
+        guard = ConnectionGuard("controller", descriptor_share(API_MAX_CONNECTIONS),
+                                HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
         app = web.Application(middlewares=[
-            errors, authentication(Credentials(token=self.config.token), OPEN_PATHS)])
+            guard.middleware, errors,
+            authentication(Credentials(token=self.config.token), OPEN_PATHS)])
         app.add_routes([
             web.get("/healthz", self._healthz),
             web.get("/metrics", self._metrics),
@@ -162,17 +177,15 @@ class Controller:
             web.put(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._join),
             web.delete(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._leave),
         ])
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
+        listener = GuardedListener(app, guard, shutdown_timeout=2.0)
         host, port = split_bind(self.config.bind)
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            await listener.start(host, port)
         except BaseException:
-            await runner.cleanup()
             await self._http.close()
             raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        self._listener = listener
+        self.port = listener.port
         log.info("controller API on http://%s:%d; sites %s; placement version %d%s", host,
                  self.port, ", ".join(self.urls) or "none", self.state.placement.version,
                  "" if self.state.plan is None else ", resuming a plan")
@@ -184,9 +197,9 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
             self._loop_task = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -1,7 +1,8 @@
 """The controller's metrics (`/metrics` of its API), computed at scrape time from its
 state: sites up, the placement version, leader changes, placements adopted from the
 sites, steps of the pending plan,
-under-replicated shards and each replica's lag. A registry of its own, so that the
+under-replicated shards and each replica's lag; and the guard's counters of its
+API's connections (`http/guard.py`). A registry of its own, so that the
 broker's metrics (registered when broker modules are imported) do not show up as
 zeros next to them."""
 
@@ -16,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..errors import PlanError
+from ..http.guard import BAD_REQUESTS, EVICTED, REFUSED, TIMED_OUT
 from .decisions import ClusterState, Settings, is_gone
 from .sites import SiteState
 
@@ -107,4 +109,7 @@ def controller_registry(snapshot: Callable[[], Snapshot], settings: Settings
                         ) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ControllerCollector(snapshot, settings))
+    # the guard's counters of the controller's API (listener="controller")
+    for counter in (REFUSED, EVICTED, TIMED_OUT, BAD_REQUESTS):
+        registry.register(counter)
     return registry

@@ -282,9 +282,9 @@ class PahoClient:
 class RawClient:
     """One MQTT connection over a plain socket, encoded with the project's codec."""
 
-    def __init__(self, port: int, level: int = MQTT_5) -> None:
+    def __init__(self, port: int, level: int = MQTT_5, host: str = HOST) -> None:
         self.level = level
-        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT)
         self._reader = PacketReader(1 << 28, protocol_level=level)
         self._received: deque[Packet] = deque()
         self.eof = False

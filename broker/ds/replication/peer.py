@@ -1,7 +1,8 @@
 """Log shipping on the peer port (aiohttp): a site's `PeerServer` applies appends
 that shard leaders send to its replicas' logs; a leader's `PeerClient` sends them.
 Only the transport lives here: what to send comes from `Leadership`, how a follower
-takes it from `ShardLog.append_from_leader`."""
+takes it from `ShardLog.append_from_leader`. The listener is guarded
+(`http/guard.py`): whoever reaches the port cannot hold its file descriptors."""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ...errors import CorruptDataError, StorageError
+from ...http.guard import (
+    HEADER_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    ConnectionGuard,
+    GuardedListener,
+    descriptor_share,
+)
 from ..fence import FencedError
 from .clock import TIME_HEADER, ClockOffsets
 from .leader import AppendRequest, tail_for
@@ -62,6 +71,14 @@ ReadRecords = Callable[[str, int, bytes, int | None, bytes | None],
 Holds = Callable[[str, int], bool]
 # A request the broker serves on the peer port (a session taken over elsewhere).
 PeerHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The most connections the peer port holds (`http/guard.py`; then the one waiting
+# longest for its first request is closed). Its clients are the other sites, each
+# through one aiohttp session (`cluster.py`) whose connector holds at most 100
+# connections to all its peers together (aiohttp's default limit), and their
+# connections send their requests at once: 4,096 is room for 40 sites with their
+# pools full. With few file descriptors (`ulimit -n`) a quarter of them, so that the
+# port cannot take those that RocksDB, MQTT and the site's own connections need.
+PEER_MAX_CONNECTIONS = 4096
 
 
 class PeerError(StorageError):
@@ -85,7 +102,7 @@ class PeerServer:
         self._read_records = read_records
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
-        self._runner: web.AppRunner | None = None
+        self._listener: GuardedListener | None = None
         # more endpoints (checkpoints for bootstraps, reads of shards held here, the
         # commit feed, the broker's requests between sites): each adds its routes
         self.extra_routes: list[Callable[[web.Application], None]] = []
@@ -102,8 +119,8 @@ class PeerServer:
         writes to that log (as its leader) hold it too."""
         return self._locks.setdefault((db, shard), asyncio.Lock())
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    def app(self, *middlewares: Middleware) -> web.Application:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=middlewares)
         app.on_response_prepare.append(_stamp_time)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/append", self._append)
         app.router.add_post("/peer/v1/logs/{db}/{shard}/fence", self._fence)
@@ -117,14 +134,16 @@ class PeerServer:
         return app
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        guard = ConnectionGuard("peer", descriptor_share(PEER_MAX_CONNECTIONS),
+                                HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
+        listener = GuardedListener(self.app(guard.middleware), guard)
+        await listener.start(host, port)
+        self._listener = listener
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
 
     def _log_asked(self, http: web.Request) -> tuple[str, int, ShardLog] | web.Response:
         db = http.match_info["db"]
