@@ -156,6 +156,10 @@ class AdminServer:
             "listeners": parts is not None and all(
                 server.is_serving() for server in parts.listeners.servers),
             "running": not self._stopping,
+            # A replica that restarted behind its leader has caught up: a rolling
+            # restart (the StatefulSet waits for Ready) stops the next site only then.
+            "replicas": parts is not None and (parts.replication is None
+                                               or not parts.replication.catching_up()),
         }
         ready = all(checks.values())
         return web.json_response(

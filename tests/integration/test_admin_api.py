@@ -160,7 +160,8 @@ def test_probes_and_metrics_need_no_credentials(broker: BrokerProcess) -> None:
         assert status == 200, (path, body)
     assert json.loads(http(base + "/healthz")[2]) == {"status": "ok"}
     assert json.loads(http(base + "/readyz")[2]) == {
-        "status": "ready", "checks": {"storage": "ok", "listeners": "ok", "running": "ok"}}
+        "status": "ready", "checks": {"storage": "ok", "listeners": "ok", "running": "ok",
+                                      "replicas": "ok"}}
 
 
 def test_not_ready_until_the_site_is_attached() -> None:

@@ -19,7 +19,8 @@ from tests.support.harness import REPO
 from tests.support.realnode import RealCluster, missing_prerequisites
 
 IMAGES = REPO / ".cache" / "images"
-NODES = 3
+# Five: a storage scales 3 -> 5 sites, one per node (each binds its node's address).
+NODES = 5
 
 
 @pytest.fixture(scope="session")

@@ -207,6 +207,9 @@ class KubeApiServer(ManagedProcess):
                 f"--service-account-key-file={self.pki.service_account_pub}",
                 f"--service-account-signing-key-file={self.pki.service_account_key}",
                 "--authorization-mode=RBAC", "--allow-privileged=true",
+                # `kubectl logs` reaches a real node's kubelet at its address: the
+                # nodes' host names resolve nowhere (tests/support/realnode.py)
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # The `kubernetes` Service's endpoint would be this loopback address,
                 # which Endpoints validation refuses; nothing in the tests dials it.
                 "--endpoint-reconciler-type=none"]

@@ -32,7 +32,9 @@ import shutil
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -333,10 +335,14 @@ class RealCluster:
         for runtime in self.runtimes:
             runtime.start()
         archives = [path.read_bytes() for path in self.images]
-        for runtime in self.runtimes:
+
+        def import_images(runtime: Containerd) -> None:
             runtime.wait_ready()
             for archive in archives:
                 runtime.ctr("images", "import", "-", input=archive)
+        # Each node's containerd unpacks its own copy: side by side, not one by one.
+        with ThreadPoolExecutor(len(self.runtimes)) as pool:
+            list(pool.map(import_images, self.runtimes))
         for kubelet in self.kubelets:
             kubelet.start()
         for kubelet in self.kubelets:
@@ -375,6 +381,30 @@ class RealCluster:
                 "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
                          "persistentVolumeReclaimPolicy": "Retain",
                          "hostPath": {"path": str(path), "type": "Directory"}}}))
+
+    def install_chart(self, chart: Path, release: str, namespace: str, *settings: str,
+                      timeout: int = 180) -> None:
+        """`helm install --wait` of the chart as these nodes need it: the operator on
+        the host network, reaching the API server at its loopback address (no
+        kube-proxy routes the `kubernetes` Service), its image imported, not pulled."""
+        self.plane.helm(
+            "install", release, str(chart), "--namespace", namespace, "--create-namespace",
+            "--set", "operator.hostNetwork=true",
+            "--set-json", "operator.env=" + json.dumps([
+                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.plane.apiserver.port)}]),
+            "--set", "operator.image.pullPolicy=Never", "--set", "dashboards.enabled=false",
+            *settings, "--wait", f"--timeout={timeout}s", timeout=timeout + 30)
+
+    def kill_container(self, pod: dict[str, Any]) -> None:
+        """SIGKILL the (first) container of `pod` (its JSON) through its node's
+        containerd, as a crash would: the kubelet restarts it in the same pod."""
+        node = pod["spec"]["nodeName"]
+        [runtime] = [runtime for runtime, kubelet in zip(self.runtimes, self.kubelets,
+                                                         strict=True)
+                     if kubelet.node == node]
+        container = pod["status"]["containerStatuses"][0]["containerID"]
+        runtime.ctr("tasks", "kill", "-s", "SIGKILL", container.removeprefix("containerd://"))
 
     def stop(self) -> list[str]:
         """Everything stopped and the host as it was; returns what was left (empty)."""

@@ -6,6 +6,7 @@ in flight). Callbacks run on paho's network thread; the History is thread-safe."
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,7 +65,12 @@ class RecordingPublisher:
         self.client = _client(name)
         self.client.on_publish = self._on_publish
         self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
         self.connects = 0
+        # When (time.monotonic) each acknowledgement came and each connection ended:
+        # the pauses between acknowledgements on one connection (`longest_pause`).
+        self.acknowledged_at: list[float] = []
+        self.disconnected_at: list[float] = []
         self.sent = 0
         self._numbers: collections.Counter[tuple[str, int]] = collections.Counter()
         self._by_mid: dict[int, Message] = {}
@@ -82,6 +88,21 @@ class RecordingPublisher:
             with self._lock:
                 self.connects += 1
 
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: mqtt.DisconnectFlags,
+                       _r: ReasonCode, _p: Properties | None) -> None:
+        with self._lock:
+            self.disconnected_at.append(time.monotonic())
+
+    def longest_pause(self, since: float, until: float) -> float:
+        """The longest time between two acknowledgements in [since, until] with no
+        disconnection between them (a reconnect to a restarted site is not a pause
+        of the storage)."""
+        with self._lock:
+            times = [at for at in self.acknowledged_at if since <= at <= until]
+            ends = list(self.disconnected_at)
+        return max((later - earlier for earlier, later in itertools.pairwise(times)
+                    if not any(earlier <= end <= later for end in ends)), default=0.0)
+
     def _on_publish(self, _c: mqtt.Client, _u: Any, mid: int, reason_code: ReasonCode,
                     _p: Properties) -> None:
         # paho holds its own lock here: only touch ours and the History's
@@ -97,6 +118,7 @@ class RecordingPublisher:
         # PUBCOMP "packet identifier not found" answers a PUBREL resent after the
         # broker had completed the exchange (its PUBCOMP was lost): done, not refused
         if code < 0x80 or code == PACKET_ID_NOT_FOUND:
+            self.acknowledged_at.append(time.monotonic())
             self.history.acknowledged(message)
         else:
             self.history.refused(message, code)

@@ -247,6 +247,14 @@ class SiteReplication:
         return [replica for replicated in self.databases.values()
                 for replica in replicated.replicas]
 
+    def catching_up(self) -> list[str]:
+        """The shards (`db/shard`) whose replica here has not yet caught up with its
+        leader since this site started: the site says it is not ready until none is
+        left, so that a rolling restart stops the next site only once this one holds
+        its share again."""
+        return [f"{replica.database.name}/{replica.shard_id}" for replica in self.replicas
+                if replica.catching_up]
+
     @classmethod
     async def start(cls, databases: list[Database], data_dir: Path, site: str,
                     peer_bind: str, advertised: str, settings: ReplicaSettings,

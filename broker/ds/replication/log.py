@@ -125,6 +125,11 @@ class ShardLog:
         # What the shard's leader last said may be trimmed (entries before it): a
         # follower trims no further, so that it can serve them if it leads next.
         self.leader_trims_before = 0
+        # Whether a leader's append has brought this log, since it was opened, up to
+        # what that leader had committed when it sent: a restarted follower is not
+        # ready (its site's /readyz) until then, so that a roll stops no next site
+        # while this one still lacks entries a majority needs (issue 21).
+        self.caught_up = False
 
     # -- reading ------------------------------------------------------------------
 
@@ -255,6 +260,8 @@ class ShardLog:
             self._db.write(write, self._synced)
             self._last = new[-1].position
         self._committed = max(self._committed, min(committed, matched))
+        if matched >= committed:
+            self.caught_up = True
         return AppendResult(True, matched, self._last)
 
     def truncate_after(self, offset: int) -> None:

@@ -165,6 +165,13 @@ class ShardReplica:
     def applied(self) -> int:
         return self.database.shards[self.shard_id].applied_offset
 
+    @property
+    def catching_up(self) -> bool:
+        """A replica that, since this site started, neither leads the shard (a
+        takeover still waiting for a majority counts as not leading) nor was brought
+        by a leader's append up to that leader's commit offset (`ShardLog.caught_up`)."""
+        return self.role == "follower" and not self.log.caught_up
+
     def status(self) -> dict[str, object]:
         last = self.log.last
         progress = self.bootstrap_progress
@@ -174,6 +181,7 @@ class ShardReplica:
                 "state": "ok" if progress is None else "bootstrapping",
                 "bootstrap": None if progress is None else progress.as_dict(),
                 "bootstraps": self.bootstraps, "log_start": self.log.first_offset,
+                "catching_up": self.catching_up,
                 "quorum_age": self.quorum_age()}
 
     def quorum_age(self) -> float | None:
