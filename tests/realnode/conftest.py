@@ -1,7 +1,8 @@
 """Fixtures of the tests on real nodes (tests/support/realnode.py): a real kubelet and
 containerd per node running the images as containers. `real_cluster` is one cluster
-for the whole session (it takes a minute or more to start); tests share it, each in a
-namespace of its own. Its teardown leaves the host as it was, also after a failure."""
+for the tests of this folder (it takes a minute or more to start); they share it, each
+module in a namespace of its own. Its teardown leaves the host as it was, also after a
+failure."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ IMAGES = REPO / ".cache" / "images"
 NODES = 5
 
 
-@pytest.fixture(scope="session")
+# Package scope: the nodes go right after the last test here, not at the session's end
+# (five kubelets and containerds idling through the Spark and unit tests otherwise).
+@pytest.fixture(scope="package")
 def real_cluster() -> Iterator[RealCluster]:
     why = missing_prerequisites()
     if why and os.geteuid() != 0:
