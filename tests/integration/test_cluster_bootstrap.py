@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, http_json, poll
 from tests.support.history import History
 from tests.support.recorder import (
@@ -36,6 +35,7 @@ from tests.support.recorder import (
     wait_delivered,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 N_SHARDS = 2
 HEARTBEAT = 0.5
@@ -49,14 +49,6 @@ PLAN_TIMEOUT = 180.0
 # it now and then).
 SITE_CONFIG: dict[str, Any] = {"cluster": {"log_retain_entries": RETAIN,
                                            "checkpoint_rate": "128KiB"}}
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 def shard_reports(site: SiteProcess) -> dict[int, dict[str, Any]]:
@@ -130,7 +122,7 @@ def test_a_joining_replica_bootstraps_from_a_checkpoint_even_when_killed_midway(
         clients.append(subscriber)
         assert subscriber.subscribed.wait(15), "no SUBACK on the new site"
         for shard in range(N_SHARDS):
-            name = client_id_on_shard(f"bs-pub-{shard}", shard)
+            name = client_id_on_shard(f"bs-pub-{shard}", shard, N_SHARDS)
             publisher = RecordingPublisher(history, name, cluster.sites[0].host,
                                            cluster.sites[0].port, [f"bs/{name}"])
             publishers.append(publisher)

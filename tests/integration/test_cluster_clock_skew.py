@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, unique
 from tests.support.cluster import Cluster
+from tests.support.shards import client_id_on_shard
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SITES = 3
@@ -30,12 +30,6 @@ N_SHARDS = 3
 WRITE_TIMEOUT = 3.0
 SKEWED = 2
 MESSAGES = 10
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    return next(f"{prefix}-{n}" for n in range(10_000)
-                if shard_of(f"{prefix}-{n}", N_SHARDS) == shard)
 
 
 @pytest.mark.parametrize("skew", [1.0, 10.0], ids=["within-write-timeout",
@@ -54,7 +48,7 @@ def test_writes_forwarded_to_a_site_with_a_skewed_clock_are_taken(tmp_path: Path
         assert led, f"site-{SKEWED} leads no shard of messages:\n{cluster.describe()}"
         writer = next(k for k in range(SITES) if k != SKEWED)
         publisher = PahoClient(cluster.sites[writer].port,
-                               client_id_on_shard(unique("skew"), led[0]),
+                               client_id_on_shard(unique("skew"), led[0], N_SHARDS),
                                host=cluster.sites[writer].host)
         acknowledged = 0
         started = time.monotonic()

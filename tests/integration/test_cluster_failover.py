@@ -35,20 +35,12 @@ from tests.support.recorder import (
     wait_delivered,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 SITES = 3
 KILLS = 4
 N_SHARDS = 3  # site k's publishers write to shards k and k+1: each shard from two sites
 PUBLISHERS_PER_SITE = 2
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 def acks_of(history: History, publishers: list[RecordingPublisher]) -> int:
@@ -80,7 +72,7 @@ def start_clients(cluster: Cluster, history: History, prefix: str,
         assert subscriber.subscribed.wait(15), f"no SUBACK for {subscriber.name}"
     for site in cluster.sites:
         for number, shard in enumerate(shards_of(site.index)):
-            name = client_id_on_shard(f"{prefix}-pub-{site.index}-{number}", shard)
+            name = client_id_on_shard(f"{prefix}-pub-{site.index}-{number}", shard, N_SHARDS)
             publisher = RecordingPublisher(history, name, site.host, site.port,
                                            [f"{prefix}/{name}/a", f"{prefix}/{name}/b"])
             publishers.append(publisher)

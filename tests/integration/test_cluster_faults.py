@@ -45,6 +45,7 @@ from tests.support.recorder import (
     wait_delivered,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 HEARTBEAT = 0.5
 WRITE_TIMEOUT = "3s"
@@ -55,12 +56,6 @@ FROZEN_AFTER_FAILOVER = 3.0
 # many of the controller's rounds (a heartbeat each), so an ungated plan would have
 # gone on.
 JOINER_CUT = 8.0
-
-
-def client_id_on_shard(prefix: str, shard: int, n_shards: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    return next(f"{prefix}-{number}" for number in range(10_000)
-                if shard_of(f"{prefix}-{number}", n_shards) == shard)
 
 
 def acknowledged_by(history: History, names: set[str]) -> int:

@@ -42,6 +42,7 @@ from tests.support.recorder import (
     stop_and_drain,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 SITES = 3
 N_SHARDS = 6
@@ -50,14 +51,6 @@ LIVE_FILTER = "fd/#"
 # Durable subscribers take QoS 1/2 publishers' topics only: a QoS 0 message sent to
 # a client that is disconnecting is gone (at most once), and one subscriber goes away.
 DURABLE_FILTER = "fd/r/#"
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 def interest_known(cluster: Cluster) -> bool:
@@ -122,13 +115,13 @@ def test_every_site_gets_every_shard_live_and_from_storage(tmp_path: Path) -> No
             f"filters not known cluster-wide: {[s.replication() for s in cluster.sites]}"
         for shard, leader in sorted(leaders.items()):
             site = cluster.sites[(leader + 1) % SITES]  # never the shard's own site
-            name = client_id_on_shard(f"fd-pub-{site.index}", shard)
+            name = client_id_on_shard(f"fd-pub-{site.index}", shard, N_SHARDS)
             publisher = RecordingPublisher(history, name, site.host, site.port,
                                            [f"fd/r/{name}/a", f"fd/r/{name}/b"])
             publishers.append(publisher)
             # QoS 0 is at most once: none from or to the site that is killed
             if VICTIM not in (leader, site.index):
-                zero = client_id_on_shard(f"fd-pub0-{site.index}", shard)
+                zero = client_id_on_shard(f"fd-pub0-{site.index}", shard, N_SHARDS)
                 # (QoS 1 in turn paces it: a QoS 0 message is done once sent)
                 publishers.append(RecordingPublisher(history, zero, site.host, site.port,
                                                      [f"fd/z/{zero}/a"], (0, 1)))

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import Cluster
 from tests.support.history import History
 from tests.support.netns import namespaces_unavailable, open_network
@@ -35,6 +34,7 @@ from tests.support.recorder import (
     wait_delivered,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 SITES = 3
 N_SHARDS = 2
@@ -43,15 +43,6 @@ CUT_SHARD = 0
 # 3 heartbeats of 0.5s, so a failover is due within a few seconds of the cut.
 CUT_SECONDS = 12.0
 GONE_AFTER = 1.5  # the controller's 3 heartbeats of 0.5s (tests/support/cluster.py)
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 def leaders_quorum_age(cluster: Cluster) -> float:
@@ -85,7 +76,7 @@ def test_a_leader_cut_off_from_its_peers_only_is_replaced(tmp_path: Path, kind: 
             clients.append(subscriber)
             assert subscriber.subscribed.wait(15), "no SUBACK for the subscriber"
             publisher = RecordingPublisher(
-                history, client_id_on_shard("qa-pub", CUT_SHARD),
+                history, client_id_on_shard("qa-pub", CUT_SHARD, N_SHARDS),
                 cluster.sites[writer_site].host, cluster.sites[writer_site].port,
                 ["qa/cut"], qos_levels=(1,))
             publisher.start()

@@ -55,6 +55,7 @@ from tests.support.recorder import (
     wait_delivered,
     wait_until,
 )
+from tests.support.shards import client_id_on_shard
 
 SITES = 3
 GROWN = 5
@@ -65,15 +66,6 @@ LEAVING = 2  # an original site: it holds a replica of every shard from the star
 PLAN_TIMEOUT = 120.0  # generous: five sites on a shared 2-core machine
 SITE_ID = r"[0-9A-F]{16}"
 STEP = re.compile(rf"[+-]{SITE_ID}(?: \(catching up\))?")
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 class InfoSampler:
@@ -224,7 +216,7 @@ def test_grow_to_five_sites_then_drain_and_forget_one_under_load(tmp_path: Path)
             site = cluster.sites[index]
             for number in range(2):  # one publisher per shard over both sites
                 shard = 2 * index + number
-                name = client_id_on_shard(f"tr-pub-{index}-{number}", shard)
+                name = client_id_on_shard(f"tr-pub-{index}-{number}", shard, N_SHARDS)
                 publisher = RecordingPublisher(history, name, site.host, site.port,
                                                [f"tr/{name}/a", f"tr/{name}/b"])
                 publishers.append(publisher)

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
 from stratamq.broker.mqtt import Puback
 from tests.support.clients import RawClient, unique
 from tests.support.cluster import Cluster
 from tests.support.half_open import close_all, few_descriptors, open_half_open, still_open
+from tests.support.shards import client_id_on_shard
 
 SITES = 3
 N_SHARDS = 2
@@ -45,15 +45,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield started
     finally:
         started.close()
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    for number in range(10_000):
-        client_id = f"{prefix}-{number}"
-        if shard_of(client_id, N_SHARDS) == shard:
-            return client_id
-    raise AssertionError(f"no client id on shard {shard}")
 
 
 def publish_qos1(host: str, port: int, client_id: str) -> float:
@@ -87,7 +78,7 @@ def metric(url: str, name: str, **labels: str) -> float:
 def test_half_open_peer_connections_do_not_stall_replication(cluster: Cluster) -> None:
     attacked = cluster.sites[cluster.leaders()[SHARD]]
     publisher = next(site for site in cluster.sites if site is not attacked)
-    client_id = client_id_on_shard(unique("through"), SHARD)
+    client_id = client_id_on_shard(unique("through"), SHARD, N_SHARDS)
     quiet = publish_qos1(publisher.host, publisher.port, client_id)
     sockets: list[socket.socket] = []
     try:
@@ -100,7 +91,7 @@ def test_half_open_peer_connections_do_not_stall_replication(cluster: Cluster) -
         # At the attacked site itself: before, out of descriptors, it accepted no
         # MQTT connection (reset).
         local = publish_qos1(attacked.host, attacked.port,
-                             client_id_on_shard(unique("local"), SHARD))
+                             client_id_on_shard(unique("local"), SHARD, N_SHARDS))
         held = len(sockets) - still_open(sockets)
         time.sleep(HEADER_TIMEOUT + 4.0)  # a wide margin on a loaded machine
         left = still_open(sockets)

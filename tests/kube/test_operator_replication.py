@@ -46,7 +46,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.admin.verify import site_asker, verify_shard
-from stratamq.broker.ds.database import shard_of
 from tests.support.history import History
 from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet, running_kubelet
@@ -59,6 +58,8 @@ from tests.support.recorder import (
     stop_and_drain,
     wait_delivered,
 )
+from tests.support.shards import client_id_on_shard
+from tests.support.storage_status import every_shard, shards, site_of_pod, watched
 
 NAMESPACE = "operator-replication"
 NAME = "rq"
@@ -106,22 +107,6 @@ def transitions(kube: ControlPlane) -> list[dict[str, Any]]:
     return found
 
 
-def site_of_pod(status: dict[str, Any]) -> dict[str, str]:
-    return {site["pod"]: site["id"] for site in status.get("sites", [])}
-
-
-def shards(status: dict[str, Any], database: str = "messages") -> list[dict[str, Any]]:
-    [found] = [entry["shards"] for entry in status["databases"] if entry["name"] == database]
-    return found  # type: ignore[no-any-return]
-
-
-def every_shard(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    """(database, shard) -> its status entry, for every replicated database."""
-    return {(database, shard["shard"]): shard for database in ("messages", "sessions",
-                                                                "retained")
-            for shard in shards(status, database)}
-
-
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
     """The storage when Ready with `sites` sites, balanced and fully replicated."""
     found = storage(kube)
@@ -161,7 +146,7 @@ class Load:
         self.subscriber = RecordingSubscriber(self.history, "rq-sub", host, 1883, "load/#",
                                               qos=1)
         self.publishers = [
-            RecordingPublisher(self.history, client_id_on_shard(f"rq-pub{shard}", shard),
+            RecordingPublisher(self.history, client_id_on_shard(f"rq-pub{shard}", shard, N_SHARDS),
                                host, 1883, [f"load/{shard}"], (1,), pace=PACE)
             for shard in range(N_SHARDS)]
 
@@ -176,12 +161,6 @@ class Load:
         for publisher in self.publishers:
             publisher.close()
         self.subscriber.close()
-
-
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    return next(f"{prefix}-{number}" for number in range(10_000)
-                if shard_of(f"{prefix}-{number}", N_SHARDS) == shard)
 
 
 @pytest.fixture(scope="module")
@@ -314,18 +293,6 @@ def watch_phases(kube: ControlPlane, into: Any) -> subprocess.Popen[str]:
         [str(kube_binary("kubectl")), "get", "-n", NAMESPACE, "replicatransitions", "-w",
          "--no-headers", "-o", "custom-columns=NAME:.metadata.name,PHASE:.status.phase"],
         stdout=into, stderr=subprocess.STDOUT, text=True, env=kube.env())
-
-
-def watched(path: Any) -> dict[str, list[str]]:
-    """The phases each ReplicaTransition went through, in order, from a watch's output."""
-    phases: dict[str, list[str]] = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] != "<none>":
-            seen = phases.setdefault(parts[0], [])
-            if not seen or seen[-1] != parts[1]:
-                seen.append(parts[1])
-    return phases
 
 
 def test_scale_up_moves_replicas_onto_the_new_sites(

@@ -47,7 +47,6 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
 from stratamq.operator import resources
 from tests.kube.test_operator import wait_for
 from tests.support.clients import PahoClient
@@ -63,13 +62,14 @@ from tests.support.recorder import (
     stop_and_drain,
     wait_delivered,
 )
+from tests.support.shards import client_id_on_shard
+from tests.support.storage_status import every_shard, site_of_pod, watched
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-storage"
 RELEASE = "rs-op"
 NAME = "rs"
 N_SHARDS = 2
-DATABASES = ("messages", "sessions", "retained")
 CLIENT_POD = f"{NAME}-0"  # stays for the whole module (rolled and killed last or never)
 # Generous: five sites, an operator and the control plane on 2 cores.
 TIMEOUT = 300.0
@@ -118,20 +118,6 @@ def operator_log(cluster: RealCluster, check: bool = True) -> str:
     result = kubectl(cluster, "logs", "-n", NAMESPACE,
                      operator_pod(cluster)["metadata"]["name"], check=check)
     return result.stdout + result.stderr
-
-
-def site_of_pod(status: dict[str, Any]) -> dict[str, str]:
-    return {site["pod"]: site["id"] for site in status.get("sites", [])}
-
-
-def shards(status: dict[str, Any], database: str = "messages") -> list[dict[str, Any]]:
-    [found] = [entry["shards"] for entry in status["databases"] if entry["name"] == database]
-    return found  # type: ignore[no-any-return]
-
-
-def every_shard(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(database, shard["shard"]): shard for database in DATABASES
-            for shard in shards(status, database)}
 
 
 def ready_with(cluster: RealCluster, sites: int) -> dict[str, Any] | None:
@@ -200,12 +186,6 @@ def unpin_sites(cluster: RealCluster, check: bool = True) -> None:
         kubectl(cluster, "uncordon", kubelet.node, check=check)
 
 
-def client_id_on_shard(prefix: str, shard: int) -> str:
-    """A client id whose messages go to `shard` (sites shard by publisher client id)."""
-    return next(f"{prefix}-{number}" for number in range(10_000)
-                if shard_of(f"{prefix}-{number}", N_SHARDS) == shard)
-
-
 class Load:
     """The module's clients, all on CLIENT_POD's address."""
 
@@ -214,7 +194,7 @@ class Load:
         self.subscriber = RecordingSubscriber(self.history, "rs-sub", host, 1883, "load/#",
                                               qos=2)
         self.publishers = [
-            RecordingPublisher(self.history, client_id_on_shard(f"rs-pub{shard}", shard),
+            RecordingPublisher(self.history, client_id_on_shard(f"rs-pub{shard}", shard, N_SHARDS),
                                host, 1883, [f"load/{shard}"], (1, 2), pace=PACE)
             for shard in range(N_SHARDS)]
         self.started = False
@@ -319,18 +299,6 @@ def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
     assert site_of_pod(found["status"])[pod_of[victim]] == victim
     print(f"\n{len(its_shards)} leaderships handed over {handed:.1f} s after the delete; "
           f"back and Ready {time.monotonic() - started:.1f} s after it")
-
-
-def watched(path: Path) -> dict[str, list[str]]:
-    """The phases each ReplicaTransition went through, in order, from a watch's output."""
-    phases: dict[str, list[str]] = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] != "<none>":
-            seen = phases.setdefault(parts[0], [])
-            if not seen or seen[-1] != parts[1]:
-                seen.append(parts[1])
-    return phases
 
 
 @pytest.mark.timeout(900)
