@@ -20,7 +20,7 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-cache="$(mkdir -p "${1:-$repo/.cache/images}" && cd "${1:-$repo/.cache/images}" && pwd)"
+cache="$(mkdir -p "${1:-$repo/.cache/images}" && cd "${1:-$repo/.cache/images}" && pwd -P)"
 tag="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/stratamq/Chart.yaml")"
 image="stratamq/stratamq:$tag"
 minbase="local/debian-python:bookworm-minbase"
