@@ -139,7 +139,8 @@ def test_the_replication_endpoints_answer_before_and_after_a_placement(sites: Si
     assert before["shards"][0] == {"db": "messages", "shard": 0, "role": "none", "epoch": 0,
                                    "last": [0, 0], "committed": 0, "applied": 0,
                                    "state": "ok", "bootstrap": None, "bootstraps": 0,
-                                   "log_start": 1, "quorum_age": None}
+                                   "log_start": 1, "quorum_age": None,
+                                   "catching_up": False}
     assert before["heartbeat_interval"] == 0.2
 
     status, body = admin(a, "PUT", "/api/v1/ds/placement", {"placement": {"format": 1},
