@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import half_open
 from tests.support.clients import ADMIN_TOKEN, PahoClient, RawClient, unique
 from tests.support.harness import HOST, BrokerProcess, running_broker
 
@@ -39,7 +40,6 @@ BROKER_CONFIG = {"admin": {"metrics_interval": "1s", "body_timeout": "1s"}}
 SCRAPERS = 20
 ATTACK_SECONDS = 4.0
 HALF_OPEN = 1500  # above the broker's 1,024 descriptors (see `few_descriptors`)
-BROKER_FD_LIMIT = 1024
 
 
 def request(broker: BrokerProcess, method: str, path: str, body: bytes | None = None,
@@ -135,15 +135,8 @@ def test_metrics_scrapers_do_not_slow_mqtt(broker: BrokerProcess) -> None:
 def few_descriptors() -> Iterator[None]:
     """The broker started meanwhile gets 1,024 file descriptors (as with a default
     `ulimit -n`); this process keeps enough for its attack."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = HALF_OPEN + 500
-    if hard != resource.RLIM_INFINITY and hard < needed:
-        pytest.skip(f"ulimit -n hard limit {hard} is below {needed}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (BROKER_FD_LIMIT, hard))
-    try:
+    with half_open.few_descriptors(HALF_OPEN):
         yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
 
 
 def test_half_open_admin_connections_are_closed_and_mqtt_still_connects(
