@@ -256,6 +256,18 @@ def back_ready(cluster: RealCluster, pod: str, old: str, sites: int = 3,
     return found
 
 
+def leading_victim(status: dict[str, Any]) -> tuple[
+        dict[str, str], dict[tuple[str, int], dict[str, Any]], str, set[tuple[str, int]]]:
+    """From the status: pod by site, every shard's entry, a site leading shards whose
+    pod is not CLIENT_POD, and the shards it leads."""
+    pod_of = {site: pod for pod, site in site_of_pod(status).items()}
+    before = every_shard(status)
+    victim = next(site for site in sorted({shard["leader"] for shard in before.values()})
+                  if pod_of[site] != CLIENT_POD)
+    return pod_of, before, victim, {key for key, shard in before.items()
+                                    if shard["leader"] == victim}
+
+
 # --- the tests, in order ------------------------------------------------------------------
 
 @pytest.mark.timeout(1800)  # the first test of the session starts the nodes
@@ -278,12 +290,7 @@ def test_ready_with_every_shard_placed(cluster: RealCluster) -> None:
 def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
     """The kubelet's SIGTERM makes the site report `stopping` and serve on; the
     operator hands its leaderships over (defect 3: it skipped terminating pods)."""
-    status = storage(cluster)["status"]
-    pod_of = {site: pod for pod, site in site_of_pod(status).items()}
-    before = every_shard(status)
-    victim = next(site for site in sorted({shard["leader"] for shard in before.values()})
-                  if pod_of[site] != CLIENT_POD)
-    its_shards = {key for key, shard in before.items() if shard["leader"] == victim}
+    pod_of, before, victim, its_shards = leading_victim(storage(cluster)["status"])
     old_uid = pods(cluster)[pod_of[victim]]["metadata"]["uid"]
     started = time.monotonic()
     kubectl(cluster, "delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
@@ -439,12 +446,7 @@ def test_a_killed_container_is_restarted_and_its_shards_led_again(
     once a majority of each shard's replicas answers); else the operator fails them
     over to another replica at a higher epoch. Either way every shard is led again,
     by a site that serves it, and the history check (below) finds nothing lost."""
-    status = storage(cluster)["status"]
-    pod_of = {site: pod for pod, site in site_of_pod(status).items()}
-    before = every_shard(status)
-    victim = next(site for site in sorted({shard["leader"] for shard in before.values()})
-                  if pod_of[site] != CLIENT_POD)
-    its_shards = {key for key, shard in before.items() if shard["leader"] == victim}
+    pod_of, before, victim, its_shards = leading_victim(storage(cluster)["status"])
     pod = pods(cluster)[pod_of[victim]]
     restarts = str(pod["status"]["containerStatuses"][0]["restartCount"])
     acknowledged = {publisher.name: len(publisher.acknowledged_at)
