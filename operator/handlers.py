@@ -295,7 +295,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
     with _applied_lock:
         applied = _applied.get(uid)
-    if applied == int(meta.get("generation", 0)) and kube.scale_stateful_set(
+    if applied == int(meta.get("generation", 0)) and kube.scale("StatefulSet",
             namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
 

@@ -91,13 +91,13 @@ def create(manifest: Manifest) -> bool:
     return True
 
 
-def scale_stateful_set(namespace: str, name: str, replicas: int) -> bool:
-    """Set the StatefulSet's replicas, unless it has that many or is missing; True
-    when changed."""
-    found = get("apps/v1", "StatefulSet", namespace, name)
+def scale(kind: str, namespace: str, name: str, replicas: int) -> bool:
+    """Set the replicas of an apps/v1 `kind` (StatefulSet, Deployment), unless it has
+    that many or is missing; True when changed."""
+    found = get("apps/v1", kind, namespace, name)
     if found is None or found["spec"].get("replicas") == replicas:
         return False
-    resource = resource_of("apps/v1", "StatefulSet")
+    resource = resource_of("apps/v1", kind)
     dynamic().patch(resource, name=name, namespace=namespace,
                     body={"spec": {"replicas": replicas}},
                     content_type="application/merge-patch+json", field_manager=FIELD_MANAGER)
@@ -156,8 +156,10 @@ def remove_finalizer(api_version: str, kind: str, namespace: str, name: str,
                           f"{finalizer} not removed")
 
 
-def list_labeled(api_version: str, kind: str, namespace: str, label_selector: str
-                 ) -> list[dict[str, Any]]:
+def list_labeled(api_version: str, kind: str, namespace: str | None,
+                 label_selector: str = "") -> list[dict[str, Any]]:
+    """The objects of `kind` in `namespace` (None: in every namespace) whose labels
+    match `label_selector` (empty: all)."""
     resource = resource_of(api_version, kind)
     found: list[dict[str, Any]] = dynamic().get(
         resource, namespace=namespace, label_selector=label_selector).to_dict()["items"]

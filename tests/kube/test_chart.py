@@ -49,8 +49,8 @@ def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
         "PriorityClass", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap",
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
-        "ClusterKopfPeering"]
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
+        "Deployment", "ClusterKopfPeering", "Job"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
                   "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
@@ -130,7 +130,9 @@ def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace:
     assert result.returncode != 0
     assert "spec.sites in body should be greater than or equal to 1" in result.stderr
 
-    crds.helm("uninstall", "mq", "--namespace", namespace, "--wait")
+    # No node runs the pre-delete hook's pod here (tests/realnode runs it); no operator
+    # ran either, so no finalizer holds the storage.
+    crds.helm("uninstall", "mq", "--namespace", namespace, "--wait", "--no-hooks")
     assert crds.kubectl("get", "-n", namespace, "durablestorages", "-o", "name").stdout == ""
     # Helm never deletes CRDs.
     crds.kubectl("get", "crd", "durablestorages.stratamq.io")
@@ -272,6 +274,36 @@ def test_the_operator_on_the_host_network_binds_its_pod_ip(tmp_path: Path) -> No
     assert values["KUBERNETES_SERVICE_HOST"] == "10.1.2.3"
 
 
+def test_uninstall_stops_the_operator_first_as_its_own_account(tmp_path: Path) -> None:
+    """Helm deletes the operator's Deployment and its rights in one go, the storage of
+    `durableStorage.create` last: the operator, stopping after its rights were gone,
+    could not take Kopf's finalizer off, and `helm uninstall` hung (issue 21, defect 4;
+    tests/realnode/test_chart_on_real_nodes.py). A pre-delete hook, run as the
+    operator's account, stops the operator first; that account may change its own
+    Deployment, no other."""
+    docs = render(tmp_path, "--set", "operator.hostNetwork=true", "--set-json",
+                  'operator.env=[{"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}]')
+    [hook] = [doc for doc in docs if doc["kind"] == "Job"]
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = hook["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "mq-stratamq-operator"
+    assert spec["hostNetwork"] is True  # reaches the API server as the operator does
+    [container] = spec["containers"]
+    assert container["command"][:3] == ["python", "-m", "stratamq.operator.uninstall"]
+    assert "--deployment=mq-stratamq-operator" in container["command"]
+    assert container["env"] == [{"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}]
+    # Not one of the operator's pods, which the hook waits to be gone.
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert not deployment["spec"]["selector"]["matchLabels"].items() \
+        <= hook["spec"]["template"]["metadata"]["labels"].items()
+    [role] = [doc for doc in docs if doc["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments"],
+                              "verbs": ["get", "patch"],
+                              "resourceNames": ["mq-stratamq-operator"]}]
+    assert not [doc for doc in render(tmp_path, "--set", "operator.enabled=false")
+                if doc["kind"] in ("Job", "Role", "RoleBinding")]
+
+
 def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": template["metadata"].get("labels", {})},
@@ -280,7 +312,8 @@ def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace: str,
                                                   tmp_path: Path) -> None:
-    """The operator's, the sites' and the Spark jobs' pods, created (server-side dry run)
+    """The operator's (and its uninstall hook's), the sites' and the Spark jobs' pods,
+    created (server-side dry run)
     in a namespace that enforces Pod Security "restricted": the API server's PodSecurity
     admission refused all three (no seccompProfile)."""
     crds.kubectl("label", "namespace", namespace,
@@ -306,7 +339,9 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
         {"name": "data", "persistentVolumeClaim": {"claimName": "data-mq-0"}})
     [gc_job] = [made for made in spark.spark_objects(owner, spec, spark_operator=False)
                 if made["kind"] == "CronJob"]
+    [hook] = [doc for doc in render(tmp_path) if doc["kind"] == "Job"]
     pods = [as_pod("operator", operator_pod_template(tmp_path)),
+            as_pod("operator-uninstall", hook["spec"]["template"]),
             as_pod("site", site_template),
             as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
     try:

@@ -1,24 +1,32 @@
 """`helm uninstall` of a release that made its own DurableStorage (issue 21, defect 4).
 
 With `durableStorage.create` the chart makes the storage next to the operator's
-Deployment, and `helm uninstall` deletes both at once: the operator's pod gets its
-SIGTERM while (or before) the storage is deleted. Kopf puts a finalizer on every storage
-it runs timers for; left behind by an operator that is gone, it kept the storage
-Terminating, its pods running, and `helm uninstall --wait` hanging.
+Deployment. Kopf puts a finalizer on every storage it runs timers for; `helm uninstall`
+deletes the operator's Deployment and rights in one go and the storage last, so the
+operator, stopping after its rights were gone, could not take the finalizer off: the
+storage stayed Terminating, its pods running, `helm uninstall --wait` hanging (seen on
+real pods: tests/realnode/test_chart_on_real_nodes.py). The chart's pre-delete hook
+now runs `python -m stratamq.operator.uninstall` as the operator's account first.
 
-The chart's Deployment runs 0 replicas here (the test node cannot give a pod its
-in-cluster credentials, see test_operator_rbac.py): a real operator process stands in
-for its pod, and is stopped with SIGTERM first, as the Deployment's deletion does."""
+The test node cannot run the hook's pod nor give a pod its in-cluster credentials (see
+test_operator_rbac.py): the operator runs as a process, the hook's module as a process
+with a token of the operator's account, and Helm is told --no-hooks. The operator
+crashes (SIGKILL), so its exit never takes the finalizer off: the module must."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import kopf
 import yaml
 
 from tests.kube.test_operator import wait_for
+from tests.kube.test_operator_rbac import token_kubeconfig
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
@@ -26,12 +34,14 @@ from tests.support.operator_process import OperatorProcess
 
 CHART = REPO / "charts" / "stratamq"
 RELEASE = "mq"
+ACCOUNT = f"{RELEASE}-stratamq-operator"
+FINALIZER = kopf.OperatorSettings().persistence.finalizer
 # Far above what the uninstall takes once nothing holds the storage (seconds), far
 # below forever.
 UNINSTALL_TIMEOUT_S = 60
 
 
-def test_helm_uninstall_completes_after_the_operator_is_gone(crds: ControlPlane,
+def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
                                                              namespace: str,
                                                              tmp_path: Path) -> None:
     kube = crds
@@ -60,16 +70,32 @@ def test_helm_uninstall_completes_after_the_operator_is_gone(crds: ControlPlane,
                 return status.get("phase") == "Ready"
             wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
                      + f"\nkubelet errors: {node.errors}")
-            # The operator goes first: helm deletes its Deployment with the storage.
-            assert operator.stop(timeout=30) == 0, operator.log_tail()
         finally:
-            operator.kill()
+            operator.kill()  # a crash: no cleanup at its exit
         log = operator.log()
         assert "Traceback" not in log, log[-6000:]
+        meta = (storage() or {}).get("metadata") or {}
+        assert isinstance(meta, dict)
+        assert FINALIZER in (meta.get("finalizers") or []), meta
+
+        # The hook's module, as the operator's account (what the chart grants it).
+        token = kube.kubectl("create", "token", ACCOUNT, "-n", namespace,
+                             "--duration=1h").stdout.strip()
+        kubeconfig = token_kubeconfig(kube, tmp_path / "hook.kubeconfig", token, ACCOUNT)
+        hook = subprocess.run(
+            [sys.executable, "-m", "stratamq.operator.uninstall", f"--namespace={namespace}",
+             f"--deployment={ACCOUNT}", "--timeout=30"],
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True,
+            text=True, timeout=120)
+        assert hook.returncode == 0, hook.stdout + hook.stderr
+        assert f"{namespace}/{RELEASE}: finalizer {FINALIZER} removed" in hook.stderr, \
+            hook.stderr
+        assert json.loads(kube.kubectl("get", "deployment", "-n", namespace, ACCOUNT,
+                                       "-o", "json").stdout)["spec"]["replicas"] == 0
 
         started = time.monotonic()
         result = kube.helm("uninstall", RELEASE, "--namespace", namespace, "--wait",
-                           f"--timeout={UNINSTALL_TIMEOUT_S}s", check=False)
+                           "--no-hooks", f"--timeout={UNINSTALL_TIMEOUT_S}s", check=False)
         took = time.monotonic() - started
         left = storage()
         meta = (left or {}).get("metadata") or {}

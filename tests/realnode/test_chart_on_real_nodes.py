@@ -1,7 +1,15 @@
 """The chart as a user installs it, on real nodes (tests/support/realnode.py): `helm
-install` runs the operator as a pod of the built image; a DurableStorage with three
-sites, each a container of the same image on its own node, becomes Ready; MQTT
-publish/subscribe works through a site; `helm uninstall` completes.
+install` with the chart's own storage (`durableStorage.create`, named after the
+release) runs the operator as a pod of the built image; the storage's three sites,
+each a container of the same image on its own node, become Ready; MQTT
+publish/subscribe works through a site; `helm uninstall` takes the operator and the
+storage away together and completes.
+
+Issue 21's defects 1, 2 and 4 were seen in this very install: the operator's pod
+carried the sites' labels and was counted as a site (never Ready); the operator
+crashed on its read-only root filesystem (no writable /tmp); `helm uninstall` hung on
+the finalizer Kopf's timers put on the storage, which the departed operator never
+took off.
 
 The operator and the sites use the host network (the chart's `operator.hostNetwork`,
 the storage's `spec.hostNetwork`): these nodes have no pod network. The operator
@@ -59,7 +67,15 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluste
     kubectl = cluster.plane.kubectl
     cluster.add_volumes(SITES)
     started = time.monotonic()
-    cluster.install_chart(CHART, RELEASE, NAMESPACE, timeout=INSTALL_TIMEOUT_S)
+    # The storage named after the release, as the chart's own: the operator's pod and
+    # the sites' then share the release's name and instance labels.
+    cluster.install_chart(
+        CHART, RELEASE, NAMESPACE, "--set", "durableStorage.create=true",
+        "--set-json", "durableStorage.spec=" + json.dumps({
+            "sites": SITES, "hostNetwork": True, "image": {"pullPolicy": "Never"},
+            "messages": {"nShards": 4, "replicationFactor": 3},
+            "storage": {"size": "1Gi"}}),
+        timeout=INSTALL_TIMEOUT_S)
     installed = time.monotonic() - started
     # The operator runs as a real container of the built image.
     [operator_pod] = json.loads(kubectl(
@@ -68,13 +84,6 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluste
     assert operator_pod["status"]["containerStatuses"][0]["ready"], explain(cluster)
 
     started = time.monotonic()
-    kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
-        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
-        "metadata": {"name": STORAGE},
-        "spec": {"sites": SITES, "hostNetwork": True,
-                 "image": {"pullPolicy": "Never"},
-                 "messages": {"nShards": 4, "replicationFactor": 3},
-                 "storage": {"size": "1Gi"}}}))
     wait_for("the storage Ready", lambda: storage_status(cluster).get("phase") == "Ready",
              timeout=READY_TIMEOUT_S, explain=lambda: explain(cluster))
     ready = time.monotonic() - started
@@ -102,13 +111,16 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluste
         publisher.stop()
         subscriber.stop()
 
+    # The storage is the release's: `helm uninstall` deletes it with the operator.
     started = time.monotonic()
-    kubectl("delete", "-n", NAMESPACE, "durablestorage", STORAGE, "--wait=true",
-            "--timeout=120s", timeout=150)
     result = cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
                                 "--timeout=120s", check=False, timeout=150)
     assert result.returncode == 0, result.stderr + explain(cluster)
+    # No finalizer left holding the storage once its operator went with it.
+    wait_for("the storage gone", lambda: kubectl(
+        "get", "-n", NAMESPACE, "durablestorage", STORAGE, check=False).returncode != 0,
+        timeout=60, explain=lambda: explain(cluster))
     wait_for("the pods gone", lambda: not json.loads(kubectl(
         "get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"],
         timeout=120, explain=lambda: explain(cluster))
-    print(f"storage deleted and helm uninstall --wait {time.monotonic() - started:.1f} s")
+    print(f"helm uninstall --wait, storage and pods gone {time.monotonic() - started:.1f} s")

@@ -1,0 +1,112 @@
+"""`python -m stratamq.operator.uninstall`: run by the chart's pre-delete hook, before
+`helm uninstall` deletes anything.
+
+Kopf puts its finalizer on every DurableStorage (its timers require one), and the
+operator takes it off at its exit (handlers.release_storages). Helm deletes the
+operator's Deployment, ServiceAccount and rights in one go, the storage of
+`durableStorage.create` last: by the time the operator's pod gets its SIGTERM, its
+token is refused, the finalizer stays, the storage stays Terminating with its pods
+running, and `helm uninstall --wait` hangs (issue 21, defect 4, seen on real pods).
+
+So the hook stops the operator first, while its account and rights still exist: the
+Deployment is scaled to 0 and its pods are waited for, so the operator exits as usual
+and takes its finalizer off. Then the hook takes off any finalizer still there (an
+operator that was crash-looping never got that far). Run as the operator's own
+ServiceAccount; the chart lets it change its own Deployment only."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
+
+from . import kube
+from .resources import API_VERSION, KIND
+
+log = logging.getLogger("stratamq.operator.uninstall")
+
+# Far above an operator's exit (Kopf stops its timers, then the cleanup; the pod's
+# grace period is 30 s), far below Helm's default --timeout of 5 minutes.
+DEFAULT_TIMEOUT_S = 120.0
+POLL_INTERVAL_S = 1.0
+
+
+def stop_operator(namespace: str, deployment: str, timeout: float,
+                  sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Scale the operator's Deployment to 0 and wait until none of its pods is left;
+    False when there is no such Deployment. TimeoutError when pods outlive `timeout`."""
+    found = kube.get("apps/v1", "Deployment", namespace, deployment)
+    if found is None:
+        return False
+    kube.scale("Deployment", namespace, deployment, 0)
+    labels: dict[str, str] = found["spec"]["selector"].get("matchLabels") or {}
+    selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = sorted(pod["metadata"]["name"]
+                      for pod in kube.list_labeled("v1", "Pod", namespace, selector))
+        if not pods:
+            return True
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator's pods {', '.join(pods)} still run "
+                               f"{timeout:.0f} s after {namespace}/{deployment} was "
+                               f"scaled to 0")
+        sleep(POLL_INTERVAL_S)
+
+
+def release_storages(finalizer: str) -> list[str]:
+    """Take `finalizer` off every DurableStorage that still has it (all namespaces, as
+    the operator watches them); the storages it was taken off, as namespace/name."""
+    released = []
+    for storage in kube.list_labeled(API_VERSION, KIND, None):
+        metadata = storage["metadata"]
+        if finalizer in (metadata.get("finalizers") or []) and kube.remove_finalizer(
+                API_VERSION, KIND, metadata["namespace"], metadata["name"], finalizer):
+            released.append(f"{metadata['namespace']}/{metadata['name']}")
+    return released
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stratamq.operator.uninstall",
+        description="Stop the stratamq operator and take its finalizer off every "
+                    "DurableStorage (the chart's pre-delete hook).")
+    parser.add_argument("--namespace", required=True,
+                        help="the namespace of the operator's Deployment")
+    parser.add_argument("--deployment", required=True,
+                        help="the operator's Deployment (<release>-stratamq-operator)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds to wait for the operator's pods to go "
+                             f"(default {DEFAULT_TIMEOUT_S:.0f})")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Kopf's own default, which the operator keeps (handlers.configure).
+    finalizer = kopf.OperatorSettings().persistence.finalizer
+    try:
+        started = time.monotonic()
+        if stop_operator(args.namespace, args.deployment, args.timeout):
+            log.info("operator %s/%s stopped in %.1f s", args.namespace, args.deployment,
+                     time.monotonic() - started)
+        else:
+            log.info("no operator Deployment %s/%s", args.namespace, args.deployment)
+        released = release_storages(finalizer)
+    except (ApiException, ConfigException, urllib3.exceptions.HTTPError, TimeoutError,
+            kube.StaleWriteError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for storage in released:
+        log.info("%s: finalizer %s removed", storage, finalizer)
+    if not released:
+        log.info("no DurableStorage kept the finalizer %s", finalizer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
