@@ -63,7 +63,7 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.storage_status import every_shard, site_of_pod, watched
+from tests.support.storage_status import every_shard, placed_shards, site_of_pod, watched
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-storage"
@@ -236,7 +236,10 @@ def load(cluster: RealCluster) -> Iterator[Load]:
 
 def leaders_moved(cluster: RealCluster, before: dict[tuple[str, int], dict[str, Any]],
                   keys: set[tuple[str, int]], victim: str) -> bool:
-    now = every_shard(storage(cluster)["status"])
+    """Whether the controller's placement (`before`: as `placed_shards` read it
+    earlier) has the shards `keys` led by another site than `victim`, at a higher
+    epoch."""
+    now = placed_shards(storage(cluster)["status"])
     return all(now[key]["leader"] != victim
                and now[key]["leaderEpoch"] > before[key]["leaderEpoch"] for key in keys)
 
@@ -290,12 +293,17 @@ def test_ready_with_every_shard_placed(cluster: RealCluster) -> None:
 def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
     """The kubelet's SIGTERM makes the site report `stopping` and serve on; the
     operator hands its leaderships over (defect 3: it skipped terminating pods)."""
-    pod_of, before, victim, its_shards = leading_victim(storage(cluster)["status"])
+    status = storage(cluster)["status"]
+    pod_of, _, victim, its_shards = leading_victim(status)
+    placed = placed_shards(status)
+    assert all(placed[key]["leader"] == victim for key in its_shards), (placed, its_shards)
     old_uid = pods(cluster)[pod_of[victim]]["metadata"]["uid"]
     started = time.monotonic()
     kubectl(cluster, "delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
+    # The controller's placement shows the handover at once (status.databases only
+    # at the next status refresh).
     wait(cluster, "the victim's leaderships handed over",
-         lambda: leaders_moved(cluster, before, its_shards, victim), timeout=60)
+         lambda: leaders_moved(cluster, placed, its_shards, victim), timeout=60)
     handed = time.monotonic() - started
     logs = operator_log(cluster)
     print("\n".join(line for line in logs.splitlines() if victim in line)[-3000:])

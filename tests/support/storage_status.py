@@ -4,6 +4,7 @@ kubelet (tests/kube) and on real nodes (tests/realnode)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,18 @@ def every_shard(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]
     """(database, shard) -> its status entry, for every replicated database."""
     return {(database, shard["shard"]): shard for database in DATABASES
             for shard in shards(status, database)}
+
+
+def placed_shards(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """(database, shard) -> {"leader", "leaderEpoch"} from the placement the operator's
+    controller keeps in `status.controller` (written every round, so it shows a new
+    leader at once; `status.databases` follows at the next status refresh, which is
+    10 s apart by default)."""
+    placement = json.loads((status.get("controller") or {}).get("placement") or "{}")
+    return {(database, entry["shard"]): {"leader": entry["leader"],
+                                         "leaderEpoch": entry["epoch"]}
+            for database, entries in placement.get("databases", {}).items()
+            for entry in entries}
 
 
 def watched(path: Path) -> dict[str, list[str]]:
