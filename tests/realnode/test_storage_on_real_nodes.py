@@ -247,14 +247,19 @@ def leaders_moved(cluster: RealCluster, before: dict[tuple[str, int], dict[str, 
 def back_ready(cluster: RealCluster, pod: str, old: str, sites: int = 3,
                field: str = "uid") -> dict[str, Any]:
     """The storage once `pod` runs again (a new pod, or with `field` "restarts" a
-    restarted container) and all sites are ready."""
+    restarted container), is Ready by its kubelet's probe (the site's /readyz: its
+    replicas caught up), and all sites are ready. The pod's own condition, since the
+    storage's status may still show the pod as it was before (it is refreshed every
+    10 s): the next test must start from a storage really whole."""
     def back() -> dict[str, Any] | None:
         found = pods(cluster).get(pod)
         if found is None:
             return None
         now = (found["metadata"]["uid"] if field == "uid"
                else str(found["status"]["containerStatuses"][0]["restartCount"]))
-        return ready_with(cluster, sites) if now != old else None
+        ready = any(condition["type"] == "Ready" and condition["status"] == "True"
+                    for condition in found["status"].get("conditions", []))
+        return ready_with(cluster, sites) if now != old and ready else None
     found: dict[str, Any] = wait(cluster, f"{pod} back and the storage Ready", back)
     return found
 
