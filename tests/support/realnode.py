@@ -382,19 +382,25 @@ class RealCluster:
                          "persistentVolumeReclaimPolicy": "Retain",
                          "hostPath": {"path": str(path), "type": "Directory"}}}))
 
+    def chart_settings(self) -> list[str]:
+        """The chart's values these nodes need, as `helm install` arguments: the
+        operator on the host network, reaching the API server at its loopback address
+        (no kube-proxy routes the `kubernetes` Service), its image imported, not pulled.
+        Neither argument holds a space (tools/kind/scenario.sh splits them on spaces)."""
+        environment = [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.plane.apiserver.port)}]
+        return ["--set", "operator.hostNetwork=true",
+                "--set-json", "operator.env=" + json.dumps(environment, separators=(",", ":")),
+                "--set", "operator.image.pullPolicy=Never", "--set", "dashboards.enabled=false"]
+
     def install_chart(self, chart: Path, release: str, namespace: str, *settings: str,
                       timeout: int = 180) -> None:
-        """`helm install --wait` of the chart as these nodes need it: the operator on
-        the host network, reaching the API server at its loopback address (no
-        kube-proxy routes the `kubernetes` Service), its image imported, not pulled."""
+        """`helm install --wait` of the chart with `chart_settings` (and `settings`)."""
         self.plane.helm(
             "install", release, str(chart), "--namespace", namespace, "--create-namespace",
-            "--set", "operator.hostNetwork=true",
-            "--set-json", "operator.env=" + json.dumps([
-                {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.plane.apiserver.port)}]),
-            "--set", "operator.image.pullPolicy=Never", "--set", "dashboards.enabled=false",
-            *settings, "--wait", f"--timeout={timeout}s", timeout=timeout + 30)
+            *self.chart_settings(), *settings, "--wait", f"--timeout={timeout}s",
+            timeout=timeout + 30)
 
     def kill_container(self, pod: dict[str, Any]) -> None:
         """SIGKILL the (first) container of `pod` (its JSON) through its node's
