@@ -33,6 +33,8 @@ from typing import Any
 import kopf
 from prometheus_client import REGISTRY
 
+from stratamq.broker.http.guard import GuardedListener
+
 from . import controller, kube, metrics, spark
 from .config import admin_port, config_problems
 from .resources import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION, Owner, desired_objects
@@ -77,8 +79,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# /metrics, served from configure on Kopf's loop until the operator's exit.
+_metrics_listener: GuardedListener | None = None
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Kopf's own bookkeeping in annotations: the CRD's status schema has no room for
     # it (the API server would prune it).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -93,9 +99,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if not _collector_registered.is_set():
         REGISTRY.register(controller.OperatorCollector())
         _collector_registered.set()
-    metrics.serve(METRICS_BIND)
+    global _metrics_listener
+    try:
+        _metrics_listener = await metrics.serve(METRICS_BIND)
+    except (OSError, ValueError) as error:  # a busy port, a bad address
+        raise kopf.PermanentError(f"cannot serve metrics on {METRICS_BIND}: {error}") from error
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
              settings.peering.priority)
+
+
+@kopf.on.cleanup()
+async def stop_metrics(**_: Any) -> None:
+    global _metrics_listener
+    if _metrics_listener is not None:
+        await _metrics_listener.stop()
+        _metrics_listener = None
 
 
 # --- reconcile --------------------------------------------------------------------------

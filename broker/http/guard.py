@@ -18,7 +18,8 @@ peers', its files). The guard adds both:
   a middleware from the moment a request's headers are in until its handler returns.
 
 A request's body is bounded elsewhere (the admin API: `admin.middleware.json_value`).
-Every counter has a `listener` label: `admin`, `peer` or `controller`."""
+Every counter has a `listener` label: `admin`, `peer`, `controller` or `operator` (the
+operator's `/metrics`)."""
 
 from __future__ import annotations
 
