@@ -32,3 +32,41 @@ app.kubernetes.io/component: operator
 {{ include "stratamq.operatorName" . }}
 {{- end -}}
 {{- end -}}
+
+{{/* What the operator's pods and its uninstall hook's pods share (the one image, the
+     network, the confinement Pod Security "restricted" asks for, a writable /tmp):
+     the hook must run wherever the operator runs. */}}
+{{- define "stratamq.operatorImage" -}}
+"{{ .Values.operator.image.repository }}:{{ .Values.operator.image.tag | default .Chart.AppVersion }}"
+{{- end -}}
+
+{{/* On the node's network, when asked (nodes without a pod network). */}}
+{{- define "stratamq.operatorNetwork" -}}
+{{- if .Values.operator.hostNetwork -}}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end -}}
+{{- end -}}
+
+{{- define "stratamq.operatorPodSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "stratamq.operatorContainerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/* The root filesystem is read-only; the Kubernetes client keeps its discovery cache
+     under /tmp. */}}
+{{- define "stratamq.operatorTmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end -}}
