@@ -12,7 +12,7 @@ the finalizer Kopf's timers put on the storage, which the departed operator neve
 took off.
 
 The operator and the sites use the host network (the chart's `operator.hostNetwork`,
-the storage's `spec.hostNetwork`): these nodes have no pod network. The operator
+the storage's `spec.hostNetwork`): these nodes' pod network reaches nothing. The operator
 reaches the API server at its loopback address (`operator.env`), since no kube-proxy
 routes the `kubernetes` Service."""
 

@@ -1,6 +1,6 @@
 """A replicated storage through its life on real nodes (tests/support/realnode.py):
 the chart's operator as a pod, every site a container of the built image on a node of
-its own, host networking (these nodes have no pod network). The stand-in kubelet's
+its own, host networking (these nodes' pod network reaches nothing). The stand-in kubelet's
 module tests/kube/test_operator_replication.py covers the same plans in more detail
 (phases, frozen sites, the operator's metrics); this one shows them on containers the
 kubelet and containerd really run, stop and kill (issue 21).

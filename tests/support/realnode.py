@@ -4,12 +4,18 @@ and socket under the test's folder) running the built images as real containers.
 
 Networking: no bridges, no NAT, no private addresses are available here, so node N is
 a kubelet at its own loopback address 127.0.0.(50+N), registered with
-`--cloud-provider=external` and given that address as a cloud controller would; a CNI
-configuration with only the `loopback` plugin makes the node Ready; the pods run on
+`--cloud-provider=external` and given that address as a cloud controller would; the
+pods of the tests that need to reach each other run on
 the host network (DurableStorage `spec.hostNetwork`, the chart's
 `operator.hostNetwork`) and bind their pod IP, which is their node's address. Services
 (ClusterIPs: no kube-proxy) and cluster DNS are not exercised this way. All traffic
 stays on 127.0.0.0/8.
+
+Pods off the host network (those a Pod Security "restricted" namespace admits) get an
+`eth0` from a `macvlan` CNI network on a veth pair the cluster makes (no bridge, no
+route, no NAT), with an address from 127.0.200.0/24. That is enough to run them, not to
+reach them: inside a pod, as on the host, all of 127.0.0.0/8 is the pod's own loopback,
+so such a pod reaches nothing outside itself and nothing reaches it.
 
 The host is left as found: the kubelet sets `vm.overcommit_memory`, `kernel.panic`,
 `kernel.panic_on_oops` (and a few more) at start, adds `KUBE-*` iptables chains, makes
@@ -53,7 +59,13 @@ HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/
               Path("/var/lib/cni"), Path("/run/containerd"), Path("/opt/containerd"))
 IPTABLES = ("iptables", "ip6tables")
 IPTABLES_TABLES = ("filter", "nat", "mangle")
-REQUIRED_COMMANDS = ("containerd", "ctr", "runc", "iptables", "mount", "umount")
+REQUIRED_COMMANDS = ("containerd", "ctr", "runc", "iptables", "mount", "umount", "ip")
+# The pod network's lower device (a veth pair: this kernel may lack `dummy`), its
+# addresses, and where containerd bind-mounts each pod's network namespace.
+POD_NETWORK_LINK = "stratamq-pods0"
+POD_NETWORK_PEER = "stratamq-pods1"
+POD_NETWORK_SUBNET = "127.0.200.0/24"
+NETNS_MOUNTS = Path("/run/netns")
 
 
 def missing_prerequisites() -> str | None:
@@ -64,8 +76,10 @@ def missing_prerequisites() -> str | None:
         if shutil.which(command) is None and not Path("/usr/sbin", command).exists():
             return (f"real nodes need `{command}` (Debian: containerd runc "
                     f"containernetworking-plugins iptables)")
-    if not (CNI_PLUGINS / "loopback").exists():
-        return "real nodes need the CNI loopback plugin (Debian: containernetworking-plugins)"
+    for plugin in ("loopback", "macvlan", "host-local"):
+        if not (CNI_PLUGINS / plugin).exists():
+            return (f"real nodes need the CNI {plugin} plugin "
+                    f"(Debian: containernetworking-plugins)")
     return None
 
 
@@ -244,6 +258,8 @@ class HostState:
         self.chains = {(tool, table): self._chains(tool, table)
                        for tool in IPTABLES for table in IPTABLES_TABLES}
         self.cgroups = {path for path in Path("/sys/fs/cgroup").glob("*/k8s.io")}
+        self.netns_mounts_existed = NETNS_MOUNTS.exists()
+        self.netns = set(NETNS_MOUNTS.iterdir()) if self.netns_mounts_existed else set()
 
     @staticmethod
     def _chains(tool: str, table: str) -> set[str]:
@@ -285,6 +301,16 @@ class HostState:
                     child.rmdir()
             with contextlib.suppress(OSError):
                 group.rmdir()
+        # The pods' network namespaces containerd had no time to remove.
+        for namespace in sorted(set(NETNS_MOUNTS.glob("cni-*")) - self.netns):
+            run("umount", "-l", str(namespace), check=False)
+            with contextlib.suppress(OSError):
+                namespace.unlink()
+            if namespace.exists():
+                problems.append(f"{namespace} left")
+        if not self.netns_mounts_existed:
+            with contextlib.suppress(OSError):
+                NETNS_MOUNTS.rmdir()
         for path in self.paths:
             unmount_under(path)
             shutil.rmtree(path, ignore_errors=True)
@@ -318,8 +344,11 @@ class RealCluster:
         self.scheduler = KubeScheduler(workdir / "scheduler", self.plane.kubeconfig)
         cni = workdir / "cni"
         cni.mkdir(parents=True, exist_ok=True)
-        (cni / "10-loopback.conflist").write_text(json.dumps({
-            "cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}))
+        (cni / "10-pods.conflist").write_text(json.dumps({
+            "cniVersion": "1.0.0", "name": "stratamq-pods", "plugins": [{
+                "type": "macvlan", "master": POD_NETWORK_LINK, "mode": "bridge",
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_NETWORK_SUBNET}]],
+                         "dataDir": str(workdir / "pod-addresses")}}]}))
         self.runtimes = [Containerd(workdir / f"node-{index}" / "containerd", cni)
                          for index in range(nodes)]
         self.kubelets = [Kubelet(workdir / f"node-{index}" / "kubelet", index,
@@ -330,6 +359,7 @@ class RealCluster:
 
     def start(self, timeout: float = 300) -> RealCluster:
         deadline = time.monotonic() + timeout
+        make_pod_network_link()
         self.plane.start(timeout)
         self.scheduler.start()
         for runtime in self.runtimes:
@@ -412,6 +442,21 @@ class RealCluster:
         container = pod["status"]["containerStatuses"][0]["containerID"]
         runtime.ctr("tasks", "kill", "-s", "SIGKILL", container.removeprefix("containerd://"))
 
+    def container_process(self, pod: dict[str, Any]) -> int | None:
+        """The host PID of the (first) container of `pod` (its JSON) while it runs."""
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        container = statuses[0].get("containerID", "").removeprefix("containerd://")
+        if not container:
+            return None
+        [runtime] = [runtime for runtime, kubelet in zip(self.runtimes, self.kubelets,
+                                                         strict=True)
+                     if kubelet.node == pod["spec"]["nodeName"]]
+        tasks = runtime.ctr("tasks", "ls", check=False).stdout.decode().splitlines()[1:]
+        for task, pid, state in (line.split() for line in tasks):
+            if task == container and state == "RUNNING":
+                return int(pid)
+        return None
+
     def stop(self) -> list[str]:
         """Everything stopped and the host as it was; returns what was left (empty)."""
         for kubelet in self.kubelets:
@@ -430,4 +475,17 @@ class RealCluster:
         self.plane.stop()
         unmount_under(self.workdir)
         self.problems = self.host.restore()
+        # Its pods' macvlan links went with their network namespaces.
+        run("ip", "link", "delete", POD_NETWORK_LINK, check=False)
+        if Path("/sys/class/net", POD_NETWORK_LINK).exists():
+            self.problems.append(f"link {POD_NETWORK_LINK} left")
         return self.problems
+
+
+def make_pod_network_link() -> None:
+    """The veth pair the pods' macvlan links hang off; one a crashed run left is ours."""
+    run("ip", "link", "delete", POD_NETWORK_LINK, check=False)
+    run("ip", "link", "add", POD_NETWORK_LINK, "type", "veth", "peer", "name",
+        POD_NETWORK_PEER)
+    for link in (POD_NETWORK_LINK, POD_NETWORK_PEER):
+        run("ip", "link", "set", link, "up")
