@@ -46,19 +46,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.admin.verify import site_asker, verify_shard
-from tests.support.history import History
 from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.operator_process import Operators, peered_namespace, running_operators
 from tests.support.recorder import (
-    RecordingPublisher,
-    RecordingSubscriber,
-    all_connected,
+    ShardLoad,
     more_acknowledged,
     stop_and_drain,
     wait_delivered,
 )
-from tests.support.shards import client_id_on_shard
 from tests.support.storage_status import every_shard, shards, site_of_pod, watched
 
 NAMESPACE = "operator-replication"
@@ -138,34 +134,9 @@ def operators(cluster: ControlPlane, node: Kubelet,
         yield made
 
 
-class Load:
-    """The module's clients, all on CLIENT_POD: a publisher per shard, a subscriber."""
-
-    def __init__(self, host: str) -> None:
-        self.history = History()
-        self.subscriber = RecordingSubscriber(self.history, "rq-sub", host, 1883, "load/#",
-                                              qos=1)
-        self.publishers = [
-            RecordingPublisher(self.history, client_id_on_shard(f"rq-pub{shard}", shard, N_SHARDS),
-                               host, 1883, [f"load/{shard}"], (1,), pace=PACE)
-            for shard in range(N_SHARDS)]
-
-    def start(self) -> None:
-        self.subscriber.start()
-        assert self.subscriber.subscribed.wait(30), "the subscriber did not subscribe"
-        for publisher in self.publishers:
-            publisher.start()
-        assert all_connected([*self.publishers, self.subscriber], 30)
-
-    def close(self) -> None:
-        for publisher in self.publishers:
-            publisher.close()
-        self.subscriber.close()
-
-
 @pytest.fixture(scope="module")
-def load(node: Kubelet, operators: Operators) -> Iterator[Load]:
-    made = Load(node.container(NAMESPACE, CLIENT_POD).ip)
+def load(node: Kubelet, operators: Operators) -> Iterator[ShardLoad]:
+    made = ShardLoad("rq", node.container(NAMESPACE, CLIENT_POD).ip, N_SHARDS, (1,), 1, PACE)
     yield made
     made.close()
 
@@ -296,7 +267,7 @@ def watch_phases(kube: ControlPlane, into: Any) -> subprocess.Popen[str]:
 
 
 def test_scale_up_moves_replicas_onto_the_new_sites(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: Load,
+        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad,
         tmp_path: Any) -> None:
     load.start()
     # More entries in each shard's log than the sites keep: the new replicas bootstrap.
@@ -350,7 +321,7 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
 
 
 def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: Load) -> None:
+        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
     before = {item["metadata"]["name"] for item in transitions(cluster)}
     departing = {n: site_of_pod(storage(cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
     cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
@@ -404,7 +375,7 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
 
 
 def test_failover_when_a_leading_pod_dies_and_is_deleted(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: Load) -> None:
+        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
     status = storage(cluster)["status"]
     pods = site_of_pod(status)
     pod_of = {site: pod for pod, site in pods.items()}

@@ -51,18 +51,15 @@ from stratamq.operator import resources
 from tests.kube.test_operator import wait_for
 from tests.support.clients import PahoClient
 from tests.support.harness import REPO
-from tests.support.history import History
 from tests.support.kube import kube_binary
 from tests.support.realnode import RealCluster
 from tests.support.recorder import (
-    RecordingPublisher,
-    RecordingSubscriber,
+    ShardLoad,
     all_connected,
     more_acknowledged,
     stop_and_drain,
     wait_delivered,
 )
-from tests.support.shards import client_id_on_shard
 from tests.support.storage_status import every_shard, placed_shards, site_of_pod, watched
 
 CHART = REPO / "charts" / "stratamq"
@@ -186,33 +183,6 @@ def unpin_sites(cluster: RealCluster, check: bool = True) -> None:
         kubectl(cluster, "uncordon", kubelet.node, check=check)
 
 
-class Load:
-    """The module's clients, all on CLIENT_POD's address."""
-
-    def __init__(self, host: str) -> None:
-        self.history = History()
-        self.subscriber = RecordingSubscriber(self.history, "rs-sub", host, 1883, "load/#",
-                                              qos=2)
-        self.publishers = [
-            RecordingPublisher(self.history, client_id_on_shard(f"rs-pub{shard}", shard, N_SHARDS),
-                               host, 1883, [f"load/{shard}"], (1, 2), pace=PACE)
-            for shard in range(N_SHARDS)]
-        self.started = False
-
-    def start(self) -> None:
-        self.subscriber.start()
-        assert self.subscriber.subscribed.wait(30), "the subscriber did not subscribe"
-        for publisher in self.publishers:
-            publisher.start()
-        assert all_connected([*self.publishers, self.subscriber], 30)
-        self.started = True
-
-    def close(self) -> None:
-        for publisher in self.publishers:
-            publisher.close()
-        self.subscriber.close()
-
-
 @pytest.fixture(scope="module")
 def cluster(real_cluster: RealCluster) -> Iterator[RealCluster]:
     real_cluster.add_volumes(5)
@@ -227,9 +197,9 @@ def cluster(real_cluster: RealCluster) -> Iterator[RealCluster]:
 
 
 @pytest.fixture(scope="module")
-def load(cluster: RealCluster) -> Iterator[Load]:
+def load(cluster: RealCluster) -> Iterator[ShardLoad]:
     host = pods(cluster)[CLIENT_POD]["status"]["podIP"]
-    made = Load(host)
+    made = ShardLoad("rs", host, N_SHARDS, (1, 2), 2, PACE)
     yield made
     made.close()
 
@@ -324,7 +294,7 @@ def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_scale_up_under_load(cluster: RealCluster, load: Load, tmp_path: Path) -> None:
+def test_scale_up_under_load(cluster: RealCluster, load: ShardLoad, tmp_path: Path) -> None:
     load.start()
     assert more_acknowledged(load.history, 100, 60), load.history.summary()
     unpin_sites(cluster)
@@ -369,7 +339,7 @@ def test_scale_up_under_load(cluster: RealCluster, load: Load, tmp_path: Path) -
 
 @pytest.mark.timeout(900)
 def test_scale_down_resumes_after_the_operator_is_killed(
-        cluster: RealCluster, load: Load) -> None:
+        cluster: RealCluster, load: ShardLoad) -> None:
     before = {item["metadata"]["name"] for item in get(cluster, "replicatransitions")["items"]}
     departing = {site_of_pod(storage(cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
     started = time.monotonic()
@@ -409,7 +379,7 @@ def test_scale_down_resumes_after_the_operator_is_killed(
 
 @pytest.mark.timeout(900)
 def test_a_config_change_rolls_the_sites_without_failover(
-        cluster: RealCluster, load: Load) -> None:
+        cluster: RealCluster, load: ShardLoad) -> None:
     before = {name: pod["metadata"]["uid"] for name, pod in pods(cluster).items()}
     log_before = len(operator_log(cluster))
     phases = Phases(cluster)
@@ -454,7 +424,7 @@ def test_a_config_change_rolls_the_sites_without_failover(
 
 @pytest.mark.timeout(600)
 def test_a_killed_container_is_restarted_and_its_shards_led_again(
-        cluster: RealCluster, load: Load) -> None:
+        cluster: RealCluster, load: ShardLoad) -> None:
     """`kill -9` of the container of a site leading shards. The kubelet restarts it
     at once, usually before the operator takes the site for gone (3 missed
     heartbeats): the site then takes its leaderships back itself (at its kept epoch,
@@ -484,7 +454,7 @@ def test_a_killed_container_is_restarted_and_its_shards_led_again(
 
 
 @pytest.mark.timeout(300)
-def test_nothing_acknowledged_lost(load: Load) -> None:
+def test_nothing_acknowledged_lost(load: ShardLoad) -> None:
     assert load.started
     assert stop_and_drain(load.publishers, 60), load.history.summary()
     wait_delivered(load.history)
@@ -496,7 +466,7 @@ def test_nothing_acknowledged_lost(load: Load) -> None:
 
 @pytest.mark.timeout(900)
 def test_recreated_over_its_volumes_it_comes_back_with_its_data(
-        cluster: RealCluster, load: Load) -> None:
+        cluster: RealCluster, load: ShardLoad) -> None:
     load.close()
     host = pods(cluster)[CLIENT_POD]["status"]["podIP"]
     writer = PahoClient(1883, "rs-retainer", host=host)

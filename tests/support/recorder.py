@@ -22,6 +22,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 # attempt; this subclass keeps it at "resend PUBREL" (see its docstring).
 from tests.integration.crash_clients import PahoClient
 from tests.support.history import History, Message
+from tests.support.shards import client_id_on_shard
 
 SESSION_EXPIRY = 3600  # seconds: longer than any test, so sessions outlive every restart
 WINDOW = 20  # messages a publisher leaves unacknowledged at most
@@ -312,3 +313,35 @@ def more_acknowledged(history: History, count: int, timeout: float) -> bool:
     # each look lists every publication under the history's lock: not too often
     return wait_until(lambda: len(history.acknowledged_messages()) >= target, timeout,
                       every=0.25)
+
+
+class ShardLoad:
+    """The load the operator tests keep running through plans, rolls and kills: a
+    publisher per shard of the `messages` database (a client id that lands on that
+    shard, topic `load/<shard>`, QoS levels `publish_qos` in turn) and one subscriber to
+    `load/#` at `subscribe_qos`, all on `host`, all recording into one History."""
+
+    def __init__(self, name: str, host: str, n_shards: int, publish_qos: tuple[int, ...],
+                 subscribe_qos: int, pace: float, port: int = 1883) -> None:
+        self.history = History()
+        self.subscriber = RecordingSubscriber(self.history, f"{name}-sub", host, port,
+                                              "load/#", qos=subscribe_qos)
+        self.publishers = [
+            RecordingPublisher(self.history, client_id_on_shard(f"{name}-pub{shard}", shard,
+                                                                n_shards),
+                               host, port, [f"load/{shard}"], publish_qos, pace=pace)
+            for shard in range(n_shards)]
+        self.started = False
+
+    def start(self) -> None:
+        self.subscriber.start()
+        assert self.subscriber.subscribed.wait(30), "the subscriber did not subscribe"
+        for publisher in self.publishers:
+            publisher.start()
+        assert all_connected([*self.publishers, self.subscriber], 30)
+        self.started = True
+
+    def close(self) -> None:
+        for publisher in self.publishers:
+            publisher.close()
+        self.subscriber.close()
