@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stratamq.broker.admin import AdminServer
 from stratamq.broker.admin.credentials import Credentials
 from tests.support.harness import BrokerProcess, free_port
+from tests.support.waiting import wait_until
 
 TOKEN = "test-token-0123456789"  # what BrokerProcess configures
 ADMIN_USER = "admin"
@@ -72,10 +73,7 @@ def api(broker: BrokerProcess, path: str, token: str = TOKEN) -> Any:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+    assert wait_until(predicate, timeout), "condition not reached in time"
 
 
 def ctl(*arguments: str, cwd: Path | None = None,

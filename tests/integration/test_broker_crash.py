@@ -13,7 +13,7 @@ import collections
 import functools
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -31,19 +31,11 @@ from tests.integration.crash_clients import (
 )
 from tests.support.harness import BrokerProcess
 from tests.support.storage import read_filter, run
+from tests.support.waiting import wait_until
 
 KILLS = 4
 TOPICS = ["crash/a", "crash/b"]  # both publishers on both topics: their streams interleave
 ACK_DELAY = 0.02
-
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def back_online(subscriber: DurableSubscriber, publishers: list[Publisher],

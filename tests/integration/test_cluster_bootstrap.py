@@ -33,9 +33,9 @@ from tests.support.recorder import (
     all_connected,
     describe_clients,
     wait_delivered,
-    wait_until,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 N_SHARDS = 2
 HEARTBEAT = 0.5

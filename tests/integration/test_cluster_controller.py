@@ -27,7 +27,9 @@ import pytest
 import yaml
 
 from stratamq.broker.ds.database import shard_of
+from tests.support import waiting
 from tests.support.clients import PahoClient, unique
+from tests.support.cluster import SITE_UNREACHABLE
 from tests.support.harness import REPO
 
 pytestmark = pytest.mark.slow
@@ -55,18 +57,8 @@ def free_port_block(hosts: list[str], count: int) -> int:
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT) -> T:
-    """The first true value of `probe`, polled until `timeout`."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            found = probe()
-        except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
-            last_error, found = exc, None
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
+    """The first true value of `probe` (a site or controller down counts as not yet)."""
+    return waiting.wait_for(what, probe, timeout, every=0.1, tolerate=SITE_UNREACHABLE)
 
 
 class LocalCluster:

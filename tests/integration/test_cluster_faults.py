@@ -43,9 +43,9 @@ from tests.support.recorder import (
     more_acknowledged,
     stop_and_drain,
     wait_delivered,
-    wait_until,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 HEARTBEAT = 0.5
 WRITE_TIMEOUT = "3s"

@@ -40,9 +40,9 @@ from tests.support.recorder import (
     describe_clients,
     more_acknowledged,
     stop_and_drain,
-    wait_until,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 SITES = 3
 N_SHARDS = 6

@@ -32,8 +32,8 @@ from tests.support.recorder import (
     more_acknowledged,
     stop_and_drain,
     wait_delivered,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 SITES = 3
 WRITE_TIMEOUT = "3s"

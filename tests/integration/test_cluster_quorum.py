@@ -32,9 +32,9 @@ from tests.support.recorder import (
     describe_clients,
     stop_and_drain,
     wait_delivered,
-    wait_until,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 SITES = 3
 N_SHARDS = 2

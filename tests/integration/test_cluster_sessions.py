@@ -30,8 +30,8 @@ from tests.support.recorder import (
     RecordingPublisher,
     RecordingSubscriber,
     stop_and_drain,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 N_SHARDS = 4
 WAIT = 60.0  # generous: four processes share two cores with other tests

@@ -53,9 +53,9 @@ from tests.support.recorder import (
     describe_clients,
     more_acknowledged,
     wait_delivered,
-    wait_until,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 SITES = 3
 GROWN = 5

@@ -19,7 +19,7 @@ from rocksdict import Options, Rdict
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient
 from tests.support.cluster import DB, Cluster
-from tests.support.recorder import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

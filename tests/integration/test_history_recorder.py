@@ -16,8 +16,8 @@ from tests.support.recorder import (
     all_connected,
     connect_counts,
     more_acknowledged,
-    wait_until,
 )
+from tests.support.waiting import wait_until
 
 KILLS = 2
 

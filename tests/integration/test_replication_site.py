@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ import pytest
 from stratamq.broker.config import merge_config
 from stratamq.broker.ds import Snapshot, shard_of
 from stratamq.broker.ds.replication import Placement, ShardPlacement
+from tests.support import waiting
 from tests.support.checkpoints import make_checkpoint, snapshot_messages
 from tests.support.clients import PahoClient, metric_value, unique
 from tests.support.harness import HOST, BrokerProcess, free_port
@@ -61,11 +61,7 @@ def replication(site: BrokerProcess) -> dict[str, Any]:
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.1)
+    waiting.wait_for(what, check, timeout, every=0.1)
 
 
 class Sites:

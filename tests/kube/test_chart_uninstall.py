@@ -25,17 +25,19 @@ from pathlib import Path
 import kopf
 import yaml
 
-from tests.kube.test_operator import wait_for
 from tests.kube.test_operator_rbac import token_kubeconfig
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 RELEASE = "mq"
 ACCOUNT = f"{RELEASE}-stratamq-operator"
 FINALIZER = kopf.OperatorSettings().persistence.finalizer
+# A storage Ready (or its sites gone) on the stand-in kubelet, on a loaded 2-core machine.
+TIMEOUT = 180.0
 # Far above what the uninstall takes once nothing holds the storage (seconds), far
 # below forever.
 UNINSTALL_TIMEOUT_S = 60
@@ -69,7 +71,7 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
                 assert isinstance(status, dict)
                 return status.get("phase") == "Ready"
             wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
-                     + f"\nkubelet errors: {node.errors}")
+                     + f"\nkubelet errors: {node.errors}", timeout=TIMEOUT)
         finally:
             operator.kill()  # a crash: no cleanup at its exit
         log = operator.log()
@@ -108,4 +110,4 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
         # Its objects go by garbage collection, the brokers with them.
         wait_for("the brokers stopped", lambda: not node.running(namespace),
                  explain=lambda: kube.kubectl("get", "-n", namespace, "all",
-                                              check=False).stdout)
+                                              check=False).stdout, timeout=TIMEOUT)

@@ -6,12 +6,13 @@ Pods stay Pending."""
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests.support import waiting
 from tests.support.kube import ControlPlane, running_control_plane
 
 STATEFUL_SET = {
@@ -34,11 +35,8 @@ def items(kube: ControlPlane, namespace: str, kind: str) -> list[dict[str, Any]]
     return listed
 
 
-def wait_for(what: str, check: Any, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+def wait_for(what: str, check: Callable[[], object], timeout: float = 60) -> None:
+    waiting.wait_for(what, check, timeout, every=0.2)
 
 
 def test_server_version(kube: ControlPlane) -> None:

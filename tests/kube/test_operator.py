@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import waiting
 from tests.support.clients import PahoClient
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet, running_kubelet
@@ -48,15 +49,8 @@ OWNED = [("configmap", f"{NAME}-config"), ("service", NAME), ("service", f"{NAME
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
              explain: Callable[[], str] = lambda: "") -> Any:
-    """Poll `check` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{explain()}")
-        time.sleep(0.5)
+    """`waiting.wait_for` with this module's timeout."""
+    return waiting.wait_for(what, check, timeout, explain)
 
 
 def get(kube: ControlPlane, *what: str, check: bool = True) -> dict[str, Any] | None:

@@ -16,16 +16,18 @@ from pathlib import Path
 
 import yaml
 
-from tests.kube.test_operator import wait_for
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
 from tests.support.operator_process import OperatorProcess
+from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "operator-rbac"
 RELEASE = "rbac"
 ACCOUNT = f"{RELEASE}-stratamq-operator"
+# A storage Ready (or gone) on the stand-in kubelet, on a loaded 2-core machine.
+TIMEOUT = 180.0
 
 
 def token_kubeconfig(kube: ControlPlane, path: Path, token: str, account: str = ACCOUNT
@@ -63,7 +65,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         # behind in namespaces being deleted: wait until they are gone.
         wait_for("no DurableStorage in other namespaces", lambda: not [
             line for line in kube.kubectl("get", "durablestorages", "-A", "-o", "name")
-            .stdout.splitlines() if line])
+            .stdout.splitlines() if line], timeout=TIMEOUT)
 
         with running_kubelet(kube, tmp_path / "node", {NAMESPACE}) as node:
             operator = OperatorProcess(tmp_path / "operator", kube, None, kubeconfig=kubeconfig,
@@ -85,13 +87,13 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                     ).get("status", {})
                     return status.get("phase") == "Ready" and len(status.get("sites", [])) == 1
                 wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
-                         + f"\nkubelet errors: {node.errors}")
+                         + f"\nkubelet errors: {node.errors}", timeout=TIMEOUT)
 
                 kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
                              "-p", '{"spec": {"podDisruptionBudget": {"enable": false}}}')
                 wait_for("the budget deleted", lambda: kube.kubectl(
                     "get", "-n", NAMESPACE, "pdb", "mq", check=False).returncode != 0,
-                    explain=operator.log_tail)
+                    explain=operator.log_tail, timeout=TIMEOUT)
                 # The Spark job: its CronJob, and the driver's account bound to the
                 # chart's ClusterRole (the operator may bind that one role, nothing
                 # more); turned off, all three go.
@@ -105,7 +107,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                     "get", "-n", NAMESPACE, kind, name, check=False).returncode != 0
                     for kind, name in (("cronjob", "mq-spark-gc"), ("rolebinding", "mq-spark"),
                                        ("serviceaccount", "mq-spark"))),
-                    explain=operator.log_tail)
+                    explain=operator.log_tail, timeout=TIMEOUT)
                 # A second site: the rebalance (a shard of each database moves to it)
                 # makes ReplicaTransitions and moves them along to Done under the
                 # chart's account too.
@@ -122,7 +124,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                     return bool(found) and all(
                         item.get("status", {}).get("phase") == "Done" for item in found) \
                         and status.get("phase") == "Ready" and len(status.get("sites", [])) == 2
-                wait_for("the second site's transitions Done", rebalanced,
+                wait_for("the second site's transitions Done", rebalanced, timeout=TIMEOUT,
                          explain=lambda: operator.log_tail() + f"\nkubelet errors: {node.errors}")
                 events = json.loads(kube.kubectl("get", "-n", NAMESPACE, "events", "-o",
                                                  "json").stdout)["items"]

@@ -6,13 +6,13 @@ Warning event `PlacementAdopted` says so) instead of staying Placing for ever.""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support import waiting
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.operator_process import Operators, peered_namespace, running_operators
@@ -45,12 +45,7 @@ def operators(cluster: ControlPlane, node: Kubelet,
 
 
 def wait_for(what: str, check: Callable[[], Any], explain: Callable[[], str]) -> Any:
-    deadline = time.monotonic() + TIMEOUT
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{explain()}")
-        time.sleep(0.5)
-    return found
+    return waiting.wait_for(what, check, TIMEOUT, explain)
 
 
 def storage(kube: ControlPlane) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from stratamq.broker.admin.verify import site_asker, verify_shard
+from tests.support import waiting
 from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.operator_process import Operators, peered_namespace, running_operators
@@ -79,14 +80,7 @@ GONE_AFTER = 3 * 2.0 + 2.0
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
              explain: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{explain()}")
-        time.sleep(0.5)
+    return waiting.wait_for(what, check, timeout, explain)
 
 
 def get(kube: ControlPlane, *what: str) -> Any:

@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from stratamq.operator import spark
-from tests.kube.test_operator import wait_for
 from tests.support.kube import ControlPlane
 from tests.support.operator_process import OperatorProcess, peered_namespace
+from tests.support.waiting import wait_for
 
 NAMESPACE = "operator-spark"
 NAME = "mq"
@@ -171,7 +171,8 @@ def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: Operator
     gc = wait_for("the gc CronJob", lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-gc"),
                   timeout=TIMEOUT, explain=operator.log_tail)
     export = wait_for("the export CronJob",
-                      lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-export"))
+                      lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-export"),
+                      timeout=TIMEOUT)
     assert kubectl_json(cluster, "cronjob", f"{NAME}-spark-learn-topics") is None
     uid = storage(cluster)["metadata"]["uid"]
     for made in (gc, export):

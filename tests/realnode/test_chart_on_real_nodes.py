@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from stratamq.operator import resources
-from tests.kube.test_operator import wait_for
 from tests.support.clients import PahoClient
 from tests.support.harness import REPO
 from tests.support.realnode import RealCluster
+from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-chart"

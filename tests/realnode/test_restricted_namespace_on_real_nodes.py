@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,9 @@ from typing import Any
 import pytest
 
 from stratamq.operator import resources
-from tests.kube.test_operator import wait_for
 from tests.support.harness import REPO
 from tests.support.realnode import RealCluster
+from tests.support.waiting import wait_for, wait_until
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-restricted"
@@ -191,8 +190,5 @@ def test_a_restricted_namespace_admits_and_runs_every_pod(real_cluster: RealClus
         kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
         cluster.plane.helm("uninstall", RELEASE, "--namespace", OPERATOR_NAMESPACE, "--wait",
                            "--timeout=120s", check=False, timeout=150)
-        deadline = time.monotonic() + TIMEOUT
-        while kubectl("get", "namespace", NAMESPACE, check=False).returncode == 0:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(1)
+        wait_until(lambda: kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
+                   TIMEOUT, every=1)

@@ -48,7 +48,6 @@ from typing import Any
 import pytest
 
 from stratamq.operator import resources
-from tests.kube.test_operator import wait_for
 from tests.support.clients import PahoClient
 from tests.support.harness import REPO
 from tests.support.kube import kube_binary
@@ -61,6 +60,7 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.storage_status import every_shard, placed_shards, site_of_pod, watched
+from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-storage"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -31,24 +30,20 @@ from stratamq.broker.config import merge_config
 from tests.support.harness import BrokerProcess, ManagedProcess, free_port
 from tests.support.harness import http_json as http_json  # for the tests that import it here
 from tests.support.netns import NetnsNetwork, Network, ProxyNetwork
+from tests.support.waiting import wait_until
 
 DB = "messages"
 # every site replicates these (a connect writes to `sessions`)
 DATABASES = ("messages", "sessions", "retained")
 
 
+# What asking a site that is down or still starting raises: "not yet" while waiting.
+SITE_UNREACHABLE = (OSError, urllib.error.URLError, ValueError, KeyError)
+
+
 def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """`condition` until it holds (errors of a site that is down count as not yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return True
-        except (OSError, urllib.error.URLError, ValueError, KeyError):
-            pass
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
+    """`wait_until`, with a site that is down counting as not yet."""
+    return wait_until(condition, timeout, every=interval, tolerate=SITE_UNREACHABLE)
 
 
 class SiteProcess(BrokerProcess):

@@ -9,7 +9,7 @@ import collections
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -23,6 +23,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from tests.integration.crash_clients import PahoClient
 from tests.support.history import History, Message
 from tests.support.shards import client_id_on_shard
+from tests.support.waiting import wait_until
 
 SESSION_EXPIRY = 3600  # seconds: longer than any test, so sessions outlive every restart
 WINDOW = 20  # messages a publisher leaves unacknowledged at most
@@ -242,17 +243,6 @@ class RecordingSubscriber:
 
 
 RecordingClient = RecordingPublisher | RecordingSubscriber
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
-    """Poll `condition` every `every` seconds until it holds or `timeout` seconds have
-    passed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every)
-    return condition()
 
 
 def wait_delivered(history: History, stall: float = 30.0, every: float = 1.0) -> bool:
