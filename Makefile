@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/stratamq.yaml
 
-.PHONY: install kube-bin run test fuzz lint bench typecheck-tree clean kind-e2e
+.PHONY: install kube-bin run test test-unit test-integration test-cluster test-spark \
+  test-kube test-realnode fuzz lint bench typecheck-tree clean kind-e2e
 
 install: $(STAMP)
 
@@ -22,7 +23,16 @@ SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients faketime gcc container
   containernetworking-plugins iptables debootstrap docker.io
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-$(STAMP): pyproject.toml
+# The Python side alone (all the unit tier needs).
+PYTHON_STAMP := $(VENV)/.installed-python
+
+$(PYTHON_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,operator,spark]'
+	touch $(PYTHON_STAMP)
+
+$(STAMP): $(PYTHON_STAMP)
 	@for command in $(SYSTEM_COMMANDS); do \
 	  command -v $$command >/dev/null || PATH="$$PATH:/usr/sbin" command -v $$command >/dev/null \
 	    || missing=1; \
@@ -33,9 +43,6 @@ $(STAMP): pyproject.toml
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    $(SYSTEM_PACKAGES) >/dev/null; \
 	fi
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,operator,spark]'
 	touch $(STAMP)
 
 # The Kubernetes test binaries (etcd, kube-apiserver, kube-controller-manager, kubectl,
@@ -53,6 +60,26 @@ run: $(STAMP)
 
 test: $(STAMP) kube-bin
 	$(BIN)/python -m pytest
+
+# The suite in tiers, each what it needs and no more (`make test` runs them all, as CI
+# does; pyproject.toml's markers say what each holds). test-unit needs Python only.
+test-unit: $(PYTHON_STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+test-integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration -m "not cluster"
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest tests/integration -m cluster
+
+test-spark: $(STAMP)
+	$(BIN)/python -m pytest tests/spark
+
+test-kube: $(STAMP) kube-bin
+	$(BIN)/python -m pytest tests/kube
+
+test-realnode: $(STAMP) kube-bin
+	$(BIN)/python -m pytest tests/realnode
 
 # The broker fuzz test (tests/integration/test_broker_fuzz.py) at length: the suite runs
 # a fixed set of cases; this runs FUZZ_EXAMPLES per test from a random FUZZ_SEED (set

@@ -4,7 +4,11 @@
 `BROKER_CONFIG` (a dict merged over the harness's test configuration, or a function of
 the work directory returning one, for files such as a password file that must be
 written first). Tests that need a site of their own (restarts, kill -9, a config of
-their own) ask `broker_factory` for one instead."""
+their own) ask `broker_factory` for one instead.
+
+Each test is marked with its tier, the name of its folder (unit, integration, spark,
+kube, realnode: `pytest -m unit`, or the Makefile's `make test-unit`); the integration
+modules that run several sites also carry `cluster` (their own `pytestmark`)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,16 @@ from tests.support.clients import PahoClient
 from tests.support.harness import BrokerProcess, running_broker
 
 BrokerConfig = dict[str, Any] | Callable[[Path], dict[str, Any]]
+
+TESTS = Path(__file__).parent
+TIERS = ("unit", "integration", "spark", "kube", "realnode")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in TIERS:
+            item.add_marker(folder)
 
 
 def _config_of(module: object, workdir: Path) -> dict[str, Any]:

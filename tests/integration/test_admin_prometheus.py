@@ -149,6 +149,7 @@ def test_dashboard_and_alert_queries_see_a_real_broker(
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
 
+@pytest.mark.cluster
 def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> None:
     """A real cluster (3 sites, a controller, 4 shards, replication factor 3) scraped by a
     real Prometheus: every replication dashboard query finds data, and the replication

@@ -37,6 +37,8 @@ from tests.support.recorder import (
 from tests.support.shards import client_id_on_shard
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 N_SHARDS = 2
 HEARTBEAT = 0.5
 RETAIN = 20

@@ -25,8 +25,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.clients import PahoClient
 from tests.support.cluster import DB, Cluster, poll
+
+pytestmark = pytest.mark.cluster
 
 MESSAGES = 20
 

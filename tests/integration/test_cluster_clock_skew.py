@@ -24,6 +24,8 @@ from tests.support.clients import PahoClient, unique
 from tests.support.cluster import Cluster
 from tests.support.shards import client_id_on_shard
 
+pytestmark = pytest.mark.cluster
+
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SITES = 3
 N_SHARDS = 3

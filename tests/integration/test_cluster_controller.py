@@ -32,7 +32,7 @@ from tests.support.clients import PahoClient, unique
 from tests.support.cluster import SITE_UNREACHABLE
 from tests.support.harness import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SITES = 3
 N_SHARDS = 4

@@ -33,7 +33,7 @@ from tests.integration.test_cluster_stale_controller import (
 )
 from tests.support.cluster import Cluster, ControllerProcess, http_json, poll
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SITES = 3
 HEARTBEAT = 0.5

@@ -37,6 +37,8 @@ from tests.support.recorder import (
 from tests.support.shards import client_id_on_shard
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 SITES = 3
 KILLS = 4
 N_SHARDS = 3  # site k's publishers write to shards k and k+1: each shard from two sites

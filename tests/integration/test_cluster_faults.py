@@ -47,6 +47,8 @@ from tests.support.recorder import (
 from tests.support.shards import client_id_on_shard
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 HEARTBEAT = 0.5
 WRITE_TIMEOUT = "3s"
 # A frozen leader stays frozen this long after its shards failed over: long enough for

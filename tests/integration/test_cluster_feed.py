@@ -44,6 +44,8 @@ from tests.support.recorder import (
 from tests.support.shards import client_id_on_shard
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 SITES = 3
 N_SHARDS = 6
 VICTIM = 2  # the site killed and restarted

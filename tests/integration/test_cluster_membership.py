@@ -38,6 +38,8 @@ from tests.support.clients import PahoClient, paho_properties
 from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, poll
 from tests.support.netns import open_network
 
+pytestmark = pytest.mark.cluster
+
 SITES = 5
 PUBLISHED = 20
 HEARTBEAT = 0.5

@@ -35,6 +35,8 @@ from tests.support.recorder import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 SITES = 3
 WRITE_TIMEOUT = "3s"
 

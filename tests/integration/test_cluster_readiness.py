@@ -27,6 +27,8 @@ import pytest
 
 from tests.support.cluster import Cluster, poll
 
+pytestmark = pytest.mark.cluster
+
 # Slow heartbeats: the controller takes the frozen sites for gone only after several,
 # and fails nothing over meanwhile (it could not: they are two of three replicas).
 HEARTBEAT = 2.0

@@ -18,9 +18,13 @@ import queue
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.clients import PahoClient, unique
 from tests.support.cluster import Cluster
 from tests.support.netns import open_network
+
+pytestmark = pytest.mark.cluster
 
 SITES = 3
 WRITE_TIMEOUT = 2.0

@@ -12,11 +12,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, metric_value, paho_properties, unique
 from tests.support.cluster import Cluster, http_json
+
+pytestmark = pytest.mark.cluster
 
 RETENTION = "2s"
 LOST = 5

@@ -33,6 +33,8 @@ from tests.support.recorder import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 N_SHARDS = 4
 WAIT = 60.0  # generous: four processes share two cores with other tests
 SESSION_TAKEN_OVER = 0x8E

@@ -29,7 +29,7 @@ from tests.support.clients import PahoClient, unique
 from tests.support.cluster import Cluster, ControllerProcess, http_json, poll
 from tests.support.harness import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SITES = 3
 N_SHARDS = 2

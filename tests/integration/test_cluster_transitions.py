@@ -57,6 +57,8 @@ from tests.support.recorder import (
 from tests.support.shards import client_id_on_shard
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.cluster
+
 SITES = 3
 GROWN = 5
 N_SHARDS = 4

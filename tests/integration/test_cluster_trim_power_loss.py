@@ -19,9 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support import powerloss
 from tests.support.clients import PahoClient
 from tests.support.cluster import DB, Cluster, poll
+
+pytestmark = pytest.mark.cluster
 
 MESSAGES = 300
 SITE_CONFIG: dict[str, Any] = {"cluster": {"log_retain_entries": 1}}

@@ -21,7 +21,7 @@ from tests.support.clients import PahoClient
 from tests.support.cluster import DB, Cluster
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 N_SHARDS = 2
 MESSAGES = 20

@@ -27,6 +27,8 @@ from tests.support.cluster import Cluster
 from tests.support.half_open import close_all, few_descriptors, open_half_open, still_open
 from tests.support.shards import client_id_on_shard
 
+pytestmark = pytest.mark.cluster
+
 SITES = 3
 N_SHARDS = 2
 SHARD = 0

@@ -22,6 +22,8 @@ from tests.support.checkpoints import make_checkpoint, snapshot_messages
 from tests.support.clients import PahoClient, metric_value, unique
 from tests.support.harness import HOST, BrokerProcess, free_port
 
+pytestmark = pytest.mark.cluster
+
 N_SHARDS = 2
 # every site replicates these, with N_SHARDS shards each
 DATABASES = ("messages", "sessions", "retained")
