@@ -2,7 +2,12 @@
 
 `kube` is one control plane for the whole session: it takes seconds to start. Tests
 share it, so each works in a namespace of its own (`namespace`) and names what it
-creates after itself."""
+creates after itself.
+
+The operator modules (a storage run by real operator processes on the stand-in
+kubelet) share `cluster` (their module's `NAMESPACE`, peered for the operators'
+election), `node` (the stand-in kubelet serving it) and `operators` (the operator
+processes; a module's `REAPPLY_INTERVAL`, when it sets one, is theirs)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ import pytest
 
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane, running_control_plane
+from tests.support.kubelet import Kubelet, running_kubelet
+from tests.support.operator_process import Operators, peered_namespace, running_operators
 
 CRDS = REPO / "crds"
 CRD_NAMES = ["durablestorages.stratamq.io", "replicatransitions.stratamq.io"]
@@ -42,3 +49,29 @@ def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[st
     kube.kubectl("create", "namespace", name)
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def cluster(crds: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """The module's namespace (its `NAMESPACE`), with the operators' peering object."""
+    with peered_namespace(crds, request.module.NAMESPACE) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ControlPlane, request: pytest.FixtureRequest,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
+    with running_kubelet(cluster, tmp_path_factory.mktemp("node"),
+                         {request.module.NAMESPACE}) as kubelet:
+        yield kubelet
+    assert not kubelet.errors, kubelet.errors
+
+
+@pytest.fixture(scope="module")
+def operators(cluster: ControlPlane, node: Kubelet, request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
+    options = ({"reapply_interval": request.module.REAPPLY_INTERVAL}
+               if hasattr(request.module, "REAPPLY_INTERVAL") else {})
+    with running_operators(cluster, tmp_path_factory.mktemp("operator"),
+                           request.module.NAMESPACE, **options) as made:
+        yield made

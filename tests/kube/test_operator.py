@@ -14,21 +14,18 @@ import json
 import signal
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.support import waiting
 from tests.support.clients import PahoClient
 from tests.support.kube import ControlPlane
-from tests.support.kubelet import Kubelet, running_kubelet
+from tests.support.kubelet import Kubelet
 from tests.support.operator_process import (
     OperatorProcess,
     Operators,
-    peered_namespace,
-    running_operators,
 )
 
 NAMESPACE = "operator-e2e"
@@ -65,28 +62,6 @@ def storage(kube: ControlPlane) -> dict[str, Any]:
     found = get(kube, "durablestorage", NAME)
     assert found is not None
     return found
-
-
-@pytest.fixture(scope="module")
-def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    """The namespace of this module, with the peering object of the operator."""
-    with peered_namespace(crds, NAMESPACE) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
-    with running_kubelet(cluster, tmp_path_factory.mktemp("node"), {NAMESPACE}) as kubelet:
-        yield kubelet
-    assert not kubelet.errors, kubelet.errors
-
-
-@pytest.fixture(scope="module")
-def operators(cluster: ControlPlane, node: Kubelet,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE,
-                           reapply_interval=REAPPLY_INTERVAL) as made:
-        yield made
 
 
 def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:

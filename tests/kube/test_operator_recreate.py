@@ -6,42 +6,21 @@ Warning event `PlacementAdopted` says so) instead of staying Placing for ever.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.support import waiting
 from tests.support.kube import ControlPlane
-from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import Operators, peered_namespace, running_operators
+from tests.support.kubelet import Kubelet
+from tests.support.operator_process import Operators
 
 NAMESPACE = "operator-recreate"
 NAME = "again"
 SPEC: dict[str, Any] = {"sites": 3, "messages": {"nShards": 1, "replicationFactor": 3},
                         "storage": {"size": "1Gi"}}
 TIMEOUT = 180.0
-
-
-@pytest.fixture(scope="module")
-def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    with peered_namespace(crds, NAMESPACE) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
-    with running_kubelet(cluster, tmp_path_factory.mktemp("node"), {NAMESPACE}) as kubelet:
-        yield kubelet
-    assert not kubelet.errors, kubelet.errors
-
-
-@pytest.fixture(scope="module")
-def operators(cluster: ControlPlane, node: Kubelet,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE) as made:
-        yield made
 
 
 def wait_for(what: str, check: Callable[[], Any], explain: Callable[[], str]) -> Any:

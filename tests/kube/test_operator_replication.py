@@ -48,8 +48,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from stratamq.broker.admin.verify import site_asker, verify_shard
 from tests.support import waiting
 from tests.support.kube import ControlPlane, kube_binary
-from tests.support.kubelet import Kubelet, running_kubelet
-from tests.support.operator_process import Operators, peered_namespace, running_operators
+from tests.support.kubelet import Kubelet
+from tests.support.operator_process import Operators
 from tests.support.recorder import (
     ShardLoad,
     more_acknowledged,
@@ -106,26 +106,6 @@ def ready_with(kube: ControlPlane, sites: int) -> dict[str, Any] | None:
             and status.get("readyReplicas") == sites and status.get("databases")):
         return found
     return None
-
-
-@pytest.fixture(scope="module")
-def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    with peered_namespace(crds, NAMESPACE) as made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def node(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
-    with running_kubelet(cluster, tmp_path_factory.mktemp("node"), {NAMESPACE}) as kubelet:
-        yield kubelet
-    assert not kubelet.errors, kubelet.errors
-
-
-@pytest.fixture(scope="module")
-def operators(cluster: ControlPlane, node: Kubelet,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
-    with running_operators(cluster, tmp_path_factory.mktemp("operator"), NAMESPACE) as made:
-        yield made
 
 
 @pytest.fixture(scope="module")

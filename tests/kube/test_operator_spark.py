@@ -26,7 +26,7 @@ import yaml
 
 from stratamq.operator import spark
 from tests.support.kube import ControlPlane
-from tests.support.operator_process import OperatorProcess, peered_namespace
+from tests.support.operator_process import OperatorProcess
 from tests.support.waiting import wait_for
 
 NAMESPACE = "operator-spark"
@@ -93,12 +93,6 @@ def arguments(command: list[str]) -> dict[str, list[str]]:
         if flag.startswith("--"):
             found.setdefault(flag, []).append(value)
     return found
-
-
-@pytest.fixture(scope="module")
-def cluster(crds: ControlPlane) -> Iterator[ControlPlane]:
-    with peered_namespace(crds, NAMESPACE) as made:
-        yield made
 
 
 @pytest.fixture(scope="module")
