@@ -234,9 +234,10 @@ class DurableSessionsConfig(_Section):
     renew_streams_interval: Duration = parse_duration("1s")
     session_gc_interval: Duration = parse_duration("10m")
     message_retention_period: Duration = parse_duration("1d")
-    # How often a site tells the controller it is alive. A site that misses a few in
-    # a row is taken for gone and its shards fail over to other replicas, so this
-    # bounds how fast writes resume after a crash; shorter costs more messages.
+    # In a cluster: how often an idle shard leader heartbeats its followers. The site
+    # reports it to the controller, which fails a shard over once its leader has heard
+    # from no majority of its replicas for three of these (or for three of the
+    # controller's own probe intervals, if longer); shorter costs more messages.
     heartbeat_interval: Duration = parse_duration("1s")
     # Per-topic retention (`sensors/#: 7d`): the most specific matching filter wins,
     # other topics keep `message_retention_period`. The Spark GC job applies them
@@ -381,7 +382,7 @@ class AdminConfig(_Section):
 
 
 class ClusterConfig(_Section):
-    """Replication across sites (docs/architecture.md, "Replication"). Off: a single site with
+    """Replication across sites (docs/replication.md). Off: a single site with
     no shard log, exactly as before."""
 
     enable: bool = False

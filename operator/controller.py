@@ -1,5 +1,5 @@
-"""The operator as the replication controller of each DurableStorage (docs/architecture.md,
-"Replication": in Kubernetes the controller is the operator).
+"""The operator as the replication controller of each DurableStorage (docs/replication.md,
+"The controller": in Kubernetes the controller is the operator).
 
 One `StorageController` per DurableStorage does what `stratamq cluster controller`
 does on a plain machine, with the same pure decisions (`broker/cluster/decisions.py`)
@@ -17,7 +17,7 @@ What is Kubernetes' own here:
 - a site whose pod is gone and that holds nothing is forgotten: kept in
   status.controller and told to the sites with every push (they adopt the sessions it
   owned); found again (its pod back with its volume), it is not forgotten any more.
-- the controller term (docs/architecture.md, "The controller"): Kopf's peering and the
+- the controller term (docs/replication.md, "The controller"): Kopf's peering and the
   conditional writes of status.controller already keep one operator acting, so the
   operator takes a term above every term the sites report on its first round, keeps
   it in status.controller.term and stamps its pushes with it, without the local
@@ -72,7 +72,7 @@ from .status import ReplicationView
 
 log = logging.getLogger(__name__)
 
-# Every replicated database of a site (docs/architecture.md "Replication"), placed alike: the same
+# Every replicated database of a site (docs/replication.md), placed alike: the same
 # sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
 PROBE_TIMEOUT = 2.0

@@ -1,5 +1,5 @@
 """The controller process (`stratamq cluster controller`): it owns the placement of
-every shard (docs/architecture.md, "Replication").
+every shard (docs/replication.md, "The controller").
 
 Every heartbeat interval it asks each site's `GET /api/v1/ds/replication` (the
 heartbeat probe), hands what it learned to `decisions.decide` (first placement,

@@ -1,5 +1,5 @@
-"""The controller's decisions as pure functions of what it knows (docs/architecture.md,
-"Replication"): which sites are gone, which shards fail over, the first placement,
+"""The controller's decisions as pure functions of what it knows (docs/replication.md,
+"The controller"): which sites are gone, which shards fail over, the first placement,
 the next step of a pending plan, and the plans that operator requests ask for. No
 I/O and no clock: `controller.py` gathers the inputs (heartbeats, requests) and
 carries the answers out (files, pushes).

@@ -201,8 +201,8 @@ class Dispatcher:
     def delivers_here(self, group: SharedGroup, message: Message) -> bool:
         """Whether this site delivers the message to the group: of the sites with
         members of the group (each site tells the others its filters, and when it
-        joined), every site picks the same one for a message (docs/architecture.md,
-        "Every site sees every shard": shared subscriptions work cluster-wide, one
+        joined), every site picks the same one for a message (docs/replication.md,
+        "Shared subscriptions across sites": shared subscriptions work cluster-wide, one
         delivery per group)."""
         members = self.members_of(group)
         if len(members) <= 1:

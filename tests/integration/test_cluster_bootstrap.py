@@ -1,5 +1,6 @@
 """Replica bootstrap from a checkpoint and log trimming (issue 7, "Replica
-transitions"; docs/architecture.md "Replication"), with real processes.
+transitions"; docs/replication.md, "Log trimming and replica bootstrap"), with real
+processes.
 
 Three sites at replication factor 3, two shards, `cluster.log_retain_entries` small.
 A publisher per shard on site 0 streams numbered QoS 1 and QoS 2 messages; every
@@ -11,9 +12,10 @@ The moment it reports `bootstrapping`, the leader it fetches from is
 paused (SIGSTOP) so the transfer is certainly under way, the new site is killed -9,
 the leader resumed, the new site restarted: it bootstraps again and completes.
 At the end: the plan is done, every replica of a shard applied the same offset, the
-new site's status and log say it bootstrapped, and the history check passes for the
-shards the new site holds (a subscriber on a site without a replica of a shard gets
-none of it: the commit feed to such sites is not built yet, README)."""
+new site's status and log say it bootstrapped, and the history check passes for every
+shard: the new site's subscriber gets the messages of the shards it holds no replica of
+through the commit feed and reads at a replica (docs/replication.md, "Every site sees
+every shard")."""
 
 from __future__ import annotations
 

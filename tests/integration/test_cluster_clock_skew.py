@@ -1,5 +1,5 @@
 """A site whose wall clock is off (issue 22, "cross-site deadlines compare wall clocks
-with no skew check"; docs/architecture.md "Replication").
+with no skew check"; docs/replication.md, "Clock skew").
 
 Three sites, one of them run under libfaketime (Debian's `faketime` package) with its
 wall clock ahead of the others' (its monotonic clock left alone). A forwarded write

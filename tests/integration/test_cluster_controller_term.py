@@ -1,5 +1,5 @@
 """Two controllers on different data folders over the same sites (issue 22, the
-controller term; docs/architecture.md, "Replication").
+controller term; docs/replication.md, "The controller").
 
 Three sites and a controller A; a second controller B is started later from a copy
 of A's folder (a backup restored beside the running one, or an operator's mistake).

@@ -1,5 +1,5 @@
-"""Fault injection with real processes (issue 22, "Tests"; docs/architecture.md
-"Replication", "Guarantees" 1, 2).
+"""Fault injection with real processes (issue 22, "Tests"; docs/replication.md,
+"Tested under faults"; docs/architecture.md, "Guarantees" 1, 2).
 
 Each test runs real `stratamq` site processes and the controller, publishers of
 numbered QoS 1 and QoS 2 messages and durable subscribers recording into a `History`,

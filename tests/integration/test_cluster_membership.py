@@ -1,5 +1,5 @@
-"""Membership changes lose nothing acknowledged (issue 22, defect 1; docs/architecture.md
-"Replication").
+"""Membership changes lose nothing acknowledged (issue 22, defect 1; docs/replication.md,
+"Rounds and decisions").
 
 Five sites and a controller, replication factor 5, one shard. The shard's leader is
 cut from the two replicas that a lower replication factor keeps (their peer traffic

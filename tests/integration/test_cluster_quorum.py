@@ -1,5 +1,5 @@
 """A leader cut off from its peers but not from the controller (issue 22, defect 3;
-docs/architecture.md "Replication").
+docs/replication.md, "Failure seen in the data plane").
 
 Three sites and the controller, each in its own network namespace or, without them
 (and here too, forced, as the `proxy` variant), behind the partition proxies

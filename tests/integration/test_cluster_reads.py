@@ -1,5 +1,5 @@
 """A deposed leader answers no reads (issue 22, "a deposed leader answers reads";
-docs/architecture.md "Replication", read barrier).
+docs/replication.md, "Key-value reads and the read index").
 
 Three sites and the controller behind the partition proxies (tests/support/netns.py).
 The leader of the one `retained` shard is cut off from the other sites and from the

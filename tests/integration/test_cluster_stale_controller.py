@@ -1,5 +1,5 @@
 """A controller restarted from an older copy of its data folder (issue 22, defect 2;
-docs/architecture.md, "Replication").
+docs/replication.md, "A controller behind the sites").
 
 Three sites, replication factor 3, and a controller whose folder is copied (the
 backup); the placement then moves on (the site leading a messages shard is killed,

@@ -1,4 +1,5 @@
-"""Transitions under load (issue 7, "Tests (real processes)"; docs/architecture.md "Replication").
+"""Transitions under load (issue 7, "Tests (real processes)"; docs/replication.md,
+"The controller").
 
 Three sites and a controller, replication factor 3, four shards. Publishers on sites 0
 and 1 stream numbered QoS 1 and QoS 2 messages, durable subscribers (clean start

@@ -1,8 +1,8 @@
-"""A durable session belongs to the user who made it; another user cannot resume it
-or take it over (docs/architecture.md, "Session ownership" and guarantee 5). A CONNECT by another
-authenticated user with the session's client id is refused with CONNACK 0x87 (MQTT 5)
-or return code 5 (MQTT 3.1.1); the owner's session, its connection when online and
-its queued messages are untouched, and the owner can still resume it."""
+"""A durable session belongs to the user who made it; another user cannot resume it or take
+it over (docs/replication.md, "Session ownership"; docs/architecture.md, guarantee 5). A
+CONNECT by another authenticated user with the session's client id is refused with
+CONNACK 0x87 (MQTT 5) or return code 5 (MQTT 3.1.1); the owner's session, its connection
+when online and its queued messages are untouched, and the owner can still resume it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replication of the durable storage across sites (docs/architecture.md, "Replication").
+"""Replication of the durable storage across sites (docs/replication.md).
 
 The placement data model (`placement`), the pure planner that the local cluster
 controller and the Kubernetes operator share (`planner`), the site's on-disk copy of

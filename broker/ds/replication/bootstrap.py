@@ -1,7 +1,8 @@
-"""Replica bootstrap from a checkpoint (docs/architecture.md, "Replication"): a replica that
-needs log entries its leader has trimmed (or that is new to a big shard) gets a
-consistent RocksDB checkpoint of that one shard from the leader, installs it in
-place of its own shard and then reads the log from where the checkpoint was taken.
+"""Replica bootstrap from a checkpoint (docs/replication.md, "Log trimming and replica
+bootstrap"): a replica that needs log entries its leader has trimmed (or that is new to
+a big shard) gets a consistent RocksDB checkpoint of that one shard from the leader,
+installs it in place of its own shard and then reads the log from where the checkpoint
+was taken.
 
 The leader asks (its sender to that follower meets `BootstrapNeededError`): it posts
 `/peer/v1/bootstraps/{db}/{shard}` to the follower with its own peer address and its

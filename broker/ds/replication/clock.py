@@ -1,5 +1,5 @@
 """How far each peer's wall clock is from this site's, estimated from the peer port's
-answers (docs/architecture.md "Replication", clock skew).
+answers (docs/replication.md, "Clock skew").
 
 Every answer of a peer port carries the peer's wall clock when it answered
 (`TIME_HEADER`, seconds). With this site's wall clock when the request left (t0) and

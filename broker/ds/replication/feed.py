@@ -1,4 +1,4 @@
-"""The commit feed to sites that hold no replica of a shard (docs/architecture.md,
+"""The commit feed to sites that hold no replica of a shard (docs/replication.md,
 "Every site sees every shard": every committed batch is fanned out by the shard
 leader to the sites that have subscribers).
 

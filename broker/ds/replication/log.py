@@ -5,7 +5,7 @@ leader epoch; followers append what they fetch from it. An entry is applied to t
 shard's data only once committed (held durably by a majority of the replica set, see
 `commit.py`), so an entry that a new leader does not have can be cut off a follower's
 log without anything to undo. Like Raft's log, minus elections: the controller picks
-leaders and bumps epochs (docs/architecture.md, "Replication").
+leaders and bumps epochs (docs/replication.md, "The shard log").
 
 On disk: one raw-mode RocksDB per shard log, every write synced. Keys are the offsets
 (8 bytes, big-endian, so RocksDB keeps them in order); values are the entry's epoch

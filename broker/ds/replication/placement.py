@@ -1,4 +1,4 @@
-"""Placement: where every shard of every database lives (docs/architecture.md, "Replication").
+"""Placement: where every shard of every database lives (docs/replication.md).
 
 For each (database, shard): the replica set (site ids), the leader and the leader
 epoch; the whole-cluster document carries a version number so that sites keep the

@@ -1,6 +1,6 @@
 """The replication planner: pure functions from (sites, databases, current placement)
 to a target placement and the ordered steps that reach it, and the choice of a new
-leader when one is lost (docs/architecture.md, "Replication"). No I/O: the local cluster
+leader when one is lost (docs/replication.md). No I/O: the local cluster
 supervisor and the Kubernetes operator both call it and execute its answer.
 
 Planning, per database:

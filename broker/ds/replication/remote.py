@@ -1,6 +1,6 @@
-"""Reads of the shards this site holds no replica of (docs/architecture.md, "Replication":
-iterators are portable bytes; a session reads a stream here when this site holds a
-replica, else at a site that does, the leader first).
+"""Reads of the shards this site holds no replica of (docs/replication.md,
+"Every site sees every shard": iterators are portable bytes; a session reads a stream
+here when this site holds a replica, else at a site that does, the leader first).
 
 Stream discovery (`get_streams`, `make_iterator`) stays synchronous: it walks a
 mirror of a replica's learned tries, refreshed in the background and whenever a

@@ -1,5 +1,5 @@
 """One shard of a database on one site: its log, its role under the placement, and
-the loops of that role (docs/architecture.md, "Replication").
+the loops of that role (docs/replication.md, "In a running site").
 
 - Every replica runs an applier: committed log entries are applied to the shard's
   data in log order, each recording its offset as applied in the same RocksDB write.

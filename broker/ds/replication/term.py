@@ -1,5 +1,5 @@
 """The controller term: a fencing token that lets the sites themselves refuse a second
-or a stale controller (docs/architecture.md, "The controller").
+or a stale controller (docs/replication.md, "The controller").
 
 A term is a pair (number, controller id), ordered as a pair. A controller takes a
 term when it starts, above every term the sites it reaches report, stamps every
