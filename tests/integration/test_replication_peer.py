@@ -10,8 +10,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
-from stratamq.broker.ds.replication import Leadership, Position, ShardLog, StaleEpochError
+from stratamq.broker.ds.replication import Leadership, Position, ShardLog, StaleEpochError, wire
+from stratamq.broker.ds.replication.leader import AppendRequest
 from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
 from tests.support.harness import HOST, free_port
 
@@ -80,4 +82,34 @@ def test_a_leader_ships_its_log_to_followers_over_the_peer_port(tmp_path: Path) 
             for log in logs.values():
                 log.close()
 
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("body", [
+    b"",  # cut off
+    bytes([wire.VERSION + 1]) + bytes(wire._RESULT.size - 1),  # another protocol version
+], ids=["truncated", "other-version"])
+def test_an_unreadable_append_answer_is_a_peer_error_the_sender_retries(body: bytes) -> None:
+    """A follower answering 200 with what is no append result (another version of the
+    peer protocol, a body cut off) is an error to retry like a refusal, not one that
+    ends the leader's sender for that follower (it raised CorruptDataError, which the
+    sender does not catch: that follower got no append again while the leadership
+    lasted)."""
+    async def scenario() -> None:
+        async def answer(_request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type="application/octet-stream")
+        app = web.Application()
+        app.router.add_post("/peer/v1/logs/{db}/{shard}/append", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, HOST, port).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = PeerClient(session, timeout=2)
+                request = AppendRequest(1, Position(0, 0), [], 0, 0)
+                with pytest.raises(PeerError, match="answered an append"):
+                    await client.append(f"{HOST}:{port}", "messages", 3, request)
+        finally:
+            await runner.cleanup()
     asyncio.run(scenario())

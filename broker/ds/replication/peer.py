@@ -337,7 +337,13 @@ class PeerClient:
                                           timeout=self._timeout) as response:
                 body = await response.read()
                 if response.status == 200:
-                    return decode_result(body)
+                    # Another version of the peer protocol, or a body cut off: an
+                    # answer to retry later like a refusal (the sender goes on).
+                    try:
+                        return decode_result(body)
+                    except CorruptDataError as error:
+                        raise PeerError(f"{address} answered an append to {db}/{shard} "
+                                        f"with no append result: {error}") from error
                 reason = body.decode("utf-8", "replace")
                 if response.status == 409:
                     raise StaleEpochError(f"{address}: {reason}")
