@@ -67,6 +67,7 @@ from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
+from .phases import ADD_PHASES, FINAL_PHASES, REMOVE_PHASES, TransitionPhase
 from .resources import API_VERSION, GROUP, KIND, Owner, labels
 from .status import ReplicationView
 
@@ -238,12 +239,8 @@ def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transit
                      "site": transition.site, "step": step}}
 
 
-ADD_PHASES = ("Pending", "Bootstrapping", "CatchingUp", "Joined", "Done")
-REMOVE_PHASES = ("Pending", "Removing", "Done")
-
-
 def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None],
-                bootstrapping: bool = False) -> list[str]:
+                bootstrapping: bool = False) -> list[TransitionPhase]:
     """The phase of each step of `plan` (the pending one) at `state`: the steps taken
     are Done, except the last one while it is under way (a `+site` Pending until its
     site took the placement, then bootstrapping from a checkpoint while the site says
@@ -253,28 +250,31 @@ def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | No
     try:
         done = len(plan.transitions) - len(plan.remaining(state.placement))
     except PlanError:
-        return ["Pending"] * len(plan.transitions)
+        return [TransitionPhase.PENDING] * len(plan.transitions)
     phases = []
     for number, step in enumerate(plan.transitions):
         if number >= done:
-            phases.append("Pending")
+            phases.append(TransitionPhase.PENDING)
         elif number < done - 1:
-            phases.append("Done")
+            phases.append(TransitionPhase.DONE)
         elif step.action == "add":
             if state.catch_up is None:
-                phases.append("Joined")
+                phases.append(TransitionPhase.JOINED)
             elif (versions.get(step.site) or 0) < state.catch_up.version:
-                phases.append("Pending")  # its site has not taken the placement yet
+                # its site has not taken the placement yet
+                phases.append(TransitionPhase.PENDING)
             else:
-                phases.append("Bootstrapping" if bootstrapping else "CatchingUp")
+                phases.append(TransitionPhase.BOOTSTRAPPING if bootstrapping
+                              else TransitionPhase.CATCHING_UP)
         else:
             behind = any(version is None or version < state.placement.version
                          for version in versions.values())
-            phases.append("Removing" if behind else "Done")
+            phases.append(TransitionPhase.REMOVING if behind else TransitionPhase.DONE)
     return phases
 
 
-def phase_path(action: str, current: str, target: str, bootstrapped: bool) -> list[str]:
+def phase_path(action: str, current: str, target: TransitionPhase,
+               bootstrapped: bool) -> list[TransitionPhase]:
     """The phases a step shows on its way from `current` to `target` (a round may
     find it several phases on: a join that caught up between two rounds went through
     CatchingUp and Joined; Bootstrapping only where its site bootstrapped). Failed,
@@ -282,13 +282,13 @@ def phase_path(action: str, current: str, target: str, bootstrapped: bool) -> li
     if target == current:
         return []
     order = ADD_PHASES if action == "add" else REMOVE_PHASES
-    if target == "Failed" or current not in order or target not in order:
+    if target == TransitionPhase.FAILED or current not in order or target not in order:
         return [target]
     start, end = order.index(current), order.index(target)
     if end < start:
         return [target]
     return [phase for phase in order[start + 1:end]
-            if phase != "Bootstrapping" or bootstrapped] + [target]
+            if phase != TransitionPhase.BOOTSTRAPPING or bootstrapped] + [target]
 
 
 # --- one storage's controller ----------------------------------------------------------
@@ -633,11 +633,11 @@ class StorageController:
                 self._watch_bootstraps(self._plan, state)
             for number, step in enumerate(self._plan.transitions):
                 name = transition_name(self.owner.name, self._plan, number)
-                if self._phases.get(name) not in ("Done", "Failed"):
+                if self._phases.get(name) not in FINAL_PHASES:
                     if finished:
-                        self._set_phase(name, step.action, "Done")
+                        self._set_phase(name, step.action, TransitionPhase.DONE)
                     else:
-                        self._set_phase(name, step.action, "Failed", "Replanned",
+                        self._set_phase(name, step.action, TransitionPhase.FAILED, "Replanned",
                                         "the plan was made again (a failover, or the "
                                         "sites asked for changed)")
             self._plan = None
@@ -651,7 +651,7 @@ class StorageController:
                     log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
                              self.owner.name, manifest["metadata"]["name"], step)
                 if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
-                    self._write_phase(manifest["metadata"]["name"], "Pending")
+                    self._write_phase(manifest["metadata"]["name"], TransitionPhase.PENDING)
         versions = {site.id: site.placement_version for site in self.sites.values()
                     if site.answered and not is_gone(site, time.monotonic(), self.settings)}
         bootstrapping = self._watch_bootstraps(state.plan, state)
@@ -687,16 +687,18 @@ class StorageController:
         except PlanError:
             return False
 
-    def _set_phase(self, name: str, action: str, phase: str, reason: str = "",
+    def _set_phase(self, name: str, action: str, phase: TransitionPhase, reason: str = "",
                    message: str = "") -> None:
         """Move the step to `phase` through the phases it passed meanwhile."""
-        current = self._phases.get(name, "Pending")
+        current = self._phases.get(name, TransitionPhase.PENDING)
         bootstrapped = name in self._bootstrapped
-        if (bootstrapped and current == "CatchingUp" and phase != "Failed"
+        if (bootstrapped and current == TransitionPhase.CATCHING_UP
+                and phase != TransitionPhase.FAILED
                 and name not in self._showed_bootstrap):
             # Its site began the bootstrap after a round had seen it catching up
             # (the leader decides on it as it ships the first entries).
-            path = ["Bootstrapping", *phase_path(action, "Bootstrapping", phase, True)]
+            path = [TransitionPhase.BOOTSTRAPPING,
+                    *phase_path(action, TransitionPhase.BOOTSTRAPPING, phase, True)]
         else:
             path = phase_path(action, current, phase, bootstrapped)
         for passed in path:
@@ -705,13 +707,15 @@ class StorageController:
             else:
                 self._write_phase(name, passed)
 
-    def _write_phase(self, name: str, phase: str, reason: str = "", message: str = "") -> None:
+    def _write_phase(self, name: str, phase: TransitionPhase, reason: str = "",
+                     message: str = "") -> None:
         if self._phases.get(name) == phase:
             return
         status: dict[str, Any] = {"phase": phase}
-        if phase != "Pending" and self._phases.get(name, "Pending") == "Pending":
+        if (phase != TransitionPhase.PENDING
+                and self._phases.get(name, TransitionPhase.PENDING) == TransitionPhase.PENDING):
             status["startTime"] = utc_now()
-        if phase in ("Done", "Failed"):
+        if phase in FINAL_PHASES:
             status["completionTime"] = utc_now()
         if reason:
             status |= {"reason": reason, "message": message}
@@ -720,7 +724,7 @@ class StorageController:
             log.info("%s/%s: ReplicaTransition %s is %s", self.owner.namespace,
                      self.owner.name, name, phase)
             self._phases[name] = phase
-            if phase == "Bootstrapping":
+            if phase == TransitionPhase.BOOTSTRAPPING:
                 self._showed_bootstrap.add(name)
 
     def known_phases(self, found: list[dict[str, Any]]) -> None:

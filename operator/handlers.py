@@ -37,6 +37,7 @@ from stratamq.broker.http.guard import GuardedListener
 
 from . import controller, kube, metrics, spark
 from .config import admin_port, config_problems
+from .phases import Reason, StoragePhase
 from .resources import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION, Owner, desired_objects
 from .sites import SiteUnreachableError, site_id
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
@@ -189,8 +190,8 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
     if problems:
         # Nothing is applied: running sites keep the config they have.
         message = "the broker would refuse this spec: " + "; ".join(problems)
-        kopf.warn(body, reason="InvalidConfig", message=message)
-        patch["status"] = {"phase": "Failed", "conditions": invalid_conditions(
+        kopf.warn(body, reason=Reason.INVALID_CONFIG, message=message)
+        patch["status"] = {"phase": StoragePhase.FAILED, "conditions": invalid_conditions(
             plain(status).get("conditions", []), message, int(meta.get("generation", 0)),
             now())}
         metrics.RECONCILES.labels("invalid").inc()
@@ -264,8 +265,8 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
         [site for site in new["sites"] if site["ready"]]))
     if new["phase"] != status.get("phase"):
         message = new["conditions"][0]["message"]
-        if new["phase"] == "Degraded":
-            kopf.warn(body, reason="Degraded", message=message)
+        if new["phase"] == StoragePhase.DEGRADED:
+            kopf.warn(body, reason=StoragePhase.DEGRADED, message=message)
         else:
             kopf.info(body, reason=new["phase"], message=message)
 

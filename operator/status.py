@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .kube import PodView
+from .phases import ConditionType, Reason, StoragePhase
 from .resources import site_selector
 
 
@@ -84,7 +85,7 @@ def rolled_out(observed: Observed) -> bool:
             and len(live) == kept)
 
 
-def _condition(type_: str, true: bool, reason: str, message: str, generation: int,
+def _condition(type_: ConditionType, true: bool, reason: Reason, message: str, generation: int,
                previous: dict[str, dict[str, Any]], now: str) -> dict[str, Any]:
     status = "True" if true else "False"
     before = previous.get(type_)
@@ -94,13 +95,14 @@ def _condition(type_: str, true: bool, reason: str, message: str, generation: in
             "observedGeneration": generation, "lastTransitionTime": since}
 
 
-def _replication_conditions(replication: ReplicationView | None) -> tuple[bool, str, str]:
+def _replication_conditions(replication: ReplicationView | None
+                             ) -> tuple[bool, Reason, str]:
     """(Rebalancing, reason, message)."""
     if replication is None or not replication.placed:
-        return False, "NotPlaced", "no placement yet: waiting for the sites"
+        return False, Reason.NOT_PLACED, "no placement yet: waiting for the sites"
     if replication.rebalancing:
-        return True, "PlanRunning", (f"{replication.pending} replica transitions to go")
-    return False, "Balanced", "every database is on the sites asked for"
+        return True, Reason.PLAN_RUNNING, (f"{replication.pending} replica transitions to go")
+    return False, Reason.BALANCED, "every database is on the sites asked for"
 
 
 def _scaling(observed: Observed, live: list[PodView]) -> bool:
@@ -113,7 +115,7 @@ def _scaling(observed: Observed, live: list[PodView]) -> bool:
 
 
 def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
-           live: list[PodView], missing_ids: list[str]) -> tuple[str, str, str]:
+           live: list[PodView], missing_ids: list[str]) -> tuple[StoragePhase, Reason, str]:
     """(phase, reason, message). A planned change in progress (a roll, a scale, a
     plan) is a phase of its own, not Degraded: pods restarting or starting, and shards
     short of a replica while the plan that fixes them runs, are what it does. Degraded
@@ -124,14 +126,15 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
     leaderless = f"{counted}; {replication.leaderless if replication else 0} shards " \
         "without a leader that answers"
     if not done and (observed.stateful_set is None or not placed):
-        return "Pending", "RollingOut", (
+        return StoragePhase.PENDING, Reason.ROLLING_OUT, (
             f"{counted}; the StatefulSet is rolling out (created, scaled or a new config)")
     if replication is not None and placed and replication.leaderless:
-        return "Degraded", "NoLeader", leaderless
+        return StoragePhase.DEGRADED, Reason.NO_LEADER, leaderless
     if not done and _scaling(observed, live):
-        return "Scaling", "Scaling", f"{counted}; the StatefulSet is scaling to them"
+        return (StoragePhase.SCALING, Reason.SCALING,
+                f"{counted}; the StatefulSet is scaling to them")
     if not done:
-        return "Rolling", "RollingOut", (
+        return StoragePhase.ROLLING, Reason.ROLLING_OUT, (
             f"{counted}; a new pod template is rolling through the pods, one at a time")
     if not all_ready:
         starting = [pod.name for pod in live
@@ -139,7 +142,7 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
         if len(starting) == len([pod for pod in live if not pod.ready]) + len(missing_ids):
             # Every pod short of being a site never was one: a scale's new pods
             # starting (or, before the first placement, the first ones).
-            return ("Scaling" if placed else "Pending"), "Scaling", (
+            return (StoragePhase.SCALING if placed else StoragePhase.PENDING), Reason.SCALING, (
                 f"{counted}; new sites starting: " + ", ".join(sorted(starting)))
         message = counted
         not_ready = [pod.name for pod in live if not pod.ready]
@@ -147,26 +150,26 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
             message += "; not ready: " + ", ".join(not_ready)
         if missing_ids:
             message += "; admin API not answering: " + ", ".join(missing_ids)
-        return "Degraded", "SitesNotReady", message
+        return StoragePhase.DEGRADED, Reason.SITES_NOT_READY, message
     if replication is None or not placed:
         why = f" ({replication.waiting})" if replication and replication.waiting else ""
-        return "Pending", "Placing", (
+        return StoragePhase.PENDING, Reason.PLACING, (
             f"{counted}; waiting for the first placement of the shards{why}")
     if replication.under_replicated and not replication.rebalancing:
-        return "Degraded", "UnderReplicated", (
+        return StoragePhase.DEGRADED, Reason.UNDER_REPLICATED, (
             f"{counted}; {replication.under_replicated} shards under-replicated")
     if replication.no_plan:
-        return "Degraded", "NoPlan", f"{counted}; {replication.no_plan}"
+        return StoragePhase.DEGRADED, Reason.NO_PLAN, f"{counted}; {replication.no_plan}"
     if replication.generation < observed.spec_generation:
-        return "Pending", "Planning", (
+        return StoragePhase.PENDING, Reason.PLANNING, (
             f"{counted}; the replication controller has not yet followed "
             f"generation {observed.spec_generation}")
     if replication.rebalancing:
         short = (f", {replication.under_replicated} shards short of a replica until it ends"
                  if replication.under_replicated else "")
-        return "Rebalancing", "PlanRunning", (
+        return StoragePhase.REBALANCING, Reason.PLAN_RUNNING, (
             f"{counted}; {replication.pending} replica transitions to go{short}")
-    return "Ready", "AllSitesReady", f"{counted}; every shard fully replicated"
+    return StoragePhase.READY, Reason.ALL_SITES_READY, f"{counted}; every shard fully replicated"
 
 
 def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]],
@@ -191,12 +194,12 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     rebalancing, rebalance_reason, rebalance_message = _replication_conditions(replication)
     previous = {condition["type"]: condition for condition in previous_conditions}
     conditions = [
-        _condition("Ready", serving, "AllSitesReady" if serving else reason,
+        _condition(ConditionType.READY, serving, Reason.ALL_SITES_READY if serving else reason,
                    message, observed.generation, previous, now),
-        _condition("Degraded", phase == "Degraded", reason, message, observed.generation,
-                   previous, now),
-        _condition("Rebalancing", rebalancing, rebalance_reason, rebalance_message,
+        _condition(ConditionType.DEGRADED, phase == StoragePhase.DEGRADED, reason, message,
                    observed.generation, previous, now),
+        _condition(ConditionType.REBALANCING, rebalancing, rebalance_reason,
+                   rebalance_message, observed.generation, previous, now),
     ]
     status: dict[str, Any] = {
         "phase": phase,
@@ -219,7 +222,5 @@ def invalid_conditions(previous_conditions: list[dict[str, Any]], message: str,
                        generation: int, now: str) -> list[dict[str, Any]]:
     """The conditions of a spec the broker would refuse (phase Failed): not Ready."""
     previous = {condition["type"]: condition for condition in previous_conditions}
-    return [_condition("Ready", False, "InvalidConfig", message, generation, previous, now),
-            _condition("Degraded", False, "InvalidConfig", message, generation, previous, now),
-            _condition("Rebalancing", False, "InvalidConfig", message, generation, previous,
-                       now)]
+    return [_condition(type_, False, Reason.INVALID_CONFIG, message, generation, previous, now)
+            for type_ in ConditionType]

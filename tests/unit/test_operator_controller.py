@@ -23,6 +23,7 @@ from stratamq.operator.controller import (
     transition_manifest,
     transition_name,
 )
+from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.resources import Owner
 
 OWNER = Owner(name="mq", namespace="brokers", uid="u-1")
@@ -133,16 +134,16 @@ def test_transition_objects_are_named_per_plan_and_owned() -> None:
 def test_a_step_shows_the_phases_it_passed_between_two_rounds() -> None:
     # A join seen first when already caught up went through CatchingUp and Joined;
     # through Bootstrapping only where its site bootstrapped.
-    assert phase_path("add", "Pending", "Done", False) == ["CatchingUp", "Joined", "Done"]
-    assert phase_path("add", "Pending", "Joined", True) == ["Bootstrapping", "CatchingUp",
-                                                            "Joined"]
-    assert phase_path("add", "Bootstrapping", "Done", True) == ["CatchingUp", "Joined",
-                                                                "Done"]
-    assert phase_path("add", "CatchingUp", "CatchingUp", True) == []
+    assert phase_path("add", T.PENDING, T.DONE, False) == [T.CATCHING_UP, T.JOINED, T.DONE]
+    assert phase_path("add", T.PENDING, T.JOINED, True) == [T.BOOTSTRAPPING, T.CATCHING_UP,
+                                                            T.JOINED]
+    assert phase_path("add", T.BOOTSTRAPPING, T.DONE, True) == [T.CATCHING_UP, T.JOINED,
+                                                                T.DONE]
+    assert phase_path("add", T.CATCHING_UP, T.CATCHING_UP, True) == []
     # A site bootstrapping again (restarted mid-transfer) goes back as it is.
-    assert phase_path("add", "CatchingUp", "Bootstrapping", True) == ["Bootstrapping"]
-    assert phase_path("remove", "Pending", "Done", False) == ["Removing", "Done"]
-    assert phase_path("add", "CatchingUp", "Failed", False) == ["Failed"]
+    assert phase_path("add", T.CATCHING_UP, T.BOOTSTRAPPING, True) == [T.BOOTSTRAPPING]
+    assert phase_path("remove", T.PENDING, T.DONE, False) == [T.REMOVING, T.DONE]
+    assert phase_path("add", T.CATCHING_UP, T.FAILED, False) == [T.FAILED]
 
 
 def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:

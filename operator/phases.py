@@ -1,0 +1,68 @@
+"""The words the operator writes into status: a DurableStorage's phase, its
+conditions' types and reasons, and a ReplicaTransition's phase. Each is a StrEnum, so
+a member is the very string the API server stores (and compares equal to what a
+status read back holds); the CRDs' enums of phases are checked against these
+(tests/unit/test_operator_phases.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class StoragePhase(StrEnum):
+    """`status.phase` of a DurableStorage (status.py says when each holds)."""
+
+    PENDING = "Pending"
+    ROLLING = "Rolling"
+    SCALING = "Scaling"
+    READY = "Ready"
+    REBALANCING = "Rebalancing"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"  # a spec the broker would refuse
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    REBALANCING = "Rebalancing"
+
+
+class Reason(StrEnum):
+    """Why a storage is in its phase (the Ready and Degraded conditions' reason), and
+    the Rebalancing condition's reasons."""
+
+    ROLLING_OUT = "RollingOut"
+    SCALING = "Scaling"
+    NO_LEADER = "NoLeader"
+    SITES_NOT_READY = "SitesNotReady"
+    PLACING = "Placing"
+    UNDER_REPLICATED = "UnderReplicated"
+    NO_PLAN = "NoPlan"
+    PLANNING = "Planning"
+    PLAN_RUNNING = "PlanRunning"
+    ALL_SITES_READY = "AllSitesReady"
+    INVALID_CONFIG = "InvalidConfig"
+    NOT_PLACED = "NotPlaced"
+    BALANCED = "Balanced"
+
+
+class TransitionPhase(StrEnum):
+    """`status.phase` of a ReplicaTransition: a `+site` step goes Pending,
+    (Bootstrapping,) CatchingUp, Joined, Done; a `-site` step Pending, Removing, Done;
+    either may end Failed (its plan was made again)."""
+
+    PENDING = "Pending"
+    BOOTSTRAPPING = "Bootstrapping"
+    CATCHING_UP = "CatchingUp"
+    JOINED = "Joined"
+    REMOVING = "Removing"
+    DONE = "Done"
+    FAILED = "Failed"
+
+
+# The order in which a step's phases follow each other.
+ADD_PHASES = (TransitionPhase.PENDING, TransitionPhase.BOOTSTRAPPING,
+              TransitionPhase.CATCHING_UP, TransitionPhase.JOINED, TransitionPhase.DONE)
+REMOVE_PHASES = (TransitionPhase.PENDING, TransitionPhase.REMOVING, TransitionPhase.DONE)
+# A step in one of these phases moves no more.
+FINAL_PHASES = (TransitionPhase.DONE, TransitionPhase.FAILED)
