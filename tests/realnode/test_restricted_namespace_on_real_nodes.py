@@ -56,8 +56,7 @@ NOT_STARTED = {"StartError", "ContainerCannotRun", "CreateContainerError",
 
 
 def pod_of(cluster: RealCluster, selector: str) -> dict[str, Any] | None:
-    found = json.loads(cluster.plane.kubectl(
-        "get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
+    found = pods_of(cluster, selector)
     return found[0] if found else None
 
 
@@ -77,10 +76,26 @@ def admitted(cluster: RealCluster, selector: str) -> Callable[[], bool]:
     return lambda: pod_of(cluster, selector) is not None
 
 
+def pods_of(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(cluster.plane.kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
+    return found
+
+
 def has_started(cluster: RealCluster, selector: str) -> Callable[[], bool]:
+    """Whether a container of one of the pods `selector` picks was run."""
+    return lambda: any(started(pod) for pod in pods_of(cluster, selector))
+
+
+def said_why(cluster: RealCluster, selector: str) -> Callable[[], bool]:
+    """Whether one of the pods `selector` picks logged an `error:` line."""
     def check() -> bool:
-        pod = pod_of(cluster, selector)
-        return pod is not None and started(pod)
+        for pod in pods_of(cluster, selector):
+            log = cluster.plane.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"],
+                                        check=False)
+            if "error:" in log.stdout + log.stderr:
+                return True
+        return False
     return check
 
 
@@ -178,11 +193,11 @@ def test_a_restricted_namespace_admits_and_runs_every_pod(real_cluster: RealClus
                             timeout=TIMEOUT, explain=lambda: explain(cluster))
             assert seen == {**CONFINED, "read_only_root": True}, (what, seen)
             print(f"\n{what}: {seen}")
-        # The hook ran (and said why it could not go on: no API server in reach).
-        hook = pod_of(cluster, selectors["uninstall hook"])
-        assert hook is not None
-        log = kubectl("logs", "-n", NAMESPACE, hook["metadata"]["name"], check=False)
-        assert "error:" in log.stdout + log.stderr, log.stdout + log.stderr
+        # The hook ran (and said why it could not go on: no API server in reach). Its
+        # Job makes a second pod after the first failed, which may not have run yet.
+        wait_for("the hook's error in the log of one of its pods",
+                 said_why(cluster, selectors["uninstall hook"]), timeout=TIMEOUT,
+                 explain=lambda: explain(cluster))
         spark = pod_of(cluster, selectors["spark gc"])
         assert spark is not None and spark["spec"]["securityContext"]["seccompProfile"] == {
             "type": "RuntimeDefault"}
