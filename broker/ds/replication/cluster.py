@@ -530,10 +530,9 @@ class SiteReplication:
 
     async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
         """The shard's leader asks this site to bootstrap its replica from it (refused
-        with 409 when this replica has seen a newer epoch than the leader's). With
-        `progress`, the answer is a line of progress every PROGRESS_EVERY, then one
-        with the outcome (the leader waits as long as lines come); without (a leader
-        of an older version), the outcome alone."""
+        with 409 when this replica has seen a newer epoch than the leader's). The
+        answer is a line of progress every PROGRESS_EVERY, then one with the outcome
+        (the leader waits as long as lines come)."""
         found = self._replica_of(http)
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
@@ -560,9 +559,6 @@ class SiteReplication:
             return web.json_response({"error": "stale_epoch", "message": error.message},
                                      status=409)
         bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source, epoch))
-        if document.get("progress") is not True:
-            return web.json_response(await _outcome(bootstrapping),
-                                     status=200 if bootstrapping.exception() is None else 503)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         try:
             await response.prepare(http)
