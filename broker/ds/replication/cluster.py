@@ -378,9 +378,10 @@ class SiteReplication:
         another placement, newer or different under the same version, and the
         controller must adopt it rather than believe its own. A higher term is kept
         even when its placement is refused. PlacementError when it does not parse.
-        `forgotten_value`: the sites forgotten for good (None: not told, from a
-        controller before they were); `term_value`: the pushing controller's term
-        (None: term 0, a controller older than terms)."""
+        `forgotten_value`: the sites forgotten for good (None: not told, as in a
+        placement pushed by hand: the sites kept as forgotten stay so); `term_value`:
+        the pushing controller's term (None: term 0, a placement pushed by hand where
+        no controller runs; refused once a controller has taken a term)."""
         placement = Placement.from_dict(document)
         peers = parse_peers(peers_value)
         forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
