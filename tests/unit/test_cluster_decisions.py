@@ -96,17 +96,23 @@ def test_reports_are_checked() -> None:
     entry: dict[str, Any] = {"db": DB, "shard": 0, "role": "none", "epoch": 0,
                              "last": [0, 0], "committed": 0, "applied": 0}
     good: dict[str, Any] = {"site": "A", "peer": "127.0.0.1:18084",
-                            "placement_version": None, "shards": [entry]}
+                            "placement_version": None, "shards": [entry],
+                            "stopping": False, "heartbeat_interval": 0.5,
+                            "controller_term": [0, ""]}
     report = parse_report(good)
     assert report.shards[(DB, 0)] == ShardReport("none", 0, (0, 0), 0, 0)
-    assert not report.stopping  # absent: an older site, or one not stopping
+    assert not report.stopping
     assert parse_report({**good, "stopping": True}).stopping
-    assert report.heartbeat_interval is None  # absent from older sites, as quorum_age
-    newer = parse_report({**good, "heartbeat_interval": 0.5,
-                          "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
-    assert newer.heartbeat_interval == 0.5 and newer.shards[(DB, 0)].quorum_age == 1.25
-    for broken in ({**good, "site": "a b"}, {**good, "shards": {}},
+    assert report.heartbeat_interval == 0.5 and report.term == NO_TERM
+    leading = parse_report({**good, "controller_term": [2, "k"],
+                            "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
+    assert leading.term == ControllerTerm(2, "k")
+    assert leading.shards[(DB, 0)].quorum_age == 1.25
+    missing = [{key: value for key, value in good.items() if key != name}
+               for name in ("stopping", "heartbeat_interval", "controller_term")]
+    for broken in (*missing, {**good, "site": "a b"}, {**good, "shards": {}},
                    {**good, "stopping": "yes"}, {**good, "heartbeat_interval": "1s"},
+                   {**good, "controller_term": [1]},
                    {**good, "shards": [{**entry, "quorum_age": -1}]},
                    {**good, "shards": [{**entry, "quorum_age": float("nan")}]},
                    {**good, "shards": [{**entry, "role": "boss"}]},
