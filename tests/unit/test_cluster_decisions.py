@@ -31,6 +31,7 @@ from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (
     ClusterNotReadyError,
+    CorruptDataError,
     LastReplicaError,
     NotEnoughSitesError,
     SiteStateError,
@@ -489,6 +490,17 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     again, _, forgotten, term = StateFiles(tmp_path).load()
     assert forgotten == set() and term == NO_TERM
     assert again.plan is None and again.placement == final.placement
+
+
+@pytest.mark.parametrize("left_out", ["sites", "goals", "forgotten", "term"])
+def test_a_cluster_file_without_a_field_is_damaged(tmp_path: Path, left_out: str) -> None:
+    StateFiles(tmp_path).save(placed("ABC"), [KnownSite("A", "http://A", None)])
+    path = tmp_path / "cluster.json"
+    document = json.loads(path.read_text())
+    del document[left_out]
+    path.write_text(json.dumps(document))
+    with pytest.raises(CorruptDataError, match="damaged"):
+        StateFiles(tmp_path).load()
 
 
 # --- requests ---------------------------------------------------------------------------
