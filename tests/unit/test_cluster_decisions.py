@@ -562,8 +562,9 @@ def test_leaving_a_site_drains_it() -> None:
 
 
 def test_databases_not_placed_yet_are_placed_beside_the_kept_ones() -> None:
-    """A placement made when only `messages` was replicated keeps its shards; the
-    key-value databases get theirs in the next version."""
+    """A placement of `messages` alone (one pushed by hand, which a controller
+    adopts) keeps its shards; the key-value databases get theirs in the next
+    version."""
     state = placed()
     every = replace(SETTINGS, databases=("messages", "sessions", "retained"))
     reports = {}
