@@ -298,7 +298,9 @@ class AdminServer:
     async def _placement(self, request: web.Request) -> web.Response:
         """Take a placement pushed by the controller: body `{"placement": document,
         "peers": {site: "host:port"}, "forgotten": [site, ...], "term": [number,
-        "controller id"]}` (`forgotten`, `term`: optional; no term is term 0)."""
+        "controller id"]}`. The controller and the operator send every field; a push
+        by hand, where no controller runs, may leave out `forgotten` (not told) and
+        `term` (term 0)."""
         replication = self._replication()
         body = await json_body(request)
         if "placement" not in body or "peers" not in body:

@@ -294,8 +294,7 @@ class Controller:
         if newer is not None:
             self._step_aside(newer)
             return False
-        # a site older than terms (None) fences no one: it counts as holding it
-        holding = {site for site in answered if self.sites[site].term in (self.term, None)}
+        holding = {site for site in answered if self.sites[site].term == self.term}
         behind = sorted(answered - holding)
         claims = await asyncio.gather(*(self._claim(self.sites[site]) for site in behind))
         if self.fenced_by is not None:

@@ -174,8 +174,10 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
         return Decision(state, (f"waiting for sites: {len(up)} up, replication factor "
                                 f"{settings.replication_factor}, {settings.expected_sites} "
                                 f"expected",))
-    # Only the databases not placed yet: a placement made before a database was
-    # replicated keeps its shards, and the new database's are placed beside them.
+    # Only the databases not placed yet: all of them, unless the placement was
+    # adopted from sites that were given one by hand without some database; its
+    # shards are kept (planning them too would check their replicas against the
+    # sites up now), and the missing database's are placed beside them.
     missing = [database for database in settings.databases
                if database not in set(state.placement.databases())]
     first = plan([Site(site) for site in up], missing, settings.n_shards,

@@ -26,8 +26,8 @@ class ShardReport:
     """One shard as a site reports it: its role, the epoch it knows, where its log
     ends (`last`, (epoch, offset)), the committed offset it knows, and how far it has
     applied committed entries to its storage. `quorum_age`, from the shard's leader
-    only: seconds since a majority of its replicas last answered it (None elsewhere,
-    and from sites older than it)."""
+    only: seconds since a majority of its replicas last answered it (None
+    elsewhere)."""
 
     role: str
     epoch: int
@@ -46,11 +46,11 @@ class Report:
     placement_version: int | None
     shards: Mapping[ShardId, ShardReport]
     # at a graceful stop: it waits for its shards' leaderships to go elsewhere
-    stopping: bool = False
-    # seconds between an idle leader's heartbeats to its followers (None: not told)
-    heartbeat_interval: float | None = None
-    # the highest controller term the site has seen (None: a site older than terms)
-    term: ControllerTerm | None = None
+    stopping: bool
+    # seconds between an idle leader's heartbeats to its followers
+    heartbeat_interval: float
+    # the highest controller term the site has seen
+    term: ControllerTerm
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ class SiteState:
     """A site the controller knows. `last_seen` is the controller's monotonic clock
     at the last answer (for a site known from disk, at the controller's start, so that
     a restarted controller gives it the same grace as a site that just answered);
-    `answered` says whether it has answered since the controller started."""
+    `answered` says whether it has answered since the controller started. Until it
+    has, what it reports (`peer`, `placement_version`, `shards`, `stopping`,
+    `heartbeat_interval`, `term`) is not known: None or empty."""
 
     id: str
     admin_url: str
@@ -125,13 +127,17 @@ def parse_report(document: Any) -> Report:
         version = document.get("placement_version")
         if version is not None:
             version = _count(version, "placement_version")
-        stopping = document.get("stopping", False)  # absent from older sites
+        stopping = document.get("stopping")
         if not isinstance(stopping, bool):
             raise BadReportError(f"stopping: {stopping!r} is not true or false")
         heartbeat_interval = _seconds(document.get("heartbeat_interval"),
-                                      "heartbeat_interval")  # absent from older sites
-        term_value = document.get("controller_term")  # absent from older sites
-        term = None if term_value is None else parse_term(term_value, "controller_term")
+                                      "heartbeat_interval")
+        if heartbeat_interval is None:
+            raise BadReportError("heartbeat_interval: missing")
+        term_value = document.get("controller_term")
+        if term_value is None:
+            raise BadReportError("controller_term: missing")
+        term = parse_term(term_value, "controller_term")
         entries = document.get("shards")
         if not isinstance(entries, list):
             raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")

@@ -143,11 +143,8 @@ class StateFiles:
                      for entry in document["sites"]]
             goals = {check_database(database): tuple(check_site_id(site) for site in goal)
                      for database, goal in document["goals"].items()}
-            # absent from the files of a controller before forgotten sites were kept
-            forgotten = frozenset(check_site_id(site)
-                                  for site in document.get("forgotten", []))
-            # absent from the files of a controller before terms
-            term = parse_term(document.get("term"))
+            forgotten = frozenset(check_site_id(site) for site in document["forgotten"])
+            term = parse_term(document["term"])
         except (PlacementError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptDataError(f"{self.cluster_path}: damaged ({exc})") from exc
         return sites, goals, forgotten, term

@@ -44,7 +44,7 @@ class Broker:
         messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
         options = messages.options
         self.shared_positions = SharedPositions(
-            self.dispatcher, store, storage.site_id, storage.data_dir, messages.executor,
+            self.dispatcher, store, storage.site_id,
             options.longest_retention_period or options.message_retention_period,
             load_wait=storage_timeout)
         self.registry.groups_kept_for = self.shared_positions.kept_for

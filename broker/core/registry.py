@@ -231,7 +231,7 @@ class SessionRegistry:
             session = self._new_session(client_id, expiry_interval, durable)
             if ended is not None and not clean_start:
                 # its parts are still stored: the first save deletes them
-                session.stored_parts = ended.stored_parts()
+                session.stored_parts = ended.as_parts()
             session.set_owner(username)
             if epoch is not None:
                 session.owner_epoch = epoch
@@ -541,7 +541,7 @@ class SessionRegistry:
             return 0
         if epoch is not None:  # adopted here, maybe
             record.owner_epoch = epoch
-        stored = record.stored_parts()
+        stored = record.as_parts()
         if record.disconnected_at is None:
             # It was connected when its site stopped without saying goodbye: its expiry
             # (and will delay) count from now, when the site is back (or adopted it).

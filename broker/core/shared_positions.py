@@ -19,8 +19,7 @@ with its group unstored; if the load fails or takes longer than `load_wait`, so 
 the SUBSCRIBE (its connection ends, the client tries again).
 
 A record older than `keep_for` (the longest retention: storage holds nothing older to
-read) is not used. A site of the previous version kept its groups in
-`<data_dir>/shared-groups.json`: it is read once, and removed after the first save."""
+read) is not used."""
 
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ import json
 import logging
 import time
 from collections.abc import Collection
-from concurrent.futures import Executor
-from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptDataError, StorageTimeoutError, StratamqError
@@ -40,13 +37,12 @@ from .dispatch import AbsentGroup, Dispatcher
 
 log = logging.getLogger(__name__)
 
-OLD_FILE_NAME = "shared-groups.json"
 FORMAT = 1
 SAVE_INTERVAL = 1.0
 
 
 def _group(entry: Any) -> AbsentGroup:
-    """A group as encoded in a record or the old file (raises on a bad entry)."""
+    """A group as encoded in a record (raises on a bad entry)."""
     return AbsentGroup({int(shard): int(at) for shard, at in entry["since"].items()},
                        {str(client) for client in entry["away"]})
 
@@ -69,35 +65,18 @@ def decode(raw: bytes) -> tuple[AbsentGroup, float]:
         raise CorruptDataError(f"shared group record: {exc}") from exc
 
 
-def decode_old_file(text: str) -> tuple[dict[str, AbsentGroup], float]:
-    """The groups of a `shared-groups.json` of the previous version, and when it was
-    saved; CorruptDataError when the text is not such a file."""
-    try:
-        found: Any = json.loads(text)
-        if found.get("format") != FORMAT:
-            raise ValueError(f"unknown format {found.get('format')!r}")
-        groups = {str(key): _group(entry) for key, entry in found["groups"].items()}
-        return groups, float(found["saved_at"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptDataError(f"{OLD_FILE_NAME}: {exc}") from exc
-
-
 class SharedPositions:
     def __init__(self, dispatcher: Dispatcher, store: SessionStore, site: str,
-                 data_dir: Path, executor: Executor, keep_for: float,
-                 load_wait: float) -> None:
+                 keep_for: float, load_wait: float) -> None:
         self._dispatcher = dispatcher
         self._store = store
         self._site = site
-        self._old_file = data_dir / OLD_FILE_NAME
-        self._executor = executor
         self._keep_for = keep_for
         self._load_wait = load_wait
         self._saver: asyncio.Task[None] | None = None
         # per group key: what is stored (without its time; "" for a record found at
         # start and not written since) and when it was written
         self._stored: dict[str, tuple[str, float]] = {}
-        self._old_file_found = False
         self._loaded = False
         # the load under way (one at a time, shared by whoever waits for it)
         self._loading: asyncio.Task[None] | None = None
@@ -108,7 +87,7 @@ class SharedPositions:
         """Give the dispatcher the groups this site kept when it stopped. A damaged
         record is logged and left out (its group starts from the live feed), never
         fatal; so is a client whose session another site owns now."""
-        groups = await self._load_old_file()
+        groups: dict[str, AbsentGroup] = {}
         for group_key, raw in (await self._store.groups_kept_by(self._site)).items():
             self._stored[group_key] = ("", 0.0)  # rewritten, or deleted, at the first save
             try:
@@ -126,21 +105,6 @@ class SharedPositions:
         self._loaded = True
         if groups:
             log.info("shared groups kept for their members: %s", ", ".join(sorted(groups)))
-
-    async def _load_old_file(self) -> dict[str, AbsentGroup]:
-        loop = asyncio.get_running_loop()
-        try:
-            text = await loop.run_in_executor(self._executor, self._old_file.read_text)
-        except FileNotFoundError:
-            return {}
-        self._old_file_found = True
-        try:
-            groups, saved_at = decode_old_file(text)
-        except CorruptDataError as exc:
-            log.error("shared groups' positions not read (the groups start from the live "
-                      "feed): %s", exc.message)
-            return {}
-        return groups if time.time() - saved_at <= self._keep_for else {}
 
     async def _owned_here(self, client_id: str) -> bool:
         if not self._store.fenced:
@@ -227,10 +191,6 @@ class SharedPositions:
             writes += [self._delete(group_key) for group_key in self._stored
                        if group_key not in kept]
             await asyncio.gather(*writes)
-            if self._old_file_found:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, lambda: self._old_file.unlink(missing_ok=True))
-                self._old_file_found = False
 
     async def save_joined(self, group_keys: Collection[str]) -> None:
         """Write the records of these groups now where they changed: a member whose

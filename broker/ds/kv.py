@@ -10,25 +10,16 @@ replica of is read here past a read barrier, any other at a replica elsewhere.""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
-from rocksdict import Rdict, WriteBatch, WriteOptions
-
 from ..errors import ConfigError
-from .database import META_FILE, Database, shard_of
+from .database import Database, shard_of
 from .fence import FENCE_PREFIX, Fence, fence_key, stored_epoch, stored_owner
 from .options import DbOptions
-from .rocks import as_bytes, raw_options
-from .shard import RECORD_PREFIX
 
-log = logging.getLogger(__name__)
-
-# Outside the record prefix, so no record can clash with it.
-_MIGRATED_KEY = b"kv-format-migrated"
 # Entries read from storage per call by a scan.
 SCAN_PAGE = 1000
 
@@ -43,8 +34,6 @@ class KvDatabase:
                    executor: Executor, site_id: str = "") -> KvDatabase:
         if n_shards < 1:
             raise ConfigError(f"database {name!r}: n_shards must be at least 1")
-        await asyncio.get_running_loop().run_in_executor(
-            executor, migrate_direct_kv, data_dir / name, n_shards)
         options = DbOptions(n_shards=n_shards, sync_writes=sync_writes, key_value=True)
         return cls(await Database.open(name, data_dir, options, executor, site_id))
 
@@ -130,34 +119,3 @@ class KvDatabase:
     async def close(self) -> None:
         await self.database.close()
 
-
-def migrate_direct_kv(path: Path, n_shards: int) -> None:
-    """Move a key-value database written before the shard log (plain keys in each
-    shard's RocksDB, no `db.json`) under the record prefix, so its data stays
-    readable. Runs once: afterwards `db.json` exists. Blocking."""
-    if (path / META_FILE).exists() or not path.is_dir():
-        return
-    for shard_id in range(n_shards):
-        shard_path = path / str(shard_id)
-        if not (shard_path / "CURRENT").exists():
-            continue
-        rdict = Rdict(str(shard_path), raw_options())
-        try:
-            if rdict.get(_MIGRATED_KEY) is not None:  # moved before a crash
-                continue
-            batch = WriteBatch(raw_mode=True)
-            # in the same atomic batch, so a crash never moves a key twice
-            batch.put(_MIGRATED_KEY, b"1")
-            moved = 0
-            for key, value in rdict.items():
-                raw_key = as_bytes(key)
-                batch.put(RECORD_PREFIX + raw_key, as_bytes(value))
-                batch.delete(raw_key)
-                moved += 1
-            options = WriteOptions()
-            options.sync = True
-            rdict.write(batch, options)
-        finally:
-            rdict.close()
-        log.info("%s: moved %d keys of the old key-value format into records", shard_path,
-                 moved)

@@ -3,8 +3,7 @@
 A session is stored as a head (its scalars, wills and in-flight packet ids) and one
 part per subscription, cursor and finished cursor (`SessionStore` keys them), so a
 change writes the head and the parts that changed (`changed_names`), not the whole
-session. `SessionRecord.to_json`/`from_json` are the form of the previous version,
-one whole record, still read (`whole`) and rewritten as parts on the next save."""
+session."""
 
 from __future__ import annotations
 
@@ -103,9 +102,6 @@ class SessionRecord:
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0
     username: str | None = None  # who made it: only they may resume it
-    # Read from one whole record (the previous version's form, `from_json`): none of
-    # its parts are stored as parts yet. Not persisted.
-    whole: bool = False
 
     def expired(self, now: float) -> bool:
         return self.disconnected_at is not None and \
@@ -118,11 +114,6 @@ class SessionRecord:
                             for subscription in self.subscriptions},
                            self.cursors, dict.fromkeys(self.done, True))
 
-    def stored_parts(self) -> StoredParts:
-        """The parts of a record read from storage that are stored as parts: its
-        own (`as_parts`), or none for a `whole` record."""
-        return StoredParts() if self.whole else self.as_parts()
-
     def head_to_json(self) -> bytes:
         """Everything but the parts (built field by field: `asdict` would copy every
         subscription and cursor too)."""
@@ -133,33 +124,18 @@ class SessionRecord:
             "owner_epoch": self.owner_epoch, "username": self.username,
         }, separators=(",", ":")).encode()
 
-    def to_json(self) -> bytes:
-        """The whole record, the previous version's stored form."""
-        data = asdict(self)
-        del data["whole"]
-        data["will"] = _will_to_json(self.will)
-        return json.dumps(data, separators=(",", ":")).encode()
-
     @classmethod
-    def from_json(cls, raw: bytes) -> SessionRecord:
-        """A stored head (`head_to_json`: the parts are left empty, for the caller to
-        fill in), or a whole record of the previous version (`to_json`: `whole`)."""
+    def head_from_json(cls, raw: bytes) -> SessionRecord:
+        """A stored head (`head_to_json`): the parts are left empty, for the caller to
+        fill in."""
         data = json.loads(raw)
-        if "subscriptions" not in data:
-            return cls(
-                client_id=str(data["client_id"]),
-                expiry_interval=int(data["expiry_interval"]),
-                pubrel_pending=[int(packet_id) for packet_id in data["pubrel_pending"]],
-                resend=_resend_from_json(data["resend"]), will=_will_from_json(data["will"]),
-                disconnected_at=data["disconnected_at"], owner_epoch=int(data["owner_epoch"]),
-                username=data["username"])
-        will = data.pop("will")
-        data.pop("whole", None)
         return cls(
-            subscriptions=[Subscription(**s) for s in data.pop("subscriptions")],
-            cursors={k: CursorState(**v) for k, v in data.pop("cursors").items()},
-            resend=_resend_from_json(data.pop("resend", [])),
-            will=_will_from_json(will), whole=True, **data)
+            client_id=str(data["client_id"]),
+            expiry_interval=int(data["expiry_interval"]),
+            pubrel_pending=[int(packet_id) for packet_id in data["pubrel_pending"]],
+            resend=_resend_from_json(data["resend"]), will=_will_from_json(data["will"]),
+            disconnected_at=data["disconnected_at"], owner_epoch=int(data["owner_epoch"]),
+            username=data["username"])
 
 
 @dataclass(slots=True)

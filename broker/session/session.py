@@ -214,7 +214,7 @@ class Session:
         # copies: the cursors move on from them, and the record's are the stored parts
         self._restored_cursors = {key: CursorState(state.position, list(state.done_above))
                                   for key, state in record.cursors.items()}
-        self.stored_parts = record.stored_parts()
+        self.stored_parts = record.as_parts()
         self._done_cursors = set(record.done)
         self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
         self._reserved_ids = set(self._resend.values())

@@ -18,8 +18,7 @@ A save writes the head and only the parts that differ from those known to be sto
 (`StoredParts`), with the deletes of the parts gone, in one atomic batch under the
 head's fence: a SUBSCRIBE on a session of 1,000 subscriptions writes one part, not
 1,000. Parts are absolute values, never increments, so writing one again (after a
-write whose outcome is unknown) is harmless. A whole record of the previous version
-is read as it is (`SessionRecord.whole`) and replaced by parts on its next save."""
+write whose outcome is unknown) is harmless."""
 
 from __future__ import annotations
 
@@ -136,12 +135,11 @@ class SessionStore:
         raw = await self._sessions_db.get(client_id, _session_key(client_id))
         if raw is None:
             return None
-        record = SessionRecord.from_json(raw)
-        if not record.whole:
-            parts = await self._read_parts(client_id)
-            record.subscriptions = list(parts.subscriptions.values())
-            record.cursors = parts.cursors
-            record.done = list(parts.done)
+        record = SessionRecord.head_from_json(raw)
+        parts = await self._read_parts(client_id)
+        record.subscriptions = list(parts.subscriptions.values())
+        record.cursors = parts.cursors
+        record.done = list(parts.done)
         return record
 
     async def _read_parts(self, client_id: str) -> StoredParts:

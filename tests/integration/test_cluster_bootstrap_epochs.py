@@ -37,7 +37,8 @@ MESSAGES = 20
 
 def ask_bootstrap(site_host: str, peer_port: int, source: str, epoch: int | None
                   ) -> tuple[int, dict[str, Any]]:
-    """POST a bootstrap request to a site's peer port, as a shard's leader does."""
+    """POST a bootstrap request to a site's peer port, as a shard's leader does: the
+    status and, for a 200 (lines of progress, then the outcome), the last line."""
     body: dict[str, Any] = {"from": source}
     if epoch is not None:
         body["epoch"] = epoch
@@ -47,7 +48,7 @@ def ask_bootstrap(site_host: str, peer_port: int, source: str, epoch: int | None
         headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
+            return response.status, json.loads(response.read().splitlines()[-1])
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
 
@@ -114,7 +115,7 @@ def test_a_bootstrap_below_the_followers_epoch_or_applied_offset_is_refused(
           f"bootstraps {after_current['bootstraps']}\nrefused: {refused}")
     assert not any(tracebacks.values()), tracebacks
     assert stale[0] == 409 and stale[1]["error"] == "stale_epoch", stale
-    assert current[0] == 503 and current[1]["error"] == "BootstrapRefusedError", current
+    assert current[0] == 200 and current[1]["error"] == "BootstrapRefusedError", current
     for after in (after_stale, after_current):
         assert after["bootstraps"] == 0, after
         assert after["applied"] >= before["applied"], after

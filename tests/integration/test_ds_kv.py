@@ -6,10 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from rocksdict import Rdict
 
 from stratamq.broker.ds import CookedBatch, DurableStorage, Message
-from stratamq.broker.ds.rocks import raw_options
 from stratamq.broker.ds.shard import Shard
 from stratamq.broker.errors import ConfigError, InvalidMessageError
 from tests.support.storage import run
@@ -115,23 +113,3 @@ def test_cooked_kv_batch_round_trips_and_applies_twice_harmlessly(tmp_path: Path
         assert shard.get_record(b"old") is None
     leader.close()
     replica.close()
-
-
-def test_data_of_the_direct_kv_format_is_kept(tmp_path: Path) -> None:
-    old = Rdict(str(tmp_path / "sessions" / "0"), raw_options())
-    old[b"s/c1"] = b"state"
-    old[b"gen/x"] = b"looks like shard metadata but is a record"
-    old.close()
-
-    async def scenario() -> None:
-        storage = DurableStorage(tmp_path)
-        kv = await storage.open_kv_db("sessions", 1)
-        assert await kv.get("c1", b"s/c1") == b"state"
-        assert await kv.get("c1", b"gen/x") == b"looks like shard metadata but is a record"
-        await storage.close()
-        storage = DurableStorage(tmp_path)  # migrated once, not twice
-        kv = await storage.open_kv_db("sessions", 1)
-        assert sorted(await kv.scan()) == [(b"gen/x", b"looks like shard metadata but is a "
-                                                     b"record"), (b"s/c1", b"state")]
-        await storage.close()
-    run(scenario())

@@ -776,7 +776,7 @@ def test_a_site_refuses_pushes_and_claims_of_a_controller_term_below_the_one_it_
         a1, b1, a2 = ControllerTerm(1, "a"), ControllerTerm(1, "b"), ControllerTerm(2, "a")
         try:
             offer = site.replication.offer
-            assert await offer(document(1), peers) == (True, 1, NO_TERM)  # before terms
+            assert await offer(document(1), peers) == (True, 1, NO_TERM)  # by hand
             assert await offer(document(2), peers, None, a1.to_json()) == (True, 2, a1)
             assert await offer(document(3), peers) == (False, 2, a1)  # term 0 now fenced
             assert await site.replication.claim(b1.to_json()) == (True, b1)

@@ -30,7 +30,7 @@ DATABASES = ("messages", "sessions", "retained")
 ALL_SHARDS = N_SHARDS * len(DATABASES)
 WAIT = 30.0  # generous: three brokers share two cores with other tests
 
-# these tests push as a controller older than terms: term 0
+# these tests push placements by hand, with no controller running: term 0
 NO_TERM_JSON = [0, ""]
 
 

@@ -1,7 +1,6 @@
 """A session is stored as a head and one part per subscription, cursor and finished
-cursor (`SessionStore`): a save writes the parts that changed, a delete removes every
-part, and a whole record of the previous version still loads and becomes parts on
-its next save. On one real storage, the sessions database read back directly."""
+cursor (`SessionStore`): a save writes the parts that changed and a delete removes
+every part. On one real storage, the sessions database read back directly."""
 
 from __future__ import annotations
 
@@ -88,32 +87,6 @@ def test_a_save_writes_the_changed_parts_and_a_delete_removes_all(tmp_path: Path
             await storage.close()
     run(scenario())
 
-
-def test_a_whole_record_of_the_previous_version_loads_and_becomes_parts(
-        tmp_path: Path) -> None:
-    async def scenario() -> None:
-        storage = DurableStorage(tmp_path)
-        try:
-            messages = await storage.open_db("messages", DbOptions(n_shards=2))
-            sessions_db = await storage.open_kv_db(SESSIONS_DB, 2, False)
-            store = SessionStore(sessions_db, messages)
-            old = record(20)
-            old.resend, old.disconnected_at = [(3, "0:1:ab:t/0", 6)], 12.5
-            await sessions_db.write(CLIENT, puts=[(b"s/" + CLIENT.encode(), old.to_json())])
-
-            loaded = await store.load(CLIENT)
-            assert loaded is not None and loaded.whole
-            assert comparable(loaded) == comparable(old)
-            assert await store.client_ids() == [CLIENT]
-
-            await store.save(loaded, loaded.stored_parts())  # none stored as parts yet
-            migrated = await store.load(CLIENT)
-            assert migrated is not None and not migrated.whole
-            assert comparable(migrated) == comparable(old)
-            assert len(await session_entries(sessions_db)) == 1 + 20 + 1 + 1
-        finally:
-            await storage.close()
-    run(scenario())
 
 
 def test_parts_are_fenced_with_the_head(tmp_path: Path) -> None:

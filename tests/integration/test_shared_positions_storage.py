@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stratamq.broker.core.broker import SESSIONS_DB
 from stratamq.broker.core.dispatch import AbsentGroup, Dispatcher
 from stratamq.broker.core.shared_positions import (
-    OLD_FILE_NAME,
     SharedPositions,
     decode,
     encode,
@@ -40,28 +37,26 @@ async def open_store(storage: DurableStorage) -> SessionStore:
     return (await open_stores(storage, ""))[0]
 
 
-def positions(dispatcher: Dispatcher, store: SessionStore, site: str, path: Path,
-              executor: ThreadPoolExecutor) -> SharedPositions:
-    return SharedPositions(dispatcher, store, site, path, executor, KEEP_FOR, load_wait=5.0)
+def positions(dispatcher: Dispatcher, store: SessionStore, site: str) -> SharedPositions:
+    return SharedPositions(dispatcher, store, site, KEEP_FOR, load_wait=5.0)
 
 
 @contextlib.asynccontextmanager
-async def site_a(data_dir: Path, storage_dir: Path
+async def site_a(storage_dir: Path
                  ) -> AsyncIterator[tuple[SessionStore, Dispatcher, SharedPositions]]:
     """Site a's store, dispatcher and positions (not loaded yet) on a fresh storage."""
     storage = DurableStorage(storage_dir)
     try:
         store = await open_store(storage)
-        with ThreadPoolExecutor(1) as executor:
-            dispatcher = Dispatcher()
-            yield store, dispatcher, positions(dispatcher, store, "a", data_dir, executor)
+        dispatcher = Dispatcher()
+        yield store, dispatcher, positions(dispatcher, store, "a")
     finally:
         await storage.close()
 
 
 def test_a_site_finds_the_groups_it_kept_and_only_those(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
+        async with site_a(tmp_path) as (store, dispatcher, kept):
             now = time.time()
             await store.save_group("g/t/#", "a", encode(AbsentGroup({0: 5}, {"x"}), now))
             await store.save_group("g/t/#/more", "a",
@@ -88,7 +83,7 @@ def test_a_site_finds_the_groups_it_kept_and_only_those(tmp_path: Path) -> None:
 
 def test_a_record_is_written_when_its_group_moved_and_not_otherwise(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
+        async with site_a(tmp_path) as (store, dispatcher, kept):
             await kept.load()
             dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"})})
             await kept.save()
@@ -110,7 +105,7 @@ def test_groups_joined_are_written_at_once_and_only_those(tmp_path: Path) -> Non
     the site's load it loads first (a write would replace what is still to be read);
     it wrote nothing then, and the SUBACK went out with the group unstored."""
     async def scenario() -> None:
-        async with site_a(tmp_path, tmp_path) as (store, dispatcher, kept):
+        async with site_a(tmp_path) as (store, dispatcher, kept):
             earlier = encode(AbsentGroup({2: 4}, {"w"}), time.time())
             await store.save_group("g/t", "a", earlier)  # kept before a restart
             dispatcher.adopt_absent({"g/t": AbsentGroup({0: 5}, {"x"}),
@@ -140,28 +135,14 @@ def test_a_session_that_moved_takes_its_groups_along(tmp_path: Path) -> None:
             await site_a.save_group("g/t", "a", encode(AbsentGroup({0: 5, 1: 7}, {"x", "y"}),
                                                        time.time()))
             await site_b.claim("x", 2)
-            with ThreadPoolExecutor(1) as executor:
-                at_b = positions(Dispatcher(), site_b, "b", tmp_path, executor)
-                assert await at_b.kept_for("x", "a", ["g/t", "h/t"]) == {
-                    "g/t": AbsentGroup({0: 5, 1: 7}, {"x"})}
-                assert await at_b.kept_for("q", "a", ["g/t"]) == {}  # not waited for
-                dispatcher = Dispatcher()
-                await positions(dispatcher, site_a, "a", tmp_path, executor).load()
-                assert dispatcher.absent == {"g/t": AbsentGroup({0: 5, 1: 7}, {"y"})}
+            at_b = positions(Dispatcher(), site_b, "b")
+            assert await at_b.kept_for("x", "a", ["g/t", "h/t"]) == {
+                "g/t": AbsentGroup({0: 5, 1: 7}, {"x"})}
+            assert await at_b.kept_for("q", "a", ["g/t"]) == {}  # not waited for
+            dispatcher = Dispatcher()
+            await positions(dispatcher, site_a, "a").load()
+            assert dispatcher.absent == {"g/t": AbsentGroup({0: 5, 1: 7}, {"y"})}
         finally:
             await storage.close()
     run(scenario())
 
-
-def test_the_file_of_the_previous_version_is_read_once(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        (tmp_path / OLD_FILE_NAME).write_text(json.dumps({
-            "format": 1, "saved_at": time.time(),
-            "groups": {"g/t": {"since": {"0": 9}, "away": ["x"]}}}))
-        async with site_a(tmp_path, tmp_path / "storage") as (store, dispatcher, kept):
-            await kept.load()
-            assert dispatcher.absent == {"g/t": AbsentGroup({0: 9}, {"x"})}
-            await kept.save()
-            assert not (tmp_path / OLD_FILE_NAME).exists()
-            assert sorted(await store.groups_kept_by("a")) == ["g/t"]
-    run(scenario())

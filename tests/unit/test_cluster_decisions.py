@@ -31,6 +31,7 @@ from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (
     ClusterNotReadyError,
+    CorruptDataError,
     LastReplicaError,
     NotEnoughSitesError,
     SiteStateError,
@@ -96,17 +97,23 @@ def test_reports_are_checked() -> None:
     entry: dict[str, Any] = {"db": DB, "shard": 0, "role": "none", "epoch": 0,
                              "last": [0, 0], "committed": 0, "applied": 0}
     good: dict[str, Any] = {"site": "A", "peer": "127.0.0.1:18084",
-                            "placement_version": None, "shards": [entry]}
+                            "placement_version": None, "shards": [entry],
+                            "stopping": False, "heartbeat_interval": 0.5,
+                            "controller_term": [0, ""]}
     report = parse_report(good)
     assert report.shards[(DB, 0)] == ShardReport("none", 0, (0, 0), 0, 0)
-    assert not report.stopping  # absent: an older site, or one not stopping
+    assert not report.stopping
     assert parse_report({**good, "stopping": True}).stopping
-    assert report.heartbeat_interval is None  # absent from older sites, as quorum_age
-    newer = parse_report({**good, "heartbeat_interval": 0.5,
-                          "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
-    assert newer.heartbeat_interval == 0.5 and newer.shards[(DB, 0)].quorum_age == 1.25
-    for broken in ({**good, "site": "a b"}, {**good, "shards": {}},
+    assert report.heartbeat_interval == 0.5 and report.term == NO_TERM
+    leading = parse_report({**good, "controller_term": [2, "k"],
+                            "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
+    assert leading.term == ControllerTerm(2, "k")
+    assert leading.shards[(DB, 0)].quorum_age == 1.25
+    missing = [{key: value for key, value in good.items() if key != name}
+               for name in ("stopping", "heartbeat_interval", "controller_term")]
+    for broken in (*missing, {**good, "site": "a b"}, {**good, "shards": {}},
                    {**good, "stopping": "yes"}, {**good, "heartbeat_interval": "1s"},
+                   {**good, "controller_term": [1]},
                    {**good, "shards": [{**entry, "quorum_age": -1}]},
                    {**good, "shards": [{**entry, "quorum_age": float("nan")}]},
                    {**good, "shards": [{**entry, "role": "boss"}]},
@@ -485,6 +492,17 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     assert again.plan is None and again.placement == final.placement
 
 
+@pytest.mark.parametrize("left_out", ["sites", "goals", "forgotten", "term"])
+def test_a_cluster_file_without_a_field_is_damaged(tmp_path: Path, left_out: str) -> None:
+    StateFiles(tmp_path).save(placed("ABC"), [KnownSite("A", "http://A", None)])
+    path = tmp_path / "cluster.json"
+    document = json.loads(path.read_text())
+    del document[left_out]
+    path.write_text(json.dumps(document))
+    with pytest.raises(CorruptDataError, match="damaged"):
+        StateFiles(tmp_path).load()
+
+
 # --- requests ---------------------------------------------------------------------------
 
 def test_bad_requests_are_refused_and_change_nothing() -> None:
@@ -544,8 +562,9 @@ def test_leaving_a_site_drains_it() -> None:
 
 
 def test_databases_not_placed_yet_are_placed_beside_the_kept_ones() -> None:
-    """A placement made when only `messages` was replicated keeps its shards; the
-    key-value databases get theirs in the next version."""
+    """A placement of `messages` alone (one pushed by hand, which a controller
+    adopts) keeps its shards; the key-value databases get theirs in the next
+    version."""
     state = placed()
     every = replace(SETTINGS, databases=("messages", "sessions", "retained"))
     reports = {}

@@ -52,7 +52,7 @@ def test_a_site_admits_its_own_term_or_a_higher_one_only() -> None:
     assert admits(kept, ControllerTerm(3, "c"))
     assert not admits(kept, ControllerTerm(3, "a"))
     assert not admits(kept, ControllerTerm(2, "z"))
-    assert not admits(kept, NO_TERM)  # a controller older than terms is fenced too
+    assert not admits(kept, NO_TERM)  # a placement pushed by hand is fenced too
     assert admits(NO_TERM, NO_TERM)
 
 

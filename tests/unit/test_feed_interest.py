@@ -15,6 +15,8 @@ from stratamq.broker.ds.replication.interest import (
 )
 from stratamq.broker.topic import topic_matches
 
+S1, S2 = "10.0.0.1:7000", "10.0.0.2:7000"
+
 
 @pytest.mark.parametrize(("filters", "topic", "wanted"), [
     (["a/b"], "a/b", True),
@@ -100,33 +102,35 @@ def test_a_site_takes_its_share_only_of_messages_from_when_it_joined() -> None:
 
 def test_a_peer_that_stops_telling_is_forgotten_and_learns_so_when_it_tells_again() -> None:
     table = InterestTable(expiry=5)
-    assert table.take("s1", "10.0.0.1:7000", frozenset({"a/#"}), now=0) is False
-    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), now=0) is False
-    assert table.take("s1", None, frozenset({"a/#"}), now=1) is True  # told no address
+    assert table.take("s1", "10.0.0.1:7000", frozenset({"a/#"}), 0, {}, {}) is False
+    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), 0, {}, {}) is False
+    assert table.take("s1", "10.0.0.1:7000", frozenset({"a/#"}), 1, {}, {}) is True
     assert table.address_of("s1") == "10.0.0.1:7000"
-    assert table.take("s1", "10.0.0.9:7000", frozenset({"a/#", "c"}), now=4) is False
+    assert table.take("s1", "10.0.0.9:7000", frozenset({"a/#", "c"}), 4, {}, {}) is False
     assert table.address_of("s1") == "10.0.0.9:7000"
     assert table.filters_of("s1").matches("c")
 
     assert table.expire(now=5) == []  # s2's five seconds are not over yet
-    assert table.expire(now=5.5) == [Forgotten("s2", frozenset({"b/+"}), 0, {})]
+    assert table.expire(now=5.5) == [Forgotten("s2", frozenset({"b/+"}), 0, {}, {})]
     assert [site for site, _filters in table.items()] == ["s1"]
     assert table.address_of("s2") is None and not table.filters_of("s2")
 
     # back: what it tells again was not had, so it reads what it missed from storage
-    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), now=7) is False
-    assert table.expire(now=9.5) == [Forgotten("s1", frozenset({"a/#", "c"}), 4, {})]
+    assert table.take("s2", "10.0.0.2:7000", frozenset({"b/+"}), 7, {}, {}) is False
+    assert table.expire(now=9.5) == [Forgotten("s1", frozenset({"a/#", "c"}), 4, {}, {})]
     assert [gone.site for gone in table.expire(now=20)] == ["s2"]
     assert not table
 
 
 def test_the_table_keeps_when_each_site_joined_each_shared_group() -> None:
     table = InterestTable(expiry=5)
-    table.take("s1", None, frozenset({"$share/g/a", "b"}), now=0, joined={"$share/g/a": 7})
-    table.take("s2", None, frozenset({"$share/g/a"}), now=0)  # an older version: at once
+    positions = {"$share/g/a": [1, 1]}
+    table.take("s1", S1, frozenset({"$share/g/a", "b"}), 0, {"$share/g/a": 7}, positions)
+    # s2 left the group while its telling was made: no time for it, so at once
+    table.take("s2", S2, frozenset({"$share/g/a"}), 0, {}, positions)
     assert sorted(table.members_of("$share/g/a")) == [("s1", 7), ("s2", 0)]
     assert table.joined_of("s1") == {"$share/g/a": 7}  # shared filters only
-    table.take("s1", None, frozenset({"b"}), now=1)
+    table.take("s1", S1, frozenset({"b"}), 1, {}, {})
     assert table.members_of("$share/g/a") == [("s2", 0)]
     assert table.joined_of("s1") == {}
 
@@ -136,11 +140,9 @@ def test_a_forgotten_site_leaves_where_its_members_stopped_as_it_last_told() -> 
     shared groups stopped settling messages; when it is forgotten (killed, cut off),
     the sites left deliver its share from there, however far behind it was."""
     table = InterestTable(expiry=5)
-    table.take("s1", None, frozenset({"$share/g/a", "b"}), now=0, joined={"$share/g/a": 7},
+    table.take("s1", S1, frozenset({"$share/g/a", "b"}), now=0, joined={"$share/g/a": 7},
                unsettled={"$share/g/a": [100, 200], "$share/h/x": [1, 1]})  # h: not held
-    table.take("s1", None, frozenset({"$share/g/a", "b"}), now=1, joined={"$share/g/a": 7},
+    table.take("s1", S1, frozenset({"$share/g/a", "b"}), now=1, joined={"$share/g/a": 7},
                unsettled={"$share/g/a": [150, 200]})  # it settled more
-    table.take("s2", None, frozenset({"$share/g/a"}), now=1)  # an older version tells none
     gone = {forgotten.site: forgotten for forgotten in table.expire(now=10)}
     assert gone["s1"].unsettled == {"$share/g/a": [150, 200]}
-    assert gone["s2"].unsettled == {}

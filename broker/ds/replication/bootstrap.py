@@ -289,8 +289,7 @@ async def request_bootstrap(session: aiohttp.ClientSession, address: str, db: st
     url = f"http://{address}/peer/v1/bootstraps/{db}/{shard_id}"
     line = b""
     try:
-        async with session.post(url, json={"from": leader_address, "epoch": epoch,
-                                           "progress": True},
+        async with session.post(url, json={"from": leader_address, "epoch": epoch},
                                 timeout=aiohttp.ClientTimeout(total=None,
                                                               sock_read=STALL_TIMEOUT)
                                 ) as response:
@@ -302,7 +301,7 @@ async def request_bootstrap(session: aiohttp.ClientSession, address: str, db: st
                 body = await response.read()
                 raise PeerError(f"{address} did not bootstrap {db}/{shard_id} "
                                 f"({response.status}): {body.decode('utf-8', 'replace')}")
-            async for line in response.content:  # a site of an older version: one line
+            async for line in response.content:
                 answer = json.loads(line)
                 if answer.get("error") == StaleEpochError.__name__:
                     raise StaleEpochError(f"{address} did not bootstrap {db}/{shard_id}: "

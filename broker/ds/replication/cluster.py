@@ -378,9 +378,10 @@ class SiteReplication:
         another placement, newer or different under the same version, and the
         controller must adopt it rather than believe its own. A higher term is kept
         even when its placement is refused. PlacementError when it does not parse.
-        `forgotten_value`: the sites forgotten for good (None: not told, from a
-        controller before they were); `term_value`: the pushing controller's term
-        (None: term 0, a controller older than terms)."""
+        `forgotten_value`: the sites forgotten for good (None: not told, as in a
+        placement pushed by hand: the sites kept as forgotten stay so); `term_value`:
+        the pushing controller's term (None: term 0, a placement pushed by hand where
+        no controller runs; refused once a controller has taken a term)."""
         placement = Placement.from_dict(document)
         peers = parse_peers(peers_value)
         forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
@@ -530,10 +531,9 @@ class SiteReplication:
 
     async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
         """The shard's leader asks this site to bootstrap its replica from it (refused
-        with 409 when this replica has seen a newer epoch than the leader's). With
-        `progress`, the answer is a line of progress every PROGRESS_EVERY, then one
-        with the outcome (the leader waits as long as lines come); without (a leader
-        of an older version), the outcome alone."""
+        with 409 when this replica has seen a newer epoch than the leader's). The
+        answer is a line of progress every PROGRESS_EVERY, then one with the outcome
+        (the leader waits as long as lines come)."""
         found = self._replica_of(http)
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
@@ -560,9 +560,6 @@ class SiteReplication:
             return web.json_response({"error": "stale_epoch", "message": error.message},
                                      status=409)
         bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source, epoch))
-        if document.get("progress") is not True:
-            return web.json_response(await _outcome(bootstrapping),
-                                     status=200 if bootstrapping.exception() is None else 503)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         try:
             await response.prepare(http)

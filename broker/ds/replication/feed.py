@@ -60,10 +60,12 @@ INTEREST_TIMEOUT = 2 * INTEREST_INTERVAL
 # A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
 INTEREST_DEBOUNCE = 0.05
 # A site tells, with its filters, where the members of each of its shared groups
-# stopped settling messages; a forgotten site's share is delivered again from there.
-# One of an older version tells no positions: its share is delivered again from this
-# long before its last telling (how far its feed and its members' queues may lag
-# under load; 2 s lost one message in 19k once on a loaded machine).
+# stopped settling messages; a forgotten site's share is delivered again from there,
+# and so is the share of a group it left, from where it told its members stopped. A
+# site restarted before the others forgot it tells nothing of the groups it held
+# before (that was in its memory): their share is delivered again from this long
+# before the telling that shows they went (how far its feed and its members' queues
+# may lag under load; 2 s lost one message in 19k once on a loaded machine).
 SHARED_FEED_LAG = 5 * INTEREST_INTERVAL
 # A site tells the others where its members of a shared group stopped, for this
 # long after the group went from it: one telling is enough, the rest are for one
@@ -230,19 +232,15 @@ class CommitFeed:
             outbox = self._outboxes.pop(gone.site, None)
             if outbox is not None and outbox.task is not None:
                 outbox.task.cancel()
-            shards = len(self.database.shards)
-            until = now_us()
-            # a site of an older version told no positions: a guess, at least once
-            guess = [until - int((now - gone.last_told + SHARED_FEED_LAG) * 1_000_000)] * shards
+            until = [now_us()] * len(self.database.shards)
             for share_filter in sorted(gone.filters):
                 if not share_filter.startswith(SHARE_PREFIX):
                     continue
-                stopped = gone.unsettled.get(share_filter)
+                # every telling gives these (`_take_interest` checks it)
                 self.database.shared_site_lost(
                     gone.site, frozenset({share_filter}),
-                    {share_filter: gone.joined.get(share_filter, 0)},
-                    stopped if stopped is not None and len(stopped) == shards else guess,
-                    [until] * shards)
+                    {share_filter: gone.joined[share_filter]},
+                    gone.unsettled[share_filter], until)
 
     async def _tell(self, site: str, address: str, filters: frozenset[str],
                     unsettled: dict[str, list[int]]) -> None:
@@ -368,23 +366,27 @@ class CommitFeed:
         try:
             document = json.loads(await http.read())
             site = document["site"]
-            peer = document.get("peer")  # absent from a site of an older version
+            peer = document["peer"]
             filters = frozenset(document["filters"])
-            # both absent from a site of an older version
-            joined = document.get("joined", {})
-            left = document.get("left", {})
-            unsettled = document.get("unsettled", {})
-            if not isinstance(site, str) or not isinstance(peer, str | None) \
+            joined = document["joined"]
+            left = document["left"]
+            unsettled = document["unsettled"]
+            if not isinstance(site, str) or not isinstance(peer, str) \
                     or not all(isinstance(f, str) for f in filters):
                 raise TypeError("site, peer and filters are strings")
             if not isinstance(joined, dict) or not all(
                     isinstance(at, int) for at in joined.values()):
                 raise TypeError("joined maps filters to timestamps")
+            shards = len(self.database.shards)
             for name, positions in (("left", left), ("unsettled", unsettled)):
                 if not isinstance(positions, dict) or not all(
-                        isinstance(stopped, list) and all(isinstance(at, int) for at in stopped)
+                        isinstance(stopped, list) and len(stopped) == shards
+                        and all(isinstance(at, int) for at in stopped)
                         for stopped in positions.values()):
-                    raise TypeError(f"{name} maps filters to a timestamp per shard")
+                    raise TypeError(f"{name} maps filters to a timestamp per shard "
+                                    f"({shards} shards)")
+            if any(f.startswith(SHARE_PREFIX) and f not in unsettled for f in filters):
+                raise TypeError("unsettled names every shared filter told")
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
@@ -399,11 +401,12 @@ class CommitFeed:
     def _site_left(self, site: str, share_filter: str, joined: int,
                    stopped: list[int] | None) -> None:
         """`site` has no members of a shared group any more: the messages it was
-        chosen for from where its members stopped (per shard; told by the site, or a
-        guess of SHARED_FEED_LAG) up to what this site was fed of each shard are read
-        from storage and delivered by the sites left (later ones pick among them)."""
+        chosen for from where its members stopped (per shard, as the site told in
+        `left`; when it told nothing, restarted since it joined, SHARED_FEED_LAG
+        before now) up to what this site was fed of each shard are read from storage
+        and delivered by the sites left (later ones pick among them)."""
         until = self.database.fed_through()
-        if stopped is None or len(stopped) != len(until):
+        if stopped is None:
             stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
         self.database.shared_site_lost(site, frozenset({share_filter}),
                                        {share_filter: joined}, stopped, until)

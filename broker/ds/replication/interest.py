@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...subscription_index import SubscriptionIndex
 from ...topic import SHARE_PREFIX
@@ -56,23 +56,23 @@ class FilterSet:
 class Forgotten:
     """A site the table forgot: the filters it had told, and when it last told them
     (the table's clock); for its shared groups, when it joined each and, per shard,
-    where its members had stopped settling messages then (absent: not told)."""
+    where its members had stopped settling messages then."""
 
     site: str
     filters: frozenset[str]
     last_told: float
     joined: dict[str, int]
-    unsettled: dict[str, list[int]] = field(default_factory=dict)
+    unsettled: dict[str, list[int]]
 
 
 @dataclass(slots=True)
 class _Told:
     filters: FilterSet
-    address: str | None
+    address: str
     at: float
     joined: dict[str, int]  # for each `$share/...` filter, when its membership began
     # for each `$share/...` filter, per shard, where its members stopped settling
-    unsettled: dict[str, list[int]] = field(default_factory=dict)
+    unsettled: dict[str, list[int]]
 
 
 class InterestTable:
@@ -86,17 +86,16 @@ class InterestTable:
         self.expiry = expiry
         self._told: dict[str, _Told] = {}
 
-    def take(self, site: str, address: str | None, filters: frozenset[str],
-             now: float, joined: dict[str, int] | None = None,
-             unsettled: dict[str, list[int]] | None = None) -> bool:
-        """Record what `site` told at `now` (`address` None: it told none, so the last
-        one it told stays; `joined`, when each of its `$share/...` filters took
-        effect, absent from a site of an older version: at once; `unsettled`, per
-        shard where the members of each stopped settling messages); whether these
-        filters were had already."""
-        joined = {topic_filter: (joined or {}).get(topic_filter, 0)
+    def take(self, site: str, address: str, filters: frozenset[str], now: float,
+             joined: dict[str, int], unsettled: dict[str, list[int]]) -> bool:
+        """Record what `site` told at `now`: its peer address, its filters, when each
+        of its `$share/...` filters took effect (`joined`; one it left while the
+        telling was made has none: at once) and, per shard, where the members of each
+        stopped settling messages (`unsettled`); whether these filters were had
+        already."""
+        joined = {topic_filter: joined.get(topic_filter, 0)
                   for topic_filter in filters if topic_filter.startswith(SHARE_PREFIX)}
-        unsettled = {topic_filter: stopped for topic_filter, stopped in (unsettled or {}).items()
+        unsettled = {topic_filter: stopped for topic_filter, stopped in unsettled.items()
                      if topic_filter in joined}
         known = self._told.get(site)
         had = known is not None and known.filters.filters == filters
@@ -107,8 +106,7 @@ class InterestTable:
             known.filters = FilterSet(filters)
         known.joined = joined
         known.unsettled = unsettled
-        if address is not None:
-            known.address = address
+        known.address = address
         known.at = now
         return had
 

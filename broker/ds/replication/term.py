@@ -9,8 +9,9 @@ placement) and refuses a push or a claim of a lower one, answering with the term
 holds; a controller that learns of a higher term steps aside for good. The id breaks
 the tie between two controllers started at once that both took number N + 1: every
 site ends up holding the pair with the higher id, so exactly one of them goes on,
-and neither takes another term (no bump loop). A placement pushed without a term
-(a controller older than terms) is of term 0, `NO_TERM`, below every term taken.
+and neither takes another term (no bump loop). A site no controller has reached
+holds term 0, `NO_TERM`, below every term taken; so is a placement pushed without a
+term (by hand, where no controller runs: refused once a controller took one).
 
 `TermStore` is blocking file I/O on a small file; async callers run it in an
 executor.
@@ -64,8 +65,9 @@ NO_TERM = ControllerTerm(0)
 
 
 def parse_term(value: object, where: str = "term") -> ControllerTerm:
-    """`[number, "controller id"]`; None (not told: a controller older than terms) is
-    term 0. Anything else is a `PlacementError` naming `where`."""
+    """`[number, "controller id"]`; None (no term: a placement pushed by hand, or an
+    operator that has taken none yet) is term 0. Anything else is a `PlacementError`
+    naming `where`."""
     if value is None:
         return NO_TERM
     if not isinstance(value, list) or len(value) != 2:
