@@ -281,8 +281,17 @@ def test_every_shard_has_three_replicas_and_a_leader(cluster: LocalCluster) -> N
         assert row.split()[1].count(",") == SITES - 1, row
 
 
+def placement_view(view: dict[str, Any]) -> dict[str, Any]:
+    """The storage view less what moves on its own while nothing is asked: each
+    shard's commit offset and its replicas' lag (the sites' connect writes, reported
+    on the controller's next probe)."""
+    return {**view, "shards": [{key: value for key, value in shard.items()
+                                if key not in ("committed", "lag")}
+                               for shard in view["shards"]]}
+
+
 def test_bad_requests_get_4xx_and_change_nothing(cluster: LocalCluster) -> None:
-    before = cluster.storage()
+    before = placement_view(cluster.storage())
     ids = sorted(cluster.site_ids().values())
     requests = [
         ("PUT", f"/api/v1/ds/storages/{DB}/replicas", ids[:2], 400),   # below the factor
@@ -299,7 +308,7 @@ def test_bad_requests_get_4xx_and_change_nothing(cluster: LocalCluster) -> None:
         got, answer = cluster.controller(method, path, body)
         assert got == status, (method, path, body, answer)
         assert answer["message"], answer
-    assert cluster.storage() == before
+    assert placement_view(cluster.storage()) == before
 
     refused = cluster.ctl("set-replicas", DB, ids[0], ids[1])
     assert refused.returncode == 1 and "400" in refused.stderr, refused.stderr
