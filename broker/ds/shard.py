@@ -280,9 +280,11 @@ class Shard:
         learned: list[Edge] = []
         entries: list[tuple[bytes, bytes]] = []
         cooked_messages: list[tuple[bytes, Message]] = []
-        timestamp = max(now_us(), self._next_timestamp)
+        # Unsettled before the clock is read: a reader's thread may ask `settled_before`
+        # between two lines here, and the batch's timestamps are at least this one.
         if self._unsettled_from is None:
-            self._unsettled_from = timestamp
+            self._unsettled_from = self._next_timestamp
+        timestamp = max(now_us(), self._next_timestamp)
         payload_bytes = 0
         for message in messages:
             # topics were validated when the batch was submitted

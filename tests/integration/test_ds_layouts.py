@@ -5,8 +5,11 @@ test_ds_storage.py)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from prometheus_client import REGISTRY
 
@@ -14,7 +17,7 @@ from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Iterator,
 from stratamq.broker.ds.layouts import ReadStats
 from stratamq.broker.ds.layouts.wildcard_optimized import WildcardOptimized
 from stratamq.broker.ds.message import peek_timestamp
-from stratamq.broker.ds.shard import now_us
+from stratamq.broker.ds.shard import Shard, now_us
 from tests.support.storage import read_filter, run
 
 V2 = DbOptions(n_shards=1, flush_interval=0.0005, wildcard_thresholds=(3, 2))
@@ -218,5 +221,38 @@ def test_a_reader_waits_for_messages_past_the_open_epoch(tmp_path: Path) -> None
         assert generation.layout.read(generation.data, iterator.stream.static, ("+",),
                                       ["p", "+", "q"], last, 100, stats, last) == []
         assert stats.wait_until is not None and stats.wait_until > ((last >> 12) + 1) << 12
+        await storage.close()
+    run(scenario())
+
+
+def test_the_horizon_never_passes_a_batch_being_cooked(tmp_path: Path) -> None:
+    """Readers take `settled_before()` in the executor's threads while the loop cooks
+    a batch (`Shard.prepare`): at every line of the cooking it must stay at most the
+    first timestamp the batch takes, or a reader's horizon passes messages not yet
+    written (and a wildcard reader of the epoch layout takes their epoch as read to
+    its end, never to read it again). It passed them between the clock read and the
+    mark of the batch as unsettled: a thread switch there gave a horizon of `now`."""
+    async def scenario() -> None:
+        storage = await open_storage(tmp_path, BITFIELD)
+        await storage.store_batch("messages", [Message("s/a/t", b"first")])
+        shard = storage.db("messages").shards[0]
+        horizons: list[int] = []
+
+        def every_line(frame: FrameType, event: str, _arg: object) -> Any:
+            if event == "line":
+                horizons.append(shard.settled_before())  # as a reader's thread would
+            return every_line
+
+        def trace(frame: FrameType, event: str, _arg: object) -> Any:
+            return every_line if frame.f_code is Shard.prepare.__code__ else None
+
+        sys.settrace(trace)
+        try:
+            cooked = shard.prepare([Message("s/b/t", b"second"), Message("s/c/t", b"third")])
+        finally:
+            sys.settrace(None)
+        first = cooked.last_timestamp - 1  # the batch's two timestamps end there
+        assert horizons and max(horizons) <= first, (max(horizons), first)
+        shard.forget(cooked)
         await storage.close()
     run(scenario())
