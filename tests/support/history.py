@@ -158,6 +158,8 @@ class History:
         self.publications: dict[Message, Publication] = {}
         self.sessions: dict[str, list[Session]] = {}  # subscriber -> its sessions, in order
         self.connects: collections.Counter[str] = collections.Counter()
+        # subscriber -> the event numbers of its CONNACKs (to place a breach in time)
+        self.connected_at: dict[str, list[int]] = collections.defaultdict(list)
 
     # -- publishers -------------------------------------------------------------------
 
@@ -187,6 +189,7 @@ class History:
         with self._lock:
             at = next(self._clock)
             self.connects[subscriber] += 1
+            self.connected_at[subscriber].append(at)
             sessions = self.sessions.setdefault(subscriber, [])
             current = sessions[-1] if sessions else None
             if current is not None and not clean_start and session_present:
@@ -279,6 +282,24 @@ class History:
                     found[kind] += lines
             return dict(found)
 
+    def _timeline(self, session: Session, deliveries: list[Delivery]) -> str:
+        """Around the first order breach of one key: for each delivery, its seq, the
+        event numbers of its publication, acknowledgement and arrival, and DUP; then
+        the subscriber's CONNACKs. Event numbers order everything the clients saw."""
+        index = _first_breach(deliveries)
+        if index is None:
+            return f"  {session.name}: no breach to place"
+        rows = []
+        for delivery in deliveries[max(index - 3, 0):index + 3]:
+            assert delivery.message is not None
+            publication = self.publications.get(delivery.message)
+            published = "?" if publication is None else publication.at
+            acked = "?" if publication is None else publication.acked_at
+            rows.append(f"{delivery.message.seq} (published {published}, acked {acked}, "
+                        f"arrived {delivery.at}{', DUP' if delivery.dup else ''})")
+        return (f"  timeline of {session.name}: " + "; ".join(rows)
+                + f"; its CONNACKs at {self.connected_at.get(session.subscriber, [])}")
+
     def _delivery_problems(self, session: Session) -> dict[str, list[str]]:
         found: dict[str, list[str]] = collections.defaultdict(list)
         unknown = [d for d in session.deliveries
@@ -295,8 +316,11 @@ class History:
         twice: list[str] = []
         for key, deliveries in sorted(by_key.items()):
             twice += _qos2_duplicates(deliveries)
+            problems = _order_problems(deliveries, self.dup_required)
             found["order"] += [f"{session.name} {'/'.join(map(str, key))}: {problem}"
-                               for problem in _order_problems(deliveries, self.dup_required)]
+                               for problem in problems]
+            if problems:
+                found["order"].append(self._timeline(session, deliveries))
         if twice:
             found["QoS 2 duplicate"].append(
                 f"{session.name}: {len(twice)} QoS 2 messages delivered more than once, "
@@ -330,6 +354,17 @@ def _should_have(session: Session, message: Message, publication: Publication) -
         return False  # after a lost session's end: its subscriptions went with it
     return any(s.at < publication.at and topic_matches(s.topic_filter, message.topic)
                for s in session.subscriptions)
+
+
+def _first_breach(deliveries: list[Delivery]) -> int | None:
+    """The index of the first delivery of a seq below one delivered before it."""
+    highest = -1
+    for index, delivery in enumerate(deliveries):
+        assert delivery.message is not None
+        if delivery.message.seq < highest:
+            return index
+        highest = max(highest, delivery.message.seq)
+    return None
 
 
 def _qos2_duplicates(deliveries: list[Delivery]) -> list[str]:

@@ -202,7 +202,12 @@ def test_a_first_delivery_after_a_newer_message_fails_even_with_dup() -> None:
     publish(history, m(0), m(1), m(2))
     deliver(history, m(0), m(2))
     deliver(history, m(1), dup=True)  # message 1 was skipped, then filled in
-    assert "1 came after 2 never delivered before" in failure(history)
+    report = failure(history)
+    assert "1 came after 2 never delivered before" in report
+    # Where the breach sits among the events the clients saw (published 1, acked 2 ...)
+    assert ("timeline of sub[0]: 0 (published 2, acked 3, arrived 8); 2 (published 6, "
+            "acked 7, arrived 9); 1 (published 4, acked 5, arrived 10, DUP); its CONNACKs "
+            "at [0]") in report
 
 
 def test_a_resend_out_of_the_original_order_fails() -> None:
