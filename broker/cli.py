@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
             uvloop.run(run_broker(arguments.config))
         elif arguments.command == "cluster":
-            from .cluster.commands import cluster_main
+            from .controller.commands import cluster_main
 
             raise SystemExit(cluster_main(arguments.rest[1:]))
         elif arguments.command == "spark":

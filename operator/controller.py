@@ -2,7 +2,7 @@
 "The controller": in Kubernetes the controller is the operator).
 
 One `StorageController` per DurableStorage does what `stratamq cluster controller`
-does on a plain machine, with the same pure decisions (`broker/cluster/decisions.py`)
+does on a plain machine, with the same pure decisions (`broker/controller/decisions.py`)
 and the same site API: every round it asks each pod's `GET /api/v1/ds/replication`,
 lets `decisions` choose (first placement, failover, the next step of a plan), keeps
 the result in the DurableStorage's `status.controller` BEFORE it pushes anything (so a
@@ -51,10 +51,10 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stratamq.broker.cluster import decisions, terms
-from stratamq.broker.cluster.decisions import ClusterState, Settings, is_gone
-from stratamq.broker.cluster.metrics import ControllerCollector, Snapshot
-from stratamq.broker.cluster.sites import (
+from stratamq.broker.controller import decisions, terms
+from stratamq.broker.controller.decisions import ClusterState, Settings, is_gone
+from stratamq.broker.controller.metrics import ControllerCollector, Snapshot
+from stratamq.broker.controller.sites import (
     BadReportError,
     Report,
     SiteState,
@@ -832,7 +832,7 @@ def forget(uid: str) -> None:
 
 
 class OperatorCollector(Collector):
-    """The local controller's metrics (`stratamq_cluster_*`, broker/cluster/metrics.py),
+    """The local controller's metrics (`stratamq_cluster_*`, broker/controller/metrics.py),
     one series set per DurableStorage, labelled with its namespace and name, so the
     replication dashboard's controller panels work under Kubernetes too."""
 

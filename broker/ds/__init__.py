@@ -21,9 +21,9 @@ from .message import (
     peek_topic,
 )
 from .options import DbOptions
-from .replication.cluster import SiteReplication
 from .replication.interest import ShareMember, shared_site
 from .replication.replica import ReplicaSettings
+from .replication.site_replication import SiteReplication
 from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage

@@ -65,7 +65,7 @@ _STREAM_CACHE_ENTRIES = 1_000_000
 
 class Replication(Protocol):
     """What a replicated site puts between a database and its shards (see
-    `replication.cluster`): writes and generation changes go through each shard's
+    `replication.site_replication`): writes and generation changes go through each shard's
     log, and come back to the database through its `apply_*` methods, in log order."""
 
     async def write(self, shard_id: int, messages: list[Message],

@@ -31,10 +31,10 @@ from stratamq.broker.ds import (
 )
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
-from stratamq.broker.ds.replication.cluster import SiteReplication
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.shard import now_us

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from stratamq.broker.cluster.decisions import ClusterState
-from stratamq.broker.cluster.sites import SiteState
+from stratamq.broker.controller.decisions import ClusterState
+from stratamq.broker.controller.sites import SiteState
 from stratamq.broker.ds.replication import Placement, Site, plan
 from stratamq.operator import controller, kube
 from stratamq.operator.resources import Owner

@@ -78,7 +78,7 @@ SPEC: dict[str, Any] = {
     "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"}}
 # The acknowledgements of a connection that stays may pause no longer during a roll.
 ROLL_PAUSE_LIMIT = 1.0
-# What the operator logs when it fails a shard over (broker/cluster/decisions.py).
+# What the operator logs when it fails a shard over (broker/controller/decisions.py).
 FAILOVER = re.compile(r"leader \S+ (is gone|has heard from no majority)")
 
 

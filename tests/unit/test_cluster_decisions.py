@@ -1,4 +1,4 @@
-"""The controller's pure decisions (`broker/cluster/decisions.py`): sites gone after
+"""The controller's pure decisions (`broker/controller/decisions.py`): sites gone after
 missed heartbeats, the first placement, failover to the most advanced replica of a
 majority, plans carried out one step at a time (never below the replication factor,
 a joining replica caught up before anyone leaves), requests refused without change,
@@ -17,16 +17,16 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stratamq.broker.cluster import decisions
-from stratamq.broker.cluster.decisions import ClusterState, Settings
-from stratamq.broker.cluster.sites import (
+from stratamq.broker.controller import decisions
+from stratamq.broker.controller.decisions import ClusterState, Settings
+from stratamq.broker.controller.sites import (
     BadReportError,
     ShardReport,
     SiteState,
     parse_held,
     parse_report,
 )
-from stratamq.broker.cluster.state import FolderLock, FolderLockedError, KnownSite, StateFiles
+from stratamq.broker.controller.state import FolderLock, FolderLockedError, KnownSite, StateFiles
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stratamq.broker.cluster.supervisor import (
+from stratamq.broker.config import Config
+from stratamq.broker.controller.supervisor import (
     HEALTHY_RUN,
     RESTART_DELAY,
     RESTART_DELAY_MAX,
@@ -16,7 +17,6 @@ from stratamq.broker.cluster.supervisor import (
     restart_delay,
     site_config,
 )
-from stratamq.broker.config import Config
 
 
 def options(tmp_path: Path, ports_from: int | None = None) -> ClusterOptions:

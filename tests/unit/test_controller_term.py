@@ -1,6 +1,6 @@
 """The controller term (issue 22): its order and parsing, the sites' acceptance rule
 and its file (`broker/ds/replication/term.py`), and the controller's pure choices
-(`broker/cluster/terms.py`)."""
+(`broker/controller/terms.py`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.cluster import terms
+from stratamq.broker.controller import terms
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.term import (
     NO_TERM,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from stratamq.broker.cluster.decisions import CatchUp, ClusterState
-from stratamq.broker.cluster.sites import SiteState
+from stratamq.broker.controller.decisions import CatchUp, ClusterState
+from stratamq.broker.controller.sites import SiteState
 from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (

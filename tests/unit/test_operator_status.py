@@ -269,8 +269,8 @@ def test_placing_says_why_a_recreated_storage_waits() -> None:
     has sites holding a placement its new status.controller does not know. Until the
     operator has adopted it (the next round fetches what they keep), Placing says so,
     not the `placement.json` of `stratamq cluster controller` it once pointed at."""
-    from stratamq.broker.cluster.decisions import ClusterState, Settings, decide
-    from stratamq.broker.cluster.sites import SiteState
+    from stratamq.broker.controller.decisions import ClusterState, Settings, decide
+    from stratamq.broker.controller.sites import SiteState
 
     # What decisions.py says of a site that holds placement 7 to a controller with none.
     held = SiteState(id="S1", admin_url="", last_seen=100.0, answered=True,

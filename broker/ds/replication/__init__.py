@@ -10,7 +10,7 @@ site (`replica`: takeover, leader loop, followers' appliers, forwarding), log
 trimming and replica bootstrap from checkpoints (`trim`, `bootstrap`), reads of
 shards held elsewhere (`remote`), the commit feed to sites without a replica
 (`feed`, `feed_wire`, `interest`) and a site's replication as a whole (`cluster`).
-The controller that pushes placements lives in `broker/cluster`.
+The controller that pushes placements lives in `broker/controller`.
 """
 
 from .commit import commit_offset, majority

@@ -73,7 +73,7 @@ Holds = Callable[[str, int], bool]
 PeerHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # The most connections the peer port holds (`http/guard.py`; then the one waiting
 # longest for its first request is closed). Its clients are the other sites, each
-# through one aiohttp session (`cluster.py`) whose connector holds at most 100
+# through one aiohttp session (`site_replication.py`) whose connector holds at most 100
 # connections to all its peers together (aiohttp's default limit), and their
 # connections send their requests at once: 4,096 is room for 40 sites with their
 # pools full. With few file descriptors (`ulimit -n`) a quarter of them, so that the
