@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -54,17 +55,40 @@ HEARTBEAT_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL"
 # edited by hand) without waiting for the next change of the spec.
 REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
 
-# DurableStorage uid -> the generation whose objects were last applied. The timer and
-# the reconcile run concurrently, each with the body it was handed; a timer holding an
-# older body must not write an older observedGeneration over a newer one.
-_applied: dict[str, int] = {}
-_applied_lock = threading.Lock()
+# The operator's collector goes into the process's registry once (an embedded
+# operator may be started again in one process).
 _collector_registered = threading.Event()
 
 
-def applied_generation(uid: str, status: dict[str, Any]) -> int:
-    with _applied_lock:
-        return _applied.get(uid, int(status.get("observedGeneration", 0)))
+@dataclass
+class Applied:
+    """In a storage's memo (Kopf's, one per object, shared by its handlers): the
+    generation whose objects were last applied. The timers and the reconcile run
+    concurrently (in threads), each with the body it was handed; a timer holding an
+    older body must not write an older observedGeneration over a newer one."""
+
+    generation: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, generation: int) -> None:
+        with self.lock:
+            self.generation = max(self.generation or 0, generation)
+
+    def get(self) -> int | None:
+        with self.lock:
+            return self.generation
+
+
+def applied_of(memo: kopf.Memo) -> Applied:
+    """The storage's Applied, made at its first use (dict.setdefault is atomic)."""
+    found: Applied = memo.setdefault("applied", Applied())
+    return found
+
+
+def applied_generation(memo: kopf.Memo, status: dict[str, Any]) -> int:
+    """The generation last applied here, else the one the status last observed."""
+    generation = applied_of(memo).get()
+    return int(status.get("observedGeneration", 0)) if generation is None else generation
 
 
 def plain(value: Any) -> Any:
@@ -80,12 +104,8 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# /metrics, served from configure on Kopf's loop until the operator's exit.
-_metrics_listener: GuardedListener | None = None
-
-
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Kopf's own bookkeeping in annotations: the CRD's status schema has no room for
     # it (the API server would prune it).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -100,9 +120,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if not _collector_registered.is_set():
         REGISTRY.register(controller.OperatorCollector())
         _collector_registered.set()
-    global _metrics_listener
     try:
-        _metrics_listener = await metrics.serve(METRICS_BIND)
+        # /metrics on Kopf's loop until the operator's exit (stop_metrics)
+        memo.metrics_listener = await metrics.serve(METRICS_BIND)
     except (OSError, ValueError) as error:  # a busy port, a bad address
         raise kopf.PermanentError(f"cannot serve metrics on {METRICS_BIND}: {error}") from error
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
@@ -110,11 +130,10 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-async def stop_metrics(**_: Any) -> None:
-    global _metrics_listener
-    if _metrics_listener is not None:
-        await _metrics_listener.stop()
-        _metrics_listener = None
+async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    listener: GuardedListener | None = memo.pop("metrics_listener", None)
+    if listener is not None:
+        await listener.stop()
 
 
 # --- reconcile --------------------------------------------------------------------------
@@ -183,7 +202,7 @@ def apply_spark(owner: Owner, spec: dict[str, Any]) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
               status: kopf.Status, body: kopf.Body, patch: kopf.Patch, reason: str,
-              **_: Any) -> None:
+              memo: kopf.Memo, **_: Any) -> None:
     assert namespace is not None  # DurableStorage is namespaced
     owner = Owner(name=name, namespace=namespace, uid=uid)
     problems = config_problems(plain(spec))
@@ -205,13 +224,12 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
     metrics.RECONCILES.labels("ok").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     generation = int(meta.get("generation", 0))
-    with _applied_lock:
-        _applied[uid] = max(_applied.get(uid, 0), generation)
+    applied_of(memo).note(generation)
     if reason != "resume":
         kopf.info(body, reason="Reconciled",
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
-    refresh(owner, plain(spec), applied_generation(uid, current), current, body, patch)
+    refresh(owner, plain(spec), applied_generation(memo, current), current, body, patch)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
@@ -274,7 +292,7 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
 @kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL)
 def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
                    status: kopf.Status, body: kopf.Body, patch: kopf.Patch,
-                   **_: Any) -> None:
+                   memo: kopf.Memo, **_: Any) -> None:
     assert namespace is not None
     current = plain(status)
     if config_problems(plain(spec)):
@@ -283,7 +301,7 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         # The generation the objects were last applied for: a spec change the
         # reconcile has not handled yet is not "observed".
         refresh(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
-                applied_generation(uid, current), current, body, patch)
+                applied_generation(memo, current), current, body, patch)
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -294,7 +312,7 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=HEARTBEAT_INTERVAL)
 def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
-            body: kopf.Body, **_: Any) -> None:
+            body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
@@ -312,8 +330,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     kept = running.kept_pods(int(current.get("sites", 3)))
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
-    with _applied_lock:
-        applied = _applied.get(uid)
+    applied = applied_of(memo).get()
     if applied == int(meta.get("generation", 0)) and kube.scale("StatefulSet",
             namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
@@ -382,8 +399,6 @@ def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
     runs (its finalizer holds the storage until its timers stopped)."""
     metrics.forget(namespace or "", name)
     controller.forget(uid)
-    with _applied_lock:
-        _applied.pop(uid, None)
 
 
 # --- the finalizer lives no longer than the operator ---------------------------------------
