@@ -20,6 +20,8 @@ from tests.support.netns import (
     open_network,
 )
 
+pytestmark = pytest.mark.cluster
+
 ECHO_SERVER = """
 import socket, sys, threading
 server = socket.create_server((sys.argv[1], int(sys.argv[2])))
@@ -35,8 +37,6 @@ while True:
 # exits 0 when the echo answers within the timeout, 1 otherwise
 ECHO_CLIENT = """
 import socket, sys
-
-pytestmark = pytest.mark.cluster
 try:
     with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1.0) as c:
         c.sendall(b"ping")
