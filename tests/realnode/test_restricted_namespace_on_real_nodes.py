@@ -55,6 +55,12 @@ NOT_STARTED = {"StartError", "ContainerCannotRun", "CreateContainerError",
                "CreateContainerConfigError", "RunContainerError"}
 
 
+def pods_of(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(cluster.plane.kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
+    return found
+
+
 def pod_of(cluster: RealCluster, selector: str) -> dict[str, Any] | None:
     found = pods_of(cluster, selector)
     return found[0] if found else None
@@ -74,12 +80,6 @@ def started(pod: dict[str, Any]) -> bool:
 
 def admitted(cluster: RealCluster, selector: str) -> Callable[[], bool]:
     return lambda: pod_of(cluster, selector) is not None
-
-
-def pods_of(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = json.loads(cluster.plane.kubectl(
-        "get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
-    return found
 
 
 def has_started(cluster: RealCluster, selector: str) -> Callable[[], bool]:

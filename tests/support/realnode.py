@@ -432,15 +432,19 @@ class RealCluster:
             *self.chart_settings(), *settings, "--wait", f"--timeout={timeout}s",
             timeout=timeout + 30)
 
+    def runtime_of(self, pod: dict[str, Any]) -> Containerd:
+        """The containerd of the node `pod` (its JSON) runs on."""
+        [runtime] = [runtime for runtime, kubelet in zip(self.runtimes, self.kubelets,
+                                                         strict=True)
+                     if kubelet.node == pod["spec"]["nodeName"]]
+        return runtime
+
     def kill_container(self, pod: dict[str, Any]) -> None:
         """SIGKILL the (first) container of `pod` (its JSON) through its node's
         containerd, as a crash would: the kubelet restarts it in the same pod."""
-        node = pod["spec"]["nodeName"]
-        [runtime] = [runtime for runtime, kubelet in zip(self.runtimes, self.kubelets,
-                                                         strict=True)
-                     if kubelet.node == node]
         container = pod["status"]["containerStatuses"][0]["containerID"]
-        runtime.ctr("tasks", "kill", "-s", "SIGKILL", container.removeprefix("containerd://"))
+        self.runtime_of(pod).ctr("tasks", "kill", "-s", "SIGKILL",
+                                 container.removeprefix("containerd://"))
 
     def container_process(self, pod: dict[str, Any]) -> int | None:
         """The host PID of the (first) container of `pod` (its JSON) while it runs."""
@@ -448,10 +452,8 @@ class RealCluster:
         container = statuses[0].get("containerID", "").removeprefix("containerd://")
         if not container:
             return None
-        [runtime] = [runtime for runtime, kubelet in zip(self.runtimes, self.kubelets,
-                                                         strict=True)
-                     if kubelet.node == pod["spec"]["nodeName"]]
-        tasks = runtime.ctr("tasks", "ls", check=False).stdout.decode().splitlines()[1:]
+        tasks = self.runtime_of(pod).ctr("tasks", "ls", check=False).stdout.decode(
+            ).splitlines()[1:]
         for task, pid, state in (line.split() for line in tasks):
             if task == container and state == "RUNNING":
                 return int(pid)
