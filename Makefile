@@ -18,9 +18,9 @@ install: $(STAMP)
 # CNI plugins and iptables the kubelets run with, debootstrap and Docker to build the
 # images without a registry (images/build-local.sh). Debian packages.
 SYSTEM_COMMANDS := prometheus mosquitto mosquitto_pub mosquitto_sub faketime cc \
-  containerd runc iptables debootstrap dockerd
+  containerd runc iptables debootstrap dockerd ip ss
 SYSTEM_PACKAGES := prometheus mosquitto mosquitto-clients faketime gcc containerd runc \
-  containernetworking-plugins iptables debootstrap docker.io
+  containernetworking-plugins iptables debootstrap docker.io iproute2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # The Python side alone (all the unit tier needs).

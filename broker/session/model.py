@@ -92,7 +92,8 @@ class SessionRecord:
     expiry_interval: int
     subscriptions: list[Subscription] = field(default_factory=list)
     cursors: dict[str, CursorState] = field(default_factory=dict)  # cursor key -> state
-    pubrel_pending: list[int] = field(default_factory=list)  # outbound QoS 2 after PUBREC
+    # outbound QoS 2 past PUBREC, in PUBREC order (their PUBRELs are resent in it)
+    pubrel_pending: list[int] = field(default_factory=list)
     # outbound QoS 1/2 sent and not acknowledged: (packet id, cursor key, timestamp)
     resend: list[tuple[int, str, int]] = field(default_factory=list)
     # cursor keys read to the end of their closed generation and fully acknowledged;

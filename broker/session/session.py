@@ -148,6 +148,7 @@ class Session:
         self._persist = persist
         self._on_shared_loss = on_shared_loss
         self._queue: deque[Delivery] = deque()
+        # by packet identifier, in first-sent order; released ones in PUBREC order
         self._in_flight: dict[int, _InFlight] = {}
         self._next_packet_id = 1
         # Durable deliveries sent on an earlier connection and not acknowledged:
@@ -191,7 +192,9 @@ class Session:
                         for key, state in self._restored_cursors.items()},
                      **{key: CursorState(c.state.position, list(c.state.done_above))
                         for key, c in self._cursors.items()}},
-            pubrel_pending=sorted(pid for pid, f in self._in_flight.items() if f.released),
+            # in PUBREC order, which their resends keep (MQTT-4.6.0-3); not sorted: a
+            # restored session numbers from 1 again below its resends' identifiers
+            pubrel_pending=[pid for pid, f in self._in_flight.items() if f.released],
             # in the order they were first sent: resent in that order too
             resend=[(pid, key, timestamp)
                     for (key, timestamp), pid in self._unacknowledged().items()],
@@ -1006,6 +1009,9 @@ class Session:
             return True
         if not entry.released:
             entry.released = True
+            # to the end: released entries stand in `_in_flight` in PUBREC order, the
+            # order their PUBRELs are resent in
+            self._in_flight[packet_id] = self._in_flight.pop(packet_id)
             self._finished(entry.delivery)
             if self.durable:
                 # The PUBREL waits for the write; the connection reads on meanwhile, so
@@ -1057,7 +1063,9 @@ class Session:
     def attach(self, outlet: Outlet) -> None:
         """A connection takes the session: resend what is unacknowledged, in order."""
         self.outlet = outlet
-        for packet_id, entry in sorted(self._in_flight.items()):
+        # in `_in_flight`'s order: PUBLISHes in first-sent order, PUBRELs in PUBREC
+        # order (MQTT-4.6.0-1, -3); packet identifiers wrap and restart after a restore
+        for packet_id, entry in list(self._in_flight.items()):
             if entry.released:
                 outlet.send_pubrel(packet_id)
             else:

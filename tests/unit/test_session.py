@@ -583,6 +583,85 @@ def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore(
     run(main())
 
 
+def test_pubrels_after_a_restore_follow_pubrec_order_not_packet_id_order() -> None:
+    """A restored session numbers new messages from 1 again while its resends keep
+    their old, higher packet identifiers. When a crash finds both past PUBREC, the
+    PUBRELs must go in the order the PUBRECs came (MQTT-4.6.0-3), not by packet
+    identifier: a client delivers a QoS 2 message at its PUBREL, so the other order
+    is an order breach (the site-killed-twice history test saw one)."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        for n in range(5):
+            db.store("q/x", bytes([n]), qos=2)
+        session = make_session(storage, durable=True)
+        session.subscribe(Subscription("q/#", qos=2))
+        first = RecordingOutlet(receive_maximum=3)
+        session.attach(first)
+        await wait_until(lambda: len(first.publishes) == 3, "the first window")
+        for sent in first.publishes[:2]:  # packet ids 1 and 2 completed
+            await acknowledge(session, sent)
+        await wait_until(lambda: len(first.publishes) == 5, "two more, unacknowledged")
+        await session.detach()
+
+        session = restored(storage, record_roundtrip(session))  # the site restarted
+        second = RecordingOutlet()
+        session.attach(second)
+        await wait_until(lambda: len(second.publishes) == 3, "the three resent")
+        for n in (5, 6):
+            session.on_feed(*db.store("q/x", bytes([n]), qos=2))
+        await wait_until(lambda: len(second.publishes) == 5, "two new ones")
+        assert [(s.payload, s.packet_id, s.dup) for s in second.publishes] == [
+            (bytes([2]), 3, True), (bytes([3]), 4, True), (bytes([4]), 5, True),
+            (bytes([5]), 1, False), (bytes([6]), 2, False)]
+        for sent in second.publishes:  # PUBREC each, in the order they came
+            assert sent.packet_id is not None
+            assert await session.on_pubrec(sent.packet_id, failed=False)
+        await wait_until(lambda: len(second.pubrels) == 5, "five PUBRELs")
+        assert second.pubrels == [3, 4, 5, 1, 2]
+        await session.detach()  # crashed before any PUBCOMP came
+
+        record = record_roundtrip(session)
+        assert record.pubrel_pending == [3, 4, 5, 1, 2]
+        session = restored(storage, record)
+        third = RecordingOutlet()
+        session.attach(third)
+        await settle()
+        assert third.pubrels == [3, 4, 5, 1, 2]
+        await session.detach()
+
+    run(main())
+
+
+def test_pubrels_go_in_pubrec_order_when_the_client_acknowledges_out_of_order() -> None:
+    async def main() -> None:
+        storage = FakeStorage()
+        for n in range(3):
+            storage.db(DB).store("q/x", bytes([n]), qos=2)
+        session = make_session(storage, durable=False)
+        session.subscribe(Subscription("q/#", qos=2))
+        first = RecordingOutlet()
+        session.attach(first)
+        session.on_feed_gap(0, 1)  # read the three from storage
+        await wait_until(lambda: len(first.publishes) == 3, "three QoS 2 messages")
+        for packet_id in (2, 1, 3):
+            assert await session.on_pubrec(packet_id, failed=False)
+        await session.detach()
+        second = RecordingOutlet()
+        session.attach(second)
+        await settle()
+        assert second.pubrels == [2, 1, 3]
+        await session.detach()
+
+    run(main())
+
+
+def restored(storage: FakeStorage, record: SessionRecord) -> Session:
+    session = make_session(storage, durable=True)
+    session.restore(record)
+    return session
+
+
 def test_durable_qos2_packet_id_is_saved_before_the_publish_goes_out() -> None:
     async def main() -> None:
         storage = FakeStorage()
