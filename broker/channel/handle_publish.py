@@ -88,7 +88,7 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
     if packet.qos == 2:
         # before any later packet is read: a resend must find it
-        session.inbound_qos2_storing(packet.packet_id or 0, done)
+        session.inbound_qos2.storing(packet.packet_id or 0, done)
     done.add_done_callback(lambda future: _stored(channel, packet, future))
 
 
@@ -124,12 +124,12 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
     PUBREL. A resend of one whose store is under way waits for that store (and keeps
     the packets after it waiting too, so their order holds)."""
     session = channel.attached_session()
-    store = session.inbound_qos2_store(packet_id)
+    store = session.inbound_qos2.store_under_way(packet_id)
     if store is not None:
         await asyncio.wait([store])
         if channel.closing:
             raise ConnectionClosed()
-    if session.inbound_qos2_unknown(packet_id):
+    if session.inbound_qos2.unknown(packet_id):
         # its store failed, but may have been committed: storing it again could
         # deliver it twice, so the storage decides (or the connection ends)
         try:
@@ -138,8 +138,8 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
             raise _fail(channel, mqtt_reason_code(error)) from None
         if channel.closing:
             raise ConnectionClosed()
-        session.inbound_qos2_known(packet_id, stored)
-    return session.inbound_qos2_pending(packet_id)
+        session.inbound_qos2.known(packet_id, stored)
+    return session.inbound_qos2.pending(packet_id)
 
 
 def _stored(channel: Channel, packet: Publish, future: asyncio.Future[Any]) -> None:

@@ -214,7 +214,7 @@ class SessionRegistry:
                 session.restore(record)
                 if epoch is not None:
                     session.owner_epoch = epoch
-                session.load_inbound_qos2(await self._store.inbound_qos2_ids(client_id))
+                session.inbound_qos2.load(await self._store.inbound_qos2_ids(client_id))
                 self.sessions[client_id] = session
             elif ended is not None:
                 # the ids of a session that ended must not pass for the new one's
@@ -278,7 +278,7 @@ class SessionRegistry:
                             await self._store.delete(client_id, session.owner_epoch)
                         except FencedError:  # another site holds the session now
                             return
-                await session.inbound_qos2_settled()  # or a late one outlives the forget
+                await session.inbound_qos2.settled()  # or a late one outlives the forget
                 try:
                     await self._store.forget_qos2(client_id, session.owner_epoch)
                 except StratamqError as exc:  # no leader to read past, say: the will goes on
@@ -338,7 +338,7 @@ class SessionRegistry:
                 await self._store.delete(session.client_id, session.owner_epoch)
             except FencedError:  # another site holds the session now
                 return
-        await session.inbound_qos2_settled()
+        await session.inbound_qos2.settled()
         try:
             await self._store.forget_qos2(session.client_id, session.owner_epoch)
         except FencedError:  # taken over meanwhile: the ids are the new owner's

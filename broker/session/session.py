@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
@@ -31,6 +31,7 @@ from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
 from .cursors import Cursor, CursorTable
 from .expiry import is_expired
+from .inbound_qos2 import InboundQos2
 from .model import (
     CursorState,
     SessionRecord,
@@ -118,16 +119,7 @@ class Session:
         # covers them before their PUBREL goes out (see on_pubrec)
         self._pubrel_waiting: list[int] = []
         self._pubrel_sender: asyncio.Future[None] | None = None
-        # inbound QoS 2 packet ids awaiting PUBREL; recorded with the messages in the
-        # storage (SessionStore.submit_qos2), loaded from there when a session is restored
-        self._inbound_qos2: set[int] = set()
-        # ... and those whose store is under way: a resend (DUP) waits for it, on this
-        # connection or a later one, instead of storing the message a second time
-        self._inbound_qos2_storing: dict[int, asyncio.Future[Any]] = {}
-        # inbound QoS 2 packet ids whose store failed: it may have been committed all
-        # the same (a leader that stepped down or timed out after the entry reached a
-        # majority), so a resend asks the storage instead of storing again
-        self._inbound_qos2_unknown: set[int] = set()
+        self.inbound_qos2 = InboundQos2()
         self._storage = storage
         self._db = messages_db
         self._max_queued = max_queued
@@ -252,52 +244,6 @@ class Session:
         """The will, once: it is cleared."""
         will, self.will = self.will, None
         return will
-
-    # -- inbound QoS 2 ------------------------------------------------------------
-
-    def load_inbound_qos2(self, packet_ids: set[int]) -> None:
-        self._inbound_qos2 = packet_ids
-        self._inbound_qos2_unknown.clear()
-
-    def inbound_qos2_pending(self, packet_id: int) -> bool:
-        return packet_id in self._inbound_qos2
-
-    def inbound_qos2_storing(self, packet_id: int, store: asyncio.Future[Any]) -> None:
-        """An inbound QoS 2 message is being stored with its packet id: the id counts
-        as received once the store succeeds, whatever becomes of the connection."""
-        self._inbound_qos2_storing[packet_id] = store
-        store.add_done_callback(lambda done: self._inbound_qos2_settled(packet_id, done))
-
-    def _inbound_qos2_settled(self, packet_id: int, store: asyncio.Future[Any]) -> None:
-        if self._inbound_qos2_storing.get(packet_id) is store:
-            del self._inbound_qos2_storing[packet_id]
-        if not store.cancelled() and store.exception() is None:
-            self._inbound_qos2.add(packet_id)
-        elif packet_id not in self._inbound_qos2:
-            self._inbound_qos2_unknown.add(packet_id)
-
-    def inbound_qos2_unknown(self, packet_id: int) -> bool:
-        """Whether a store of this packet id failed with an outcome not known yet."""
-        return packet_id in self._inbound_qos2_unknown
-
-    def inbound_qos2_known(self, packet_id: int, stored: bool) -> None:
-        """The storage told whether the message with this packet id is stored."""
-        self._inbound_qos2_unknown.discard(packet_id)
-        if stored:
-            self._inbound_qos2.add(packet_id)
-
-    def inbound_qos2_store(self, packet_id: int) -> asyncio.Future[Any] | None:
-        """The store under way of the message with this packet id, if any."""
-        return self._inbound_qos2_storing.get(packet_id)
-
-    async def inbound_qos2_settled(self) -> None:
-        """Wait until no inbound QoS 2 store is under way (failed ones included)."""
-        while self._inbound_qos2_storing:
-            await asyncio.wait(list(self._inbound_qos2_storing.values()))
-
-    def inbound_qos2_released(self, packet_id: int) -> None:
-        self._inbound_qos2.discard(packet_id)
-        self._inbound_qos2_unknown.discard(packet_id)
 
     # -- subscriptions ------------------------------------------------------------
 

@@ -312,20 +312,20 @@ def test_an_inbound_qos2_store_that_failed_leaves_its_packet_id_unknown_not_free
         session = make_session(FakeStorage(), durable=True)
         loop = asyncio.get_running_loop()
         failed, stored = loop.create_future(), loop.create_future()
-        session.inbound_qos2_storing(7, failed)
-        session.inbound_qos2_storing(8, stored)
+        session.inbound_qos2.storing(7, failed)
+        session.inbound_qos2.storing(8, stored)
         failed.set_exception(StorageTimeoutError("no majority in time"))
         stored.set_result(None)
         await asyncio.sleep(0)  # the done callbacks
-        assert (session.inbound_qos2_pending(7), session.inbound_qos2_unknown(7)) \
+        assert (session.inbound_qos2.pending(7), session.inbound_qos2.unknown(7)) \
             == (False, True)
-        assert (session.inbound_qos2_pending(8), session.inbound_qos2_unknown(8)) \
+        assert (session.inbound_qos2.pending(8), session.inbound_qos2.unknown(8)) \
             == (True, False)
-        session.inbound_qos2_known(7, stored=True)
-        assert (session.inbound_qos2_pending(7), session.inbound_qos2_unknown(7)) \
+        session.inbound_qos2.known(7, stored=True)
+        assert (session.inbound_qos2.pending(7), session.inbound_qos2.unknown(7)) \
             == (True, False)
-        session.inbound_qos2_released(7)
-        assert not session.inbound_qos2_pending(7)
+        session.inbound_qos2.released(7)
+        assert not session.inbound_qos2.pending(7)
 
     run(main())
 
