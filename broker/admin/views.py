@@ -38,8 +38,8 @@ def client_view(connection: Connection) -> Json:
         "durable": session.durable if session else False,
         "expiry_interval": session.expiry_interval if session else 0,
         "subscriptions": len(session.subscriptions) if session else 0,
-        "in_flight": session.in_flight_count if session else 0,
-        "queued": session.queued_count if session else 0,
+        "in_flight": session.outbox.in_flight_count if session else 0,
+        "queued": session.outbox.queued_count if session else 0,
     }
 
 

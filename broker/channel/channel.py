@@ -42,7 +42,8 @@ from ..mqtt import (
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
 from ..net.read_loop import ConnectionClosed, read_packets
 from ..net.transport import Transport
-from ..session.session import Delivery, Session
+from ..session.outbox import Delivery
+from ..session.session import Session
 from . import (
     handle_acks,
     handle_connect,

@@ -11,13 +11,13 @@ if TYPE_CHECKING:
 
 
 def handle_puback(channel: Channel, packet: Puback) -> None:
-    channel.attached_session().on_puback(packet.packet_id)
+    channel.attached_session().outbox.on_puback(packet.packet_id)
 
 
 async def handle_pubrec(channel: Channel, packet: Pubrec) -> None:
-    await channel.attached_session().on_pubrec(
+    await channel.attached_session().outbox.on_pubrec(
         packet.packet_id, packet.reason_code >= ReasonCode.UNSPECIFIED_ERROR)
 
 
 def handle_pubcomp(channel: Channel, packet: Pubcomp) -> None:
-    channel.attached_session().on_pubcomp(packet.packet_id)
+    channel.attached_session().outbox.on_pubcomp(packet.packet_id)

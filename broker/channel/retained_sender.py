@@ -23,7 +23,8 @@ from ..core.retained import RetainedStore
 from ..ds import Message
 from ..errors import StorageError
 from ..session.model import Subscription
-from ..session.session import Delivery, Session
+from ..session.outbox import Delivery
+from ..session.session import Session
 from ..supervise import note_task_failure
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class RetainedSender:
                 assert job is not None
                 if not job.wanted:
                     await self._end_job()
-                elif not await job.session.wait_for_room():
+                elif not await job.session.outbox.wait_for_room():
                     return  # the connection is gone
                 self._offer()
         finally:
@@ -135,7 +136,7 @@ class RetainedSender:
             return
         subscription = job.subscription
         identifiers = (subscription.identifier,) if subscription.identifier else ()
-        while self._page and job.session.has_room_for_backlog:
+        while self._page and job.session.outbox.has_room_for_backlog:
             message = self._page.popleft()
             job.session.offer(Delivery(message, min(message.qos, subscription.qos), True,
                                        identifiers))

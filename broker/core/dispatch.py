@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from ..ds import CookedBatch, Iterator, Message, ShareMember, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
-from ..session.session import Delivery, Session
+from ..session.outbox import Delivery
+from ..session.session import Session
 from ..subscription_index import SubscriptionIndex
 
 
@@ -80,7 +81,7 @@ class SharedGroup:
                       if session.may_receive(subscription, message)]
         if not candidates:
             return None
-        with_room = [candidate for candidate in candidates if candidate[0].has_room]
+        with_room = [candidate for candidate in candidates if candidate[0].outbox.has_room]
         choice = with_room or candidates
         return choice[next(self._turn) % len(choice)]
 
@@ -309,7 +310,7 @@ class Dispatcher:
             MESSAGES_DROPPED.labels("no_shared_member").inc()
             return True
         session, subscription = picked
-        if needs_room and not session.has_room:
+        if needs_room and not session.outbox.has_room:
             return False  # picked first when it has room: no member has
         delivery = Delivery(message, min(message.qos, subscription.qos), False,
                             (subscription.identifier,) if subscription.identifier else (),

@@ -93,7 +93,7 @@ class SessionRegistry:
         # Computed when scraped, so a connect costs nothing that grows with the
         # number of sessions.
         IN_FLIGHT.set_function(
-            lambda: sum(session.in_flight_count for session in self.sessions.values()))
+            lambda: sum(session.outbox.in_flight_count for session in self.sessions.values()))
         SESSIONS.labels("durable").set_function(
             lambda: sum(1 for session in self.sessions.values() if session.durable))
         SESSIONS.labels("transient").set_function(

@@ -19,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
@@ -30,7 +28,6 @@ from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
 from ..topic import topic_matches
 from .cursors import Cursor, CursorTable
-from .expiry import is_expired
 from .inbound_qos2 import InboundQos2
 from .model import (
     CursorState,
@@ -41,10 +38,10 @@ from .model import (
     cursor_key,
     parse_cursor_key,
 )
+from .outbox import Delivery, Outbox, Outlet
 
 log = logging.getLogger(__name__)
 
-MAX_PACKET_ID = 0xFFFF
 _T = TypeVar("_T")
 # Topics whose routes and ACL decisions a session remembers (oldest forgotten first).
 ROUTE_CACHE_SIZE = 256
@@ -53,48 +50,6 @@ _COUNT_BATCH = 1000
 # Storage reads a replay pass makes before it lets the event loop run others: a read
 # on the loop does not yield, and a wildcard filter may have thousands of streams.
 REPLAY_SLICE = 32
-
-
-class Outlet(Protocol):
-    """What a session needs of a connection."""
-
-    receive_maximum: int
-
-    def send_publish(self, delivery: Delivery, packet_id: int | None, dup: bool) -> bool:
-        """Send a PUBLISH; False when it could not be sent (too large for the client)."""
-        ...
-
-    def send_pubrel(self, packet_id: int) -> None: ...
-
-    def may_subscribe(self, topic_filter: str) -> bool:
-        """Whether the ACL lets the client hold this subscription (as subscribed)."""
-        ...
-
-    def may_receive(self, topic: str) -> bool:
-        """Whether the ACL lets a message on this topic reach the client through a
-        subscription it may hold."""
-        ...
-
-
-@dataclass(slots=True, eq=False)
-class Delivery:
-    message: Message
-    qos: int
-    retain: bool
-    subscription_ids: tuple[int, ...] = ()
-    cursor: Cursor | None = None
-    share_group: str | None = None  # shared deliveries move to another member on loss
-    stream: Stream | None = None  # a shared delivery's: read again from there on loss
-    # A resend of a durable delivery the client has not acknowledged: it goes out
-    # again with its original packet identifier and DUP set (MQTT-4.4.0-1, 3.3.1-1).
-    packet_id: int | None = None
-    dup: bool = False
-
-
-@dataclass(slots=True, eq=False)
-class _InFlight:
-    delivery: Delivery
-    released: bool = False  # outbound QoS 2 past PUBREC: only PUBREL is resent
 
 
 class Session:
@@ -108,24 +63,12 @@ class Session:
         self.expiry_interval = expiry_interval
         self.subscriptions: dict[str, Subscription] = {}
         self.will: WillRecord | None = None
-        self.outlet: Outlet | None = None
         self.owner_epoch = 0
         self.username: str | None = None  # the user it belongs to
         self.persist_lock = asyncio.Lock()
-        # deliveries waiting for their packet identifiers to be saved (see pump)
-        self._held: list[tuple[Delivery, int | None]] = []
-        self._releaser: asyncio.Future[None] | None = None
-        # outbound QoS 2 acknowledged by PUBREC, waiting for the session write that
-        # covers them before their PUBREL goes out (see on_pubrec)
-        self._pubrel_waiting: list[int] = []
-        self._pubrel_sender: asyncio.Future[None] | None = None
         self.inbound_qos2 = InboundQos2()
         self._storage = storage
         self._db = messages_db
-        self._max_queued = max_queued
-        # The replay reads while the queue is under this; at least 1, or a queue of
-        # one would never let it read at all.
-        self._replay_room = max(1, max_queued // 2)
         self._batch_size = batch_size
         self._idle_poll_interval = idle_poll_interval
         # Set while the replay has streams to read and the queue has no room for them:
@@ -134,20 +77,11 @@ class Session:
         self._waiting_for_room = False
         # where the next replay round starts: each stream gets its turn at the queue
         self._replay_turn = 0
-        # set when the queue falls under the replay's mark (or the connection goes):
-        # wakes deliveries that wait for room instead of being dropped (wait_for_room)
-        self._room = asyncio.Event()
         self._persist = persist
         self._on_shared_loss = on_shared_loss
-        self._queue: deque[Delivery] = deque()
-        # by packet identifier, in first-sent order; released ones in PUBREC order
-        self._in_flight: dict[int, _InFlight] = {}
-        self._next_packet_id = 1
-        # Durable deliveries sent on an earlier connection and not acknowledged:
-        # (cursor key, message timestamp) -> packet identifier. The identifiers stay
-        # reserved until the replay offers the message again.
-        self._resend: dict[tuple[str, int], int] = {}
-        self._reserved_ids: set[int] = set()
+        self.outbox = Outbox(max_queued, save=self.persist_now,
+                             request_save=self.request_persist, finished=self._finished,
+                             durable=lambda: self.durable)
         self._cursors = CursorTable()
         self._wake = asyncio.Event()
         self._replayer: asyncio.Task[None] | None = None
@@ -184,12 +118,10 @@ class Session:
                         for key, state in self._restored_cursors.items()},
                      **{key: CursorState(c.state.position, list(c.state.done_above))
                         for key, c in self._cursors.items()}},
-            # in PUBREC order, which their resends keep (MQTT-4.6.0-3); not sorted: a
-            # restored session numbers from 1 again below its resends' identifiers
-            pubrel_pending=[pid for pid, f in self._in_flight.items() if f.released],
+            pubrel_pending=self.outbox.pubrel_pending(),
             # in the order they were first sent: resent in that order too
             resend=[(pid, key, timestamp)
-                    for (key, timestamp), pid in self._unacknowledged().items()],
+                    for (key, timestamp), pid in self.outbox.unacknowledged().items()],
             done=sorted(self._done_cursors),
             will=self.will,
             disconnected_at=disconnected_at,
@@ -203,16 +135,12 @@ class Session:
         self.owner_epoch = record.owner_epoch + 1
         self.username = record.username
         # Messages past PUBREC are never published again: only their PUBREL is.
-        placeholder = Message("", b"")
-        for packet_id in record.pubrel_pending:
-            self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
+        self.outbox.restore(record.pubrel_pending, record.resend)
         # copies: the cursors move on from them, and the record's are the stored parts
         self._restored_cursors = {key: CursorState(state.position, list(state.done_above))
                                   for key, state in record.cursors.items()}
         self.stored_parts = record.as_parts()
         self._done_cursors = set(record.done)
-        self._resend = {(key, timestamp): pid for pid, key, timestamp in record.resend}
-        self._reserved_ids = set(self._resend.values())
 
     # -- settings of the connection that holds it ----------------------------------
 
@@ -338,15 +266,16 @@ class Session:
         across streams (MQTT-4.6.0-1), before replay reads anything new. Within a
         stream they are a prefix of what follows its position, so replay then goes
         on after the last one."""
-        for key, timestamp in list(self._resend):
+        for key, timestamp in self.outbox.resend_keys():
             cursor = self._cursors.get(key)
             if cursor is None or self.outlet is None:
                 continue
             message = await self._storage.read_message(self._db, cursor.stream, timestamp)
-            if (key, timestamp) not in self._resend or self._cursors.get(key) is not cursor:
+            if not self.outbox.is_resend((key, timestamp)) \
+                    or self._cursors.get(key) is not cursor:
                 continue
             if message is None:  # its generation was dropped by retention meanwhile
-                self._reserved_ids.discard(self._resend.pop((key, timestamp)))
+                self.outbox.drop_resend((key, timestamp))
                 self._report_loss(1, f"{cursor.stream.shard}/{cursor.stream.generation}")
                 continue
             self._offer_durable(cursor, message)
@@ -387,7 +316,7 @@ class Session:
                         or self._cursors.get(cursor.key) is not cursor:
                     continue
                 reads += 1
-                if len(self._queue) >= self._replay_room:
+                if not self.outbox.has_room_for_backlog:
                     self._waiting_for_room = True  # acks wake us (see _finished)
                     self._replay_turn = start + turn
                     break
@@ -444,10 +373,8 @@ class Session:
             del self._restored_cursors[key]
         done = {k for k in self._done_cursors if doomed(k)}
         self._done_cursors -= done
-        resends = [k for k in self._resend if doomed(k[0])]
-        for resend_key in resends:
-            self._reserved_ids.discard(self._resend.pop(resend_key))
-        return len(states) + len(restored) + len(done), len(resends)
+        resends = self.outbox.forget_resends(doomed)
+        return len(states) + len(restored) + len(done), resends
 
     # -- retention ----------------------------------------------------------------
 
@@ -461,7 +388,7 @@ class Session:
         if not self.durable:
             return
         resends: dict[str, set[int]] = {}
-        for key, timestamp in self._resend:
+        for key, timestamp in self.outbox.resend_keys():
             if _in_generation(key, shard, generation):
                 resends.setdefault(key, set()).add(timestamp)
         lost = sum(len(timestamps) for timestamps in resends.values())
@@ -527,7 +454,7 @@ class Session:
         gone = {(stream.shard, stream.generation)
                 for stream in (parse_cursor_key(key)[1] for key in
                                [*self._restored_cursors, *self._done_cursors,
-                                *(key for key, _timestamp in self._resend)])
+                                *(key for key, _timestamp in self.outbox.resend_keys())])
                 if (stream.shard, stream.generation) not in existing
                 and self._storage.generations_known(self._db, stream.shard)}
         if not gone:
@@ -602,7 +529,7 @@ class Session:
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._waiting_for_room and not self._cursors.blocked(cursor) \
-                and len(self._queue) < self._max_queued and self.outlet is not None:
+                and self.outbox.has_room:
             if message.timestamp > cursor.last_handed:
                 self._offer_durable(cursor, message)
         else:
@@ -620,14 +547,13 @@ class Session:
         if not receivers:
             return
         delivery = self._delivery(receivers, message)
-        if len(self._queue) >= self._max_queued and not self._make_room():
+        if not self.outbox.has_room and not self.outbox.make_room():
             if delivery.qos == 0:
                 MESSAGES_DROPPED.labels("queue_full").inc()
             else:
                 self._catch_up(routes, stream, message)
             return
-        self._queue.append(delivery)
-        self.pump()
+        self.outbox.enqueue(delivery)
 
     def _reads_from_storage(self, subscription: Subscription, stream: Stream) -> bool:
         """Whether a transient session reads this stream of the subscription from
@@ -722,27 +648,6 @@ class Session:
             _remember(self._topic_allowed, topic, allowed)
         return allowed
 
-    @property
-    def has_room(self) -> bool:
-        """Whether a delivery offered now is queued (a full queue drops a delivery
-        without a cursor: a shared group waits for a member with room instead)."""
-        return self.outlet is not None and len(self._queue) < self._max_queued
-
-    @property
-    def has_room_for_backlog(self) -> bool:
-        """Whether a delivery that waits for room rather than being dropped (retained
-        messages at SUBSCRIBE) may be queued now: below the mark the replay reads
-        to, so the live feed keeps the other half of the queue."""
-        return self.outlet is not None and len(self._queue) < self._replay_room
-
-    async def wait_for_room(self) -> bool:
-        """Wait until `has_room_for_backlog` (the client's acknowledgements make
-        room); False once the connection is gone."""
-        while self.outlet is not None and len(self._queue) >= self._replay_room:
-            self._room.clear()
-            await self._room.wait()
-        return self.outlet is not None
-
     def may_receive(self, subscription: Subscription, message: Message) -> bool:
         """Whether the ACL lets this session's connection receive the message through
         the subscription (a shared one included)."""
@@ -777,7 +682,7 @@ class Session:
         skipped, never blocking the cursor. A resend keeps its packet identifier and
         goes out through the cursor it was first sent from."""
         timestamp = message.timestamp
-        packet_id = self._resend.pop((cursor.key, timestamp), None)
+        packet_id = self.outbox.take_resend((cursor.key, timestamp))
         receivers = self._receivers(message)
         own = cursor.subscription
         delivers = bool(receivers) and (
@@ -786,7 +691,7 @@ class Session:
         cursor.handed_out(timestamp)
         if not delivers:
             if packet_id is not None:
-                self._reserved_ids.discard(packet_id)
+                self.outbox.release_id(packet_id)
             cursor.done(timestamp)
             return
         delivery = self._delivery(receivers, message)
@@ -809,118 +714,7 @@ class Session:
         if not self._may_see(delivery.message.topic):
             self._finished(delivery)
             return
-        if len(self._queue) >= self._max_queued and delivery.cursor is None \
-                and not self._make_room():
-            MESSAGES_DROPPED.labels("queue_full").inc()
-            return
-        self._queue.append(delivery)
-        self.pump()
-
-    def _make_room(self) -> bool:
-        """Push the oldest queued QoS 0 message of the live feed out (counted)."""
-        for index, queued in enumerate(self._queue):
-            if queued.qos == 0 and queued.cursor is None:
-                del self._queue[index]
-                MESSAGES_DROPPED.labels("queue_full").inc()
-                return True
-        return False
-
-    def pump(self) -> None:
-        """Send what the window allows, in queue order. A durable QoS 2 message
-        first gets its packet identifier saved with the session, so that after a
-        crash it is resent under the same identifier and the client can recognise it:
-        sends wait behind that write (and keep their order)."""
-        outlet = self.outlet
-        batch: list[tuple[Delivery, int | None]] = []
-        needs_save = False
-        while outlet is not None and self._queue:
-            delivery = self._queue[0]
-            if delivery.qos > 0 and len(self._in_flight) >= outlet.receive_maximum:
-                break
-            self._queue.popleft()
-            if delivery.packet_id is not None:
-                self._reserved_ids.discard(delivery.packet_id)
-            if is_expired(delivery.message):
-                MESSAGES_DROPPED.labels("expired").inc()
-                self._finished(delivery)
-                continue
-            if delivery.qos == 0:
-                batch.append((delivery, None))
-                continue
-            packet_id = delivery.packet_id or self._allocate_packet_id()
-            self._in_flight[packet_id] = _InFlight(delivery)
-            if delivery.qos == 2 and delivery.cursor is not None and delivery.packet_id is None:
-                needs_save = True
-            batch.append((delivery, packet_id))
-        if len(self._queue) < self._replay_room:
-            self._room.set()
-        if not batch:
-            return
-        if needs_save or self._releaser is not None:
-            self._held.extend(batch)
-            if self._releaser is None:
-                self._releaser = asyncio.ensure_future(self._save_then_send())
-            return
-        self._send(batch)
-
-    async def _save_then_send(self) -> None:
-        try:
-            while self._held and self.outlet is not None:
-                batch, self._held = self._held, []
-                try:
-                    await self.persist_now()  # the packet identifiers of this batch
-                except Exception:  # kept, in order, for the next try
-                    note_failure("session-save-then-send")
-                    if self.outlet is not None:  # else detach() has dealt with them
-                        self._held[:0] = batch
-                    await asyncio.sleep(RESTART_PAUSE)
-                    continue
-                self._send(batch)
-        finally:
-            self._releaser = None
-
-    def _send(self, batch: list[tuple[Delivery, int | None]]) -> None:
-        outlet = self.outlet
-        if outlet is None:
-            return  # detach() has taken care of what was in flight
-        for delivery, packet_id in batch:
-            if packet_id is None:
-                outlet.send_publish(delivery, None, False)
-                self._finished(delivery)
-                continue
-            entry = self._in_flight.get(packet_id)
-            if entry is None or entry.delivery is not delivery:
-                continue
-            if not outlet.send_publish(delivery, packet_id, delivery.dup):
-                del self._in_flight[packet_id]
-                self._finished(delivery)
-            elif delivery.cursor is not None:
-                self.request_persist()  # the packet identifier, for a resend after a crash
-
-    def _allocate_packet_id(self) -> int:
-        while True:
-            packet_id = self._next_packet_id
-            self._next_packet_id = packet_id % MAX_PACKET_ID + 1
-            if packet_id not in self._in_flight and packet_id not in self._reserved_ids:
-                return packet_id
-
-    def _unacknowledged(self) -> dict[tuple[str, int], int]:
-        """Durable deliveries that got a packet identifier and are not acknowledged
-        (PUBREC counts): (cursor key, message timestamp) -> packet identifier."""
-        # In first-sent order, which resends keep (MQTT-4.6.0-1): what is in flight
-        # went out first, then the queue in its order; resends not offered again yet
-        # (a disconnect in the middle of them) follow what was offered before them.
-        found: dict[tuple[str, int], int] = {}
-        for packet_id, entry in self._in_flight.items():
-            cursor = entry.delivery.cursor
-            if cursor is not None and not entry.released:
-                found[(cursor.key, entry.delivery.message.timestamp)] = packet_id
-        for delivery in self._queue:
-            if delivery.packet_id is not None and delivery.cursor is not None:
-                found[(delivery.cursor.key, delivery.message.timestamp)] = delivery.packet_id
-        for key, packet_id in self._resend.items():
-            found.setdefault(key, packet_id)
-        return found
+        self.outbox.enqueue(delivery)
 
     def _finished(self, delivery: Delivery) -> None:
         cursor = delivery.cursor
@@ -928,125 +722,33 @@ class Session:
             cursor.done(delivery.message.timestamp)
             self._forget_if_complete(cursor)
             self.request_persist()
-        if self._waiting_for_room and len(self._queue) < self._replay_room:
+        if self._waiting_for_room and self.outbox.queued_count < self.outbox.replay_room:
             self._wake.set()
-
-    # -- acknowledgements ---------------------------------------------------------
-
-    def on_puback(self, packet_id: int) -> bool:
-        entry = self._in_flight.get(packet_id)
-        if entry is None or entry.delivery.qos != 1:
-            return False
-        del self._in_flight[packet_id]
-        self._finished(entry.delivery)
-        self.pump()
-        return True
-
-    async def on_pubrec(self, packet_id: int, failed: bool) -> bool:
-        """Record that the client has the message, durably, before PUBREL goes out:
-        a crash after this never publishes it again."""
-        entry = self._in_flight.get(packet_id)
-        if entry is None or entry.delivery.qos != 2:
-            return False
-        if failed:  # a PUBREC with an error code ends the exchange (MQTT 5 4.3.3)
-            del self._in_flight[packet_id]
-            self._finished(entry.delivery)
-            self.pump()
-            return True
-        if not entry.released:
-            entry.released = True
-            # to the end: released entries stand in `_in_flight` in PUBREC order, the
-            # order their PUBRELs are resent in
-            self._in_flight[packet_id] = self._in_flight.pop(packet_id)
-            self._finished(entry.delivery)
-            if self.durable:
-                # The PUBREL waits for the write; the connection reads on meanwhile, so
-                # one write covers the PUBRECs that arrive while the one before is under
-                # way (a replicated write takes a majority's round trip).
-                self._pubrel_waiting.append(packet_id)
-                if self._pubrel_sender is None:
-                    self._pubrel_sender = asyncio.ensure_future(self._persist_then_release())
-                return True
-        elif packet_id in self._pubrel_waiting:
-            return True  # its PUBREL follows the write it waits for
-        if self.outlet is not None:
-            self.outlet.send_pubrel(packet_id)
-        return True
-
-    async def _persist_then_release(self) -> None:
-        try:
-            while self._pubrel_waiting and self.outlet is not None:
-                waiting, self._pubrel_waiting = self._pubrel_waiting, []
-                try:
-                    await self.persist_now()
-                except Exception:  # kept, in order, for the next try
-                    note_failure("session-persist-then-release")
-                    if self.outlet is not None:  # else the record resends the PUBRELs
-                        self._pubrel_waiting[:0] = waiting
-                    await asyncio.sleep(RESTART_PAUSE)
-                    continue
-                outlet = self.outlet
-                if outlet is None:
-                    return
-                for packet_id in waiting:
-                    entry = self._in_flight.get(packet_id)
-                    if entry is not None and entry.released:
-                        outlet.send_pubrel(packet_id)
-        finally:
-            self._pubrel_sender = None
-
-    def on_pubcomp(self, packet_id: int) -> bool:
-        entry = self._in_flight.get(packet_id)
-        if entry is None or not entry.released:
-            return False
-        del self._in_flight[packet_id]
-        self.request_persist()
-        self.pump()
-        return True
 
     # -- connection lifecycle -----------------------------------------------------
 
     def attach(self, outlet: Outlet) -> None:
         """A connection takes the session: resend what is unacknowledged, in order."""
-        self.outlet = outlet
-        # in `_in_flight`'s order: PUBLISHes in first-sent order, PUBRELs in PUBREC
-        # order (MQTT-4.6.0-1, -3); packet identifiers wrap and restart after a restore
-        for packet_id, entry in list(self._in_flight.items()):
-            if entry.released:
-                outlet.send_pubrel(packet_id)
-            else:
-                outlet.send_publish(entry.delivery, packet_id, True)
+        self.outbox.attach(outlet)
         if self.durable:
             self.prune_dropped_generations()
             self.renew_streams()
             self._replayer = asyncio.create_task(self._supervised_replay(),
                                                  name=f"replay-{self.client_id}")
-        self.pump()
+        self.outbox.pump()
 
     async def detach(self) -> None:
         """The connection is gone. A durable session drops its in-memory queue (it
         is in storage); shared deliveries move to another member of their group."""
-        self.outlet = None
+        self.outbox.disconnect()
         self._wake.set()
-        self._room.set()
-        self._held.clear()  # in flight already, or QoS 0
-        self._pubrel_waiting.clear()  # released in flight: the record resends their PUBREL
         self._forget_decisions()
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._replayer
             self._replayer = None
-        if self.durable:
-            self._resend = self._unacknowledged()
-            self._reserved_ids = set(self._resend.values())
-        lost = list(self._queue)
-        self._queue.clear()
-        for packet_id, entry in list(self._in_flight.items()):
-            if entry.delivery.share_group is not None and not entry.released:
-                del self._in_flight[packet_id]
-                lost.append(entry.delivery)
-        for delivery in lost:
+        for delivery in self.outbox.drop():
             if delivery.share_group is not None:
                 self._on_shared_loss(delivery)
         if self.durable:
@@ -1054,8 +756,11 @@ class Session:
             for key, cursor in list(self._cursors.items()):
                 self._restored_cursors[key] = cursor.state
             self._cursors.clear()
-            kept = {pid: e for pid, e in self._in_flight.items() if e.released}
-            self._in_flight = kept
+
+    @property
+    def outlet(self) -> Outlet | None:
+        """The connection attached, if any."""
+        return self.outbox.outlet
 
     @property
     def outlives_connection(self) -> bool:
@@ -1067,21 +772,11 @@ class Session:
         group not settled yet: queued, or sent and not acknowledged (a QoS 2 one
         the client has released has reached it)."""
         first: dict[int, int] = {}
-        pending = [*self._queue, *(entry.delivery for entry in self._in_flight.values()
-                                   if not entry.released)]
-        for delivery in pending:
+        for delivery in self.outbox.pending():
             if delivery.share_group == group_key and delivery.stream is not None:
                 shard, timestamp = delivery.stream.shard, delivery.message.timestamp
                 first[shard] = min(first.get(shard, timestamp), timestamp)
         return first
-
-    @property
-    def in_flight_count(self) -> int:
-        return len(self._in_flight)
-
-    @property
-    def queued_count(self) -> int:
-        return len(self._queue)
 
     # -- persistence --------------------------------------------------------------
 

@@ -27,7 +27,8 @@ from stratamq.broker.session.model import (
     subscription_from_json,
     subscription_to_json,
 )
-from stratamq.broker.session.session import MAX_PACKET_ID, Delivery, Session
+from stratamq.broker.session.outbox import MAX_PACKET_ID, Delivery
+from stratamq.broker.session.session import Session
 from tests.support.fake_storage import FakeDatabase, FakeStorage
 from tests.support.storage import run
 
@@ -148,10 +149,10 @@ async def settle() -> None:
 async def acknowledge(session: Session, sent: Sent) -> None:
     assert sent.packet_id is not None
     if sent.qos == 1:
-        assert session.on_puback(sent.packet_id)
+        assert session.outbox.on_puback(sent.packet_id)
     else:
-        assert await session.on_pubrec(sent.packet_id, failed=False)
-        assert session.on_pubcomp(sent.packet_id)
+        assert await session.outbox.on_pubrec(sent.packet_id, failed=False)
+        assert session.outbox.on_pubcomp(sent.packet_id)
 
 
 async def acknowledge_until(session: Session, outlet: RecordingOutlet, count: int) -> None:
@@ -192,13 +193,13 @@ def test_packet_ids_are_allocated_in_order_and_not_reused_while_in_flight() -> N
             session.offer(delivery("t", 1, bytes([n])))
         assert [s.packet_id for s in outlet.publishes] == [1, 2, 3]
         assert not any(s.dup for s in outlet.publishes)
-        assert session.on_puback(2)
-        assert not session.on_puback(2)  # acknowledged already
-        assert not session.on_puback(9)  # never sent
+        assert session.outbox.on_puback(2)
+        assert not session.outbox.on_puback(2)  # acknowledged already
+        assert not session.outbox.on_puback(9)  # never sent
         for n in range(3):
             session.offer(delivery("t", 1, bytes([n])))
         assert [s.packet_id for s in outlet.publishes] == [1, 2, 3, 4, 5, 6]
-        assert session.in_flight_count == 5
+        assert session.outbox.in_flight_count == 5
         session.offer(delivery("t", 0))
         assert outlet.publishes[-1].packet_id is None  # QoS 0 takes none
         await session.detach()
@@ -216,11 +217,11 @@ def test_packet_ids_wrap_past_65535_skipping_those_in_use() -> None:
         assert [s.packet_id for s in outlet.publishes] == list(range(1, MAX_PACKET_ID + 1))
         session.offer(delivery("t", 1, b"waits"))  # every identifier is in use
         assert len(outlet.publishes) == MAX_PACKET_ID
-        assert session.queued_count == 1
+        assert session.outbox.queued_count == 1
         kept = {1, 2, 4, MAX_PACKET_ID}
         for packet_id in range(3, MAX_PACKET_ID):
             if packet_id not in kept:
-                assert session.on_puback(packet_id)
+                assert session.outbox.on_puback(packet_id)
         session.offer(delivery("t", 1))
         session.offer(delivery("t", 1))
         # after 65535 comes 1 (not 0); 1 and 2 are in use, 3 is free again, 4 is not
@@ -242,17 +243,17 @@ def test_in_flight_window_respects_receive_maximum_and_acks_release_the_next() -
         for payload, qos in [(b"a", 1), (b"b", 2), (b"c", 1), (b"d", 0), (b"e", 1)]:
             session.offer(delivery("t", qos, payload))
         assert [s.payload for s in outlet.publishes] == [b"a", b"b"]
-        assert (session.in_flight_count, session.queued_count) == (2, 3)
-        assert session.on_puback(1)
+        assert (session.outbox.in_flight_count, session.outbox.queued_count) == (2, 3)
+        assert session.outbox.on_puback(1)
         # c takes the free slot; d (QoS 0) follows in queue order; e waits
         assert [(s.payload, s.packet_id) for s in outlet.publishes[2:]] == \
             [(b"c", 3), (b"d", None)]
-        assert (session.in_flight_count, session.queued_count) == (2, 1)
-        assert await session.on_pubrec(2, failed=False)
+        assert (session.outbox.in_flight_count, session.outbox.queued_count) == (2, 1)
+        assert await session.outbox.on_pubrec(2, failed=False)
         assert len(outlet.publishes) == 4  # b still holds its slot until PUBCOMP
-        assert session.on_pubcomp(2)
+        assert session.outbox.on_pubcomp(2)
         assert [(s.payload, s.packet_id) for s in outlet.publishes[4:]] == [(b"e", 4)]
-        assert (session.in_flight_count, session.queued_count) == (2, 0)
+        assert (session.outbox.in_flight_count, session.outbox.queued_count) == (2, 0)
         await session.detach()
 
     run(main())
@@ -269,18 +270,18 @@ def test_qos2_pubrec_gets_pubrel_and_pubcomp_frees_the_id() -> None:
         session.offer(delivery("t", 2, b"a"))
         session.offer(delivery("t", 2, b"b"))
         assert [(s.payload, s.packet_id, s.qos) for s in outlet.publishes] == [(b"a", 1, 2)]
-        assert not session.on_puback(1)  # not a QoS 1 exchange
-        assert not session.on_pubcomp(1)  # no PUBREC yet
-        assert await session.on_pubrec(1, failed=False)
+        assert not session.outbox.on_puback(1)  # not a QoS 1 exchange
+        assert not session.outbox.on_pubcomp(1)  # no PUBREC yet
+        assert await session.outbox.on_pubrec(1, failed=False)
         assert outlet.pubrels == [1]
-        assert await session.on_pubrec(1, failed=False)  # a repeated PUBREC: PUBREL again
+        assert await session.outbox.on_pubrec(1, failed=False)  # a repeated PUBREC: PUBREL again
         assert outlet.pubrels == [1, 1]
-        assert len(outlet.publishes) == 1 and session.in_flight_count == 1
-        assert session.on_pubcomp(1)
-        assert not session.on_pubcomp(1)
-        assert session.in_flight_count == 1
+        assert len(outlet.publishes) == 1 and session.outbox.in_flight_count == 1
+        assert session.outbox.on_pubcomp(1)
+        assert not session.outbox.on_pubcomp(1)
+        assert session.outbox.in_flight_count == 1
         assert [(s.payload, s.packet_id) for s in outlet.publishes[1:]] == [(b"b", 2)]
-        assert session.on_puback(2) is False
+        assert session.outbox.on_puback(2) is False
         await session.detach()
 
     run(main())
@@ -293,12 +294,12 @@ def test_qos2_failed_pubrec_frees_the_id_without_pubrel() -> None:
         session.attach(outlet)
         session.offer(delivery("t", 2, b"a"))
         session.offer(delivery("t", 2, b"b"))
-        assert await session.on_pubrec(1, failed=True)
+        assert await session.outbox.on_pubrec(1, failed=True)
         assert outlet.pubrels == []
-        assert not session.on_pubcomp(1)  # the exchange is over
+        assert not session.outbox.on_pubcomp(1)  # the exchange is over
         assert [(s.payload, s.packet_id) for s in outlet.publishes] == [(b"a", 1), (b"b", 2)]
-        assert session.in_flight_count == 1
-        assert not await session.on_pubrec(1, failed=False)
+        assert session.outbox.in_flight_count == 1
+        assert not await session.outbox.on_pubrec(1, failed=False)
         await session.detach()
 
     run(main())
@@ -393,7 +394,7 @@ def run_resend_test(restore: bool) -> None:
         first = RecordingOutlet(receive_maximum=3)
         session.attach(first)
         await wait_until(lambda: len(first.publishes) == 3, "the first window")
-        assert session.on_puback(first.publishes[1].packet_id or 0)  # out of order
+        assert session.outbox.on_puback(first.publishes[1].packet_id or 0)  # out of order
         await wait_until(lambda: len(first.publishes) == 4, "the slot freed by the ack")
         await settle()
         unacked = [first.publishes[i] for i in (0, 2, 3)]
@@ -450,7 +451,7 @@ def test_resend_order_is_first_sent_order_not_packet_id_order() -> None:
         first = RecordingOutlet(receive_maximum=3)
         session.attach(first)
         await wait_until(lambda: len(first.publishes) == 3, "the first window")
-        assert session.on_puback(1) and session.on_puback(2)
+        assert session.outbox.on_puback(1) and session.outbox.on_puback(2)
         await wait_until(lambda: len(first.publishes) == 5, "two more")
         await session.detach()
         record = record_roundtrip(session)
@@ -561,7 +562,7 @@ def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore(
         packet_id = first.publishes[0].packet_id
         assert packet_id is not None
         saved.gate.clear()  # a slow store: the PUBREL waits for the write
-        assert await session.on_pubrec(packet_id, failed=False)
+        assert await session.outbox.on_pubrec(packet_id, failed=False)
         await settle()
         assert first.pubrels == []
         saved.gate.set()
@@ -576,7 +577,7 @@ def test_durable_qos2_past_pubrec_is_released_not_published_again_after_restore(
         session.attach(second)
         await settle()
         assert second.sent == [Sent("pubrel", packet_id)]
-        assert session.on_pubcomp(packet_id)
+        assert session.outbox.on_pubcomp(packet_id)
         assert record_roundtrip(session).pubrel_pending == []
         await session.detach()
 
@@ -616,7 +617,7 @@ def test_pubrels_after_a_restore_follow_pubrec_order_not_packet_id_order() -> No
             (bytes([5]), 1, False), (bytes([6]), 2, False)]
         for sent in second.publishes:  # PUBREC each, in the order they came
             assert sent.packet_id is not None
-            assert await session.on_pubrec(sent.packet_id, failed=False)
+            assert await session.outbox.on_pubrec(sent.packet_id, failed=False)
         await wait_until(lambda: len(second.pubrels) == 5, "five PUBRELs")
         assert second.pubrels == [3, 4, 5, 1, 2]
         await session.detach()  # crashed before any PUBCOMP came
@@ -645,7 +646,7 @@ def test_pubrels_go_in_pubrec_order_when_the_client_acknowledges_out_of_order() 
         session.on_feed_gap(0, 1)  # read the three from storage
         await wait_until(lambda: len(first.publishes) == 3, "three QoS 2 messages")
         for packet_id in (2, 1, 3):
-            assert await session.on_pubrec(packet_id, failed=False)
+            assert await session.outbox.on_pubrec(packet_id, failed=False)
         await session.detach()
         second = RecordingOutlet()
         session.attach(second)
@@ -751,7 +752,7 @@ def test_closed_generation_with_unacknowledged_message_has_no_done_mark() -> Non
         first = RecordingOutlet()
         session.attach(first)
         await wait_until(lambda: len(first.publishes) == 2, "both messages")
-        assert session.on_puback(first.publishes[0].packet_id or 0)
+        assert session.outbox.on_puback(first.publishes[0].packet_id or 0)
         await settle()
         await session.detach()
         record = record_roundtrip(session)
@@ -914,11 +915,11 @@ async def acknowledge_qos2_pipelined(session: Session, outlet: RecordingOutlet,
         answered += len(fresh)
         for sent in fresh:
             assert sent.packet_id is not None and sent.qos == 2
-            assert await session.on_pubrec(sent.packet_id, failed=False)
+            assert await session.outbox.on_pubrec(sent.packet_id, failed=False)
         await settle()
         for sent in fresh:
             assert sent.packet_id is not None
-            assert session.on_pubcomp(sent.packet_id)
+            assert session.outbox.on_pubcomp(sent.packet_id)
 
 
 def test_durable_qos2_backlog_is_pulled_on_by_pubcomps_past_the_window() -> None:
@@ -938,7 +939,7 @@ def test_durable_qos2_backlog_is_pulled_on_by_pubcomps_past_the_window() -> None
         await acknowledge_qos2_pipelined(session, outlet, count)
         await settle()
         assert sorted(s.payload for s in outlet.publishes) == [bytes([n]) for n in range(count)]
-        assert (session.in_flight_count, session.queued_count) == (0, 0)
+        assert (session.outbox.in_flight_count, session.outbox.queued_count) == (0, 0)
         await session.detach()
 
     run(main())
@@ -987,10 +988,10 @@ def test_failed_durable_replay_does_not_abort_the_close_and_the_session_resumes(
         outlet = RecordingOutlet(receive_maximum=2)
         session.attach(outlet)
         # 0 and 1 in flight, 2 queued: the replay waits for room
-        await wait_until(lambda: session.queued_count == 1, "a queued message")
+        await wait_until(lambda: session.outbox.queued_count == 1, "a queued message")
         db.fail_reads = OSError("the disk is gone")
-        assert session.on_puback(1)  # 2 goes out
-        assert session.on_puback(2)  # room: the replay reads, and fails
+        assert session.outbox.on_puback(1)  # 2 goes out
+        assert session.outbox.on_puback(2)  # room: the replay reads, and fails
         await wait_until(lambda: db.failed_reads > 0, "a failed read")
         await session.detach()  # must not raise
         record = record_roundtrip(session)
