@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..metrics import MESSAGES_DROPPED, SESSION_MESSAGES_EXPIRED
 from ..supervise import RESTART_PAUSE, note_failure
-from ..topic import topic_matches
 from .cursors import Cursor, CursorTable
 from .inbound_qos2 import InboundQos2
 from .model import (
@@ -39,12 +38,11 @@ from .model import (
     parse_cursor_key,
 )
 from .outbox import Delivery, Outbox, Outlet
+from .routes import Routes, delivery_for
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-# Topics whose routes and ACL decisions a session remembers (oldest forgotten first).
-ROUTE_CACHE_SIZE = 256
 # Messages one read takes when counting what a dropped generation takes with it.
 _COUNT_BATCH = 1000
 # Storage reads a replay pass makes before it lets the event loop run others: a read
@@ -61,7 +59,7 @@ class Session:
         self.client_id = client_id
         self.durable = durable
         self.expiry_interval = expiry_interval
-        self.subscriptions: dict[str, Subscription] = {}
+        self.routes = Routes(client_id)
         self.will: WillRecord | None = None
         self.owner_epoch = 0
         self.username: str | None = None  # the user it belongs to
@@ -93,12 +91,6 @@ class Session:
         self.stored_parts: StoredParts | None = StoredParts()
         # cursor progress of streams not being read right now (offline, or restored)
         self._restored_cursors: dict[str, CursorState] = {}
-        # Per topic, the subscriptions a message on it goes through (ACL applied);
-        # valid for one outlet and one set of subscriptions.
-        self._routes: dict[str, list[Subscription]] = {}
-        self._topic_allowed: dict[str, bool] = {}
-        self._filter_allowed: dict[str, bool] = {}
-        self._decided_for: Outlet | None = None
         # cursors complete in their closed generation (see `_forget_if_complete`)
         self._done_cursors: set[str] = set()
         # the storage's stream version at the last look for streams (see renew_*)
@@ -131,7 +123,7 @@ class Session:
 
     def restore(self, record: SessionRecord) -> None:
         """Take over the state a durable session left in storage."""
-        self.subscriptions = {s.key: s for s in record.subscriptions}
+        self.routes.replace_all(record.subscriptions)
         self.owner_epoch = record.owner_epoch + 1
         self.username = record.username
         # Messages past PUBREC are never published again: only their PUBREL is.
@@ -177,16 +169,10 @@ class Session:
 
     def subscribe(self, subscription: Subscription) -> bool:
         """Add or replace a subscription; True when it is new."""
-        self._routes.clear()
-        is_new = subscription.key not in self.subscriptions
-        if not is_new:
-            subscription.since = self.subscriptions[subscription.key].since
-        self.subscriptions[subscription.key] = subscription
-        return is_new
+        return self.routes.add(subscription)
 
     def unsubscribe(self, key: str) -> Subscription | None:
-        self._routes.clear()
-        subscription = self.subscriptions.pop(key, None)
+        subscription = self.routes.remove(key)
         if subscription is not None and subscription.share_group is None:
             self._forget_cursors(lambda cursor_key: parse_cursor_key(cursor_key)[0]
                                  == subscription.topic_filter)
@@ -485,7 +471,7 @@ class Session:
         subscriptions (the commit feed calls this once per session and message)."""
         if self.outlet is None and not self.durable:
             return
-        routes = self._routes_for(message.topic)
+        routes = self.routes.reaching(message.topic, self.outlet)
         if not routes:
             return
         if self.durable:
@@ -546,7 +532,7 @@ class Session:
                      if not (subscription.no_local and message.client_id == self.client_id)]
         if not receivers:
             return
-        delivery = self._delivery(receivers, message)
+        delivery = delivery_for(receivers, message)
         if not self.outbox.has_room and not self.outbox.make_room():
             if delivery.qos == 0:
                 MESSAGES_DROPPED.labels("queue_full").inc()
@@ -595,86 +581,6 @@ class Session:
         self._cursors.add(cursor)
         return cursor
 
-    # -- routes and access --------------------------------------------------------
-
-    def _routes_for(self, topic: str) -> list[Subscription]:
-        """The subscriptions (not shared) a message on the topic reaches this session
-        through, in key order, those the ACL refuses left out. Without a connection
-        no ACL can be asked, nothing is delivered, and the matches are not cached."""
-        if self.outlet is None:
-            return self._matching(topic)
-        self._decide_for_outlet()
-        routes = self._routes.get(topic)
-        if routes is None:
-            routes = [subscription for subscription in self._matching(topic)
-                      if self._may_hold(subscription)] if self._may_see(topic) else []
-            _remember(self._routes, topic, routes)
-        return routes
-
-    def _decide_for_outlet(self) -> None:
-        """Decisions hold for the connection they were made for; another one (maybe
-        another user) has everything decided again."""
-        if self._decided_for is not self.outlet:
-            self._forget_decisions()
-            self._decided_for = self.outlet
-
-    def _forget_decisions(self) -> None:
-        self._routes.clear()
-        self._topic_allowed.clear()
-        self._filter_allowed.clear()
-        self._decided_for = None  # and the connection they were made for
-
-    def _matching(self, topic: str) -> list[Subscription]:
-        return sorted((subscription for subscription in self.subscriptions.values()
-                       if subscription.share_group is None
-                       and topic_matches(subscription.topic_filter, topic)),
-                      key=lambda subscription: subscription.key)
-
-    def _may_hold(self, subscription: Subscription) -> bool:
-        """The subscription is checked again on delivery: a resumed one was granted
-        on an earlier connection, maybe under other rules."""
-        assert self.outlet is not None
-        allowed = self._filter_allowed.get(subscription.key)
-        if allowed is None:
-            allowed = self._filter_allowed[subscription.key] = \
-                self.outlet.may_subscribe(subscription.key)
-        return allowed
-
-    def _may_see(self, topic: str) -> bool:
-        assert self.outlet is not None
-        allowed = self._topic_allowed.get(topic)
-        if allowed is None:
-            allowed = self.outlet.may_receive(topic)
-            _remember(self._topic_allowed, topic, allowed)
-        return allowed
-
-    def may_receive(self, subscription: Subscription, message: Message) -> bool:
-        """Whether the ACL lets this session's connection receive the message through
-        the subscription (a shared one included)."""
-        if self.outlet is None:
-            return False
-        self._decide_for_outlet()
-        return self._may_hold(subscription) and self._may_see(message.topic)
-
-    def _receivers(self, message: Message) -> list[Subscription]:
-        """The subscriptions a message read from storage is delivered through: those
-        it reaches, made before it, without no local excluding it."""
-        return [subscription for subscription in self._routes_for(message.topic)
-                if subscription.since <= message.timestamp
-                and not (subscription.no_local and message.client_id == self.client_id)]
-
-    def _delivery(self, receivers: Sequence[Subscription], message: Message) -> Delivery:
-        """One copy for all the subscriptions: at the highest QoS they grant, with
-        all their identifiers (MQTT-3.3.4-2, 3.3.4-4)."""
-        if len(receivers) == 1:  # the common case, without three generator passes
-            only = receivers[0]
-            return Delivery(message, min(message.qos, only.qos),
-                            message.retain and only.retain_as_published,
-                            (only.identifier,) if only.identifier else ())
-        return Delivery(message, max(min(message.qos, s.qos) for s in receivers),
-                        message.retain and any(s.retain_as_published for s in receivers),
-                        tuple(s.identifier for s in receivers if s.identifier))
-
     def _offer_durable(self, cursor: Cursor, message: Message) -> None:
         """Offer a message a cursor has reached. When several subscriptions reach it,
         the cursor of the first of them delivers it and the others pass it by; so
@@ -683,7 +589,7 @@ class Session:
         goes out through the cursor it was first sent from."""
         timestamp = message.timestamp
         packet_id = self.outbox.take_resend((cursor.key, timestamp))
-        receivers = self._receivers(message)
+        receivers = self.routes.receivers(message, self.outlet)
         own = cursor.subscription
         delivers = bool(receivers) and (
             receivers[0] is own or receivers[0].key == own.key
@@ -694,7 +600,7 @@ class Session:
                 self.outbox.release_id(packet_id)
             cursor.done(timestamp)
             return
-        delivery = self._delivery(receivers, message)
+        delivery = delivery_for(receivers, message)
         delivery.cursor = cursor
         if packet_id is not None:
             delivery.packet_id = packet_id
@@ -710,8 +616,7 @@ class Session:
             if delivery.share_group is not None:
                 self._on_shared_loss(delivery)
             return
-        self._decide_for_outlet()
-        if not self._may_see(delivery.message.topic):
+        if not self.routes.may_see(delivery.message.topic, self.outlet):
             self._finished(delivery)
             return
         self.outbox.enqueue(delivery)
@@ -742,7 +647,7 @@ class Session:
         is in storage); shared deliveries move to another member of their group."""
         self.outbox.disconnect()
         self._wake.set()
-        self._forget_decisions()
+        self.routes.forget_decisions()
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -756,6 +661,17 @@ class Session:
             for key, cursor in list(self._cursors.items()):
                 self._restored_cursors[key] = cursor.state
             self._cursors.clear()
+
+    @property
+    def subscriptions(self) -> Mapping[str, Subscription]:
+        return self.routes.subscriptions
+
+    def may_receive(self, subscription: Subscription, message: Message) -> bool:
+        """Whether the ACL lets this session's connection receive the message through
+        the subscription (a shared one included)."""
+        outlet = self.outlet
+        return outlet is not None and self.routes.may_receive(subscription, message.topic,
+                                                              outlet)
 
     @property
     def outlet(self) -> Outlet | None:
@@ -806,12 +722,6 @@ class Session:
     async def persist_now(self) -> None:
         if self.durable:
             await self._persist(self)
-
-
-def _remember(cache: dict[str, _T], topic: str, value: _T) -> None:
-    if len(cache) >= ROUTE_CACHE_SIZE:
-        del cache[next(iter(cache))]  # the oldest
-    cache[topic] = value
 
 
 def _generation_of(key: str) -> tuple[int, int]:
