@@ -60,7 +60,7 @@ async def handle_subscribe(channel: Channel, packet: Subscribe) -> None:
     asked_us = time.time_ns() // 1000
     # One look for the streams of this packet's filters, not one per filter: each look
     # over all subscriptions made a large SUBSCRIBE quadratic.
-    session.renew_streams(added)
+    session.streams.renew(added)
     if session.durable:
         await broker.registry.persist(session)
     if session.outlives_connection:

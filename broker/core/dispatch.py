@@ -160,7 +160,7 @@ class Dispatcher:
                 else:
                     sessions[subscriber[0]] = None
             for session in sessions:
-                session.on_feed(stream, message)
+                session.replay.on_feed(stream, message)
 
     def _feed_shared(self, group: SharedGroup, stream: Stream, message: Message) -> None:
         backlog = group.backlogs.get(stream)

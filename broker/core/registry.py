@@ -567,20 +567,20 @@ class SessionRegistry:
             # (and wakes its replay, see Session.renew_new_streams).
             for session in list(self.sessions.values()):
                 if session.durable and session.outlet is not None:
-                    session.renew_new_streams()
+                    session.streams.renew_new()
 
     async def before_generation_drop(self, shard: int, generation: int) -> None:
         """Retention is about to drop a generation of the messages: each session in
         memory counts what it loses with it."""
         for session in list(self.sessions.values()):
-            await session.before_generation_drop(shard, generation)
+            await session.streams.before_generation_drop(shard, generation)
 
     def on_feed_gap(self, shard: int, since: int) -> None:
         """The commit feed of a shard may have missed messages here (see
         `Database.add_feed_gap_listener`)."""
         for session in list(self.sessions.values()):
-            session.on_feed_gap(shard, since)
+            session.replay.on_feed_gap(shard, since)
 
     def after_generation_drop(self, shard: int, generation: int) -> None:
         for session in list(self.sessions.values()):
-            session.after_generation_drop(shard, generation)
+            session.streams.after_generation_drop(shard, generation)

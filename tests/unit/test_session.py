@@ -352,7 +352,7 @@ def test_transient_full_queue_drops_qos0_only_and_reads_qos1_2_from_storage() ->
         qos_of = {b"1": 1, b"2": 1, b"3": 0, b"4": 0, b"5": 1, b"6": 0, b"7": 2,
                   b"8": 0, b"9": 1}
         for payload, qos in qos_of.items():
-            session.on_feed(*db.store("t/x", payload, qos=qos))
+            session.replay.on_feed(*db.store("t/x", payload, qos=qos))
         # 1 is in flight and 2 waits behind it; the queue (2) is full from 3 on: 3 is
         # pushed out by 4, 4 by 5; 6 finds only QoS 1 queued and is dropped; 7 finds
         # no QoS 0 to push out: it and all after it on the stream (8 too) come from
@@ -364,7 +364,7 @@ def test_transient_full_queue_drops_qos0_only_and_reads_qos1_2_from_storage() ->
         assert [s.qos for s in outlet.publishes] == [qos_of[p] for p in expected]
         assert dropped_for_full_queue() - dropped_before == 3
         # caught up: the next one comes live again, exactly once
-        session.on_feed(*db.store("t/x", b"10", qos=1))
+        session.replay.on_feed(*db.store("t/x", b"10", qos=1))
         await acknowledge_until(session, outlet, len(expected) + 1)
         await settle()
         assert [s.payload for s in outlet.publishes] == [*expected, b"10"]
@@ -610,7 +610,7 @@ def test_pubrels_after_a_restore_follow_pubrec_order_not_packet_id_order() -> No
         session.attach(second)
         await wait_until(lambda: len(second.publishes) == 3, "the three resent")
         for n in (5, 6):
-            session.on_feed(*db.store("q/x", bytes([n]), qos=2))
+            session.replay.on_feed(*db.store("q/x", bytes([n]), qos=2))
         await wait_until(lambda: len(second.publishes) == 5, "two new ones")
         assert [(s.payload, s.packet_id, s.dup) for s in second.publishes] == [
             (bytes([2]), 3, True), (bytes([3]), 4, True), (bytes([4]), 5, True),
@@ -643,7 +643,7 @@ def test_pubrels_go_in_pubrec_order_when_the_client_acknowledges_out_of_order() 
         session.subscribe(Subscription("q/#", qos=2))
         first = RecordingOutlet()
         session.attach(first)
-        session.on_feed_gap(0, 1)  # read the three from storage
+        session.replay.on_feed_gap(0, 1)  # read the three from storage
         await wait_until(lambda: len(first.publishes) == 3, "three QoS 2 messages")
         for packet_id in (2, 1, 3):
             assert await session.outbox.on_pubrec(packet_id, failed=False)
@@ -715,7 +715,7 @@ def test_finished_closed_generation_is_not_replayed_after_renew_or_restore() -> 
         old_key = cursor_key("g/#", old_stream)
         await wait_until(lambda: old_key in session.to_record(None).done, "the done mark")
         reads = db.reads[old_stream]
-        session.renew_streams()
+        session.streams.renew()
         await settle()
         assert len(first.publishes) == 3
         assert db.reads[old_stream] == reads
@@ -729,8 +729,8 @@ def test_finished_closed_generation_is_not_replayed_after_renew_or_restore() -> 
         session.attach(second)
         await settle()
         assert second.sent == []
-        session.renew_streams()
-        session.on_feed(*db.store("g/x", b"4"))
+        session.streams.renew()
+        session.replay.on_feed(*db.store("g/x", b"4"))
         await acknowledge_until(session, second, 1)
         await settle()
         assert [s.payload for s in second.publishes] == [b"4"]
@@ -787,7 +787,7 @@ def test_periodic_look_finds_a_new_stream_through_the_stream_version() -> None:
         version = db.stream_version
         db.store("n/b", b"new stream", shard=1)  # not fed: only the look can find it
         assert db.stream_version == version + 1
-        session.renew_new_streams()
+        session.streams.renew_new()
         await acknowledge_until(session, outlet, 2)
         await settle()
         assert [s.payload for s in outlet.publishes] == [b"first", b"new stream"]
@@ -812,8 +812,8 @@ def test_overlapping_subscriptions_give_one_transient_delivery_with_all_ids() ->
         overlapping_subscriptions(session)
         outlet = RecordingOutlet()
         session.attach(outlet)
-        session.on_feed(*storage.db(DB).store("o/x", b"m", qos=2))
-        session.on_feed(*storage.db(DB).store("other", b"n", qos=2))
+        session.replay.on_feed(*storage.db(DB).store("o/x", b"m", qos=2))
+        session.replay.on_feed(*storage.db(DB).store("other", b"n", qos=2))
         assert [(s.payload, s.qos, sorted(s.subscription_ids)) for s in outlet.publishes] == \
             [(b"m", 2, [1, 2]), (b"n", 0, [])]
         await session.detach()
@@ -832,7 +832,7 @@ def test_overlapping_subscriptions_give_one_durable_delivery_with_all_ids() -> N
         session.attach(outlet)
         await acknowledge_until(session, outlet, 1)
         await settle()
-        session.on_feed(*db.store("o/x", b"live", qos=1))
+        session.replay.on_feed(*db.store("o/x", b"live", qos=1))
         await acknowledge_until(session, outlet, 2)
         await settle()
         assert [(s.payload, s.qos, sorted(s.subscription_ids)) for s in outlet.publishes] == \
@@ -884,7 +884,7 @@ def test_transient_session_with_a_queue_of_one_catches_up_from_storage() -> None
         outlet = RecordingOutlet(receive_maximum=1)
         session.attach(outlet)
         for payload in (b"1", b"2", b"3"):  # 1 in flight, 2 queued, 3 from storage
-            session.on_feed(*db.store("one/x", payload, qos=1))
+            session.replay.on_feed(*db.store("one/x", payload, qos=1))
         for _ in range(3):
             await settle()
             await acknowledge_new(session, outlet)
@@ -963,7 +963,7 @@ def test_replay_stopped_by_a_full_queue_is_woken_when_the_queue_drains() -> None
         await settle()
         assert [s.payload for s in outlet.publishes] == [bytes([n]) for n in range(count)]
         # and a message stored later comes from the live feed
-        session.on_feed(*db.store("f/x", b"later", qos=1))
+        session.replay.on_feed(*db.store("f/x", b"later", qos=1))
         await acknowledge_until(session, outlet, count + 1)
         assert outlet.publishes[-1].payload == b"later"
         await session.detach()
@@ -1027,7 +1027,7 @@ def test_failed_catch_up_of_a_transient_session_does_not_abort_the_close() -> No
         session.attach(outlet)
         db.fail_reads = OSError("the disk is gone")
         for payload in (b"1", b"2", b"3"):  # 1 in flight, 2 queued, 3 from storage
-            session.on_feed(*db.store("c/x", payload, qos=1))
+            session.replay.on_feed(*db.store("c/x", payload, qos=1))
         await acknowledge_until(session, outlet, 2)  # room: the catch-up reads, and fails
         await wait_until(lambda: db.failed_reads > 0, "a failed read")
         db.fail_reads = None  # the read is retried and succeeds
@@ -1035,7 +1035,7 @@ def test_failed_catch_up_of_a_transient_session_does_not_abort_the_close() -> No
         assert [s.payload for s in outlet.publishes] == [b"1", b"2", b"3"]
         db.fail_reads = OSError("the disk is gone again")
         for payload in (b"4", b"5", b"6"):
-            session.on_feed(*db.store("c/x", payload, qos=1))
+            session.replay.on_feed(*db.store("c/x", payload, qos=1))
         await acknowledge_until(session, outlet, 5)
         await wait_until(lambda: db.failed_reads > 1, "another failed read")
         await session.detach()  # must not raise
@@ -1058,17 +1058,17 @@ def test_a_feed_gap_sends_a_transient_session_to_storage_from_the_gap() -> None:
         outlet = RecordingOutlet()
         session.attach(outlet)
         stream, fed = db.store("g/x", b"fed", qos=1)
-        session.on_feed(stream, fed)
+        session.replay.on_feed(stream, fed)
         for payload in (b"missed-1", b"missed-2"):  # committed, never fed here
             db.store("g/x", payload, qos=1)
         db.store("g/y", b"other-shard", qos=1, shard=1)  # the gap is on shard 0
-        session.on_feed_gap(0, fed.timestamp + 1)
+        session.replay.on_feed_gap(0, fed.timestamp + 1)
         for _ in range(3):
             await settle()
             await acknowledge_new(session, outlet)
         assert [s.payload for s in outlet.publishes] == [b"fed", b"missed-1", b"missed-2"]
         later_stream, later = db.store("g/x", b"later", qos=1)
-        session.on_feed(later_stream, later)  # the live feed goes on, through the cursor
+        session.replay.on_feed(later_stream, later)  # the live feed goes on, through the cursor
         await settle()
         await acknowledge_new(session, outlet)
         assert [s.payload for s in outlet.publishes][-1:] == [b"later"]
@@ -1084,18 +1084,18 @@ def test_a_feed_gap_makes_a_live_durable_cursor_read_storage_again() -> None:
         db = storage.db(DB)
         session = make_session(storage, durable=True)
         session.subscribe(Subscription("d/#", qos=1))
-        session.renew_streams()
+        session.streams.renew()
         outlet = RecordingOutlet()
         session.attach(outlet)
         stream, first = db.store("d/x", b"first", qos=1)
-        session.on_feed(stream, first)
+        session.replay.on_feed(stream, first)
         await settle()
         await acknowledge_new(session, outlet)
         await settle()  # read to the end: the cursor takes the live feed now
         db.store("d/x", b"missed", qos=1)  # committed, never fed here
         await settle()
         assert [s.payload for s in outlet.publishes] == [b"first"]
-        session.on_feed_gap(0, first.timestamp + 1)
+        session.replay.on_feed_gap(0, first.timestamp + 1)
         await settle()
         await acknowledge_new(session, outlet)
         assert [s.payload for s in outlet.publishes] == [b"first", b"missed"]
@@ -1117,18 +1117,18 @@ def test_a_stream_catching_up_is_not_starved_by_streams_on_the_live_feed() -> No
         session.attach(outlet)
         live_topics = [f"s/live{n}" for n in range(3)]
         for topic in live_topics:  # these streams come first and read to their end
-            session.on_feed(*db.store(topic, b"first", qos=1))
+            session.replay.on_feed(*db.store(topic, b"first", qos=1))
         await settle()
         await acknowledge_new(session, outlet)
         await settle()
         backlog = 12
         for n in range(backlog):  # committed while the site did not feed it here
             db.store("s/behind", bytes([n]), qos=1, shard=1)
-        session.on_feed_gap(1, 0)
-        session.renew_streams()  # the site learned the stream (its periodic look)
+        session.replay.on_feed_gap(1, 0)
+        session.streams.renew()  # the site learned the stream (its periodic look)
         for _round in range(3 * backlog):
             for topic in live_topics:
-                session.on_feed(*db.store(topic, b"live", qos=1))
+                session.replay.on_feed(*db.store(topic, b"live", qos=1))
             await settle()
             await acknowledge_new(session, outlet)
             await settle()
