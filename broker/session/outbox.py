@@ -106,11 +106,7 @@ class Outbox:
         # covers them before their PUBREL goes out (see on_pubrec)
         self._pubrel_waiting: list[int] = []
         self._pubrel_sender: asyncio.Future[None] | None = None
-        # Durable deliveries sent on an earlier connection and not acknowledged, in
-        # first-sent order. The identifiers stay reserved until the replay offers the
-        # message again.
-        self._resend: dict[ResendKey, int] = {}
-        self._reserved_ids: set[int] = set()
+        self.resends = Resends()
         # set when the queue falls under the replay's mark (or the connection goes):
         # wakes deliveries that wait for room instead of being dropped (wait_for_room)
         self._room = asyncio.Event()
@@ -127,8 +123,7 @@ class Outbox:
         placeholder = Message("", b"")
         for packet_id in pubrel_pending:
             self._in_flight[packet_id] = _InFlight(Delivery(placeholder, 2, False), True)
-        self._resend = {(key, timestamp): pid for pid, key, timestamp in resend}
-        self._reserved_ids = set(self._resend.values())
+        self.resends.replace({(key, timestamp): pid for pid, key, timestamp in resend})
 
     def unacknowledged(self) -> dict[ResendKey, int]:
         """Durable deliveries that got a packet identifier and are not acknowledged
@@ -144,38 +139,9 @@ class Outbox:
         for delivery in self._queue:
             if delivery.packet_id is not None and delivery.cursor is not None:
                 found[(delivery.cursor.key, delivery.message.timestamp)] = delivery.packet_id
-        for key, packet_id in self._resend.items():
+        for key, packet_id in self.resends.items():
             found.setdefault(key, packet_id)
         return found
-
-    # -- resends of durable deliveries -------------------------------------------------
-
-    def resend_keys(self) -> list[ResendKey]:
-        """What is still to be resent, in first-sent order."""
-        return list(self._resend)
-
-    def is_resend(self, key: ResendKey) -> bool:
-        return key in self._resend
-
-    def take_resend(self, key: ResendKey) -> int | None:
-        """The packet identifier a delivery keeps when it goes out again, if it is a
-        resend; it stays reserved until sent (or `release_id`)."""
-        return self._resend.pop(key, None)
-
-    def release_id(self, packet_id: int) -> None:
-        """A resend taken that will not go out: its identifier is free again."""
-        self._reserved_ids.discard(packet_id)
-
-    def drop_resend(self, key: ResendKey) -> None:
-        """A resend that will not go out (its message is gone)."""
-        self._reserved_ids.discard(self._resend.pop(key))
-
-    def forget_resends(self, doomed: Callable[[str], bool]) -> int:
-        """Drop the resends of the cursors whose key is `doomed`; how many."""
-        resends = [key for key in self._resend if doomed(key[0])]
-        for key in resends:
-            self.drop_resend(key)
-        return len(resends)
 
     # -- the connection ------------------------------------------------------------------
 
@@ -204,8 +170,7 @@ class Outbox:
         unacknowledged deliveries as resends and only the PUBRELs in flight: the
         rest is in storage and is read again."""
         if self._durable():
-            self._resend = self.unacknowledged()
-            self._reserved_ids = set(self._resend.values())
+            self.resends.replace(self.unacknowledged())
         lost = list(self._queue)
         self._queue.clear()
         for packet_id, entry in list(self._in_flight.items()):
@@ -290,7 +255,7 @@ class Outbox:
                 break
             self._queue.popleft()
             if delivery.packet_id is not None:
-                self._reserved_ids.discard(delivery.packet_id)
+                self.resends.release(delivery.packet_id)
             if is_expired(delivery.message):
                 MESSAGES_DROPPED.labels("expired").inc()
                 self._finished(delivery)
@@ -352,7 +317,7 @@ class Outbox:
         while True:
             packet_id = self._next_packet_id
             self._next_packet_id = packet_id % MAX_PACKET_ID + 1
-            if packet_id not in self._in_flight and packet_id not in self._reserved_ids:
+            if packet_id not in self._in_flight and not self.resends.reserved(packet_id):
                 return packet_id
 
     # -- acknowledgements ------------------------------------------------------------
@@ -427,3 +392,50 @@ class Outbox:
         self._request_save()
         self.pump()
         return True
+
+
+class Resends:
+    """Durable deliveries sent on an earlier connection and not acknowledged, in
+    first-sent order: (cursor key, message timestamp) -> packet identifier. An
+    identifier stays reserved until its message goes out again, or is given up."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[ResendKey, int] = {}
+        self._reserved: set[int] = set()
+
+    def replace(self, resends: dict[ResendKey, int]) -> None:
+        self._by_key = dict(resends)
+        self._reserved = set(self._by_key.values())
+
+    def in_order(self) -> list[ResendKey]:
+        """What is still to be resent, in first-sent order."""
+        return list(self._by_key)
+
+    def items(self) -> list[tuple[ResendKey, int]]:
+        return list(self._by_key.items())
+
+    def __contains__(self, key: ResendKey) -> bool:
+        return key in self._by_key
+
+    def take(self, key: ResendKey) -> int | None:
+        """The packet identifier a delivery keeps when it goes out again, if it is a
+        resend; it stays reserved until sent (or `release`d)."""
+        return self._by_key.pop(key, None)
+
+    def reserved(self, packet_id: int) -> bool:
+        return packet_id in self._reserved
+
+    def release(self, packet_id: int) -> None:
+        """A resend taken has gone out, or will not: its identifier is free again."""
+        self._reserved.discard(packet_id)
+
+    def drop(self, key: ResendKey) -> None:
+        """A resend that will not go out (its message is gone)."""
+        self._reserved.discard(self._by_key.pop(key))
+
+    def forget(self, doomed: Callable[[str], bool]) -> int:
+        """Drop the resends of the cursors whose key is `doomed`; how many."""
+        gone = [key for key in self._by_key if doomed(key[0])]
+        for key in gone:
+            self.drop(key)
+        return len(gone)

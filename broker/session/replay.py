@@ -103,16 +103,16 @@ class Replay:
         across streams (MQTT-4.6.0-1), before replay reads anything new. Within a
         stream they are a prefix of what follows its position, so replay then goes
         on after the last one."""
-        for key, timestamp in self._outbox.resend_keys():
+        for key, timestamp in self._outbox.resends.in_order():
             cursor = self._cursors.get(key)
             if cursor is None or self._outbox.outlet is None:
                 continue
             message = await self._storage.read_message(self._db, cursor.stream, timestamp)
-            if not self._outbox.is_resend((key, timestamp)) \
+            if (key, timestamp) not in self._outbox.resends \
                     or self._cursors.get(key) is not cursor:
                 continue
             if message is None:  # its generation was dropped by retention meanwhile
-                self._outbox.drop_resend((key, timestamp))
+                self._outbox.resends.drop((key, timestamp))
                 self._streams.report_loss(
                     1, f"{cursor.stream.shard}/{cursor.stream.generation}")
                 continue
@@ -310,7 +310,7 @@ class Replay:
         skipped, never blocking the cursor. A resend keeps its packet identifier and
         goes out through the cursor it was first sent from."""
         timestamp = message.timestamp
-        packet_id = self._outbox.take_resend((cursor.key, timestamp))
+        packet_id = self._outbox.resends.take((cursor.key, timestamp))
         receivers = self._routes.receivers(message, self._outbox.outlet)
         own = cursor.subscription
         delivers = bool(receivers) and (
@@ -319,7 +319,7 @@ class Replay:
         cursor.handed_out(timestamp)
         if not delivers:
             if packet_id is not None:
-                self._outbox.release_id(packet_id)
+                self._outbox.resends.release(packet_id)
             cursor.done(timestamp)
             return
         delivery = delivery_for(receivers, message)

@@ -177,7 +177,7 @@ class Streams:
             del self._parked[key]
         done = {k for k in self._done if doomed(k)}
         self._done -= done
-        resends = self._outbox.forget_resends(doomed)
+        resends = self._outbox.resends.forget(doomed)
         return len(states) + len(parked) + len(done), resends
 
     # -- retention -----------------------------------------------------------------------
@@ -192,7 +192,7 @@ class Streams:
         if not self._durable():
             return
         resends: dict[str, set[int]] = {}
-        for key, timestamp in self._outbox.resend_keys():
+        for key, timestamp in self._outbox.resends.in_order():
             if _in_generation(key, shard, generation):
                 resends.setdefault(key, set()).add(timestamp)
         lost = sum(len(timestamps) for timestamps in resends.values())
@@ -256,7 +256,7 @@ class Streams:
         gone = {(stream.shard, stream.generation)
                 for stream in (parse_cursor_key(key)[1] for key in
                                [*self._parked, *self._done,
-                                *(key for key, _timestamp in self._outbox.resend_keys())])
+                                *(key for key, _timestamp in self._outbox.resends.in_order())])
                 if (stream.shard, stream.generation) not in existing
                 and self._storage.generations_known(self._db, stream.shard)}
         if not gone:
