@@ -21,33 +21,31 @@ RETAINED_DB = "retained"
 class Broker:
     def __init__(self, storage: DurableStorage, messages: Database, store: SessionStore,
                  retained: RetainedStore, limits: SessionLimits,
-                 storage_timeout: float = 5.0) -> None:
+                 storage_timeout: float = 5.0, ownership: Ownership | None = None) -> None:
         self.storage = storage
         self.messages = messages
         self.retained = retained
         self.publisher = Publisher(messages, store, retained)
-        self.dispatcher = Dispatcher()
-        self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
-                                        self.dispatcher, limits)
-        messages.add_commit_listener(self.dispatcher.on_commit)
-        messages.add_feed_gap_listener(self.registry.on_feed_gap)
-        self.shared_backlog = SharedBacklog(storage, messages.name, self.dispatcher)
-        messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
-        self.dispatcher.on_interest = messages.set_interest
-        self.dispatcher.site = messages.site_id
-        self.dispatcher.members_with = messages.members_with
-        self.dispatcher.fed_through = messages.fed_through
-        messages.attach_shared_unsettled(self.dispatcher.shared_unsettled)
-        messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
-        messages.add_generation_drop_listener(self.registry.after_generation_drop)
-        self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
-        messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
+        self.dispatcher = Dispatcher(site=messages.site_id, on_interest=messages.set_interest,
+                                     members_with=messages.members_with,
+                                     fed_through=messages.fed_through)
         options = messages.options
         self.shared_positions = SharedPositions(
             self.dispatcher, store, storage.site_id,
             options.longest_retention_period or options.message_retention_period,
             load_wait=storage_timeout)
-        self.registry.groups_kept_for = self.shared_positions.kept_for
+        self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
+                                        self.dispatcher, limits, ownership=ownership,
+                                        groups_kept_for=self.shared_positions.kept_for)
+        messages.add_commit_listener(self.dispatcher.on_commit)
+        messages.add_feed_gap_listener(self.registry.on_feed_gap)
+        self.shared_backlog = SharedBacklog(storage, messages.name, self.dispatcher)
+        messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
+        messages.attach_shared_unsettled(self.dispatcher.shared_unsettled)
+        messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
+        messages.add_generation_drop_listener(self.registry.after_generation_drop)
+        self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
+        messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
 
     @classmethod
     async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
@@ -63,11 +61,11 @@ class Broker:
         await retained.load()
         store = SessionStore(sessions_db, messages,
                              owner=storage.site_id if replication is not None else "")
-        broker = cls(storage, messages, store, retained, limits, peer_timeout)
-        if replication is not None:
-            ownership = Ownership(store, replication, peer_timeout)
+        ownership = None if replication is None else \
+            Ownership(store, replication, peer_timeout)
+        broker = cls(storage, messages, store, retained, limits, peer_timeout, ownership)
+        if ownership is not None:
             ownership.serve(broker.registry.release)
-            broker.registry.ownership = ownership
         broker.shared_positions.start()
         broker.registry.start()
         return broker

@@ -116,29 +116,34 @@ class AbsentGroup:
 
 
 class Dispatcher:
-    def __init__(self) -> None:
+    """`on_interest` is told the filters routed here whenever they change (other
+    sites push what matches them), with, for each `$share/...` filter whose group just
+    went from here, per shard the first timestamp its members did not settle. On a
+    cluster: `site` is this site, `members_with` tells the sites holding a
+    `$share/...` filter with when each joined (this site too when it does), for
+    choosing the one site that delivers a message to a shared group, and
+    `fed_through` per shard the last timestamp fed here. All default to a site alone."""
+
+    def __init__(self, *, site: str = "",
+                 on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], None]
+                 | None = None,
+                 members_with: Callable[[str], Sequence[ShareMember]] | None = None,
+                 fed_through: Callable[[], list[int]] | None = None) -> None:
         self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
         self._groups: dict[str, SharedGroup] = {}
         # The filters routed here (shared ones as $share/group/filter), with how many
         # subscriptions hold each: other sites push what matches them.
         self._filters: Counter[str] = Counter()
-        # (the filters, and for each `$share/...` filter whose group just went from
-        # here: per shard, the first timestamp its members did not settle)
-        self.on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], None] \
-            | None = None
-        # On a cluster: this site, and the sites holding a `$share/...` filter with
-        # when each joined (this site too when it does), for choosing the one site
-        # that delivers a message to a shared group.
-        self.site = ""
-        self.members_with: Callable[[str], Sequence[ShareMember]] | None = None
+        self._on_interest = on_interest
+        self.site = site
+        self._members_with = members_with
         # Told when a group has a backlog to read (shared_backlog.py reads it).
         self.on_backlog: Callable[[SharedGroup], None] | None = None
         # Groups whose members are all away, by key; told when one comes back, with
-        # where per shard it reads from (shared_backlog.py); per shard, the last
-        # timestamp fed here (the database's `fed_through`).
+        # where per shard it reads from (shared_backlog.py).
         self._absent: dict[str, AbsentGroup] = {}
         self.on_back: Callable[[SharedGroup, dict[int, int]], None] | None = None
-        self.fed_through: Callable[[], list[int]] | None = None
+        self._fed_through = fed_through
 
     def _hold(self, topic_filter: str, change: int,
               left_from: dict[int, int] | None = None) -> None:
@@ -146,8 +151,8 @@ class Dispatcher:
         self._filters[topic_filter] += change
         if self._filters[topic_filter] <= 0:
             del self._filters[topic_filter]
-        if len(self._filters) != before and self.on_interest is not None:
-            self.on_interest(frozenset(self._filters),
+        if len(self._filters) != before and self._on_interest is not None:
+            self._on_interest(frozenset(self._filters),
                              {} if left_from is None else {topic_filter: left_from})
 
     def on_commit(self, cooked: CookedBatch) -> None:
@@ -269,9 +274,9 @@ class Dispatcher:
 
     def members_of(self, group: SharedGroup) -> Sequence[ShareMember]:
         """The sites with members of the group, this one included."""
-        if self.members_with is None:
+        if self._members_with is None:
             return [(self.site, 0)]
-        return self.members_with(f"$share/{group.key}")
+        return self._members_with(f"$share/{group.key}")
 
     def shared_unsettled(self) -> dict[str, dict[int, int]]:
         """For each `$share/group/filter` with members here, where per shard its
@@ -384,7 +389,7 @@ class Dispatcher:
         """Per shard, where a group whose members all went away reads from when one
         comes back: the first message not settled, else the first after what this
         site was fed."""
-        fed = self.fed_through() if self.fed_through is not None else []
+        fed = self._fed_through() if self._fed_through is not None else []
         lag = int(time.time() * 1_000_000) - AWAY_FEED_LAG_US
         since = {shard: last + 1 if last else lag for shard, last in enumerate(fed)}
         for shard, timestamp in unsettled.items():

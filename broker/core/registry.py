@@ -66,20 +66,24 @@ class SessionLimits:
 
 
 class SessionRegistry:
+    """`ownership` on a cluster: who owns each client id is decided across sites.
+    `groups_kept_for`: (client id, site, group keys) -> the shared groups that site
+    keeps for the client (shared_positions.py), which move here with its session."""
+
     def __init__(self, storage: DurableStorage, messages_db: str, store: SessionStore,
-                 publisher: Publisher, dispatcher: Dispatcher, limits: SessionLimits) -> None:
+                 publisher: Publisher, dispatcher: Dispatcher, limits: SessionLimits, *,
+                 ownership: Ownership | None = None,
+                 groups_kept_for: Callable[[str, str, Collection[str]],
+                                           Awaitable[dict[str, AbsentGroup]]] | None = None
+                 ) -> None:
         self._storage = storage
         self._messages_db = messages_db
         self._store = store
         self._publisher = publisher
         self._dispatcher = dispatcher
         self.limits = limits
-        # set in a cluster: who owns each client id is decided across sites
-        self.ownership: Ownership | None = None
-        # (client id, site, group keys) -> the shared groups that site keeps for the
-        # client (shared_positions.py): they move here with its session
-        self.groups_kept_for: Callable[[str, str, Collection[str]],
-                                       Awaitable[dict[str, AbsentGroup]]] | None = None
+        self._ownership = ownership
+        self._groups_kept_for = groups_kept_for
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
         # only while a client id's lock is held or awaited (see _lock)
@@ -167,7 +171,7 @@ class SessionRegistry:
         client_id = connection.client_id
         epoch = None
         groups_along: dict[str, AbsentGroup] = {}
-        if self.ownership is not None:
+        if self._ownership is not None:
             epoch, groups_along = await self._take_ownership(client_id, username)
         while True:
             async with self._lock(client_id):
@@ -400,7 +404,7 @@ class SessionRegistry:
         """This site's owner epoch of the client id, and the shared groups the site
         that owned it keeps for it (read before that site is told to let go: it
         forgets them then)."""
-        assert self.ownership is not None
+        assert self._ownership is not None
         async with self._lock(client_id):
             held = self.sessions.get(client_id)
             subscriptions = [] if held is None else list(held.subscriptions.values())
@@ -418,7 +422,7 @@ class SessionRegistry:
             client_id, {subscription.group_key for subscription in subscriptions
                         if subscription.share_group is not None})
         try:
-            epoch = await self.ownership.take(
+            epoch = await self._ownership.take(
                 client_id, username, None if held is None else held.owner_epoch)
         except NotOwnerError as exc:
             raise NotSessionOwner(client_id) from exc
@@ -434,12 +438,12 @@ class SessionRegistry:
         """The groups among `group_keys` that the site owning `client_id` keeps for
         it, when that is another site (a storage error fails the connect, as the
         session's own read does: the client tries again)."""
-        if not group_keys or self.groups_kept_for is None:
+        if not group_keys or self._groups_kept_for is None:
             return {}
         _epoch, owner = await self._store.owner_of(client_id)
         if not owner or owner == self._store.owner:
             return {}
-        return await self.groups_kept_for(client_id, owner, group_keys)
+        return await self._groups_kept_for(client_id, owner, group_keys)
 
     async def release(self, client_id: str, username: str | None) -> bool:
         """Another site takes `client_id` over: close its connection here (0x8E
@@ -532,8 +536,8 @@ class SessionRegistry:
         """Under the client's lock: expire its stored session if it has (1), publish
         its will once due."""
         epoch = None
-        if self._store.fenced and self.ownership is not None:
-            epoch = await self.ownership.may_collect(client_id)
+        if self._store.fenced and self._ownership is not None:
+            epoch = await self._ownership.may_collect(client_id)
             if epoch is None:
                 return 0  # its owner site collects it
         record = await self._store.load(client_id)

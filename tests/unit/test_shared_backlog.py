@@ -7,10 +7,11 @@ recording connections of test_session.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 from stratamq.broker.core.dispatch import Dispatcher
 from stratamq.broker.core.shared_backlog import SharedBacklog
-from stratamq.broker.ds import CookedBatch, Message, Stream
+from stratamq.broker.ds import CookedBatch, Message, ShareMember, Stream
 from stratamq.broker.session.model import Subscription
 from stratamq.broker.session.session import Session
 from tests.support.fake_storage import FakeDatabase, FakeStorage
@@ -28,10 +29,13 @@ from tests.unit.test_session import (
 SHARE = Subscription("t/#", qos=1, share_group="g", since=1)
 
 
-def a_site() -> tuple[FakeStorage, FakeDatabase, Dispatcher, SharedBacklog]:
+def a_site(on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], None]
+           | None = None,
+           members_with: Callable[[str], Sequence[ShareMember]] | None = None
+           ) -> tuple[FakeStorage, FakeDatabase, Dispatcher, SharedBacklog]:
     """The fake storage with its messages database, a dispatcher, and its backlogs."""
     storage = FakeStorage()
-    dispatcher = Dispatcher()
+    dispatcher = Dispatcher(on_interest=on_interest, members_with=members_with)
     return storage, storage.db(DB), dispatcher, SharedBacklog(storage.as_storage(), DB,
                                                               dispatcher)
 
@@ -186,9 +190,9 @@ def test_a_group_that_goes_with_a_backlog_says_where_its_members_stopped() -> No
     tells, per shard, the first message its members did not settle (another site
     delivers from there)."""
     async def main() -> None:
-        storage, db, dispatcher, backlog = a_site()
         told: list[dict[str, dict[int, int]]] = []
-        dispatcher.on_interest = lambda _filters, left: told.append(left)
+        storage, db, dispatcher, backlog = a_site(
+            on_interest=lambda _filters, left: told.append(left))
         only = member(storage, dispatcher, "only", max_queued=1, receive_maximum=1)
         first_unsent = db.store("t/x", b"x", qos=1)[1].timestamp + 1000  # the next one's
         publish(db, dispatcher, [b"a", b"b", b"c"])  # 1 in flight, 1 queued, 1 behind
@@ -232,7 +236,8 @@ def test_a_group_whose_members_are_away_waits_for_them_and_only_for_them() -> No
     stays bounded), and is not kept here when another site has members (they take
     this site's share on, as when a site leaves a group)."""
     async def scenario() -> None:
-        storage, _db, dispatcher, _backlog = a_site()
+        sites: list[ShareMember] = [("", 0)]  # the sites with members: this one
+        storage, _db, dispatcher, _backlog = a_site(members_with=lambda _filter: sites)
         a, _ = member(storage, dispatcher, "a", max_queued=10, receive_maximum=5)
         b, _ = member(storage, dispatcher, "b", max_queued=10, receive_maximum=5)
         dispatcher.unroute(a, SHARE, stays_subscribed=True)  # a disconnects
@@ -245,7 +250,7 @@ def test_a_group_whose_members_are_away_waits_for_them_and_only_for_them() -> No
         dispatcher.unroute(a, SHARE)  # a's session ends while away
         assert sorted(dispatcher.absent) == []
 
-        dispatcher.members_with = lambda _filter: [("", 0), ("other", 0)]
+        sites.append(("other", 0))  # another site has members too
         dispatcher.route(a, SHARE)
         dispatcher.unroute(a, SHARE, stays_subscribed=True)
         assert sorted(dispatcher.absent) == []

@@ -14,10 +14,7 @@ LOST = ("L", 0)
 
 
 def dispatcher(site: str) -> Dispatcher:
-    made = Dispatcher()
-    made.site = site
-    made.members_with = lambda _filter: LEFT  # L is gone
-    return made
+    return Dispatcher(site=site, members_with=lambda _filter: LEFT)  # L is gone
 
 
 def test_the_lost_share_goes_to_exactly_one_site_left() -> None:
