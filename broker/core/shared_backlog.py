@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..ds import DurableStorage, EndOfStream, Message, Stream
+from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
+from ..session.reader import MessageReader
 from ..supervise import RESTART_PAUSE, note_failure
 from .dispatch import Backlog, Dispatcher, SharedGroup
 
@@ -48,7 +49,7 @@ async def deliver_when_room(dispatcher: Dispatcher, group: SharedGroup, message:
 
 
 class SharedBacklog:
-    def __init__(self, storage: DurableStorage, db: str, dispatcher: Dispatcher) -> None:
+    def __init__(self, storage: MessageReader, db: str, dispatcher: Dispatcher) -> None:
         self._storage = storage
         self._db = db
         self._dispatcher = dispatcher

@@ -18,13 +18,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from ..ds import DurableStorage, EndOfStream, Message, Stream
+from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..metrics import MESSAGES_DROPPED
 from ..supervise import RESTART_PAUSE, note_failure
 from .cursors import Cursor
 from .model import CursorState, Subscription, cursor_key
 from .outbox import Delivery, Outbox
+from .reader import MessageReader
 from .routes import Routes, delivery_for
 from .streams import Streams
 
@@ -39,7 +40,7 @@ class Replay:
     """`offer` hands a delivery to the session (which asks the ACL once more);
     `wake` is shared with `streams`: set when there may be something to read."""
 
-    def __init__(self, client_id: str, *, storage: DurableStorage, messages_db: str,
+    def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  batch_size: int, idle_poll_interval: float, streams: Streams,
                  routes: Routes, outbox: Outbox, offer: Callable[[Delivery], None],
                  durable: Callable[[], bool], wake: asyncio.Event) -> None:

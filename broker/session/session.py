@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from ..ds import DurableStorage, Message
+from ..ds import Message
 from ..supervise import RESTART_PAUSE, note_failure
 from .inbound_qos2 import InboundQos2
 from .model import SessionRecord, StoredParts, Subscription, WillRecord
 from .outbox import Delivery, Outbox, Outlet
+from .reader import MessageReader
 from .replay import Replay
 from .routes import Routes
 from .streams import Streams
@@ -32,7 +33,7 @@ from .streams import Streams
 
 class Session:
     def __init__(self, client_id: str, *, durable: bool, expiry_interval: int,
-                 storage: DurableStorage, messages_db: str, max_queued: int, batch_size: int,
+                 storage: MessageReader, messages_db: str, max_queued: int, batch_size: int,
                  idle_poll_interval: float,
                  persist: Callable[[Session], Awaitable[None]],
                  on_shared_loss: Callable[[Delivery], None]) -> None:

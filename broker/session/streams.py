@@ -13,12 +13,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from ..ds import DurableStorage, EndOfStream, Stream
+from ..ds import EndOfStream, Stream
 from ..errors import InvalidIteratorError
 from ..metrics import SESSION_MESSAGES_EXPIRED
 from .cursors import Cursor, CursorTable
 from .model import CursorState, Subscription, cursor_key, parse_cursor_key
 from .outbox import Outbox
+from .reader import MessageReader
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class Streams:
     """`wake` is set whenever there may be something new to read (the replay waits
     on it); `request_save` asks for the session to be written soon."""
 
-    def __init__(self, client_id: str, *, storage: DurableStorage, messages_db: str,
+    def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  outbox: Outbox, subscriptions: Callable[[], Mapping[str, Subscription]],
                  durable: Callable[[], bool], request_save: Callable[[], None],
                  wake: asyncio.Event) -> None:

@@ -1,7 +1,8 @@
 """A TEST DOUBLE for unit tests only: an in-memory stand-in for the part of
-`DurableStorage` a `Session` reads through, so the session's own logic can be tested
-fast and deterministically. It is never used by the broker, nor by integration tests
-(those run real RocksDB).
+`DurableStorage` a `Session` reads through (`MessageReader`, in
+broker/session/reader.py), so the session's own logic can be tested fast and
+deterministically. It is never used by the broker, nor by integration tests (those
+run real RocksDB).
 
 What it models, and how it simplifies the real storage:
 - a stream is (shard, generation, static) and holds the messages of ONE topic (the
@@ -27,11 +28,9 @@ import asyncio
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import cast
 
 from stratamq.broker.ds import (
     END_OF_STREAM,
-    DurableStorage,
     EndOfStream,
     GenerationInfo,
     Iterator,
@@ -195,10 +194,6 @@ class FakeStorage:
 
     def __init__(self, db_name: str = "messages", n_shards: int = 2) -> None:
         self._databases = {db_name: FakeDatabase(db_name, n_shards)}
-
-    def as_storage(self) -> DurableStorage:
-        """This fake typed as what `Session` takes (it has the methods it calls)."""
-        return cast(DurableStorage, self)
 
     def db(self, name: str) -> FakeDatabase:
         database = self._databases.get(name)

@@ -117,7 +117,7 @@ def make_session(storage: FakeStorage, *, durable: bool, max_queued: int = 1000,
                  ) -> Session:
     saved = saved or SavedSessions()
     return Session(client_id, durable=durable, expiry_interval=3600 if durable else 0,
-                   storage=storage.as_storage(), messages_db=DB, max_queued=max_queued,
+                   storage=storage, messages_db=DB, max_queued=max_queued,
                    batch_size=batch_size, idle_poll_interval=IDLE_POLL,
                    persist=saved.persist, on_shared_loss=on_shared_loss)
 

@@ -36,7 +36,7 @@ def a_site(on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], No
     """The fake storage with its messages database, a dispatcher, and its backlogs."""
     storage = FakeStorage()
     dispatcher = Dispatcher(on_interest=on_interest, members_with=members_with)
-    return storage, storage.db(DB), dispatcher, SharedBacklog(storage.as_storage(), DB,
+    return storage, storage.db(DB), dispatcher, SharedBacklog(storage, DB,
                                                               dispatcher)
 
 
