@@ -20,6 +20,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from stratamq.broker import mqtt as wire
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5
 from tests.integration.crash_clients import (
@@ -163,6 +164,61 @@ def test_packet_id_reused_after_a_crash_is_a_new_message(tmp_path: Path, level: 
         broker.kill()
     stored = stored_payloads(tmp_path / "data", "reuse/#")
     assert b"second" in stored, f"PUBCOMP received, message not stored: {stored}"
+
+
+def test_pubrels_after_two_kills_come_in_pubrec_order(tmp_path: Path) -> None:
+    """The site-killed-twice history test's order breach, step by step. After the
+    first kill the restored session resends its unacknowledged QoS 2 messages under
+    their old packet identifiers (3, 4, 5) and numbers new ones from 1 again. The
+    client PUBRECs all five; the second kill comes before any PUBCOMP. After it the
+    PUBRELs must come in PUBREC order: the client delivers a QoS 2 message at its
+    PUBREL, so packet-identifier order would deliver the newer two first."""
+    broker = BrokerProcess(tmp_path).start()
+    try:
+        subscriber = RawClient(broker.port)
+        subscriber.connect("pubrel-order", clean_start=False)
+        subscriber.send(wire.Subscribe(1, [("q/#", wire.SubscriptionOptions(qos=2))]))
+        subscriber.expect(wire.Suback)
+        publisher = RawClient(broker.port)
+        publisher.connect("pubrel-order-pub", clean_start=True)
+        for n in range(5):
+            publisher.publish_qos2("q/t", bytes([n]), packet_id=n + 1)
+        sent = [subscriber.expect(wire.Publish) for _ in range(5)]
+        assert [(p.payload, p.packet_id) for p in sent] == \
+            [(bytes([n]), n + 1) for n in range(5)]
+        for packet_id in (1, 2):  # the first two complete; 3, 4 and 5 are not acknowledged
+            subscriber.send(wire.Pubrec(packet_id))
+            assert subscriber.expect(wire.Pubrel).packet_id == packet_id
+            subscriber.send(wire.Pubcomp(packet_id))
+        time.sleep(0.5)  # the session's deferred write records the completions
+        broker.kill()
+
+        broker.start()
+        subscriber = RawClient(broker.port)
+        assert subscriber.connect("pubrel-order", clean_start=False).session_present
+        resent = [subscriber.expect(wire.Publish) for _ in range(3)]
+        assert [(p.payload, p.packet_id, p.dup) for p in resent] == \
+            [(bytes([n]), n + 1, True) for n in (2, 3, 4)]
+        publisher = RawClient(broker.port)
+        publisher.connect("pubrel-order-pub", clean_start=True)
+        for n in (5, 6):
+            publisher.publish_qos2("q/t", bytes([n]), packet_id=n + 1)
+        new = [subscriber.expect(wire.Publish) for _ in range(2)]
+        assert [(p.payload, p.packet_id) for p in new] == [(bytes([5]), 1), (bytes([6]), 2)]
+        for publish in [*resent, *new]:
+            subscriber.send(wire.Pubrec(publish.packet_id or 0))
+        released = [subscriber.expect(wire.Pubrel).packet_id for _ in range(5)]
+        assert released == [3, 4, 5, 1, 2]
+        broker.kill()  # no PUBCOMP: all five are past PUBREC, their PUBRELs pending
+
+        broker.start()
+        subscriber = RawClient(broker.port)
+        assert subscriber.connect("pubrel-order", clean_start=False).session_present
+        assert [subscriber.expect(wire.Pubrel).packet_id for _ in range(5)] == \
+            [3, 4, 5, 1, 2]
+        subscriber.close()
+    finally:
+        broker.kill()
 
 
 def test_crash_clients_resend_pubrel_after_failed_reconnect_attempts() -> None:
