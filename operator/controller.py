@@ -796,39 +796,47 @@ class StorageController:
 
 # --- every storage's controller ----------------------------------------------------------
 
-_controllers: dict[str, StorageController] = {}
-_controllers_lock = threading.Lock()
+class Controllers:
+    """Every storage's controller in this operator, by the storage's uid. One lives in
+    the operator's memo, which Kopf copies (shallowly) into each storage's: the
+    handlers of all storages and the metrics collector share it."""
 
+    def __init__(self) -> None:
+        self._by_uid: dict[str, StorageController] = {}
+        self._lock = threading.Lock()  # handlers run in threads
 
-def controller_of(owner: Owner, spec: Mapping[str, Any], heartbeat: float
-                  ) -> StorageController | None:
-    """The storage's controller, made on first use from the status the API server has
-    now (not a handler's body, which may be older than the last round's write); None
-    when the storage is gone."""
-    with _controllers_lock:
-        found = _controllers.get(owner.uid)
-        if found is not None:
-            return found
-        current = kube.get(API_VERSION, KIND, owner.namespace, owner.name)
-        if current is None:
-            return None
-        document = (current.get("status") or {}).get("controller") or {}
-        made = StorageController(owner, settings_of(spec, heartbeat), document,
-                                 current["metadata"]["resourceVersion"])
-        made.known_phases(kube.list_labeled(TRANSITION_API, TRANSITION_KIND, owner.namespace,
-                                            f"{STORAGE_LABEL}={owner.name}"))
-        _controllers[owner.uid] = made
-        return made
+    def of(self, owner: Owner, spec: Mapping[str, Any], heartbeat: float
+           ) -> StorageController | None:
+        """The storage's controller, made on first use from the status the API server
+        has now (not a handler's body, which may be older than the last round's write);
+        None when the storage is gone."""
+        with self._lock:
+            found = self._by_uid.get(owner.uid)
+            if found is not None:
+                return found
+            current = kube.get(API_VERSION, KIND, owner.namespace, owner.name)
+            if current is None:
+                return None
+            document = (current.get("status") or {}).get("controller") or {}
+            made = StorageController(owner, settings_of(spec, heartbeat), document,
+                                     current["metadata"]["resourceVersion"])
+            made.known_phases(kube.list_labeled(TRANSITION_API, TRANSITION_KIND,
+                                                owner.namespace,
+                                                f"{STORAGE_LABEL}={owner.name}"))
+            self._by_uid[owner.uid] = made
+            return made
 
+    def existing(self, uid: str) -> StorageController | None:
+        with self._lock:
+            return self._by_uid.get(uid)
 
-def existing_controller(uid: str) -> StorageController | None:
-    with _controllers_lock:
-        return _controllers.get(uid)
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._by_uid.pop(uid, None)
 
-
-def forget(uid: str) -> None:
-    with _controllers_lock:
-        _controllers.pop(uid, None)
+    def all(self) -> list[StorageController]:
+        with self._lock:
+            return list(self._by_uid.values())
 
 
 class OperatorCollector(Collector):
@@ -836,11 +844,12 @@ class OperatorCollector(Collector):
     one series set per DurableStorage, labelled with its namespace and name, so the
     replication dashboard's controller panels work under Kubernetes too."""
 
+    def __init__(self, controllers: Controllers) -> None:
+        self._controllers = controllers
+
     def collect(self) -> Iterator[Metric]:
-        with _controllers_lock:
-            controllers = list(_controllers.values())
         merged: dict[str, Metric] = {}
-        for controller in controllers:
+        for controller in self._controllers.all():
             extra = {"namespace": controller.owner.namespace, "name": controller.owner.name}
             collector = ControllerCollector(controller.snapshot, controller.settings)
             for family in collector.collect():

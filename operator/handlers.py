@@ -55,11 +55,6 @@ HEARTBEAT_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL"
 # edited by hand) without waiting for the next change of the spec.
 REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
 
-# The operator's collector goes into the process's registry once (an embedded
-# operator may be started again in one process).
-_collector_registered = threading.Event()
-
-
 @dataclass
 class Applied:
     """In a storage's memo (Kopf's, one per object, shared by its handlers): the
@@ -117,20 +112,27 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # not given a --priority draws its own.
     if settings.peering.priority == 0:
         settings.peering.priority = random.randint(1, 2**31 - 1)
-    if not _collector_registered.is_set():
-        REGISTRY.register(controller.OperatorCollector())
-        _collector_registered.set()
+    # Shared by every storage's handlers (Kopf copies this memo into each storage's).
+    memo.controllers = controller.Controllers()
+    # One writer of status.spark at a time: events of two Jobs of one CronJob run in
+    # different threads, and the one that listed first must not write last.
+    memo.spark_runs_lock = threading.Lock()
     try:
         # /metrics on Kopf's loop until the operator's exit (stop_metrics)
         memo.metrics_listener = await metrics.serve(METRICS_BIND)
     except (OSError, ValueError) as error:  # a busy port, a bad address
         raise kopf.PermanentError(f"cannot serve metrics on {METRICS_BIND}: {error}") from error
+    memo.collector = controller.OperatorCollector(memo.controllers)
+    REGISTRY.register(memo.collector)
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
              settings.peering.priority)
 
 
 @kopf.on.cleanup()
 async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    collector: controller.OperatorCollector | None = memo.pop("collector", None)
+    if collector is not None:
+        REGISTRY.unregister(collector)
     listener: GuardedListener | None = memo.pop("metrics_listener", None)
     if listener is not None:
         await listener.stop()
@@ -138,20 +140,26 @@ async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
 
 # --- reconcile --------------------------------------------------------------------------
 
-def kept_pods(owner: Owner, spec: dict[str, Any]) -> int:
+def controllers_of(memo: kopf.Memo) -> controller.Controllers:
+    found: controller.Controllers = memo.controllers
+    return found
+
+
+def kept_pods(owner: Owner, spec: dict[str, Any], controllers: controller.Controllers) -> int:
     """spec.sites, or more while the pods above still hold replicas."""
-    found = controller.controller_of(owner, spec, HEARTBEAT_INTERVAL)
+    found = controllers.of(owner, spec, HEARTBEAT_INTERVAL)
     sites = int(spec.get("sites", 3))
     return sites if found is None else found.kept_pods(sites)
 
 
-def apply_objects(owner: Owner, spec: dict[str, Any]) -> None:
+def apply_objects(owner: Owner, spec: dict[str, Any],
+                  controllers: controller.Controllers) -> None:
     """Make or update every object of the storage; idempotent."""
     if kube.ensure_admin_secret(owner):
         log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
     monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
     for manifest in desired_objects(owner, spec, service_monitors=monitors,
-                                    replicas=kept_pods(owner, spec)):
+                                    replicas=kept_pods(owner, spec, controllers)):
         if manifest["kind"] == "StatefulSet":
             existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
             if existing is not None:
@@ -217,7 +225,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         raise kopf.PermanentError(message)
     started = time.monotonic()
     try:
-        apply_objects(owner, plain(spec))
+        apply_objects(owner, plain(spec), controllers_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise  # Kopf retries with back-off and logs it
@@ -229,16 +237,19 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         kopf.info(body, reason="Reconciled",
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
-    refresh(owner, plain(spec), applied_generation(memo, current), current, body, patch)
+    refresh(owner, plain(spec), applied_generation(memo, current), current, body, patch,
+            controllers_of(memo))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
-def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, **_: Any) -> None:
+def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: kopf.Memo,
+            **_: Any) -> None:
     assert namespace is not None
     if config_problems(plain(spec)):
         return  # the reconcile refused it (phase Failed): the running config stays
     try:
-        apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec))
+        apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
+                      controllers_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise
@@ -264,10 +275,10 @@ def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> d
 
 
 def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[str, Any],
-            body: kopf.Body, patch: kopf.Patch) -> None:
+            body: kopf.Body, patch: kopf.Patch, controllers: controller.Controllers) -> None:
     """`generation`: the one whose objects were last applied (observedGeneration)."""
     pods = kube.site_pods(owner)
-    running = controller.existing_controller(owner.uid)
+    running = controllers.existing(owner.uid)
     sites = int(spec.get("sites", 3))
     observed = Observed(
         name=owner.name, generation=generation, sites=sites, pods=pods,
@@ -301,7 +312,8 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         # The generation the objects were last applied for: a spec change the
         # reconcile has not handled yet is not "observed".
         refresh(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
-                applied_generation(memo, current), current, body, patch)
+                applied_generation(memo, current), current, body, patch,
+                controllers_of(memo))
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -321,7 +333,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
         return
     owner = Owner(name=name, namespace=namespace, uid=uid)
     token = kube.admin_token(owner)
-    running = controller.controller_of(owner, current, HEARTBEAT_INTERVAL)
+    running = controllers_of(memo).of(owner, current, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
     running.round(current, int(meta.get("generation", 0)), kube.site_pods(owner), token)
@@ -338,18 +350,13 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
 
 # --- the Spark jobs' last runs -------------------------------------------------------------
 
-# One writer of status.spark at a time: events of two Jobs of one CronJob run in
-# different threads, and the one that listed first must not write last.
-_runs_lock = threading.Lock()
-
-
-def record_last_run(namespace: str, storage: str, job: str, api_version: str, kind: str
-                    ) -> None:
+def record_last_run(namespace: str, storage: str, job: str, api_version: str, kind: str,
+                    lock: threading.Lock) -> None:
     """Write the newest run of `job` (its Jobs or SparkApplications, by labels) into
     the storage's status.spark, unless it is there already."""
     if job not in spark.SPEC_KEY:
         return
-    with _runs_lock:
+    with lock:  # one writer of status.spark at a time (see `configure`)
         newest = spark.last_run(kube.list_labeled(api_version, kind, namespace,
                                                   spark.runs_selector(storage, job)))
         found = kube.get(API_VERSION, KIND, namespace, storage)
@@ -378,27 +385,29 @@ def record_last_run(namespace: str, storage: str, job: str, api_version: str, ki
 @kopf.on.event("batch", "v1", "jobs", labels={
     "app.kubernetes.io/managed-by": MANAGED_BY, spark.STORAGE_LABEL: kopf.PRESENT,
     spark.JOB_LABEL: kopf.PRESENT})
-def spark_job_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+def spark_job_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
+                      **_: Any) -> None:
     assert namespace is not None
     record_last_run(namespace, labels[spark.STORAGE_LABEL], labels[spark.JOB_LABEL],
-                    "batch/v1", "Job")
+                    "batch/v1", "Job", memo.spark_runs_lock)
 
 
 @kopf.on.event("sparkoperator.k8s.io", "v1beta2", "sparkapplications", labels={
     "app.kubernetes.io/managed-by": MANAGED_BY, spark.STORAGE_LABEL: kopf.PRESENT,
     spark.JOB_LABEL: kopf.PRESENT})
-def spark_application_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+def spark_application_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
+                              **_: Any) -> None:
     assert namespace is not None
     record_last_run(namespace, labels[spark.STORAGE_LABEL], labels[spark.JOB_LABEL],
-                    spark.SPARK_OPERATOR_API, "SparkApplication")
+                    spark.SPARK_OPERATOR_API, "SparkApplication", memo.spark_runs_lock)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def forget(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+def forget(name: str, namespace: str | None, uid: str, memo: kopf.Memo, **_: Any) -> None:
     """Optional: the owned objects go by garbage collection. Seen while this operator
     runs (its finalizer holds the storage until its timers stopped)."""
     metrics.forget(namespace or "", name)
-    controller.forget(uid)
+    controllers_of(memo).forget(uid)
 
 
 # --- the finalizer lives no longer than the operator ---------------------------------------
