@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -95,26 +95,44 @@ class FailureBackoff:
         return entry
 
 
+@dataclass
+class _Check:
+    check: Callable[[], bool]
+    outcome: asyncio.Future[bool]
+
+
 class ServerBusy(Exception):
     """No room in the hash pool for this check (for its source or at all)."""
 
 
 class HashPool:
     """Password hashes off the event loop, on a bounded number of threads, with a
-    bounded number of checks admitted (see the module docstring). Admission and the
-    counts live on the event loop; the threads only hash."""
+    bounded number of checks admitted (see the module docstring). Admission, the
+    order of the checks and the counts live on the event loop; the threads only hash.
+
+    A free thread takes the next check of the source with the fewest checks running,
+    and among those of the one served least recently, not the oldest check: a storm
+    from one address keeps up to `per_source` checks queued, and a login from
+    another address would otherwise wait for all of them."""
 
     def __init__(self, workers: int, queue: int, per_source: int) -> None:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="password-hash")
+        self._workers = workers
         self._capacity = workers + queue
         self._per_source = per_source
         self._admitted = 0
-        self._by_source: dict[str, int] = {}
+        self._by_source: dict[str, int] = {}  # admitted checks, running or waiting
+        self._running: dict[str, int] = {}
+        # when each source with checks admitted last had one started (a count of starts)
+        self._last_started: dict[str, int] = {}
+        self._starts = 0
+        # per source, its checks not started yet; sources in the order they came
+        self._waiting: OrderedDict[str, deque[_Check]] = OrderedDict()
 
     async def run(self, source: str, check: Callable[[], bool]) -> bool:
         """`check()` on a hashing thread; raises ServerBusy at once when there is no
-        room for it. A caller cancelled meanwhile leaves the check holding its room
-        until its thread is done with it."""
+        room for it. A caller that goes before its check started takes the check
+        with it; one that goes later leaves it holding its room until done."""
         held = self._by_source.get(source, 0)
         if self._admitted >= self._capacity or held >= self._per_source:
             LOGINS_REFUSED.labels("busy").inc()
@@ -122,15 +140,62 @@ class HashPool:
         self._admitted += 1
         self._by_source[source] = held + 1
         PASSWORD_CHECKS_PENDING.set(self._admitted)
+        waiting = _Check(check, asyncio.get_running_loop().create_future())
+        self._waiting.setdefault(source, deque()).append(waiting)
+        self._start_some()
+        try:
+            return await waiting.outcome
+        except asyncio.CancelledError:
+            self._withdraw(source, waiting)
+            raise
+
+    def _withdraw(self, source: str, waiting: _Check) -> None:
+        """A caller went: its check goes too, unless it has started."""
+        queued = self._waiting.get(source)
+        if queued is None or waiting not in queued:
+            return  # started: it holds its room until done
+        queued.remove(waiting)
+        if not queued:
+            del self._waiting[source]
+        self._release(source)
+
+    def _start_some(self) -> None:
         loop = asyncio.get_running_loop()
-        future = self._executor.submit(check)
+        while sum(self._running.values()) < self._workers and self._waiting:
+            source = min(self._waiting, key=lambda name: (self._running.get(name, 0),
+                                                          self._last_started.get(name, -1)))
+            queued = self._waiting[source]
+            waiting = queued.popleft()
+            if not queued:
+                del self._waiting[source]
+            self._running[source] = self._running.get(source, 0) + 1
+            self._starts += 1
+            self._last_started[source] = self._starts
+            work = self._executor.submit(waiting.check)
 
-        def done(_future: Future[bool]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: site stopped
-                loop.call_soon_threadsafe(self._release, source)
+            def done(work: Future[bool], source: str = source,
+                     outcome: asyncio.Future[bool] = waiting.outcome) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: site stopped
+                    loop.call_soon_threadsafe(self._finished, source, outcome, work)
 
-        future.add_done_callback(done)
-        return await asyncio.wrap_future(future)
+            work.add_done_callback(done)
+
+    def _finished(self, source: str, outcome: asyncio.Future[bool],
+                  work: Future[bool]) -> None:
+        left = self._running[source] - 1
+        if left:
+            self._running[source] = left
+        else:
+            del self._running[source]
+        self._release(source)
+        if not outcome.done():
+            if work.cancelled():
+                outcome.cancel()
+            elif (error := work.exception()) is not None:
+                outcome.set_exception(error)
+            else:
+                outcome.set_result(work.result())
+        self._start_some()
 
     def _release(self, source: str) -> None:
         self._admitted -= 1
@@ -139,6 +204,7 @@ class HashPool:
             self._by_source[source] = left
         else:
             del self._by_source[source]
+            self._last_started.pop(source, None)
         PASSWORD_CHECKS_PENDING.set(self._admitted)
 
     def close(self) -> None:
