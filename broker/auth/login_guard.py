@@ -208,5 +208,10 @@ class HashPool:
         PASSWORD_CHECKS_PENDING.set(self._admitted)
 
     def close(self) -> None:
-        """Stop the threads once the checks under way are done (not waited for)."""
+        """Stop the threads once the checks under way are done (not waited for); the
+        checks not started are cancelled (their callers get CancelledError)."""
+        waiting = [check for queued in self._waiting.values() for check in queued]
+        self._waiting.clear()
+        for check in waiting:
+            check.outcome.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -164,6 +164,23 @@ def test_a_check_whose_caller_left_before_it_ran_gives_its_room_back() -> None:
     assert result == "True" and "left" not in ran, (ran, result)
 
 
+def test_checks_not_started_are_cancelled_when_the_pool_closes() -> None:
+    async def scenario() -> list[bool]:
+        pool = HashPool(workers=1, queue=2, per_source=3)
+        release = threading.Event()
+        running = asyncio.create_task(pool.run("a", lambda: release.wait(10.0)))
+        waiting = asyncio.create_task(pool.run("a", lambda: True))
+        await asyncio.sleep(0.05)
+        pool.close()
+        release.set()
+        await running
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(waiting), 5.0)  # not left waiting
+        return [running.result(), waiting.cancelled()]
+
+    assert asyncio.run(scenario()) == [True, True]
+
+
 def test_access_control_refuses_without_a_hash_when_busy_or_backed_off() -> None:
     passwords = {"alice": hash_password("pw", iterations=1000)}
 
