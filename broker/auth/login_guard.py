@@ -214,4 +214,4 @@ class HashPool:
         self._waiting.clear()
         for check in waiting:
             check.outcome.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._executor.shutdown(wait=False)  # it holds only checks already started

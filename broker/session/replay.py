@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
-from ..metrics import MESSAGES_DROPPED
 from ..supervise import RESTART_PAUSE, note_failure
 from .cursors import Cursor
 from .model import CursorState, Subscription, cursor_key
@@ -260,11 +259,9 @@ class Replay:
         if not receivers:
             return
         delivery = delivery_for(receivers, message)
-        if not self._outbox.has_room and not self._outbox.make_room():
-            if delivery.qos == 0:
-                MESSAGES_DROPPED.labels("queue_full").inc()
-            else:
-                self._catch_up(routes, stream, message)
+        # A QoS 0 one the outbox drops itself (counted) when nothing makes room.
+        if delivery.qos > 0 and not self._outbox.has_room and not self._outbox.make_room():
+            self._catch_up(routes, stream, message)
             return
         self._outbox.enqueue(delivery)
 

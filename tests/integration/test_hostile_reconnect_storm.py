@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import resource
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -175,7 +174,6 @@ def listen_backlog(port: int) -> int:
     return int(output[2])
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_listeners_have_an_accept_queue_for_a_storm(tmp_path: Path) -> None:
     """The deterministic part of the storm: connections the broker has not accepted
     yet wait in the listening socket's accept queue; when it is full the kernel drops
