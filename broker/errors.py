@@ -36,6 +36,11 @@ class ConfigError(StratamqError):
     """Bad configuration: the message names the key and says why."""
 
 
+class ListenError(StratamqError):
+    """A listener could not take its address (another process has the port, or the
+    host is not this machine's): the message names the setting and the address."""
+
+
 class StorageError(StratamqError):
     """Base of the storage's errors about its own state (not about the input)."""
 

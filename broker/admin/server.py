@@ -33,7 +33,7 @@ from ..ds import (
 )
 from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..http.guard import ConnectionGuard, GuardedListener
-from ..net.address import split_bind
+from ..net.address import listening, split_bind
 from ..net.listeners import ListenerSet
 from .credentials import Credentials, resolve_credentials
 from .digests import ShardDigests
@@ -128,7 +128,8 @@ class AdminServer:
         ])
         listener = GuardedListener(app, guard, shutdown_timeout=5.0)
         host, port = split_bind(bind)
-        await listener.start(host, port)
+        with listening("admin.bind", bind):
+            await listener.start(host, port)
         self._listener = listener
         self.port = listener.port
         log.info("admin API listening on http://%s:%d", host, self.port)

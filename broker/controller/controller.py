@@ -69,7 +69,7 @@ from ..http.guard import (
     GuardedListener,
     descriptor_share,
 )
-from ..net.address import source_address, split_bind
+from ..net.address import listening, source_address, split_bind
 from . import decisions, terms
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
@@ -180,7 +180,8 @@ class Controller:
         listener = GuardedListener(app, guard, shutdown_timeout=2.0)
         host, port = split_bind(self.config.bind)
         try:
-            await listener.start(host, port)
+            with listening("--bind", self.config.bind):
+                await listener.start(host, port)
         except BaseException:
             await self._http.close()
             raise

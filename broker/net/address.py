@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+
+from ..errors import ListenError
+
 
 def split_bind(bind: str) -> tuple[str, int]:
     """`host:port` (`[::1]:1883` for IPv6) -> (host, port); an empty host is all."""
@@ -35,3 +42,17 @@ def peer_host(peer: str) -> str:
     if peer.count(":") == 1:
         return peer.partition(":")[0]
     return peer
+
+
+@contextlib.contextmanager
+def listening(setting: str, bind: str) -> Iterator[None]:
+    """A failed bind inside becomes a `ListenError` that names `setting` (the
+    configuration key or option that gave `bind`), a line for the user rather than a
+    traceback."""
+    try:
+        yield
+    except OSError as error:
+        reason = os.strerror(error.errno) if error.errno else str(error)
+        hint = (": another process has that port, or this one runs twice"
+                if error.errno == errno.EADDRINUSE else "")
+        raise ListenError(f"{setting}: cannot listen on {bind}: {reason}{hint}") from error

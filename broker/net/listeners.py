@@ -15,7 +15,7 @@ from aiohttp import WSMsgType, web
 
 from ..metrics import CONNECTIONS
 from ..mqtt import ReasonCode
-from .address import format_peer, split_bind
+from .address import format_peer, listening, split_bind
 from .transport import StreamTransport, Transport, WebSocketTransport
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,10 @@ async def start_stream_listener(name: str, bind: str,
             writer.close()
 
     host, port = split_bind(bind)
-    server = await asyncio.start_server(serve, host, port, ssl=ssl_context,
-                                        limit=READ_CHUNK, reuse_address=True,
-                                        backlog=backlog)
+    with listening(f"listeners.{name}.bind", bind):
+        server = await asyncio.start_server(serve, host, port, ssl=ssl_context,
+                                            limit=READ_CHUNK, reuse_address=True,
+                                            backlog=backlog)
     log.info("listening for MQTT%s on %s", "/TLS" if ssl_context else "", bind)
     return server
 
@@ -130,7 +131,12 @@ async def start_websocket_listener(bind: str, path: str,
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = split_bind(bind)
-    await web.TCPSite(runner, host, port, backlog=backlog).start()
+    try:
+        with listening("listeners.ws.bind", bind):
+            await web.TCPSite(runner, host, port, backlog=backlog).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     log.info("listening for MQTT over WebSocket on %s%s", bind, path)
     return runner
 

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
 from ...files import write_atomically
-from ...net.address import source_address, split_bind
+from ...net.address import listening, source_address, split_bind
 from ..database import Database
 from ..fence import Fence
 from ..message import Message
@@ -304,7 +304,8 @@ class SiteReplication:
             database.attach_replication(replication.databases[database.name])
         host, port = split_bind(peer_bind)
         try:
-            await replication._server.start(host, port)
+            with listening("cluster.peer_bind", peer_bind):
+                await replication._server.start(host, port)
         except BaseException:
             await replication.close()
             raise
