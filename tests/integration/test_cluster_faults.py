@@ -30,9 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.ds.database import shard_of
 from tests.support.cluster import DATABASES, DB, Cluster, ctl_ds, poll
-from tests.support.history import History
+from tests.support.harness import http_json
+from tests.support.history import History, Message, runs_of
 from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
     RecordingClient,
@@ -45,6 +47,7 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
+from tests.support.storage import read_filter, run
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -90,6 +93,55 @@ def start_load(cluster: Cluster, history: History, prefix: str, clients: list[Re
             site_of[name] = site.index
     assert all_connected(clients, 30), f"clients did not connect: {describe_clients(clients)}"
     return publishers
+
+
+def stored_at(cluster: Cluster, topic_filter: str) -> dict[int, set[Message]]:
+    """Site index -> the messages its copy of `messages` holds under `topic_filter`,
+    read from its data folder (the sites must be down)."""
+
+    async def read(data_dir: Path) -> set[Message]:
+        storage = DurableStorage(data_dir)
+        await storage.open_db(DB, DbOptions(n_shards=cluster.n_shards))
+        try:
+            stored = await read_filter(storage, DB, topic_filter, batch_size=1000)
+        finally:
+            await storage.close()
+        return {m for m in map(Message.decode, (s.payload for s in stored)) if m}
+
+    return {site.index: run(read(site.workdir / "data")) for site in cluster.sites}
+
+
+def where_missing(cluster: Cluster, history: History, topic_filter: str) -> str:
+    """For the acknowledged messages some session lacks: which sites' copies hold
+    them, with each publisher's shard (read once the sites are down)."""
+    missing = history.missing()
+    if not missing:
+        return "nothing missing"
+    stored = stored_at(cluster, topic_filter)
+    lines = []
+    for session, lost in sorted(missing.items()):
+        held = {k: len(set(lost) & copy) for k, copy in stored.items()}
+        shards = sorted({shard_of(m.publisher, cluster.n_shards) for m in lost})
+        lines.append(f"{session} lacks {len(lost)} (shards {shards}), held by "
+                     f"site copies {held}: {runs_of(lost)}")
+    return "\n".join(lines)
+
+
+def sessions_at_sites(cluster: Cluster, clients: list[RecordingClient],
+                      site_of: dict[str, int]) -> str:
+    """What each subscriber's site says of its connection (in flight, queued)."""
+    lines = []
+    for client in clients:
+        if isinstance(client, RecordingSubscriber):
+            site = cluster.sites[site_of[client.name]]
+            # paho holds a QoS 2 message it received until the PUBREL comes
+            awaiting = len(client.client._in_messages)
+            try:
+                view = http_json("GET", f"{site.admin_url}/api/v1/clients/{client.name}")
+                lines.append(f"{view}; QoS 2 awaiting PUBREL at the client: {awaiting}")
+            except (OSError, ValueError) as error:
+                lines.append(f"{client.name} at site-{site.index}: {error}")
+    return "\n".join(lines)
 
 
 def report_of(cluster: Cluster, index: int, shard: int) -> dict[str, object]:
@@ -176,6 +228,7 @@ def test_frozen_leaders_are_replaced_and_step_down_when_thawed(tmp_path: Path) -
         assert more_acknowledged(history, 100, 30), history.summary()
         drained = stop_and_drain(publishers, 60)
         delivered = wait_delivered(history)
+        subscribers = "" if delivered else sessions_at_sites(cluster, clients, site_of)
         converged = wait_until(cluster.converged, 60, every=0.5)
         same = cluster.same_content(*DATABASES)
         final_state = cluster.describe()
@@ -188,7 +241,8 @@ def test_frozen_leaders_are_replaced_and_step_down_when_thawed(tmp_path: Path) -
     print(history.summary(), f"\nclients: {client_state}")
     assert all(alive), f"a site died by itself: {alive}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
-    assert delivered, f"deliveries stopped: {history.summary()}"
+    assert delivered, (f"deliveries stopped: {history.summary()}\n{subscribers}\n"
+                       f"{where_missing(cluster, history, 'fz/#')}\n{final_state}")
     assert converged and same, f"replicas differ at the end:\n{final_state}"
     history.check()
 
