@@ -82,15 +82,17 @@ def test_namespaces_cut_a_member_off_from_the_others_and_heal_it() -> None:
                                                  network.address(1), str(PORT)]))
         try:
             target = network.address(1), PORT
+            from_test = network.reach(1, PORT)
+            assert from_test == ("127.0.0.2", PORT)
             assert reaches(network.command(0, []), *target)
             assert reaches(network.command(2, []), *target)
-            assert host_reaches(*target)
-            assert not host_reaches("127.0.0.1", PORT)  # it listens in its own namespace
+            assert host_reaches(*from_test)
+            assert not host_reaches(*target), "the member's address is not the test's"
 
             network.cut(1)
             assert not reaches(network.command(0, []), *target)
             assert not reaches(network.command(2, []), *target)
-            assert host_reaches(*target), "the host must still reach a cut-off member"
+            assert host_reaches(*from_test), "the test must still reach a cut-off member"
 
             network.separate([0], [2])  # 0 and 2 apart too; 1 healed next must reach both
             network.heal(1)
@@ -102,6 +104,32 @@ def test_namespaces_cut_a_member_off_from_the_others_and_heal_it() -> None:
             server.wait()
         assert network.leftovers() != []
     assert network.leftovers() == []
+    assert not host_reaches(*from_test), "the proxy must stop with the network"
+
+
+def host_network() -> tuple[set[str], set[tuple[str, str]], set[str]]:
+    """The test namespace's link names, (link, address) pairs and route
+    destinations (no lifetimes or counters: those change by themselves)."""
+    def ip(*args: str) -> list[list[str]]:
+        listed = subprocess.run(["ip", *args], capture_output=True, text=True, check=True)
+        return [line.split() for line in listed.stdout.splitlines() if line.strip()]
+
+    links = {fields[1].rstrip(":").split("@")[0] for fields in ip("-o", "link")}
+    addresses = {(fields[1], fields[3]) for fields in ip("-o", "addr")}
+    routes = {fields[0] for fields in ip("route")}
+    return links, addresses, routes
+
+
+@needs_namespaces
+def test_nothing_is_made_in_the_test_namespace() -> None:
+    """No link, address or route of the network in the namespace the test runs in:
+    the members, the bridge and their subnet live in namespaces of the run's own."""
+    before = host_network()
+    with open_network(2) as network:
+        assert isinstance(network, NetnsNetwork)
+        network.reach(0, PORT)
+        assert host_network() == before
+    assert host_network() == before
 
 
 @needs_namespaces
@@ -116,21 +144,23 @@ def test_close_kills_processes_left_inside_and_removes_everything() -> None:
 
 @needs_namespaces
 def test_leftovers_of_a_crashed_run_are_removed() -> None:
-    """A run whose process is gone (here: a pid that is not alive) left a namespace and
-    a bridge; the next cleanup removes them, and leaves a live run's alone."""
+    """A run whose process is gone (here: a pid that is not alive) left a namespace
+    with a process inside; the next cleanup removes both, and leaves a live run's
+    alone."""
     dead = subprocess.Popen(["true"])
     dead.wait()
-    crashed = f"{PREFIX}-{dead.pid}-abcd-0"
+    crashed = f"{PREFIX}-{dead.pid}-abcd-hub"
     subprocess.run(["ip", "netns", "add", crashed], check=True)
-    subprocess.run(["ip", "link", "add", f"{PREFIX}abcdb", "type", "bridge"], check=True)
-    with NetnsNetwork(1).open() as alive:
-        removed = cleanup_leftovers()
-        # Other leftovers of gone runs may be removed too: a veth of a namespace
-        # deleted a moment ago outlives it while the kernel tears the namespace down.
-        assert {crashed, f"{PREFIX}abcdb"} <= set(removed), removed
-        assert not [name for name in removed
-                    if f"-{alive.tag}-" in name or name.startswith(f"{PREFIX}{alive.tag}")]
-        assert alive.leftovers() != []
+    left = subprocess.Popen(["ip", "netns", "exec", crashed, "sleep", "600"])
+    try:
+        with NetnsNetwork(1).open() as alive:
+            removed = cleanup_leftovers()
+            assert crashed in removed, removed
+            assert not [name for name in removed if f"-{alive.tag}-" in name]
+            assert alive.leftovers() != []
+        assert left.wait(10) == -9
+    finally:
+        left.kill()
     assert os.path.exists(f"/run/netns/{crashed}") is False
 
 

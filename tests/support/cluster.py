@@ -5,7 +5,9 @@ controller`), each on free ports, started, SIGKILLed and restarted one by one.
 On loopback (as `stratamq cluster` lays it out) site k is 127.0.0.(k+1) and the
 controller 127.0.0.1; in a `NetnsNetwork` site k is member k and the controller the
 last member, each in its own network namespace, so that `network.cut(k)` separates
-a site from the other sites and the controller while the test still reaches all. In
+a site from the other sites and the controller while the test still reaches all:
+each process binds its member's address and is reached by the others there, and by
+the test at `host` (127.0.0.(k+1)), through the network's proxies (`reach`). In
 a `ProxyNetwork` site k is member k on 127.0.0.(k+1) and the controller the last
 member; the sites and the controller reach each site's peer and admin ports through
 proxies in front of them (`ProxyNetwork.front`), which `network.cut(k)` makes refuse
@@ -47,16 +49,18 @@ def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.05) 
 
 
 class SiteProcess(BrokerProcess):
-    """One site: the harness's test configuration, bound to `host`, with the cluster
-    section on; its peer port is one of the ports waited for at start."""
+    """One site: the harness's test configuration, bound to `bind_host` (`host`,
+    where the test reaches it, unless told), with the cluster section on; its peer
+    port is one of the ports waited for at start."""
 
     name = "site"
 
     def __init__(self, workdir: Path, index: int, host: str, *, n_shards: int,
                  heartbeat_interval: float, wrapper: tuple[str, ...] = (),
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, bind_host: str | None = None) -> None:
         self.index = index
         self.host = host
+        self.bind_host = bind_host or host
         self.wrapper = wrapper
         self.peer_port = free_port()
         # where the controller reaches the admin API (a proxy in front of it, with a
@@ -65,16 +69,16 @@ class SiteProcess(BrokerProcess):
         self._cluster_config = {
             "durable_storage": {"messages": {"n_shards": n_shards}},
             "durable_sessions": {"heartbeat_interval": f"{int(heartbeat_interval * 1000)}ms"},
-            "cluster": {"enable": True, "peer_bind": f"{host}:{self.peer_port}"},
+            "cluster": {"enable": True, "peer_bind": f"{self.bind_host}:{self.peer_port}"},
         }
         super().__init__(workdir, config)
 
     def base_config(self, fast: bool) -> dict[str, Any]:
         return merge_config(super().base_config(fast), {
             **self._cluster_config,
-            "listeners": {"tcp": {"bind": f"{self.host}:{self.port}"},
-                          "ws": {"bind": f"{self.host}:{self.ws_port}"}},
-            "admin": {"bind": f"{self.host}:{self.admin_port}"},
+            "listeners": {"tcp": {"bind": f"{self.bind_host}:{self.port}"},
+                          "ws": {"bind": f"{self.bind_host}:{self.ws_port}"}},
+            "admin": {"bind": f"{self.bind_host}:{self.admin_port}"},
         })
 
     def ports(self) -> list[int]:
@@ -100,15 +104,16 @@ class ControllerProcess(ManagedProcess):
 
     def __init__(self, workdir: Path, host: str, sites: list[SiteProcess], *,
                  replication_factor: int, n_shards: int, heartbeat_interval: float,
-                 wrapper: tuple[str, ...] = ()) -> None:
+                 wrapper: tuple[str, ...] = (), bind_host: str | None = None) -> None:
         super().__init__(workdir)
         self.host = host
+        self.bind_host = bind_host = bind_host or host
         self.wrapper = wrapper
         self.log_path = workdir / "controller.log"
         self.token_file = workdir / "admin-token"
         self.token_file.write_text(BrokerProcess.ADMIN_TOKEN)
         self.arguments = [
-            "--data-dir", str(workdir / "state"), "--bind", f"{host}:{self.port}",
+            "--data-dir", str(workdir / "state"), "--bind", f"{bind_host}:{self.port}",
             "--token-file", str(self.token_file),
             "--replication-factor", str(replication_factor), "--n-shards", str(n_shards),
             "--heartbeat-interval", f"{int(heartbeat_interval * 1000)}ms",
@@ -139,8 +144,10 @@ class Cluster:
                  site_config: dict[str, Any] | None = None) -> None:
         self.n_shards = n_shards
         self.network = network
+        binds: list[str | None] = [None for _ in range(sites + 1)]
         if isinstance(network, NetnsNetwork):
-            hosts = [network.address(k) for k in range(sites + 1)]
+            binds = [network.address(k) for k in range(sites + 1)]
+            hosts = [network.reach_host(k) for k in range(sites + 1)]
             wrappers = [tuple(network.command(k, [])) for k in range(sites + 1)]
         elif isinstance(network, ProxyNetwork):
             hosts = [network.address(k) for k in range(sites + 1)]
@@ -150,8 +157,16 @@ class Cluster:
             wrappers = [() for _ in range(sites + 1)]
         self.sites = [SiteProcess(workdir / f"site-{k}", k, hosts[k], n_shards=n_shards,
                                   heartbeat_interval=heartbeat_interval, wrapper=wrappers[k],
-                                  config=site_config)
+                                  config=site_config, bind_host=binds[k])
                       for k in range(sites)]
+        if isinstance(network, NetnsNetwork):
+            # The test reaches every port through the network's proxies; the
+            # controller reaches the sites' admin ports inside the network.
+            for site in self.sites:
+                for port in site.ports():
+                    network.reach(site.index, port)
+                site.proxied = True
+                site.controller_url = f"http://{site.bind_host}:{site.admin_port}"
         if isinstance(network, ProxyNetwork):
             # Every site and the controller bind their outgoing connections to their
             # own address; a proxy in front of each site's peer and admin port tells
@@ -163,7 +178,12 @@ class Cluster:
         self.controller = ControllerProcess(
             workdir / "controller", hosts[sites], self.sites,
             replication_factor=replication_factor, n_shards=n_shards,
-            heartbeat_interval=heartbeat_interval, wrapper=wrappers[sites])
+            heartbeat_interval=heartbeat_interval, wrapper=wrappers[sites],
+            bind_host=binds[sites])
+        if isinstance(network, NetnsNetwork):
+            for port in self.controller.ports():
+                network.reach(sites, port)
+            self.controller.proxied = True
         self.site_ids: list[str] = []
 
     def start(self, timeout: float = 60.0) -> Cluster:
@@ -248,8 +268,13 @@ class Cluster:
     def verify(self, *databases: str, wait: float = 10.0) -> list[Verdict]:
         """What `stratamq ctl ds verify` finds for `databases` (all when none): per
         shard whether its replicas hold the same content."""
-        controller = AdminClient(self.controller.url,
-                                 f"Bearer {BrokerProcess.ADMIN_TOKEN}", timeout=wait + 30)
+        authorization = f"Bearer {BrokerProcess.ADMIN_TOKEN}"
+        if isinstance(self.network, NetnsNetwork):
+            # the controller gives the sites' admin URLs inside the network
+            inside = f"http://{self.controller.bind_host}:{self.controller.port}"
+            return self.network.from_hub(lambda: verify(
+                AdminClient(inside, authorization, timeout=wait + 30), list(databases), wait))
+        controller = AdminClient(self.controller.url, authorization, timeout=wait + 30)
         return verify(controller, list(databases), wait)
 
     def same_content(self, *databases: str) -> bool:

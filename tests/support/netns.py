@@ -7,14 +7,18 @@ others and the test process reach it at, and `cut(k)` / `heal(k)` to separate me
 members from some others, an asymmetric cut). Two kinds:
 
 - `NetnsNetwork` (root and iproute2): a Linux network namespace per member, joined by
-  veth pairs to one bridge in the test's own namespace, which holds the host address
-  `<subnet>.254`; member k is `<subnet>.(k+1)`/24 (subnet 10.77.0 unless another run
-  holds it). A process runs inside with `command(k, argv)` (`ip netns exec`). A cut
-  routes the traffic between two members into a veth whose peer is down and which
-  does no ARP: packets vanish, as in a real partition (connections time out, nothing
-  is refused), while the host keeps reaching every member, so a test still talks to
-  the cut-off side. (This kernel has no nftables/iptables and no tc actions, so
-  routes do the cutting; the bridge stays intact.)
+  veth pairs to one bridge in a hub namespace the network makes too; member k is
+  `10.77.0.(k+1)`/24 and the hub `10.77.0.254`. Nothing is made in the test's own
+  namespace: no link, no address, no route (every run has namespaces of its own, so
+  runs never collide on the subnet). A process runs inside with `command(k, argv)`
+  (`ip netns exec`). The test process reaches member k's `port` at `reach(k, port)`:
+  a TCP proxy listening on `127.0.0.(k+1)` at the same port, whose connections to
+  the member start from the hub (its thread enters the hub's namespace). A cut routes
+  the traffic between two members into a veth whose peer is down and which does no
+  ARP: packets vanish, as in a real partition (connections time out, nothing is
+  refused), while the hub, and so the test, keeps reaching every member, so a test
+  still talks to the cut-off side. (This kernel has no nftables/iptables and no tc
+  actions, so routes do the cutting; the bridge stays intact.)
 - `ProxyNetwork` (the fallback without namespaces): member k is `127.0.0.(k+1)` and
   a member reaches another member's port through `proxy(src, dst, port)`, a TCP
   proxy for that pair that `cut` stops (open connections closed, new ones refused),
@@ -23,13 +27,16 @@ members from some others, an asymmetric cut). Two kinds:
   outgoing connections to its own address) and refuses and closes those of members a
   cut separates from `dst`. It separates only traffic that goes through its proxies.
 
-Everything made carries the prefix `smq` and a tag of the run; `cleanup_leftovers()`
-removes what runs whose process is gone left behind (it runs at every open).
+Every namespace made carries the prefix `smq`, the test process's pid and a tag of
+the run; `cleanup_leftovers()` removes those of runs whose process is gone, with the
+processes left inside (it runs at every open).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import ctypes
 import functools
 import os
 import re
@@ -39,14 +46,31 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PREFIX = "smq"
 NULL_DEVICE = "smqnull"  # inside every namespace: where cut traffic is routed
-_NAMESPACE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{4}})-\d+$")
-_LINK = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})[bh]\d*$")
+BRIDGE = "smqbridge"  # inside the hub namespace
+SUBNET = "10.77.0"  # inside the run's own namespaces only
+HUB = "hub"
+_NAMESPACE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{4}})-(\d+|{HUB})$")
+_CLONE_NEWNET = 0x40000000  # <sched.h>
+
+
+def enter_network_namespace(name: str) -> None:
+    """Move the calling thread (only it) into the named network namespace
+    (`ip netns add` made it): sockets it makes from now on live there, those it made
+    before stay where they were. Python 3.11 has no `os.setns` (3.12 does): libc's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/run/netns/{name}", "rb") as handle:
+        if libc.setns(handle.fileno(), _CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"setns into {name}: {os.strerror(error)}")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,36 +111,17 @@ def _kill_processes_in(namespace: str) -> None:
 
 
 def cleanup_leftovers() -> list[str]:
-    """Remove namespaces, bridges and veths of earlier runs whose process is gone;
-    returns what was removed."""
+    """Remove the namespaces of earlier runs whose process is gone, and the processes
+    left inside them (their links go with them); returns the namespaces removed."""
     removed = []
-    live_tags = set()
     for namespace in _namespaces():
         match = _NAMESPACE.match(namespace)
-        if match is None:
-            continue
-        if _pid_alive(int(match.group(1))):
-            live_tags.add(match.group(2))
+        if match is None or _pid_alive(int(match.group(1))):
             continue
         _kill_processes_in(namespace)
         _ip("netns", "del", namespace, check=False)
         removed.append(namespace)
-    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
-        name = line.split(":")[1].strip().split("@")[0]
-        match = _LINK.match(name)
-        if match is not None and match.group(1) not in live_tags:
-            _ip("link", "del", name, check=False)
-            removed.append(name)
     return removed
-
-
-def _free_subnet() -> str:
-    """A 10.77.n subnet no route of this namespace uses (another run may hold one)."""
-    routes = _ip("-4", "route", "show", check=False).stdout
-    for n in range(256):
-        if f"10.77.{n}." not in routes:
-            return f"10.77.{n}"
-    raise RuntimeError("every 10.77.n.0/24 is in use")
 
 
 class NetnsNetwork:
@@ -125,21 +130,49 @@ class NetnsNetwork:
     def __init__(self, members: int) -> None:
         self.members = members
         self.tag = secrets.token_hex(2)
-        self.subnet = _free_subnet()
-        self.host_address = f"{self.subnet}.254"
-        self.bridge = f"{PREFIX}{self.tag}b"
+        self.hub = f"{PREFIX}-{os.getpid()}-{self.tag}-{HUB}"
         self._cuts: set[tuple[int, int]] = set()  # (from, to): from's route to `to` is cut
+        self._reach: dict[tuple[int, int], _Proxy] = {}
         self._made = False
 
     def namespace(self, k: int) -> str:
         return f"{PREFIX}-{os.getpid()}-{self.tag}-{k}"
 
     def address(self, k: int) -> str:
-        return f"{self.subnet}.{k + 1}"
+        """Where member k is reached from the other members (and binds)."""
+        return f"{SUBNET}.{k + 1}"
+
+    @staticmethod
+    def reach_host(k: int) -> str:
+        """The address the test process reaches member k at (see `reach`)."""
+        return f"127.0.0.{k + 1}"
+
+    def reach(self, k: int, port: int) -> tuple[str, int]:
+        """Where the test process reaches member k's `port`: a proxy on
+        `127.0.0.(k+1)` at the same port, dialing from the hub (a member restarted
+        on that port is reached again; while nothing listens there, a connection is
+        accepted and closed at once)."""
+        key = (k, port)
+        if key not in self._reach:
+            proxy = _Proxy(self.reach_host(k), (self.address(k), port), dial_from=self.hub)
+            proxy.port = port
+            proxy.start()
+            self._reach[key] = proxy
+        return self.reach_host(k), port
+
+    def from_hub(self, call: Callable[[], T]) -> T:
+        """`call()` on a thread inside the hub's namespace, which reaches every member
+        at its address, cut off or not: for a client that takes the members'
+        addresses from the members themselves (`ctl ds verify` asks the controller
+        for the sites' admin URLs)."""
+        with concurrent.futures.ThreadPoolExecutor(
+                1, initializer=enter_network_namespace, initargs=(self.hub,)) as pool:
+            return pool.submit(call).result()
 
     def describe(self) -> str:
-        return (f"network namespaces {self.namespace(0)}.. joined by bridge {self.bridge}, "
-                f"members at {self.subnet}.1-{self.members}, host {self.host_address}")
+        return (f"network namespaces {self.namespace(0)}.. joined by a bridge in "
+                f"{self.hub}, members at {SUBNET}.1-{self.members}, reached from the "
+                f"test at 127.0.0.1-{self.members} through proxies")
 
     def command(self, k: int, argv: list[str]) -> list[str]:
         """`argv` run inside member k's namespace (ip netns exec execs it: the pid is
@@ -148,17 +181,21 @@ class NetnsNetwork:
 
     def open(self) -> NetnsNetwork:
         self._made = True
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.host_address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        hub = ("-n", self.hub)
+        _ip("netns", "add", self.hub)
+        _ip(*hub, "link", "set", "lo", "up")
+        _ip(*hub, "link", "add", BRIDGE, "type", "bridge")
+        _ip(*hub, "addr", "add", f"{SUBNET}.254/24", "dev", BRIDGE)
+        _ip(*hub, "link", "set", BRIDGE, "up")
         for k in range(self.members):
             namespace = self.namespace(k)
-            host_end, inner_end = f"{PREFIX}{self.tag}h{k}", f"{PREFIX}{self.tag}n{k}"
+            hub_end, inner_end = f"{PREFIX}{k}", f"{PREFIX}eth"
             _ip("netns", "add", namespace)
-            _ip("link", "add", host_end, "type", "veth", "peer", "name", inner_end)
-            _ip("link", "set", host_end, "master", self.bridge)
-            _ip("link", "set", host_end, "up")
-            _ip("link", "set", inner_end, "netns", namespace)
+            # made in the hub with its peer straight in the member: never in ours
+            _ip(*hub, "link", "add", hub_end, "type", "veth", "peer", "name", inner_end,
+                "netns", namespace)
+            _ip(*hub, "link", "set", hub_end, "master", BRIDGE)
+            _ip(*hub, "link", "set", hub_end, "up")
             inside = ("-n", namespace)
             _ip(*inside, "addr", "add", f"{self.address(k)}/24", "dev", inner_end)
             _ip(*inside, "link", "set", inner_end, "up")
@@ -191,22 +228,19 @@ class NetnsNetwork:
                 self._cuts.discard((source, target))
 
     def close(self) -> None:
+        for proxy in self._reach.values():
+            proxy.stop()
+        self._reach.clear()
         if not self._made:
             return
-        for k in range(self.members):
-            _kill_processes_in(self.namespace(k))
-            # The pair goes now: a namespace's own devices go with it only once the
-            # kernel has torn it down, some time after `netns del`.
-            _ip("link", "del", f"{PREFIX}{self.tag}h{k}", check=False)
-            _ip("netns", "del", self.namespace(k), check=False)
-        _ip("link", "del", self.bridge, check=False)
+        for namespace in [*map(self.namespace, range(self.members)), self.hub]:
+            _kill_processes_in(namespace)
+            _ip("netns", "del", namespace, check=False)
         self._made = False
 
     def leftovers(self) -> list[str]:
         """What of this network still exists (for the tool's own test)."""
-        names = [n for n in _namespaces() if f"-{self.tag}-" in n]
-        links = _ip("-o", "link", "show", check=False).stdout
-        return names + [f"link {self.bridge}"] * (f" {self.bridge}:" in links)
+        return [n for n in _namespaces() if f"-{self.tag}-" in n]
 
     def __enter__(self) -> NetnsNetwork:
         return self
@@ -220,9 +254,13 @@ class _Proxy:
     """A TCP proxy from `listen` to `target` on one thread; `stop` closes the listener
     and every open connection, `start` listens again on the same port."""
 
-    def __init__(self, listen_host: str, target: tuple[str, int]) -> None:
+    def __init__(self, listen_host: str, target: tuple[str, int],
+                 dial_from: str | None = None) -> None:
+        """`dial_from`: the network namespace its connections to `target` start in
+        (the listener stays in the test's)."""
         self.target = target
         self.listen_host = listen_host
+        self.dial_from = dial_from
         self.port = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -241,6 +279,8 @@ class _Proxy:
         self._thread.start()
 
     def _run(self, listener: socket.socket) -> None:
+        if self.dial_from is not None:
+            enter_network_namespace(self.dial_from)
         selector = selectors.DefaultSelector()
         selector.register(listener, selectors.EVENT_READ)
         pairs: dict[socket.socket, socket.socket] = {}
@@ -347,7 +387,6 @@ class ProxyNetwork:
     def __init__(self, members: int, reason: str = "") -> None:
         self.members = members
         self.reason = reason
-        self.host_address = "127.0.0.1"
         self._proxies: dict[tuple[int, int, int], _Proxy] = {}
         self._fronts: dict[tuple[int, int], _Front] = {}
         self._cut: set[int] = set()
