@@ -25,18 +25,18 @@ class Publisher:
         self._store = store
         self._retained = retained
 
-    def publish_will(self, message: Message) -> None:
-        """Publish a will message (not waiting for it to be stored). Its topic came
-        in a CONNECT and was stored with the session: it is checked here, and a will
-        on a topic no client could publish to is dropped and counted."""
+    def publish_will(self, message: Message) -> list[asyncio.Future[None]]:
+        """Publish a will message; the futures resolve once it is stored. Its topic
+        came in a CONNECT and was stored with the session: it is checked here, and a
+        will on a topic no client could publish to is dropped and counted."""
         try:
             check_topic(message.topic)
         except InvalidTopicError:
             log.warning("will of %r on invalid topic %r dropped", message.client_id,
                         message.topic)
             MESSAGES_DROPPED.labels("invalid_will_topic").inc()
-            return
-        self.publish(message, wait=False)
+            return []
+        return self.publish(message, wait=True)
 
     def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
                 owner_epoch: int = 0) -> list[asyncio.Future[None]]:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coro
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..ds import DurableStorage, FencedError
+from ..ds import DurableStorage, FencedError, Message
 from ..errors import StratamqError
 from ..metrics import IN_FLIGHT, SESSIONS
 from ..mqtt.reason_codes import ReasonCode
@@ -282,6 +282,11 @@ class SessionRegistry:
                             await self._store.delete(client_id, session.owner_epoch)
                         except FencedError:  # another site holds the session now
                             return
+                        except StratamqError as exc:  # no majority in reach, say
+                            # Not tried again: a later try could delete the state of
+                            # a session this client id starts next.
+                            log.warning("ended session %r: its stored state not deleted: "
+                                        "%s", client_id, exc.message)
                 await session.inbound_qos2.settled()  # or a late one outlives the forget
                 try:
                     await self._store.forget_qos2(client_id, session.owner_epoch)
@@ -295,6 +300,12 @@ class SessionRegistry:
                 await self.persist(session, disconnected=True)
             except FencedError:  # another site holds the session now: it is not ours
                 return
+            except StratamqError as exc:  # no majority in reach, say
+                # The session lives on here all the same: its will and its expiry
+                # are timed below, and its state is written once it can be.
+                log.warning("session %r closed; its state not stored (%s): tried again "
+                            "later", client_id, exc.message)
+                session.request_persist()
             loop = asyncio.get_running_loop()
             if will is not None:
                 delay = min(will.delay, session.expiry_interval)
@@ -314,7 +325,23 @@ class SessionRegistry:
         will = session.take_will()
         if will is None:
             return
-        self._publisher.publish_will(will.to_message(client_id))
+        self._spawn(self._store_will(session, will.to_message(client_id)),
+                    f"will-{client_id}", "session-will")
+
+    async def _store_will(self, session: Session, will: Message) -> None:
+        """Store a will, again and again while the storage cannot take it yet (a site
+        that reaches no majority of the shard's replicas, say); then write the session
+        without it. A site that stops meanwhile has the session stored with it."""
+        while True:
+            try:
+                await asyncio.gather(*self._publisher.publish_will(will))
+                break
+            except StratamqError as exc:
+                if not exc.recoverable:
+                    raise
+                log.warning("will of %r not stored yet (%s): tried again", will.client_id,
+                            exc.message)
+                await asyncio.sleep(RESTART_PAUSE)
         session.request_persist()
 
     def _expire_now(self, client_id: str, session: Session) -> None:

@@ -19,12 +19,13 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from stratamq.broker.mqtt import Disconnect, Suback, Subscribe, SubscriptionOptions
+from stratamq.broker.mqtt import Disconnect, Suback, Subscribe, SubscriptionOptions, Will
 from stratamq.broker.mqtt import Properties as WireProperties
 from tests.support.clients import PahoClient, RawClient, paho_properties, unique
 from tests.support.cluster import DATABASES, Cluster, SiteProcess, ctl_ds, poll
 from tests.support.harness import HOST
 from tests.support.history import History, Message
+from tests.support.netns import open_network
 from tests.support.recorder import (
     SESSION_EXPIRY,
     RecordingPublisher,
@@ -526,3 +527,49 @@ def test_a_site_waiting_for_its_placement_logs_no_traceback(tmp_path: Path) -> N
         assert "session GC pass not done" in site.log(), site.log_tail()
     finally:
         site.kill()
+
+
+def test_a_session_closed_while_its_site_is_cut_off_still_expires(tmp_path: Path) -> None:
+    """A durable session whose connection ends while its site reaches no other site:
+    the write of its state fails (`write_timeout`). The site says so in a line,
+    writes it once it can, and still expires the session after its expiry interval
+    and publishes its will: it used to raise out of the connection (a traceback)
+    before it set either timer, keeping the session for ever, so a reconnect found
+    it present, and dropping the will."""
+    expiry = 2
+    with open_network(4) as network:
+        cluster = Cluster(tmp_path, sites=3, n_shards=N_SHARDS, network=network,
+                          site_config={"cluster": {"write_timeout": "1s"}})
+        try:
+            cluster.start(timeout=WAIT)
+            site = cluster.sites[0]
+            watcher = PahoClient(cluster.sites[1].port, unique("watch"),
+                                 host=cluster.sites[1].host)
+            assert watcher.connect().reason_code == 0
+            will_topic = unique("cut-will")
+            assert watcher.subscribe(will_topic, 1) == [1]
+            client_id = unique("cut")
+            client = RawClient(site.port, host=site.host)
+            connack = client.connect(
+                client_id, clean_start=False,
+                properties=WireProperties(session_expiry_interval=expiry),
+                will=Will(will_topic, b"gone", 1))
+            assert (connack.reason_code, connack.session_present) == (0, False)
+            network.cut(0)
+            client.close()  # no DISCONNECT: the will is due
+            # the write of the closed session's state gives up after write_timeout
+            assert poll(lambda: "state not stored" in site.log()
+                        or "Unhandled exception" in site.log(), WAIT), site.log_tail()
+            network.heal(0)
+            assert cluster.wait_ready(WAIT), cluster.describe()
+            assert [m.payload for m in watcher.expect(1, WAIT)] == [b"gone"]
+            time.sleep(expiry + 1)
+            again = RawClient(site.port, host=site.host)
+            connack = again.connect(client_id, clean_start=False)
+            assert (connack.reason_code, connack.session_present) == (0, False), \
+                "an expired session was resumed"
+            again.disconnect()
+            watcher.stop()
+            assert "Unhandled exception" not in site.log(), site.log_tail()
+        finally:
+            cluster.close()
