@@ -56,6 +56,11 @@ RUN_AS_USER = 10001
 RESTRICTED_POD_SECURITY: dict[str, Any] = {
     "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
     "seccompProfile": {"type": "RuntimeDefault"}}
+# A broker container's resources when spec.resources says none: a pod without
+# requests is BestEffort, the first one a node under pressure evicts.
+DEFAULT_RESOURCES: dict[str, Any] = {"requests": {"cpu": "250m", "memory": "512Mi"}}
+HOSTNAME_KEY = "kubernetes.io/hostname"
+ZONE_KEY = "topology.kubernetes.io/zone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,9 +272,34 @@ def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
     }
-    if spec.get("resources"):
-        container["resources"] = spec["resources"]
+    container["resources"] = spec.get("resources") or DEFAULT_RESOURCES
+    pod = spec.get("pod", {})
+    container["env"] += pod.get("env", [])
+    container["volumeMounts"] += pod.get("volumeMounts", [])
     return container
+
+
+def _placement(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
+    """Where the sites' pods may and would rather run (spec.pod). Unless the spec says
+    otherwise, a node takes a second site only when it must (a shard's replicas on
+    one node all go with it), and the sites spread over the zones when the nodes
+    have zones: both preferences, so a small cluster still runs every site."""
+    pod = spec.get("pod", {})
+    sites = {"matchLabels": site_selector_labels(owner.name)}
+    found: dict[str, Any] = {
+        "affinity": pod.get("affinity", {"podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": {"topologyKey": HOSTNAME_KEY, "labelSelector": sites}}]}}),
+        "topologySpreadConstraints": pod.get("topologySpreadConstraints", [{
+            "maxSkew": 1, "topologyKey": ZONE_KEY, "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": sites}]),
+    }
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets",
+                "serviceAccountName"):
+        if key in pod:
+            found[key] = pod[key]
+    return found
 
 
 def _volume_claim_template(spec: dict[str, Any]) -> dict[str, Any]:
@@ -299,6 +329,8 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
     if claim:
         volumes.append({"name": SPARK_WORK_VOLUME,
                         "persistentVolumeClaim": {"claimName": claim}})
+    volumes += spec.get("pod", {}).get("volumes", [])
+    pod = spec.get("pod", {})
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),
@@ -312,15 +344,21 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
                                                      "whenScaled": "Retain"},
             "selector": {"matchLabels": selector_labels(owner.name)},
             "template": {
-                "metadata": {"labels": labels(owner.name),
-                             "annotations": {CONFIG_HASH_ANNOTATION: config_hash(spec)}},
+                # the operator's own labels and annotation win over spec.pod's
+                "metadata": {"labels": {**pod.get("labels", {}), **labels(owner.name)},
+                             "annotations": {**pod.get("annotations", {}),
+                                             CONFIG_HASH_ANNOTATION: config_hash(spec)}},
                 "spec": {
                     "containers": [_container(owner, spec)],
                     "volumes": volumes,
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "enableServiceLinks": False,
                     "automountServiceAccountToken": False,
-                    "securityContext": {**RESTRICTED_POD_SECURITY, "fsGroup": RUN_AS_USER},
+                    # OnRootMismatch: the kubelet walks the whole RocksDB volume at every
+                    # mount otherwise, to set its group again
+                    "securityContext": {**RESTRICTED_POD_SECURITY, "fsGroup": RUN_AS_USER,
+                                        "fsGroupChangePolicy": "OnRootMismatch"},
+                    **_placement(owner, spec),
                     **({"hostNetwork": True,
                         # Cluster DNS stays reachable from the node's namespace.
                         "dnsPolicy": "ClusterFirstWithHostNet"} if host_network(spec) else {}),

@@ -163,6 +163,10 @@ def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
         f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}":
             f"{admin_secret_name(owner.name)}:{TOKEN_KEY}",
     }
+    secrets = spec.get("pod", {}).get("imagePullSecrets", [])
+    if secrets:  # the driver and executor pods pull the sites' image
+        conf["spark.kubernetes.container.image.pullSecrets"] = ",".join(
+            secret["name"] for secret in secrets)
     claim = spark_claim(spec)
     if claim is not None:
         for role in ("driver", "executor"):
@@ -223,6 +227,9 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                         "metadata": {"labels": pod_labels},
                         "spec": {
                             "serviceAccountName": service_account_name(owner.name),
+                            # the sites' image: from the same registry
+                            **({"imagePullSecrets": spec["pod"]["imagePullSecrets"]}
+                               if "imagePullSecrets" in spec.get("pod", {}) else {}),
                             "restartPolicy": "Never",
                             "enableServiceLinks": False,
                             "securityContext": RESTRICTED_POD_SECURITY,
@@ -275,6 +282,9 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
                 "sparkVersion": SPARK_VERSION,
                 "image": image(spec),
                 "imagePullPolicy": pull_policy(spec),
+                **({"imagePullSecrets": [secret["name"] for secret
+                                         in spec["pod"]["imagePullSecrets"]]}
+                   if spec.get("pod", {}).get("imagePullSecrets") else {}),
                 "mainApplicationFile": APPLICATION,
                 "arguments": launch_arguments(owner, spec, job),
                 "sparkConf": conf,

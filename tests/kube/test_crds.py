@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stratamq.operator.resources import Owner, stateful_set
 from tests.kube.conftest import CRD_NAMES
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
@@ -67,6 +68,38 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert spec["image"] == {"repository": "stratamq/stratamq", "tag": version,
                              "pullPolicy": "IfNotPresent"}
+
+
+POD = {
+    "labels": {"team": "iot"},
+    "nodeSelector": {"pool": "brokers"},
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq",
+                     "effect": "NoSchedule"}],
+    "priorityClassName": "brokers-high",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "mq-pods",
+    "env": [{"name": "TZ", "value": "UTC"},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+    "volumes": [{"name": "extra", "emptyDir": {"sizeLimit": "1Gi"}}],
+    "volumeMounts": [{"name": "extra", "mountPath": "/extra", "readOnly": True}],
+}
+
+
+def test_pod_template_fields_are_kept_and_the_sites_pods_are_valid(
+        crds: ControlPlane, namespace: str) -> None:
+    """spec.pod keeps the core/v1 fields whole (their schemas are Kubernetes' own),
+    and the StatefulSet the operator makes of it, defaults and all, passes the API
+    server's validation."""
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage("mq", {"pod": POD}))
+    stored = get_json(crds, namespace, "durablestorage", "mq")
+    assert stored["spec"]["pod"] == POD
+    owner = Owner(name="mq", namespace=namespace, uid=stored["metadata"]["uid"])
+    for spec in (stored["spec"], {**stored["spec"], "pod": {}}):
+        made = json.dumps(stateful_set(owner, spec))
+        crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=made)
 
 
 def test_explicit_values_are_kept(crds: ControlPlane, namespace: str) -> None:
@@ -155,6 +188,14 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
                         "spec.cluster.logRetainEntries in body should be greater than or "
                         "equal to 1"),
     "bad-write-timeout": ({"cluster": {"writeTimeout": "0s"}}, "must be a duration above 0"),
+    "operator-env": ({"pod": {"env": [{"name": "POD_IP", "value": "10.0.0.1"}]}},
+                     "the operator sets STRATAMQ__ADMIN__TOKEN, POD_IP and "
+                     "STRATAMQ__CLUSTER__ADVERTISE itself"),
+    "operator-volume": ({"pod": {"volumes": [{"name": "data", "emptyDir": {}}]}},
+                        "the volume names config, data, spark-work, tls, passwd and acl are "
+                        "the operator's"),
+    "pull-secret-without-name": ({"pod": {"imagePullSecrets": [{}]}},
+                                 'spec.pod.imagePullSecrets[0].name: Required value'),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }

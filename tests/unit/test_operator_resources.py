@@ -166,6 +166,72 @@ def test_stateful_set() -> None:
         "volumeClaimTemplates"][0]["spec"]
 
 
+def pod_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"]
+    return found
+
+
+def test_pods_by_default_ask_for_resources_and_spread_over_nodes_and_zones() -> None:
+    """issue 23: BestEffort pods are evicted first; nothing kept a shard's replicas off
+    one node; the kubelet walked the whole volume at every mount."""
+    spec = crd_defaults()
+    assert container(spec)["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"}}
+    made = pod_spec(spec)
+    sites = {"matchLabels": resources.site_selector_labels("mq")}
+    assert made["affinity"] == {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                               "labelSelector": sites}}]}}
+    assert made["topologySpreadConstraints"] == [{
+        "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": sites}]
+    assert made["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "imagePullSecrets",
+                "serviceAccountName"):
+        assert key not in made
+
+
+def test_spec_pod_fields_land_in_the_pods() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "disk", "operator": "In", "values": ["ssd"]}]}]}}}
+    spec = crd_defaults() | {"pod": {
+        "labels": {"team": "iot", "app.kubernetes.io/name": "mine"},
+        "annotations": {"note": "x", resources.CONFIG_HASH_ANNOTATION: "mine"},
+        "nodeSelector": {"pool": "brokers"},
+        "affinity": affinity,
+        "topologySpreadConstraints": [],
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq",
+                         "effect": "NoSchedule"}],
+        "priorityClassName": "brokers-high",
+        "imagePullSecrets": [{"name": "registry"}],
+        "serviceAccountName": "mq-pods",
+        "env": [{"name": "TZ", "value": "UTC"}],
+        "volumes": [{"name": "extra", "emptyDir": {}}],
+        "volumeMounts": [{"name": "extra", "mountPath": "/extra"}]}}
+    template = resources.stateful_set(OWNER, spec)["spec"]["template"]
+    made = template["spec"]
+    assert made["affinity"] == affinity
+    assert made["topologySpreadConstraints"] == []  # an empty value turns it off
+    assert made["nodeSelector"] == {"pool": "brokers"}
+    assert made["tolerations"][0]["key"] == "dedicated"
+    assert made["priorityClassName"] == "brokers-high"
+    assert made["imagePullSecrets"] == [{"name": "registry"}]
+    assert made["serviceAccountName"] == "mq-pods"
+    assert made["automountServiceAccountToken"] is False
+    assert made["volumes"][-1] == {"name": "extra", "emptyDir": {}}
+    # the operator's labels and annotation win: the selector still selects the pods
+    assert template["metadata"]["labels"]["team"] == "iot"
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "stratamq"
+    assert template["metadata"]["annotations"]["note"] == "x"
+    assert template["metadata"]["annotations"][resources.CONFIG_HASH_ANNOTATION] \
+        == resources.config_hash(spec)
+    found = container(spec)
+    assert found["env"][0]["name"] == resources.TOKEN_ENV
+    assert found["env"][-1] == {"name": "TZ", "value": "UTC"}
+    assert found["volumeMounts"][-1] == {"name": "extra", "mountPath": "/extra"}
+
+
 def test_a_config_change_changes_the_pod_template() -> None:
     """The broker reads its config at start, so a new config must roll the pods."""
     spec = crd_defaults()

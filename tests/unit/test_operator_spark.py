@@ -47,6 +47,22 @@ def test_each_enabled_job_gets_its_scheduler() -> None:
         assert not site_selector <= template["metadata"]["labels"].items()
 
 
+def test_the_jobs_pull_the_image_with_the_sites_pull_secrets() -> None:
+    spec = with_spark(gc={"enable": True})
+    spec["pod"] = {"imagePullSecrets": [{"name": "registry"}, {"name": "mirror"}]}
+    cron = spark.spark_objects(OWNER, spec, spark_operator=False)[-1]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
+    # the driver and executor pods spark-submit makes
+    assert spark.spark_conf(OWNER, spec)["spark.kubernetes.container.image.pullSecrets"] \
+        == "registry,mirror"
+    scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)[-1]
+    assert scheduled["spec"]["template"]["imagePullSecrets"] == ["registry", "mirror"]
+    plain = spark.spark_objects(OWNER, with_spark(gc={"enable": True}), spark_operator=False)
+    assert "imagePullSecrets" not in plain[-1]["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]
+
+
 def test_launch_arguments_carry_the_storages_rules() -> None:
     spec = with_spark()
     spec["sites"] = 3
