@@ -235,6 +235,12 @@ def spark_claim(spec: dict[str, Any]) -> str | None:
     return claim
 
 
+def image_pull_secrets(spec: dict[str, Any]) -> list[str]:
+    """The names of spec.pod.imagePullSecrets: the sites' pods and the Spark jobs'
+    pull the same image with them."""
+    return [secret["name"] for secret in spec.get("pod", {}).get("imagePullSecrets", [])]
+
+
 def image(spec: dict[str, Any]) -> str:
     given = spec.get("image", {})
     return f"{given.get('repository', 'stratamq/stratamq')}:{given.get('tag', '0.1.0')}"
@@ -329,8 +335,8 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
     if claim:
         volumes.append({"name": SPARK_WORK_VOLUME,
                         "persistentVolumeClaim": {"claimName": claim}})
-    volumes += spec.get("pod", {}).get("volumes", [])
     pod = spec.get("pod", {})
+    volumes += pod.get("volumes", [])
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),

@@ -36,6 +36,7 @@ from .resources import (
     Manifest,
     Owner,
     admin_secret_name,
+    image_pull_secrets,
     peer_service_name,
     spark_claim,
 )
@@ -163,10 +164,9 @@ def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
         f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}":
             f"{admin_secret_name(owner.name)}:{TOKEN_KEY}",
     }
-    secrets = spec.get("pod", {}).get("imagePullSecrets", [])
+    secrets = image_pull_secrets(spec)
     if secrets:  # the driver and executor pods pull the sites' image
-        conf["spark.kubernetes.container.image.pullSecrets"] = ",".join(
-            secret["name"] for secret in secrets)
+        conf["spark.kubernetes.container.image.pullSecrets"] = ",".join(secrets)
     claim = spark_claim(spec)
     if claim is not None:
         for role in ("driver", "executor"):
@@ -228,8 +228,9 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                         "spec": {
                             "serviceAccountName": service_account_name(owner.name),
                             # the sites' image: from the same registry
-                            **({"imagePullSecrets": spec["pod"]["imagePullSecrets"]}
-                               if "imagePullSecrets" in spec.get("pod", {}) else {}),
+                            **({"imagePullSecrets": [{"name": name} for name
+                                                     in image_pull_secrets(spec)]}
+                               if image_pull_secrets(spec) else {}),
                             "restartPolicy": "Never",
                             "enableServiceLinks": False,
                             "securityContext": RESTRICTED_POD_SECURITY,
@@ -282,9 +283,8 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
                 "sparkVersion": SPARK_VERSION,
                 "image": image(spec),
                 "imagePullPolicy": pull_policy(spec),
-                **({"imagePullSecrets": [secret["name"] for secret
-                                         in spec["pod"]["imagePullSecrets"]]}
-                   if spec.get("pod", {}).get("imagePullSecrets") else {}),
+                **({"imagePullSecrets": image_pull_secrets(spec)}
+                   if image_pull_secrets(spec) else {}),
                 "mainApplicationFile": APPLICATION,
                 "arguments": launch_arguments(owner, spec, job),
                 "sparkConf": conf,
