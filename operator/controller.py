@@ -51,7 +51,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from stratamq.broker.controller import decisions, terms
+from stratamq.broker.controller import decisions, disruption, terms
 from stratamq.broker.controller.decisions import ClusterState, Settings, is_gone
 from stratamq.broker.controller.metrics import ControllerCollector, Snapshot
 from stratamq.broker.controller.sites import (
@@ -313,6 +313,8 @@ class StorageController:
         self.started = time.monotonic()
         self.state, self.sites, self.pods, self.forgotten = load_document(document,
                                                                           self.started)
+        # the sites as of the round before (what tolerated_disruptions measures against)
+        self.earlier_sites: Mapping[str, SiteState] = {}
         self.urls: dict[str, str] = {}  # site -> admin URL (the pod's IP: it changes)
         self.leader_changes = 0
         self.notes: tuple[str, ...] = ()
@@ -407,6 +409,7 @@ class StorageController:
             # another operator wrote its state since (loaded instead of this round's).
             return
         with self._publish_lock:  # what view() reads, all of one round
+            self.earlier_sites = self.sites
             self.sites, self.pods, self.urls = sites, site_pods, urls
             self.forgotten = forgotten
             self._boots = boots
@@ -787,6 +790,14 @@ class StorageController:
             under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
             rebalancing=state.plan is not None or unsettled, generation=generation,
             no_plan=no_plan, waiting=waiting)
+
+    def tolerated_disruptions(self) -> int | None:
+        """How many sites may go down at once now (broker/controller/disruption.py);
+        None before the first placement."""
+        with self._publish_lock:
+            placement, sites, earlier = self.state.placement, self.sites, self.earlier_sites
+        return disruption.tolerated_disruptions(placement, sites, earlier, time.monotonic(),
+                                                self.settings)
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.state, dict(self.sites), self.leader_changes,

@@ -39,7 +39,18 @@ from stratamq.broker.http.guard import GuardedListener
 from . import controller, kube, metrics, spark
 from .config import admin_port, config_problems
 from .phases import Reason, StoragePhase
-from .resources import API_VERSION, GROUP, KIND, MANAGED_BY, PLURAL, VERSION, Owner, desired_objects
+from .resources import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    MANAGED_BY,
+    PLURAL,
+    VERSION,
+    Owner,
+    desired_objects,
+    held_pods,
+    pod_disruption_budget,
+)
 from .sites import SiteUnreachableError, site_id
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
 
@@ -78,6 +89,39 @@ def applied_of(memo: kopf.Memo) -> Applied:
     """The storage's Applied, made at its first use (dict.setdefault is atomic)."""
     found: Applied = memo.setdefault("applied", Applied())
     return found
+
+
+@dataclass
+class AppliedBudget:
+    """In a storage's memo: the maxUnavailable last written to its sites'
+    PodDisruptionBudget. The reconcile and the controller's rounds both write it, in
+    threads; one at a time, so the budget last written is the one last computed."""
+
+    max_unavailable: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def budget_of(memo: kopf.Memo) -> AppliedBudget:
+    found: AppliedBudget = memo.setdefault("disruption_budget", AppliedBudget())
+    return found
+
+
+def set_budget(owner: Owner, spec: dict[str, Any], tolerated: int | None,
+               applied: AppliedBudget, always: bool = False) -> None:
+    """Write the sites' PodDisruptionBudget when its maxUnavailable changed (`always`:
+    whatever it was, as the reconcile repairs drift)."""
+    manifest = pod_disruption_budget(owner, spec, tolerated)
+    if manifest is None:
+        return
+    value = manifest["spec"]["maxUnavailable"]
+    with applied.lock:
+        if value == applied.max_unavailable and not always:
+            return
+        kube.apply(manifest)
+        if value != applied.max_unavailable:
+            log.info("%s/%s: disruption budget: %d site(s) may go down at once",
+                     owner.namespace, owner.name, value)
+        applied.max_unavailable = value
 
 
 def applied_generation(memo: kopf.Memo, status: dict[str, Any]) -> int:
@@ -152,14 +196,20 @@ def kept_pods(owner: Owner, spec: dict[str, Any], controllers: controller.Contro
     return sites if found is None else found.kept_pods(sites)
 
 
-def apply_objects(owner: Owner, spec: dict[str, Any],
-                  controllers: controller.Controllers) -> None:
+def apply_objects(owner: Owner, spec: dict[str, Any], controllers: controller.Controllers,
+                  budget: AppliedBudget) -> None:
     """Make or update every object of the storage; idempotent."""
     if kube.ensure_admin_secret(owner):
         log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
     monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
+    running = controllers.existing(owner.uid)
+    tolerated = None if running is None else running.tolerated_disruptions()
     for manifest in desired_objects(owner, spec, service_monitors=monitors,
-                                    replicas=kept_pods(owner, spec, controllers)):
+                                    replicas=kept_pods(owner, spec, controllers),
+                                    tolerated=tolerated):
+        if manifest["kind"] == "PodDisruptionBudget":
+            set_budget(owner, spec, tolerated, budget, always=True)
+            continue
         if manifest["kind"] == "StatefulSet":
             existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
             if existing is not None:
@@ -169,6 +219,8 @@ def apply_objects(owner: Owner, spec: dict[str, Any],
         kube.apply(manifest)
     if not spec.get("podDisruptionBudget", {}).get("enable", True):
         kube.delete_owned("policy/v1", "PodDisruptionBudget", owner, owner.name)
+    if not spec.get("networkPolicy", {}).get("enable", False):
+        kube.delete_owned("networking.k8s.io/v1", "NetworkPolicy", owner, owner.name)
     patched = kube.expand_volumes(owner, spec.get("storage", {}).get("size", "10Gi"))
     if patched:
         log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
@@ -225,7 +277,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         raise kopf.PermanentError(message)
     started = time.monotonic()
     try:
-        apply_objects(owner, plain(spec), controllers_of(memo))
+        apply_objects(owner, plain(spec), controllers_of(memo), budget_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise  # Kopf retries with back-off and logs it
@@ -249,7 +301,7 @@ def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: k
         return  # the reconcile refused it (phase Failed): the running config stays
     try:
         apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
-                      controllers_of(memo))
+                      controllers_of(memo), budget_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise
@@ -280,13 +332,14 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
     pods = kube.site_pods(owner)
     running = controllers.existing(owner.uid)
     sites = int(spec.get("sites", 3))
+    kept = sites if running is None else running.kept_pods(sites)
     observed = Observed(
         name=owner.name, generation=generation, sites=sites, pods=pods,
         stateful_set=kube.stateful_set_status(owner),
         site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)),
-        replication=None if running is None else running.view(),
-        kept=sites if running is None else running.kept_pods(sites),
-        spec_generation=int(body.get("metadata", {}).get("generation", 0)))
+        replication=None if running is None else running.view(), kept=kept,
+        spec_generation=int(body.get("metadata", {}).get("generation", 0)),
+        held=held_pods(spec, kept))
     new = compute_status(observed, status.get("conditions", []), now())
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
@@ -346,6 +399,9 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     if applied == int(meta.get("generation", 0)) and kube.scale("StatefulSet",
             namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
+    if applied == int(meta.get("generation", 0)):
+        # as replicas catch up or fall behind (a PDB alone counts Ready pods)
+        set_budget(owner, current, running.tolerated_disruptions(), budget_of(memo))
 
 
 # --- the Spark jobs' last runs -------------------------------------------------------------

@@ -46,6 +46,13 @@ TOKEN_KEY = "token"
 TOKEN_ENV = "STRATAMQ__ADMIN__TOKEN"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 SERVICE_LABEL = f"{GROUP}/service"
+# On the Spark jobs' pods (operator/spark.py), naming their storage; a site's pod has
+# no such label.
+SPARK_STORAGE_LABEL = f"{GROUP}/durable-storage"
+# The chart's operator pods (charts/stratamq/templates/_helpers.tpl, operatorSelector),
+# in whichever namespace the chart was installed.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "stratamq",
+                       "app.kubernetes.io/component": "operator"}
 # Long enough for a site to close connections, persist sessions and flush storage.
 TERMINATION_GRACE_SECONDS = 60
 # The user of the image (images/): the volume is made writable for its group.
@@ -168,10 +175,24 @@ def _pod_ip_binds(spec: dict[str, Any]) -> list[dict[str, Any]]:
             for port in container_ports(spec)]
 
 
+# spec.service.nodePorts' keys, by port name
+_NODE_PORT_KEYS = {"mqtt": "mqtt", "mqtt-ws": "mqttWs", "mqtts": "mqtts"}
+
+
 def _service_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    # The peer port is between sites only (the headless Service), not for clients.
-    return [{"name": port["name"], "port": port["containerPort"], "targetPort": port["name"],
-             "protocol": "TCP"} for port in container_ports(spec) if port["name"] != "peer"]
+    """The MQTT listeners only: the peer port is between sites and the admin API (and
+    /metrics) is for the operator and Prometheus, both on the headless Service."""
+    node_ports = spec.get("service", {}).get("nodePorts", {})
+    ports = []
+    for port in container_ports(spec):
+        if port["name"] not in _NODE_PORT_KEYS:
+            continue
+        made = {"name": port["name"], "port": port["containerPort"],
+                "targetPort": port["name"], "protocol": "TCP"}
+        if _NODE_PORT_KEYS[port["name"]] in node_ports:
+            made["nodePort"] = node_ports[_NODE_PORT_KEYS[port["name"]]]
+        ports.append(made)
+    return ports
 
 
 # --- objects --------------------------------------------------------------------------
@@ -196,9 +217,12 @@ def admin_secret(owner: Owner, token: str) -> Manifest:
 
 def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
     """Headless: one DNS name per pod (<pod>.<name>-peers), published before the pods
-    are ready, since sites and the operator must reach a site while it is joining."""
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": metadata(owner, peer_service_name(owner.name)),
+    are ready, since sites and the operator must reach a site while it is joining.
+    It carries the admin port too: the operator and Prometheus (the ServiceMonitor,
+    which then scrapes a site that is not ready as well) reach each site by it."""
+    meta = metadata(owner, peer_service_name(owner.name))
+    meta["labels"][SERVICE_LABEL] = "peers"  # what the ServiceMonitor selects
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": site_selector_labels(owner.name),
                      "ports": [{"name": "admin", "port": admin_port(spec),
@@ -208,11 +232,26 @@ def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
 
 
 def client_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    """The MQTT clients' Service `<name>`, of spec.service's type (ClusterIP by
+    default; NodePort or LoadBalancer for clients outside the cluster)."""
+    given = spec.get("service", {})
     meta = metadata(owner, owner.name)
-    meta["labels"][SERVICE_LABEL] = "client"  # what the ServiceMonitor selects
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-            "spec": {"type": "ClusterIP", "selector": site_selector_labels(owner.name),
-                     "ports": _service_ports(spec)}}
+    # the operator's labels win; annotations are the user's (a cloud's load balancer
+    # settings)
+    meta["labels"] = {**given.get("labels", {}), **meta["labels"], SERVICE_LABEL: "client"}
+    if given.get("annotations"):
+        meta["annotations"] = dict(given["annotations"])
+    service_type = given.get("type", "ClusterIP")
+    made: dict[str, Any] = {"type": service_type,
+                            "selector": site_selector_labels(owner.name),
+                            "ports": _service_ports(spec)}
+    if service_type != "ClusterIP" and "externalTrafficPolicy" in given:
+        made["externalTrafficPolicy"] = given["externalTrafficPolicy"]
+    if service_type == "LoadBalancer":
+        for key in ("loadBalancerClass", "loadBalancerSourceRanges"):
+            if key in given:
+                made[key] = given[key]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": made}
 
 
 def _secret_volumes(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -324,6 +363,20 @@ def config_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(rendered_config(spec).encode()).hexdigest()[:16]
 
 
+def update_strategy(spec: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """spec.updateStrategy as the StatefulSet's: a rolling update whose partition is
+    the spec's, or every pod (`replicas`) while paused."""
+    given = spec.get("updateStrategy", {})
+    partition = replicas if given.get("paused", False) else int(given.get("partition", 0))
+    return {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}}
+
+
+def held_pods(spec: dict[str, Any], replicas: int) -> int:
+    """How many of `replicas` pods spec.updateStrategy keeps on their template."""
+    partition: int = update_strategy(spec, replicas)["rollingUpdate"]["partition"]
+    return min(replicas, partition)
+
+
 def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None) -> Manifest:
     """`replicas`: the pods to keep, which is more than spec.sites while departing
     pods still hold replicas (the operator drains them before it shrinks the set)."""
@@ -337,15 +390,16 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
                         "persistentVolumeClaim": {"claimName": claim}})
     pod = spec.get("pod", {})
     volumes += pod.get("volumes", [])
+    count = spec.get("sites", 3) if replicas is None else replicas
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),
         "spec": {
-            "replicas": spec.get("sites", 3) if replicas is None else replicas,
+            "replicas": count,
             "serviceName": peer_service_name(owner.name),
             # Sites start independently; nothing is gained by starting them in order.
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            "updateStrategy": update_strategy(spec, count),
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain",
                                                      "whenScaled": "Retain"},
             "selector": {"matchLabels": selector_labels(owner.name)},
@@ -375,36 +429,85 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
     }
 
 
-def pod_disruption_budget(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
-    """None when the spec turns it off."""
-    budget = spec.get("podDisruptionBudget", {})
-    if not budget.get("enable", True):
+def disruption_budget(spec: dict[str, Any], tolerated: int | None) -> int:
+    """The sites' PodDisruptionBudget's maxUnavailable: the sites that may go down at
+    once with every shard keeping a majority of caught-up replicas (`tolerated`, from
+    the replication controller, broker/controller/disruption.py; 0 while it does not
+    know, so nothing is evicted on a guess), and at most
+    spec.podDisruptionBudget.maxUnavailable when that is set. A PDB alone counts Ready
+    pods, and a Ready pod whose replicas still catch up does not keep its shards'
+    quorum: the operator sets the budget again as the replicas catch up or fall behind."""
+    allowed = 0 if tolerated is None else tolerated
+    cap = spec.get("podDisruptionBudget", {}).get("maxUnavailable")
+    return allowed if cap is None else min(allowed, int(cap))
+
+
+def pod_disruption_budget(owner: Owner, spec: dict[str, Any],
+                          tolerated: int | None = None) -> Manifest | None:
+    """None when the spec turns it off. `tolerated`: see disruption_budget."""
+    if not spec.get("podDisruptionBudget", {}).get("enable", True):
         return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": metadata(owner, owner.name),
-            "spec": {"maxUnavailable": budget.get("maxUnavailable", 1),
+            "spec": {"maxUnavailable": disruption_budget(spec, tolerated),
                      "selector": {"matchLabels": site_selector_labels(owner.name)}}}
+
+
+def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
+    """spec.networkPolicy: the sites' ingress. The MQTT listeners from
+    `networkPolicy.clients` (anyone when unset); the peer port from the storage's own
+    sites only; the admin API (and /metrics) from the operator's pods (any namespace),
+    the storage's Spark jobs, its sites (`stratamq ctl` run in a site's pod), and
+    `networkPolicy.admin` (Prometheus, say). None unless enabled. A site on the host
+    network (spec.hostNetwork) is outside any NetworkPolicy."""
+    given = spec.get("networkPolicy", {})
+    if not given.get("enable", False):
+        return None
+    sites = {"podSelector": {"matchLabels": site_selector_labels(owner.name)}}
+    mqtt = [{"port": port["containerPort"], "protocol": "TCP"}
+            for port in container_ports(spec) if port["name"] in _NODE_PORT_KEYS]
+    clients: dict[str, Any] = {"ports": mqtt}
+    if given.get("clients"):
+        clients["from"] = given["clients"]
+    admin_from = [{"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_POD_LABELS}},
+                  {"podSelector": {"matchLabels": {SPARK_STORAGE_LABEL: owner.name}}},
+                  sites, *given.get("admin", [])]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(owner, owner.name),
+            "spec": {"podSelector": {"matchLabels": site_selector_labels(owner.name)},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [
+                         clients,
+                         {"from": [sites], "ports": [{"port": PEER_PORT, "protocol": "TCP"}]},
+                         {"from": admin_from,
+                          "ports": [{"port": admin_port(spec), "protocol": "TCP"}]}]}}
 
 
 def service_monitor(owner: Owner) -> Manifest:
     """For the Prometheus operator (made only where its CRD exists): scrapes every
-    site's /metrics through the client Service's endpoints."""
+    site's /metrics through the headless Service's endpoints: every pod once, ready or
+    not (a site that is not ready is the one whose metrics say why)."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": metadata(owner, owner.name),
             "spec": {"selector": {"matchLabels": {**selector_labels(owner.name),
-                                                  SERVICE_LABEL: "client"}},
+                                                  SERVICE_LABEL: "peers"}},
                      "endpoints": [{"port": "admin", "path": "/metrics"}]}}
 
 
 def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: bool,
-                    replicas: int | None = None) -> list[Manifest]:
+                    replicas: int | None = None,
+                    tolerated: int | None = None) -> list[Manifest]:
     """Everything but the admin Secret (made once, see admin_secret), in the order to
-    apply: what the pods mount before the pods. `replicas`: see stateful_set."""
+    apply: what the pods mount before the pods. `replicas`: see stateful_set;
+    `tolerated`: see disruption_budget."""
     objects = [config_map(owner, spec), peer_service(owner, spec),
                client_service(owner, spec), stateful_set(owner, spec, replicas)]
-    budget = pod_disruption_budget(owner, spec)
+    budget = pod_disruption_budget(owner, spec, tolerated)
     if budget is not None:
         objects.append(budget)
+    policy = network_policy(owner, spec)
+    if policy is not None:
+        objects.append(policy)
     if service_monitors:
         objects.append(service_monitor(owner))
     return objects

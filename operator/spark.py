@@ -31,6 +31,7 @@ from .config import SPARK_WORK_MOUNT, admin_port
 from .resources import (
     MANAGED_BY,
     RESTRICTED_POD_SECURITY,
+    SPARK_STORAGE_LABEL,
     SPARK_WORK_VOLUME,
     TOKEN_KEY,
     Manifest,
@@ -56,7 +57,7 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # environment).
 DRIVER_CLUSTER_ROLE = os.environ.get("STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE", "stratamq-spark")
 
-STORAGE_LABEL = "stratamq.io/durable-storage"
+STORAGE_LABEL = SPARK_STORAGE_LABEL
 JOB_LABEL = "stratamq.io/spark-job"
 SPARK_OPERATOR_API = "sparkoperator.k8s.io/v1beta2"
 # Made by the Spark operator on each SparkApplication of a ScheduledSparkApplication.

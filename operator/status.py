@@ -59,6 +59,9 @@ class Observed:
     # The metadata.generation of the spec `sites` was read from: the controller must
     # have followed it before the status may say Ready (a scale's plan comes from it).
     spec_generation: int = 0
+    # The pods spec.updateStrategy keeps on the previous template (paused: all of them;
+    # else those below the partition): a roll held there is done, as asked.
+    held: int = 0
 
 
 def known_site_ids(previous_sites: list[dict[str, Any]],
@@ -72,17 +75,30 @@ def known_site_ids(previous_sites: list[dict[str, Any]],
 
 def rolled_out(observed: Observed) -> bool:
     """The StatefulSet has acted on its newest spec and every pod runs its newest
-    template (a scale or a config change is done)."""
+    template (a scale or a config change is done), but for the pods spec.updateStrategy
+    holds on the previous one."""
     found = observed.stateful_set
     if found is None:
         return False
     live = [pod for pod in observed.pods if not pod.terminating]
     kept = max(observed.kept, observed.sites)
+    updated = found.get("updatedReplicas", 0)
+    every_pod = updated == kept and found.get("currentRevision") == found.get("updateRevision")
+    # while the strategy holds pods, the revisions differ until it lets them go
+    as_held = observed.held > 0 and updated >= kept - min(observed.held, kept)
     return (found.get("observedGeneration", 0) >= found["generation"]
-            and found.get("replicas", 0) == kept
-            and found.get("updatedReplicas", 0) == kept
-            and found.get("currentRevision") == found.get("updateRevision")
+            and found.get("replicas", 0) == kept and (every_pod or as_held)
             and len(live) == kept)
+
+
+def held_back(observed: Observed) -> int:
+    """How many pods run the previous template because spec.updateStrategy holds them."""
+    found = observed.stateful_set or {}
+    if found.get("currentRevision") == found.get("updateRevision"):
+        return 0
+    kept = max(observed.kept, observed.sites)
+    updated: int = found.get("updatedReplicas", 0)
+    return max(0, kept - updated)
 
 
 def _condition(type_: ConditionType, true: bool, reason: Reason, message: str, generation: int,
@@ -187,6 +203,10 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     departing = kept - observed.sites
     counted = f"{len(ready)} of {kept} sites ready" + (
         f" ({departing} departing, their replicas moving off first)" if departing else "")
+    held = held_back(observed) if done else 0
+    if held:
+        counted += (f"; {held} held on the previous pod template by spec.updateStrategy "
+                    f"(paused or partition)")
 
     phase, reason, message = _phase(observed, done, all_ready, counted, live, missing_ids)
     serving = all_ready and placed and replication is not None and not replication.leaderless
@@ -207,6 +227,7 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
         "conditions": conditions,
         "replicas": len(live),
         "readyReplicas": len(ready),
+        "updatedReplicas": (observed.stateful_set or {}).get("updatedReplicas", 0),
         "selector": site_selector(observed.name),
         "underReplicatedShards": 0 if replication is None else replication.under_replicated,
         "pendingTransitions": 0 if replication is None else replication.pending,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stratamq.operator.resources import Owner, stateful_set
+from stratamq.operator.resources import Owner, client_service, network_policy, stateful_set
 from tests.kube.conftest import CRD_NAMES
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
@@ -63,7 +63,7 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["storage"] == {"size": "10Gi"}
     assert spec["cluster"] == {"writeTimeout": "5s", "logRetainEntries": 10000,
                                "handoverTimeout": "10s"}
-    assert spec["podDisruptionBudget"] == {"enable": True, "maxUnavailable": 1}
+    assert spec["podDisruptionBudget"] == {"enable": True}
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *"}
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert spec["image"] == {"repository": "stratamq/stratamq", "tag": version,
@@ -100,6 +100,57 @@ def test_pod_template_fields_are_kept_and_the_sites_pods_are_valid(
     for spec in (stored["spec"], {**stored["spec"], "pod": {}}):
         made = json.dumps(stateful_set(owner, spec))
         crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=made)
+
+
+def test_the_client_service_changes_type_in_place(crds: ControlPlane, namespace: str) -> None:
+    """The client Service as the operator applies it (server-side, as its field
+    manager): ClusterIP, then a LoadBalancer with a class, Local traffic and a fixed
+    node port, then NodePort, then ClusterIP again; each step is a valid change of the
+    one object (the node ports the cluster gave are released on the way back). The
+    StatefulSet with an update strategy passes validation too."""
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage("mq"))
+    stored = get_json(crds, namespace, "durablestorage", "mq")
+    owner = Owner(name="mq", namespace=namespace, uid=stored["metadata"]["uid"])
+    balancer = {"type": "LoadBalancer", "loadBalancerClass": "example.com/lb",
+                "externalTrafficPolicy": "Local", "annotations": {"lb/idle": "300"},
+                "nodePorts": {"mqtt": 31883}}
+    steps: list[dict[str, Any]] = [{}, balancer, {"type": "NodePort"}, {"type": "ClusterIP"}]
+    for given in steps:
+        crds.kubectl("patch", "-n", namespace, "durablestorage", "mq", "--type=merge",
+                     "-p", json.dumps({"spec": {"service": None}}))
+        crds.kubectl("patch", "-n", namespace, "durablestorage", "mq", "--type=merge",
+                     "-p", json.dumps({"spec": {"service": given}}))
+        spec = get_json(crds, namespace, "durablestorage", "mq")["spec"]
+        crds.kubectl("apply", "--server-side", "--field-manager=stratamq-operator",
+                     "-n", namespace, "-f", "-", input=json.dumps(client_service(owner, spec)))
+        made = get_json(crds, namespace, "service", "mq")
+        assert made["spec"]["type"] == given.get("type", "ClusterIP")
+        assert [port["name"] for port in made["spec"]["ports"]] == ["mqtt", "mqtt-ws"]
+        node_ports = [port.get("nodePort") for port in made["spec"]["ports"]]
+        if made["spec"]["type"] == "ClusterIP":
+            assert node_ports == [None, None]
+        else:
+            assert all(node_ports), made
+        if given.get("type") == "LoadBalancer":
+            assert node_ports[0] == 31883
+            assert made["spec"]["loadBalancerClass"] == "example.com/lb"
+            assert made["spec"]["externalTrafficPolicy"] == "Local"
+            assert made["metadata"]["annotations"]["lb/idle"] == "300"
+    spec = {**stored["spec"], "updateStrategy": {"paused": False, "partition": 2}}
+    crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                 input=json.dumps(stateful_set(owner, spec)))
+    # the NetworkPolicy, with the peers a user gives kept whole, is valid as made
+    monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    crds.kubectl("patch", "-n", namespace, "durablestorage", "mq", "--type=merge", "-p",
+                 json.dumps({"spec": {"networkPolicy": {
+                     "enable": True, "admin": [monitoring],
+                     "clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}}}))
+    spec = get_json(crds, namespace, "durablestorage", "mq")["spec"]
+    assert spec["networkPolicy"]["admin"] == [monitoring]
+    policy = network_policy(owner, spec)
+    assert policy is not None
+    crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                 input=json.dumps(policy))
 
 
 def test_explicit_values_are_kept(crds: ControlPlane, namespace: str) -> None:
@@ -196,6 +247,17 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
                         "the operator's"),
     "pull-secret-without-name": ({"pod": {"imagePullSecrets": [{}]}},
                                  'spec.pod.imagePullSecrets[0].name: Required value'),
+    "load-balancer-class-on-cluster-ip": (
+        {"service": {"loadBalancerClass": "example.com/lb"}},
+        "service.loadBalancerClass needs service.type LoadBalancer"),
+    "traffic-policy-on-cluster-ip": (
+        {"service": {"externalTrafficPolicy": "Local"}},
+        "service.externalTrafficPolicy needs service.type NodePort or LoadBalancer"),
+    "node-ports-on-cluster-ip": ({"service": {"nodePorts": {"mqtt": 31883}}},
+                                 "service.nodePorts needs service.type NodePort or LoadBalancer"),
+    "negative-partition": ({"updateStrategy": {"partition": -1}},
+                           "spec.updateStrategy.partition in body should be greater than or "
+                           "equal to 0"),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }

@@ -141,6 +141,26 @@ def back_as_a_new_pod(kube: ControlPlane, node: Kubelet, operators: Operators, p
     return found
 
 
+def budget(kube: ControlPlane) -> tuple[int, int] | None:
+    """The sites' PodDisruptionBudget: (its maxUnavailable, the disruptions the
+    disruption controller allows by it) once that controller has seen its last change."""
+    found = get(kube, "poddisruptionbudget", NAME)
+    status = found.get("status", {})
+    if status.get("observedGeneration") != found["metadata"]["generation"]:
+        return None
+    return found["spec"]["maxUnavailable"], status.get("disruptionsAllowed", 0)
+
+
+def evict(kube: ControlPlane, pod: str) -> subprocess.CompletedProcess[str]:
+    """Ask the Eviction API (what `kubectl drain` does) to evict `pod`."""
+    return kube.kubectl("create", "--raw",
+                        f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction", "-f", "-",
+                        input=json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
+                                          "metadata": {"name": pod,
+                                                       "namespace": NAMESPACE}}),
+                        check=False)
+
+
 def plan_of(items: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
     """The ReplicaTransitions not in `seen` (names): those of the plans made since."""
     return sorted((item for item in items if item["metadata"]["name"] not in seen),
@@ -198,6 +218,8 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
                  and sample.labels.get("namespace") == NAMESPACE}
         return all(found.get(key) == value for key, value in expected.items())
     wait_for("the controller's metrics", exported, timeout=30)
+    # Every replica caught up at replication factor 3: one site may go at a time.
+    wait_for("a disruption budget of one site", lambda: budget(cluster) == (1, 1), timeout=60)
 
 
 def test_a_deleted_pod_hands_its_leaderships_over(
@@ -374,6 +396,13 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
                                  explain=explain(cluster, operators, node))
     assert leader in pods.values() and new_epoch > epoch
     assert more_acknowledged(load.history, 30, 60), load.history.summary()
+    # With a site down, no other may go: the budget drops to 0, and an eviction (what
+    # a node drain asks for) of another pod is refused.
+    wait_for("a disruption budget of no site", lambda: budget(cluster) == (0, 0),
+             timeout=60)
+    bystander = next(pod for pod in pods if pod not in (pod_of[victim], CLIENT_POD))
+    refused = evict(cluster, bystander)
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused
     # Deleted (killed after a second's grace), it comes back (the StatefulSet) as the
     # same site, with its volume, and rejoins as a follower of the new epoch.
     cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--grace-period=1",
@@ -382,6 +411,9 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     assert site_of_pod(found["status"]) == pods
     assert all(len(shard["replicas"]) == 3 and not shard["underReplicated"]
                for shard in shards(found["status"]))
+    # caught up again: one site may go
+    wait_for("a disruption budget of one site again", lambda: budget(cluster) == (1, 1),
+             timeout=60)
 
     # Nothing acknowledged lost: stop, let every acknowledgement and delivery come in.
     assert stop_and_drain(load.publishers, 60), load.history.summary()
@@ -474,6 +506,9 @@ def test_a_changed_replication_factor_is_planned(
                 for database in ("messages", "sessions", "retained")
                 for shard in shards(found["status"], database)]
     assert all(verdict.status == "same" for verdict in verdicts), verdicts
+    # At replication factor 2 a shard's majority is both replicas: no site may go.
+    wait_for("a disruption budget of no site at replication factor 2",
+             lambda: budget(cluster) == (0, 0), timeout=60)
 
 
 def removals_waiting_for(kube: ControlPlane, frozen: str, before: set[str]

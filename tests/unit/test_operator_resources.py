@@ -11,7 +11,7 @@ import yaml
 
 from stratamq.broker.config import Config, load_config
 from stratamq.operator import config as operator_config
-from stratamq.operator import resources
+from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
 from tests.unit.test_crd_config_keys import spec_schema
 
@@ -121,7 +121,9 @@ def test_spec_fields_land_in_the_config() -> None:
         "config": None, "tls": "certs", "passwd": "users", "acl": "rules"}
     service = resources.client_service(OWNER, spec)
     assert [(port["name"], port["port"]) for port in service["spec"]["ports"]] == [
-        ("mqtt", 1884), ("mqtts", 8884), ("admin", 9000)]
+        ("mqtt", 1884), ("mqtts", 8884)]
+    assert [(port["name"], port["port"]) for port in resources.peer_service(
+        OWNER, spec)["spec"]["ports"]] == [("admin", 9000), ("peer", 18084)]
 
 
 def test_stateful_set() -> None:
@@ -254,21 +256,53 @@ def test_services() -> None:
     assert peers["spec"]["publishNotReadyAddresses"] is True
     client = resources.client_service(OWNER, spec)
     assert client["metadata"]["name"] == "mq"
+    # the MQTT listeners only: the admin API is not for clients
     assert [(port["name"], port["port"]) for port in client["spec"]["ports"]] == [
-        ("mqtt", 1883), ("mqtt-ws", 8083), ("admin", 18083)]
+        ("mqtt", 1883), ("mqtt-ws", 8083)]
+    assert client["spec"]["type"] == "ClusterIP"
     for service in (peers, client):
         assert service["spec"]["selector"] == {"app.kubernetes.io/name": "stratamq",
                                                "app.kubernetes.io/instance": "mq",
                                                "app.kubernetes.io/component": "broker"}
 
 
+def test_the_client_service_for_clients_outside_the_cluster() -> None:
+    spec = crd_defaults()
+    spec["service"] = {"type": "LoadBalancer", "loadBalancerClass": "example.com/lb",
+                       "externalTrafficPolicy": "Local", "annotations": {"lb/idle": "300"},
+                       "labels": {"team": "iot", "app.kubernetes.io/name": "mine"},
+                       "loadBalancerSourceRanges": ["10.0.0.0/8"],
+                       "nodePorts": {"mqtt": 31883}}
+    made = resources.client_service(OWNER, spec)
+    assert made["spec"]["type"] == "LoadBalancer"
+    assert made["spec"]["loadBalancerClass"] == "example.com/lb"
+    assert made["spec"]["externalTrafficPolicy"] == "Local"
+    assert made["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert made["metadata"]["annotations"] == {"lb/idle": "300"}
+    # the operator's labels win over the user's
+    assert made["metadata"]["labels"]["team"] == "iot"
+    assert made["metadata"]["labels"]["app.kubernetes.io/name"] == "stratamq"
+    assert [(port["name"], port.get("nodePort")) for port in made["spec"]["ports"]] == [
+        ("mqtt", 31883), ("mqtt-ws", None)]
+    # A NodePort Service has no load balancer fields.
+    spec["service"] = {"type": "NodePort", "loadBalancerClass": "ignored",
+                       "externalTrafficPolicy": "Cluster"}
+    made = resources.client_service(OWNER, spec)
+    assert "loadBalancerClass" not in made["spec"]
+    assert made["spec"]["externalTrafficPolicy"] == "Cluster"
+
+
 def test_pod_disruption_budget_and_service_monitor() -> None:
     spec = crd_defaults()
-    budget = resources.pod_disruption_budget(OWNER, spec)
-    assert budget is not None and budget["spec"]["maxUnavailable"] == 1
-    spec["podDisruptionBudget"] = {"enable": True, "maxUnavailable": 2}
-    budget = resources.pod_disruption_budget(OWNER, spec)
-    assert budget is not None and budget["spec"]["maxUnavailable"] == 2
+    # What the controller says every shard's quorum allows; nothing while it does not
+    # know; never above the spec's maxUnavailable.
+    for tolerated, allowed in ((None, 0), (0, 0), (1, 1), (2, 2)):
+        budget = resources.pod_disruption_budget(OWNER, spec, tolerated)
+        assert budget is not None and budget["spec"]["maxUnavailable"] == allowed
+    spec["podDisruptionBudget"] = {"enable": True, "maxUnavailable": 1}
+    for tolerated, allowed in ((None, 0), (0, 0), (1, 1), (2, 1)):
+        budget = resources.pod_disruption_budget(OWNER, spec, tolerated)
+        assert budget is not None and budget["spec"]["maxUnavailable"] == allowed
     spec["podDisruptionBudget"] = {"enable": False, "maxUnavailable": 2}
     assert resources.pod_disruption_budget(OWNER, spec) is None
     kinds = [made["kind"] for made in resources.desired_objects(OWNER, spec,
@@ -276,11 +310,12 @@ def test_pod_disruption_budget_and_service_monitor() -> None:
     assert kinds == ["ConfigMap", "Service", "Service", "StatefulSet", "ServiceMonitor"]
     monitor = resources.service_monitor(OWNER)
     client = resources.client_service(OWNER, spec)
-    # It selects the client Service only (the headless one would scrape each site twice).
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= client["metadata"][
-        "labels"].items()
-    assert not monitor["spec"]["selector"]["matchLabels"].items() <= resources.peer_service(
+    # It selects the headless Service only (every pod once, a site not ready too; both
+    # would scrape each site twice, and the client Service has no admin port).
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= resources.peer_service(
         OWNER, spec)["metadata"]["labels"].items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= client["metadata"][
+        "labels"].items()
     assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics"}]
 
 
@@ -332,3 +367,58 @@ def test_host_network_binds_every_port_on_the_pod_ip(tmp_path: Path) -> None:
     assert loaded.listeners.tcp.bind == "127.0.0.51:1884"
     assert loaded.admin.bind == "127.0.0.51:9000"
     assert loaded.cluster.peer_bind == "127.0.0.51:18084"
+
+
+def test_the_update_strategy_holds_pods_on_their_template() -> None:
+    spec = crd_defaults()
+    made = resources.stateful_set(OWNER, spec, replicas=3)["spec"]["updateStrategy"]
+    assert made == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+    spec["updateStrategy"] = {"paused": False, "partition": 2}
+    made = resources.stateful_set(OWNER, spec, replicas=3)["spec"]["updateStrategy"]
+    assert made["rollingUpdate"] == {"partition": 2}
+    assert resources.held_pods(spec, 3) == 2
+    # paused: every pod kept, those of a scale-up too (the partition follows the count)
+    spec["updateStrategy"] = {"paused": True, "partition": 0}
+    for replicas in (3, 5):
+        made = resources.stateful_set(OWNER, spec, replicas=replicas)["spec"]["updateStrategy"]
+        assert made["rollingUpdate"] == {"partition": replicas}
+        assert resources.held_pods(spec, replicas) == replicas
+    # a partition above the pods holds them all
+    spec["updateStrategy"] = {"paused": False, "partition": 7}
+    assert resources.held_pods(spec, 3) == 3
+
+
+def test_the_network_policy_lets_in_what_each_port_is_for() -> None:
+    spec = crd_defaults()
+    assert resources.network_policy(OWNER, spec) is None
+    assert "NetworkPolicy" not in [made["kind"] for made in resources.desired_objects(
+        OWNER, spec, service_monitors=False)]
+    prometheus = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    spec["networkPolicy"] = {"enable": True, "admin": [prometheus]}
+    policy = resources.network_policy(OWNER, spec)
+    assert policy is not None and policy in resources.desired_objects(
+        OWNER, spec, service_monitors=False)
+    sites = {"podSelector": {"matchLabels": resources.site_selector_labels("mq")}}
+    assert policy["spec"]["podSelector"] == sites["podSelector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    clients, peers, admin = policy["spec"]["ingress"]
+    # MQTT from anyone (no `from`), on the enabled listeners only
+    assert clients == {"ports": [{"port": 1883, "protocol": "TCP"},
+                                 {"port": 8083, "protocol": "TCP"}]}
+    assert peers == {"from": [sites], "ports": [{"port": 18084, "protocol": "TCP"}]}
+    assert admin["ports"] == [{"port": 18083, "protocol": "TCP"}]
+    operator_pods, spark_pods, site_pods, extra = admin["from"]
+    assert operator_pods == {"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "stratamq", "app.kubernetes.io/component": "operator"}}}
+    # the Spark jobs' pods carry the label the selector asks for
+    job = spark.cron_job(OWNER, spec | {"spark": {"volume": {"claimName": "work"},
+                                                  "gc": {"enable": True}}}, "gc")
+    pod_labels = job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert spark_pods["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert not spark_pods["podSelector"]["matchLabels"].items() <= resources.labels(
+        "mq").items()
+    assert (site_pods, extra) == (sites, prometheus)
+    # clients from a namespace only
+    spec["networkPolicy"]["clients"] = [prometheus]
+    policy = resources.network_policy(OWNER, spec)
+    assert policy is not None and policy["spec"]["ingress"][0]["from"] == [prometheus]

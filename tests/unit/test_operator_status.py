@@ -282,3 +282,24 @@ def test_placing_says_why_a_recreated_storage_waits() -> None:
     status = compute_status(observed(3, pods(3), stateful_set(3), placement=view), [], T0)
     assert status["phase"] == "Pending"
     assert said in status["conditions"][0]["message"]
+
+
+def test_a_roll_held_by_the_update_strategy_is_done_as_asked() -> None:
+    """spec.updateStrategy.partition 2 of 3 sites: the new template reaches mq-2 only;
+    the storage is Ready once it has, saying how many pods are held. Paused (all 3
+    held): Ready with the old template everywhere. Without the strategy the same
+    StatefulSet is a roll in progress."""
+    partly = stateful_set(3, updated=1, current="r1", update="r2")
+    rolling = compute_status(observed(3, pods(3), partly), [], T0)
+    assert rolling["phase"] == "Rolling"
+    held = compute_status(replace(observed(3, pods(3), partly), held=2), [], T0)
+    assert held["phase"] == "Ready", held["conditions"][0]
+    assert held["updatedReplicas"] == 1
+    assert "2 held on the previous pod template" in held["conditions"][0]["message"]
+    # the partition's pod has not taken the new template yet: still rolling
+    behind = stateful_set(3, updated=0, current="r1", update="r2")
+    assert compute_status(replace(observed(3, pods(3), behind), held=2), [],
+                          T0)["phase"] == "Rolling"
+    paused = compute_status(replace(observed(3, pods(3), behind), held=3), [], T0)
+    assert paused["phase"] == "Ready"
+    assert "3 held" in paused["conditions"][0]["message"]
