@@ -49,6 +49,7 @@ from .resources import (
     Owner,
     desired_objects,
     held_pods,
+    image,
     pod_disruption_budget,
 )
 from .sites import SiteUnreachableError, site_id
@@ -339,7 +340,7 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
         site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)),
         replication=None if running is None else running.view(), kept=kept,
         spec_generation=int(body.get("metadata", {}).get("generation", 0)),
-        held=held_pods(spec, kept))
+        held=held_pods(spec, kept), image=image(spec))
     new = compute_status(observed, status.get("conditions", []), now())
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])

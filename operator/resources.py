@@ -9,6 +9,8 @@ owner reference to the DurableStorage, so deleting the storage garbage-collects 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,8 @@ TOKEN_KEY = "token"
 TOKEN_ENV = "STRATAMQ__ADMIN__TOKEN"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 SERVICE_LABEL = f"{GROUP}/service"
+# The operator's own image, which the chart sets (see operator_image).
+OPERATOR_IMAGE_ENV = "STRATAMQ_OPERATOR_IMAGE"
 # On the Spark jobs' pods (operator/spark.py), naming their storage; a site's pod has
 # no such label.
 SPARK_STORAGE_LABEL = f"{GROUP}/durable-storage"
@@ -280,9 +284,36 @@ def image_pull_secrets(spec: dict[str, Any]) -> list[str]:
     return [secret["name"] for secret in spec.get("pod", {}).get("imagePullSecrets", [])]
 
 
-def image(spec: dict[str, Any]) -> str:
+def split_image(reference: str) -> tuple[str, str]:
+    """`registry:5000/team/stratamq:1.2` -> (`registry:5000/team/stratamq`, `1.2`); a
+    reference without a tag has `latest`, as the container runtime reads it."""
+    repository, colon, tag = reference.rpartition(":")
+    if not colon or "/" in tag:
+        return reference, "latest"
+    return repository, tag
+
+
+def operator_image() -> str:
+    """The image the operator runs, which the chart gives it
+    (STRATAMQ_OPERATOR_IMAGE); outside the chart, stratamq/stratamq at this package's
+    version. The sites run the same image by default."""
+    given = os.environ.get(OPERATOR_IMAGE_ENV)
+    if given:
+        return given
+    try:
+        version = importlib.metadata.version("stratamq")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "0.1.0"
+    return f"stratamq/stratamq:{version}"
+
+
+def image(spec: dict[str, Any], default: str | None = None) -> str:
+    """The sites' image: spec.image's repository and tag, each defaulting to the
+    operator's own image's (`default`, else `operator_image()`) when the objects are
+    applied, so a new operator rolls the sites to its version unless a tag is set."""
+    repository, tag = split_image(operator_image() if default is None else default)
     given = spec.get("image", {})
-    return f"{given.get('repository', 'stratamq/stratamq')}:{given.get('tag', '0.1.0')}"
+    return f"{given.get('repository', repository)}:{given.get('tag', tag)}"
 
 
 def _container(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:

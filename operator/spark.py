@@ -38,8 +38,10 @@ from .resources import (
     Owner,
     admin_secret_name,
     image_pull_secrets,
+    operator_image,
     peer_service_name,
     spark_claim,
+    split_image,
 )
 
 # spec.spark key -> the job of `stratamq spark` (also the label value and name part).
@@ -109,10 +111,13 @@ def enabled_jobs(spec: dict[str, Any]) -> list[str]:
     return [job for key, job in JOBS.items() if spark.get(key, {}).get("enable", False)]
 
 
-def image(spec: dict[str, Any]) -> str:
+def image(spec: dict[str, Any], default: str | None = None) -> str:
+    """The Spark jobs' image: spec.spark.image's repository (stratamq/stratamq-spark
+    by default) and tag (the operator image's by default: `default`, else
+    `operator_image()`)."""
+    _, tag = split_image(operator_image() if default is None else default)
     given = spec.get("spark", {}).get("image", {})
-    return (f"{given.get('repository', 'stratamq/stratamq-spark')}:"
-            f"{given.get('tag', '0.1.0')}")
+    return f"{given.get('repository', 'stratamq/stratamq-spark')}:{given.get('tag', tag)}"
 
 
 def pull_policy(spec: dict[str, Any]) -> str:

@@ -62,6 +62,8 @@ class Observed:
     # The pods spec.updateStrategy keeps on the previous template (paused: all of them;
     # else those below the partition): a roll held there is done, as asked.
     held: int = 0
+    # The image the sites are given (spec.image resolved by the operator).
+    image: str = ""
 
 
 def known_site_ids(previous_sites: list[dict[str, Any]],
@@ -228,6 +230,7 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
         "replicas": len(live),
         "readyReplicas": len(ready),
         "updatedReplicas": (observed.stateful_set or {}).get("updatedReplicas", 0),
+        "image": observed.image,
         "selector": site_selector(observed.name),
         "underReplicatedShards": 0 if replication is None else replication.under_replicated,
         "pendingTransitions": 0 if replication is None else replication.pending,

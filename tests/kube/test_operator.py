@@ -13,6 +13,7 @@ import base64
 import json
 import signal
 import time
+import tomllib
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 
 from tests.support import waiting
 from tests.support.clients import PahoClient
+from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet
 from tests.support.operator_process import (
@@ -127,6 +129,14 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.load(response)["data"][0]["site"] == site["id"]
 
+    # The image left out of the spec is the operator's own (its package's version
+    # outside the chart), resolved when the objects are applied and said in status.
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert status["image"] == f"stratamq/stratamq:{version}"
+    sts = get(cluster, "statefulset", NAME)
+    assert sts is not None
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == status["image"]
+
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Ready"]["status"] == "True"
     assert conditions["Degraded"]["status"] == "False"
@@ -216,12 +226,31 @@ def test_scale_subresource_adds_a_site(cluster: ControlPlane, node: Kubelet,
 def test_spec_change_rolls_into_the_config_and_the_pods(
         cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     """A new maxInflight reaches the ConfigMap; the pods restart with it one at a time
-    and come back as the same sites (their ids live on their volumes)."""
+    and come back as the same sites (their ids live on their volumes). First held at
+    spec.updateStrategy.partition 3 (a canary): only mq-3 restarts, and the storage
+    is Ready with the other three held; then partition 0 lets the roll go on."""
     before = storage(cluster)
     sites = {site["pod"]: site["id"] for site in before["status"]["sites"]}
     old_pods = {name: container.uid for name, container in node.running(NAMESPACE).items()}
     cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
-                    "-p", json.dumps({"spec": {"mqtt": {"maxInflight": 7}}}))
+                    "-p", json.dumps({"spec": {"mqtt": {"maxInflight": 7},
+                                               "updateStrategy": {"partition": 3}}}))
+
+    def canary_done() -> dict[str, Any] | None:
+        found = ready_with(cluster, 4)
+        running = node.running(NAMESPACE)
+        if found is None or len(running) != 4 or running[f"{NAME}-3"].uid == old_pods[
+                f"{NAME}-3"] or found["status"].get("updatedReplicas") != 1:
+            return None
+        return found
+    found = wait_for("the canary pod alone restarted", canary_done,
+                     explain=explain(cluster, operators, node))
+    assert "3 held on the previous pod template" in found["status"]["conditions"][0][
+        "message"], found["status"]
+    assert all(node.running(NAMESPACE)[f"{NAME}-{n}"].uid == old_pods[f"{NAME}-{n}"]
+               for n in range(3))
+    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                    "-p", json.dumps({"spec": {"updateStrategy": {"partition": 0}}}))
 
     def config_has_it() -> bool:
         made = get(cluster, "configmap", f"{NAME}-config")

@@ -4,6 +4,7 @@ is one the broker itself accepts."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from stratamq.broker.config import Config, load_config
 from stratamq.operator import config as operator_config
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
+from tests.support.harness import REPO
 from tests.unit.test_crd_config_keys import spec_schema
 
 OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")
@@ -422,3 +424,27 @@ def test_the_network_policy_lets_in_what_each_port_is_for() -> None:
     spec["networkPolicy"]["clients"] = [prometheus]
     policy = resources.network_policy(OWNER, spec)
     assert policy is not None and policy["spec"]["ingress"][0]["from"] == [prometheus]
+
+
+def test_the_image_left_out_is_the_operators_own(monkeypatch: Any) -> None:
+    """Not fixed into the storage when it is made: the operator fills what spec.image
+    leaves out from its own image whenever it applies the objects, so an upgraded
+    operator rolls the sites to its version unless the spec pins a tag."""
+    spec = crd_defaults()
+    assert "tag" not in spec["image"] and "repository" not in spec["image"]
+    mirror = "registry.example:5000/mirror/stratamq:2.0.1"
+    assert resources.image(spec, mirror) == mirror
+    assert resources.image(spec | {"image": {"tag": "1.9"}}, mirror) \
+        == "registry.example:5000/mirror/stratamq:1.9"
+    assert resources.image(spec | {"image": {"repository": "mine/mq"}}, mirror) \
+        == "mine/mq:2.0.1"
+    assert spark.image(spec, mirror) == "stratamq/stratamq-spark:2.0.1"
+    # from the chart's environment, else this package's version
+    monkeypatch.setenv("STRATAMQ_OPERATOR_IMAGE", mirror)
+    assert resources.stateful_set(OWNER, spec)["spec"]["template"]["spec"]["containers"][0][
+        "image"] == mirror
+    monkeypatch.delenv("STRATAMQ_OPERATOR_IMAGE")
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert resources.image(spec) == f"stratamq/stratamq:{version}"
+    assert resources.split_image("stratamq") == ("stratamq", "latest")
+    assert resources.split_image("host:5000/stratamq") == ("host:5000/stratamq", "latest")
