@@ -44,7 +44,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -77,6 +78,8 @@ log = logging.getLogger(__name__)
 # sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
 PROBE_TIMEOUT = 2.0
+# Sites probed at once by one storage's round (see probe_all).
+MAX_PARALLEL_PROBES = 32
 TRANSITION_API = f"{GROUP}/v1alpha1"
 TRANSITION_KIND = "ReplicaTransition"
 STORAGE_LABEL = f"{GROUP}/durable-storage"
@@ -190,6 +193,24 @@ def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
     except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
         log.debug("site at %s does not answer: %s", url, error)
         return None
+
+
+def probe_all(urls: Sequence[str], token: str, deadline: float = PROBE_TIMEOUT
+              ) -> list[tuple[Report, Bootstraps] | None]:
+    """`probe` of every site at once: a round waits at most `deadline` seconds, not the
+    sum of every site's time, so a hung site (one that takes the connection and answers
+    nothing) does not hold up the failover of every other site's shards. A probe not
+    done by then counts as no answer (its thread ends with its socket timeout)."""
+    if not urls:
+        return []
+    pool = ThreadPoolExecutor(max_workers=min(len(urls), MAX_PARALLEL_PROBES),
+                              thread_name_prefix="stratamq-probe")
+    try:
+        futures = [pool.submit(probe, url, token) for url in urls]
+        wait(futures, timeout=deadline)
+        return [future.result() if future.done() else None for future in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -369,7 +390,9 @@ class StorageController:
         # Terminating pods too: a site that got its SIGTERM reports `stopping` and
         # serves on until its leaderships are handed over (cluster.handover_timeout).
         # Skipping them made every pod deletion and every roll a failover.
-        reports = [(pod, probe(f"http://{pod.ip}:{port}", token)) for pod in pods if pod.ip]
+        reachable = [pod for pod in pods if pod.ip]
+        reports = list(zip(reachable, probe_all(
+            [f"http://{pod.ip}:{port}" for pod in reachable], token), strict=True))
         now = time.monotonic()
         sites, site_pods, urls = dict(self.sites), dict(self.pods), dict(self.urls)
         forgotten = set(self.forgotten)

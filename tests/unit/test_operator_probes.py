@@ -1,0 +1,76 @@
+"""The operator's heartbeat probes of a storage's sites (`operator/controller.py`,
+`probe_all`): all at once, so a round waits for the slowest site at most its deadline,
+not for the sum of every site's time. Real HTTP servers on loopback; the hung site
+takes the connection (the kernel does) and answers nothing, as a frozen broker does."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from stratamq.operator.controller import probe_all
+
+TOKEN = "secret"
+
+
+def report(site: str) -> bytes:
+    return json.dumps({"site": site, "peer": f"{site}:18084", "placement_version": None,
+                       "stopping": False, "heartbeat_interval": 2.0,
+                       "controller_term": [0, ""], "shards": []}).encode()
+
+
+@contextmanager
+def answering_site(site: str) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = report(site)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def hung_site() -> Iterator[str]:
+    """Listens (so connections are taken) and never reads or answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_hung_site_costs_a_round_one_deadline_not_one_per_site() -> None:
+    with answering_site("SITEA") as first, hung_site() as hung, hung_site() as hung_too, \
+            answering_site("SITEB") as second:
+        started = time.monotonic()
+        found = probe_all([first, hung, hung_too, second], TOKEN, deadline=1.0)
+        took = time.monotonic() - started
+    # one after the other, the two hung sites alone took a socket timeout (2 s) each
+    assert took < 1.9, took
+    answered = [None if result is None else result[0].site for result in found]
+    assert answered == ["SITEA", None, None, "SITEB"]
+
+
+def test_no_sites_no_probes() -> None:
+    assert probe_all([], TOKEN) == []
