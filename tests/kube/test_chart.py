@@ -39,6 +39,41 @@ def test_helm_lint_is_clean(tmp_path: Path) -> None:
             result.stdout)
 
 
+def test_a_misspelt_value_is_refused_by_the_values_schema(tmp_path: Path) -> None:
+    """values.schema.json: helm refuses a key the chart does not have (which it would
+    otherwise ignore, leaving the user's setting without effect) and a wrong type."""
+    for values, said in ((["--set", "operator.replica=2"],
+                          "additional properties 'replica' not allowed"),
+                         (["--set", "operator.replicas=0"], "minimum"),
+                         (["--set", "operator.image.pullPolicy=Sometimes"], "pullPolicy"),
+                         (["--set", "serviceMonitor.interval=often"], "interval")):
+        result = run_tool("helm", ["template", "mq", str(CHART), *values], tool_env(tmp_path),
+                          check=False)
+        assert result.returncode != 0, values
+        assert said in result.stderr, (values, result.stderr)
+
+
+def test_the_operators_pods_take_placement_values(tmp_path: Path) -> None:
+    docs = render(tmp_path, "--set-json", 'operator.nodeSelector={"pool": "ops"}',
+                  "--set-json", 'operator.tolerations=[{"key": "ops", "operator": "Exists"}]',
+                  "--set-json", 'operator.imagePullSecrets=[{"name": "registry"}]',
+                  "--set-json", 'operator.affinity={"nodeAffinity": {}}')
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "ops"}
+    assert pod["tolerations"] == [{"key": "ops", "operator": "Exists"}]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["affinity"] == {"nodeAffinity": {}}
+    # the sites' default image is the operator's own
+    [container] = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["STRATAMQ_OPERATOR_IMAGE"] == container["image"]
+    plain = render(tmp_path)
+    [deployment] = [doc for doc in plain if doc["kind"] == "Deployment"]
+    assert not {"nodeSelector", "tolerations", "imagePullSecrets", "affinity"} & set(
+        deployment["spec"]["template"]["spec"])
+
+
 def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", "brokers", *args],
                    tool_env(tmp_path)).stdout
