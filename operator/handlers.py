@@ -275,6 +275,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
             plain(status).get("conditions", []), message, int(meta.get("generation", 0)),
             now())}
         metrics.RECONCILES.labels("invalid").inc()
+        metrics.set_phase(namespace, name, StoragePhase.FAILED)
         raise kopf.PermanentError(message)
     started = time.monotonic()
     try:
@@ -346,6 +347,7 @@ def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[st
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
     metrics.SITES_READY.labels(owner.namespace, owner.name).set(len(
         [site for site in new["sites"] if site["ready"]]))
+    metrics.set_phase(owner.namespace, owner.name, new["phase"])
     if new["phase"] != status.get("phase"):
         message = new["conditions"][0]["message"]
         if new["phase"] == StoragePhase.DEGRADED:

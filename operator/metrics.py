@@ -30,6 +30,8 @@ from stratamq.broker.http.guard import (
 )
 from stratamq.broker.net.address import split_bind
 
+from .phases import StoragePhase
+
 # Its clients are Prometheus and a probe or two.
 MAX_CONNECTIONS = 64
 
@@ -45,6 +47,16 @@ SITES = Gauge("stratamq_operator_sites", "Sites (pods) that exist, per DurableSt
               ["namespace", "name"])
 SITES_READY = Gauge("stratamq_operator_sites_ready",
                     "Sites ready and known by id, per DurableStorage.", ["namespace", "name"])
+STORAGE_PHASE = Gauge("stratamq_operator_storage_phase",
+                      "1 for the phase a DurableStorage is in, 0 for the others.",
+                      ["namespace", "name", "phase"])
+
+
+def set_phase(namespace: str, name: str, phase: str) -> None:
+    """Every phase's series of a storage, so an alert can ask how long it has been in
+    one (a series for the current phase alone would vanish with each change)."""
+    for each in StoragePhase:
+        STORAGE_PHASE.labels(namespace, name, each).set(1 if each == phase else 0)
 
 
 async def serve(bind: str) -> GuardedListener:
@@ -71,3 +83,6 @@ def forget(namespace: str, name: str) -> None:
     for gauge in (SITES, SITES_READY):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+    for phase in StoragePhase:
+        with contextlib.suppress(KeyError):
+            STORAGE_PHASE.remove(namespace, name, phase)

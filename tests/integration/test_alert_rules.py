@@ -27,7 +27,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_load() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 14 rules found" in result.stdout
+    assert "SUCCESS: 18 rules found" in result.stdout
 
 
 def described(name: str) -> str:
@@ -39,7 +39,7 @@ def described(name: str) -> str:
     return description
 
 
-def alert(name: str, summary: str, description: str | None = None,
+def alert(name: str, summary: str, description: str | None = None, /,
           **labels: str) -> dict[str, Any]:
     return {"exp_labels": {"alertname": name, "severity": labels.pop("severity"), **labels},
             "exp_annotations": {"summary": summary,
@@ -182,6 +182,65 @@ def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> N
             "StratamqFrequentLeaderChanges",
             "stratamq shard messages/3: leader changed 30 times in 30 minutes",
             severity="warning", job="stratamq", db="messages", shard="3")]},
+    }
+    run_promtool_test(tmp_path, series, expected_at)
+
+
+def test_each_storage_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
+    """From the operator's metrics per storage (iot/mq goes wrong from minute 10,
+    iot/ok stays well) and a site's disk filling at a steady pace."""
+    operator = 'instance="10.0.0.9:8081", job="mq-stratamq-operator-metrics"'
+    wrong = f'{operator}, namespace="iot", name="mq"'
+    well = f'{operator}, namespace="iot", name="ok"'
+    series = [
+        (f"stratamq_operator_sites{{{wrong}}}", "3+0x60"),
+        (f"stratamq_operator_sites_ready{{{wrong}}}", "3+0x9 2+0x50"),
+        (f"stratamq_operator_sites{{{well}}}", "3+0x60"),
+        # one site not ready for 5 minutes (a roll): too short
+        (f"stratamq_operator_sites_ready{{{well}}}", "3+0x9 2+0x4 3+0x45"),
+        (f'stratamq_operator_storage_phase{{{wrong}, phase="Degraded"}}', "0+0x9 1+0x50"),
+        (f'stratamq_operator_storage_phase{{{well}, phase="Degraded"}}', "0+0x60"),
+        (f'stratamq_operator_reconciles_total{{{operator}, result="error"}}', "0+0x9 0+1x50"),
+        (f'stratamq_operator_status_refreshes_total{{{operator}, result="error"}}',
+         "0+0x60"),
+        # site-0's disk: 100 GiB, 45 GiB free, half a GiB less every minute (full in
+        # 90 minutes); site-1's holds steady at 60 GiB free
+        (f"stratamq_ds_filesystem_size_bytes{{{SITE}}}", f"{100 * GiB}+0x60"),
+        (f"stratamq_ds_filesystem_free_bytes{{{SITE}}}", f"{45 * GiB}-{GiB // 2}x60"),
+        (f"stratamq_ds_filesystem_size_bytes{{{HEALTHY}}}", f"{100 * GiB}+0x60"),
+        (f"stratamq_ds_filesystem_free_bytes{{{HEALTHY}}}", f"{60 * GiB}+0x60"),
+    ]
+    names = ["StratamqSitesNotReady", "StratamqStorageDegraded",
+             "StratamqOperatorReconcileErrors", "StratamqDiskFillingUp"]
+    labels = {"instance": "10.0.0.9:8081", "job": "mq-stratamq-operator-metrics",
+              "namespace": "iot", "name": "mq"}
+    expected_at: dict[str, dict[str, list[dict[str, Any]]]] = {
+        "8m": {name: [] for name in names},
+        # Degraded for 10 minutes: not yet
+        "20m": {"StratamqStorageDegraded": []},
+        "25m": {
+            "StratamqSitesNotReady": [alert(
+                "StratamqSitesNotReady", "stratamq storage iot/mq: only 2 sites ready",
+                severity="warning", **labels)],
+            "StratamqOperatorReconcileErrors": [alert(
+                "StratamqOperatorReconcileErrors",
+                "stratamq operator 10.0.0.9:8081: reconciles or status refreshes fail",
+                "The operator has failed to apply a storage's objects or to refresh its "
+                "status for 10 minutes (15 failures in the last 15). Its log names the "
+                "storage and the API error (often RBAC or an admission webhook).",
+                severity="warning", instance="10.0.0.9:8081",
+                job="mq-stratamq-operator-metrics")],
+            "StratamqDiskFillingUp": [],
+        },
+        "35m": {
+            "StratamqStorageDegraded": [alert(
+                "StratamqStorageDegraded", "stratamq storage iot/mq: Degraded for 15 minutes",
+                severity="warning", phase="Degraded", **labels)],
+            "StratamqDiskFillingUp": [alert(
+                "StratamqDiskFillingUp",
+                "stratamq site site-0:18083: data disk full within 4 hours at this rate",
+                severity="warning", instance="site-0:18083", job="stratamq")],
+        },
     }
     run_promtool_test(tmp_path, series, expected_at)
 

@@ -203,7 +203,10 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
     expected = {("stratamq_cluster_sites", (("state", "up"),)): 3.0,
                 ("stratamq_cluster_transitions_pending", ()): 0.0,
                 ("stratamq_cluster_under_replicated_shards", (("db", "messages"),)): 0.0,
-                ("stratamq_cluster_placement_version", ()): float(version)}
+                ("stratamq_cluster_placement_version", ()): float(version),
+                # the phase per storage, one series per phase (the Degraded alert)
+                ("stratamq_operator_storage_phase", (("phase", "Ready"),)): 1.0,
+                ("stratamq_operator_storage_phase", (("phase", "Degraded"),)): 0.0}
 
     def exported() -> bool:
         url = f"http://127.0.0.1:{operators.current.metrics_port}/metrics"
