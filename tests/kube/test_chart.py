@@ -149,9 +149,16 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
 
 
 def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:
-    crds.helm("install", "mq", str(CHART), "--namespace", namespace,
-              "--set", "durableStorage.create=true", "--set", "durableStorage.spec.sites=1",
-              "--set", "durableStorage.spec.messages.replicationFactor=1")
+    installed = crds.helm("install", "mq", str(CHART), "--namespace", namespace,
+                          "--set", "durableStorage.create=true",
+                          "--set", "durableStorage.spec.sites=1",
+                          "--set", "durableStorage.spec.messages.replicationFactor=1",
+                          "--set", "durableStorage.spec.listeners.tcp.port=1884")
+    # The notes say how to connect and where the admin token is.
+    notes = installed.stdout
+    assert f"kubectl port-forward -n {namespace} svc/mq 1884:1884" in notes, notes
+    assert f"kubectl get secret -n {namespace} mq-admin -o jsonpath='{{.data.token}}'" \
+        in notes, notes
     storage = json.loads(crds.kubectl("get", "-n", namespace, "durablestorage", "mq",
                                       "-o", "json").stdout)
     assert storage["spec"]["sites"] == 1

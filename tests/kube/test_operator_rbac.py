@@ -61,6 +61,14 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                                    f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
                                    check=False).stdout.strip()
             assert allowed == "no", (verb, what)
+        # Its objects name the storage as owner with blockOwnerDeletion, which a cluster
+        # running the OwnerReferencesPermissionEnforcement admission plugin (OpenShift,
+        # for one) allows only to who may update the owner's finalizers.
+        allowed = kube.kubectl("auth", "can-i", "update", "durablestorages/finalizers",
+                               "-n", NAMESPACE,
+                               f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
+                               check=False).stdout.strip()
+        assert allowed == "yes"
         # An operator of all namespaces would take on the storages other tests left
         # behind in namespaces being deleted: wait until they are gone.
         wait_for("no DurableStorage in other namespaces", lambda: not [
