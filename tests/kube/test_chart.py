@@ -44,7 +44,7 @@ def test_a_misspelt_value_is_refused_by_the_values_schema(tmp_path: Path) -> Non
     otherwise ignore, leaving the user's setting without effect) and a wrong type."""
     for values, said in ((["--set", "operator.replica=2"],
                           "additional properties 'replica' not allowed"),
-                         (["--set", "operator.replicas=0"], "minimum"),
+                         (["--set", "operator.replicas=-1"], "minimum"),
                          (["--set", "operator.image.pullPolicy=Sometimes"], "pullPolicy"),
                          (["--set", "serviceMonitor.interval=often"], "interval")):
         result = run_tool("helm", ["template", "mq", str(CHART), *values], tool_env(tmp_path),

@@ -64,8 +64,8 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         # Its objects name the storage as owner with blockOwnerDeletion, which a cluster
         # running the OwnerReferencesPermissionEnforcement admission plugin (OpenShift,
         # for one) allows only to who may update the owner's finalizers.
-        allowed = kube.kubectl("auth", "can-i", "update", "durablestorages/finalizers",
-                               "-n", NAMESPACE,
+        allowed = kube.kubectl("auth", "can-i", "update", "durablestorages.stratamq.io",
+                               "--subresource=finalizers", "-n", NAMESPACE,
                                f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
                                check=False).stdout.strip()
         assert allowed == "yes"
