@@ -157,6 +157,19 @@ def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     return arguments
 
 
+# spec.spark.resources' defaults: Spark's own.
+DEFAULT_CORES, DEFAULT_MEMORY = 1, "1g"
+
+
+def pod_resources(spec: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """spec.spark.resources: the driver's and each executor's (cores, memory), in
+    Spark's units (memory as 512m, 2g)."""
+    given = spec.get("spark", {}).get("resources", {})
+    return {role: (int(given.get(role, {}).get("cores", DEFAULT_CORES)),
+                   str(given.get(role, {}).get("memory", DEFAULT_MEMORY)))
+            for role in ("driver", "executor")}
+
+
 def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
     """Spark's configuration of a run: the image, the driver's account, the shared
     volume on the driver and the executors, the admin token into the driver."""
@@ -167,6 +180,9 @@ def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
         "spark.kubernetes.authenticate.driver.serviceAccountName":
             service_account_name(owner.name),
         "spark.executor.instances": str(spec.get("spark", {}).get("executors", 2)),
+        **{f"spark.{role}.{key}": str(value)
+           for role, (cores, memory) in pod_resources(spec).items()
+           for key, value in (("cores", cores), ("memory", memory))},
         f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}":
             f"{admin_secret_name(owner.name)}:{TOKEN_KEY}",
     }
@@ -272,6 +288,12 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
     pod_labels = labels(owner.name, job)
     conf = spark_conf(owner, spec)
     executors = int(conf.pop("spark.executor.instances"))
+    # the SparkApplication's own fields say these
+    (driver_cores, driver_memory), (executor_cores, executor_memory) = (
+        pod_resources(spec)["driver"], pod_resources(spec)["executor"])
+    for role in ("driver", "executor"):
+        for setting in ("cores", "memory"):
+            conf.pop(f"spark.{role}.{setting}")
     return {
         "apiVersion": SPARK_OPERATOR_API, "kind": "ScheduledSparkApplication",
         "metadata": _metadata(owner, name_of(owner.name, job), job),
@@ -296,9 +318,10 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
                 "sparkConf": conf,
                 "restartPolicy": {"type": "Never"},
                 "driver": {"serviceAccount": service_account_name(owner.name),
-                           "cores": 1, "memory": "1g", "labels": pod_labels},
-                "executor": {"instances": executors, "cores": 1, "memory": "1g",
-                             "labels": pod_labels},
+                           "cores": driver_cores, "memory": driver_memory,
+                           "labels": pod_labels},
+                "executor": {"instances": executors, "cores": executor_cores,
+                             "memory": executor_memory, "labels": pod_labels},
             },
         },
     }

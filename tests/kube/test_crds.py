@@ -252,6 +252,8 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
         "service.externalTrafficPolicy needs service.type NodePort or LoadBalancer"),
     "node-ports-on-cluster-ip": ({"service": {"nodePorts": {"mqtt": 31883}}},
                                  "service.nodePorts needs service.type NodePort or LoadBalancer"),
+    "spark-memory-unit": ({"spark": {"resources": {"driver": {"memory": "2GiB"}}}},
+                          "must be a size in Spark's units, such as 512m or 2g"),
     "negative-partition": ({"updateStrategy": {"partition": -1}},
                            "spec.updateStrategy.partition in body should be greater than or "
                            "equal to 0"),

@@ -172,3 +172,21 @@ def test_the_application_is_where_the_spark_image_puts_it() -> None:
     [destination] = [line.split()[2] for line in dockerfile.splitlines()
                      if line.startswith("COPY spark/main.py ")]
     assert f"local://{destination}" == spark.APPLICATION
+
+
+def test_the_driver_and_executors_get_the_resources_asked_for() -> None:
+    spec = with_spark()
+    conf = spark.spark_conf(OWNER, spec)
+    assert (conf["spark.driver.cores"], conf["spark.driver.memory"]) == ("1", "1g")
+    assert (conf["spark.executor.cores"], conf["spark.executor.memory"]) == ("1", "1g")
+    spec["spark"]["resources"] = {"driver": {"memory": "2g"},
+                                  "executor": {"cores": 4, "memory": "8g"}}
+    command = spark.submit_command(OWNER, spec, "gc")
+    for setting in ("spark.driver.cores=1", "spark.driver.memory=2g",
+                    "spark.executor.cores=4", "spark.executor.memory=8g"):
+        assert command[command.index(setting) - 1] == "--conf", setting
+    application = spark.scheduled_spark_application(OWNER, spec, "gc")["spec"]["template"]
+    assert (application["driver"]["cores"], application["driver"]["memory"]) == (1, "2g")
+    assert (application["executor"]["cores"], application["executor"]["memory"]) == (4, "8g")
+    assert not any(key.startswith(("spark.driver.", "spark.executor."))
+                   for key in application["sparkConf"])
