@@ -126,7 +126,7 @@ def zoned(zones: str, draining: str = "") -> list[Site]:
             for position, zone in enumerate(zones)]
 
 
-def zones_of(placement: Placement, database: str, sites: list[Site]) -> list[list[str | None]]:
+def zones_of(placement: Placement, database: str, sites: list[Site]) -> list[list[str]]:
     zone = {site.id: site.zone for site in sites}
     return [sorted((zone[site] or site) for site in shard.replicas)
             for shard in placement.shards_of(database)]
