@@ -180,7 +180,7 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
     # sites up now), and the missing database's are placed beside them.
     missing = [database for database in settings.databases
                if database not in set(state.placement.databases())]
-    first = plan([Site(site) for site in up], missing, settings.n_shards,
+    first = plan([Site(site, zone=sites[site].zone) for site in up], missing, settings.n_shards,
                  settings.replication_factor, state.placement)
     goals = {**state.goals, **{database: tuple(up) for database in missing}}
     return Decision(replace(state, placement=first.start, goals=goals),
@@ -303,10 +303,11 @@ def _replan(state: ClusterState, placement: Placement, sites: Mapping[str, SiteS
 
 
 def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
-               sites: Collection[str], settings: Settings) -> Plan:
+               sites: Mapping[str, SiteState], settings: Settings) -> Plan:
     """The plan that puts each database of `goals` on its sites: those sites may hold
     replicas, any other site holding some is drained. Databases are planned one after
-    the other, each on its own set of sites."""
+    the other, each on its own set of sites, which the planner keeps a shard's
+    replicas in distinct zones of (each site's `zone`) as far as they allow."""
     result = Plan(start=placement, target=placement, transitions=())
     for database in sorted(goals):
         wanted = set(goals[database])
@@ -314,7 +315,8 @@ def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
         unknown = sorted((wanted | holders) - set(sites))
         if unknown:
             raise UnknownSiteError(f"unknown site(s) {', '.join(unknown)}")
-        chosen = [Site(site, draining=site not in wanted) for site in sorted(wanted | holders)]
+        chosen = [Site(site, draining=site not in wanted, zone=sites[site].zone)
+                  for site in sorted(wanted | holders)]
         step = plan(chosen, [database], settings.n_shards, settings.replication_factor,
                     result.target)
         result = Plan(start=result.start, target=step.target,

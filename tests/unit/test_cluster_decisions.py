@@ -109,6 +109,10 @@ def test_reports_are_checked() -> None:
                             "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
     assert leading.term == ControllerTerm(2, "k")
     assert leading.shards[(DB, 0)].quorum_age == 1.25
+    # A site's zone: absent (a site older than zones) or null is not known.
+    assert report.zone is None and parse_report({**good, "zone": None}).zone is None
+    assert parse_report({**good, "zone": "eu-west-1a"}).zone == "eu-west-1a"
+    assert site("A").seen(parse_report({**good, "zone": "z1"}), 1.0).zone == "z1"
     missing = [{key: value for key, value in good.items() if key != name}
                for name in ("stopping", "heartbeat_interval", "controller_term")]
     for broken in (*missing, {**good, "site": "a b"}, {**good, "shards": {}},
@@ -118,7 +122,8 @@ def test_reports_are_checked() -> None:
                    {**good, "shards": [{**entry, "quorum_age": float("nan")}]},
                    {**good, "shards": [{**entry, "role": "boss"}]},
                    {**good, "shards": [{**entry, "last": [1]}]},
-                   {**good, "shards": [{**entry, "applied": -1}]}):
+                   {**good, "shards": [{**entry, "applied": -1}]},
+                   {**good, "zone": ""}, {**good, "zone": 3}):
         with pytest.raises(BadReportError):
             parse_report(broken)
 
@@ -136,6 +141,33 @@ def test_first_placement_waits_for_enough_sites() -> None:
     for shard in state.placement.shards_of(DB):
         assert sorted(shard.replicas) == ["A", "B", "C"]
         assert shard.epoch == 1
+
+
+def test_plans_keep_a_shard_in_distinct_zones_as_the_sites_report_them() -> None:
+    """The zones the sites report reach the planner: the first placement and a plan
+    to new sites put the two replicas of each shard in different zones."""
+    settings = replace(SETTINGS, replication_factor=2, expected_sites=4)
+    zone = {"A": "x", "B": "x", "C": "y", "D": "y", "E": "x", "F": "y"}
+
+    def zoned(names: str, placement: Placement | None = None) -> dict[str, SiteState]:
+        return sites_of(*(replace(site(name, 100.0, placement), zone=zone[name])
+                          for name in names))
+
+    def zones_apart(placement: Placement) -> bool:
+        return all(sorted(zone[site] for site in shard.replicas) == ["x", "y"]
+                   for shard in placement.shards)
+
+    state = decisions.decide(ClusterState(), zoned("ABCD"), 100.0, started=0.0,
+                             settings=settings).state
+    assert zones_apart(state.placement)
+    goals = {DB: tuple("ABCDEF")}
+    assert zones_apart(decisions.plan_goals(state.placement, goals,
+                                            zoned("ABCDEF", state.placement),
+                                            settings).target)
+    # Sites that report no zone are planned as before.
+    unzoned = sites_of(*(site(name, 100.0, state.placement) for name in "ABCDEF"))
+    before = decisions.plan_goals(state.placement, goals, unzoned, settings)
+    assert not zones_apart(before.target)
 
 
 def test_first_placement_waits_a_little_for_expected_sites() -> None:
