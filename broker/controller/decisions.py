@@ -22,6 +22,7 @@ from ..ds.replication import (
     Site,
     Transition,
     apply_transition,
+    breaks_zone_rule,
     failover,
     plan,
 )
@@ -134,7 +135,8 @@ def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, star
         new_plan = _replan(state, placement, sites, settings, notes)
         return Decision(replace(state, placement=placement, plan=new_plan), tuple(notes))
     if state.plan is None:
-        return Decision(state, tuple(notes))
+        return Decision(replace(state, plan=_zone_plan(state, sites, now, settings, notes)),
+                        tuple(notes))
     current = state
     try:
         state.plan.remaining(state.placement)
@@ -299,6 +301,40 @@ def _replan(state: ClusterState, placement: Placement, sites: Mapping[str, SiteS
     except PlanError as exc:
         notes.append(f"pending plan dropped: {exc.message}")
         return None
+    return new if new.transitions else None
+
+
+def _zone_plan(state: ClusterState, sites: Mapping[str, SiteState], now: float,
+               settings: Settings, notes: list[str]) -> Plan | None:
+    """A plan to the same goals for the databases with a shard whose replicas the
+    sites' zones show too close (`planner.breaks_zone_rule`): zones learnt after the
+    placement was made (sites that report them since, an operator that could not read
+    the nodes before). Only while every site of the goal is up and not stopping, so
+    that every zone is known and the plan adds to no site that is down; None when no
+    database needs one."""
+    up = set(up_sites(sites, now, settings))
+    close = []
+    for database, goal in sorted(state.goals.items()):
+        holders = {site for shard in state.placement.shards_of(database)
+                   for site in shard.replicas}
+        if not set(goal) <= up or any(sites[site].stopping for site in goal) \
+                or not holders <= set(sites):
+            continue
+        chosen = [Site(site, draining=site not in goal, zone=sites[site].zone)
+                  for site in sorted(set(goal) | holders)]
+        if breaks_zone_rule(chosen, state.placement, database, settings.replication_factor):
+            close.append(database)
+    if not close:
+        return None
+    try:
+        new = plan_goals(state.placement, {database: state.goals[database]
+                                           for database in close}, sites, settings)
+    except PlanError as exc:
+        notes.append(f"replicas of {', '.join(close)} share zones, but no plan moves them "
+                     f"apart: {exc.message}")
+        return None
+    notes.append(f"replicas of {', '.join(close)} share zones: planned apart "
+                 f"({len(new.transitions)} steps)")
     return new if new.transitions else None
 
 

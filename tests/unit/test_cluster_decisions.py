@@ -170,6 +170,37 @@ def test_plans_keep_a_shard_in_distinct_zones_as_the_sites_report_them() -> None
     assert not zones_apart(before.target)
 
 
+def test_zones_reported_after_the_placement_get_a_plan_that_moves_replicas_apart() -> None:
+    settings = replace(SETTINGS, replication_factor=2, expected_sites=4)
+    state = decisions.decide(ClusterState(), sites_of(*(site(name) for name in "ABCD")),
+                             100.0, started=0.0, settings=settings).state
+    zone = {"A": "x", "B": "x", "C": "y", "D": "y"}
+
+    def zones_apart(placement: Placement) -> bool:
+        return all(sorted(zone[site] for site in shard.replicas) == ["x", "y"]
+                   for shard in placement.shards)
+
+    assert not zones_apart(state.placement)
+    # Without zones, and while a site of the goal is down, nothing is planned.
+    unzoned = sites_of(*(site(name, 101.0, state.placement) for name in "ABCD"))
+    assert decisions.decide(state, unzoned, 101.0, 0.0, settings).state.plan is None
+    one_down = {**{name: replace(found, zone=zone[name]) for name, found in unzoned.items()},
+                "D": replace(unzoned["D"], zone="y", last_seen=90.0)}
+    assert decisions.decide(state, one_down, 101.0, 0.0, settings).state.plan is None
+    zoned = {name: replace(found, zone=zone[name]) for name, found in unzoned.items()}
+    decision = decisions.decide(state, zoned, 101.0, 0.0, settings)
+    assert decision.state.plan is not None and "share zones: planned apart" in decision.notes[0]
+    # Carried out round by round as any plan, to a placement that needs no other.
+    for number in range(100):
+        now = 102.0 + number
+        zoned = {name: replace(site(name, now, decision.state.placement, committed=7,
+                                    applied=7), zone=zone[name]) for name in "ABCD"}
+        decision = decisions.decide(decision.state, zoned, now, 0.0, settings)
+        if decision.state.plan is None:
+            break
+    assert decision.state.plan is None and zones_apart(decision.state.placement)
+
+
 def test_first_placement_waits_a_little_for_expected_sites() -> None:
     settings = replace(SETTINGS, expected_sites=4)
     three = sites_of(site("A"), site("B"), site("C"))

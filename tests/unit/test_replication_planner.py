@@ -21,6 +21,7 @@ from stratamq.broker.ds.replication import (
     Site,
     Transition,
     apply_transitions,
+    breaks_zone_rule,
     failover,
     plan,
 )
@@ -144,7 +145,11 @@ def test_two_zones_get_one_replica_of_each_shard_each() -> None:
 def test_labelling_zones_moves_replicas_apart_adding_before_removing() -> None:
     before = plan(sites("ABCD"), ["messages"], n_shards=4, replication_factor=2).target
     four = zoned("xxyy")
+    assert breaks_zone_rule(four, before, "messages", 2)
+    assert not breaks_zone_rule(sites("ABCD"), before, "messages", 2)
+    assert not breaks_zone_rule(zoned("xxyy")[:3], before, "messages", 2)  # D not given
     result = plan(four, ["messages"], 4, 2, before)
+    assert not breaks_zone_rule(four, result.target, "messages", 2)
     assert zones_of(result.target, "messages", four) == [["zone-x", "zone-y"]] * 4
     assert replicas_per_site(result.target, "messages") == Counter(A=2, B=2, C=2, D=2)
     # One move per shard, each a follower's: no leader is handed over.

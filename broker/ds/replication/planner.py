@@ -223,6 +223,23 @@ def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
     return Plan(start=start, target=target, transitions=tuple(transitions))
 
 
+def breaks_zone_rule(sites: Collection[Site], placement: Placement, database: str,
+                     replication_factor: int) -> bool:
+    """Whether some shard of `database` has more replicas in one zone than the zone
+    rule (`zones.ZoneRule`) allows on `sites`, where the rule can be met: a plan to
+    the same sites then moves them apart. False where the rule asks nothing (no zones
+    known, or too few), and where a replica is on a site not given (nothing to say)."""
+    site_list = _check_sites(sites)
+    active = [site.id for site in site_list if not site.draining]
+    rule = ZoneRule.for_sites({site.id: site.zone for site in site_list}, active,
+                              replication_factor)
+    shards = placement.shards_of(database)
+    if rule is None or not {site for shard in shards for site in shard.replicas} <= set(
+            rule.zone_of):
+        return False
+    return not _meets(rule, shards)
+
+
 def _with_shards(placement: Placement, shards: Sequence[ShardPlacement],
                 version: int) -> Placement:
     by_id = {shard.id: shard for shard in placement.shards}
