@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from stratamq.broker.ds.replication import (
@@ -303,12 +303,12 @@ def meets_zone_rule(placement: Placement, sites: list[Site], databases: list[str
 
 
 @st.composite
-def zoned(draw: st.DrawFn, request: tuple[list[Site], list[str], int, int, Placement]
-          ) -> tuple[list[Site], list[str], int, int, Placement]:
-    """The request with each site in one of a few zones, or in none."""
+def zoned(draw: st.DrawFn, request: tuple[list[Site], list[str], int, int, Placement],
+          unknown: bool = True) -> tuple[list[Site], list[str], int, int, Placement]:
+    """The request with each site in one of a few zones, or (if `unknown`) in none."""
     sites, databases, n_shards, factor, current = request
-    n_zones = draw(st.integers(1, len(ZONE_NAMES)))
-    zones = st.one_of(st.none(), st.sampled_from(ZONE_NAMES[:n_zones]))
+    n_zones = draw(st.integers(1 if unknown else 2, len(ZONE_NAMES)))
+    zones = st.sampled_from([*([None] if unknown else []), *ZONE_NAMES[:n_zones]])
     return ([Site(site.id, draining=site.draining, zone=draw(zones)) for site in sites],
             databases, n_shards, factor, current)
 
@@ -380,5 +380,37 @@ def test_zones_of_equal_size_keep_the_placement_balanced(
         leaving = set(site_ids[-n_zones:])
         sites = [replace(site, draining=site.id in leaving) for site in sites]
     result = plan(sites, databases, n_shards, factor, first.target)
+    check_plan(result, sites, databases, factor)
+    assert meets_zone_rule(result.target, sites, databases, factor)
+
+
+def balance_fits_zones(sites: list[Site], factor: int, n_shards: int) -> bool:
+    """Whether each zone's share of a balanced placement (its sites' part of every
+    replica) lies between the fewest replicas of each shard the zone must hold (what
+    the other zones cannot) and the most it may (the cap, or its number of sites)."""
+    cap, zones = zone_cap(sites, factor)
+    n_active = sum(zones.values())
+    for zone, size in zones.items():
+        most = min(cap, size)
+        fewest = factor - sum(min(cap, other) for name, other in zones.items() if name != zone)
+        share = size * n_shards * factor / n_active
+        if not n_shards * max(0, fewest) <= share <= n_shards * most:
+            return False
+    return True
+
+
+@PROPERTIES
+@given(random_placements().flatmap(lambda request: zoned(request, unknown=False)),
+       st.booleans())
+def test_with_zones_the_target_is_balanced_where_the_zones_leave_room(
+        request: tuple[list[Site], list[str], int, int, Placement], first: bool) -> None:
+    sites, databases, n_shards, factor, current = request
+    room = zone_rule_can_be_met(sites, factor) and balance_fits_zones(sites, factor, n_shards)
+    cap, zones = zone_cap(sites, factor)
+    event(f"room for balance: {room}, zones with more sites than the cap: "
+          f"{max(zones.values()) > cap}")
+    if not room:
+        return
+    result = plan(sites, databases, n_shards, factor, None if first else current)
     check_plan(result, sites, databases, factor)
     assert meets_zone_rule(result.target, sites, databases, factor)

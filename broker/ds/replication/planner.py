@@ -149,7 +149,9 @@ class Plan:
 def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
          replication_factor: int, current: Placement | None = None) -> Plan:
     """A balanced placement of `databases` (each with `n_shards` shards of
-    `replication_factor` replicas) on `sites`, and the steps from `current` to it.
+    `replication_factor` replicas) on `sites`, and the steps from `current` to it;
+    where the sites' zones ask for it, a shard's replicas in distinct zones first and
+    balance as far as that allows (`_ZonedPlanner`).
 
     Databases of `current` not named in `databases` are kept as they are (their
     replicas count when spreading load), so one database can be planned on its own
@@ -781,10 +783,11 @@ class _ZonedPlanner(_DatabasePlanner):
     leave a shard with more replicas in one zone than `rule` allows. The zone rule
     comes first here and balance second: every replica that is added goes to the
     emptiest site the rule allows, and a last pass evens the sites out with the moves
-    the rule allows (from a site to one holding at least 2 fewer, so each move makes
+    the rule allows (a replica from a site to one holding at least 2 fewer, directly
+    or along a chain of sites that each give one and take one, so each chain makes
     the counts more even and the pass ends). Where the zones are uneven a balanced
     placement may not exist (2 zones, one of them a single site: that site holds a
-    replica of every shard), and the pass stops where no move is allowed.
+    replica of every shard), and the pass stops where no chain is allowed.
 
     Steps keep the rules of every plan: a shard short of replicas gets them first, a
     shard with too many gives them up (draining sites first, then crowded zones), and
@@ -808,10 +811,10 @@ class _ZonedPlanner(_DatabasePlanner):
         for shard in range(len(self.replicas)):
             while crowded := self.rule.crowded(self.replicas[shard]):
                 self.move(shard, self.crowding_replica(shard, crowded[0]))
-        while (move := self.balancing_move()) is not None:
-            shard, giver, receiver = move
-            self.add(shard, receiver)
-            self.remove(shard, giver)
+        while (moves := self.balancing_moves()) is not None:
+            for shard, giver, receiver in moves:
+                self.add(shard, receiver)
+                self.remove(shard, giver)
         self.spread_successors()
         return self.steps
 
@@ -839,20 +842,37 @@ class _ZonedPlanner(_DatabasePlanner):
         self.add(shard, self.zoned_receiver(shard, giver))
         self.remove(shard, giver)
 
-    def balancing_move(self) -> tuple[int, str, str] | None:
-        """(shard, from, to): a follower if possible, from the fullest site to the
-        emptiest it can go to, the two at least 2 replicas apart; or None."""
-        givers = sorted(self.active, key=lambda site: (-self.count[site], site))
-        receivers = sorted(self.active, key=lambda site: (
-            self.count[site], self.other_replicas[site], site))
-        for giver in givers:
-            for receiver in receivers:
-                if self.count[giver] - self.count[receiver] < 2:
-                    break
-                shards = [shard for shard in self.shards_of[giver]
-                          if receiver not in self.replicas[shard]
-                          and self.rule.allows(self.replicas[shard], receiver, giver)]
-                if shards:
-                    shard = min(shards, key=lambda shard: (self.leaders[shard] == giver, shard))
-                    return shard, giver, receiver
+    def balancing_moves(self) -> list[tuple[int, str, str]] | None:
+        """(shard, from, to) moves that take one replica off the fullest site it can
+        come off and, through sites that each give one and take one, onto the
+        emptiest site it can reach, the two at least 2 replicas apart; or None. A
+        chain because the rule may forbid the direct move (every shard of the full
+        site has a replica in the empty site's zone) where a detour is allowed.
+        Breadth-first, followers' moves before leaders', shortest chains first."""
+        for giver in sorted(self.active, key=lambda site: (-self.count[site], site)):
+            came_from: dict[str, tuple[int, str] | None] = {giver: None}
+            queue = deque([giver])
+            while queue:
+                site = queue.popleft()
+                for shard in sorted(self.shards_of.get(site, ()),
+                                    key=lambda shard: (self.leaders[shard] == site, shard)):
+                    for other in self.active:
+                        if (other not in came_from and other not in self.replicas[shard]
+                                and self.rule.allows(self.replicas[shard], other, site)):
+                            came_from[other] = (shard, site)
+                            queue.append(other)
+            receiver = min(came_from, key=lambda site: (
+                self.count[site], self.other_replicas[site], site))
+            if self.count[giver] - self.count[receiver] < 2:
+                continue
+            moves: list[tuple[int, str, str]] = []
+            site = receiver
+            while (step := came_from[site]) is not None:
+                shard, previous = step
+                moves.append((shard, previous, site))
+                site = previous
+            # Each move was found allowed on the replica sets as they are; the chain
+            # holds as a whole only if no two of its moves change one shard.
+            if len({shard for shard, _, _ in moves}) == len(moves):
+                return moves
         return None
