@@ -848,8 +848,12 @@ class _ZonedPlanner(_DatabasePlanner):
         emptiest site it can reach, the two at least 2 replicas apart; or None. A
         chain because the rule may forbid the direct move (every shard of the full
         site has a replica in the empty site's zone) where a detour is allowed.
-        Breadth-first, followers' moves before leaders', shortest chains first."""
+        Breadth-first (the chain to each site as short as any), followers' moves
+        before leaders'."""
+        emptiest = min(self.count[site] for site in self.active)
         for giver in sorted(self.active, key=lambda site: (-self.count[site], site)):
+            if self.count[giver] - emptiest < 2:
+                break
             came_from: dict[str, tuple[int, str] | None] = {giver: None}
             queue = deque([giver])
             while queue:
