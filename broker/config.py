@@ -406,6 +406,11 @@ class ClusterConfig(_Section):
     # controller to name other replicas their leaders, serving meanwhile; then it
     # stops anyway and what it still leads fails over. 0: it does not wait.
     handover_timeout: Linger = parse_duration("10s")
+    # The failure zone this site runs in (e.g. a Kubernetes node's
+    # topology.kubernetes.io/zone), reported to the controller, which keeps a shard's
+    # replicas in distinct zones as far as the zones allow; None: not known (the site
+    # counts as a zone of its own). Under the operator, each site's zone is its node's.
+    zone: Annotated[str, Field(min_length=1, max_length=63)] | None = None
 
     def advertised_peer(self) -> str:
         if self.advertise:

@@ -145,7 +145,8 @@ async def start_replication(config: Config, storage: DurableStorage) -> SiteRepl
           for name in (SESSIONS_DB, RETAINED_DB)]
     settings = ReplicaSettings(storage.site_id, cluster.write_timeout,
                                config.durable_sessions.heartbeat_interval,
-                               cluster.log_retain_entries, cluster.checkpoint_rate)
+                               cluster.log_retain_entries, cluster.checkpoint_rate,
+                               cluster.zone)
     return await SiteReplication.start([messages, *kv], storage.data_dir, storage.site_id,
                                        cluster.peer_bind, cluster.advertised_peer(), settings,
                                        messages.executor)

@@ -123,6 +123,16 @@ def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
     }
 
 
+def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> SiteState:
+    """The site as it answered the probe, in the zone of its pod's node. The operator
+    reads the node's zone itself (`kube.site_pods`): the downward API cannot give a
+    pod its node's labels, so the site cannot report it. What the site reports
+    (`cluster.zone`, unset under the operator) counts only where the node has no
+    zone."""
+    seen = known.seen(report, now)
+    return seen if pod.zone is None else replace(seen, zone=pod.zone)
+
+
 def term_of(document: Mapping[str, Any]) -> ControllerTerm:
     """The term kept in status.controller (term 0 when none: an operator before
     terms)."""
@@ -407,7 +417,7 @@ class StorageController:
                 log.info("%s/%s: site %s found on pod %s (peer %s)", self.owner.namespace,
                          self.owner.name, report.site, pod.name, report.peer)
             forgotten.discard(report.site)  # back, if it was (a pod with its volume)
-            sites[report.site] = known.seen(report, now)
+            sites[report.site] = seen_on(known, report, pod, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
         if not self.hold_term([sites[site].term for site in boots]):

@@ -15,7 +15,12 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    ResourceNotFoundError,
+)
 from kubernetes.utils import parse_quantity
 
 from .resources import (
@@ -104,7 +109,10 @@ def scale(kind: str, namespace: str, name: str, replicas: int) -> bool:
     return True
 
 
-def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+def get(api_version: str, kind: str, namespace: str | None, name: str
+        ) -> dict[str, Any] | None:
+    """The object, or None when there is none; `namespace` None for a cluster-scoped
+    kind."""
     resource = resource_of(api_version, kind)
     try:
         found: dict[str, Any] = dynamic().get(resource, name=name,
@@ -185,12 +193,14 @@ def admin_token(owner: Owner) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PodView:
-    """What the status needs of one site's pod."""
+    """What the status and the replication controller need of one site's pod. `zone`:
+    the zone of the node it runs on (`node_zone`), None when not known."""
 
     name: str
     ip: str | None
     ready: bool
     terminating: bool
+    zone: str | None = None
 
 
 def site_pods(owner: Owner) -> list[PodView]:
@@ -199,10 +209,52 @@ def site_pods(owner: Owner) -> list[PodView]:
         status = pod.get("status") or {}
         ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
                     for condition in status.get("conditions") or [])
+        node = (pod.get("spec") or {}).get("nodeName")
         found.append(PodView(name=pod["metadata"]["name"], ip=status.get("podIP"),
                              ready=ready,
-                             terminating=bool(pod["metadata"].get("deletionTimestamp"))))
+                             terminating=bool(pod["metadata"].get("deletionTimestamp")),
+                             zone=node_zone(node) if node else None))
     return sorted(found, key=lambda pod: pod.name)
+
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+# Node name -> zone, for the nodes found with one. A node's zone label is set when it
+# registers and stays, so each node is read once; a node without one is read again on
+# the next call (it may be labelled later).
+_node_zones: dict[str, str] = {}
+_node_zones_lock = threading.Lock()
+_warned_nodes_forbidden = threading.Event()
+
+
+def zone_of_node(node: dict[str, Any] | None) -> str | None:
+    """A Node's `topology.kubernetes.io/zone` label; None when it has none."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    zone = labels.get(ZONE_LABEL)
+    return zone if isinstance(zone, str) and zone else None
+
+
+def node_zone(name: str) -> str | None:
+    """The zone of the Node `name`; None when it has none, is gone, or the operator
+    may not read Nodes (the rights of a chart older than zones: the sites are then
+    planned as if their zones were unknown, and the operator says so once)."""
+    with _node_zones_lock:
+        known = _node_zones.get(name)
+    if known is not None:
+        return known
+    try:
+        zone = zone_of_node(get("v1", "Node", None, name))
+    except ForbiddenError:
+        if not _warned_nodes_forbidden.is_set():
+            _warned_nodes_forbidden.set()
+            log.warning("getting Nodes is forbidden to the operator (its ClusterRole is "
+                        "older than zones): the sites' zones are not known, replicas are "
+                        "placed without them")
+        return None
+    if zone is not None:
+        with _node_zones_lock:
+            _node_zones[name] = zone
+    return zone
 
 
 def stateful_set_status(owner: Owner) -> dict[str, Any] | None:

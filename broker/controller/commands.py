@@ -18,6 +18,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _zones(text: str) -> tuple[str, ...]:
+    zones = tuple(text.split(","))
+    if not all(zones):
+        raise argparse.ArgumentTypeError(f"{text!r} is not zone names separated by commas")
+    return zones
+
+
 def _duration(text: str) -> float:
     try:
         value = parse_duration(text)
@@ -53,6 +60,10 @@ def cluster_parser() -> argparse.ArgumentParser:
     parser.add_argument("--site-config", type=Path,
                         help="a YAML configuration under every site's own (listeners, "
                              "data folders, admin token and cluster settings are set over it)")
+    parser.add_argument("--zones", type=_zones,
+                        help="each site's failure zone (cluster.zone), in site order, "
+                             "separated by commas (e.g. a,a,b,b): the controller keeps a "
+                             "shard's replicas in distinct zones (default: none known)")
     return parser
 
 
@@ -111,7 +122,11 @@ def cluster_main(argv: list[str]) -> int:
                           f"--sites is {arguments.sites}")
     if arguments.sites > 254:
         raise ConfigError("at most 254 sites (127.0.0.1 to 127.0.0.254)")
+    if arguments.zones is not None and len(arguments.zones) != arguments.sites:
+        raise ConfigError(f"--zones names {len(arguments.zones)} zones for "
+                          f"{arguments.sites} sites: one per site")
     return run_cluster(ClusterOptions(
         sites=arguments.sites, data_dir=arguments.data_dir, replication_factor=factor,
         n_shards=arguments.n_shards, heartbeat_interval=arguments.heartbeat_interval,
-        ports_from=arguments.ports_from, site_config=arguments.site_config))
+        ports_from=arguments.ports_from, site_config=arguments.site_config,
+        zones=arguments.zones or ()))

@@ -22,6 +22,7 @@ from ..ds.replication import (
     Site,
     Transition,
     apply_transition,
+    breaks_zone_rule,
     failover,
     plan,
 )
@@ -134,7 +135,8 @@ def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, star
         new_plan = _replan(state, placement, sites, settings, notes)
         return Decision(replace(state, placement=placement, plan=new_plan), tuple(notes))
     if state.plan is None:
-        return Decision(state, tuple(notes))
+        return Decision(replace(state, plan=_zone_plan(state, sites, now, settings, notes)),
+                        tuple(notes))
     current = state
     try:
         state.plan.remaining(state.placement)
@@ -180,7 +182,7 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
     # sites up now), and the missing database's are placed beside them.
     missing = [database for database in settings.databases
                if database not in set(state.placement.databases())]
-    first = plan([Site(site) for site in up], missing, settings.n_shards,
+    first = plan([Site(site, zone=sites[site].zone) for site in up], missing, settings.n_shards,
                  settings.replication_factor, state.placement)
     goals = {**state.goals, **{database: tuple(up) for database in missing}}
     return Decision(replace(state, placement=first.start, goals=goals),
@@ -302,11 +304,46 @@ def _replan(state: ClusterState, placement: Placement, sites: Mapping[str, SiteS
     return new if new.transitions else None
 
 
+def _zone_plan(state: ClusterState, sites: Mapping[str, SiteState], now: float,
+               settings: Settings, notes: list[str]) -> Plan | None:
+    """A plan to the same goals for the databases with a shard whose replicas the
+    sites' zones show too close (`planner.breaks_zone_rule`): zones learnt after the
+    placement was made (sites that report them since, an operator that could not read
+    the nodes before). Only while every site of the goal is up and not stopping, so
+    that every zone is known and the plan adds to no site that is down; None when no
+    database needs one."""
+    up = set(up_sites(sites, now, settings))
+    close = []
+    for database, goal in sorted(state.goals.items()):
+        holders = {site for shard in state.placement.shards_of(database)
+                   for site in shard.replicas}
+        if not set(goal) <= up or any(sites[site].stopping for site in goal) \
+                or not holders <= set(sites):
+            continue
+        chosen = [Site(site, draining=site not in goal, zone=sites[site].zone)
+                  for site in sorted(set(goal) | holders)]
+        if breaks_zone_rule(chosen, state.placement, database, settings.replication_factor):
+            close.append(database)
+    if not close:
+        return None
+    try:
+        new = plan_goals(state.placement, {database: state.goals[database]
+                                           for database in close}, sites, settings)
+    except PlanError as exc:
+        notes.append(f"replicas of {', '.join(close)} share zones, but no plan moves them "
+                     f"apart: {exc.message}")
+        return None
+    notes.append(f"replicas of {', '.join(close)} share zones: planned apart "
+                 f"({len(new.transitions)} steps)")
+    return new if new.transitions else None
+
+
 def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
-               sites: Collection[str], settings: Settings) -> Plan:
+               sites: Mapping[str, SiteState], settings: Settings) -> Plan:
     """The plan that puts each database of `goals` on its sites: those sites may hold
     replicas, any other site holding some is drained. Databases are planned one after
-    the other, each on its own set of sites."""
+    the other, each on its own set of sites, which the planner keeps a shard's
+    replicas in distinct zones of (each site's `zone`) as far as they allow."""
     result = Plan(start=placement, target=placement, transitions=())
     for database in sorted(goals):
         wanted = set(goals[database])
@@ -314,7 +351,8 @@ def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
         unknown = sorted((wanted | holders) - set(sites))
         if unknown:
             raise UnknownSiteError(f"unknown site(s) {', '.join(unknown)}")
-        chosen = [Site(site, draining=site not in wanted) for site in sorted(wanted | holders)]
+        chosen = [Site(site, draining=site not in wanted, zone=sites[site].zone)
+                  for site in sorted(wanted | holders)]
         step = plan(chosen, [database], settings.n_shards, settings.replication_factor,
                     result.target)
         result = Plan(start=result.start, target=step.target,

@@ -51,6 +51,9 @@ class Report:
     heartbeat_interval: float
     # the highest controller term the site has seen
     term: ControllerTerm
+    # the site's failure zone (`cluster.zone`); None: not known, or a site older than
+    # the report's `zone` key
+    zone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,10 @@ class SiteState:
     a restarted controller gives it the same grace as a site that just answered);
     `answered` says whether it has answered since the controller started. Until it
     has, what it reports (`peer`, `placement_version`, `shards`, `stopping`,
-    `heartbeat_interval`, `term`) is not known: None or empty."""
+    `heartbeat_interval`, `term`) is not known: None or empty. `zone`: the site's
+    failure zone, which the planner keeps a shard's replicas apart by: as the site
+    reports it (`cluster.zone`), or as the operator reads it from the site's node;
+    None when not known."""
 
     id: str
     admin_url: str
@@ -72,12 +78,14 @@ class SiteState:
     stopping: bool = False
     heartbeat_interval: float | None = None
     term: ControllerTerm | None = None
+    zone: str | None = None
 
     def seen(self, report: Report, now: float) -> SiteState:
         return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,
                          peer=report.peer, placement_version=report.placement_version,
                          shards=report.shards, stopping=report.stopping,
-                         heartbeat_interval=report.heartbeat_interval, term=report.term)
+                         heartbeat_interval=report.heartbeat_interval, term=report.term,
+                         zone=report.zone)
 
 
 def _count(value: object, where: str) -> int:
@@ -138,6 +146,10 @@ def parse_report(document: Any) -> Report:
         if term_value is None:
             raise BadReportError("controller_term: missing")
         term = parse_term(term_value, "controller_term")
+        # Absent from the reports of sites older than zones: not known, as null.
+        zone = document.get("zone")
+        if zone is not None and (not isinstance(zone, str) or not zone):
+            raise BadReportError(f"zone: {zone!r} is not a zone name or null")
         entries = document.get("shards")
         if not isinstance(entries, list):
             raise BadReportError(f"shards: expected a list, got {type(entries).__name__}")
@@ -165,4 +177,5 @@ def parse_report(document: Any) -> Report:
             raise
         raise BadReportError(exc.message) from exc
     return Report(site=site, peer=peer, placement_version=version, shards=shards,
-                  stopping=stopping, heartbeat_interval=heartbeat_interval, term=term)
+                  stopping=stopping, heartbeat_interval=heartbeat_interval, term=term,
+                  zone=zone)

@@ -77,6 +77,8 @@ class ClusterOptions:
     heartbeat_interval: float
     ports_from: int | None = None
     site_config: Path | None = None
+    # each site's `cluster.zone`, by index; empty: none known
+    zones: tuple[str, ...] = ()
 
 
 def site_host(index: int) -> str:
@@ -115,7 +117,8 @@ def site_config(site: SiteLayout, token: str, options: ClusterOptions,
         "listeners": {"tcp": {"bind": f"{site.host}:{site.mqtt}"},
                       "ws": {"bind": f"{site.host}:{site.ws}"}},
         "admin": {"bind": f"{site.host}:{site.admin}", "token": token},
-        "cluster": {"enable": True, "peer_bind": f"{site.host}:{site.peer}"},
+        "cluster": {"enable": True, "peer_bind": f"{site.host}:{site.peer}",
+                    **({"zone": options.zones[site.index]} if options.zones else {})},
     })
 
 

@@ -53,9 +53,10 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE,
                              "--duration=1h").stdout.strip()
         kubeconfig = token_kubeconfig(kube, tmp_path / "operator.kubeconfig", token)
-        # The account really is limited: it may not read Secrets' list or Nodes, nor
-        # make the pods it lets Spark drivers make.
-        for verb, what in (("list", "secrets"), ("get", "nodes"), ("delete", "statefulsets"),
+        # The account really is limited: it may not read Secrets' list or list Nodes
+        # (it gets the node of each site's pod, for its zone), nor make the pods it
+        # lets Spark drivers make.
+        for verb, what in (("list", "secrets"), ("list", "nodes"), ("delete", "statefulsets"),
                            ("create", "pods")):
             allowed = kube.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE,
                                    f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",

@@ -109,6 +109,10 @@ def test_reports_are_checked() -> None:
                             "shards": [{**entry, "role": "leader", "quorum_age": 1.25}]})
     assert leading.term == ControllerTerm(2, "k")
     assert leading.shards[(DB, 0)].quorum_age == 1.25
+    # A site's zone: absent (a site older than zones) or null is not known.
+    assert report.zone is None and parse_report({**good, "zone": None}).zone is None
+    assert parse_report({**good, "zone": "eu-west-1a"}).zone == "eu-west-1a"
+    assert site("A").seen(parse_report({**good, "zone": "z1"}), 1.0).zone == "z1"
     missing = [{key: value for key, value in good.items() if key != name}
                for name in ("stopping", "heartbeat_interval", "controller_term")]
     for broken in (*missing, {**good, "site": "a b"}, {**good, "shards": {}},
@@ -118,7 +122,8 @@ def test_reports_are_checked() -> None:
                    {**good, "shards": [{**entry, "quorum_age": float("nan")}]},
                    {**good, "shards": [{**entry, "role": "boss"}]},
                    {**good, "shards": [{**entry, "last": [1]}]},
-                   {**good, "shards": [{**entry, "applied": -1}]}):
+                   {**good, "shards": [{**entry, "applied": -1}]},
+                   {**good, "zone": ""}, {**good, "zone": 3}):
         with pytest.raises(BadReportError):
             parse_report(broken)
 
@@ -136,6 +141,64 @@ def test_first_placement_waits_for_enough_sites() -> None:
     for shard in state.placement.shards_of(DB):
         assert sorted(shard.replicas) == ["A", "B", "C"]
         assert shard.epoch == 1
+
+
+def test_plans_keep_a_shard_in_distinct_zones_as_the_sites_report_them() -> None:
+    """The zones the sites report reach the planner: the first placement and a plan
+    to new sites put the two replicas of each shard in different zones."""
+    settings = replace(SETTINGS, replication_factor=2, expected_sites=4)
+    zone = {"A": "x", "B": "x", "C": "y", "D": "y", "E": "x", "F": "y"}
+
+    def zoned(names: str, placement: Placement | None = None) -> dict[str, SiteState]:
+        return sites_of(*(replace(site(name, 100.0, placement), zone=zone[name])
+                          for name in names))
+
+    def zones_apart(placement: Placement) -> bool:
+        return all(sorted(zone[site] for site in shard.replicas) == ["x", "y"]
+                   for shard in placement.shards)
+
+    state = decisions.decide(ClusterState(), zoned("ABCD"), 100.0, started=0.0,
+                             settings=settings).state
+    assert zones_apart(state.placement)
+    goals = {DB: tuple("ABCDEF")}
+    assert zones_apart(decisions.plan_goals(state.placement, goals,
+                                            zoned("ABCDEF", state.placement),
+                                            settings).target)
+    # Sites that report no zone are planned as before.
+    unzoned = sites_of(*(site(name, 100.0, state.placement) for name in "ABCDEF"))
+    before = decisions.plan_goals(state.placement, goals, unzoned, settings)
+    assert not zones_apart(before.target)
+
+
+def test_zones_reported_after_the_placement_get_a_plan_that_moves_replicas_apart() -> None:
+    settings = replace(SETTINGS, replication_factor=2, expected_sites=4)
+    state = decisions.decide(ClusterState(), sites_of(*(site(name) for name in "ABCD")),
+                             100.0, started=0.0, settings=settings).state
+    zone = {"A": "x", "B": "x", "C": "y", "D": "y"}
+
+    def zones_apart(placement: Placement) -> bool:
+        return all(sorted(zone[site] for site in shard.replicas) == ["x", "y"]
+                   for shard in placement.shards)
+
+    assert not zones_apart(state.placement)
+    # Without zones, and while a site of the goal is down, nothing is planned.
+    unzoned = sites_of(*(site(name, 101.0, state.placement) for name in "ABCD"))
+    assert decisions.decide(state, unzoned, 101.0, 0.0, settings).state.plan is None
+    one_down = {**{name: replace(found, zone=zone[name]) for name, found in unzoned.items()},
+                "D": replace(unzoned["D"], zone="y", last_seen=90.0)}
+    assert decisions.decide(state, one_down, 101.0, 0.0, settings).state.plan is None
+    zoned = {name: replace(found, zone=zone[name]) for name, found in unzoned.items()}
+    decision = decisions.decide(state, zoned, 101.0, 0.0, settings)
+    assert decision.state.plan is not None and "share zones: planned apart" in decision.notes[0]
+    # Carried out round by round as any plan, to a placement that needs no other.
+    for number in range(100):
+        now = 102.0 + number
+        zoned = {name: replace(site(name, now, decision.state.placement, committed=7,
+                                    applied=7), zone=zone[name]) for name in "ABCD"}
+        decision = decisions.decide(decision.state, zoned, now, 0.0, settings)
+        if decision.state.plan is None:
+            break
+    assert decision.state.plan is None and zones_apart(decision.state.placement)
 
 
 def test_first_placement_waits_a_little_for_expected_sites() -> None:

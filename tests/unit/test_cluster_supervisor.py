@@ -4,9 +4,13 @@ accepts with the cluster's settings over the --site-config ones."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from stratamq.broker.config import Config
+from stratamq.broker.controller.commands import cluster_main, cluster_parser
 from stratamq.broker.controller.supervisor import (
     HEALTHY_RUN,
     RESTART_DELAY,
@@ -17,6 +21,7 @@ from stratamq.broker.controller.supervisor import (
     restart_delay,
     site_config,
 )
+from stratamq.broker.errors import ConfigError
 
 
 def options(tmp_path: Path, ports_from: int | None = None) -> ClusterOptions:
@@ -76,3 +81,17 @@ def test_a_controller_that_keeps_dying_waits_longer_up_to_the_cap() -> None:
     assert delays == sorted(delays) and delays[-1] == RESTART_DELAY_MAX
     # one that ran long enough was healthy: the wait starts over
     assert restart_delay(RESTART_DELAY_MAX, ran=HEALTHY_RUN) == RESTART_DELAY
+
+
+def test_zones_give_each_site_its_own(tmp_path: Path) -> None:
+    sites, _ = layout(options(tmp_path))
+    zoned = replace(options(tmp_path), zones=("a", "a", "b"))
+    assert [Config.model_validate(site_config(site, "t" * 32, zoned, {})).cluster.zone
+            for site in sites] == ["a", "a", "b"]
+    assert Config.model_validate(site_config(sites[0], "t" * 32, options(tmp_path),
+                                             {})).cluster.zone is None
+    assert cluster_parser().parse_args(["--zones", "a,a,b"]).zones == ("a", "a", "b")
+    with pytest.raises(SystemExit):
+        cluster_parser().parse_args(["--zones", "a,,b"])
+    with pytest.raises(ConfigError, match="--zones names 2 zones for 3 sites"):
+        cluster_main(["--sites", "3", "--zones", "a,b"])

@@ -406,3 +406,12 @@ def test_the_checkpoint_rate_is_a_byte_size_or_unlimited(tmp_path: Path) -> None
     assert load_config(path, env={}).cluster.checkpoint_rate == 50 * 1024 * 1024
     message = config_error(write(tmp_path, "cluster:\n  checkpoint_rate: fast\n"))
     assert "cluster.checkpoint_rate" in message and "invalid byte size 'fast'" in message
+
+
+def test_the_zone_is_a_name_or_unknown(tmp_path: Path) -> None:
+    assert load_config(env={}).cluster.zone is None
+    path = write(tmp_path, "cluster:\n  zone: eu-west-1a\n")
+    assert load_config(path, env={}).cluster.zone == "eu-west-1a"
+    assert load_config(env={"STRATAMQ__CLUSTER__ZONE": "b"}).cluster.zone == "b"
+    message = config_error(write(tmp_path, "cluster:\n  zone: ''\n"))
+    assert "cluster.zone" in message

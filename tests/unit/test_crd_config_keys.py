@@ -20,8 +20,10 @@ SECTIONS = {"messages": ("durable_storage", "messages"),
             "mqtt": ("mqtt",),
             "cluster": ("cluster",)}
 # Config keys the operator sets itself (each site's data folder is its volume; the
-# peer port and the address a site advertises are the pod's).
-SET_BY_OPERATOR = {"messages": {"data_dir"}, "cluster": {"enable", "peer_bind", "advertise"}}
+# peer port and the address a site advertises are the pod's) or does without (a
+# site's zone is its node's, which the operator reads itself).
+SET_BY_OPERATOR = {"messages": {"data_dir"},
+                   "cluster": {"enable", "peer_bind", "advertise", "zone"}}
 # Spec keys that are not broker config: the replication factor is the replication
 # controller's (the operator places the replicas), not a site's.
 NOT_IN_CONFIG = {"messages": {"replicationFactor"}}

@@ -7,9 +7,10 @@ tests/kube/test_operator_replication.py."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from stratamq.broker.controller.decisions import CatchUp, ClusterState
-from stratamq.broker.controller.sites import SiteState
+from stratamq.broker.controller.sites import SiteState, parse_report
 from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
@@ -17,12 +18,14 @@ from stratamq.operator.controller import (
     kept_document,
     load_document,
     phase_path,
+    seen_on,
     settings_of,
     step_phases,
     term_of,
     transition_manifest,
     transition_name,
 )
+from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.resources import Owner
 
@@ -180,3 +183,20 @@ def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
     assert running.term is not None and running.term.number == 1
     assert not running.hold_term([ControllerTerm(1, "zzzz-later")])
     assert [reason for reason, _ in running.take_warnings()] == ["ControllerFenced"]
+
+
+def test_a_site_is_in_the_zone_of_its_pods_node() -> None:
+    assert zone_of_node({"metadata": {"labels": {"topology.kubernetes.io/zone": "eu-1a",
+                                                 "kubernetes.io/hostname": "n1"}}}) == "eu-1a"
+    unzoned: list[dict[str, Any] | None] = [
+        None, {"metadata": {}}, {"metadata": {"labels": None}},
+        {"metadata": {"labels": {"topology.kubernetes.io/zone": ""}}}]
+    assert [zone_of_node(node) for node in unzoned] == [None] * 4
+    report = parse_report({"site": A, "peer": "10.0.0.1:18084", "placement_version": None,
+                           "shards": [], "stopping": False, "heartbeat_interval": 1.0,
+                           "controller_term": [0, ""], "zone": "reported"})
+    known = SiteState(id=A, admin_url="", last_seen=0.0)
+    on_zoned_node = PodView("mq-0", "10.0.0.1", True, False, zone="eu-1a")
+    assert seen_on(known, report, on_zoned_node, 5.0).zone == "eu-1a"
+    assert seen_on(known, report, replace(on_zoned_node, zone=None), 5.0).zone == "reported"
+    assert seen_on(known, report, on_zoned_node, 5.0).last_seen == 5.0

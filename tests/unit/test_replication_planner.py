@@ -21,11 +21,13 @@ from stratamq.broker.ds.replication import (
     Site,
     Transition,
     apply_transitions,
+    breaks_zone_rule,
     failover,
     plan,
 )
 from stratamq.broker.ds.replication import placement as placement_module
 from stratamq.broker.ds.replication import planner as planner_module
+from stratamq.broker.ds.replication import zones as zones_module
 from stratamq.broker.errors import (
     LastReplicaError,
     NoMajorityError,
@@ -116,6 +118,74 @@ def test_adding_a_site_moves_its_share_adding_before_removing() -> None:
                  == first.shard("messages", number).replicas]
     for number in unchanged:
         assert grown.target.shard("messages", number) == first.shard("messages", number)
+
+
+def zoned(zones: str, draining: str = "") -> list[Site]:
+    """Sites A, B, ... in the zones named by the letters of `zones` ("." for none)."""
+    return [Site(chr(ord("A") + position), draining=chr(ord("A") + position) in draining,
+                 zone=None if zone == "." else f"zone-{zone}")
+            for position, zone in enumerate(zones)]
+
+
+def zones_of(placement: Placement, database: str, sites: list[Site]) -> list[list[str]]:
+    zone = {site.id: site.zone for site in sites}
+    return [sorted((zone[site] or site) for site in shard.replicas)
+            for shard in placement.shards_of(database)]
+
+
+def test_two_zones_get_one_replica_of_each_shard_each() -> None:
+    # Round-robin over A B C D would put shards 0 and 2 on A and B, both in zone x.
+    four = zoned("xxyy")
+    result = plan(four, ["messages"], n_shards=8, replication_factor=2)
+    assert zones_of(result.target, "messages", four) == [["zone-x", "zone-y"]] * 8
+    assert replicas_per_site(result.target, "messages") == Counter(A=4, B=4, C=4, D=4)
+    assert plan(four, ["messages"], 8, 2, result.target).transitions == ()
+
+
+def test_labelling_zones_moves_replicas_apart_adding_before_removing() -> None:
+    before = plan(sites("ABCD"), ["messages"], n_shards=4, replication_factor=2).target
+    four = zoned("xxyy")
+    assert breaks_zone_rule(four, before, "messages", 2)
+    assert not breaks_zone_rule(sites("ABCD"), before, "messages", 2)
+    assert not breaks_zone_rule(zoned("xxyy")[:3], before, "messages", 2)  # D not given
+    result = plan(four, ["messages"], 4, 2, before)
+    assert not breaks_zone_rule(four, result.target, "messages", 2)
+    assert zones_of(result.target, "messages", four) == [["zone-x", "zone-y"]] * 4
+    assert replicas_per_site(result.target, "messages") == Counter(A=2, B=2, C=2, D=2)
+    # One move per shard, each a follower's: no leader is handed over.
+    assert result.describe() == ["messages/0: +C", "messages/0: -B",
+                                 "messages/1: +B", "messages/1: -D",
+                                 "messages/2: +D", "messages/2: -A",
+                                 "messages/3: +A", "messages/3: -C"]
+
+
+def test_a_zone_of_one_site_holds_every_shard_when_the_rule_demands() -> None:
+    three = zoned("xxy")
+    result = plan(three, ["messages"], n_shards=6, replication_factor=2)
+    assert replicas_per_site(result.target, "messages") == Counter(A=3, B=3, C=6)
+
+
+def test_zones_too_few_for_the_rule_plan_as_without_zones() -> None:
+    # 4 replicas, 2 zones: at most 2 per zone, but zone y has 1 site: cannot be met.
+    infeasible = zoned("xxxy")
+    assert (plan(infeasible, ["messages"], 4, 4) == plan(sites("ABCD"), ["messages"], 4, 4))
+    # A site of unknown zone is a zone of its own: 3 zones, so 1 replica per zone.
+    unknown = zoned("xx.")
+    result = plan(unknown, ["messages"], n_shards=4, replication_factor=3)
+    assert zones_of(result.target, "messages", unknown) == [["C", "zone-x", "zone-x"]] * 4
+    result = plan(zoned("xx.."), ["messages"], n_shards=4, replication_factor=3)
+    assert all(sorted(shard.replicas)[:2] != ["A", "B"] for shard in result.target)
+
+
+def test_draining_a_zone_keeps_the_rule_while_zones_remain() -> None:
+    six = zoned("xxyyzz")
+    first = plan(six, ["messages"], n_shards=6, replication_factor=3).target
+    draining = zoned("xxyyzz", draining="F")
+    result = plan(draining, ["messages"], 6, 3, first)
+    assert all(step.site != "F" for step in result.transitions if step.action == "add")
+    assert zones_of(result.target, "messages", draining) == [
+        ["zone-x", "zone-y", "zone-z"]] * 6
+    assert replicas_per_site(result.target, "messages")["F"] == 0
 
 
 def test_plan_reads_as_plus_minus_site_per_shard() -> None:
@@ -351,8 +421,8 @@ def test_the_planner_and_placement_do_no_io() -> None:
     """The operator and the controller import these: they must stay pure, which their
     imports show (no os, pathlib, socket, asyncio, subprocess, ...)."""
     pure = {"__future__", "collections", "collections.abc", "dataclasses", "json", "re",
-            "typing", "...errors", ".placement"}
-    for module in (planner_module, placement_module):
+            "typing", "...errors", ".placement", ".zones"}
+    for module in (planner_module, placement_module, zones_module):
         assert module.__file__ is not None
         tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
         imported = set()

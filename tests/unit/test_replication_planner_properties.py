@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from stratamq.broker.ds.replication import (
@@ -75,8 +76,10 @@ def spread(counts: Counter[str], sites: list[str]) -> int:
     return max(values) - min(values)
 
 
-def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: int) -> None:
-    """What every plan must satisfy, whatever it started from."""
+def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: int,
+               balanced: bool = True) -> None:
+    """What every plan must satisfy, whatever it started from (and, unless zones keep
+    it from being `balanced`, an even spread of replicas)."""
     active = [site.id for site in sites if not site.draining]
     # The steps, applied in order, reach the target, one version each.
     assert apply_transitions(result.start, result.transitions) == result.target
@@ -101,7 +104,8 @@ def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: in
         shards = result.target.shards_of(database)
         assert all(len(shard.replicas) == factor for shard in shards)
         assert all(set(shard.replicas) <= set(active) for shard in shards)
-        assert spread(per_site(result.target, database), active) <= 1
+        if balanced:
+            assert spread(per_site(result.target, database), active) <= 1
     # A leader changes only when its site leaves the shard, with a new epoch.
     for shard in result.target:
         if shard.database not in databases:
@@ -271,3 +275,142 @@ def test_failover_chooses_the_furthest_of_a_majority(
     assert chosen.replicas == shard.replicas
     assert after.version == current.version + 1
     assert [s for s in after if s.id != shard.id] == [s for s in current if s.id != shard.id]
+
+
+# --- zones -------------------------------------------------------------------------------
+
+ZONE_NAMES = ["zone-a", "zone-b", "zone-c", "zone-d"]
+
+
+def zone_cap(sites: list[Site], factor: int) -> tuple[int, Counter[str]]:
+    """The zone rule's cap for these sites, and each active site's zone as the rule
+    counts it (a site with no zone is a zone of its own)."""
+    zones = Counter(site.zone or f"own:{site.id}" for site in sites if not site.draining)
+    return math.ceil(factor / len(zones)), zones
+
+
+def zone_rule_can_be_met(sites: list[Site], factor: int) -> bool:
+    cap, zones = zone_cap(sites, factor)
+    return sum(min(size, cap) for size in zones.values()) >= factor
+
+
+def meets_zone_rule(placement: Placement, sites: list[Site], databases: list[str],
+                    factor: int) -> bool:
+    cap, _ = zone_cap(sites, factor)
+    zone_of = {site.id: site.zone or f"own:{site.id}" for site in sites}
+    return all(max(Counter(zone_of[site] for site in shard.replicas).values()) <= cap
+               for database in databases for shard in placement.shards_of(database))
+
+
+@st.composite
+def zoned(draw: st.DrawFn, request: tuple[list[Site], list[str], int, int, Placement],
+          unknown: bool = True) -> tuple[list[Site], list[str], int, int, Placement]:
+    """The request with each site in one of a few zones, or (if `unknown`) in none."""
+    sites, databases, n_shards, factor, current = request
+    n_zones = draw(st.integers(1 if unknown else 2, len(ZONE_NAMES)))
+    zones = st.sampled_from([*([None] if unknown else []), *ZONE_NAMES[:n_zones]])
+    return ([Site(site.id, draining=site.draining, zone=draw(zones)) for site in sites],
+            databases, n_shards, factor, current)
+
+
+@PROPERTIES
+@given(random_placements().flatmap(zoned), st.booleans())
+def test_with_zones_every_target_meets_the_zone_rule_when_it_can_be_met(
+        request: tuple[list[Site], list[str], int, int, Placement], first: bool) -> None:
+    """From any placement (or none: a first placement), the plan keeps every rule of
+    a plan but balance, which zones may forbid; its target has at most the cap of a
+    shard's replicas in one zone whenever that can be met, and is a fixed point."""
+    sites, databases, n_shards, factor, current = request
+    result = plan(sites, databases, n_shards, factor, None if first else current)
+    check_plan(result, sites, databases, factor, balanced=False)
+    if zone_rule_can_be_met(sites, factor):
+        assert meets_zone_rule(result.target, sites, databases, factor)
+    again = plan(sites, databases, n_shards, factor, result.target)
+    assert again.transitions == ()
+    assert again.target == result.target
+
+
+@PROPERTIES
+@given(random_placements(), st.data())
+def test_zones_that_ask_nothing_change_no_plan(
+        request: tuple[list[Site], list[str], int, int, Placement], data: st.DataObject) -> None:
+    """Sites with no zone, each in a zone of its own, or in zones no bigger than the
+    cap (so the rule holds of any placement) get the plans they get without zones."""
+    sites, databases, n_shards, factor, current = request
+    without = plan(sites, databases, n_shards, factor, current)
+    cap, _ = zone_cap(sites, factor)  # fewer zones than sites only raise it
+    active = [site.id for site in sites if not site.draining]
+    kind = data.draw(st.sampled_from(["none", "own", "cap"]))
+    zone = {site.id: None if kind == "none" else site.id for site in sites}
+    if kind == "cap":
+        # Active sites dealt over as many zones as they need, `cap` at most in each,
+        # the draining ones anywhere.
+        n_zones = math.ceil(len(active) / cap)
+        zone = {site: f"zone-{position % n_zones}" for position, site in enumerate(active)}
+        zone.update((site.id, data.draw(st.sampled_from(ZONE_NAMES)))
+                    for site in sites if site.draining)
+    with_zones = [Site(site.id, draining=site.draining, zone=zone[site.id]) for site in sites]
+    assert plan(with_zones, databases, n_shards, factor, current) == without
+
+
+@PROPERTIES
+@given(clusters(min_sites=2), st.data())
+def test_zones_of_equal_size_keep_the_placement_balanced(
+        cluster: tuple[list[str], list[str], int, int], data: st.DataObject) -> None:
+    """Sites dealt evenly over zones: first placements and the plans after adding a
+    zone's worth of sites or draining one meet the zone rule and stay balanced."""
+    site_ids, databases, n_shards, factor = cluster
+    n_zones = data.draw(st.integers(2, min(4, len(site_ids))))
+    site_ids = site_ids[:len(site_ids) - len(site_ids) % n_zones]
+    factor = min(factor, len(site_ids))
+    sites = [Site(site, zone=ZONE_NAMES[position % n_zones])
+             for position, site in enumerate(site_ids)]
+    first = plan(sites, databases, n_shards, factor)
+    check_plan(first, sites, databases, factor)
+    assert meets_zone_rule(first.target, sites, databases, factor)
+    change = data.draw(st.sampled_from(["add", "drain"]))
+    if change == "add":
+        extra = [site for site in SITE_NAMES if site not in site_ids][:n_zones]
+        if len(extra) < n_zones:
+            return
+        sites += [Site(site, zone=ZONE_NAMES[position]) for position, site in enumerate(extra)]
+    else:
+        if len(site_ids) - n_zones < max(factor, n_zones):
+            return
+        leaving = set(site_ids[-n_zones:])
+        sites = [replace(site, draining=site.id in leaving) for site in sites]
+    result = plan(sites, databases, n_shards, factor, first.target)
+    check_plan(result, sites, databases, factor)
+    assert meets_zone_rule(result.target, sites, databases, factor)
+
+
+def balance_fits_zones(sites: list[Site], factor: int, n_shards: int) -> bool:
+    """Whether each zone's share of a balanced placement (its sites' part of every
+    replica) lies between the fewest replicas of each shard the zone must hold (what
+    the other zones cannot) and the most it may (the cap, or its number of sites)."""
+    cap, zones = zone_cap(sites, factor)
+    n_active = sum(zones.values())
+    for zone, size in zones.items():
+        most = min(cap, size)
+        fewest = factor - sum(min(cap, other) for name, other in zones.items() if name != zone)
+        share = size * n_shards * factor / n_active
+        if not n_shards * max(0, fewest) <= share <= n_shards * most:
+            return False
+    return True
+
+
+@PROPERTIES
+@given(random_placements().flatmap(lambda request: zoned(request, unknown=False)),
+       st.booleans())
+def test_with_zones_the_target_is_balanced_where_the_zones_leave_room(
+        request: tuple[list[Site], list[str], int, int, Placement], first: bool) -> None:
+    sites, databases, n_shards, factor, current = request
+    room = zone_rule_can_be_met(sites, factor) and balance_fits_zones(sites, factor, n_shards)
+    cap, zones = zone_cap(sites, factor)
+    event(f"room for balance: {room}, zones with more sites than the cap: "
+          f"{max(zones.values()) > cap}")
+    if not room:
+        return
+    result = plan(sites, databases, n_shards, factor, None if first else current)
+    check_plan(result, sites, databases, factor)
+    assert meets_zone_rule(result.target, sites, databases, factor)

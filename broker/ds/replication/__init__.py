@@ -24,7 +24,7 @@ from .placement import (
     apply_transition,
     apply_transitions,
 )
-from .planner import FIRST_EPOCH, Plan, Site, failover, plan
+from .planner import FIRST_EPOCH, Plan, Site, breaks_zone_rule, failover, plan
 from .store import PlacementStore
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "Transition",
     "apply_transition",
     "apply_transitions",
+    "breaks_zone_rule",
     "commit_offset",
     "failover",
     "majority",

@@ -26,6 +26,13 @@ Planning, per database:
   leaders as evenly as those handovers allow. Leaders are not moved just to even
   the spread: a handover interrupts writes to the shard.
 
+- Zones (`zones.ZoneRule`): where sites carry zones and the balanced plan would leave
+  more of a shard's replicas in one zone than the rule allows, the database is
+  planned again by `_ZonedPlanner`, the zone rule first and balance as far as the
+  rule allows. Where the rule holds of any placement (no zones known, or none with
+  more sites than the cap) or of none (too few zones), plans are the ones without
+  zones.
+
 Sites are compared by id wherever a choice is otherwise even, so the same input
 always gives the same plan.
 """
@@ -55,6 +62,7 @@ from .placement import (
     check_database,
     check_site_id,
 )
+from .zones import ZoneKey, ZoneRule
 
 # Epoch of a shard's first leader; log entries carry epochs >= 1, so (0, 0) is the
 # position of a replica with an empty log.
@@ -64,10 +72,14 @@ FIRST_EPOCH = 1
 @dataclass(frozen=True)
 class Site:
     """A site the planner may use. A draining site gets no new replicas and loses the
-    ones it has (it is about to leave the cluster or the database)."""
+    ones it has (it is about to leave the cluster or the database). `zone`: the
+    failure zone the site runs in (its node's `topology.kubernetes.io/zone`), None
+    when not known; the planner keeps a shard's replicas in distinct zones as far as
+    the zones allow (`zones.ZoneRule`)."""
 
     id: str
     draining: bool = False
+    zone: str | None = None
 
     def __post_init__(self) -> None:
         check_site_id(self.id)
@@ -137,7 +149,9 @@ class Plan:
 def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
          replication_factor: int, current: Placement | None = None) -> Plan:
     """A balanced placement of `databases` (each with `n_shards` shards of
-    `replication_factor` replicas) on `sites`, and the steps from `current` to it.
+    `replication_factor` replicas) on `sites`, and the steps from `current` to it;
+    where the sites' zones ask for it, a shard's replicas in distinct zones first and
+    balance as far as that allows (`_ZonedPlanner`).
 
     Databases of `current` not named in `databases` are kept as they are (their
     replicas count when spreading load), so one database can be planned on its own
@@ -179,16 +193,27 @@ def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
     start_shards: list[ShardPlacement] = []
     target_shards: list[ShardPlacement] = []
     transitions: list[Transition] = []
+    rule = ZoneRule.for_sites({site.id: site.zone for site in site_list}, active,
+                              replication_factor)
     for name in names:
         existing = current.shards_of(name)
         if existing:
             planner = _DatabasePlanner(name, existing, active, draining, replication_factor,
                                        other_replicas, other_leaders)
-            transitions.extend(planner.run())
+            steps = planner.run()
             final = planner.result()
+            if rule is not None and not _meets(rule, final):
+                planner = _ZonedPlanner(name, existing, active, draining, replication_factor,
+                                        other_replicas, other_leaders, rule=rule)
+                steps = planner.run()
+                final = planner.result()
+            transitions.extend(steps)
         else:
             final = _initial(name, n_shards, replication_factor, active,
                              other_replicas, other_leaders)
+            if rule is not None and not _meets(rule, final):
+                final = _zoned_initial(final, active, draining, rule,
+                                       other_replicas, other_leaders)
             start_shards.extend(final)
         target_shards.extend(final)
         for shard in final:
@@ -198,6 +223,23 @@ def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
     start = current.replace_shards(start_shards) if start_shards else current
     target = _with_shards(start, target_shards, version=start.version + len(transitions))
     return Plan(start=start, target=target, transitions=tuple(transitions))
+
+
+def breaks_zone_rule(sites: Collection[Site], placement: Placement, database: str,
+                     replication_factor: int) -> bool:
+    """Whether some shard of `database` has more replicas in one zone than the zone
+    rule (`zones.ZoneRule`) allows on `sites`, where the rule can be met: a plan to
+    the same sites then moves them apart. False where the rule asks nothing (no zones
+    known, or too few), and where a replica is on a site not given (nothing to say)."""
+    site_list = _check_sites(sites)
+    active = [site.id for site in site_list if not site.draining]
+    rule = ZoneRule.for_sites({site.id: site.zone for site in site_list}, active,
+                              replication_factor)
+    shards = placement.shards_of(database)
+    if rule is None or not {site for shard in shards for site in shard.replicas} <= set(
+            rule.zone_of):
+        return False
+    return not _meets(rule, shards)
 
 
 def _with_shards(placement: Placement, shards: Sequence[ShardPlacement],
@@ -243,6 +285,10 @@ def failover(placement: Placement, shard: ShardId, alive_sites: Collection[str],
 
 
 # --- checks ------------------------------------------------------------------------------
+
+def _meets(rule: ZoneRule, shards: Sequence[ShardPlacement]) -> bool:
+    return all(rule.met(shard.replicas) for shard in shards)
+
 
 def _check_sites(sites: Collection[Site]) -> list[Site]:
     seen: set[str] = set()
@@ -424,6 +470,26 @@ def _initial(database: str, n_shards: int, replication_factor: int, active: Sequ
     order = sorted(active, key=lambda site: (other_replicas[site], site))
     replicas = [sorted(order[(shard * replication_factor + slot) % len(order)]
                        for slot in range(replication_factor)) for shard in range(n_shards)]
+    return _first_leaders(database, replicas, other_leaders)
+
+
+def _zoned_initial(shards: Sequence[ShardPlacement], active: Sequence[str],
+                   draining: frozenset[str], rule: ZoneRule, other_replicas: Counter[str],
+                   other_leaders: Counter[str]) -> list[ShardPlacement]:
+    """A new database whose round-robin placement (`_initial`) breaks the zone rule:
+    the replica sets that `_ZonedPlanner` reaches from it (its steps are not kept: a
+    new database starts where they end), leaders chosen as for any new database."""
+    planner = _ZonedPlanner(shards[0].database, shards, active, draining,
+                            len(shards[0].replicas), other_replicas, other_leaders, rule=rule)
+    planner.run()
+    return _first_leaders(shards[0].database,
+                          [sorted(replicas) for replicas in planner.replicas], other_leaders)
+
+
+def _first_leaders(database: str, replicas: Sequence[list[str]],
+                   other_leaders: Counter[str]) -> list[ShardPlacement]:
+    """The shards of a new database on these replica sets, leaders spread evenly."""
+    n_shards = len(replicas)
     load: Counter[str] = Counter()
     choice: dict[int, str] = {}
     for shard in range(n_shards):
@@ -709,3 +775,108 @@ class _DatabasePlanner:
             self.leaders[shard] = leader
             step = self.steps[step_of[shard]]
             self.steps[step_of[shard]] = replace(step, leader=leader)
+
+
+@dataclass
+class _ZonedPlanner(_DatabasePlanner):
+    """The moves of one database where the balanced plan (`_DatabasePlanner`) would
+    leave a shard with more replicas in one zone than `rule` allows. The zone rule
+    comes first here and balance second: every replica that is added goes to the
+    emptiest site the rule allows, and a last pass evens the sites out with the moves
+    the rule allows (a replica from a site to one holding at least 2 fewer, directly
+    or along a chain of sites that each give one and take one, so each chain makes
+    the counts more even and the pass ends). Where the zones are uneven a balanced
+    placement may not exist (2 zones, one of them a single site: that site holds a
+    replica of every shard), and the pass stops where no chain is allowed.
+
+    Steps keep the rules of every plan: a shard short of replicas gets them first, a
+    shard with too many gives them up (draining sites first, then crowded zones), and
+    every move adds the new replica before it removes the old one. Whichever site
+    gives up a shard, the rule guarantees some other site may take it: a shard short
+    of its zones' share (`cap` per zone, at most the zone's sites) has a zone with
+    room and a site in it that does not hold the shard."""
+
+    rule: ZoneRule = field(kw_only=True)
+
+    def run(self) -> list[Transition]:
+        factor = self.replication_factor
+        for shard in range(len(self.replicas)):
+            while len(self.replicas[shard]) < factor:
+                self.add(shard, self.zoned_receiver(shard))
+            while len(self.replicas[shard]) > factor:
+                self.remove(shard, self.spare_replica(shard))
+        for shard in range(len(self.replicas)):
+            for giver in sorted(self.replicas[shard] & self.draining):
+                self.move(shard, giver)
+        for shard in range(len(self.replicas)):
+            while crowded := self.rule.crowded(self.replicas[shard]):
+                self.move(shard, self.crowding_replica(shard, crowded[0]))
+        while (moves := self.balancing_moves()) is not None:
+            for shard, giver, receiver in moves:
+                self.add(shard, receiver)
+                self.remove(shard, giver)
+        self.spread_successors()
+        return self.steps
+
+    def spare_replica(self, shard: int) -> str:
+        """The replica a shard with too many gives up: on a draining site, else in a
+        crowded zone, else on the fullest site, a follower's before the leader's."""
+        crowded = self.rule.crowded(self.replicas[shard])
+        return min(self.replicas[shard], key=lambda site: (
+            site not in self.draining, self.rule.zone_of[site] not in crowded,
+            -self.count[site], site == self.leaders[shard], site))
+
+    def crowding_replica(self, shard: int, zone: ZoneKey) -> str:
+        """The replica of `shard` in a crowded `zone` to move out: a follower's before
+        the leader's (a handover interrupts writes), from the fullest site."""
+        return min((site for site in self.replicas[shard] if self.rule.zone_of[site] == zone),
+                   key=lambda site: (site == self.leaders[shard], -self.count[site], site))
+
+    def zoned_receiver(self, shard: int, giver: str | None = None) -> str:
+        """The emptiest site that may take a replica of `shard` (from `giver`)."""
+        return min((site for site in self.active if site not in self.replicas[shard]
+                    and self.rule.allows(self.replicas[shard], site, giver)),
+                   key=lambda site: (self.count[site], self.other_replicas[site], site))
+
+    def move(self, shard: int, giver: str) -> None:
+        self.add(shard, self.zoned_receiver(shard, giver))
+        self.remove(shard, giver)
+
+    def balancing_moves(self) -> list[tuple[int, str, str]] | None:
+        """(shard, from, to) moves that take one replica off the fullest site it can
+        come off and, through sites that each give one and take one, onto the
+        emptiest site it can reach, the two at least 2 replicas apart; or None. A
+        chain because the rule may forbid the direct move (every shard of the full
+        site has a replica in the empty site's zone) where a detour is allowed.
+        Breadth-first (the chain to each site as short as any), followers' moves
+        before leaders'."""
+        emptiest = min(self.count[site] for site in self.active)
+        for giver in sorted(self.active, key=lambda site: (-self.count[site], site)):
+            if self.count[giver] - emptiest < 2:
+                break
+            came_from: dict[str, tuple[int, str] | None] = {giver: None}
+            queue = deque([giver])
+            while queue:
+                site = queue.popleft()
+                for shard in sorted(self.shards_of.get(site, ()),
+                                    key=lambda shard: (self.leaders[shard] == site, shard)):
+                    for other in self.active:
+                        if (other not in came_from and other not in self.replicas[shard]
+                                and self.rule.allows(self.replicas[shard], other, site)):
+                            came_from[other] = (shard, site)
+                            queue.append(other)
+            receiver = min(came_from, key=lambda site: (
+                self.count[site], self.other_replicas[site], site))
+            if self.count[giver] - self.count[receiver] < 2:
+                continue
+            moves: list[tuple[int, str, str]] = []
+            site = receiver
+            while (step := came_from[site]) is not None:
+                shard, previous = step
+                moves.append((shard, previous, site))
+                site = previous
+            # Each move was found allowed on the replica sets as they are; the chain
+            # holds as a whole only if no two of its moves change one shard.
+            if len({shard for shard, _, _ in moves}) == len(moves):
+                return moves
+        return None

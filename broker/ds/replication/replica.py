@@ -83,6 +83,9 @@ class ReplicaSettings:
     # bytes per second a checkpoint is sent at to a bootstrapping replica; None: as
     # fast as it goes
     checkpoint_rate: int | None = None
+    # the site's failure zone (`cluster.zone`), reported to the controller; None: not
+    # known
+    zone: str | None = None
 
 
 class ShardReplica:

@@ -183,6 +183,7 @@ class SiteReplication:
                                  clocks=clocks)
         self._checkpoint_rate = settings.checkpoint_rate
         self._heartbeat_interval = settings.heartbeat_interval
+        self._zone = settings.zone
         self.databases: dict[str, DatabaseReplication] = {}
         for database in databases:
             replicas = [ShardReplica(database, shard, shard_log,
@@ -338,6 +339,9 @@ class SiteReplication:
                 # how often an idle leader hears its followers: the controller allows
                 # a shard's `quorum_age` a few of these before it fails the shard over
                 "heartbeat_interval": self._heartbeat_interval,
+                # the site's failure zone (`cluster.zone`, null: not known): the
+                # controller keeps a shard's replicas in distinct zones
+                "zone": self._zone,
                 # per peer address: how far its wall clock runs ahead of this site's
                 # (seconds, negative when behind), right within `uncertainty`
                 "clock_offsets": self.client.clocks.status()}

@@ -1,0 +1,56 @@
+"""The operator reads each site's zone from its pod's node (issue 23): against a real
+API server, pods of a storage on a labelled node, an unlabelled one, and none yet;
+`kube.site_pods` gives each the zone of its node, which the replication controller
+plans by (`controller.seen_on`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from stratamq.operator import kube
+from stratamq.operator.resources import Owner, site_selector_labels
+from tests.support.kube import ControlPlane
+
+NAME = "zoned"
+
+
+@pytest.fixture
+def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
+    """The operator's API calls (stratamq.operator.kube) made from this process."""
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(crds.kubeconfig))
+    kube.api_client.cache_clear()
+    kube.dynamic.cache_clear()
+    yield crds
+    kube.api_client.cache_clear()
+    kube.dynamic.cache_clear()
+
+
+def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str) -> None:
+    nodes = {"zones-test-a": {"topology.kubernetes.io/zone": "zone-a"},
+             "zones-test-plain": {}}
+    for node, node_labels in nodes.items():
+        api.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": node_labels}}))
+    try:
+        pods: dict[str, str | None] = {f"{NAME}-0": "zones-test-a",
+                                       f"{NAME}-1": "zones-test-plain", f"{NAME}-2": None}
+        for pod, on in pods.items():
+            api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "labels": site_selector_labels(NAME)},
+                "spec": {**({"nodeName": on} if on else {}),
+                         "containers": [{"name": "site", "image": "stratamq:test"}]}}))
+        found = kube.site_pods(Owner(name=NAME, namespace=namespace, uid="u"))
+        assert {pod.name: pod.zone for pod in found} == {
+            f"{NAME}-0": "zone-a", f"{NAME}-1": None, f"{NAME}-2": None}
+        # A label that comes later is seen: a node without one is asked again.
+        api.kubectl("label", "node", "zones-test-plain", "topology.kubernetes.io/zone=zone-b")
+        assert kube.node_zone("zones-test-plain") == "zone-b"
+        assert kube.node_zone("no-such-node") is None
+    finally:
+        api.kubectl("delete", "node", *nodes, "--wait=false")
