@@ -64,8 +64,11 @@ N_SHARDS = 2
 TIMEOUT = 240.0  # generous: five brokers, an operator and a control plane on 2 cores
 # A short log tail kept: a replica added to a shard whose log is longer bootstraps from
 # a checkpoint of its leader (ReplicaTransition phase Bootstrapping).
+# Every plan's ReplicaTransitions kept (transitionHistoryLimit): a test reads all the
+# steps of the plans made since it began (a failover makes a plan again).
 SPEC: dict[str, Any] = {"sites": 3, "messages": {"nShards": N_SHARDS, "replicationFactor": 3},
-                        "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"}}
+                        "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"},
+                        "transitionHistoryLimit": 100}
 CLIENT_POD = f"{NAME}-0"  # stays for the whole module
 # Seconds between two messages of a publisher: the module runs for minutes, and a
 # publisher stops at MAX_PER_PUBLISHER messages.
