@@ -55,7 +55,10 @@ def summary(run: PlanRun, phases: Sequence[str], now: float, ended: float | None
     done = sum(1 for phase in phases if phase == TransitionPhase.DONE)
     found: dict[str, Any] = {"plan": run.key, "trigger": run.trigger, "message": run.message,
                              "steps": run.steps, "stepsDone": done,
-                             "startedAt": timestamp(run.started)}
+                             "startedAt": timestamp(run.started),
+                             # None, not left out: the status is a merge patch, where
+                             # None deletes what an earlier summary wrote.
+                             "eta": None, "completedAt": None}
     if ended is None:
         found["result"] = PlanResult.RUNNING
         if done:

@@ -208,4 +208,13 @@ def test_a_plan_is_summarised_and_a_failover_is_an_event(
                          found["result"] == "Done" and found)
     assert ended["stepsDone"] == ended["steps"] == len(made)
     assert ended["completedAt"] >= ended["startedAt"]
+    # The status refresh writes it with a merge patch (Kopf's): over a running
+    # summary's ETA, the ended one leaves none.
+    for written in ({**summary, "eta": ended["completedAt"]}, ended):
+        assert kube.patch_status("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME,
+                                 {"rebalance": written})
+    stored = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert stored is not None
+    assert stored["status"]["rebalance"] == {key: value for key, value in ended.items()
+                                             if value is not None}
     assert set(transitions(api, namespace)) == made  # kept: the newest plan

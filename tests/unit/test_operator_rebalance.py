@@ -31,7 +31,8 @@ def test_a_running_plan_shows_its_steps_and_an_eta_at_its_pace() -> None:
     # No step done yet: no pace, no ETA.
     assert summary(RUN, ["CatchingUp", "Pending", "Pending", "Pending"], T0 + 30) == {
         "plan": "7-abcdef", "trigger": "Scale", "message": "sites 3 -> 5", "steps": 4,
-        "stepsDone": 0, "startedAt": "2026-11-27T10:00:00Z", "result": "Running"}
+        "stepsDone": 0, "startedAt": "2026-11-27T10:00:00Z", "result": "Running",
+        "eta": None, "completedAt": None}
     # 2 of 4 done in 60 s: 30 s a step, 2 to go.
     found = summary(RUN, ["Done", "Done", "Joined", "Pending"], T0 + 60)
     assert (found["stepsDone"], found["eta"]) == (2, "2026-11-27T10:02:00Z")
@@ -43,7 +44,7 @@ def test_an_ended_plan_says_how_it_ended() -> None:
     done = summary(RUN, ["Done"] * 4, T0 + 100, ended=T0 + 90)
     assert (done["result"], done["completedAt"], done["stepsDone"]) == (
         "Done", "2026-11-27T10:01:30Z", 4)
-    assert "eta" not in done
+    assert done["eta"] is None  # None: a merge patch deletes the running plan's ETA
     replaced = summary(RUN, ["Done", "Failed", "Failed", "Failed"], T0 + 100, ended=T0 + 50)
     assert (replaced["result"], replaced["stepsDone"]) == ("Replaced", 1)
 
