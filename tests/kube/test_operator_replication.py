@@ -294,6 +294,18 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
     table = cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
     print(table)
     assert "Done" in table and "PHASE" in table
+    # Followable (issue 23): each step names the pod of its site, `kubectl get` lists
+    # a plan's steps in step order, and status.rebalance sums the last plan up.
+    assert all(item["spec"]["pod"] == {site: pod for pod, site in pods.items()}[
+        item["spec"]["site"]] for item in items)
+    for key in {item["metadata"]["labels"]["stratamq.io/plan"] for item in items}:
+        listed = [row.split()[0] for row in table.splitlines()[1:] if f"-{key}-" in row]
+        assert listed == [item["metadata"]["name"] for item in sorted(
+            (item for item in items if item["metadata"]["labels"]["stratamq.io/plan"] == key),
+            key=lambda item: item["spec"]["step"])]
+    summary = storage(cluster)["status"]["rebalance"]
+    assert summary["result"] == "Done" and summary["stepsDone"] == summary["steps"], summary
+    assert summary["trigger"] in ("Scale", "Failover"), summary
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
 
 
@@ -376,6 +388,15 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     leader, new_epoch = wait_for("a new leader", failed_over,
                                  explain=explain(cluster, operators, node))
     assert leader in pods.values() and new_epoch > epoch
+    # An Event on the storage says so (issue 23).
+    events = json.loads(cluster.kubectl(
+        "get", "-n", NAMESPACE, "events", "-o", "json",
+        f"--field-selector=involvedObject.name={NAME},reason=Failover").stdout)["items"]
+    database, number = victim_shard
+    said = (f"{database}/{number}: its leader is gone or hears no majority of its "
+            f"replicas; leader {victim} (pod {pod_of[victim]}) -> {leader} "
+            f"(pod {pod_of[leader]}) at epoch {new_epoch}")
+    assert said in [event["message"] for event in events], events
     assert more_acknowledged(load.history, 30, 60), load.history.summary()
     # Deleted (killed after a second's grace), it comes back (the StatefulSet) as the
     # same site, with its volume, and rejoins as a follower of the new epoch.
