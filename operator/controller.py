@@ -494,6 +494,9 @@ class StorageController:
             # a restarted operator does not know. Not kept: the storage is gone, or
             # another operator wrote its state since (loaded instead of this round's).
             return
+        # Kept: the failovers are this operator's; said before the status can show them.
+        for move in decision.leader_moves:
+            self._post(leader_move_event(self.owner, move, site_pods, utc_now()))
         with self._publish_lock:  # what view() reads, all of one round
             self.sites, self.pods, self.urls = sites, site_pods, urls
             self.forgotten = forgotten
@@ -505,8 +508,6 @@ class StorageController:
         if decision.state.placement != before:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
-        for move in decision.leader_moves:
-            self._post(leader_move_event(self.owner, move, site_pods, utc_now()))
         self._transitions()
 
     def _post(self, event: dict[str, Any]) -> None:

@@ -389,14 +389,17 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
                                  explain=explain(cluster, operators, node))
     assert leader in pods.values() and new_epoch > epoch
     # An Event on the storage says so (issue 23).
-    events = json.loads(cluster.kubectl(
-        "get", "-n", NAMESPACE, "events", "-o", "json",
-        f"--field-selector=involvedObject.name={NAME},reason=Failover").stdout)["items"]
     database, number = victim_shard
     said = (f"{database}/{number}: its leader is gone or hears no majority of its "
             f"replicas; leader {victim} (pod {pod_of[victim]}) -> {leader} "
             f"(pod {pod_of[leader]}) at epoch {new_epoch}")
-    assert said in [event["message"] for event in events], events
+
+    def failover_events() -> list[str]:
+        return [event["message"] for event in json.loads(cluster.kubectl(
+            "get", "-n", NAMESPACE, "events", "-o", "json",
+            f"--field-selector=involvedObject.name={NAME},reason=Failover").stdout)["items"]]
+    wait_for("the failover's event", lambda: said in failover_events(), timeout=30,
+             explain=lambda: str(failover_events()))
     assert more_acknowledged(load.history, 30, 60), load.history.summary()
     # Deleted (killed after a second's grace), it comes back (the StatefulSet) as the
     # same site, with its volume, and rejoins as a follower of the new epoch.
