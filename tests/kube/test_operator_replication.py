@@ -14,16 +14,18 @@ excused.
 1. ready: every shard of every replicated database (messages, sessions, retained) has
    a leader and 3 replicas, in status;
 2. a pod leading shards is deleted: its leaderships are handed over while it stops
-   (no failover), and it comes back as the same site;
+   (no failover; a LeaderHandover event each), and it comes back as the same site;
 3. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas,
    `kubectl get replicatransitions -w` shows each step's phases in order (Pending,
    Bootstrapping where the site bootstrapped from a checkpoint, CatchingUp, Joined,
-   Done; Removing for a -site);
+   Done; Removing for a -site), each step naming its pod, listed in step order, and
+   status.rebalance sums the plan up;
 4. scale 5 -> 3 with the operator killed mid-plan: the next one resumes the plan (the
    plan in status.controller), and the StatefulSet shrinks only once the departing
    sites hold nothing;
 5. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
-   epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins;
+   epoch (a Failover event); the pod is deleted, comes back (the StatefulSet) as the
+   same site, rejoins;
 6. replicationFactor 3 -> 2 is planned (one -site per shard) while a site is frozen
    (SIGSTOP): no shard drops a replica other than it while it is frozen (its Remove
    waits Pending) until it is thawed; then the plan finishes and the replicas left hold
@@ -230,6 +232,15 @@ def test_a_deleted_pod_hands_its_leaderships_over(
     for database, shard in its_shards:
         assert f"{database}/{shard}: leader {victim} is stopping; " in logs, logs[-6000:]
         assert f"{database}/{shard}: leader {victim} is gone" not in logs, logs[-6000:]
+    # Each an Event on the storage (issue 23), Normal: nothing failed.
+    handovers = [event["message"] for event in json.loads(cluster.kubectl(
+        "get", "-n", NAMESPACE, "events", "-o", "json",
+        f"--field-selector=involvedObject.name={NAME},reason=LeaderHandover").stdout)["items"]
+        if event["type"] == "Normal"]
+    for database, shard in its_shards:
+        assert any(message.startswith(f"{database}/{shard}: its leader is stopping; leader "
+                                      f"{victim} (pod {pod_of[victim]}) -> ")
+                   for message in handovers), handovers
 
     found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"])[pod_of[victim]] == victim
