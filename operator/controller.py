@@ -49,11 +49,12 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from stratamq.broker.controller import decisions, disruption, terms
-from stratamq.broker.controller.decisions import ClusterState, Settings, is_gone
+from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
 from stratamq.broker.controller.metrics import ControllerCollector, Snapshot
 from stratamq.broker.controller.sites import (
     BadReportError,
@@ -68,7 +69,17 @@ from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
-from .phases import ADD_PHASES, FINAL_PHASES, REMOVE_PHASES, TransitionPhase
+from .phases import ADD_PHASES, FINAL_PHASES, REMOVE_PHASES, PlanTrigger, TransitionPhase
+from .rebalance import (
+    DEFAULT_HISTORY_LIMIT,
+    MESSAGE_ANNOTATION,
+    TRIGGER_ANNOTATION,
+    PlanRun,
+    history_limit,
+    run_of,
+    stale_transitions,
+    summary,
+)
 from .resources import API_VERSION, GROUP, KIND, Owner, labels
 from .status import ReplicationView
 
@@ -84,6 +95,12 @@ TRANSITION_API = f"{GROUP}/v1alpha1"
 TRANSITION_KIND = "ReplicaTransition"
 STORAGE_LABEL = f"{GROUP}/durable-storage"
 PLAN_LABEL = f"{GROUP}/plan"
+# A ReplicaTransition's name is a DNS subdomain (at most 253 characters); its step
+# number has at least this many digits, more in a plan with more steps, so that
+# `kubectl get` (which sorts by name) lists a plan's steps in order.
+NAME_LIMIT = 253
+STEP_DIGITS = 3
+EVENT_COMPONENT = "stratamq-operator"
 
 
 def ordinal(pod: str) -> int:
@@ -254,20 +271,55 @@ def plan_key(plan: Plan) -> str:
 
 
 def transition_name(storage: str, plan: Plan, step: int) -> str:
-    return f"{storage}-{plan_key(plan)}-{step}"
+    """`<storage>-<plan key>-<step>`, the step zero-padded to the plan's width; a
+    storage name too long for the limit is cut (the labels still name it whole)."""
+    width = max(STEP_DIGITS, len(str(len(plan.transitions) - 1)))
+    suffix = f"-{plan_key(plan)}-{step:0{width}d}"
+    return storage[:NAME_LIMIT - len(suffix)].rstrip("-.") + suffix
 
 
-def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transition
-                        ) -> dict[str, Any]:
+def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transition,
+                        pod: str = "", run: PlanRun | None = None) -> dict[str, Any]:
+    """The step's ReplicaTransition; `pod`: the pod that holds its site (when known),
+    `run`: why its plan was made (in annotations, for a restarted operator)."""
     meta_labels = {**labels(owner.name), STORAGE_LABEL: owner.name, PLAN_LABEL: plan_key(plan)}
-    return {"apiVersion": TRANSITION_API, "kind": TRANSITION_KIND,
-            "metadata": {"name": transition_name(owner.name, plan, step),
-                         "namespace": owner.namespace, "labels": meta_labels,
-                         "ownerReferences": [owner.reference()]},
-            "spec": {"durableStorage": owner.name, "database": transition.database,
-                     "shard": transition.shard,
-                     "action": "Add" if transition.action == "add" else "Remove",
-                     "site": transition.site, "step": step}}
+    metadata: dict[str, Any] = {"name": transition_name(owner.name, plan, step),
+                                "namespace": owner.namespace, "labels": meta_labels,
+                                "ownerReferences": [owner.reference()]}
+    if run is not None:
+        metadata["annotations"] = {TRIGGER_ANNOTATION: run.trigger,
+                                   MESSAGE_ANNOTATION: run.message}
+    spec: dict[str, Any] = {"durableStorage": owner.name, "database": transition.database,
+                            "shard": transition.shard,
+                            "action": "Add" if transition.action == "add" else "Remove",
+                            "site": transition.site, "step": step}
+    if pod:
+        spec["pod"] = pod
+    return {"apiVersion": TRANSITION_API, "kind": TRANSITION_KIND, "metadata": metadata,
+            "spec": spec}
+
+
+def leader_move_event(owner: Owner, move: LeaderMove, pods: Mapping[str, str], now: str
+                      ) -> dict[str, Any]:
+    """The Event on the storage for a failover (Warning) or a handover (Normal) the
+    controller performed: the shard, the old and new leader with their pods, the new
+    epoch."""
+    def named(site: str) -> str:
+        return f"{site} (pod {pods[site]})" if pods.get(site) else site
+    database, shard = move.shard
+    why = ("its leader is stopping" if move.handover
+           else "its leader is gone or hears no majority of its replicas")
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
+                               "namespace": owner.namespace, "uid": owner.uid},
+            "type": "Normal" if move.handover else "Warning",
+            "reason": "LeaderHandover" if move.handover else "Failover",
+            "message": (f"{database}/{shard}: {why}; leader {named(move.old_leader)} -> "
+                        f"{named(move.new_leader)} at epoch {move.epoch}"),
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT, "reportingInstance": EVENT_COMPONENT,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
 
 
 def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None],
@@ -320,6 +372,30 @@ def phase_path(action: str, current: str, target: TransitionPhase,
         return [target]
     return [phase for phase in order[start + 1:end]
             if phase != TransitionPhase.BOOTSTRAPPING or bootstrapped] + [target]
+
+
+def plan_trigger(old_goals: list[tuple[str, ...]], goal: tuple[str, ...],
+                 replica_counts: list[int], factor: int) -> tuple[str, str]:
+    """Why `_follow_goal` plans: the databases' goals (`old_goals` of those that
+    move) are not `goal` any more (more or fewer sites: a scale; as many: a site
+    replaced), and/or shards have `replica_counts` other than the replication
+    `factor`. (trigger, message)."""
+    reasons: list[tuple[str, str]] = []
+    if old_goals:
+        old = old_goals[0]
+        if len(old) != len(goal):
+            reasons.append((PlanTrigger.SCALE, f"sites {len(old)} -> {len(goal)}"))
+        else:
+            reasons.append((PlanTrigger.SITE_REPLACED, f"site(s) "
+                            f"{', '.join(sorted(set(old) - set(goal)))} replaced by "
+                            f"{', '.join(sorted(set(goal) - set(old)))}"))
+    if replica_counts:
+        counts = "/".join(str(count) for count in sorted(set(replica_counts)))
+        reasons.append((PlanTrigger.REPLICATION_FACTOR,
+                        f"replication factor {counts} -> {factor}"))
+    if not reasons:
+        return PlanTrigger.UNKNOWN, ""
+    return reasons[0][0], "; ".join(message for _, message in reasons)
 
 
 # --- one storage's controller ----------------------------------------------------------
@@ -381,6 +457,16 @@ class StorageController:
         self._refused = False  # a site refused the last push: adopt what the sites keep
         # (reason, message) of the Warning events the handler is to post
         self._warnings: list[tuple[str, str]] = []
+        # The plans whose ReplicaTransitions are kept (spec.transitionHistoryLimit).
+        self.history_limit = DEFAULT_HISTORY_LIMIT
+        # Why this round's _follow_goal made a plan: (trigger, message).
+        self._round_trigger: tuple[str, str] | None = None
+        # The plan running, or the last one, as status.rebalance summarises it: its
+        # run, its steps' names, when it ended; published whole (`rebalance`).
+        self._run: PlanRun | None = None
+        self._run_names: tuple[str, ...] = ()
+        self._run_ended: float | None = None
+        self.rebalance: tuple[PlanRun, tuple[str, ...], float | None] | None = None
         if self.state.plan is not None:
             log.info("%s/%s: resuming a plan at placement version %d", owner.namespace,
                      owner.name, self.state.placement.version)
@@ -396,6 +482,8 @@ class StorageController:
     def _round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
                token: str) -> None:
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
+        self.history_limit = history_limit(spec)
+        self._round_trigger = None
         port = admin_port(dict(spec))
         # Terminating pods too: a site that got its SIGTERM reports `stopping` and
         # serves on until its leaderships are handed over (cluster.handover_timeout).
@@ -441,6 +529,9 @@ class StorageController:
             # a restarted operator does not know. Not kept: the storage is gone, or
             # another operator wrote its state since (loaded instead of this round's).
             return
+        # Kept: the failovers are this operator's; said before the status can show them.
+        for move in decision.leader_moves:
+            self._post(leader_move_event(self.owner, move, site_pods, utc_now()))
         with self._publish_lock:  # what view() reads, all of one round
             self.earlier_sites = self.sites
             self.sites, self.pods, self.urls = sites, site_pods, urls
@@ -454,6 +545,14 @@ class StorageController:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
         self._transitions()
+
+    def _post(self, event: dict[str, Any]) -> None:
+        """Post an Event; one the API server refuses is logged, not the round's end."""
+        try:
+            kube.create(event)
+        except ApiException as error:
+            log.warning("%s/%s: event %s not posted: %s", self.owner.namespace,
+                        self.owner.name, event["reason"], error)
 
     # -- the controller term ---------------------------------------------------------------
 
@@ -627,6 +726,10 @@ class StorageController:
                 self._no_plan = why
             return state
         self._no_plan = ""
+        self._round_trigger = plan_trigger(
+            [decisions.goal_of(state, database) for database in moved], goal,
+            [len(shard.replicas) for database in refactored
+             for shard in heading.shards_of(database)], factor)
         log.info("%s/%s: %s to live on %s at replication factor %d; plan: %s",
                  self.owner.namespace, self.owner.name, ", ".join(placed), ", ".join(goal),
                  factor, "; ".join(new.describe()) or "nothing to do")
@@ -662,6 +765,8 @@ class StorageController:
         """Make the pending plan's ReplicaTransitions and move their phases along; the
         steps of a plan replaced before it ended are Failed, saying why."""
         state = self.state
+        changed = self._plan != state.plan
+        replaced = self._plan is not None and changed
         if self._plan is not None and self._plan != state.plan:
             finished = self._plan.target == state.placement or (
                 state.plan is None and self._phases_all_taken(self._plan, state))
@@ -677,23 +782,82 @@ class StorageController:
                                         "the plan was made again (a failover, or the "
                                         "sites asked for changed)")
             self._plan = None
+            self._run_ended = time.time()
         if state.plan is None:
+            if changed:
+                self._publish_run()
+                self.prune_history()
             return
         if self._plan != state.plan:
             self._plan = state.plan
+            trigger, message = self._round_trigger or (
+                (PlanTrigger.FAILOVER, "the plan running was made again around a failover")
+                if replaced else (PlanTrigger.UNKNOWN, ""))
+            self._run = PlanRun(key=plan_key(state.plan), trigger=trigger, message=message,
+                                steps=len(state.plan.transitions), started=time.time())
+            self._run_ended = None
+            self._run_names = tuple(transition_name(self.owner.name, state.plan, number)
+                                    for number in range(len(state.plan.transitions)))
             for number, step in enumerate(state.plan.transitions):
-                manifest = transition_manifest(self.owner, state.plan, number, step)
+                manifest = transition_manifest(self.owner, state.plan, number, step,
+                                               self.pods.get(step.site, ""), self._run)
                 if kube.create(manifest):
                     log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
                              self.owner.name, manifest["metadata"]["name"], step)
                 if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
                     self._write_phase(manifest["metadata"]["name"], TransitionPhase.PENDING)
+            self.prune_history()
         versions = {site.id: site.placement_version for site in self.sites.values()
                     if site.answered and not is_gone(site, time.monotonic(), self.settings)}
         bootstrapping = self._watch_bootstraps(state.plan, state)
         for number, phase in enumerate(step_phases(state.plan, state, versions, bootstrapping)):
             self._set_phase(transition_name(self.owner.name, state.plan, number),
                             state.plan.transitions[number].action, phase)
+        self._publish_run()
+
+    def _publish_run(self) -> None:
+        """What status.rebalance summarises, for view() (read in other threads)."""
+        if self._run is not None:
+            phases = tuple(self._phases.get(name, TransitionPhase.PENDING)
+                           for name in self._run_names)
+            self.rebalance = (self._run, phases, self._run_ended)
+
+    def prune_history(self, listed: list[dict[str, Any]] | None = None) -> None:
+        """Delete the ReplicaTransitions of the plans older than the newest
+        `history_limit` (the plan running always among those kept); `listed`: them
+        as just listed, else listed here."""
+        if listed is None:
+            listed = kube.list_labeled(TRANSITION_API, TRANSITION_KIND, self.owner.namespace,
+                                       f"{STORAGE_LABEL}={self.owner.name}")
+        running = None if self._plan is None else plan_key(self._plan)
+        stale = stale_transitions(listed, PLAN_LABEL, self.owner.uid, self.history_limit,
+                                  running)
+        for name in stale:
+            kube.delete(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name)
+            self._phases.pop(name, None)
+        if stale:
+            log.info("%s/%s: %d ReplicaTransitions of plans older than the last %d deleted",
+                     self.owner.namespace, self.owner.name, len(stale), self.history_limit)
+
+    def resume_run(self, listed: list[dict[str, Any]]) -> None:
+        """At start: the run of the plan resumed, from its ReplicaTransitions; those
+        missing are made (an operator before zero-padded names made them under
+        others)."""
+        plan = self._plan
+        if plan is None:
+            return
+        self._run = run_of(listed, PLAN_LABEL, plan_key(plan), len(plan.transitions)) or (
+            PlanRun(key=plan_key(plan), trigger=PlanTrigger.UNKNOWN, message="",
+                    steps=len(plan.transitions), started=time.time()))
+        self._run_names = tuple(transition_name(self.owner.name, plan, number)
+                                for number in range(len(plan.transitions)))
+        there = {item["metadata"]["name"] for item in listed}
+        for number, step in enumerate(plan.transitions):
+            if self._run_names[number] not in there:
+                kube.create(transition_manifest(self.owner, plan, number, step,
+                                                self.pods.get(step.site, ""), self._run))
+                self._write_phase(self._run_names[number], TransitionPhase.PENDING)
+        self._publish_run()
 
     def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> bool:
         """Note which taken `+site` steps bootstrapped their site from a checkpoint (it
@@ -793,6 +957,7 @@ class StorageController:
             state, sites, unsettled = self.state, self.sites, self.goal_unsettled
             generation, no_plan = self.round_generation, self.no_plan
             waiting = "; ".join(self.notes) if state.placement.version == 0 else ""
+            rebalance = self.rebalance
         now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
@@ -822,7 +987,9 @@ class StorageController:
             placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
             under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
             rebalancing=state.plan is not None or unsettled, generation=generation,
-            no_plan=no_plan, waiting=waiting)
+            no_plan=no_plan, waiting=waiting,
+            rebalance=None if rebalance is None else summary(*rebalance[:2], time.time(),
+                                                             rebalance[2]))
 
     def tolerated_disruptions(self) -> int | None:
         """How many sites may go down at once now (broker/controller/disruption.py);
@@ -864,9 +1031,12 @@ class Controllers:
             document = (current.get("status") or {}).get("controller") or {}
             made = StorageController(owner, settings_of(spec, heartbeat), document,
                                      current["metadata"]["resourceVersion"])
-            made.known_phases(kube.list_labeled(TRANSITION_API, TRANSITION_KIND,
-                                                owner.namespace,
-                                                f"{STORAGE_LABEL}={owner.name}"))
+            made.history_limit = history_limit(spec)
+            listed = kube.list_labeled(TRANSITION_API, TRANSITION_KIND, owner.namespace,
+                                       f"{STORAGE_LABEL}={owner.name}")
+            made.known_phases(listed)
+            made.resume_run(listed)
+            made.prune_history(listed)
             self._by_uid[owner.uid] = made
             return made
 

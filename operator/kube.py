@@ -137,6 +137,16 @@ def delete_owned(api_version: str, kind: str, owner: Owner, name: str) -> bool:
     return True
 
 
+def delete(api_version: str, kind: str, namespace: str, name: str) -> bool:
+    """Delete the object; False when it was gone already."""
+    resource = resource_of(api_version, kind)
+    try:
+        dynamic().delete(resource, name=name, namespace=namespace)
+    except NotFoundError:
+        return False
+    return True
+
+
 def remove_finalizer(api_version: str, kind: str, namespace: str, name: str,
                      finalizer: str) -> bool:
     """Take `finalizer` off the object and leave the others; True when it was there.

@@ -66,3 +66,22 @@ ADD_PHASES = (TransitionPhase.PENDING, TransitionPhase.BOOTSTRAPPING,
 REMOVE_PHASES = (TransitionPhase.PENDING, TransitionPhase.REMOVING, TransitionPhase.DONE)
 # A step in one of these phases moves no more.
 FINAL_PHASES = (TransitionPhase.DONE, TransitionPhase.FAILED)
+
+
+class PlanTrigger(StrEnum):
+    """Why the controller made a plan (`status.rebalance.trigger`, and an annotation
+    on each of its ReplicaTransitions, so that a restarted operator still knows)."""
+
+    SCALE = "Scale"  # spec.sites changed: the goal has more or fewer sites
+    SITE_REPLACED = "SiteReplaced"  # as many sites, another one among them (a new volume)
+    REPLICATION_FACTOR = "ReplicationFactor"  # spec.messages.replicationFactor changed
+    FAILOVER = "Failover"  # the plan running was made again around a failover
+    UNKNOWN = "Unknown"  # resumed, made by an operator that did not say why
+
+
+class PlanResult(StrEnum):
+    """`status.rebalance.result`: where the plan summarised stands."""
+
+    RUNNING = "Running"
+    DONE = "Done"
+    REPLACED = "Replaced"  # made again before it ended (its steps left are Failed)

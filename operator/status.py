@@ -42,6 +42,8 @@ class ReplicationView:
     no_plan: str = ""
     # Before the first placement: what the controller waits for ("": nothing said).
     waiting: str = ""
+    # The plan running, or the last one, summarised (rebalance.py); None: none known.
+    rebalance: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +241,8 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
     }
     if replication is not None:
         status["databases"] = replication.databases
+        if replication.rebalance is not None:
+            status["rebalance"] = replication.rebalance
     return status
 
 

@@ -95,9 +95,24 @@ class ClusterState:
 
 
 @dataclass(frozen=True)
+class LeaderMove:
+    """A shard's leadership moved by a failover (its leader gone, or cut off from a
+    majority of its replicas) or a handover (its leader stopping: `handover`)."""
+
+    shard: ShardId
+    old_leader: str
+    new_leader: str
+    epoch: int
+    handover: bool
+
+
+@dataclass(frozen=True)
 class Decision:
     state: ClusterState
     notes: tuple[str, ...] = ()
+    # The failovers and handovers this round decided (the operator posts an Event
+    # for each).
+    leader_moves: tuple[LeaderMove, ...] = ()
 
 
 # --- sites ------------------------------------------------------------------------------
@@ -133,7 +148,8 @@ def decide(state: ClusterState, sites: Mapping[str, SiteState], now: float, star
     if placement != state.placement:
         # No plan step in the same round: sites take their new leaders first.
         new_plan = _replan(state, placement, sites, settings, notes)
-        return Decision(replace(state, placement=placement, plan=new_plan), tuple(notes))
+        return Decision(replace(state, placement=placement, plan=new_plan), tuple(notes),
+                        moved_leaders(state.placement, placement, sites, now, settings))
     if state.plan is None:
         return Decision(replace(state, plan=_zone_plan(state, sites, now, settings, notes)),
                         tuple(notes))
@@ -281,6 +297,23 @@ def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
         notes.append(f"{shard.database}/{shard.shard}: leader {shard.leader} is stopping; "
                      f"{new.leader} leads from epoch {new.epoch}")
     return placement
+
+
+def moved_leaders(before: Placement, after: Placement, sites: Mapping[str, SiteState],
+                  now: float, settings: Settings) -> tuple[LeaderMove, ...]:
+    """The shards of `before` whose leader is another in `after` (`failovers` and
+    `handovers` change nothing else of a shard), each a handover where its old leader
+    is alive and stopping."""
+    alive = alive_sites(sites, now, settings)
+    moves = []
+    for shard in before.shards:
+        new = after.shard(*shard.id)
+        if new.leader != shard.leader:
+            old = sites.get(shard.leader)
+            moves.append(LeaderMove(shard.id, shard.leader, new.leader, new.epoch,
+                                    handover=old is not None and old.stopping
+                                    and shard.leader in alive))
+    return tuple(moves)
 
 
 def reported_epoch(sites: Mapping[str, SiteState], shard: ShardId) -> int:

@@ -62,6 +62,7 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["cluster"] == {"writeTimeout": "5s", "logRetainEntries": 10000,
                                "handoverTimeout": "10s"}
     assert spec["podDisruptionBudget"] == {"enable": True}
+    assert spec["transitionHistoryLimit"] == 3
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *"}
     # the repository and tag come from the operator's image when it applies the objects
     assert spec["image"] == {"pullPolicy": "IfNotPresent"}
@@ -257,6 +258,9 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "negative-partition": ({"updateStrategy": {"partition": -1}},
                            "spec.updateStrategy.partition in body should be greater than or "
                            "equal to 0"),
+    "no-transition-history": ({"transitionHistoryLimit": 0},
+                              "spec.transitionHistoryLimit in body should be greater than or "
+                              "equal to 1"),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }
@@ -323,6 +327,9 @@ def test_status_subresource_and_printer_columns(crds: ControlPlane, namespace: s
         "observedGeneration": 1, "phase": "Rebalancing", "replicas": 4, "readyReplicas": 3,
         "selector": "app.kubernetes.io/instance=mq", "underReplicatedShards": 2,
         "pendingTransitions": 5,
+        "rebalance": {"plan": "6-abcdef", "trigger": "Scale", "message": "sites 3 -> 4",
+                      "steps": 8, "stepsDone": 3, "startedAt": "2026-01-01T00:00:00Z",
+                      "eta": "2026-01-01T00:05:00Z", "result": "Running"},
         "conditions": [{"type": "Ready", "status": "False", "reason": "SiteNotReady",
                         "message": "site mq-3 is not ready",
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
@@ -341,11 +348,8 @@ def test_status_subresource_and_printer_columns(crds: ControlPlane, namespace: s
 
     table = crds.kubectl("get", "-n", namespace, "durablestorages").stdout.splitlines()
     assert table[0].split() == ["NAME", "SITES", "READY", "SHARDS", "UNDER-REPLICATED",
-                                "TRANSITIONS", "AGE"]
-    assert table[1].split()[:6] == ["mq", "4", "3", "8", "2", "5"]
-    wide = crds.kubectl("get", "-n", namespace, "dstorage", "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-2:] == ["PHASE", "AGE"]
-    assert wide[1].split()[-2] == "Rebalancing"
+                                "TRANSITIONS", "PHASE", "AGE"]
+    assert table[1].split()[:7] == ["mq", "4", "3", "8", "2", "5", "Rebalancing"]
 
     result = crds.kubectl("patch", "-n", namespace, "durablestorage/mq",
                           "--subresource=status", "--type=merge",
@@ -368,9 +372,10 @@ def transition(name: str, owner: dict[str, Any], **spec: Any) -> str:
 def test_replica_transitions(crds: ControlPlane, namespace: str) -> None:
     crds.kubectl("apply", "-n", namespace, "-f", "-", input=storage("mq"))
     owner = get_json(crds, namespace, "durablestorage", "mq")
-    crds.kubectl("apply", "-n", namespace, "-f", "-", input=transition("mq-messages-3-add", owner))
+    crds.kubectl("apply", "-n", namespace, "-f", "-", input=transition("mq-messages-3-add", owner,
+                                                                       pod="mq-3"))
     crds.kubectl("apply", "-n", namespace, "-f", "-", input=transition(
-        "mq-messages-3-remove", owner, action="Remove", site="a1b2", step=1))
+        "mq-messages-3-remove", owner, action="Remove", site="a1b2", step=1, pod="mq-0"))
     crds.kubectl("patch", "-n", namespace, "replicatransition/mq-messages-3-add",
                  "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": {"phase": "CatchingUp"}}))
@@ -380,10 +385,12 @@ def test_replica_transitions(crds: ControlPlane, namespace: str) -> None:
 
     table = crds.kubectl("get", "-n", namespace, "replicatransitions").stdout.splitlines()
     assert table[0].split() == ["NAME", "STORAGE", "DATABASE", "SHARD", "ACTION", "SITE",
-                                "STEP", "PHASE", "AGE"]
-    assert [row.split()[:8] for row in table[1:]] == [
-        ["mq-messages-3-add", "mq", "messages", "3", "Add", "c3d4", "0", "CatchingUp"],
-        ["mq-messages-3-remove", "mq", "messages", "3", "Remove", "a1b2", "1", "Failed"]]
+                                "POD", "STEP", "PHASE", "AGE"]
+    assert [row.split()[:9] for row in table[1:]] == [
+        ["mq-messages-3-add", "mq", "messages", "3", "Add", "c3d4", "mq-3", "0",
+         "CatchingUp"],
+        ["mq-messages-3-remove", "mq", "messages", "3", "Remove", "a1b2", "mq-0", "1",
+         "Failed"]]
     wide = crds.kubectl("get", "-n", namespace, "rt", "-o", "wide").stdout.splitlines()
     assert wide[2].split()[-2] == "SiteGone"
 

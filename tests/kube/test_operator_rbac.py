@@ -70,6 +70,11 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
                                f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
                                check=False).stdout.strip()
         assert allowed == "yes"
+        # ... and may do what it needs that this test does not reach: delete the
+        # ReplicaTransitions of old plans (spec.transitionHistoryLimit).
+        assert kube.kubectl("auth", "can-i", "delete", "replicatransitions", "-n", NAMESPACE,
+                            f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
+                            check=False).stdout.strip() == "yes"
         # An operator of all namespaces would take on the storages other tests left
         # behind in namespaces being deleted: wait until they are gone.
         wait_for("no DurableStorage in other namespaces", lambda: not [

@@ -14,16 +14,18 @@ excused.
 1. ready: every shard of every replicated database (messages, sessions, retained) has
    a leader and 3 replicas, in status;
 2. a pod leading shards is deleted: its leaderships are handed over while it stops
-   (no failover), and it comes back as the same site;
+   (no failover; a LeaderHandover event each), and it comes back as the same site;
 3. scale 3 -> 5: ReplicaTransitions appear and reach Done, the new sites hold replicas,
    `kubectl get replicatransitions -w` shows each step's phases in order (Pending,
    Bootstrapping where the site bootstrapped from a checkpoint, CatchingUp, Joined,
-   Done; Removing for a -site);
+   Done; Removing for a -site), each step naming its pod, listed in step order, and
+   status.rebalance sums the plan up;
 4. scale 5 -> 3 with the operator killed mid-plan: the next one resumes the plan (the
    plan in status.controller), and the StatefulSet shrinks only once the departing
    sites hold nothing;
 5. a pod leading a shard dies (its broker hangs): failover to a new leader at a higher
-   epoch; the pod is deleted, comes back (the StatefulSet) as the same site, rejoins;
+   epoch (a Failover event); the pod is deleted, comes back (the StatefulSet) as the
+   same site, rejoins;
 6. replicationFactor 3 -> 2 is planned (one -site per shard) while a site is frozen
    (SIGSTOP): no shard drops a replica other than it while it is frozen (its Remove
    waits Pending) until it is thawed; then the plan finishes and the replicas left hold
@@ -64,8 +66,11 @@ N_SHARDS = 2
 TIMEOUT = 240.0  # generous: five brokers, an operator and a control plane on 2 cores
 # A short log tail kept: a replica added to a shard whose log is longer bootstraps from
 # a checkpoint of its leader (ReplicaTransition phase Bootstrapping).
+# Every plan's ReplicaTransitions kept (transitionHistoryLimit): a test reads all the
+# steps of the plans made since it began (a failover makes a plan again).
 SPEC: dict[str, Any] = {"sites": 3, "messages": {"nShards": N_SHARDS, "replicationFactor": 3},
-                        "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"}}
+                        "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"},
+                        "transitionHistoryLimit": 100}
 CLIENT_POD = f"{NAME}-0"  # stays for the whole module
 # Seconds between two messages of a publisher: the module runs for minutes, and a
 # publisher stops at MAX_PER_PUBLISHER messages.
@@ -252,6 +257,15 @@ def test_a_deleted_pod_hands_its_leaderships_over(
     for database, shard in its_shards:
         assert f"{database}/{shard}: leader {victim} is stopping; " in logs, logs[-6000:]
         assert f"{database}/{shard}: leader {victim} is gone" not in logs, logs[-6000:]
+    # Each an Event on the storage (issue 23), Normal: nothing failed.
+    handovers = [event["message"] for event in json.loads(cluster.kubectl(
+        "get", "-n", NAMESPACE, "events", "-o", "json",
+        f"--field-selector=involvedObject.name={NAME},reason=LeaderHandover").stdout)["items"]
+        if event["type"] == "Normal"]
+    for database, shard in its_shards:
+        assert any(message.startswith(f"{database}/{shard}: its leader is stopping; leader "
+                                      f"{victim} (pod {pod_of[victim]}) -> ")
+                   for message in handovers), handovers
 
     found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"])[pod_of[victim]] == victim
@@ -316,6 +330,18 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
     table = cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
     print(table)
     assert "Done" in table and "PHASE" in table
+    # Followable (issue 23): each step names the pod of its site, `kubectl get` lists
+    # a plan's steps in step order, and status.rebalance sums the last plan up.
+    assert all(item["spec"]["pod"] == {site: pod for pod, site in pods.items()}[
+        item["spec"]["site"]] for item in items)
+    for key in {item["metadata"]["labels"]["stratamq.io/plan"] for item in items}:
+        listed = [row.split()[0] for row in table.splitlines()[1:] if f"-{key}-" in row]
+        assert listed == [item["metadata"]["name"] for item in sorted(
+            (item for item in items if item["metadata"]["labels"]["stratamq.io/plan"] == key),
+            key=lambda item: item["spec"]["step"])]
+    summary = storage(cluster)["status"]["rebalance"]
+    assert summary["result"] == "Done" and summary["stepsDone"] == summary["steps"], summary
+    assert summary["trigger"] in ("Scale", "Failover"), summary
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
 
 
@@ -398,6 +424,18 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     leader, new_epoch = wait_for("a new leader", failed_over,
                                  explain=explain(cluster, operators, node))
     assert leader in pods.values() and new_epoch > epoch
+    # An Event on the storage says so (issue 23).
+    database, number = victim_shard
+    said = (f"{database}/{number}: its leader is gone or hears no majority of its "
+            f"replicas; leader {victim} (pod {pod_of[victim]}) -> {leader} "
+            f"(pod {pod_of[leader]}) at epoch {new_epoch}")
+
+    def failover_events() -> list[str]:
+        return [event["message"] for event in json.loads(cluster.kubectl(
+            "get", "-n", NAMESPACE, "events", "-o", "json",
+            f"--field-selector=involvedObject.name={NAME},reason=Failover").stdout)["items"]]
+    wait_for("the failover's event", lambda: said in failover_events(), timeout=30,
+             explain=lambda: str(failover_events()))
     assert more_acknowledged(load.history, 30, 60), load.history.summary()
     # With a site down, no other may go: the budget drops to 0, and an eviction (what
     # a node drain asks for) of another pod is refused.

@@ -349,6 +349,31 @@ def test_a_stopping_leader_hands_its_shards_over_while_it_is_alive() -> None:
                             settings=SETTINGS).state.placement == decision.state.placement
 
 
+def test_a_round_tells_the_leaders_it_moved() -> None:
+    """What the operator posts an Event for (issue 23): each failover and handover,
+    with the old and new leader and the new epoch; a plan step tells none."""
+    state = placed("ABCD")
+    placement = state.placement
+    led_by_a = [shard for shard in placement.shards if shard.leader == "A"]
+    assert led_by_a
+    gone = sites_of(site("A", now=0.0, placement=placement),
+                    *(site(name, placement=placement) for name in "BCD"))
+    failed_over = decisions.decide(state, gone, 100.0, started=0.0, settings=SETTINGS)
+    after = failed_over.state.placement
+    assert failed_over.leader_moves == tuple(
+        decisions.LeaderMove(shard.id, "A", after.shard(*shard.id).leader, shard.epoch + 1,
+                             handover=False) for shard in led_by_a)
+    stopping = sites_of(replace(site("A", placement=placement), stopping=True),
+                        *(site(name, placement=placement) for name in "BCD"))
+    handed = decisions.decide(state, stopping, 100.0, started=0.0, settings=SETTINGS)
+    assert [move.handover for move in handed.leader_moves] == [True] * len(led_by_a)
+    # The next round moves nobody.
+    again = sites_of(*(site(name, 101.0, after) for name in "BCD"),
+                     site("A", now=0.0, placement=after))
+    assert decisions.decide(failed_over.state, again, 101.0, started=0.0,
+                            settings=SETTINGS).leader_moves == ()
+
+
 def test_a_stopping_leader_keeps_a_shard_without_another_majority() -> None:
     placement = one_shard("ABC", leader="A")
     settings = replace(SETTINGS, n_shards=1)

@@ -9,15 +9,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from stratamq.broker.controller.decisions import CatchUp, ClusterState
+from stratamq.broker.controller.decisions import CatchUp, ClusterState, LeaderMove
 from stratamq.broker.controller.sites import SiteState, parse_report
 from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
     StorageController,
     kept_document,
+    leader_move_event,
     load_document,
     phase_path,
+    plan_key,
+    plan_trigger,
     seen_on,
     settings_of,
     step_phases,
@@ -27,6 +30,7 @@ from stratamq.operator.controller import (
 )
 from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
+from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
 
 OWNER = Owner(name="mq", namespace="brokers", uid="u-1")
@@ -132,6 +136,59 @@ def test_transition_objects_are_named_per_plan_and_owned() -> None:
     assert made["spec"] == {"durableStorage": "mq", "database": "messages",
                             "shard": one.transitions[1].shard, "action": "Remove",
                             "site": one.transitions[1].site, "step": 1}
+    # With the pod that holds the site, and why the plan was made (for a restart).
+    run = PlanRun(key=plan_key(one), trigger="Scale", message="sites 3 -> 4",
+                  steps=len(one.transitions), started=0.0)
+    placed = transition_manifest(OWNER, one, 1, one.transitions[1], "mq-2", run)
+    assert placed["spec"]["pod"] == "mq-2"
+    assert placed["metadata"]["annotations"] == {"stratamq.io/plan-trigger": "Scale",
+                                                 "stratamq.io/plan-trigger-message":
+                                                 "sites 3 -> 4"}
+
+
+def test_step_numbers_are_zero_padded_and_names_fit_the_limit() -> None:
+    """`kubectl get` sorts by name: step 10 after step 9 (issue 23)."""
+    placement = first_placement([A, B, C])
+    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+                  placement)
+    names = [transition_name("mq", moving, step) for step in range(len(moving.transitions))]
+    assert names[0] == f"mq-{plan_key(moving)}-000"
+    assert names == sorted(names)
+    many = replace(moving, transitions=moving.transitions * 600)  # 2400 steps: 4 digits
+    assert transition_name("mq", many, 7).endswith("-0007")
+    assert sorted(transition_name("mq", many, step) for step in (9, 10, 100, 1000)) == [
+        transition_name("mq", many, step) for step in (9, 10, 100, 1000)]
+    # A storage name as long as any object's (253) is cut, the step and plan kept.
+    long = transition_name("s" * 253, moving, 3)
+    assert len(long) == 253 and long.endswith(f"-{plan_key(moving)}-003")
+    assert not transition_name("a-" * 126 + "b", moving, 3).split(plan_key(moving))[0].endswith(
+        "--")
+
+
+def test_a_failover_event_names_the_leaders_their_pods_and_the_epoch() -> None:
+    move = LeaderMove(("messages", 1), A, B, 7, handover=False)
+    event = leader_move_event(OWNER, move, {A: "mq-0", B: "mq-1"}, "2026-11-27T10:00:00Z")
+    assert event["involvedObject"] == {"apiVersion": "stratamq.io/v1alpha1",
+                                       "kind": "DurableStorage", "name": "mq",
+                                       "namespace": "brokers", "uid": "u-1"}
+    assert (event["type"], event["reason"]) == ("Warning", "Failover")
+    assert event["message"] == (
+        f"messages/1: its leader is gone or hears no majority of its replicas; leader "
+        f"{A} (pod mq-0) -> {B} (pod mq-1) at epoch 7")
+    handed = leader_move_event(OWNER, replace(move, handover=True), {B: "mq-1"}, "")
+    assert (handed["type"], handed["reason"]) == ("Normal", "LeaderHandover")
+    assert f"leader {A} -> {B} (pod mq-1)" in handed["message"]  # A's pod not known
+
+
+def test_a_plan_says_why_it_was_made() -> None:
+    assert plan_trigger([(A, B, C)], (A, B, C, D, "E" * 16), [], 3) == ("Scale",
+                                                                        "sites 3 -> 5")
+    assert plan_trigger([(A, B, C)], (A, B, D), [], 3) == (
+        "SiteReplaced", f"site(s) {C} replaced by {D}")
+    assert plan_trigger([], (A, B, C), [3, 3], 2) == ("ReplicationFactor",
+                                                      "replication factor 3 -> 2")
+    assert plan_trigger([(A, B, C)], (A, B), [3], 2) == (
+        "Scale", "sites 3 -> 2; replication factor 3 -> 2")
 
 
 def test_a_step_shows_the_phases_it_passed_between_two_rounds() -> None:

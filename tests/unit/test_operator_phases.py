@@ -13,6 +13,8 @@ from stratamq.operator.phases import (
     ADD_PHASES,
     REMOVE_PHASES,
     ConditionType,
+    PlanResult,
+    PlanTrigger,
     StoragePhase,
     TransitionPhase,
 )
@@ -31,6 +33,9 @@ def test_every_phase_is_one_the_crds_allow_and_the_other_way_round() -> None:
     assert storage["phase"]["enum"] == list(StoragePhase)
     transition = status_schema(REPO / "crds" / "replicatransitions.stratamq.io.yaml")
     assert sorted(transition["phase"]["enum"]) == sorted(TransitionPhase)
+    rebalance = storage["rebalance"]["properties"]
+    assert rebalance["trigger"]["enum"] == list(PlanTrigger)
+    assert rebalance["result"]["enum"] == list(PlanResult)
     # Each phase is on a step's way, or where a replaced plan ends it.
     assert set(ADD_PHASES) | set(REMOVE_PHASES) | {TransitionPhase.FAILED} == set(
         TransitionPhase)

@@ -303,3 +303,13 @@ def test_a_roll_held_by_the_update_strategy_is_done_as_asked() -> None:
     paused = compute_status(replace(observed(3, pods(3), behind), held=3), [], T0)
     assert paused["phase"] == "Ready"
     assert "3 held" in paused["conditions"][0]["message"]
+
+
+def test_the_plan_summary_is_in_status_when_the_controller_has_one() -> None:
+    summary = {"plan": "7-abcdef", "trigger": "Scale", "message": "sites 3 -> 5",
+               "steps": 4, "stepsDone": 1, "startedAt": T0, "eta": T1, "result": "Running"}
+    status = compute_status(observed(3, pods(3), stateful_set(3), placement=replace(
+        replication(pending=3), rebalance=summary)), [], T0)
+    assert status["rebalance"] == summary
+    assert "rebalance" not in compute_status(observed(3, pods(3), stateful_set(3),
+                                                      placement=BALANCED), [], T0)
