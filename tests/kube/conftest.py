@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from stratamq.operator import kube as operator_kube
 from tests.support.harness import REPO
 from tests.support.kube import ControlPlane, running_control_plane
 from tests.support.kubelet import Kubelet, running_kubelet
@@ -75,3 +76,17 @@ def operators(cluster: ControlPlane, node: Kubelet, request: pytest.FixtureReque
     with running_operators(cluster, tmp_path_factory.mktemp("operator"),
                            request.module.NAMESPACE, **options) as made:
         yield made
+
+
+@pytest.fixture
+def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
+    """The operator's API calls (stratamq.operator.kube) made from the test's own
+    process, to the test's API server."""
+    # The client reads KUBECONFIG when it is imported: its default is set instead.
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
+                        str(crds.kubeconfig))
+    operator_kube.api_client.cache_clear()
+    operator_kube.dynamic.cache_clear()
+    yield crds
+    operator_kube.api_client.cache_clear()
+    operator_kube.dynamic.cache_clear()

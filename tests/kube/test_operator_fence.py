@@ -32,19 +32,6 @@ NAME = "fence"
 N_SHARDS = 2
 
 
-@pytest.fixture
-def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    """The operator's API calls (stratamq.operator.kube) made from this process, to
-    the test's API server."""
-    # The client reads KUBECONFIG when it is imported: its default is set instead.
-    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
-                        str(crds.kubeconfig))
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
-    yield crds
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
-
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[SiteProcess]:

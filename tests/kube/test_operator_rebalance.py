@@ -40,18 +40,6 @@ TIMEOUT = 60.0  # three brokers and a control plane on a loaded 2-core machine
 A, B, C, D = "AAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBB", "CCCCCCCCCCCCCCCC", "DDDDDDDDDDDDDDDD"
 
 
-@pytest.fixture
-def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    """The operator's API calls (stratamq.operator.kube) made from this process, to
-    the test's API server."""
-    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
-                        str(crds.kubeconfig))
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
-    yield crds
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
-
 
 def make_storage(api: ControlPlane, namespace: str, spec: dict[str, Any]) -> Owner:
     api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({

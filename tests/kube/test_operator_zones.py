@@ -5,9 +5,6 @@ plans by (`controller.seen_on`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import yaml
 
 from stratamq.operator import kube
@@ -16,17 +13,6 @@ from tests.support.kube import ControlPlane
 
 NAME = "zoned"
 
-
-@pytest.fixture
-def api(crds: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> Iterator[ControlPlane]:
-    """The operator's API calls (stratamq.operator.kube) made from this process."""
-    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION",
-                        str(crds.kubeconfig))
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
-    yield crds
-    kube.api_client.cache_clear()
-    kube.dynamic.cache_clear()
 
 
 def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str) -> None:
