@@ -10,6 +10,7 @@ import functools
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,12 +230,14 @@ def site_pods(owner: Owner) -> list[PodView]:
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
-# Node name -> zone, for the nodes found with one. A node's zone label is set when it
-# registers and stays, so each node is read once; a node without one is read again on
-# the next call (it may be labelled later).
-_node_zones: dict[str, str] = {}
+# Node name -> (its zone or None, when it was read). A node's zone label is set when it
+# registers and stays, so a node with one is read once; a node without one (most
+# clusters outside a cloud) is read again once a minute (it may be labelled later), not
+# at every round of every storage.
+_node_zones: dict[str, tuple[str | None, float]] = {}
 _node_zones_lock = threading.Lock()
 _warned_nodes_forbidden = threading.Event()
+NO_ZONE_RECHECK_SECONDS = 60.0
 
 
 def zone_of_node(node: dict[str, Any] | None) -> str | None:
@@ -248,22 +251,23 @@ def node_zone(name: str) -> str | None:
     """The zone of the Node `name`; None when it has none, is gone, or the operator
     may not read Nodes (the rights of a chart older than zones: the sites are then
     planned as if their zones were unknown, and the operator says so once)."""
+    now = time.monotonic()
     with _node_zones_lock:
         known = _node_zones.get(name)
-    if known is not None:
-        return known
+    if known is not None and (known[0] is not None
+                              or now - known[1] < NO_ZONE_RECHECK_SECONDS):
+        return known[0]
     try:
         zone = zone_of_node(get("v1", "Node", None, name))
     except ForbiddenError:
+        zone = None
         if not _warned_nodes_forbidden.is_set():
             _warned_nodes_forbidden.set()
             log.warning("getting Nodes is forbidden to the operator (its ClusterRole is "
                         "older than zones): the sites' zones are not known, replicas are "
                         "placed without them")
-        return None
-    if zone is not None:
-        with _node_zones_lock:
-            _node_zones[name] = zone
+    with _node_zones_lock:
+        _node_zones[name] = (zone, now)
     return zone
 
 

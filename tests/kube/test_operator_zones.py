@@ -5,6 +5,7 @@ plans by (`controller.seen_on`)."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from stratamq.operator import kube
@@ -14,8 +15,8 @@ from tests.support.kube import ControlPlane
 NAME = "zoned"
 
 
-
-def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str) -> None:
+def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = {"zones-test-a": {"topology.kubernetes.io/zone": "zone-a"},
              "zones-test-plain": {}}
     for node, node_labels in nodes.items():
@@ -34,8 +35,11 @@ def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str) -
         found = kube.site_pods(Owner(name=NAME, namespace=namespace, uid="u"))
         assert {pod.name: pod.zone for pod in found} == {
             f"{NAME}-0": "zone-a", f"{NAME}-1": None, f"{NAME}-2": None}
-        # A label that comes later is seen: a node without one is asked again.
+        # A label that comes later is seen: a node without one is asked again, once
+        # a minute (not at every round of every storage).
         api.kubectl("label", "node", "zones-test-plain", "topology.kubernetes.io/zone=zone-b")
+        assert kube.node_zone("zones-test-plain") is None
+        monkeypatch.setattr(kube, "NO_ZONE_RECHECK_SECONDS", 0.0)
         assert kube.node_zone("zones-test-plain") == "zone-b"
         assert kube.node_zone("no-such-node") is None
     finally:
