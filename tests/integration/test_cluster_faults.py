@@ -26,12 +26,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from stratamq.broker.ds import DbOptions, DurableStorage
+from stratamq.broker.core.broker import SESSIONS_DB
+from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
 from stratamq.broker.ds.database import shard_of
+from stratamq.broker.session.model import SessionRecord, cursor_key
+from stratamq.broker.session.store import SessionStore
 from tests.support.cluster import DATABASES, DB, Cluster, ctl_ds, poll
 from tests.support.harness import http_json
 from tests.support.history import History, Message, runs_of
@@ -47,7 +51,7 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.storage import read_filter, run
+from tests.support.storage import run
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -95,35 +99,101 @@ def start_load(cluster: Cluster, history: History, prefix: str, clients: list[Re
     return publishers
 
 
-def stored_at(cluster: Cluster, topic_filter: str) -> dict[int, set[Message]]:
-    """Site index -> the messages its copy of `messages` holds under `topic_filter`,
-    read from its data folder (the sites must be down)."""
+@dataclass(frozen=True)
+class StoredAs:
+    """A stored message's place: the key of the cursor a session subscribed to the
+    filter keeps on its stream, and its timestamp there."""
 
-    async def read(data_dir: Path) -> set[Message]:
+    cursor: str
+    timestamp: int
+
+
+def stored_at(cluster: Cluster, topic_filter: str) -> dict[int, dict[Message, StoredAs]]:
+    """Site index -> the messages its copy of `messages` holds under `topic_filter`,
+    each with its stream and timestamp, read from its data folder (the sites must be
+    down)."""
+
+    async def read(data_dir: Path) -> dict[Message, StoredAs]:
         storage = DurableStorage(data_dir)
         await storage.open_db(DB, DbOptions(n_shards=cluster.n_shards))
+        found: dict[Message, StoredAs] = {}
         try:
-            stored = await read_filter(storage, DB, topic_filter, batch_size=1000)
+            for _rank, stream in storage.get_streams(DB, topic_filter, 0):
+                iterator = storage.make_iterator(DB, stream, topic_filter, 0)
+                while True:
+                    result = await storage.next(DB, iterator, 1000)
+                    if isinstance(result, EndOfStream) or not result[1]:
+                        break
+                    iterator, batch = result
+                    for _key, stored in batch:
+                        message = Message.decode(stored.payload)
+                        if message:
+                            found[message] = StoredAs(cursor_key(topic_filter, stream),
+                                                      stored.timestamp)
         finally:
             await storage.close()
-        return {m for m in map(Message.decode, (s.payload for s in stored)) if m}
+        return found
 
     return {site.index: run(read(site.workdir / "data")) for site in cluster.sites}
 
 
-def where_missing(cluster: Cluster, history: History, topic_filter: str) -> str:
+def session_record(cluster: Cluster, index: int, client_id: str) -> SessionRecord | None:
+    """The durable session `client_id` as site `index`'s copy of `sessions` holds it
+    (the sites must be down)."""
+
+    async def read(data_dir: Path) -> SessionRecord | None:
+        storage = DurableStorage(data_dir)
+        sessions = await storage.open_kv_db(SESSIONS_DB, cluster.n_shards)
+        messages = await storage.open_db(DB, DbOptions(n_shards=cluster.n_shards))
+        try:
+            return await SessionStore(sessions, messages).load(client_id)
+        finally:
+            await storage.close()
+
+    return run(read(cluster.sites[index].workdir / "data"))
+
+
+def where_cursor(record: SessionRecord | None, stored: StoredAs) -> str:
+    """Where the session's cursor on a missing message's stream is: past it (the
+    session counts it done: skipped), short of it (not reached), or absent."""
+    if record is None:
+        return "no session record"
+    state = record.cursors.get(stored.cursor)
+    if state is None:
+        finished = "finished" if stored.cursor in record.done else "not finished"
+        return f"no cursor on {stored.cursor} ({finished})"
+    resend = [entry for entry in record.resend if entry[1] == stored.cursor
+              and entry[2] == stored.timestamp]
+    place = ("past it (counted done)" if stored.timestamp <= state.position
+             or stored.timestamp in state.done_above else "short of it")
+    return (f"timestamp {stored.timestamp}, cursor at {state.position} {place}"
+            f"{', in flight' if resend else ''}")
+
+
+def where_missing(cluster: Cluster, history: History, topic_filter: str,
+                  site_of: dict[str, int]) -> str:
     """For the acknowledged messages some session lacks: which sites' copies hold
-    them, with each publisher's shard (read once the sites are down)."""
+    them, with each publisher's shard, and where the session's stored cursors are on
+    the first few (read once the sites are down)."""
     missing = history.missing()
     if not missing:
         return "nothing missing"
     stored = stored_at(cluster, topic_filter)
     lines = []
     for session, lost in sorted(missing.items()):
-        held = {k: len(set(lost) & copy) for k, copy in stored.items()}
+        held = {k: len(set(lost) & copy.keys()) for k, copy in stored.items()}
         shards = sorted({shard_of(m.publisher, cluster.n_shards) for m in lost})
         lines.append(f"{session} lacks {len(lost)} (shards {shards}), held by "
                      f"site copies {held}: {runs_of(lost)}")
+        client_id = session.rsplit("[", 1)[0]
+        home = site_of.get(client_id)
+        if home is None:
+            continue
+        record = session_record(cluster, home, client_id)
+        for message in lost[:5]:
+            found = stored[home].get(message)
+            lines.append(f"  {message}: " + (f"not in site-{home}'s copy" if found is None
+                                             else where_cursor(record, found)))
     return "\n".join(lines)
 
 
@@ -242,7 +312,8 @@ def test_frozen_leaders_are_replaced_and_step_down_when_thawed(tmp_path: Path) -
     assert all(alive), f"a site died by itself: {alive}"
     assert drained, f"publishers still wait for acknowledgements: {history.summary()}"
     assert delivered, (f"deliveries stopped: {history.summary()}\n{subscribers}\n"
-                       f"{where_missing(cluster, history, 'fz/#')}\n{final_state}")
+                       f"{where_missing(cluster, history, 'fz/#', site_of)}\n"
+                       f"{final_state}")
     assert converged and same, f"replicas differ at the end:\n{final_state}"
     history.check()
 
