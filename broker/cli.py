@@ -78,9 +78,10 @@ def run_spark(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["cluster"]:
-        # Its own parser: argparse's REMAINDER would not take options that come first.
-        argv = ["cluster", "--", *argv[1:]]
+    if argv[:1] in (["cluster"], ["spark"]):
+        # Their own parsers (--help included): argparse's REMAINDER would not take
+        # options that come first.
+        argv = [argv[0], "--", *argv[1:]]
     arguments = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
             raise SystemExit(cluster_main(arguments.rest[1:]))
         elif arguments.command == "spark":
-            raise SystemExit(run_spark(arguments.rest))
+            raise SystemExit(run_spark(arguments.rest[1:]))
         elif arguments.ctl_command == "passwd":
             raise SystemExit(passwd_main(arguments.rest))
         else:

@@ -251,42 +251,81 @@ def _ds_replicas(client: AdminClient, arguments: argparse.Namespace) -> str:
 
 # -- commands --------------------------------------------------------------------------
 
+# `ctl ds` actions: their arguments ((name, argparse nargs), in order) and what they
+# do. Each is a subcommand with a help of its own.
+DS_ACTIONS: dict[str, tuple[tuple[tuple[str, str | None], ...], str]] = {
+    "info": ((), "sites, databases, shards and generations (of a site; of the whole "
+                 "cluster when --url is the controller)"),
+    "checkpoint": ((("DB", None), ("DIR", None)),
+                   "a checkpoint of database DB in the new folder DIR on the site's "
+                   "machine (what the Spark jobs read)"),
+    "apply-gc": ((("PLAN", None),), "apply a GC plan file of `stratamq spark gc`"),
+    "seed-topics": ((("DB", None), ("FILE", None)),
+                    "seed the next generation's topic structure with a file of "
+                    "`stratamq spark learn-topics`"),
+    "verify": ((("DB", "*"),), "compare the content digests of every shard's replicas, of "
+                               "every database or of those named (through the "
+                               "controller); exit status 1 when any differ"),
+    "set-replicas": ((("DB", None), ("SITE", "+")),
+                     "move database DB onto exactly these sites (the controller)"),
+    "join": ((("DB", None), ("SITE", None)),
+             "add SITE to the sites of database DB (the controller)"),
+    "leave": ((("DB", None), ("SITE", None)), "drain SITE of database DB (the controller)"),
+    "forget": ((("SITE", None),), "drop a site that is down and holds nothing (the "
+                                  "controller)"),
+}
+
+
+def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The connection options, on `ctl CMD` and again on each `ctl ds ACTION`, so they
+    may come before or after the action. On the actions their defaults are
+    suppressed, so that an option given before the action is not reset after it."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    parser.add_argument("--url", help=f"admin API base URL (default {DEFAULT_URL}; for the "
+                                      f"cluster actions the controller, {CONTROLLER_URL})",
+                        **default)
+    parser.add_argument("--token", help=f"admin API token (else ${TOKEN_ENV} or the token file)",
+                        **default)
+    parser.add_argument("--user", metavar="NAME[:PASSWORD]",
+                        help="HTTP basic credentials (the password is asked for when left out)",
+                        **default)
+    parser.add_argument("--token-file",
+                        help=f"file holding a generated token (default {DEFAULT_TOKEN_FILE}; "
+                             f"for the cluster actions {CLUSTER_TOKEN_FILE})", **default)
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead",
+                        **default)
+
+
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"stratamq ctl {command}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help=f"admin API base URL (default {DEFAULT_URL}; for the "
-                                      f"cluster actions the controller, {CONTROLLER_URL})")
-    parser.add_argument("--token", help=f"admin API token (else ${TOKEN_ENV} or the token file)")
-    parser.add_argument("--user", metavar="NAME[:PASSWORD]",
-                        help="HTTP basic credentials (the password is asked for when left out)")
-    parser.add_argument("--token-file",
-                        help=f"file holding a generated token (default {DEFAULT_TOKEN_FILE}; "
-                             f"for the cluster actions {CLUSTER_TOKEN_FILE})")
-    parser.add_argument("--json", action="store_true", help="print the API's JSON instead")
+    _common_options(parser, suppress=False)
     if command == "clients":
         parser.add_argument("action", nargs="?", choices=["list", "show"], default="list",
                             help="list (default): every connected client; show: one")
         parser.add_argument("client_id", nargs="?", help="the client of `show`")
-    else:
-        parser.add_argument("action", choices=["info", "checkpoint", "apply-gc", "seed-topics",
-                                               "verify", *sorted(CLUSTER_ACTIONS)],
-                            help="info: sites, databases, shards and generations (of a "
-                                 "site; of the cluster when --url is the controller); "
-                                 "checkpoint DB DIR: a checkpoint of database DB in the new "
-                                 "folder DIR on the site's machine; apply-gc PLAN: apply a "
-                                 "GC plan file of `stratamq spark gc`; seed-topics DB FILE: "
-                                 "seed the next generation's topic structure with a file "
-                                 "of `stratamq spark learn-topics`; set-replicas DB SITE...: "
-                                 "move DB onto exactly these sites; join DB SITE / leave DB "
-                                 "SITE: add or drain one site; forget SITE: drop a site that "
-                                 "is down and holds nothing (these four: the controller); "
-                                 "verify [DB...]: compare the content digests of every "
-                                 "shard's replicas (through the controller)")
-        parser.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
-                            help="verify: how long a replica that lags may take to reach "
-                                 "the offset of the others (default 10)")
-        parser.add_argument("arguments", nargs="*", help="the arguments of the action")
+        return parser
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                    title="actions (`stratamq ctl ds ACTION --help`)")
+    for name, (positionals, summary) in DS_ACTIONS.items():
+        action = actions.add_parser(name, help=summary, description=summary)
+        _common_options(action, suppress=True)
+        for number, (metavar, nargs) in enumerate(positionals):
+            action.add_argument(f"positional_{number}", metavar=metavar, nargs=nargs)
+        if name == "verify":
+            action.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                                help="how long a replica that lags may take to reach the "
+                                     "offset of the others (default 10)")
     return parser
+
+
+def _positionals(arguments: argparse.Namespace) -> list[str]:
+    """A `ds` action's arguments, in order, as one list."""
+    found: list[str] = []
+    for number in range(len(DS_ACTIONS[arguments.action][0])):
+        value = getattr(arguments, f"positional_{number}")
+        found += value if isinstance(value, list) else [value]
+    return found
 
 
 def _clients(client: AdminClient, arguments: argparse.Namespace) -> str:
@@ -405,6 +444,8 @@ def ctl_main(command: str, argv: list[str]) -> int:
         arguments = _parser(command).parse_args(argv)
     except SystemExit as exit_:  # --help (0) or a usage error (2, message printed)
         return exit_.code if isinstance(exit_.code, int) else 2
+    if command == "ds":
+        arguments.arguments = _positionals(arguments)
     cluster = command == "ds" and arguments.action in CONTROLLER_ACTIONS
     if arguments.url is None:
         arguments.url = CONTROLLER_URL if cluster else DEFAULT_URL

@@ -80,6 +80,20 @@ class ChannelLimits:
 Handler = Callable[["Channel", Any], Awaitable[None] | None]
 
 
+# The disconnects a client brings on itself, said in the site's log (one line per
+# connection at most): a client cut off that reconnects in a loop is otherwise a
+# mystery to whoever runs the site. Takeovers, stops and storage trouble are said
+# elsewhere or are no fault of the client.
+_CLIENT_FAULTS = frozenset({
+    ReasonCode.MALFORMED_PACKET, ReasonCode.PROTOCOL_ERROR, ReasonCode.KEEP_ALIVE_TIMEOUT,
+    ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.TOPIC_NAME_INVALID,
+    ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, ReasonCode.TOPIC_ALIAS_INVALID,
+    ReasonCode.PACKET_TOO_LARGE, ReasonCode.MESSAGE_RATE_TOO_HIGH,
+    ReasonCode.QUOTA_EXCEEDED, ReasonCode.PAYLOAD_FORMAT_INVALID,
+    ReasonCode.RETAIN_NOT_SUPPORTED, ReasonCode.QOS_NOT_SUPPORTED,
+})
+
+
 def _protocol_error(channel: Channel, _packet: Packet) -> None:
     # AUTH (no enhanced authentication here), and CONNACK, SUBACK, ... which only a
     # server sends.
@@ -201,6 +215,10 @@ class Channel:
         """Tell the client why (MQTT 5 only; 3.1.1 just closes) and stop reading."""
         if self.closing:
             return
+        if reason_code in _CLIENT_FAULTS:
+            log.info("client %s (%s) disconnected: %s (0x%02X)", self.client_id or "?",
+                     self.peer, ReasonCode(reason_code).name.lower().replace("_", " "),
+                     reason_code)
         if self.level == MQTT_5 and self.session is not None:
             self.send(Disconnect(reason_code))
         elif self.level == MQTT_5 and reason_code >= ReasonCode.UNSPECIFIED_ERROR \

@@ -33,6 +33,7 @@ from stratamq.broker.mqtt import (
 )
 from tests.support.clients import RawClient, unique
 from tests.support.harness import BrokerProcess, running_broker
+from tests.support.waiting import wait_until
 
 RECEIVE_MAXIMUM = 4
 HOLD = "1500ms"  # how long the write buffer keeps messages before writing them
@@ -97,3 +98,9 @@ def test_mqtt5_client_over_receive_maximum_is_disconnected(broker: BrokerProcess
     client.send_bytes(burst(MQTT_5, RECEIVE_MAXIMUM + 1))
     closing = client.wait_closed(timeout=30)
     assert [p.reason_code for p in closing if isinstance(p, Disconnect)] == [0x93]
+    # and the site's log says who and why (a client cut off and reconnecting in a
+    # loop is otherwise a mystery to whoever runs the site)
+    assert wait_until(lambda: "receive maximum exceeded (0x93)" in broker.log(), 10), \
+        broker.log_tail()
+    line = next(line for line in broker.log().splitlines() if "(0x93)" in line)
+    assert "flow5" in line, line
