@@ -61,6 +61,11 @@ class CheckpointExistsError(StorageError):
     """A checkpoint's target folder exists already: checkpoints never overwrite."""
 
 
+class FolderInUseError(StorageError):
+    """A database folder a running site holds open (its RocksDB locked): a batch job
+    reads a checkpoint of it instead, or the folder once the site has stopped."""
+
+
 class GcPlanRefusedError(StorageError):
     """A generation GC plan the site will not apply: not for this site or database,
     malformed, or older than the data (made from a checkpoint older than one whose

@@ -8,6 +8,8 @@ the layouts, iterators and the message decoder. `ShardSnapshot.next` follows
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +17,12 @@ from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
-from ..errors import CorruptDataError, InvalidIteratorError, UnknownDatabaseError
+from ..errors import (
+    CorruptDataError,
+    FolderInUseError,
+    InvalidIteratorError,
+    UnknownDatabaseError,
+)
 from ..topic import levels_match, validate_filter
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
@@ -199,6 +206,28 @@ class Snapshot:
         self.n_shards = int(meta["n_shards"])
         self.key_value = bool(meta.get("key_value", False))
         self._shards: dict[int, ShardSnapshot] = {}
+        if not self.is_checkpoint:
+            self._refuse_if_in_use()
+
+    def _refuse_if_in_use(self) -> None:
+        """A running site's folder changes under a reader (generations come and go:
+        Spark failed on a missing column family minutes in): refused at once, by the
+        lock RocksDB holds on each open shard's LOCK file."""
+        for shard_id in range(self.n_shards):
+            lock_path = self.path / str(shard_id) / "LOCK"
+            if not lock_path.is_file():
+                continue
+            with lock_path.open("rb+") as lock_file:
+                try:
+                    fcntl.lockf(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise
+                    raise FolderInUseError(
+                        f"{self.path} is the folder of a running site (shard {shard_id} "
+                        f"is open): read a checkpoint of it instead (stratamq ctl ds "
+                        f"checkpoint {self.path.name} DIR), or stop the site") from None
+                fcntl.lockf(lock_file, fcntl.LOCK_UN)
 
     @property
     def is_checkpoint(self) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stratamq.broker.ds import Snapshot
+from stratamq.broker.errors import FolderInUseError
 from tests.support.checkpoints import (
     Published,
     admin_post,
@@ -108,6 +109,17 @@ def test_ctl_checkpoint_and_stopped_site_folder(broker: BrokerProcess,
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
         env={**os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN})
     assert again.returncode == 1 and "409" in again.stderr and "already exists" in again.stderr
+    # The running site's own folder is refused at once, not read while it changes (a
+    # Spark job failed on a missing column family minutes in).
+    live = broker.workdir / "data" / "messages"
+    with pytest.raises(FolderInUseError, match="running site"):
+        Snapshot(live)
+    job = subprocess.run(
+        [sys.executable, "-m", "stratamq.broker", "spark", "gc", "--checkpoint", str(live),
+         "--dry-run"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert job.returncode == 1, job.stderr
+    assert "is the folder of a running site" in job.stderr
+    assert "stratamq ctl ds checkpoint messages DIR" in job.stderr
     assert broker.stop() == 0
     with Snapshot(broker.workdir / "data" / "messages") as stopped:
         manifest = stopped.manifest()
