@@ -217,9 +217,11 @@ class Snapshot:
             lock_path = self.path / str(shard_id) / "LOCK"
             if not lock_path.is_file():
                 continue
-            with lock_path.open("rb+") as lock_file:
+            # Shared: readers in parallel (Spark's workers, each a process) do not
+            # refuse each other; RocksDB's own lock is exclusive.
+            with lock_path.open("rb") as lock_file:
                 try:
-                    fcntl.lockf(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.lockf(lock_file, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except OSError as exc:
                     if exc.errno not in (errno.EACCES, errno.EAGAIN):
                         raise

@@ -5,6 +5,7 @@ clear errors for an unknown database, an existing folder and a bad body."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -121,6 +122,15 @@ def test_ctl_checkpoint_and_stopped_site_folder(broker: BrokerProcess,
     assert "is the folder of a running site" in job.stderr
     assert "stratamq ctl ds checkpoint messages DIR" in job.stderr
     assert broker.stop() == 0
+    # Stopped, it reads, by readers in parallel too (Spark's workers are processes):
+    # one reader's check does not refuse another's.
+    with (live / "0" / "LOCK").open("rb") as held:
+        fcntl.lockf(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        reader = subprocess.run(
+            [sys.executable, "-c", "import sys; from stratamq.broker.ds import Snapshot; "
+                                   "Snapshot(sys.argv[1]).close()", str(live)],
+            capture_output=True, text=True, timeout=60)
+        assert reader.returncode == 0, reader.stderr
     with Snapshot(broker.workdir / "data" / "messages") as stopped:
         manifest = stopped.manifest()
         assert manifest["created_at"] is None and manifest["n_shards"] == 4
