@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stratamq.broker.admin.ctl import human_bytes
 from stratamq.broker.config import load_config, parse_duration
 from stratamq.broker.ds import RetentionRules, Snapshot
 from stratamq.broker.errors import StratamqError
@@ -101,7 +102,8 @@ def _gc(arguments: argparse.Namespace) -> int:
         spark.stop()
     text = json.dumps(plan, indent=2)
     if arguments.dry_run:
-        print(text)
+        print(text)  # the plan, for a program; what it does, for a person:
+        print(_summary_line(plan, None), file=sys.stderr)
     else:
         Path(arguments.plan).write_text(text + "\n", encoding="utf-8")
         print(_summary_line(plan, arguments.plan), file=sys.stderr)
@@ -146,12 +148,17 @@ def _export(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_line(plan: dict[str, Any], path: str) -> str:
+def _summary_line(plan: dict[str, Any], path: str | None) -> str:
+    """What the plan does, in a line: written to `path`, or a dry run's (None)."""
     summary = plan["summary"]
-    return (f"plan written to {path}: drop {summary['drop_generations']}, rewrite "
-            f"{summary['rewrite_generations']}, keep {summary['keep_generations']} "
-            f"generations; {summary['expired_messages']} expired messages go, "
-            f"{summary['live_messages']} live stay. Apply it with: stratamq ctl ds apply-gc "
+    what = (f"drop {summary['drop_generations']} generations "
+            f"({human_bytes(summary['stored_bytes_dropped'])}), rewrite "
+            f"{summary['rewrite_generations']}, keep {summary['keep_generations']}; "
+            f"{summary['expired_messages']} expired messages go, "
+            f"{summary['live_messages']} live stay")
+    if path is None:
+        return f"dry run, nothing written: the plan would {what}."
+    return (f"plan written to {path}: {what}. Apply it with: stratamq ctl ds apply-gc "
             f"{path}")
 
 

@@ -96,6 +96,11 @@ def plan_of(checkpoint: Path, now: int, config: Path) -> dict[str, Any]:
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     plan: dict[str, Any] = json.loads(done.stdout)
+    # and a person reads what it does in one line, not 1,800 lines of JSON
+    summary = plan["summary"]
+    assert (f"dry run, nothing written: the plan would drop {summary['drop_generations']} "
+            f"generations") in done.stderr, done.stderr[-3000:]
+    assert f"{summary['live_messages']} live stay" in done.stderr
     return plan
 
 
