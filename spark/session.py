@@ -7,6 +7,7 @@ comes from the machine (JAVA_HOME or `java` on the PATH)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -24,7 +25,8 @@ def spark_session(app_name: str, master: str | None = None,
     """A session for one job. `master` None keeps what spark-submit set."""
     # UTC: hours in the usage export are UTC hours wherever the job runs
     builder = SparkSession.builder.appName(app_name).config(PUSHDOWN, "true") \
-        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.session.timeZone", "UTC") \
+        .config("spark.ui.showConsoleProgress", "false")  # a bar per stage, even at ERROR
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
@@ -37,5 +39,9 @@ def spark_session(app_name: str, master: str | None = None,
     for key, value in (config or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    # The jobs say what they did in a line of their own; Spark's warnings (a loopback
+    # host name, no native Hadoop library) are noise to whoever runs them.
+    session.sparkContext.setLogLevel("ERROR")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     session.dataSource.register(StratamqDataSource)
     return session
