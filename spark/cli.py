@@ -134,6 +134,10 @@ def _learn_topics(arguments: argparse.Namespace) -> int:
 
 
 def _export(arguments: argparse.Namespace) -> int:
+    # Refused before any work: Spark would fail on it after reading everything.
+    if "://" not in arguments.out and Path(arguments.out).exists():
+        raise ValueError(f"--out {arguments.out} exists: the export writes a new folder "
+                         "(remove it, or name another)")
     from .export import export_usage
     from .session import spark_session
 
