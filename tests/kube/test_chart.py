@@ -70,8 +70,10 @@ def test_the_operators_pods_take_placement_values(tmp_path: Path) -> None:
     assert env["STRATAMQ_OPERATOR_IMAGE"] == container["image"]
     plain = render(tmp_path)
     [deployment] = [doc for doc in plain if doc["kind"] == "Deployment"]
-    assert not {"nodeSelector", "tolerations", "imagePullSecrets", "affinity"} & set(
+    assert not {"nodeSelector", "tolerations", "imagePullSecrets"} & set(
         deployment["spec"]["template"]["spec"])
+    # (by default only the preference for two nodes, see below)
+    assert set(deployment["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}
 
 
 def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
@@ -83,7 +85,7 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
-        "PriorityClass", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap",
+        "PriorityClass", "PodDisruptionBudget", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap",
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
         "Deployment", "ClusterKopfPeering", "Job"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
@@ -264,14 +266,27 @@ def test_nothing_that_looks_for_sites_finds_the_operators_pod(tmp_path: Path) ->
 
 def test_the_operator_is_the_last_evicted_and_kept_through_drains(tmp_path: Path) -> None:
     """While no operator runs nothing fails over: its pods get a PriorityClass above
-    ordinary workloads (the chart's own, or the one named), and with two replicas or
-    more a disruption budget keeps one through node drains (with one it would block
-    every drain)."""
+    ordinary workloads (the chart's own, or the one named); by default two replicas
+    (Kopf peering: one acts), preferably on two nodes, rolled one new pod at a time
+    with none taken first, and a disruption budget keeps one through node drains
+    (with one replica it would block every drain)."""
     docs = render(tmp_path)
     [priority] = [doc for doc in docs if doc["kind"] == "PriorityClass"]
     assert priority["value"] == 1000000 and priority["globalDefault"] is False
     assert operator_pod_template(tmp_path)["spec"]["priorityClassName"] \
         == priority["metadata"]["name"] == "mq-stratamq-operator"
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    [term] = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() \
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    [budget] = [doc for doc in docs if doc["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 1
+    docs = render(tmp_path, "--set", "operator.replicas=1")
     assert not [doc for doc in docs if doc["kind"] == "PodDisruptionBudget"]
     docs = render(tmp_path, "--set", "operator.replicas=2",
                   "--set", "operator.priorityClassName=platform-critical")

@@ -19,6 +19,7 @@ routes the `kubernetes` Service."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -50,6 +51,15 @@ def storage_status(cluster: RealCluster) -> dict[str, Any]:
     return status
 
 
+def peering_priority(cluster: RealCluster, pod: str) -> int:
+    """The peering priority an operator replica drew (its start-up log line says it):
+    the highest acts."""
+    found = wait_for(f"{pod}'s peering priority", lambda: re.search(
+        r"peering priority (\d+)", cluster.plane.kubectl(
+            "logs", "-n", NAMESPACE, pod, check=False).stdout), timeout=60)
+    return int(found.group(1))
+
+
 def explain(cluster: RealCluster) -> str:
     kubectl = cluster.plane.kubectl
     pods = kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
@@ -77,11 +87,16 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluste
             "storage": {"size": "1Gi"}}),
         timeout=INSTALL_TIMEOUT_S)
     installed = time.monotonic() - started
-    # The operator runs as a real container of the built image.
-    [operator_pod] = json.loads(kubectl(
+    # The operator runs as real containers of the built image: two replicas by
+    # default (one acts, by Kopf peering), on two nodes (on the host network their
+    # ports keep them apart).
+    operator_pods = json.loads(kubectl(
         "get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=operator",
         "-o", "json").stdout)["items"]
-    assert operator_pod["status"]["containerStatuses"][0]["ready"], explain(cluster)
+    assert len(operator_pods) == 2, explain(cluster)
+    assert all(pod["status"]["containerStatuses"][0]["ready"] for pod in operator_pods), \
+        explain(cluster)
+    assert len({pod["spec"]["nodeName"] for pod in operator_pods}) == 2, explain(cluster)
 
     started = time.monotonic()
     wait_for("the storage Ready", lambda: storage_status(cluster).get("phase") == "Ready",
@@ -110,6 +125,23 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluste
     finally:
         publisher.stop()
         subscriber.stop()
+
+    # The acting operator's pod deleted (a drain, a roll): the other one acts on, and
+    # a spec change is still followed.
+    priorities = {pod["metadata"]["name"]: peering_priority(cluster, pod["metadata"]["name"])
+                  for pod in operator_pods}
+    acting = max(priorities, key=lambda name: priorities[name])
+    kubectl("delete", "pod", "-n", NAMESPACE, acting, "--wait=false")
+    started = time.monotonic()
+    kubectl("patch", "-n", NAMESPACE, "durablestorage", STORAGE, "--type=merge", "-p",
+            json.dumps({"spec": {"transitionHistoryLimit": 5}}))
+    generation = json.loads(kubectl("get", "-n", NAMESPACE, "durablestorage", STORAGE,
+                                    "-o", "json").stdout)["metadata"]["generation"]
+    wait_for("the change followed with the acting operator gone",
+             lambda: storage_status(cluster).get("observedGeneration") == generation,
+             timeout=120, explain=lambda: explain(cluster))
+    print(f"acting operator {acting} deleted: a spec change followed after "
+          f"{time.monotonic() - started:.1f} s")
 
     # The storage is the release's: `helm uninstall` deletes it with the operator.
     started = time.monotonic()

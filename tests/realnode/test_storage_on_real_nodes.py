@@ -186,7 +186,9 @@ def unpin_sites(cluster: RealCluster, check: bool = True) -> None:
 @pytest.fixture(scope="module")
 def cluster(real_cluster: RealCluster) -> Iterator[RealCluster]:
     real_cluster.add_volumes(5)
-    real_cluster.install_chart(CHART, RELEASE, NAMESPACE)
+    # One operator replica: the tests kill its container mid-plan and read its log
+    # (test_chart_on_real_nodes.py runs the default two).
+    real_cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1")
     try:
         yield real_cluster
     finally:
