@@ -85,9 +85,9 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
 def test_helm_template_renders(tmp_path: Path) -> None:
     # by default: the operator and the dashboards (the CRDs are left out by `template`)
     assert [doc["kind"] for doc in render(tmp_path)] == [
-        "PriorityClass", "PodDisruptionBudget", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap",
-        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
-        "Deployment", "ClusterKopfPeering", "Job"]
+        "PriorityClass", "PodDisruptionBudget", "ServiceAccount", "ConfigMap", "ConfigMap",
+        "ConfigMap", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "Service", "Deployment", "ClusterKopfPeering", "Job"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
                   "--set", "operator.enabled=false",
                   "--set", "durableStorage.create=true",
