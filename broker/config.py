@@ -221,6 +221,11 @@ class MessagesDbConfig(_Section):
     # shard its share). What goes past them is folded, not learned (`lts.TrieBounds`).
     learned_topic_max_levels: Annotated[int, Field(ge=1, le=65535)] = 32
     learned_topic_bytes: ByteSize = parse_byte_size("128MiB")
+    # How long a generation takes new messages before the next one starts; unset:
+    # `durable_sessions.message_retention_period`. A shorter one lets retention and
+    # the Spark GC job work in finer steps (and a test roll generations over without
+    # shortening retention).
+    generation_period: Duration | None = None
 
 
 class DurableStorageConfig(_Section):

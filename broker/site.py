@@ -43,6 +43,7 @@ def messages_db_options(messages: MessagesDbConfig, retention_period: float,
         max_payload_bytes=messages.max_payload_bytes,
         message_retention_period=retention_period,
         longest_retention_period=longest_retention_period,
+        generation_period=messages.generation_period,
         topic_cache_bytes=messages.topic_cache_bytes,
         learned_topic_max_levels=messages.learned_topic_max_levels,
         learned_topic_bytes=messages.learned_topic_bytes,
@@ -62,7 +63,8 @@ async def open_storage(config: Config) -> DurableStorage:
     rules = config.durable_sessions.retention_rules
     longest = max(rules.values()) if rules else None
     await storage.open_db(MESSAGES_DB, messages_db_options(messages, retention, longest))
-    storage.start_retention(retention_check_interval(retention))
+    storage.start_retention(retention_check_interval(
+        min(retention, messages.generation_period or retention)))
     log.info("storage open in %s: %s with %d shards", messages.data_dir, MESSAGES_DB,
              messages.n_shards)
     return storage

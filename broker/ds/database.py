@@ -1103,8 +1103,10 @@ class Database:
         retention_us = int(self.options.message_retention_period * 1_000_000)
         longest = self.options.longest_retention_period
         drop_after_us = None if longest is None else int(longest * 1_000_000)
+        period = self.options.generation_period
+        period_us = None if period is None else int(period * 1_000_000)
         plans = [plan_retention([g.info for g in shard.generations.values()], at, retention_us,
-                                drop_after_us)
+                                drop_after_us, period_us)
                  for shard in self.shards]
         if self._replication is not None:
             return await self._replicated_retention(plans)

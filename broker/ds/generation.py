@@ -47,15 +47,17 @@ class RetentionPlan:
 
 
 def plan_retention(generations: list[GenerationInfo], now: int,
-                   retention_us: int, drop_after_us: int | None = None) -> RetentionPlan:
-    """Add a generation once the current one is older than the retention period, and
-    drop closed generations whose `until` is older than now minus the retention (or
-    minus `drop_after_us`, the longest per-topic retention, when given).
-    So a message lives between one and two retention periods."""
+                   retention_us: int, drop_after_us: int | None = None,
+                   period_us: int | None = None) -> RetentionPlan:
+    """Add a generation once the current one is older than `period_us` (the retention
+    period when None), and drop closed generations whose `until` is older than now
+    minus the retention (or minus `drop_after_us`, the longest per-topic retention,
+    when given). So a message lives between one retention period and one period more."""
     horizon = now - retention_us
     drop_horizon = horizon if drop_after_us is None else now - max(drop_after_us, retention_us)
     current = [g for g in generations if g.is_current]
-    add = bool(current) and current[0].since <= horizon
+    rollover = now - (retention_us if period_us is None else period_us)
+    add = bool(current) and current[0].since <= rollover
     drop = tuple(g.id for g in generations
                  if g.until is not None and g.until <= drop_horizon)
     return RetentionPlan(add, drop)

@@ -25,6 +25,9 @@ class DbOptions:
     sync_writes: bool = False
     max_payload_bytes: int = MAX_MQTT_PAYLOAD
     message_retention_period: float = 86_400.0
+    # How long a generation takes new messages before the next one starts (None: the
+    # retention period). Shorter: retention and the Spark GC work in finer steps.
+    generation_period: float | None = None
     # With per-topic retention rules: the longest of them. A generation is dropped
     # whole only once it is older than this (None: `message_retention_period`); the
     # Spark GC job removes what shorter rules let go before that.

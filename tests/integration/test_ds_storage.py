@@ -243,6 +243,25 @@ def test_retention_adds_and_drops_the_right_generations(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_generations_roll_over_at_their_own_period(tmp_path: Path) -> None:
+    """`generation_period` 2 s under a retention of a day: a new generation every 2 s,
+    the closed ones kept for the day (issue 28: testing the GC took a shortened
+    retention)."""
+    async def scenario() -> None:
+        options = DbOptions(n_shards=1, flush_interval=0.001,
+                            message_retention_period=86_400.0, generation_period=2.0)
+        storage = await open_storage(tmp_path, options)
+        database = storage.db("messages")
+        since = database.list_generations()[(0, 1)].since
+        second = 1_000_000
+        assert await database.apply_retention(since + 1 * second) == (False, 0)
+        assert await database.apply_retention(since + 2 * second) == (True, 0)
+        assert await database.apply_retention(since + 5 * second) == (True, 0)
+        assert sorted(g for _s, g in database.list_generations()) == [1, 2, 3]
+        await storage.close()
+    run(scenario())
+
+
 def test_retention_task_runs_on_its_own(tmp_path: Path) -> None:
     async def scenario() -> None:
         options = DbOptions(n_shards=1, flush_interval=0.001, message_retention_period=0.2)

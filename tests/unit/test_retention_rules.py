@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from stratamq.broker.config import Config
 from stratamq.broker.ds.generation import GenerationInfo, RetentionPlan, plan_retention
 from stratamq.broker.ds.retention import RetentionRules, is_expired
 from stratamq.broker.errors import InvalidTopicFilterError
+from stratamq.broker.site import messages_db_options
 
 DAY = 86_400.0
 RULES = RetentionRules(DAY, {"sensors/#": 7 * DAY, "sensors/+": 2 * DAY,
@@ -55,3 +57,30 @@ def test_generations_are_dropped_whole_only_after_the_longest_rule() -> None:
     # with a rule keeping some topics 500, the generation stays until 600
     assert plan_retention([closed, current], 599, 50, 500) == RetentionPlan(True, ())
     assert plan_retention([closed, current], 600, 50, 500) == RetentionPlan(True, (1,))
+
+
+def test_a_generation_period_apart_from_retention() -> None:
+    """Generations roll over every `period` whatever the retention; closed ones still
+    go by the retention."""
+    closed = GenerationInfo(1, "wildcard_optimized_v2", since=0, until=100)
+    current = GenerationInfo(2, "wildcard_optimized_v2", since=100)
+    # retention 500, period 20: rolled over at 120, not at 600; dropped at 600
+    assert plan_retention([closed, current], 119, 500, None, 20) == RetentionPlan(False, ())
+    assert plan_retention([closed, current], 120, 500, None, 20) == RetentionPlan(True, ())
+    assert plan_retention([closed, current], 600, 500, None, 20) == RetentionPlan(True, (1,))
+    # a period longer than the retention: generations outlive it
+    assert plan_retention([closed, current], 600, 50, None, 1000) == RetentionPlan(False, (1,))
+
+
+def test_the_generation_period_goes_from_the_config_to_the_storage() -> None:
+    config = Config.model_validate({"durable_storage": {"messages": {
+        "generation_period": "1h"}}, "durable_sessions": {"message_retention_period": "7d"}})
+    messages = config.durable_storage.messages
+    options = messages_db_options(messages, config.durable_sessions.message_retention_period)
+    assert (options.generation_period, options.message_retention_period) == (
+        3600.0, 7 * 86_400.0)
+    # unset: the retention period, as before
+    assert messages_db_options(Config().durable_storage.messages, 60.0).generation_period \
+        is None
+    with pytest.raises(ValueError, match="generation_period"):
+        Config.model_validate({"durable_storage": {"messages": {"generation_period": "0s"}}})
