@@ -514,6 +514,11 @@ def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
                           "ports": [{"port": admin_port(spec), "protocol": "TCP"}]}]}}
 
 
+# The pod label that names a site's storage, as Prometheus' Kubernetes discovery
+# gives it to relabelling.
+STORAGE_POD_LABEL = "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
+
+
 def service_monitor(owner: Owner) -> Manifest:
     """For the Prometheus operator (made only where its CRD exists): scrapes every
     site's /metrics through the headless Service's endpoints: every pod once, ready or
@@ -522,7 +527,11 @@ def service_monitor(owner: Owner) -> Manifest:
             "metadata": metadata(owner, owner.name),
             "spec": {"selector": {"matchLabels": {**selector_labels(owner.name),
                                                   SERVICE_LABEL: "peers"}},
-                     "endpoints": [{"port": "admin", "path": "/metrics"}]}}
+                     "endpoints": [{"port": "admin", "path": "/metrics",
+                                    # the dashboards' Storage variable
+                                    "relabelings": [{
+                                        "sourceLabels": [STORAGE_POD_LABEL],
+                                        "targetLabel": "storage"}]}]}}
 
 
 def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: bool,

@@ -75,8 +75,11 @@ def dashboard_queries(paths: list[Path]) -> list[tuple[str, str, str]]:
         board = json.loads(path.read_text())
         for panel in board["panels"]:
             for target in panel["targets"]:
-                expr = (target["expr"].replace("$__rate_interval", "1m")
-                        .replace('instance=~"$instance"', 'instance=~".*"'))
+                # every variable at "All" (outside Kubernetes there is no namespace
+                # or storage label, which ".*" matches too)
+                expr = target["expr"].replace("$__rate_interval", "1m")
+                for variable in ("instance", "namespace", "storage"):
+                    expr = expr.replace(f'{variable}=~"${variable}"', f'{variable}=~".*"')
                 assert "$" not in expr, f"{path.name}/{panel['title']}: unknown variable"
                 found.append((path.name, panel["title"], expr))
     return found
@@ -87,6 +90,26 @@ def rule_queries(group_names: tuple[str, ...] | None = None) -> list[tuple[str, 
     return [(RULES.name, rule["alert"], rule["expr"]) for group in groups
             if group_names is None or group["name"] in group_names
             for rule in group["rules"]]
+
+
+def test_dashboards_narrow_by_namespace_storage_and_site() -> None:
+    """Issue 23: dashboards chose by site (`instance`) only. Each now has Namespace,
+    Storage and Site variables, each listing what the one before allows, and every
+    query of a site's metrics filters by all three."""
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        variables = {item["name"]: item for item in board["templating"]["list"]}
+        assert [name for name in variables if name != "datasource"] == [
+            "namespace", "storage", "instance"], path.name
+        assert variables["storage"]["definition"].endswith(
+            '{namespace=~"$namespace"}, storage)'), path.name
+        assert '{namespace=~"$namespace", storage=~"$storage"}, instance)' in variables[
+            "instance"]["definition"], path.name
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                if "$instance" in target["expr"]:
+                    assert 'namespace=~"$namespace", storage=~"$storage", ' \
+                        'instance=~"$instance"' in target["expr"], (path.name, panel["title"])
 
 
 def test_dashboard_and_alert_queries_see_a_real_broker(

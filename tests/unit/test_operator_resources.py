@@ -318,7 +318,14 @@ def test_pod_disruption_budget_and_service_monitor() -> None:
         OWNER, spec)["metadata"]["labels"].items()
     assert not monitor["spec"]["selector"]["matchLabels"].items() <= client["metadata"][
         "labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "admin", "path": "/metrics"}]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("admin", "/metrics")
+    # every series gets its storage's name (the dashboards' Storage variable), from the
+    # pod label that holds it
+    assert endpoint["relabelings"] == [{
+        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+        "targetLabel": "storage"}]
+    assert resources.labels("mq")["app.kubernetes.io/instance"] == "mq"
 
 
 def test_every_object_is_owned_and_labelled() -> None:
