@@ -528,10 +528,14 @@ def service_monitor(owner: Owner) -> Manifest:
             "spec": {"selector": {"matchLabels": {**selector_labels(owner.name),
                                                   SERVICE_LABEL: "peers"}},
                      "endpoints": [{"port": "admin", "path": "/metrics",
-                                    # the dashboards' Storage variable
-                                    "relabelings": [{
-                                        "sourceLabels": [STORAGE_POD_LABEL],
-                                        "targetLabel": "storage"}]}]}}
+                                    "relabelings": [
+                                        # the dashboards' Storage variable
+                                        {"sourceLabels": [STORAGE_POD_LABEL],
+                                         "targetLabel": "storage"},
+                                        # a site by its pod's name, not its IP and port,
+                                        # in the dashboards' legends and the alerts
+                                        {"sourceLabels": ["__meta_kubernetes_pod_name"],
+                                         "targetLabel": "instance"}]}]}}
 
 
 def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: bool,

@@ -322,9 +322,11 @@ def test_pod_disruption_budget_and_service_monitor() -> None:
     assert (endpoint["port"], endpoint["path"]) == ("admin", "/metrics")
     # every series gets its storage's name (the dashboards' Storage variable), from the
     # pod label that holds it
-    assert endpoint["relabelings"] == [{
-        "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
-        "targetLabel": "storage"}]
+    assert endpoint["relabelings"] == [
+        {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+         "targetLabel": "storage"},
+        # and the site is named by its pod (mq-0), in the legends and the alerts
+        {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"}]
     assert resources.labels("mq")["app.kubernetes.io/instance"] == "mq"
 
 
