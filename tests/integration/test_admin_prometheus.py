@@ -112,6 +112,22 @@ def test_dashboards_narrow_by_namespace_storage_and_site() -> None:
                         'instance=~"$instance"' in target["expr"], (path.name, panel["title"])
 
 
+def test_panels_of_two_units_put_the_second_on_its_own_axis() -> None:
+    """Issue 23: CPU cores and memory bytes, and transitions and the placement
+    version, shared one axis: the second series of each is on a right axis of its own
+    unit."""
+    for file, title, unit in (("stratamq-broker.json", "Process CPU and memory", "bytes"),
+                              ("stratamq-replication.json",
+                               "Transitions pending (controller)", "none")):
+        board = json.loads((DASHBOARDS / file).read_text())
+        panel = next(panel for panel in board["panels"] if panel["title"] == title)
+        [override] = panel["fieldConfig"]["overrides"]
+        assert override["matcher"] == {"id": "byFrameRefID", "options": "B"}
+        properties = {item["id"]: item["value"] for item in override["properties"]}
+        assert properties["custom.axisPlacement"] == "right" and properties["unit"] == unit
+        assert [target["refId"] for target in panel["targets"]] == ["A", "B"]
+
+
 def test_dashboard_and_alert_queries_see_a_real_broker(
         broker: BrokerProcess, prometheus: str, clients: list[PahoClient]) -> None:
     """Every query of the dashboards and alert rules is valid PromQL for a real
