@@ -148,6 +148,19 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
     assert render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.enabled=false",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule") == []
+    # With a runbook's address, each alert links to its section of docs/runbook.md.
+    [linked] = render(tmp_path, "--set", "dashboards.enabled=false",
+                      "--set", "operator.enabled=false",
+                      "--set", "prometheusRule.runbookBaseURL=https://wiki.example/runbook",
+                      "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+    sections = {line[3:].strip().lower() for line in
+                (REPO / "docs" / "runbook.md").read_text().splitlines()
+                if line.startswith("## ")}
+    alerts = [rule for group in linked["spec"]["groups"] for rule in group["rules"]]
+    assert alerts and sections == {rule["alert"].lower() for rule in alerts}
+    for rule in alerts:
+        assert rule["annotations"]["runbook_url"] == \
+            f"https://wiki.example/runbook#{rule['alert'].lower()}"
 
 
 def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:
