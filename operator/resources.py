@@ -532,10 +532,13 @@ def service_monitor(owner: Owner) -> Manifest:
                                         # the dashboards' Storage variable
                                         {"sourceLabels": [STORAGE_POD_LABEL],
                                          "targetLabel": "storage"},
-                                        # a site by its pod's name, not its IP and port,
-                                        # in the dashboards' legends and the alerts
-                                        {"sourceLabels": ["__meta_kubernetes_pod_name"],
-                                         "targetLabel": "instance"}]}]}}
+                                        # a site by its pod (iot/mq-0), not its IP and
+                                        # port, in the dashboards' legends and the
+                                        # alerts; with its namespace, so that two
+                                        # storages' mq-0 stay apart in every `by`
+                                        {"sourceLabels": ["__meta_kubernetes_namespace",
+                                                          "__meta_kubernetes_pod_name"],
+                                         "separator": "/", "targetLabel": "instance"}]}]}}
 
 
 def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: bool,

@@ -325,8 +325,10 @@ def test_pod_disruption_budget_and_service_monitor() -> None:
     assert endpoint["relabelings"] == [
         {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
          "targetLabel": "storage"},
-        # and the site is named by its pod (mq-0), in the legends and the alerts
-        {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "instance"}]
+        # and the site is named by its namespace and pod (iot/mq-0), in the legends and
+        # the alerts: unique, where a pod name alone is not
+        {"sourceLabels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_name"],
+         "separator": "/", "targetLabel": "instance"}]
     assert resources.labels("mq")["app.kubernetes.io/instance"] == "mq"
 
 
