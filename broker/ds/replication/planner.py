@@ -382,6 +382,20 @@ def _spread_leaders(candidates: Mapping[int, Sequence[str]], choice: dict[int, s
         load[path[-1][2]] += 1
 
 
+
+def moves_back(came_from: Mapping[str, tuple[int, str] | None],
+               end: str) -> list[tuple[int, str, str]]:
+    """The moves (shard, from site, to site) of a breadth-first search's path to `end`,
+    from the last back to the first (`came_from`: each site reached, with the shard
+    and site it was reached from; None at the start)."""
+    moves: list[tuple[int, str, str]] = []
+    site = end
+    while (step := came_from[site]) is not None:
+        shard, previous = step
+        moves.append((shard, previous, site))
+        site = previous
+    return moves
+
 def _improving_path(source: str, candidates: Mapping[int, Sequence[str]],
                     led_by: Mapping[str, list[int]], load: Counter[str],
                     elsewhere: Counter[str]) -> list[tuple[int, str, str]] | None:
@@ -402,14 +416,7 @@ def _improving_path(source: str, candidates: Mapping[int, Sequence[str]],
     total_gap = load[source] + elsewhere[source] - load[end] - elsewhere[end]
     if not (gap >= 2 or (gap == 1 and total_gap >= 2)):
         return None
-    path: list[tuple[int, str, str]] = []
-    site = end
-    while (step := came_from[site]) is not None:
-        shard, previous = step
-        path.append((shard, previous, site))
-        site = previous
-    path.reverse()
-    return path
+    return list(reversed(moves_back(came_from, end)))
 
 
 def _match(needs: Mapping[int, int], options: Mapping[int, Sequence[str]],
@@ -869,12 +876,7 @@ class _ZonedPlanner(_DatabasePlanner):
                 self.count[site], self.other_replicas[site], site))
             if self.count[giver] - self.count[receiver] < 2:
                 continue
-            moves: list[tuple[int, str, str]] = []
-            site = receiver
-            while (step := came_from[site]) is not None:
-                shard, previous = step
-                moves.append((shard, previous, site))
-                site = previous
+            moves = moves_back(came_from, receiver)
             # Each move was found allowed on the replica sets as they are; the chain
             # holds as a whole only if no two of its moves change one shard.
             if len({shard for shard, _, _ in moves}) == len(moves):
