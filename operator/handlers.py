@@ -46,6 +46,7 @@ from .resources import (
     MANAGED_BY,
     PLURAL,
     VERSION,
+    Manifest,
     Owner,
     desired_objects,
     held_pods,
@@ -107,11 +108,11 @@ def budget_of(memo: kopf.Memo) -> AppliedBudget:
     return found
 
 
-def set_budget(owner: Owner, spec: dict[str, Any], tolerated: int | None,
-               applied: AppliedBudget, always: bool = False) -> None:
-    """Write the sites' PodDisruptionBudget when its maxUnavailable changed (`always`:
-    whatever it was, as the reconcile repairs drift)."""
-    manifest = pod_disruption_budget(owner, spec, tolerated)
+def set_budget(owner: Owner, manifest: Manifest | None, applied: AppliedBudget,
+               always: bool = False) -> None:
+    """Write the sites' PodDisruptionBudget `manifest` (`pod_disruption_budget`; None:
+    turned off) when its maxUnavailable changed (`always`: whatever it was, as the
+    reconcile repairs drift)."""
     if manifest is None:
         return
     value = manifest["spec"]["maxUnavailable"]
@@ -209,7 +210,7 @@ def apply_objects(owner: Owner, spec: dict[str, Any], controllers: controller.Co
                                     replicas=kept_pods(owner, spec, controllers),
                                     tolerated=tolerated):
         if manifest["kind"] == "PodDisruptionBudget":
-            set_budget(owner, spec, tolerated, budget, always=True)
+            set_budget(owner, manifest, budget, always=True)
             continue
         if manifest["kind"] == "StatefulSet":
             existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
@@ -404,7 +405,9 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
     if applied == int(meta.get("generation", 0)):
         # as replicas catch up or fall behind (a PDB alone counts Ready pods)
-        set_budget(owner, current, running.tolerated_disruptions(), budget_of(memo))
+        set_budget(owner, pod_disruption_budget(owner, current,
+                                                running.tolerated_disruptions()),
+                   budget_of(memo))
 
 
 # --- the Spark jobs' last runs -------------------------------------------------------------

@@ -289,8 +289,9 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
     conf = spark_conf(owner, spec)
     executors = int(conf.pop("spark.executor.instances"))
     # the SparkApplication's own fields say these
+    resources = pod_resources(spec)
     (driver_cores, driver_memory), (executor_cores, executor_memory) = (
-        pod_resources(spec)["driver"], pod_resources(spec)["executor"])
+        resources["driver"], resources["executor"])
     for role in ("driver", "executor"):
         for setting in ("cores", "memory"):
             conf.pop(f"spark.{role}.{setting}")
