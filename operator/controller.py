@@ -42,11 +42,8 @@ import logging
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -57,13 +54,10 @@ from stratamq.broker.controller import decisions, disruption, terms
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
 from stratamq.broker.controller.metrics import ControllerCollector, Snapshot
 from stratamq.broker.controller.sites import (
-    BadReportError,
     Report,
     SiteState,
-    parse_held,
-    parse_report,
 )
-from stratamq.broker.ds.replication import Placement, Plan, ShardId, Transition
+from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, next_term, parse_term
 from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
@@ -81,6 +75,7 @@ from .rebalance import (
     summary,
 )
 from .resources import API_VERSION, GROUP, KIND, Owner, labels
+from .sites import Bootstraps, held_placement, probe_all, push
 from .status import ReplicationView
 
 log = logging.getLogger(__name__)
@@ -88,9 +83,6 @@ log = logging.getLogger(__name__)
 # Every replicated database of a site (docs/replication.md), placed alike: the same
 # sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
-PROBE_TIMEOUT = 2.0
-# Sites probed at once by one storage's round (see probe_all).
-MAX_PARALLEL_PROBES = 32
 TRANSITION_API = f"{GROUP}/v1alpha1"
 TRANSITION_KIND = "ReplicaTransition"
 STORAGE_LABEL = f"{GROUP}/durable-storage"
@@ -177,89 +169,6 @@ def load_document(document: Mapping[str, Any], now: float
     forgotten = set(document.get("forgotten") or [])
     return (ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
             sites, pods, forgotten)
-
-
-# --- the sites' API ----------------------------------------------------------------------
-
-def _call(method: str, url: str, token: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
-        return json.load(response)
-
-
-@dataclass(frozen=True)
-class Bootstraps:
-    """What a site says of its checkpoint bootstraps, per shard: the shards it is
-    bootstrapping now, and how many checkpoints it installed per shard since it
-    started (a bootstrap done between two rounds shows only there)."""
-
-    running: frozenset[ShardId] = frozenset()
-    installed: Mapping[ShardId, int] = field(default_factory=dict)
-
-
-def bootstraps_of(document: Mapping[str, Any]) -> Bootstraps:
-    """From a checked report (`parse_report` accepted it): the bootstrap fields of its
-    shards (`state`, `bootstraps`; a site that has none says nothing)."""
-    running, installed = set(), {}
-    for entry in document.get("shards") or []:
-        shard_id = (str(entry["db"]), int(entry["shard"]))
-        if entry.get("state") == "bootstrapping":
-            running.add(shard_id)
-        count = entry.get("bootstraps")
-        if isinstance(count, int) and not isinstance(count, bool):
-            installed[shard_id] = count
-    return Bootstraps(frozenset(running), installed)
-
-
-def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
-    try:
-        document = _call("GET", url + "/api/v1/ds/replication", token)
-        return parse_report(document), bootstraps_of(document)
-    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
-        log.debug("site at %s does not answer: %s", url, error)
-        return None
-
-
-def probe_all(urls: Sequence[str], token: str, deadline: float = PROBE_TIMEOUT
-              ) -> list[tuple[Report, Bootstraps] | None]:
-    """`probe` of every site at once: a round waits at most `deadline` seconds, not the
-    sum of every site's time, so a hung site (one that takes the connection and answers
-    nothing) does not hold up the failover of every other site's shards. A probe not
-    done by then counts as no answer (its thread ends with its socket timeout)."""
-    if not urls:
-        return []
-    pool = ThreadPoolExecutor(max_workers=min(len(urls), MAX_PARALLEL_PROBES),
-                              thread_name_prefix="stratamq-probe")
-    try:
-        futures = [pool.submit(probe, url, token) for url in urls]
-        wait(futures, timeout=deadline)
-        return [future.result() if future.done() else None for future in futures]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The site's answer (`accepted`, the `version` and `term` it keeps); None when it
-    did not answer (it reports its version next round, and gets it again)."""
-    try:
-        found = _call("PUT", url + "/api/v1/ds/placement", token, body)
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        log.debug("push to %s failed: %s", url, error)
-        return None
-    return found if isinstance(found, dict) else None
-
-
-def held_placement(url: str, token: str) -> Placement | None:
-    """The placement a site keeps (`GET /api/v1/ds/placement`); None when it keeps
-    none or does not answer as it should."""
-    try:
-        found = parse_held(_call("GET", url + "/api/v1/ds/placement", token))
-    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
-        log.warning("cannot read the placement the site at %s keeps: %s", url, error)
-        return None
-    return None if found is None else found[0]
 
 
 # --- ReplicaTransitions ------------------------------------------------------------------

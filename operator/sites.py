@@ -1,15 +1,31 @@
 """The sites' admin API, as the operator calls it (blocking; called from Kopf's
-thread pool): which site a pod's broker is."""
+thread pool): which site a pod's broker is (for the status), and what the replication
+controller (controller.py) asks and tells every round: each site's report with its
+checkpoint bootstraps, the placement it keeps, the placement pushed."""
 
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratamq.broker.controller.sites import BadReportError, Report, parse_held, parse_report
+from stratamq.broker.ds.replication import Placement, ShardId
+
+log = logging.getLogger(__name__)
 
 # A site answers from memory; a slow answer means a stuck site, which must not hold
 # up the status of the others for long.
 TIMEOUT_SECONDS = 5.0
+# The controller's heartbeat probe and push wait less: a round must not outlast them.
+PROBE_TIMEOUT = 2.0
+# Sites probed at once by one storage's round (see probe_all).
+MAX_PARALLEL_PROBES = 32
 
 
 class SiteUnreachableError(Exception):
@@ -30,3 +46,84 @@ def site_id(ip: str, port: int, token: str) -> str:
     except (KeyError, IndexError, TypeError) as error:
         raise SiteUnreachableError(f"{ip}:{port}: unexpected answer {body!r}") from error
     return found
+
+
+def _call(method: str, url: str, token: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT) as response:
+        return json.load(response)
+
+
+@dataclass(frozen=True)
+class Bootstraps:
+    """What a site says of its checkpoint bootstraps, per shard: the shards it is
+    bootstrapping now, and how many checkpoints it installed per shard since it
+    started (a bootstrap done between two rounds shows only there)."""
+
+    running: frozenset[ShardId] = frozenset()
+    installed: Mapping[ShardId, int] = field(default_factory=dict)
+
+
+def bootstraps_of(document: Mapping[str, Any]) -> Bootstraps:
+    """From a checked report (`parse_report` accepted it): the bootstrap fields of its
+    shards (`state`, `bootstraps`; a site that has none says nothing)."""
+    running, installed = set(), {}
+    for entry in document.get("shards") or []:
+        shard_id = (str(entry["db"]), int(entry["shard"]))
+        if entry.get("state") == "bootstrapping":
+            running.add(shard_id)
+        count = entry.get("bootstraps")
+        if isinstance(count, int) and not isinstance(count, bool):
+            installed[shard_id] = count
+    return Bootstraps(frozenset(running), installed)
+
+
+def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
+    try:
+        document = _call("GET", url + "/api/v1/ds/replication", token)
+        return parse_report(document), bootstraps_of(document)
+    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
+        log.debug("site at %s does not answer: %s", url, error)
+        return None
+
+
+def probe_all(urls: Sequence[str], token: str, deadline: float = PROBE_TIMEOUT
+              ) -> list[tuple[Report, Bootstraps] | None]:
+    """`probe` of every site at once: a round waits at most `deadline` seconds, not the
+    sum of every site's time, so a hung site (one that takes the connection and answers
+    nothing) does not hold up the failover of every other site's shards. A probe not
+    done by then counts as no answer (its thread ends with its socket timeout)."""
+    if not urls:
+        return []
+    pool = ThreadPoolExecutor(max_workers=min(len(urls), MAX_PARALLEL_PROBES),
+                              thread_name_prefix="stratamq-probe")
+    try:
+        futures = [pool.submit(probe, url, token) for url in urls]
+        wait(futures, timeout=deadline)
+        return [future.result() if future.done() else None for future in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The site's answer (`accepted`, the `version` and `term` it keeps); None when it
+    did not answer (it reports its version next round, and gets it again)."""
+    try:
+        found = _call("PUT", url + "/api/v1/ds/placement", token, body)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        log.debug("push to %s failed: %s", url, error)
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def held_placement(url: str, token: str) -> Placement | None:
+    """The placement a site keeps (`GET /api/v1/ds/placement`); None when it keeps
+    none or does not answer as it should."""
+    try:
+        found = parse_held(_call("GET", url + "/api/v1/ds/placement", token))
+    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
+        log.warning("cannot read the placement the site at %s keeps: %s", url, error)
+        return None
+    return None if found is None else found[0]

@@ -1,4 +1,4 @@
-"""The operator's heartbeat probes of a storage's sites (`operator/controller.py`,
+"""The operator's heartbeat probes of a storage's sites (`operator/sites.py`,
 `probe_all`): all at once, so a round waits for the slowest site at most its deadline,
 not for the sum of every site's time. Real HTTP servers on loopback; the hung site
 takes the connection (the kernel does) and answers nothing, as a frozen broker does."""
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from stratamq.operator.controller import probe_all
+from stratamq.operator.sites import probe_all
 
 TOKEN = "secret"
 
