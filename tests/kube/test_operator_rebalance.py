@@ -29,6 +29,7 @@ from stratamq.broker.ds.replication import Placement, Plan, Site, plan
 from stratamq.operator import controller, kube
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
+from stratamq.operator.transitions import plan_key, transition_manifest, transition_name
 from tests.support.cluster import SiteProcess
 from tests.support.harness import BrokerProcess, free_port
 from tests.support.kube import ControlPlane
@@ -57,14 +58,12 @@ def transitions(api: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def names_of(plan_: Plan) -> set[str]:
-    return {controller.transition_name(NAME, plan_, step)
-            for step in range(len(plan_.transitions))}
+    return {transition_name(NAME, plan_, step) for step in range(len(plan_.transitions))}
 
 
 def make_transitions(owner: Owner, plan_: Plan, run: PlanRun | None = None) -> None:
     for step, transition in enumerate(plan_.transitions):
-        assert kube.create(controller.transition_manifest(owner, plan_, step, transition,
-                                                          run=run))
+        assert kube.create(transition_manifest(owner, plan_, step, transition, run=run))
 
 
 def plans_from(versions: list[int]) -> list[Plan]:
@@ -80,7 +79,7 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
                             "messages": {"nShards": 2, "replicationFactor": 3}}
     owner = make_storage(api, namespace, spec)
     oldest, older, newer, running = plans_from([2, 3, 9, 4])
-    run = PlanRun(key=controller.plan_key(running), trigger="Scale", message="sites 3 -> 4",
+    run = PlanRun(key=plan_key(running), trigger="Scale", message="sites 3 -> 4",
                   steps=len(running.transitions), started=0.0)
     for made in (oldest, older, newer):
         make_transitions(owner, made)
@@ -93,7 +92,7 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
                 "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
 
     # One step of it lost (or made under another name by an older operator).
-    lost = controller.transition_name(NAME, running, 1)
+    lost = transition_name(NAME, running, 1)
     assert kube.delete("stratamq.io/v1alpha1", "ReplicaTransition", namespace, lost)
 
     started = controller.Controllers().of(owner, spec, HEARTBEAT)
@@ -105,7 +104,7 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
     assert summary is not None
     assert {key: summary[key] for key in ("plan", "trigger", "message", "steps", "stepsDone",
                                           "result")} == {
-        "plan": controller.plan_key(running), "trigger": "Scale", "message": "sites 3 -> 4",
+        "plan": plan_key(running), "trigger": "Scale", "message": "sites 3 -> 4",
         "steps": len(running.transitions), "stepsDone": 0, "result": "Running"}
 
 

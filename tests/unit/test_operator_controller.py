@@ -18,20 +18,22 @@ from stratamq.operator.controller import (
     kept_document,
     leader_move_event,
     load_document,
-    phase_path,
-    plan_key,
     plan_trigger,
     seen_on,
     settings_of,
-    step_phases,
     term_of,
-    transition_manifest,
-    transition_name,
 )
 from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
+from stratamq.operator.transitions import (
+    phase_path,
+    plan_key,
+    step_phases,
+    transition_manifest,
+    transition_name,
+)
 
 OWNER = Owner(name="mq", namespace="brokers", uid="u-1")
 SPEC = {"sites": 3, "messages": {"nShards": 2, "replicationFactor": 3}}
