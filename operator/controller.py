@@ -62,29 +62,20 @@ from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
-from .phases import FINAL_PHASES, PlanTrigger, TransitionPhase
+from .phases import PlanTrigger
 from .rebalance import (
     DEFAULT_HISTORY_LIMIT,
-    PlanRun,
     history_limit,
-    run_of,
-    stale_transitions,
     summary,
 )
 from .resources import API_VERSION, KIND, Owner
 from .sites import Bootstraps, held_placement, probe_all, push
 from .status import ReplicationView
 from .transitions import (
-    PLAN_LABEL,
     STORAGE_LABEL,
     TRANSITION_API,
     TRANSITION_KIND,
-    phase_path,
-    plan_key,
-    step_phases,
-    taken_steps,
-    transition_manifest,
-    transition_name,
+    Transitions,
 )
 
 log = logging.getLogger(__name__)
@@ -225,7 +216,8 @@ KEEP_TRIES = 5  # conditional writes of status.controller refused by other write
 
 class StorageController:
     def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
-                 resource_version: str = "") -> None:
+                 resource_version: str = "",
+                 history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         self.owner = owner
         self.settings = settings
         self.started = time.monotonic()
@@ -251,13 +243,7 @@ class StorageController:
         # The storage's resourceVersion when status.controller was last read or written
         # here: the next write is conditional on it (the fence between two operators).
         self._resource_version = resource_version
-        self._boots: dict[str, Bootstraps] = {}  # site -> its last report's bootstraps
-        self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
-        self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
-        self._showed_bootstrap: set[str] = set()  # ... and whose phase said so
         self._pushed_told: dict[str, Any] | None = None
-        self._phases: dict[str, str] = {}
-        self._plan: Plan | None = self.state.plan  # whose ReplicaTransitions exist
         self._round_lock = threading.Lock()
         # the controller term: taken on the first round with reports (above the kept one
         # and every one reported), kept in status.controller, stamped on every push
@@ -268,16 +254,9 @@ class StorageController:
         self._refused = False  # a site refused the last push: adopt what the sites keep
         # (reason, message) of the Warning events the handler is to post
         self._warnings: list[tuple[str, str]] = []
-        # The plans whose ReplicaTransitions are kept (spec.transitionHistoryLimit).
-        self.history_limit = DEFAULT_HISTORY_LIMIT
         # Why this round's _follow_goal made a plan: (trigger, message).
         self._round_trigger: tuple[str, str] | None = None
-        # The plan running, or the last one, as status.rebalance summarises it: its
-        # run, its steps' names, when it ended; published whole (`rebalance`).
-        self._run: PlanRun | None = None
-        self._run_names: tuple[str, ...] = ()
-        self._run_ended: float | None = None
-        self.rebalance: tuple[PlanRun, tuple[str, ...], float | None] | None = None
+        self.transitions = Transitions(owner, self.state.plan, history_limit)
         if self.state.plan is not None:
             log.info("%s/%s: resuming a plan at placement version %d", owner.namespace,
                      owner.name, self.state.placement.version)
@@ -293,7 +272,6 @@ class StorageController:
     def _round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
                token: str) -> None:
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
-        self.history_limit = history_limit(spec)
         self._round_trigger = None
         port = admin_port(dict(spec))
         # Terminating pods too: a site that got its SIGTERM reports `stopping` and
@@ -347,7 +325,6 @@ class StorageController:
             self.earlier_sites = self.sites
             self.sites, self.pods, self.urls = sites, site_pods, urls
             self.forgotten = forgotten
-            self._boots = boots
             self.state, self.notes = decision.state, notes
             self.goal_unsettled = self._unsettled
             self.round_generation = generation
@@ -355,7 +332,10 @@ class StorageController:
         if decision.state.placement != before:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
         self._push(token)
-        self._transitions()
+        versions = {site.id: site.placement_version for site in self.sites.values()
+                    if site.answered and not is_gone(site, time.monotonic(), self.settings)}
+        self.transitions.follow(self.state, self.pods, boots, versions, self._round_trigger,
+                                history_limit(spec))
 
     def _post(self, event: dict[str, Any]) -> None:
         """Post an Event; one the API server refuses is logged, not the round's end."""
@@ -570,181 +550,6 @@ class StorageController:
         if not missed:
             self._pushed_told = told
 
-    # -- ReplicaTransitions ---------------------------------------------------------------
-
-    def _transitions(self) -> None:
-        """Make the pending plan's ReplicaTransitions and move their phases along; the
-        steps of a plan replaced before it ended are Failed, saying why."""
-        state = self.state
-        changed = self._plan != state.plan
-        replaced = self._plan is not None and changed
-        if self._plan is not None and self._plan != state.plan:
-            finished = self._plan.target == state.placement or (
-                state.plan is None and self._phases_all_taken(self._plan, state))
-            if finished:
-                self._watch_bootstraps(self._plan, state)
-            for number, step in enumerate(self._plan.transitions):
-                name = transition_name(self.owner.name, self._plan, number)
-                if self._phases.get(name) not in FINAL_PHASES:
-                    if finished:
-                        self._set_phase(name, step.action, TransitionPhase.DONE)
-                    else:
-                        self._set_phase(name, step.action, TransitionPhase.FAILED, "Replanned",
-                                        "the plan was made again (a failover, or the "
-                                        "sites asked for changed)")
-            self._plan = None
-            self._run_ended = time.time()
-        if state.plan is None:
-            if changed:
-                self._publish_run()
-                self.prune_history()
-            return
-        if self._plan != state.plan:
-            self._plan = state.plan
-            trigger, message = self._round_trigger or (
-                (PlanTrigger.FAILOVER, "the plan running was made again around a failover")
-                if replaced else (PlanTrigger.UNKNOWN, ""))
-            self._run = PlanRun(key=plan_key(state.plan), trigger=trigger, message=message,
-                                steps=len(state.plan.transitions), started=time.time())
-            self._run_ended = None
-            self._run_names = tuple(transition_name(self.owner.name, state.plan, number)
-                                    for number in range(len(state.plan.transitions)))
-            for number, step in enumerate(state.plan.transitions):
-                manifest = transition_manifest(self.owner, state.plan, number, step,
-                                               self.pods.get(step.site, ""), self._run)
-                if kube.create(manifest):
-                    log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
-                             self.owner.name, manifest["metadata"]["name"], step)
-                if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
-                    self._write_phase(manifest["metadata"]["name"], TransitionPhase.PENDING)
-            self.prune_history()
-        versions = {site.id: site.placement_version for site in self.sites.values()
-                    if site.answered and not is_gone(site, time.monotonic(), self.settings)}
-        bootstrapping = self._watch_bootstraps(state.plan, state)
-        for number, phase in enumerate(step_phases(state.plan, state, versions, bootstrapping)):
-            self._set_phase(transition_name(self.owner.name, state.plan, number),
-                            state.plan.transitions[number].action, phase)
-        self._publish_run()
-
-    def _publish_run(self) -> None:
-        """What status.rebalance summarises, for view() (read in other threads)."""
-        if self._run is not None:
-            phases = tuple(self._phases.get(name, TransitionPhase.PENDING)
-                           for name in self._run_names)
-            self.rebalance = (self._run, phases, self._run_ended)
-
-    def prune_history(self, listed: list[dict[str, Any]] | None = None) -> None:
-        """Delete the ReplicaTransitions of the plans older than the newest
-        `history_limit` (the plan running always among those kept); `listed`: them
-        as just listed, else listed here."""
-        if listed is None:
-            listed = kube.list_labeled(TRANSITION_API, TRANSITION_KIND, self.owner.namespace,
-                                       f"{STORAGE_LABEL}={self.owner.name}")
-        running = None if self._plan is None else plan_key(self._plan)
-        stale = stale_transitions(listed, PLAN_LABEL, self.owner.uid, self.history_limit,
-                                  running)
-        for name in stale:
-            kube.delete(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name)
-            self._phases.pop(name, None)
-        if stale:
-            log.info("%s/%s: %d ReplicaTransitions of plans older than the last %d deleted",
-                     self.owner.namespace, self.owner.name, len(stale), self.history_limit)
-
-    def resume_run(self, listed: list[dict[str, Any]]) -> None:
-        """At start: the run of the plan resumed, from its ReplicaTransitions; those
-        missing are made (an operator before zero-padded names made them under
-        others)."""
-        plan = self._plan
-        if plan is None:
-            return
-        self._run = run_of(listed, PLAN_LABEL, plan_key(plan), len(plan.transitions)) or (
-            PlanRun(key=plan_key(plan), trigger=PlanTrigger.UNKNOWN, message="",
-                    steps=len(plan.transitions), started=time.time()))
-        self._run_names = tuple(transition_name(self.owner.name, plan, number)
-                                for number in range(len(plan.transitions)))
-        there = {item["metadata"]["name"] for item in listed}
-        for number, step in enumerate(plan.transitions):
-            if self._run_names[number] not in there:
-                kube.create(transition_manifest(self.owner, plan, number, step,
-                                                self.pods.get(step.site, ""), self._run))
-                self._write_phase(self._run_names[number], TransitionPhase.PENDING)
-        self._publish_run()
-
-    def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> bool:
-        """Note which taken `+site` steps bootstrapped their site from a checkpoint (it
-        says `bootstrapping` for the shard, or installed a checkpoint of it since the
-        step was taken); whether the step under way is bootstrapping now."""
-        taken = taken_steps(plan, state.placement)
-        if taken is None:
-            return False
-        now = False
-        for number, step in enumerate(plan.transitions[:taken]):
-            boots = self._boots.get(step.site)
-            if step.action != "add" or boots is None:
-                continue
-            name = transition_name(self.owner.name, plan, number)
-            count = boots.installed.get(step.shard_id, 0)
-            base = self._boot_base.setdefault(name, count)
-            running = step.shard_id in boots.running and number == taken - 1
-            if running or count > base:
-                self._bootstrapped.add(name)
-            now |= running and state.catch_up is not None
-        return now
-
-    @staticmethod
-    def _phases_all_taken(plan: Plan, state: ClusterState) -> bool:
-        try:
-            return not plan.remaining(state.placement)
-        except PlanError:
-            return False
-
-    def _set_phase(self, name: str, action: str, phase: TransitionPhase, reason: str = "",
-                   message: str = "") -> None:
-        """Move the step to `phase` through the phases it passed meanwhile."""
-        current = self._phases.get(name, TransitionPhase.PENDING)
-        bootstrapped = name in self._bootstrapped
-        if (bootstrapped and current == TransitionPhase.CATCHING_UP
-                and phase != TransitionPhase.FAILED
-                and name not in self._showed_bootstrap):
-            # Its site began the bootstrap after a round had seen it catching up
-            # (the leader decides on it as it ships the first entries).
-            path = [TransitionPhase.BOOTSTRAPPING,
-                    *phase_path(action, TransitionPhase.BOOTSTRAPPING, phase, True)]
-        else:
-            path = phase_path(action, current, phase, bootstrapped)
-        for passed in path:
-            if passed == phase:
-                self._write_phase(name, passed, reason, message)
-            else:
-                self._write_phase(name, passed)
-
-    def _write_phase(self, name: str, phase: TransitionPhase, reason: str = "",
-                     message: str = "") -> None:
-        if self._phases.get(name) == phase:
-            return
-        status: dict[str, Any] = {"phase": phase}
-        if (phase != TransitionPhase.PENDING
-                and self._phases.get(name, TransitionPhase.PENDING) == TransitionPhase.PENDING):
-            status["startTime"] = utc_now()
-        if phase in FINAL_PHASES:
-            status["completionTime"] = utc_now()
-        if reason:
-            status |= {"reason": reason, "message": message}
-        if kube.patch_status(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name,
-                             status):
-            log.info("%s/%s: ReplicaTransition %s is %s", self.owner.namespace,
-                     self.owner.name, name, phase)
-            self._phases[name] = phase
-            if phase == TransitionPhase.BOOTSTRAPPING:
-                self._showed_bootstrap.add(name)
-
-    def known_phases(self, found: list[dict[str, Any]]) -> None:
-        """The phases the ReplicaTransitions have (after a restart: not set again)."""
-        for item in found:
-            phase = (item.get("status") or {}).get("phase")
-            if phase:
-                self._phases[item["metadata"]["name"]] = phase
-
     # -- what others read -----------------------------------------------------------------
 
     def kept_pods(self, sites_asked: int) -> int:
@@ -768,7 +573,7 @@ class StorageController:
             state, sites, unsettled = self.state, self.sites, self.goal_unsettled
             generation, no_plan = self.round_generation, self.no_plan
             waiting = "; ".join(self.notes) if state.placement.version == 0 else ""
-            rebalance = self.rebalance
+            rebalance = self.transitions.rebalance
         now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
@@ -841,13 +646,11 @@ class Controllers:
                 return None
             document = (current.get("status") or {}).get("controller") or {}
             made = StorageController(owner, settings_of(spec, heartbeat), document,
-                                     current["metadata"]["resourceVersion"])
-            made.history_limit = history_limit(spec)
-            listed = kube.list_labeled(TRANSITION_API, TRANSITION_KIND, owner.namespace,
-                                       f"{STORAGE_LABEL}={owner.name}")
-            made.known_phases(listed)
-            made.resume_run(listed)
-            made.prune_history(listed)
+                                     current["metadata"]["resourceVersion"],
+                                     history_limit(spec))
+            made.transitions.start(kube.list_labeled(
+                TRANSITION_API, TRANSITION_KIND, owner.namespace,
+                f"{STORAGE_LABEL}={owner.name}"), made.pods)
             self._by_uid[owner.uid] = made
             return made
 

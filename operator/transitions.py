@@ -1,12 +1,15 @@
 """A plan's steps as ReplicaTransition objects (one per step, owned by the storage,
 labelled with it and with their plan), and the phase each step is in: named per plan
 so that two plans from one placement version never share a name, numbered so that
-`kubectl get` lists a plan's steps in order. Pure; StorageController (controller.py)
-makes them and moves their phases along."""
+`kubectl get` lists a plan's steps in order. The functions are pure; `Transitions`,
+which each storage's controller (controller.py) builds and calls every round, makes
+the objects and moves their phases along through the API."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,9 +17,20 @@ from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.errors import PlanError
 
-from .phases import ADD_PHASES, REMOVE_PHASES, TransitionPhase
-from .rebalance import MESSAGE_ANNOTATION, TRIGGER_ANNOTATION, PlanRun
+from . import kube
+from .phases import ADD_PHASES, FINAL_PHASES, REMOVE_PHASES, PlanTrigger, TransitionPhase
+from .rebalance import (
+    MESSAGE_ANNOTATION,
+    TRIGGER_ANNOTATION,
+    PlanRun,
+    run_of,
+    stale_transitions,
+    timestamp,
+)
 from .resources import GROUP, Owner, labels
+from .sites import Bootstraps
+
+log = logging.getLogger(__name__)
 
 TRANSITION_API = f"{GROUP}/v1alpha1"
 TRANSITION_KIND = "ReplicaTransition"
@@ -123,3 +137,217 @@ def taken_steps(plan: Plan, placement: Placement) -> int | None:
         return len(plan.transitions) - len(plan.remaining(placement))
     except PlanError:
         return None
+
+
+def all_taken(plan: Plan, state: ClusterState) -> bool:
+    """Every step of `plan` is taken at `state`'s placement (False when it is not on
+    the plan's way)."""
+    try:
+        return not plan.remaining(state.placement)
+    except PlanError:
+        return False
+
+
+class Transitions:
+    """One storage's ReplicaTransitions, as its controller keeps them: made for each
+    plan it runs, their phases moved along every round (through the phases passed
+    between two rounds), the plans past spec.transitionHistoryLimit deleted, and the
+    run of the plan as status.rebalance summarises it (`rebalance`, published whole
+    for readers in other threads). Called from the controller's rounds, one at a
+    time."""
+
+    def __init__(self, owner: Owner, plan: Plan | None, history_limit: int) -> None:
+        self.owner = owner
+        # The plans whose ReplicaTransitions are kept (spec.transitionHistoryLimit).
+        self.history_limit = history_limit
+        self._phases: dict[str, str] = {}
+        self._plan = plan  # whose ReplicaTransitions exist
+        self._boots: Mapping[str, Bootstraps] = {}  # site -> its last report's bootstraps
+        self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
+        self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
+        self._showed_bootstrap: set[str] = set()  # ... and whose phase said so
+        # The plan running, or the last one, as status.rebalance summarises it: its
+        # run, its steps' names, when it ended; published whole (`rebalance`).
+        self._run: PlanRun | None = None
+        self._run_names: tuple[str, ...] = ()
+        self._run_ended: float | None = None
+        self.rebalance: tuple[PlanRun, tuple[str, ...], float | None] | None = None
+
+    def start(self, listed: list[dict[str, Any]], pods: Mapping[str, str]) -> None:
+        """At the controller's start, from the storage's ReplicaTransitions as `listed`:
+        the phases they have, the run of the plan resumed, the old plans pruned."""
+        self.known_phases(listed)
+        self.resume_run(listed, pods)
+        self.prune_history(listed)
+
+    def follow(self, state: ClusterState, pods: Mapping[str, str],
+               boots: Mapping[str, Bootstraps], versions: Mapping[str, int | None],
+               why: tuple[str, str] | None, limit: int) -> None:
+        """Make the pending plan's ReplicaTransitions and move their phases along; the
+        steps of a plan replaced before it ended are Failed, saying why. `state`: as
+        this round kept it; `pods`: site -> its pod; `boots`: each site's bootstraps as
+        it reported them; `versions`: the placement version each site that answers
+        took; `why`: (trigger, message) when this round made a plan, else None;
+        `limit`: spec.transitionHistoryLimit."""
+        self.history_limit = limit
+        self._boots = boots
+        changed = self._plan != state.plan
+        replaced = self._plan is not None and changed
+        if self._plan is not None and self._plan != state.plan:
+            finished = self._plan.target == state.placement or (
+                state.plan is None and all_taken(self._plan, state))
+            if finished:
+                self._watch_bootstraps(self._plan, state)
+            for number, step in enumerate(self._plan.transitions):
+                name = transition_name(self.owner.name, self._plan, number)
+                if self._phases.get(name) not in FINAL_PHASES:
+                    if finished:
+                        self._set_phase(name, step.action, TransitionPhase.DONE)
+                    else:
+                        self._set_phase(name, step.action, TransitionPhase.FAILED, "Replanned",
+                                        "the plan was made again (a failover, or the "
+                                        "sites asked for changed)")
+            self._plan = None
+            self._run_ended = time.time()
+        if state.plan is None:
+            if changed:
+                self._publish_run()
+                self.prune_history()
+            return
+        if self._plan != state.plan:
+            self._plan = state.plan
+            trigger, message = why or (
+                (PlanTrigger.FAILOVER, "the plan running was made again around a failover")
+                if replaced else (PlanTrigger.UNKNOWN, ""))
+            self._run = PlanRun(key=plan_key(state.plan), trigger=trigger, message=message,
+                                steps=len(state.plan.transitions), started=time.time())
+            self._run_ended = None
+            self._run_names = tuple(transition_name(self.owner.name, state.plan, number)
+                                    for number in range(len(state.plan.transitions)))
+            for number, step in enumerate(state.plan.transitions):
+                manifest = transition_manifest(self.owner, state.plan, number, step,
+                                               pods.get(step.site, ""), self._run)
+                if kube.create(manifest):
+                    log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
+                             self.owner.name, manifest["metadata"]["name"], step)
+                if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
+                    self._write_phase(manifest["metadata"]["name"], TransitionPhase.PENDING)
+            self.prune_history()
+        bootstrapping = self._watch_bootstraps(state.plan, state)
+        for number, phase in enumerate(step_phases(state.plan, state, versions, bootstrapping)):
+            self._set_phase(transition_name(self.owner.name, state.plan, number),
+                            state.plan.transitions[number].action, phase)
+        self._publish_run()
+
+    def _publish_run(self) -> None:
+        """What status.rebalance summarises, for the controller's view() (read in other
+        threads)."""
+        if self._run is not None:
+            phases = tuple(self._phases.get(name, TransitionPhase.PENDING)
+                           for name in self._run_names)
+            self.rebalance = (self._run, phases, self._run_ended)
+
+    def prune_history(self, listed: list[dict[str, Any]] | None = None) -> None:
+        """Delete the ReplicaTransitions of the plans older than the newest
+        `history_limit` (the plan running always among those kept); `listed`: them
+        as just listed, else listed here."""
+        if listed is None:
+            listed = kube.list_labeled(TRANSITION_API, TRANSITION_KIND, self.owner.namespace,
+                                       f"{STORAGE_LABEL}={self.owner.name}")
+        running = None if self._plan is None else plan_key(self._plan)
+        stale = stale_transitions(listed, PLAN_LABEL, self.owner.uid, self.history_limit,
+                                  running)
+        for name in stale:
+            kube.delete(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name)
+            self._phases.pop(name, None)
+        if stale:
+            log.info("%s/%s: %d ReplicaTransitions of plans older than the last %d deleted",
+                     self.owner.namespace, self.owner.name, len(stale), self.history_limit)
+
+    def resume_run(self, listed: list[dict[str, Any]], pods: Mapping[str, str]) -> None:
+        """At start: the run of the plan resumed, from its ReplicaTransitions (as
+        `listed`); those missing are made (an operator before zero-padded names made
+        them under others). `pods`: site -> its pod."""
+        plan = self._plan
+        if plan is None:
+            return
+        self._run = run_of(listed, PLAN_LABEL, plan_key(plan), len(plan.transitions)) or (
+            PlanRun(key=plan_key(plan), trigger=PlanTrigger.UNKNOWN, message="",
+                    steps=len(plan.transitions), started=time.time()))
+        self._run_names = tuple(transition_name(self.owner.name, plan, number)
+                                for number in range(len(plan.transitions)))
+        there = {item["metadata"]["name"] for item in listed}
+        for number, step in enumerate(plan.transitions):
+            if self._run_names[number] not in there:
+                kube.create(transition_manifest(self.owner, plan, number, step,
+                                                pods.get(step.site, ""), self._run))
+                self._write_phase(self._run_names[number], TransitionPhase.PENDING)
+        self._publish_run()
+
+    def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> bool:
+        """Note which taken `+site` steps bootstrapped their site from a checkpoint (it
+        says `bootstrapping` for the shard, or installed a checkpoint of it since the
+        step was taken); whether the step under way is bootstrapping now."""
+        taken = taken_steps(plan, state.placement)
+        if taken is None:
+            return False
+        now = False
+        for number, step in enumerate(plan.transitions[:taken]):
+            boots = self._boots.get(step.site)
+            if step.action != "add" or boots is None:
+                continue
+            name = transition_name(self.owner.name, plan, number)
+            count = boots.installed.get(step.shard_id, 0)
+            base = self._boot_base.setdefault(name, count)
+            running = step.shard_id in boots.running and number == taken - 1
+            if running or count > base:
+                self._bootstrapped.add(name)
+            now |= running and state.catch_up is not None
+        return now
+
+    def _set_phase(self, name: str, action: str, phase: TransitionPhase, reason: str = "",
+                   message: str = "") -> None:
+        """Move the step to `phase` through the phases it passed meanwhile."""
+        current = self._phases.get(name, TransitionPhase.PENDING)
+        bootstrapped = name in self._bootstrapped
+        if (bootstrapped and current == TransitionPhase.CATCHING_UP
+                and phase != TransitionPhase.FAILED
+                and name not in self._showed_bootstrap):
+            # Its site began the bootstrap after a round had seen it catching up
+            # (the leader decides on it as it ships the first entries).
+            path = [TransitionPhase.BOOTSTRAPPING,
+                    *phase_path(action, TransitionPhase.BOOTSTRAPPING, phase, True)]
+        else:
+            path = phase_path(action, current, phase, bootstrapped)
+        for passed in path:
+            if passed == phase:
+                self._write_phase(name, passed, reason, message)
+            else:
+                self._write_phase(name, passed)
+
+    def _write_phase(self, name: str, phase: TransitionPhase, reason: str = "",
+                     message: str = "") -> None:
+        if self._phases.get(name) == phase:
+            return
+        status: dict[str, Any] = {"phase": phase}
+        if (phase != TransitionPhase.PENDING
+                and self._phases.get(name, TransitionPhase.PENDING) == TransitionPhase.PENDING):
+            status["startTime"] = timestamp(time.time())
+        if phase in FINAL_PHASES:
+            status["completionTime"] = timestamp(time.time())
+        if reason:
+            status |= {"reason": reason, "message": message}
+        if kube.patch_status(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name,
+                             status):
+            log.info("%s/%s: ReplicaTransition %s is %s", self.owner.namespace,
+                     self.owner.name, name, phase)
+            self._phases[name] = phase
+            if phase == TransitionPhase.BOOTSTRAPPING:
+                self._showed_bootstrap.add(name)
+
+    def known_phases(self, found: list[dict[str, Any]]) -> None:
+        """The phases the ReplicaTransitions have (after a restart: not set again)."""
+        for item in found:
+            phase = (item.get("status") or {}).get("phase")
+            if phase:
+                self._phases[item["metadata"]["name"]] = phase
