@@ -41,7 +41,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -56,12 +56,13 @@ from stratamq.broker.controller.sites import (
     Report,
     SiteState,
 )
-from stratamq.broker.ds.replication import Placement, Plan, Transition
+from stratamq.broker.ds.replication import Transition
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, next_term, parse_term
 from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
 from .config import admin_port
+from .kept_state import KeptState, kept_document, load_document, term_of
 from .phases import PlanTrigger
 from .rebalance import (
     DEFAULT_HISTORY_LIMIT,
@@ -102,27 +103,6 @@ def settings_of(spec: Mapping[str, Any], heartbeat: float) -> Settings:
                     databases=DATABASES, expected_sites=int(spec.get("sites", 3)))
 
 
-# --- the state kept in status.controller -------------------------------------------------
-
-def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
-                  pods: Mapping[str, str], forgotten: Iterable[str] = (),
-                  term: ControllerTerm = NO_TERM) -> dict[str, Any]:
-    """`status.controller`: the placement and plan as the local controller keeps them
-    in its files (strings: their own checked formats), the goals, the sites known
-    (with their pods and peer addresses), the sites forgotten (their pods went away
-    while they held nothing: the sites adopt the sessions they owned), and the
-    controller term taken."""
-    return {
-        "term": {"number": term.number, "controller": term.controller},
-        "placement": state.placement.to_json() if state.placement.version > 0 else "",
-        "plan": "" if state.plan is None else state.plan.to_json(),
-        "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
-        "sites": [{"id": site, "pod": pods.get(site, ""), "peer": sites[site].peer or ""}
-                  for site in sorted(sites)],
-        "forgotten": sorted(forgotten),
-    }
-
-
 def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> SiteState:
     """The site as it answered the probe, in the zone of its pod's node. The operator
     reads the node's zone itself (`kube.site_pods`): the downward API cannot give a
@@ -131,35 +111,6 @@ def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> 
     zone."""
     seen = known.seen(report, now)
     return seen if pod.zone is None else replace(seen, zone=pod.zone)
-
-
-def term_of(document: Mapping[str, Any]) -> ControllerTerm:
-    """The term kept in status.controller (term 0 when none: an operator before
-    terms)."""
-    kept = document.get("term") or {}
-    return parse_term([kept["number"], kept["controller"]] if kept else None,
-                      "status.controller.term")
-
-
-def load_document(document: Mapping[str, Any], now: float
-                  ) -> tuple[ClusterState, dict[str, SiteState], dict[str, str], set[str]]:
-    """The inverse of `kept_document`; sites known from it get the grace of one that
-    answered just now (as the local controller gives the sites of its files)."""
-    placement = (Placement.from_json(document["placement"]) if document.get("placement")
-                 else Placement.empty())
-    plan = Plan.from_json(document["plan"]) if document.get("plan") else None
-    goals = {database: tuple(goal) for database, goal in (document.get("goals") or {}).items()}
-    catch_up = None if plan is None else decisions.resumed_catch_up(plan, placement)
-    sites: dict[str, SiteState] = {}
-    pods: dict[str, str] = {}
-    for entry in document.get("sites") or []:
-        sites[entry["id"]] = SiteState(id=entry["id"], admin_url="", last_seen=now,
-                                       peer=entry.get("peer") or None)
-        if entry.get("pod"):
-            pods[entry["id"]] = entry["pod"]
-    forgotten = set(document.get("forgotten") or [])
-    return (ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
-            sites, pods, forgotten)
 
 
 def leader_move_event(owner: Owner, move: LeaderMove, pods: Mapping[str, str], now: str
@@ -211,9 +162,6 @@ def plan_trigger(old_goals: list[tuple[str, ...]], goal: tuple[str, ...],
 
 # --- one storage's controller ----------------------------------------------------------
 
-KEEP_TRIES = 5  # conditional writes of status.controller refused by other writers' changes
-
-
 class StorageController:
     def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
                  resource_version: str = "",
@@ -239,10 +187,7 @@ class StorageController:
         self._no_plan = ""  # why the goal has no plan (said once)
         self.no_plan = ""  # ... as of the last published round
         self._publish_lock = threading.Lock()
-        self._saved = dict(document)
-        # The storage's resourceVersion when status.controller was last read or written
-        # here: the next write is conditional on it (the fence between two operators).
-        self._resource_version = resource_version
+        self.kept = KeptState(owner, document, resource_version)
         self._pushed_told: dict[str, Any] | None = None
         self._round_lock = threading.Lock()
         # the controller term: taken on the first round with reports (above the kept one
@@ -313,11 +258,15 @@ class StorageController:
         before = self.state.placement
         document = kept_document(decision.state, sites, site_pods, forgotten,
                                  self.term or self._kept_term)
-        if document != self._saved and not self._keep(document):
+        if document != self.kept.saved:
             # Kept before anything is pushed: a site must never hold a placement that
             # a restarted operator does not know. Not kept: the storage is gone, or
             # another operator wrote its state since (loaded instead of this round's).
-            return
+            written, other = self.kept.write(document)
+            if other is not None:
+                self._adopt(other)
+            if not written:
+                return
         # Kept: the failovers are this operator's; said before the status can show them.
         for move in decision.leader_moves:
             self._post(leader_move_event(self.owner, move, site_pods, utc_now()))
@@ -416,37 +365,6 @@ class StorageController:
         self._warnings.append(("PlacementRefused", message))
         self._refused = True
 
-    def _keep(self, document: dict[str, Any]) -> bool:
-        """Write `document` as status.controller, on condition that the storage is at
-        the resourceVersion this operator last saw. Refused (409): when the kept state
-        is still the one written here, something else changed the storage (its spec,
-        the status refresh, Kopf's own marks) and the write is tried again at the new
-        version; when it is another state, another operator acts (a Kopf peering
-        hand-over): its state is loaded in place of this round's and False returned,
-        so nothing is pushed. False too when the storage is gone."""
-        for _ in range(KEEP_TRIES):
-            try:
-                written = kube.patch_status_at(API_VERSION, KIND, self.owner.namespace,
-                                               self.owner.name, {"controller": document},
-                                               self._resource_version)
-            except kube.StaleWriteError:
-                current = kube.get(API_VERSION, KIND, self.owner.namespace, self.owner.name)
-                if current is None:
-                    return False
-                self._resource_version = current["metadata"]["resourceVersion"]
-                found = (current.get("status") or {}).get("controller") or {}
-                if found != self._saved:
-                    self._adopt(found)
-                    return False
-                continue
-            if written is None:
-                return False
-            self._resource_version, self._saved = written, document
-            return True
-        log.warning("%s/%s: status.controller not written: the storage kept changing",
-                    self.owner.namespace, self.owner.name)
-        return False
-
     def _adopt(self, document: Mapping[str, Any]) -> None:
         """Take the state another operator kept (this one's round is dropped)."""
         log.warning("%s/%s: another operator wrote the controller's state since this one "
@@ -455,7 +373,6 @@ class StorageController:
         state, sites, pods, forgotten = load_document(document, time.monotonic())
         with self._publish_lock:
             self.state, self.sites, self.pods, self.forgotten = state, sites, pods, forgotten
-        self._saved = dict(document)
         self._pushed_told = None
 
     def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],

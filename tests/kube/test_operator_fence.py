@@ -23,6 +23,7 @@ from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.sites import SiteState
 from stratamq.broker.ds.replication import Placement, Site, plan
 from stratamq.operator import controller, kube
+from stratamq.operator.kept_state import kept_document
 from stratamq.operator.resources import Owner
 from tests.support.cluster import SiteProcess
 from tests.support.harness import HOST, BrokerProcess
@@ -67,7 +68,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
         plan([Site(report["site"])], list(controller.DATABASES), N_SHARDS, 1,
              Placement.empty()).start,
         version=7)
-    document = controller.kept_document(
+    document = kept_document(
         ClusterState(placement=theirs,
                      goals={database: (report["site"],) for database in controller.DATABASES}),
         {report["site"]: SiteState(id=report["site"], admin_url="", last_seen=0.0)},

@@ -15,14 +15,12 @@ from stratamq.broker.ds.replication import Placement, Site, apply_transition, pl
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
     StorageController,
-    kept_document,
     leader_move_event,
-    load_document,
     plan_trigger,
     seen_on,
     settings_of,
-    term_of,
 )
+from stratamq.operator.kept_state import kept_document, load_document, term_of
 from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.rebalance import PlanRun
