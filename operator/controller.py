@@ -162,7 +162,67 @@ def plan_trigger(old_goals: list[tuple[str, ...]], goal: tuple[str, ...],
 
 # --- one storage's controller ----------------------------------------------------------
 
+def pods_to_keep(state: ClusterState, site_pods: Mapping[str, str], sites_asked: int) -> int:
+    """Pods the StatefulSet must keep: spec.sites (`sites_asked`), and more while a pod
+    above holds replicas (now or in the pending plan's target): the highest ordinals
+    go last, once their replicas have moved. `site_pods`: site -> its pod."""
+    held = set(state.placement.sites())
+    if state.plan is not None:
+        held |= state.plan.target.sites()
+    keep = sites_asked
+    for site in held:
+        pod = site_pods.get(site)
+        if pod is not None:
+            keep = max(keep, ordinal(pod) + 1)
+    return keep
+
+
+def replication_view(state: ClusterState, up: set[str], factor: int, *, rebalancing: bool,
+                     generation: int, no_plan: str, waiting: str,
+                     rebalance: dict[str, Any] | None) -> ReplicationView:
+    """What the status shows of replication at `state`, with the sites `up` (those that
+    answer and are not gone) and the replication `factor`; `rebalancing`: the goal may
+    still change (a plan is coming), the rest as ReplicationView has them."""
+    remaining: tuple[Transition, ...] = ()
+    if state.plan is not None:
+        try:
+            remaining = state.plan.remaining(state.placement)
+        except PlanError:
+            remaining = state.plan.transitions
+    databases, total_under, leaderless = [], 0, 0
+    for database in state.placement.databases():
+        shards, under = [], 0
+        for shard in state.placement.shards_of(database):
+            short = len([site for site in shard.replicas if site in up]) < factor
+            under += int(short)
+            leaderless += int(shard.leader not in up)
+            shards.append({"shard": shard.shard, "leader": shard.leader,
+                           "leaderEpoch": shard.epoch, "replicas": sorted(shard.replicas),
+                           "underReplicated": short})
+        pending = len([step for step in remaining if step.database == database])
+        databases.append({"name": database, "placementVersion": state.placement.version,
+                          "underReplicatedShards": under, "pendingTransitions": pending,
+                          "shards": shards})
+        total_under += under
+    return ReplicationView(
+        placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
+        under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
+        rebalancing=state.plan is not None or rebalancing, generation=generation,
+        no_plan=no_plan, waiting=waiting, rebalance=rebalance)
+
+
 class StorageController:
+    """One DurableStorage's replication controller: its rounds (probe, decide, keep,
+    push), its controller term, and what the handlers and /metrics read of it.
+
+    Past 300 lines, on purpose: a round's steps read and replace one set of attributes
+    (the state, the sites, their pods and URLs, the term) that `view`, `kept_pods` and
+    `tolerated_disruptions` read from other threads under one lock, so they are one
+    class. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
+    `pods_to_keep`, `replication_view`); its collaborators, built here, keep the rest:
+    `KeptState` (status.controller and its conditional writes) and `Transitions` (the
+    ReplicaTransitions and status.rebalance)."""
+
     def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
                  resource_version: str = "",
                  history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
@@ -470,20 +530,10 @@ class StorageController:
     # -- what others read -----------------------------------------------------------------
 
     def kept_pods(self, sites_asked: int) -> int:
-        """Pods the StatefulSet must keep: spec.sites, and more while a pod above
-        holds replicas (now or in the pending plan's target): the highest ordinals go
-        last, once their replicas have moved."""
+        """Pods the StatefulSet must keep (see `pods_to_keep`)."""
         with self._publish_lock:
             state, site_pods = self.state, self.pods
-        held = set(state.placement.sites())
-        if state.plan is not None:
-            held |= state.plan.target.sites()
-        keep = sites_asked
-        for site in held:
-            pod = site_pods.get(site)
-            if pod is not None:
-                keep = max(keep, ordinal(pod) + 1)
-        return keep
+        return pods_to_keep(state, site_pods, sites_asked)
 
     def view(self) -> ReplicationView:
         with self._publish_lock:
@@ -494,33 +544,9 @@ class StorageController:
         now = time.monotonic()
         up = {site.id for site in sites.values()
               if site.answered and not is_gone(site, now, self.settings)}
-        remaining: tuple[Transition, ...] = ()
-        if state.plan is not None:
-            try:
-                remaining = state.plan.remaining(state.placement)
-            except PlanError:
-                remaining = state.plan.transitions
-        databases, total_under, leaderless = [], 0, 0
-        for database in state.placement.databases():
-            shards, under = [], 0
-            for shard in state.placement.shards_of(database):
-                short = len([site for site in shard.replicas if site in up]) < (
-                    self.settings.replication_factor)
-                under += int(short)
-                leaderless += int(shard.leader not in up)
-                shards.append({"shard": shard.shard, "leader": shard.leader,
-                               "leaderEpoch": shard.epoch, "replicas": sorted(shard.replicas),
-                               "underReplicated": short})
-            pending = len([step for step in remaining if step.database == database])
-            databases.append({"name": database, "placementVersion": state.placement.version,
-                              "underReplicatedShards": under, "pendingTransitions": pending,
-                              "shards": shards})
-            total_under += under
-        return ReplicationView(
-            placed=set(DATABASES) <= set(state.placement.databases()), databases=databases,
-            under_replicated=total_under, leaderless=leaderless, pending=len(remaining),
-            rebalancing=state.plan is not None or unsettled, generation=generation,
-            no_plan=no_plan, waiting=waiting,
+        return replication_view(
+            state, up, self.settings.replication_factor, rebalancing=unsettled,
+            generation=generation, no_plan=no_plan, waiting=waiting,
             rebalance=None if rebalance is None else summary(*rebalance[:2], time.time(),
                                                              rebalance[2]))
 
