@@ -41,17 +41,15 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from stratamq.broker.controller import decisions, disruption, terms
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
-from stratamq.broker.controller.metrics import ControllerCollector, Snapshot
+from stratamq.broker.controller.metrics import Snapshot
 from stratamq.broker.controller.sites import (
     Report,
     SiteState,
@@ -608,25 +606,3 @@ class Controllers:
     def all(self) -> list[StorageController]:
         with self._lock:
             return list(self._by_uid.values())
-
-
-class OperatorCollector(Collector):
-    """The local controller's metrics (`stratamq_cluster_*`, broker/controller/metrics.py),
-    one series set per DurableStorage, labelled with its namespace and name, so the
-    replication dashboard's controller panels work under Kubernetes too."""
-
-    def __init__(self, controllers: Controllers) -> None:
-        self._controllers = controllers
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for controller in self._controllers.all():
-            extra = {"namespace": controller.owner.namespace, "name": controller.owner.name}
-            collector = ControllerCollector(controller.snapshot, controller.settings)
-            for family in collector.collect():
-                into = merged.setdefault(family.name, Metric(family.name,
-                                                             family.documentation,
-                                                             family.type))
-                for sample in family.samples:
-                    into.add_sample(sample.name, {**sample.labels, **extra}, sample.value)
-        yield from merged.values()

@@ -168,7 +168,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.metrics_listener = await metrics.serve(METRICS_BIND)
     except (OSError, ValueError) as error:  # a busy port, a bad address
         raise kopf.PermanentError(f"cannot serve metrics on {METRICS_BIND}: {error}") from error
-    memo.collector = controller.OperatorCollector(memo.controllers)
+    memo.collector = metrics.OperatorCollector(memo.controllers)
     REGISTRY.register(memo.collector)
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
              settings.peering.priority)
@@ -176,7 +176,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
-    collector: controller.OperatorCollector | None = memo.pop("collector", None)
+    collector: metrics.OperatorCollector | None = memo.pop("collector", None)
     if collector is not None:
         REGISTRY.unregister(collector)
     listener: GuardedListener | None = memo.pop("metrics_listener", None)

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics, served on their own port (`/metrics`).
+"""The operator's own Prometheus metrics, served on their own port (`/metrics`), and
+its controllers' (`OperatorCollector`).
 
 The port is guarded as the sites' listeners are (broker/http/guard.py): at most
 MAX_CONNECTIONS, headers due within seconds. prometheus_client's own server, used
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 
 from aiohttp import web
 from prometheus_client import (
@@ -20,7 +22,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
+from stratamq.broker.controller.metrics import ControllerCollector
 from stratamq.broker.http.guard import (
     HEADER_TIMEOUT,
     KEEPALIVE_TIMEOUT,
@@ -30,6 +35,7 @@ from stratamq.broker.http.guard import (
 )
 from stratamq.broker.net.address import split_bind
 
+from .controller import Controllers
 from .phases import StoragePhase
 
 # Its clients are Prometheus and a probe or two.
@@ -86,3 +92,25 @@ def forget(namespace: str, name: str) -> None:
     for phase in StoragePhase:
         with contextlib.suppress(KeyError):
             STORAGE_PHASE.remove(namespace, name, phase)
+
+
+class OperatorCollector(Collector):
+    """The local controller's metrics (`stratamq_cluster_*`, broker/controller/metrics.py),
+    one series set per DurableStorage, labelled with its namespace and name, so the
+    replication dashboard's controller panels work under Kubernetes too."""
+
+    def __init__(self, controllers: Controllers) -> None:
+        self._controllers = controllers
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for controller in self._controllers.all():
+            extra = {"namespace": controller.owner.namespace, "name": controller.owner.name}
+            collector = ControllerCollector(controller.snapshot, controller.settings)
+            for family in collector.collect():
+                into = merged.setdefault(family.name, Metric(family.name,
+                                                             family.documentation,
+                                                             family.type))
+                for sample in family.samples:
+                    into.add_sample(sample.name, {**sample.labels, **extra}, sample.value)
+        yield from merged.values()
