@@ -61,7 +61,7 @@ from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 from . import kube
 from .config import admin_port
 from .kept_state import KeptState, kept_document, load_document, term_of
-from .phases import PlanTrigger
+from .phases import EventReason, PlanTrigger
 from .rebalance import (
     DEFAULT_HISTORY_LIMIT,
     history_limit,
@@ -126,7 +126,7 @@ def leader_move_event(owner: Owner, move: LeaderMove, pods: Mapping[str, str], n
             "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
                                "namespace": owner.namespace, "uid": owner.uid},
             "type": "Normal" if move.handover else "Warning",
-            "reason": "LeaderHandover" if move.handover else "Failover",
+            "reason": EventReason.LEADER_HANDOVER if move.handover else EventReason.FAILOVER,
             "message": (f"{database}/{shard}: {why}; leader {named(move.old_leader)} -> "
                         f"{named(move.new_leader)} at epoch {move.epoch}"),
             "source": {"component": EVENT_COMPONENT},
@@ -256,7 +256,7 @@ class StorageController:
         self.fenced_by: ControllerTerm | None = None
         self._refused = False  # a site refused the last push: adopt what the sites keep
         # (reason, message) of the Warning events the handler is to post
-        self._warnings: list[tuple[str, str]] = []
+        self._warnings: list[tuple[EventReason, str]] = []
         # Why this round's _follow_goal made a plan: (trigger, message).
         self._round_trigger: tuple[str, str] | None = None
         self.transitions = Transitions(owner, self.state.plan, history_limit)
@@ -381,9 +381,9 @@ class StorageController:
                    f"another controller; this operator pushes nothing to this storage any "
                    f"more (stop the other controller, then restart the operator)")
         log.error("%s/%s: %s", self.owner.namespace, self.owner.name, message)
-        self._warnings.append(("ControllerFenced", message))
+        self._warnings.append((EventReason.CONTROLLER_FENCED, message))
 
-    def take_warnings(self) -> list[tuple[str, str]]:
+    def take_warnings(self) -> list[tuple[EventReason, str]]:
         """The Warning events to post since the last call (the handler posts them)."""
         warnings, self._warnings = self._warnings, []
         return warnings
@@ -401,7 +401,7 @@ class StorageController:
         if adoption.state.placement != state.placement:
             # e.g. a storage deleted and made again over its retained volumes: its
             # sites hold a placement its new status.controller does not know
-            self._warnings.append(("PlacementAdopted", "; ".join(adoption.notes)))
+            self._warnings.append((EventReason.PLACEMENT_ADOPTED, "; ".join(adoption.notes)))
         return adoption.state
 
     def push_answered(self, site: str, version: int, found: Mapping[str, Any]) -> None:
@@ -420,7 +420,7 @@ class StorageController:
         message = (f"site {site} refused placement version {version}: it keeps version "
                    f"{found.get('version')}; adopting the placement the sites keep")
         log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, message)
-        self._warnings.append(("PlacementRefused", message))
+        self._warnings.append((EventReason.PLACEMENT_REFUSED, message))
         self._refused = True
 
     def _adopt(self, document: Mapping[str, Any]) -> None:

@@ -38,7 +38,7 @@ from stratamq.broker.http.guard import GuardedListener
 
 from . import controller, kube, metrics, spark
 from .config import admin_port, config_problems
-from .phases import Reason, StoragePhase
+from .phases import EventReason, Reason, StoragePhase
 from .resources import (
     API_VERSION,
     GROUP,
@@ -289,7 +289,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
     generation = int(meta.get("generation", 0))
     applied_of(memo).note(generation)
     if reason != "resume":
-        kopf.info(body, reason="Reconciled",
+        kopf.info(body, reason=EventReason.RECONCILED,
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
     refresh(owner, plain(spec), applied_generation(memo, current), current, body, patch,

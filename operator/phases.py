@@ -1,5 +1,6 @@
 """The words the operator writes into status: a DurableStorage's phase, its
-conditions' types and reasons, and a ReplicaTransition's phase. Each is a StrEnum, so
+conditions' types and reasons, a ReplicaTransition's phase and reason, and the reasons
+of the Events it posts. Each is a StrEnum, so
 a member is the very string the API server stores (and compares equal to what a
 status read back holds); the CRDs' enums of phases are checked against these
 (tests/unit/test_operator_phases.py)."""
@@ -58,6 +59,25 @@ class TransitionPhase(StrEnum):
     REMOVING = "Removing"
     DONE = "Done"
     FAILED = "Failed"
+
+
+class TransitionReason(StrEnum):
+    """`status.reason` of a ReplicaTransition that ended Failed."""
+
+    REPLANNED = "Replanned"  # its plan was made again before it ended
+
+
+class EventReason(StrEnum):
+    """The reasons of the Events the operator posts on a storage, besides a new phase's
+    (an Event whose reason is the StoragePhase) and a refused spec's
+    (Reason.INVALID_CONFIG)."""
+
+    RECONCILED = "Reconciled"  # its objects applied for a generation
+    FAILOVER = "Failover"  # a shard's leader gone: another replica leads (Warning)
+    LEADER_HANDOVER = "LeaderHandover"  # a stopping leader handed its shard over
+    CONTROLLER_FENCED = "ControllerFenced"  # the sites hold another controller's newer term
+    PLACEMENT_REFUSED = "PlacementRefused"  # a site keeps a newer placement than pushed
+    PLACEMENT_ADOPTED = "PlacementAdopted"  # the sites' placement taken over the kept one
 
 
 # The order in which a step's phases follow each other.

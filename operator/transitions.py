@@ -18,7 +18,14 @@ from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.errors import PlanError
 
 from . import kube
-from .phases import ADD_PHASES, FINAL_PHASES, REMOVE_PHASES, PlanTrigger, TransitionPhase
+from .phases import (
+    ADD_PHASES,
+    FINAL_PHASES,
+    REMOVE_PHASES,
+    PlanTrigger,
+    TransitionPhase,
+    TransitionReason,
+)
 from .rebalance import (
     MESSAGE_ANNOTATION,
     TRIGGER_ANNOTATION,
@@ -204,7 +211,8 @@ class Transitions:
                     if finished:
                         self._set_phase(name, step.action, TransitionPhase.DONE)
                     else:
-                        self._set_phase(name, step.action, TransitionPhase.FAILED, "Replanned",
+                        self._set_phase(name, step.action, TransitionPhase.FAILED,
+                                        TransitionReason.REPLANNED,
                                         "the plan was made again (a failover, or the "
                                         "sites asked for changed)")
             self._plan = None
@@ -305,8 +313,8 @@ class Transitions:
             now |= running and state.catch_up is not None
         return now
 
-    def _set_phase(self, name: str, action: str, phase: TransitionPhase, reason: str = "",
-                   message: str = "") -> None:
+    def _set_phase(self, name: str, action: str, phase: TransitionPhase,
+                   reason: TransitionReason | None = None, message: str = "") -> None:
         """Move the step to `phase` through the phases it passed meanwhile."""
         current = self._phases.get(name, TransitionPhase.PENDING)
         bootstrapped = name in self._bootstrapped
@@ -325,8 +333,8 @@ class Transitions:
             else:
                 self._write_phase(name, passed)
 
-    def _write_phase(self, name: str, phase: TransitionPhase, reason: str = "",
-                     message: str = "") -> None:
+    def _write_phase(self, name: str, phase: TransitionPhase,
+                     reason: TransitionReason | None = None, message: str = "") -> None:
         if self._phases.get(name) == phase:
             return
         status: dict[str, Any] = {"phase": phase}
@@ -335,7 +343,7 @@ class Transitions:
             status["startTime"] = timestamp(time.time())
         if phase in FINAL_PHASES:
             status["completionTime"] = timestamp(time.time())
-        if reason:
+        if reason is not None:
             status |= {"reason": reason, "message": message}
         if kube.patch_status(TRANSITION_API, TRANSITION_KIND, self.owner.namespace, name,
                              status):
