@@ -19,6 +19,8 @@ from pydantic import ValidationError
 
 from stratamq.broker.config import Config
 
+from .spec import parse_spec
+
 # Where the pod's volumes are mounted (absolute, for the pod spec) ...
 CONFIG_MOUNT = "/etc/stratamq"
 DATA_MOUNT = "/var/lib/stratamq"
@@ -112,11 +114,6 @@ def _access_control(spec: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def admin_port(spec: dict[str, Any]) -> int:
-    port: int = spec.get("admin", {}).get("port", 18083)
-    return port
-
-
 def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
     """The broker's config (as config/stratamq.yaml holds it) for a DurableStorage
     spec. Keys the spec leaves out keep the broker's defaults. The admin token is not
@@ -133,7 +130,7 @@ def broker_config(spec: dict[str, Any]) -> dict[str, Any]:
     access = _access_control(spec)
     if access:
         config["access_control"] = access
-    config["admin"] = {"enable": True, "bind": _bind(admin_port(spec))}
+    config["admin"] = {"enable": True, "bind": _bind(parse_spec(spec).admin_port)}
     if spec.get("spark", {}).get("volume", {}).get("claimName"):
         # The Spark launch asks each site for its checkpoint in the shared volume; the
         # admin API refuses folders outside those it is given.

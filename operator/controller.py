@@ -59,16 +59,12 @@ from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, next_te
 from stratamq.broker.errors import PlacementError, PlanError, StratamqError
 
 from . import kube
-from .config import admin_port
 from .kept_state import KeptState, kept_document, load_document, term_of
 from .phases import EventReason, PlanTrigger
-from .rebalance import (
-    DEFAULT_HISTORY_LIMIT,
-    history_limit,
-    summary,
-)
+from .rebalance import summary
 from .resources import API_VERSION, KIND, Owner
 from .sites import Bootstraps, held_placement, probe_all, push
+from .spec import DEFAULT_HISTORY_LIMIT, StorageSpec
 from .status import ReplicationView
 from .transitions import (
     STORAGE_LABEL,
@@ -94,11 +90,10 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def settings_of(spec: Mapping[str, Any], heartbeat: float) -> Settings:
-    messages = spec.get("messages", {})
-    return Settings(replication_factor=int(messages.get("replicationFactor", 3)),
-                    n_shards=int(messages.get("nShards", 16)), heartbeat_interval=heartbeat,
-                    databases=DATABASES, expected_sites=int(spec.get("sites", 3)))
+def settings_of(spec: StorageSpec, heartbeat: float) -> Settings:
+    return Settings(replication_factor=spec.replication_factor, n_shards=spec.n_shards,
+                    heartbeat_interval=heartbeat, databases=DATABASES,
+                    expected_sites=spec.sites)
 
 
 def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> SiteState:
@@ -266,17 +261,17 @@ class StorageController:
 
     # -- one round ------------------------------------------------------------------------
 
-    def round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
+    def round(self, spec: StorageSpec, generation: int, pods: list[kube.PodView],
               token: str) -> None:
         """One round, following `spec` (of the storage's metadata.`generation`)."""
         with self._round_lock:
             self._round(spec, generation, pods, token)
 
-    def _round(self, spec: Mapping[str, Any], generation: int, pods: list[kube.PodView],
+    def _round(self, spec: StorageSpec, generation: int, pods: list[kube.PodView],
                token: str) -> None:
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
         self._round_trigger = None
-        port = admin_port(dict(spec))
+        port = spec.admin_port
         # Terminating pods too: a site that got its SIGTERM reports `stopping` and
         # serves on until its leaderships are handed over (cluster.handover_timeout).
         # Skipping them made every pod deletion and every roll a failover.
@@ -342,7 +337,7 @@ class StorageController:
         versions = {site.id: site.placement_version for site in self.sites.values()
                     if site.answered and not is_gone(site, time.monotonic(), self.settings)}
         self.transitions.follow(self.state, self.pods, boots, versions, self._round_trigger,
-                                history_limit(spec))
+                                spec.history_limit)
 
     def _post(self, event: dict[str, Any]) -> None:
         """Post an Event; one the API server refuses is logged, not the round's end."""
@@ -453,7 +448,7 @@ class StorageController:
                          self.owner.namespace, self.owner.name, site, pod)
         return dropped
 
-    def _follow_goal(self, state: ClusterState, spec: Mapping[str, Any],
+    def _follow_goal(self, state: ClusterState, spec: StorageSpec,
                      sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
                      ) -> ClusterState:
         """A new plan when the sites of the pods below spec.sites are not the goal any
@@ -461,8 +456,7 @@ class StorageController:
         spec.messages.replicationFactor (changed); only once each of those pods has a
         known site, so a scale-up makes one plan, not one per pod as they come. Every
         placed database is planned to the same sites, in one plan."""
-        wanted_pods = {f"{self.owner.name}-{number}" for number in range(int(spec.get(
-            "sites", 3)))}
+        wanted_pods = {f"{self.owner.name}-{number}" for number in range(spec.sites)}
         by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
         unsettled = not wanted_pods <= set(by_pod)
         self._unsettled = unsettled
@@ -573,7 +567,7 @@ class Controllers:
         self._by_uid: dict[str, StorageController] = {}
         self._lock = threading.Lock()  # handlers run in threads
 
-    def of(self, owner: Owner, spec: Mapping[str, Any], heartbeat: float
+    def of(self, owner: Owner, spec: StorageSpec, heartbeat: float
            ) -> StorageController | None:
         """The storage's controller, made on first use from the status the API server
         has now (not a handler's body, which may be older than the last round's write);
@@ -588,7 +582,7 @@ class Controllers:
             document = (current.get("status") or {}).get("controller") or {}
             made = StorageController(owner, settings_of(spec, heartbeat), document,
                                      current["metadata"]["resourceVersion"],
-                                     history_limit(spec))
+                                     spec.history_limit)
             made.transitions.start(kube.list_labeled(
                 TRANSITION_API, TRANSITION_KIND, owner.namespace,
                 f"{STORAGE_LABEL}={owner.name}"), made.pods)

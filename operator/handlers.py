@@ -37,7 +37,7 @@ from prometheus_client import REGISTRY
 from stratamq.broker.http.guard import GuardedListener
 
 from . import controller, kube, metrics, spark
-from .config import admin_port, config_problems
+from .config import config_problems
 from .phases import EventReason, Reason, StoragePhase
 from .resources import (
     API_VERSION,
@@ -54,6 +54,7 @@ from .resources import (
     pod_disruption_budget,
 )
 from .sites import SiteUnreachableError, site_id
+from .spec import StorageSpec, parse_spec
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
 
 log = logging.getLogger(__name__)
@@ -191,23 +192,22 @@ def controllers_of(memo: kopf.Memo) -> controller.Controllers:
     return found
 
 
-def kept_pods(owner: Owner, spec: dict[str, Any], controllers: controller.Controllers) -> int:
+def kept_pods(owner: Owner, spec: StorageSpec, controllers: controller.Controllers) -> int:
     """spec.sites, or more while the pods above still hold replicas."""
     found = controllers.of(owner, spec, HEARTBEAT_INTERVAL)
-    sites = int(spec.get("sites", 3))
-    return sites if found is None else found.kept_pods(sites)
+    return spec.sites if found is None else found.kept_pods(spec.sites)
 
 
-def apply_objects(owner: Owner, spec: dict[str, Any], controllers: controller.Controllers,
-                  budget: AppliedBudget) -> None:
-    """Make or update every object of the storage; idempotent."""
+def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
+                  controllers: controller.Controllers, budget: AppliedBudget) -> None:
+    """Make or update every object of the storage (`spec`, as `parsed`); idempotent."""
     if kube.ensure_admin_secret(owner):
         log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
     monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
     running = controllers.existing(owner.uid)
     tolerated = None if running is None else running.tolerated_disruptions()
     for manifest in desired_objects(owner, spec, service_monitors=monitors,
-                                    replicas=kept_pods(owner, spec, controllers),
+                                    replicas=kept_pods(owner, parsed, controllers),
                                     tolerated=tolerated):
         if manifest["kind"] == "PodDisruptionBudget":
             set_budget(owner, manifest, budget, always=True)
@@ -219,11 +219,11 @@ def apply_objects(owner: Owner, spec: dict[str, Any], controllers: controller.Co
                 manifest["spec"]["volumeClaimTemplates"] = existing["spec"][
                     "volumeClaimTemplates"]
         kube.apply(manifest)
-    if not spec.get("podDisruptionBudget", {}).get("enable", True):
+    if not parsed.disruption_budget:
         kube.delete_owned("policy/v1", "PodDisruptionBudget", owner, owner.name)
-    if not spec.get("networkPolicy", {}).get("enable", False):
+    if not parsed.network_policy:
         kube.delete_owned("networking.k8s.io/v1", "NetworkPolicy", owner, owner.name)
-    patched = kube.expand_volumes(owner, spec.get("storage", {}).get("size", "10Gi"))
+    patched = kube.expand_volumes(owner, parsed.storage_size)
     if patched:
         log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
                  ", ".join(patched))
@@ -279,8 +279,10 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         metrics.set_phase(namespace, name, StoragePhase.FAILED)
         raise kopf.PermanentError(message)
     started = time.monotonic()
+    current_spec = plain(spec)
+    parsed = parse_spec(current_spec)
     try:
-        apply_objects(owner, plain(spec), controllers_of(memo), budget_of(memo))
+        apply_objects(owner, current_spec, parsed, controllers_of(memo), budget_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise  # Kopf retries with back-off and logs it
@@ -292,19 +294,20 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         kopf.info(body, reason=EventReason.RECONCILED,
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
-    refresh(owner, plain(spec), applied_generation(memo, current), current, body, patch,
-            controllers_of(memo))
+    refresh(owner, current_spec, parsed, applied_generation(memo, current), current, body,
+            patch, controllers_of(memo))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
 def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: kopf.Memo,
             **_: Any) -> None:
     assert namespace is not None
-    if config_problems(plain(spec)):
+    current = plain(spec)
+    if config_problems(current):
         return  # the reconcile refused it (phase Failed): the running config stays
     try:
-        apply_objects(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
-                      controllers_of(memo), budget_of(memo))
+        apply_objects(Owner(name=name, namespace=namespace, uid=uid), current,
+                      parse_spec(current), controllers_of(memo), budget_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise
@@ -313,8 +316,9 @@ def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: k
 
 # --- status ---------------------------------------------------------------------------
 
-def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> dict[str, str]:
-    """Pod name -> site id, from the admin API of each ready pod that answers."""
+def ask_sites(owner: Owner, port: int, pods: list[kube.PodView]) -> dict[str, str]:
+    """Pod name -> site id, from the admin API (at `port`) of each ready pod that
+    answers."""
     token = kube.admin_token(owner)
     if token is None:
         return {}
@@ -322,24 +326,27 @@ def ask_sites(owner: Owner, spec: dict[str, Any], pods: list[kube.PodView]) -> d
     for pod in pods:
         if pod.ready and not pod.terminating and pod.ip:
             try:
-                found[pod.name] = site_id(pod.ip, admin_port(spec), token)
+                found[pod.name] = site_id(pod.ip, port, token)
             except SiteUnreachableError as error:
                 log.warning("%s/%s: site of pod %s unknown: %s", owner.namespace,
                             owner.name, pod.name, error)
     return found
 
 
-def refresh(owner: Owner, spec: dict[str, Any], generation: int, status: dict[str, Any],
-            body: kopf.Body, patch: kopf.Patch, controllers: controller.Controllers) -> None:
-    """`generation`: the one whose objects were last applied (observedGeneration)."""
+def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation: int,
+            status: dict[str, Any], body: kopf.Body, patch: kopf.Patch,
+            controllers: controller.Controllers) -> None:
+    """`spec`, as `parsed`; `generation`: the one whose objects were last applied
+    (observedGeneration)."""
     pods = kube.site_pods(owner)
     running = controllers.existing(owner.uid)
-    sites = int(spec.get("sites", 3))
+    sites = parsed.sites
     kept = sites if running is None else running.kept_pods(sites)
     observed = Observed(
         name=owner.name, generation=generation, sites=sites, pods=pods,
         stateful_set=kube.stateful_set_status(owner),
-        site_ids=known_site_ids(status.get("sites", []), ask_sites(owner, spec, pods)),
+        site_ids=known_site_ids(status.get("sites", []),
+                                ask_sites(owner, parsed.admin_port, pods)),
         replication=None if running is None else running.view(), kept=kept,
         spec_generation=int(body.get("metadata", {}).get("generation", 0)),
         held=held_pods(spec, kept), image=image(spec))
@@ -363,14 +370,15 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
                    memo: kopf.Memo, **_: Any) -> None:
     assert namespace is not None
     current = plain(status)
-    if config_problems(plain(spec)):
+    current_spec = plain(spec)
+    if config_problems(current_spec):
         return  # the reconcile reported it (phase Failed), which stays until it is fixed
     try:
         # The generation the objects were last applied for: a spec change the
         # reconcile has not handled yet is not "observed".
-        refresh(Owner(name=name, namespace=namespace, uid=uid), plain(spec),
-                applied_generation(memo, current), current, body, patch,
-                controllers_of(memo))
+        refresh(Owner(name=name, namespace=namespace, uid=uid), current_spec,
+                parse_spec(current_spec), applied_generation(memo, current), current, body,
+                patch, controllers_of(memo))
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -388,15 +396,16 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     current = plain(spec)
     if config_problems(current):
         return
+    parsed = parse_spec(current)
     owner = Owner(name=name, namespace=namespace, uid=uid)
     token = kube.admin_token(owner)
-    running = controllers_of(memo).of(owner, current, HEARTBEAT_INTERVAL)
+    running = controllers_of(memo).of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(current, int(meta.get("generation", 0)), kube.site_pods(owner), token)
+    running.round(parsed, int(meta.get("generation", 0)), kube.site_pods(owner), token)
     for reason, message in running.take_warnings():
         kopf.warn(body, reason=reason, message=message)
-    kept = running.kept_pods(int(current.get("sites", 3)))
+    kept = running.kept_pods(parsed.sites)
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
     applied = applied_of(memo).get()

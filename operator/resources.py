@@ -29,8 +29,8 @@ from .config import (
     POD_IP_ENV,
     SPARK_WORK_MOUNT,
     TLS_MOUNT,
-    admin_port,
 )
+from .spec import parse_spec
 
 Manifest = dict[str, Any]
 
@@ -152,7 +152,8 @@ def container_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
         enabled, port = _listener(spec, listener, default_port, default_enable)
         if enabled:
             ports.append({"name": port_name, "containerPort": port, "protocol": "TCP"})
-    ports.append({"name": "admin", "containerPort": admin_port(spec), "protocol": "TCP"})
+    ports.append({"name": "admin", "containerPort": parse_spec(spec).admin_port,
+                  "protocol": "TCP"})
     ports.append({"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"})
     return ports
 
@@ -229,7 +230,7 @@ def peer_service(owner: Owner, spec: dict[str, Any]) -> Manifest:
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": site_selector_labels(owner.name),
-                     "ports": [{"name": "admin", "port": admin_port(spec),
+                     "ports": [{"name": "admin", "port": parse_spec(spec).admin_port,
                                 "targetPort": "admin", "protocol": "TCP"},
                                {"name": "peer", "port": PEER_PORT,
                                 "targetPort": "peer", "protocol": "TCP"}]}}
@@ -380,8 +381,9 @@ def _placement(owner: Owner, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _volume_claim_template(spec: dict[str, Any]) -> dict[str, Any]:
     storage = spec.get("storage", {})
+    size = parse_spec(spec).storage_size
     claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
-                             "resources": {"requests": {"storage": storage.get("size", "10Gi")}}}
+                             "resources": {"requests": {"storage": size}}}
     if "storageClassName" in storage:
         claim["storageClassName"] = storage["storageClassName"]
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -421,7 +423,7 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
                         "persistentVolumeClaim": {"claimName": claim}})
     pod = spec.get("pod", {})
     volumes += pod.get("volumes", [])
-    count = spec.get("sites", 3) if replicas is None else replicas
+    count = parse_spec(spec).sites if replicas is None else replicas
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": metadata(owner, owner.name),
@@ -469,14 +471,14 @@ def disruption_budget(spec: dict[str, Any], tolerated: int | None) -> int:
     pods, and a Ready pod whose replicas still catch up does not keep its shards'
     quorum: the operator sets the budget again as the replicas catch up or fall behind."""
     allowed = 0 if tolerated is None else tolerated
-    cap = spec.get("podDisruptionBudget", {}).get("maxUnavailable")
-    return allowed if cap is None else min(allowed, int(cap))
+    cap = parse_spec(spec).max_unavailable
+    return allowed if cap is None else min(allowed, cap)
 
 
 def pod_disruption_budget(owner: Owner, spec: dict[str, Any],
                           tolerated: int | None = None) -> Manifest | None:
     """None when the spec turns it off. `tolerated`: see disruption_budget."""
-    if not spec.get("podDisruptionBudget", {}).get("enable", True):
+    if not parse_spec(spec).disruption_budget:
         return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": metadata(owner, owner.name),
@@ -491,9 +493,9 @@ def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
     the storage's Spark jobs, its sites (`stratamq ctl` run in a site's pod), and
     `networkPolicy.admin` (Prometheus, say). None unless enabled. A site on the host
     network (spec.hostNetwork) is outside any NetworkPolicy."""
-    given = spec.get("networkPolicy", {})
-    if not given.get("enable", False):
+    if not parse_spec(spec).network_policy:
         return None
+    given = spec.get("networkPolicy", {})
     sites = {"podSelector": {"matchLabels": site_selector_labels(owner.name)}}
     mqtt = [{"port": port["containerPort"], "protocol": "TCP"}
             for port in container_ports(spec) if port["name"] in _NODE_PORT_KEYS]
@@ -511,7 +513,8 @@ def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
                          clients,
                          {"from": [sites], "ports": [{"port": PEER_PORT, "protocol": "TCP"}]},
                          {"from": admin_from,
-                          "ports": [{"port": admin_port(spec), "protocol": "TCP"}]}]}}
+                          "ports": [{"port": parse_spec(spec).admin_port,
+                                     "protocol": "TCP"}]}]}}
 
 
 # The pod label that names a site's storage, as Prometheus' Kubernetes discovery

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import SPARK_WORK_MOUNT, admin_port
+from .config import SPARK_WORK_MOUNT
 from .resources import (
     MANAGED_BY,
     RESTRICTED_POD_SECURITY,
@@ -43,6 +43,7 @@ from .resources import (
     spark_claim,
     split_image,
 )
+from .spec import parse_spec
 
 # spec.spark key -> the job of `stratamq spark` (also the label value and name part).
 JOBS = {"gc": "gc", "learnTopics": "learn-topics", "export": "export"}
@@ -129,8 +130,9 @@ def site_urls(owner: Owner, spec: dict[str, Any]) -> list[str]:
     """Each site's admin API through the headless Service (one DNS name per pod):
     until replication is built every site holds its own data, so each is checkpointed
     and maintained."""
+    parsed = parse_spec(spec)
     return [f"http://{owner.name}-{index}.{peer_service_name(owner.name)}."
-            f"{owner.namespace}.svc:{admin_port(spec)}" for index in range(spec.get("sites", 3))]
+            f"{owner.namespace}.svc:{parsed.admin_port}" for index in range(parsed.sites)]
 
 
 def work_folder(owner: Owner, job: str) -> str:

@@ -25,6 +25,7 @@ from stratamq.broker.ds.replication import Placement, Site, plan
 from stratamq.operator import controller, kube
 from stratamq.operator.kept_state import kept_document
 from stratamq.operator.resources import Owner
+from stratamq.operator.spec import parse_spec
 from tests.support.cluster import SiteProcess
 from tests.support.harness import HOST, BrokerProcess
 from tests.support.kube import ControlPlane
@@ -58,7 +59,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     assert read is not None
     owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
     # This operator read the storage (no controller state yet) ...
-    late = controller.StorageController(owner, controller.settings_of(spec, 0.5), {},
+    late = controller.StorageController(owner, controller.settings_of(parse_spec(spec), 0.5), {},
                                         read["metadata"]["resourceVersion"])
     # ... then another one made the first placement and kept it (version 7: not the
     # version 1 this one would make; the site's peer address not known to it yet, so
@@ -77,7 +78,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
                 "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
 
     pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
-    late.round(spec, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    late.round(parse_spec(spec), 1, pods, BrokerProcess.ADMIN_TOKEN)
     # Its own first placement was refused by the API server: it took the other's state
     # and pushed nothing.
     assert late.state.placement == theirs
@@ -89,7 +90,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     # the status refresh, Kopf's marks) moves the resourceVersion too: the write is
     # tried again at the new one, and the kept placement pushed after it.
     api.kubectl("label", "-n", namespace, "durablestorage", NAME, "touched=yes")
-    late.round(spec, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    late.round(parse_spec(spec), 1, pods, BrokerProcess.ADMIN_TOKEN)
     assert placement_version(site) == 7
     kept = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
     assert kept is not None

@@ -30,6 +30,7 @@ from stratamq.operator import controller, kube
 from stratamq.operator.kept_state import kept_document
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
+from stratamq.operator.spec import parse_spec
 from stratamq.operator.transitions import plan_key, transition_manifest, transition_name
 from tests.support.cluster import SiteProcess
 from tests.support.harness import BrokerProcess, free_port
@@ -96,7 +97,7 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
     lost = transition_name(NAME, running, 1)
     assert kube.delete("stratamq.io/v1alpha1", "ReplicaTransition", namespace, lost)
 
-    started = controller.Controllers().of(owner, spec, HEARTBEAT)
+    started = controller.Controllers().of(owner, parse_spec(spec), HEARTBEAT)
     assert started is not None
     found = transitions(api, namespace)
     assert set(found) == names_of(running) | names_of(newer)
@@ -139,7 +140,7 @@ def test_a_plan_is_summarised_and_a_failover_is_an_event(
     owner = make_storage(api, namespace, spec)
     [old] = plans_from([1])
     make_transitions(owner, old)  # a plan of long ago
-    running = controller.Controllers().of(owner, spec, HEARTBEAT)
+    running = controller.Controllers().of(owner, parse_spec(spec), HEARTBEAT)
     assert running is not None
     pods = [kube.PodView(name=f"{NAME}-{site.index}", ip=site.host, ready=True,
                          terminating=False) for site in sites]
@@ -149,7 +150,7 @@ def test_a_plan_is_summarised_and_a_failover_is_an_event(
     def rounds_until(what: str, done: Any) -> Any:
         """Rounds, a heartbeat apart, as the operator's timer runs them."""
         def step() -> Any:
-            running.round(spec, 1, pods, BrokerProcess.ADMIN_TOKEN)
+            running.round(parse_spec(spec), 1, pods, BrokerProcess.ADMIN_TOKEN)
             return done()
         return wait_for(what, step, timeout=TIMEOUT, every=HEARTBEAT)
     rounds_until("the first placement", lambda: running.state.placement.version > 0 and all(

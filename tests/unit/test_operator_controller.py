@@ -25,6 +25,7 @@ from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
+from stratamq.operator.spec import parse_spec
 from stratamq.operator.transitions import (
     phase_path,
     plan_key,
@@ -83,7 +84,7 @@ def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
     placement = first_placement([A, B, C])
     document = kept_document(ClusterState(placement=placement), sites_state(A, B, C, D),
                              {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"})
-    controller = StorageController(OWNER, settings_of(SPEC, 2.0), document)
+    controller = StorageController(OWNER, settings_of(parse_spec(SPEC), 2.0), document)
     # Scaled to 2: mq-2 holds replicas, so three pods stay; D on mq-3 holds none.
     assert controller.kept_pods(2) == 3
     assert controller.kept_pods(4) == 4
@@ -215,7 +216,7 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
                          term=ControllerTerm(4, "operator-0"))
     assert term_of(kept) == ControllerTerm(4, "operator-0")
     assert term_of({}) == NO_TERM  # kept by an operator before terms
-    running = StorageController(OWNER, settings_of(SPEC, 1.0), kept)
+    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept)
     assert running.hold_term([]) and running.term is None  # no report: no term yet
     assert running.hold_term([ControllerTerm(2, "c"), None])
     assert running.term is not None and running.term.number == 5
@@ -235,7 +236,7 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
 
 
 def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
-    running = StorageController(OWNER, settings_of(SPEC, 1.0), {})
+    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), {})
     assert running.hold_term([NO_TERM])
     assert running.term is not None and running.term.number == 1
     assert not running.hold_term([ControllerTerm(1, "zzzz-later")])

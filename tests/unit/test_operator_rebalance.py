@@ -14,7 +14,6 @@ from stratamq.operator.rebalance import (
     MESSAGE_ANNOTATION,
     TRIGGER_ANNOTATION,
     PlanRun,
-    history_limit,
     run_of,
     seconds_of,
     stale_transitions,
@@ -121,8 +120,3 @@ def test_a_restarted_operator_finds_the_run_of_the_plan_it_resumes() -> None:
         key="6-000000", trigger="Unknown", message="", steps=1,
         started=seconds_of("2026-11-27T09:00:00Z"))
     assert run_of(items, LABEL, "9-ffffff", 3) is None
-
-
-def test_the_history_limit_defaults_to_three() -> None:
-    assert history_limit({}) == 3
-    assert history_limit({"transitionHistoryLimit": 10}) == 10
