@@ -161,6 +161,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         settings.peering.priority = random.randint(1, 2**31 - 1)
     # Shared by every storage's handlers (Kopf copies this memo into each storage's).
     memo.controllers = controller.Controllers()
+    # The zones of the nodes the sites run on, read once (kube.NodeZones says when again).
+    memo.node_zones = kube.NodeZones()
     # One writer of status.spark at a time: events of two Jobs of one CronJob run in
     # different threads, and the one that listed first must not write last.
     memo.spark_runs_lock = threading.Lock()
@@ -189,6 +191,11 @@ async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
 
 def controllers_of(memo: kopf.Memo) -> controller.Controllers:
     found: controller.Controllers = memo.controllers
+    return found
+
+
+def node_zones_of(memo: kopf.Memo) -> kube.NodeZones:
+    found: kube.NodeZones = memo.node_zones
     return found
 
 
@@ -295,7 +302,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
     refresh(owner, current_spec, parsed, applied_generation(memo, current), current, body,
-            patch, controllers_of(memo))
+            patch, controllers_of(memo), node_zones_of(memo))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
@@ -335,10 +342,10 @@ def ask_sites(owner: Owner, port: int, pods: list[kube.PodView]) -> dict[str, st
 
 def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation: int,
             status: dict[str, Any], body: kopf.Body, patch: kopf.Patch,
-            controllers: controller.Controllers) -> None:
+            controllers: controller.Controllers, zones: kube.NodeZones) -> None:
     """`spec`, as `parsed`; `generation`: the one whose objects were last applied
     (observedGeneration)."""
-    pods = kube.site_pods(owner)
+    pods = kube.site_pods(owner, zones)
     running = controllers.existing(owner.uid)
     sites = parsed.sites
     kept = sites if running is None else running.kept_pods(sites)
@@ -378,7 +385,7 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         # reconcile has not handled yet is not "observed".
         refresh(Owner(name=name, namespace=namespace, uid=uid), current_spec,
                 parse_spec(current_spec), applied_generation(memo, current), current, body,
-                patch, controllers_of(memo))
+                patch, controllers_of(memo), node_zones_of(memo))
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -402,7 +409,8 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     running = controllers_of(memo).of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(parsed, int(meta.get("generation", 0)), kube.site_pods(owner), token)
+    running.round(parsed, int(meta.get("generation", 0)),
+                  kube.site_pods(owner, node_zones_of(memo)), token)
     for reason, message in running.take_warnings():
         kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(parsed.sites)

@@ -11,6 +11,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,7 +206,7 @@ def admin_token(owner: Owner) -> str | None:
 @dataclass(frozen=True, slots=True)
 class PodView:
     """What the status and the replication controller need of one site's pod. `zone`:
-    the zone of the node it runs on (`node_zone`), None when not known."""
+    the zone of the node it runs on (`NodeZones`), None when not known."""
 
     name: str
     ip: str | None
@@ -214,7 +215,8 @@ class PodView:
     zone: str | None = None
 
 
-def site_pods(owner: Owner) -> list[PodView]:
+def site_pods(owner: Owner, zones: NodeZones) -> list[PodView]:
+    """The storage's site pods, each in the zone of its node (read through `zones`)."""
     found = []
     for pod in list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name)):
         status = pod.get("status") or {}
@@ -224,19 +226,12 @@ def site_pods(owner: Owner) -> list[PodView]:
         found.append(PodView(name=pod["metadata"]["name"], ip=status.get("podIP"),
                              ready=ready,
                              terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                             zone=node_zone(node) if node else None))
+                             zone=zones.of(node) if node else None))
     return sorted(found, key=lambda pod: pod.name)
 
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
-# Node name -> (its zone or None, when it was read). A node's zone label is set when it
-# registers and stays, so a node with one is read once; a node without one (most
-# clusters outside a cloud) is read again once a minute (it may be labelled later), not
-# at every round of every storage.
-_node_zones: dict[str, tuple[str | None, float]] = {}
-_node_zones_lock = threading.Lock()
-_warned_nodes_forbidden = threading.Event()
 NO_ZONE_RECHECK_SECONDS = 60.0
 
 
@@ -247,28 +242,42 @@ def zone_of_node(node: dict[str, Any] | None) -> str | None:
     return zone if isinstance(zone, str) and zone else None
 
 
-def node_zone(name: str) -> str | None:
-    """The zone of the Node `name`; None when it has none, is gone, or the operator
-    may not read Nodes (the rights of a chart older than zones: the sites are then
-    planned as if their zones were unknown, and the operator says so once)."""
-    now = time.monotonic()
-    with _node_zones_lock:
-        known = _node_zones.get(name)
-    if known is not None and (known[0] is not None
-                              or now - known[1] < NO_ZONE_RECHECK_SECONDS):
-        return known[0]
-    try:
-        zone = zone_of_node(get("v1", "Node", None, name))
-    except ForbiddenError:
-        zone = None
-        if not _warned_nodes_forbidden.is_set():
-            _warned_nodes_forbidden.set()
-            log.warning("getting Nodes is forbidden to the operator (its ClusterRole is "
-                        "older than zones): the sites' zones are not known, replicas are "
-                        "placed without them")
-    with _node_zones_lock:
-        _node_zones[name] = (zone, now)
-    return zone
+class NodeZones:
+    """The zone of each Node, as read from the API server and kept: a node's zone label
+    is set when it registers and stays, so a node with one is read once; a node
+    without one (most clusters outside a cloud) is read again once a minute (it may be
+    labelled later), not at every round of every storage. One lives in the operator's
+    memo, shared by every storage's handlers (in threads); `clock`: seconds, as
+    time.monotonic counts them."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._known: dict[str, tuple[str | None, float]] = {}  # node -> (zone, read when)
+        self._lock = threading.Lock()
+        self._warned_forbidden = threading.Event()
+
+    def of(self, name: str) -> str | None:
+        """The zone of the Node `name`; None when it has none, is gone, or the operator
+        may not read Nodes (the rights of a chart older than zones: the sites are then
+        planned as if their zones were unknown, and the operator says so once)."""
+        now = self._clock()
+        with self._lock:
+            known = self._known.get(name)
+        if known is not None and (known[0] is not None
+                                  or now - known[1] < NO_ZONE_RECHECK_SECONDS):
+            return known[0]
+        try:
+            zone = zone_of_node(get("v1", "Node", None, name))
+        except ForbiddenError:
+            zone = None
+            if not self._warned_forbidden.is_set():
+                self._warned_forbidden.set()
+                log.warning("getting Nodes is forbidden to the operator (its ClusterRole "
+                            "is older than zones): the sites' zones are not known, "
+                            "replicas are placed without them")
+        with self._lock:
+            self._known[name] = (zone, now)
+        return zone
 
 
 def stateful_set_status(owner: Owner) -> dict[str, Any] | None:

@@ -1,11 +1,10 @@
 """The operator reads each site's zone from its pod's node (issue 23): against a real
 API server, pods of a storage on a labelled node, an unlabelled one, and none yet;
-`kube.site_pods` gives each the zone of its node, which the replication controller
-plans by (`controller.seen_on`)."""
+`kube.site_pods` gives each the zone of its node (read through `kube.NodeZones`), which
+the replication controller plans by (`controller.seen_on`)."""
 
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from stratamq.operator import kube
@@ -15,8 +14,7 @@ from tests.support.kube import ControlPlane
 NAME = "zoned"
 
 
-def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str) -> None:
     nodes = {"zones-test-a": {"topology.kubernetes.io/zone": "zone-a"},
              "zones-test-plain": {}}
     for node, node_labels in nodes.items():
@@ -32,15 +30,17 @@ def test_each_site_pod_is_in_its_nodes_zone(api: ControlPlane, namespace: str,
                 "metadata": {"name": pod, "labels": site_selector_labels(NAME)},
                 "spec": {**({"nodeName": on} if on else {}),
                          "containers": [{"name": "site", "image": "stratamq:test"}]}}))
-        found = kube.site_pods(Owner(name=NAME, namespace=namespace, uid="u"))
+        now = [0.0]
+        zones = kube.NodeZones(clock=lambda: now[0])
+        found = kube.site_pods(Owner(name=NAME, namespace=namespace, uid="u"), zones)
         assert {pod.name: pod.zone for pod in found} == {
             f"{NAME}-0": "zone-a", f"{NAME}-1": None, f"{NAME}-2": None}
         # A label that comes later is seen: a node without one is asked again, once
         # a minute (not at every round of every storage).
         api.kubectl("label", "node", "zones-test-plain", "topology.kubernetes.io/zone=zone-b")
-        assert kube.node_zone("zones-test-plain") is None
-        monkeypatch.setattr(kube, "NO_ZONE_RECHECK_SECONDS", 0.0)
-        assert kube.node_zone("zones-test-plain") == "zone-b"
-        assert kube.node_zone("no-such-node") is None
+        assert zones.of("zones-test-plain") is None
+        now[0] += kube.NO_ZONE_RECHECK_SECONDS
+        assert zones.of("zones-test-plain") == "zone-b"
+        assert zones.of("no-such-node") is None
     finally:
         api.kubectl("delete", "node", *nodes, "--wait=false")
