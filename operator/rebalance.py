@@ -2,8 +2,9 @@
 plan running, or of the last one, in `status.rebalance` (its id, why it was made, its
 steps done of all, when it started, and when it should end at the pace so far), and
 which ReplicaTransitions go once more plans than spec.transitionHistoryLimit have
-some (never those of the plan running). The controller (controller.py) gathers the
-inputs, writes the summary into its view and deletes what this names."""
+some (never those of the plan running). A storage's Transitions (transitions.py)
+gathers the inputs and deletes what this names; its controller (controller.py) writes
+the summary into its view."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from typing import Any
 from .phases import PlanResult, PlanTrigger, TransitionPhase
 from .resources import GROUP
 
-DEFAULT_HISTORY_LIMIT = 3  # spec.transitionHistoryLimit's default (the CRD's too)
 # On each ReplicaTransition: why its plan was made (a PlanTrigger), and a word more.
 TRIGGER_ANNOTATION = f"{GROUP}/plan-trigger"
 MESSAGE_ANNOTATION = f"{GROUP}/plan-trigger-message"
@@ -116,8 +116,3 @@ def run_of(items: Sequence[Mapping[str, Any]], plan_label: str, key: str, steps:
                    message=annotations.get(MESSAGE_ANNOTATION, ""), steps=steps,
                    started=min(seconds_of(item["metadata"]["creationTimestamp"])
                                for item in mine))
-
-
-def history_limit(spec: Mapping[str, Any]) -> int:
-    """spec.transitionHistoryLimit: the plans whose ReplicaTransitions are kept."""
-    return max(1, int(spec.get("transitionHistoryLimit", DEFAULT_HISTORY_LIMIT)))
