@@ -42,7 +42,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -155,6 +155,62 @@ def plan_trigger(old_goals: list[tuple[str, ...]], goal: tuple[str, ...],
 
 # --- one storage's controller ----------------------------------------------------------
 
+@dataclass(frozen=True)
+class GoalFollowed:
+    """What `follow_goal` found: the state (with the new plan and goals when it made
+    one); whether the goal may still change (`unsettled`: then nothing else is said);
+    why the goal has no plan ("": it has one, or needs none); and when it made a plan,
+    why (trigger, message) and what the plan does (`planned`, for the log)."""
+
+    state: ClusterState
+    unsettled: bool = False
+    no_plan: str = ""
+    trigger: tuple[str, str] | None = None
+    planned: str = ""
+
+
+def follow_goal(state: ClusterState, storage: str, sites_asked: int,
+                sites: Mapping[str, SiteState], site_pods: Mapping[str, str],
+                settings: Settings) -> GoalFollowed:
+    """A new plan when the sites of the pods below spec.sites (`sites_asked` pods of
+    the StatefulSet `storage`) are not the goal any more (scaled up or down), or the
+    shards' replica sets are not of spec.messages.replicationFactor (changed); only
+    once each of those pods has a known site, so a scale-up makes one plan, not one per
+    pod as they come. Every placed database is planned to the same sites, in one plan.
+    `site_pods`: site -> its pod."""
+    wanted_pods = {f"{storage}-{number}" for number in range(sites_asked)}
+    by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
+    if not wanted_pods <= set(by_pod):
+        return GoalFollowed(state, unsettled=True)
+    goal = tuple(sorted(by_pod[pod] for pod in wanted_pods))
+    placed = [database for database in DATABASES
+              if database in state.placement.databases()]
+    heading = state.placement if state.plan is None else state.plan.target
+    factor = settings.replication_factor
+    moved = [database for database in placed
+             if tuple(decisions.goal_of(state, database)) != goal]
+    refactored = [database for database in placed
+                  if any(len(shard.replicas) != factor
+                         for shard in heading.shards_of(database))]
+    if not moved and not refactored:
+        return GoalFollowed(state)
+    try:
+        new = decisions.plan_goals(state.placement, dict.fromkeys(placed, goal), sites,
+                                   settings)
+    except StratamqError as error:
+        return GoalFollowed(state, no_plan=(f"no plan to {', '.join(goal)} at replication "
+                                            f"factor {factor}: {error}"))
+    trigger = plan_trigger(
+        [decisions.goal_of(state, database) for database in moved], goal,
+        [len(shard.replicas) for database in refactored
+         for shard in heading.shards_of(database)], factor)
+    planned = (f"{', '.join(placed)} to live on {', '.join(goal)} at replication factor "
+               f"{factor}; plan: {'; '.join(new.describe()) or 'nothing to do'}")
+    return GoalFollowed(replace(state, plan=new if new.transitions else None,
+                                goals={**state.goals, **dict.fromkeys(placed, goal)}),
+                        trigger=trigger, planned=planned)
+
+
 def pods_to_keep(state: ClusterState, site_pods: Mapping[str, str], sites_asked: int) -> int:
     """Pods the StatefulSet must keep: spec.sites (`sites_asked`), and more while a pod
     above holds replicas (now or in the pending plan's target): the highest ordinals
@@ -212,9 +268,9 @@ class StorageController:
     (the state, the sites, their pods and URLs, the term) that `view`, `kept_pods` and
     `tolerated_disruptions` read from other threads under one lock, so they are one
     class. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
-    `pods_to_keep`, `replication_view`); its collaborators, built here, keep the rest:
-    `KeptState` (status.controller and its conditional writes) and `Transitions` (the
-    ReplicaTransitions and status.rebalance)."""
+    `follow_goal`, `pods_to_keep`, `replication_view`); its collaborators, built here,
+    keep the rest: `KeptState` (status.controller and its conditional writes) and
+    `Transitions` (the ReplicaTransitions and status.rebalance)."""
 
     def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
                  resource_version: str = "",
@@ -451,50 +507,19 @@ class StorageController:
     def _follow_goal(self, state: ClusterState, spec: StorageSpec,
                      sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
                      ) -> ClusterState:
-        """A new plan when the sites of the pods below spec.sites are not the goal any
-        more (scaled up or down), or the shards' replica sets are not of
-        spec.messages.replicationFactor (changed); only once each of those pods has a
-        known site, so a scale-up makes one plan, not one per pod as they come. Every
-        placed database is planned to the same sites, in one plan."""
-        wanted_pods = {f"{self.owner.name}-{number}" for number in range(spec.sites)}
-        by_pod = {pod: site for site, pod in site_pods.items() if site in sites}
-        unsettled = not wanted_pods <= set(by_pod)
-        self._unsettled = unsettled
-        if unsettled:
+        """`follow_goal`, and what it says logged (why there is no plan: once)."""
+        followed = follow_goal(state, self.owner.name, spec.sites, sites, site_pods,
+                               self.settings)
+        self._unsettled = followed.unsettled
+        if followed.unsettled:
             return state
-        goal = tuple(sorted(by_pod[pod] for pod in wanted_pods))
-        placed = [database for database in DATABASES
-                  if database in state.placement.databases()]
-        heading = state.placement if state.plan is None else state.plan.target
-        factor = self.settings.replication_factor
-        moved = [database for database in placed
-                 if tuple(decisions.goal_of(state, database)) != goal]
-        refactored = [database for database in placed
-                      if any(len(shard.replicas) != factor
-                             for shard in heading.shards_of(database))]
-        if not moved and not refactored:
-            self._no_plan = ""
-            return state
-        try:
-            new = decisions.plan_goals(state.placement, dict.fromkeys(placed, goal), sites,
-                                       self.settings)
-        except StratamqError as error:
-            why = (f"no plan to {', '.join(goal)} at replication factor {factor}: "
-                   f"{error}")
-            if why != self._no_plan:  # said once, not every round
-                log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, why)
-                self._no_plan = why
-            return state
-        self._no_plan = ""
-        self._round_trigger = plan_trigger(
-            [decisions.goal_of(state, database) for database in moved], goal,
-            [len(shard.replicas) for database in refactored
-             for shard in heading.shards_of(database)], factor)
-        log.info("%s/%s: %s to live on %s at replication factor %d; plan: %s",
-                 self.owner.namespace, self.owner.name, ", ".join(placed), ", ".join(goal),
-                 factor, "; ".join(new.describe()) or "nothing to do")
-        return replace(state, plan=new if new.transitions else None,
-                       goals={**state.goals, **dict.fromkeys(placed, goal)})
+        if followed.no_plan and followed.no_plan != self._no_plan:  # said once, not every round
+            log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, followed.no_plan)
+        self._no_plan = followed.no_plan
+        self._round_trigger = followed.trigger
+        if followed.planned:
+            log.info("%s/%s: %s", self.owner.namespace, self.owner.name, followed.planned)
+        return followed.state
 
     def _push(self, token: str) -> None:
         placement = self.state.placement

@@ -14,7 +14,9 @@ from stratamq.broker.controller.sites import SiteState, parse_report
 from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
+    GoalFollowed,
     StorageController,
+    follow_goal,
     leader_move_event,
     plan_trigger,
     seen_on,
@@ -93,6 +95,27 @@ def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
     assert D in moving.target.sites()
     controller.state = replace(controller.state, plan=moving)
     assert controller.kept_pods(2) == 4
+
+
+def test_a_scale_is_planned_once_every_pod_asked_for_is_a_known_site() -> None:
+    state = ClusterState(placement=first_placement([A, B, C]))
+    sites, pods = sites_state(A, B, C, D), {A: "mq-0", B: "mq-1", C: "mq-2"}
+    settings = settings_of(parse_spec(SPEC), 2.0)
+    assert follow_goal(state, "mq", 3, sites, pods, settings) == GoalFollowed(state)
+    # mq-3 is not a known site yet: no plan (one per pod as they come) until it is.
+    assert follow_goal(state, "mq", 4, sites, pods, settings) == GoalFollowed(
+        state, unsettled=True)
+    followed = follow_goal(state, "mq", 4, sites, {**pods, D: "mq-3"}, settings)
+    assert followed.trigger == ("Scale", "sites 3 -> 4")
+    assert followed.state.plan is not None
+    assert followed.state.goals == {"messages": (A, B, C, D)}
+    assert followed.planned.startswith(
+        f"messages to live on {A}, {B}, {C}, {D} at replication factor 3; plan: messages/")
+    # A replication factor above the sites: no plan, and why.
+    above = settings_of(parse_spec({**SPEC, "messages": {"replicationFactor": 4}}), 2.0)
+    refused = follow_goal(state, "mq", 3, sites, pods, above)
+    assert refused.state == state and refused.trigger is None
+    assert refused.no_plan.startswith(f"no plan to {A}, {B}, {C} at replication factor 4: ")
 
 
 def test_step_phases_follow_the_plan() -> None:
