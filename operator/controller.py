@@ -5,15 +5,17 @@ One `StorageController` per DurableStorage does what `stratamq cluster controlle
 does on a plain machine, with the same pure decisions (`broker/controller/decisions.py`)
 and the same site API: every round it asks each pod's `GET /api/v1/ds/replication`,
 lets `decisions` choose (first placement, failover, the next step of a plan), keeps
-the result in the DurableStorage's `status.controller` BEFORE it pushes anything (so a
-restarted operator, or another replica of it, resumes from there and never hands out
-an older placement), then pushes `PUT /api/v1/ds/placement` with the peers map.
+the result in the DurableStorage's `status.controller` (kept_state.py) BEFORE it
+pushes anything (so a restarted operator, or another replica of it, resumes from
+there and never hands out an older placement), then pushes `PUT /api/v1/ds/placement`
+with the peers map (the sites' client: sites.py).
 
 What is Kubernetes' own here:
 - the sites each database should live on (the goal) are those of the pods with an
   ordinal below spec.sites; the departing pods' replicas are planned away, and the
   StatefulSet keeps them (`kept_pods`) until they hold none;
-- each step of a plan is a ReplicaTransition object whose phase follows the step;
+- each step of a plan is a ReplicaTransition object whose phase follows the step
+  (transitions.py);
 - a site whose pod is gone and that holds nothing is forgotten: kept in
   status.controller and told to the sites with every push (they adopt the sessions it
   owned); found again (its pod back with its volume), it is not forgotten any more.
