@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -24,6 +24,9 @@ from pyspark.sql import functions as F
 from stratamq.broker.ds.lts import PLUS
 
 from .topics import DEFAULT_HOT_SHARE, DEFAULT_THRESHOLDS, seed_patterns
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLUMNS = ("pattern", "hour", "messages", "bytes", "publishers")
 
@@ -95,8 +98,19 @@ def export_usage(spark: SparkSession, checkpoint: str, out: str,
 
 
 def draw(rows: list[Any], patterns: list[str], path: str) -> None:
+    """The PNG of `usage_figure`."""
+    from matplotlib import pyplot
+
+    figure = usage_figure(rows, patterns)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+
+
+def usage_figure(rows: list[Any], patterns: list[str]) -> Figure:
     """Messages per hour, a bar per hour stacked by pattern (lines of equal counts
-    would hide each other), the axis over the hours the rows cover."""
+    would hide each other), the axis over the hours the rows cover (matplotlib's own
+    limits put one hour of data on an axis of years)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a job's machine
@@ -109,8 +123,7 @@ def draw(rows: list[Any], patterns: list[str], path: str) -> None:
     for pattern in patterns:
         heights = [counts.get((pattern, hour), 0) for hour in hours]
         # width in days, the unit of a date axis: 48 minutes of each hour
-        axes.bar(hours, heights, width=0.8 / 24, bottom=below, label=pattern,
-                 align="edge")
+        axes.bar(hours, heights, width=0.8 / 24, bottom=below, label=pattern, align="edge")
         below = [low + height for low, height in zip(below, heights, strict=True)]
     if hours:
         axes.set_xlim(hours[0] - timedelta(minutes=30), hours[-1] + timedelta(minutes=90))
@@ -121,6 +134,4 @@ def draw(rows: list[Any], patterns: list[str], path: str) -> None:
     axes.set_title("messages per hour, top topic patterns")
     axes.legend(loc="upper left", fontsize="small")
     figure.autofmt_xdate()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    return figure

@@ -16,16 +16,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from matplotlib import pyplot as plt
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from stratamq.broker.ds import EndOfStream, ShardSnapshot, Snapshot
 from stratamq.broker.ds.layouts import ReadStats
-from stratamq.spark.export import export_usage, pattern_of, pattern_trie
+from stratamq.spark.export import export_usage, pattern_of, pattern_trie, usage_figure
 from stratamq.spark.topics import newest_copies, seed_patterns
 from tests.support.checkpoints import Published, make_checkpoint, publish_all, snapshot_messages
 from tests.support.clients import ADMIN_TOKEN, generations
@@ -77,6 +80,19 @@ def test_a_topic_falls_under_its_hot_value_or_plus() -> None:
     assert pattern_of("$SYS/load", trie) == "$SYS/+"
     assert pattern_of("other/x", trie) == "other/x"
     assert pattern_of("fleet/north", trie) == "fleet/north"  # not a pattern's end either
+
+
+def test_the_usage_plot_of_one_hour_spans_that_hour() -> None:
+    """One hour of data: the axis covers that hour, not matplotlib's years around a
+    single date (issue 28); two patterns' bars stack instead of hiding each other."""
+    hour = datetime(2026, 11, 27, 10)
+    rows = [SimpleNamespace(pattern="a/+", hour=hour, messages=5),
+            SimpleNamespace(pattern="b/+", hour=hour, messages=5)]
+    figure = usage_figure(rows, ["a/+", "b/+"])
+    low, high = figure.axes[0].get_xlim()
+    assert high - low < 0.1  # days: the two hours around it
+    assert figure.axes[0].get_ylim()[1] >= 10
+    plt.close(figure)
 
 
 def streams_after(snapshot: Snapshot, since_generation: dict[int, int]) -> dict[int, int]:
