@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+from matplotlib.figure import Figure
 from rocksdict import AccessType, Options, Rdict
 
 from stratamq.broker.ds import (
@@ -182,10 +183,7 @@ def generations_plot(results: list[GenerationsResult], path: Path) -> None:
     axis.set_xlabel("generations per shard")
     axis.set_ylabel("rows/s, source / rocksdict")
     axis.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    save(figure, path)
 
 
 def folder_bytes(path: Path) -> int:
@@ -399,6 +397,12 @@ def plot(results: list[Result], path: Path) -> None:
     times.set_xlabel("messages")
     times.set_ylabel("seconds")
     times.legend()
+    save(figure, path)
+
+
+def save(figure: Figure, path: Path) -> None:
+    from matplotlib import pyplot
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
