@@ -6,12 +6,18 @@ the same checkpoint, and the GC job (plan on Spark, apply on the storage) agains
 data size, with the bytes it frees.
 
     .venv/bin/python bench/spark_bench.py [--sizes 1000000,10000000] [--vehicles 20000]
+        [--generations 1,10,50] [--repeat 3]
 
 Each size is a fresh storage of `n` messages (random payloads, 256 bytes by default)
 over 4 shards and two generations, half of them on topics whose retention rule has
 expired at the plan's time (so the closed generation is rewritten); prints a table
 and saves a PNG in bench/results/. The issue's sizes are the default; a quick look:
-`--sizes 100000,300000`."""
+`--sizes 100000,300000`.
+
+With `--generations`, the same messages (`--generation-messages`, default 200,000) are
+stored over that many generations per shard, one checkpoint each, and read through the
+source and with plain rocksdict, the counts interleaved and repeated (`--repeat`): the
+source's share of rocksdict's rate should not fall with the number of generations."""
 
 from __future__ import annotations
 
@@ -19,12 +25,14 @@ import argparse
 import asyncio
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+from matplotlib.figure import Figure
 from rocksdict import AccessType, Options, Rdict
 
 from stratamq.broker.ds import (
@@ -79,6 +87,103 @@ async def fill(storage: DurableStorage, n: int, payload: int) -> None:
         await storage.store_batch("messages", [
             Message(topic_of(i), pool[i % 64], f"gw{i % 40}", 1)
             for i in range(start, min(n, start + CALL_BATCH))])
+
+
+async def fill_generations(storage: DurableStorage, n: int, generations: int,
+                           payload: int) -> None:
+    """`n` messages over `generations` generations per shard, the same number in each."""
+    pool = [random.randbytes(payload) for _ in range(64)]
+    await storage.open_db("messages", DbOptions(n_shards=N_SHARDS))
+    per_generation = max(n // generations, 1)
+    for start in range(0, n, CALL_BATCH):
+        if start and start % per_generation < CALL_BATCH \
+                and len(storage.db("messages").shards[0].generations) < generations:
+            await storage.add_generation("messages")
+        await storage.store_batch("messages", [
+            Message(topic_of(i), pool[i % 64], f"gw{i % 40}", 1)
+            for i in range(start, min(n, start + CALL_BATCH))])
+
+
+@dataclass
+class GenerationsResult:
+    generations: int
+    rocksdict_rows_per_s: list[float]
+    source_rows_per_s: list[float]
+
+    def ratios(self) -> list[float]:
+        return [source / raw for source, raw in zip(self.source_rows_per_s,
+                                                    self.rocksdict_rows_per_s, strict=True)]
+
+
+def generations_runs(counts: list[int], n: int, payload: int, repeat: int, master: str,
+                     workdir: Path) -> list[GenerationsResult]:
+    """Reads of the same messages over 1, 10, 50... generations per shard: the source
+    (keys only) and plain rocksdict, interleaved, `repeat` times."""
+    checkpoints = {}
+    for count in counts:
+        storage = DurableStorage(workdir / f"data-g{count}")
+        checkpoint = workdir / f"checkpoint-g{count}"
+
+        async def prepare(storage: DurableStorage = storage, count: int = count,
+                          checkpoint: Path = checkpoint) -> None:
+            await fill_generations(storage, n, count, payload)
+            await create_checkpoint(storage.db("messages"), checkpoint)
+            await storage.close()
+
+        asyncio.run(prepare())
+        shutil.rmtree(workdir / f"data-g{count}")
+        checkpoints[count] = checkpoint
+    results = {count: GenerationsResult(count, [], []) for count in counts}
+    spark = spark_session("stratamq-bench", master, shuffle_partitions=8,
+                          config={"spark.ui.enabled": "false"})
+    try:
+        spark.read.format("stratamq").load(str(checkpoints[counts[0]])).limit(1).collect()
+        for _round in range(repeat):
+            for count in counts:
+                raw_rows, raw_s = rocksdict_rows(checkpoints[count])
+                keys = spark.read.format("stratamq").schema("topic string, timestamp bigint") \
+                    .load(str(checkpoints[count]))
+                started = time.perf_counter()
+                rows = keys.selectExpr("count(topic)").collect()[0][0]
+                source_s = time.perf_counter() - started
+                assert rows == raw_rows == n, (rows, raw_rows, n)
+                results[count].rocksdict_rows_per_s.append(raw_rows / raw_s)
+                results[count].source_rows_per_s.append(rows / source_s)
+    finally:
+        spark.stop()
+    for checkpoint in checkpoints.values():
+        shutil.rmtree(checkpoint)
+    return [results[count] for count in counts]
+
+
+def generations_table(n: int, results: list[GenerationsResult]) -> str:
+    def spread(values: list[float], fmt: str) -> str:
+        return f"{min(values):{fmt}} / {statistics.median(values):{fmt}} / {max(values):{fmt}}"
+
+    lines = [f"{n:,} messages over 4 shards; min / median / max of the runs",
+             "| generations per shard | rocksdict rows/s | source rows/s (keys) | "
+             "source / rocksdict |", "|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r.generations} | {spread(r.rocksdict_rows_per_s, ',.0f')} | "
+                     f"{spread(r.source_rows_per_s, ',.0f')} | {spread(r.ratios(), '.2f')} |")
+    return "\n".join(lines)
+
+
+def generations_plot(results: list[GenerationsResult], path: Path) -> None:
+    from matplotlib import pyplot
+
+    figure, axis = pyplot.subplots(figsize=(6, 4))
+    for r in results:
+        axis.scatter([r.generations] * len(r.ratios()), r.ratios(), color="tab:blue")
+    axis.plot([r.generations for r in results],
+              [statistics.median(r.ratios()) for r in results], color="tab:blue",
+              label="source / rocksdict (median)")
+    axis.set_xscale("log")
+    axis.set_ylim(bottom=0)
+    axis.set_xlabel("generations per shard")
+    axis.set_ylabel("rows/s, source / rocksdict")
+    axis.legend()
+    save(figure, path)
 
 
 def folder_bytes(path: Path) -> int:
@@ -292,6 +397,12 @@ def plot(results: list[Result], path: Path) -> None:
     times.set_xlabel("messages")
     times.set_ylabel("seconds")
     times.legend()
+    save(figure, path)
+
+
+def save(figure: Figure, path: Path) -> None:
+    from matplotlib import pyplot
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -309,8 +420,20 @@ def main() -> None:
     parser.add_argument("--workdir", help="where the storages go (default: a temp folder)")
     parser.add_argument("--vehicles", type=int, default=20_000,
                         help="vehicles of the topic-learning workload (0: skip it)")
+    parser.add_argument("--generations", default="",
+                        help="generations per shard to compare, comma separated (1,10,50)")
+    parser.add_argument("--generation-messages", type=int, default=200_000,
+                        help="messages of each --generations run")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds of the --generations reads (interleaved)")
     arguments = parser.parse_args()
     workdir = Path(arguments.workdir or tempfile.mkdtemp(prefix="spark-bench-"))
+    counts = [int(text) for text in arguments.generations.split(",") if text]
+    if counts:
+        found = generations_runs(counts, arguments.generation_messages, arguments.payload,
+                                 arguments.repeat, arguments.master, workdir)
+        print(generations_table(arguments.generation_messages, found), flush=True)
+        generations_plot(found, Path(arguments.out) / "spark_bench_generations.png")
     if arguments.vehicles:
         print(learn_table(arguments.vehicles,
                           learn_run(arguments.vehicles, arguments.master, workdir)), flush=True)

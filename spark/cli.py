@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="print the plan and write nothing")
     learn = jobs.add_parser("learn-topics", help="a seed topic structure for the next "
                                                  "generation, from the whole topic population")
-    learn.add_argument("--checkpoint", required=True)
+    learn.add_argument("--checkpoint", required=True, action="append",
+                       help="a checkpoint; repeat it with every site's checkpoint of a "
+                            "cluster: each shard is counted once, from its newest copy")
     learn.add_argument("--config", help="broker config file: the wildcard thresholds")
     learn.add_argument("--hot-share", type=float, default=None,
                        help="share of a level's messages that earns a value its own "
@@ -61,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--plot", help="also draw messages per hour of the top patterns "
                                        "into this PNG")
     export.add_argument("--top", type=int, default=8, help="patterns in the plot")
+    export.add_argument("--config", help="broker config file: the wildcard thresholds the "
+                                         "patterns are learned with")
     for job in (gc, learn, export):
         job.add_argument("--master", default="local[*]",
                          help='Spark master (default local[*]; "" keeps spark-submit\'s)')
@@ -116,7 +120,8 @@ def _learn_topics(arguments: argparse.Namespace) -> int:
     from .topics import DEFAULT_HOT_SHARE, make_seed
 
     hot_share = DEFAULT_HOT_SHARE if arguments.hot_share is None else arguments.hot_share
-    _check_checkpoint(arguments.checkpoint)
+    for checkpoint in arguments.checkpoint:
+        _check_checkpoint(checkpoint)
     spark = spark_session("stratamq-learn-topics", arguments.master or None)
     try:
         seed = make_seed(spark, arguments.checkpoint, thresholds, hot_share)
@@ -141,11 +146,12 @@ def _export(arguments: argparse.Namespace) -> int:
     from .export import export_usage
     from .session import spark_session
 
+    thresholds = load_config(arguments.config).durable_storage.messages.layout.wildcard_thresholds
     _check_checkpoint(arguments.checkpoint)
     spark = spark_session("stratamq-export", arguments.master or None)
     try:
         summary = export_usage(spark, arguments.checkpoint, arguments.out, arguments.plot,
-                               arguments.top)
+                               arguments.top, thresholds)
     finally:
         spark.stop()
     print(json.dumps(summary, indent=2))

@@ -5,10 +5,12 @@ the program the operator's Spark driver runs (`spark-submit ... spark-main.py la
 For each site in turn: a checkpoint through the site's admin API into the shared work
 folder (a volume every site and every Spark pod mounts at the same path), the job on
 that checkpoint in this driver's SparkSession, the result applied through the same
-admin API (`gc`: the plan, `learn-topics`: the seed; `export` leaves its Parquet in
-the folder), then the checkpoint is removed (its results stay). Every site, because
-a site's checkpoint holds only the shards it has a replica of (what it applies goes
-through each shard's log, to every replica).
+admin API (`gc`: the plan; `export` leaves its Parquet in the folder), then the
+checkpoint is removed (its results stay). Every site, because a site's checkpoint
+holds only the shards it has a replica of (what it applies goes through each shard's
+log, to every replica). `learn-topics` takes every site's checkpoint first and learns
+one seed from all of them (each shard counted once, from its newest copy), which it
+then gives every site: a seed learned per site would leave the last site's.
 
 The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
 writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run
@@ -99,8 +101,8 @@ def client(url: str) -> AdminClient:
 
 def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
              folder: Path) -> dict[str, Any] | None:
-    """Checkpoint, job, apply for one site; the site's answer to the apply (None for
-    export)."""
+    """Checkpoint, job, apply for one site (`gc`, `export`); the site's answer to the
+    apply (None for export)."""
     database = urllib.parse.quote(arguments.db, safe="")
     checkpoint = folder / "checkpoint"
     folder.mkdir(parents=True)
@@ -115,26 +117,48 @@ def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
             answer: dict[str, Any] = site.post(f"/api/v1/ds/storages/{database}/gc-plan",
                                                plan)
             return answer
-        if arguments.job == "learn-topics":
-            from .topics import DEFAULT_HOT_SHARE, make_seed
-
-            hot_share = (DEFAULT_HOT_SHARE if arguments.hot_share is None
-                         else arguments.hot_share)
-            seed = make_seed(spark, str(checkpoint), thresholds(arguments), hot_share)
-            (folder / "seed.json").write_text(json.dumps(seed, indent=2) + "\n",
-                                              encoding="utf-8")
-            answer = site.put(f"/api/v1/ds/storages/{database}/topic-structure",
-                              {"patterns": seed["patterns"]})
-            return answer
         from .export import export_usage
+        from .topics import DEFAULT_THRESHOLDS
 
         export_usage(spark, str(checkpoint), str(folder / "usage.parquet"),
-                     str(folder / "usage.png"), arguments.top)
+                     str(folder / "usage.png"), arguments.top,
+                     thresholds(arguments) or DEFAULT_THRESHOLDS)
         return None
     finally:
         # The checkpoint holds the site's files (hard links on the site's side, or
         # copies on this volume): only the results are worth keeping.
         shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def learn_topics(spark: Any, arguments: argparse.Namespace, run_folder: Path) -> list[SiteRun]:
+    """Every site's checkpoint, one seed from all of them, the seed given to every
+    site; the checkpoints are removed, `seed.json` stays in the run's folder."""
+    from .topics import DEFAULT_HOT_SHARE, make_seed
+
+    database = urllib.parse.quote(arguments.db, safe="")
+    sites = [client(url) for url in arguments.site]
+    folders = [run_folder / f"site-{index}" for index in range(len(sites))]
+    try:
+        for site, folder in zip(sites, folders, strict=True):
+            folder.mkdir(parents=True)
+            site.post(f"/api/v1/ds/storages/{database}/checkpoints",
+                      {"dir": str(folder / "checkpoint")})
+        hot_share = (DEFAULT_HOT_SHARE if arguments.hot_share is None
+                     else arguments.hot_share)
+        seed = make_seed(spark, [str(folder / "checkpoint") for folder in folders],
+                         thresholds(arguments), hot_share)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder / "checkpoint", ignore_errors=True)
+    (run_folder / "seed.json").write_text(json.dumps(seed, indent=2) + "\n",
+                                          encoding="utf-8")
+    done = []
+    for url, site, folder in zip(arguments.site, sites, folders, strict=True):
+        answer = site.put(f"/api/v1/ds/storages/{database}/topic-structure",
+                          {"patterns": seed["patterns"]})
+        done.append(SiteRun(site=url, folder=folder, applied=answer))
+        print(f"stratamq spark launch learn-topics: seed given to {url}", file=sys.stderr)
+    return done
 
 
 def launch(arguments: argparse.Namespace) -> list[SiteRun]:
@@ -152,12 +176,15 @@ def launch(arguments: argparse.Namespace) -> list[SiteRun]:
     try:
         spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
         try:
-            for index, url in enumerate(arguments.site):
-                folder = run_folder / f"site-{index}"
-                answer = run_site(spark, arguments, client(url), folder)
-                done.append(SiteRun(site=url, folder=folder, applied=answer))
-                print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
-                      file=sys.stderr)
+            if arguments.job == "learn-topics":
+                done += learn_topics(spark, arguments, run_folder)
+            else:
+                for index, url in enumerate(arguments.site):
+                    folder = run_folder / f"site-{index}"
+                    answer = run_site(spark, arguments, client(url), folder)
+                    done.append(SiteRun(site=url, folder=folder, applied=answer))
+                    print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
+                          file=sys.stderr)
         finally:
             spark.stop()
     except BaseException as exc:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from .source import StratamqDataSource
-
-# Pushing topic filters and time ranges into the read (Python data sources, Spark 4.1+).
-PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 
 
 def spark_session(app_name: str, master: str | None = None,
@@ -24,12 +22,19 @@ def spark_session(app_name: str, master: str | None = None,
                   config: dict[str, str] | None = None) -> SparkSession:
     """A session for one job. `master` None keeps what spark-submit set."""
     # UTC: hours in the usage export are UTC hours wherever the job runs
-    builder = SparkSession.builder.appName(app_name).config(PUSHDOWN, "true") \
+    builder = SparkSession.builder.appName(app_name) \
         .config("spark.sql.session.timeZone", "UTC") \
         .config("spark.ui.showConsoleProgress", "false")  # a bar per stage, even at ERROR
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
+        # The JVM starts here: its logging is this package's (errors only), and it
+        # binds loopback, as a local job needs, instead of warning that the host name
+        # resolves to it.
+        logging_file = Path(__file__).with_name("log4j2.properties")
+        builder = builder.config("spark.driver.extraJavaOptions",
+                                 f"-Dlog4j2.configurationFile=file:{logging_file}")
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # The workers that plan a Python data source's read follow the environment,
         # not `spark.pyspark.python`; both are set so every worker is this Python.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

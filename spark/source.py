@@ -4,45 +4,38 @@ checkpoint (or a stopped site's database folder) through the storage's own code.
     spark.read.format("stratamq").option("topic_filter", "sensors/+/temp")
          .option("payload", "true").load("/checkpoints/messages-1")
 
-One partition per (shard, generation), split into time slices where a generation
-holds more than `split_bytes`. Each partition reads the streams its filter needs with
+A partition per shard's generations up to `split_bytes` of them, a generation that
+holds more split into time slices of its own. Each partition reads the streams its filter needs with
 the storage's iterators (`stratamq.broker.ds.ShardSnapshot`), so a narrow filter or
-time range reads only what it asks for:
+time range reads only what it asks for. What to read is said with options, once per
+frame:
 
-- `topic_filter` (option, an MQTT filter, default `#`; as in MQTT, `#` does not read
-  `$` topics: the option `all_topics` reads every stream, `$` topics too) and an
-  equality on `topic`;
-- the time range: options `start_time` / `end_time` (µs, end exclusive) and
-  comparisons on `timestamp`;
-- comparisons on `shard` and `generation` prune partitions.
+- `topic_filter` (an MQTT filter, default `#`; as in MQTT, `#` does not read `$`
+  topics, a filter starting with `$` does); `all_topics=true` reads every stream, `$`
+  topics too, and takes no `topic_filter`;
+- the time range: `start_time` / `end_time` (µs, end exclusive);
+- `shards` / `generations` (comma-separated ids) prune partitions.
 
 Payloads are read only with the option `payload` (default false). With a schema of
 only `shard`, `generation`, `stream`, `topic` and `timestamp`, stored messages are not
 decoded at all (the topic is peeked, the timestamp is in the key).
 
-Filter pushdown needs `spark.sql.python.filterPushdown.enabled` (set by
-`stratamq.spark.session.spark_session`)."""
+The source pushes no `where` filter into the read (Spark applies them all): PySpark
+4.1 to 4.3 keep the read a filter pushdown planned on the data source a frame was
+loaded from, and reuse it for that frame's next query that has no filter to push, so
+a reused frame or temporary view would answer with an earlier query's rows."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from stratamq.broker.ds import (
@@ -55,13 +48,16 @@ from stratamq.broker.ds import (
     peek_timestamp,
     peek_topic,
 )
-from stratamq.broker.errors import InvalidTopicFilterError
-from stratamq.broker.topic import is_wildcard, levels_match, validate_filter
+from stratamq.broker.topic import validate_filter
 
 NAME = "stratamq"
 DEFAULT_BATCH = 1000
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 NO_END = 2**63 - 1
+# Shards a Python worker keeps open between the partitions it reads: opening a shard
+# opens every generation's column families, which at tens of generations cost more
+# than reading a partition (issue 28: 96% of the read time).
+OPEN_SHARDS = 8
 
 PROPERTIES_TYPE = (
     "struct<payload_format_indicator: int, message_expiry_interval: bigint, "
@@ -86,6 +82,17 @@ def _flag(options: dict[str, str], name: str) -> bool:
     return value == "true"
 
 
+def _ids(options: dict[str, str], name: str) -> frozenset[int] | None:
+    """A comma-separated list of shard or generation ids; None when not given."""
+    value = options.get(name)
+    if value is None:
+        return None
+    try:
+        return frozenset(int(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError(f"option {name!r}: comma-separated ids, got {value!r}") from None
+
+
 def _properties(message: Message) -> tuple[Any, ...] | None:
     props = message.properties
     if props.is_empty():
@@ -108,7 +115,7 @@ _COLUMNS: dict[str, Callable[[Message], Any]] = {
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
-    """What the reader reads, after the options and the pushed filters."""
+    """What the reader reads, as the options say."""
 
     path: str
     topic_filter: str = "#"
@@ -118,7 +125,6 @@ class ReadPlan:
     # None: every shard / generation
     shards: frozenset[int] | None = None
     generations: frozenset[int] | None = None
-    nothing: bool = False  # the filters cannot all hold
     batch_size: int = DEFAULT_BATCH
     split_bytes: int = DEFAULT_SPLIT_BYTES
     columns: tuple[str, ...] = field(default_factory=tuple)
@@ -126,7 +132,8 @@ class ReadPlan:
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """One input partition: a (shard, generation), or a time slice of a large one."""
+    """A (shard, generation), or a time slice of a large one; a partition reads one
+    or several of one shard (`_packed`)."""
 
     shard: int
     generation: int
@@ -149,17 +156,22 @@ class StratamqDataSource(DataSource):
             raise ValueError('give the checkpoint folder: .load("/path/to/checkpoint")')
         topic_filter = options.get("topic_filter", "#")
         validate_filter(topic_filter)
+        all_topics = _flag(options, "all_topics")
+        if all_topics and "topic_filter" in options:
+            raise ValueError("option all_topics reads every topic and takes no topic_filter "
+                             "(a topic_filter that starts with `$` reads `$` topics)")
         columns = tuple(schema.fieldNames())
         known = KEY_COLUMNS | set(_COLUMNS)
         unknown = [name for name in columns if name not in known]
         if unknown:
             raise ValueError(f"unknown columns {unknown}; the source has {sorted(known)}")
         return StratamqReader(ReadPlan(
-            path=path, topic_filter=topic_filter, all_topics=_flag(options, "all_topics"),
+            path=path, topic_filter=topic_filter, all_topics=all_topics,
             start_time=int(options.get("start_time", 0)),
             end_time=int(options.get("end_time", NO_END)),
             batch_size=int(options.get("batch_size", DEFAULT_BATCH)),
             split_bytes=int(options.get("split_bytes", DEFAULT_SPLIT_BYTES)),
+            shards=_ids(options, "shards"), generations=_ids(options, "generations"),
             columns=columns))
 
 
@@ -169,20 +181,9 @@ class StratamqReader(DataSourceReader):
 
     # -- planning (driver) -------------------------------------------------------------
 
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        """Take what the storage can do itself; hand the rest back to Spark."""
-        for pushed in filters:
-            narrowed = _narrow(self.plan, pushed)
-            if narrowed is None:
-                yield pushed
-            else:
-                self.plan, exact = narrowed
-                if not exact:
-                    yield pushed
-
     def partitions(self) -> Sequence[InputPartition]:
         plan = self.plan
-        if plan.nothing or plan.start_time >= plan.end_time:
+        if plan.start_time >= plan.end_time:
             return [InputPartition(None)]
         with Snapshot(plan.path) as snapshot:
             manifest = snapshot.manifest()
@@ -190,6 +191,7 @@ class StratamqReader(DataSourceReader):
         for shard in manifest["shards"]:
             if plan.shards is not None and shard["id"] not in plan.shards:
                 continue
+            sliced: list[tuple[list[Slice], int]] = []
             for generation in shard["generations"]:
                 if plan.generations is not None and generation["id"] not in plan.generations:
                     continue
@@ -198,23 +200,44 @@ class StratamqReader(DataSourceReader):
                 # nothing from then on
                 if until is not None and until <= plan.start_time:
                     continue
-                found += [InputPartition(piece) for piece in _slices(
-                    shard["id"], generation, until if until is not None
-                    else shard["committed_timestamp"] + 1, plan)]
+                sliced.append((_slices(shard["id"], generation, until if until is not None
+                                       else shard["committed_timestamp"] + 1, plan),
+                               generation.get("bytes", 0)))
+            found += [InputPartition(tuple(pack)) for pack in _packed(sliced, plan.split_bytes)]
         return found or [InputPartition(None)]
 
     # -- reading (executors) -----------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        piece = partition.value
-        if piece is None:
+        pieces = partition.value
+        if pieces is None:
             return
-        assert isinstance(piece, Slice)
-        with Snapshot(self.plan.path) as snapshot:
-            shard = snapshot.shard(piece.shard)
-            if piece.generation not in shard.generations:
-                return
-            yield from read_slice(shard, piece, self.plan)
+        shard = _opened_shard(self.plan.path, pieces[0].shard)
+        for piece in pieces:
+            assert isinstance(piece, Slice)
+            if piece.generation in shard.generations:
+                yield from read_slice(shard, piece, self.plan)
+
+
+# This worker's open shards, least recently read first; see OPEN_SHARDS.
+_open_shards: OrderedDict[tuple[str, int, int, int], tuple[Snapshot, ShardSnapshot]] = \
+    OrderedDict()
+
+
+def _opened_shard(path: str, shard_id: int) -> ShardSnapshot:
+    """The shard, opened once per worker. Keyed by the shard's RocksDB `CURRENT` file
+    too, so a checkpoint made again at the same path is opened again."""
+    current = os.stat(os.path.join(path, str(shard_id), "CURRENT"))
+    key = (os.path.realpath(path), shard_id, current.st_ino, current.st_mtime_ns)
+    found = _open_shards.get(key)
+    if found is None:
+        snapshot = Snapshot(path)
+        found = _open_shards[key] = (snapshot, snapshot.shard(shard_id))
+        while len(_open_shards) > OPEN_SHARDS:
+            _key, (oldest, _shard) = _open_shards.popitem(last=False)
+            oldest.close()
+    _open_shards.move_to_end(key)
+    return found[1]
 
 
 def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[tuple[Any, ...]]:
@@ -295,6 +318,28 @@ def _before(shard: ShardSnapshot, piece: Slice,
     return entries
 
 
+def _packed(sliced: list[tuple[list[Slice], int]], split_bytes: int) -> list[list[Slice]]:
+    """One shard's slices as partitions: a sliced (large) generation's slices one
+    each, whole generations in order together up to `split_bytes`. A partition per
+    generation cost Spark a task each: at 50 generations per shard the tasks, not the
+    rows, were the read's time."""
+    packs: list[list[Slice]] = []
+    pack: list[Slice] = []
+    size = 0
+    for pieces, generation_bytes in sliced:
+        if len(pieces) > 1:
+            packs += [[piece] for piece in pieces]
+            continue
+        if pack and size + generation_bytes > split_bytes:
+            packs.append(pack)
+            pack, size = [], 0
+        pack += pieces
+        size += generation_bytes
+    if pack:
+        packs.append(pack)
+    return packs
+
+
 def _slices(shard_id: int, generation: dict[str, Any], end: int,
             plan: ReadPlan) -> list[Slice]:
     """A generation's part of the plan's time range, cut into `bytes / split_bytes`
@@ -310,50 +355,3 @@ def _slices(shard_id: int, generation: dict[str, Any], end: int,
     bounds = [plan.start_time, *(low + step * k for k in range(1, pieces)), plan.end_time]
     return [Slice(shard_id, generation["id"], start, stop)
             for start, stop in pairwise(bounds)]
-
-
-def _narrow(plan: ReadPlan, pushed: Filter) -> tuple[ReadPlan, bool] | None:
-    """The plan narrowed by one pushed filter and whether that filter is then fully
-    done by the read; None when the storage cannot use it."""
-    attribute: tuple[str, ...] = getattr(pushed, "attribute", ())
-    if len(attribute) != 1:
-        return None
-    column = attribute[0]
-    value = getattr(pushed, "value", None)
-    if column == "timestamp" and isinstance(value, int):
-        if isinstance(pushed, GreaterThan):
-            return replace(plan, start_time=max(plan.start_time, value + 1)), True
-        if isinstance(pushed, GreaterThanOrEqual):
-            return replace(plan, start_time=max(plan.start_time, value)), True
-        if isinstance(pushed, LessThan):
-            return replace(plan, end_time=min(plan.end_time, value)), True
-        if isinstance(pushed, LessThanOrEqual):
-            return replace(plan, end_time=min(plan.end_time, value + 1)), True
-        if isinstance(pushed, EqualTo):
-            return replace(plan, start_time=max(plan.start_time, value),
-                           end_time=min(plan.end_time, value + 1)), True
-        return None
-    if column in ("shard", "generation"):
-        if isinstance(pushed, EqualTo) and isinstance(value, int):
-            wanted = frozenset({value})
-        elif isinstance(pushed, In) and all(isinstance(v, int) for v in pushed.value):
-            wanted = frozenset(pushed.value)
-        else:
-            return None
-        if column == "shard":
-            shards = wanted if plan.shards is None else plan.shards & wanted
-            return replace(plan, shards=shards), True
-        generations = wanted if plan.generations is None else plan.generations & wanted
-        return replace(plan, generations=generations), True
-    if column == "topic" and isinstance(pushed, EqualTo) and isinstance(value, str):
-        # A topic name is a filter without wildcards: read just that topic, when the
-        # plan's filter takes it. No stored topic has wildcards or fails validation.
-        try:
-            validate_filter(value)
-        except InvalidTopicFilterError:
-            return replace(plan, nothing=True), True
-        if is_wildcard(value) or not levels_match(plan.topic_filter.split("/"),
-                                                  value.split("/")):
-            return replace(plan, nothing=True), True
-        return replace(plan, topic_filter=value, all_topics=False), True
-    return None

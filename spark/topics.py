@@ -106,34 +106,63 @@ def seed_patterns(topics: Iterable[tuple[str, int]], thresholds: Sequence[int],
     return sorted(patterns)
 
 
-def make_seed(spark: SparkSession, checkpoint: str, thresholds: Sequence[int] | None = None,
+def newest_copies(manifests: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Which shards to read from which checkpoint, a list per checkpoint: each shard
+    from the checkpoint whose copy of it is the newest (the highest committed
+    timestamp). The checkpoints of a cluster's sites overlap (a shard has a replica on
+    several sites) and a site's copy of a shard it holds no replica of is old or
+    empty: counting each shard once, from its newest copy, counts every message once."""
+    newest: dict[int, tuple[int, int]] = {}
+    for index, manifest in enumerate(manifests):
+        for shard in manifest["shards"]:
+            committed = int(shard["committed_timestamp"])
+            if shard["id"] not in newest or committed > newest[shard["id"]][0]:
+                newest[shard["id"]] = (committed, index)
+    chosen: list[list[int]] = [[] for _ in manifests]
+    for shard_id, (_committed, index) in sorted(newest.items()):
+        chosen[index].append(shard_id)
+    return chosen
+
+
+def make_seed(spark: SparkSession, checkpoints: Sequence[str],
+              thresholds: Sequence[int] | None = None,
               hot_share: float = DEFAULT_HOT_SHARE) -> dict[str, Any]:
-    """The seed structure of a checkpoint's whole topic population."""
-    with Snapshot(checkpoint) as snapshot:
-        manifest = snapshot.manifest()
-    frame = spark.read.format("stratamq").schema("topic string") \
-        .option("all_topics", "true").load(checkpoint)
+    """The seed structure of the whole topic population of one database: of one
+    site's checkpoint, or of every site's (each shard counted once, see
+    `newest_copies`)."""
+    manifests = []
+    for checkpoint in checkpoints:
+        with Snapshot(checkpoint) as snapshot:
+            manifests.append(snapshot.manifest())
+    frames = [spark.read.format("stratamq").schema("topic string")
+              .option("all_topics", "true").option("shards", ",".join(map(str, shards)))
+              .load(checkpoint)
+              for checkpoint, shards in zip(checkpoints, newest_copies(manifests), strict=True)
+              if shards]
+    frame = frames[0]
+    for other in frames[1:]:
+        frame = frame.union(other)
     counts = [(row.topic, row["count"]) for row in frame.groupBy("topic").count().collect()]
     used = tuple(thresholds or DEFAULT_THRESHOLDS)
     patterns = seed_patterns(counts, used, hot_share)
     return {
         "kind": SEED_KIND,
         "format": SEED_FORMAT,
-        "db": manifest["db"],
-        "site": manifest["site"],
-        "checkpoint": checkpoint,
+        "db": manifests[0]["db"],
+        "sites": [manifest["site"] for manifest in manifests],
+        "checkpoints": list(checkpoints),
         "made_at": time.time_ns() // 1000,
         "wildcard_thresholds": list(used),
         "hot_share": hot_share,
         "topics": len(counts),
         "messages": sum(count for _topic, count in counts),
-        "streams_now": _streams_now(manifest, checkpoint),
+        "streams_now": _streams_now(manifests[0], checkpoints[0]),
         "patterns": patterns,
     }
 
 
 def _streams_now(manifest: dict[str, Any], checkpoint: str) -> dict[str, int]:
-    """Streams per shard in the checkpoint's current generation."""
+    """Streams per shard in the (first) checkpoint's current generation."""
     found = {}
     with Snapshot(checkpoint) as snapshot:
         for shard in manifest["shards"]:

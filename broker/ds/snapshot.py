@@ -70,13 +70,15 @@ def stream_patterns(trie: Trie) -> dict[StaticIndex, tuple[str, ...]]:
 class SnapshotGeneration:
     info: GenerationInfo
     layout: Layout
-    trie: Trie
     data: Rdict
+    trie: Trie | None = None  # read on first use: a reader of one generation pays for one
     paths: dict[StaticIndex, str] | None = None  # topic patterns, made on first use
 
 
 class ShardSnapshot:
-    """One shard's RocksDB opened read-only."""
+    """One shard's RocksDB opened read-only. A generation's learned topic trie is read
+    when the generation is first read: a job that reads one generation of many (a
+    Spark partition) does not read them all."""
 
     def __init__(self, path: Path, shard_id: int) -> None:
         if not (path / "CURRENT").exists():
@@ -92,7 +94,6 @@ class ShardSnapshot:
         for info in read_generation_table(self._db):
             self.generations[info.id] = SnapshotGeneration(
                 info, make_layout(info.layout, dict(info.layout_options)),
-                read_trie(self._db, info, _READ_THRESHOLDS),
                 self._db.get_column_family(info.data_column_family()))
 
     def generation(self, generation_id: int) -> SnapshotGeneration:
@@ -102,17 +103,24 @@ class ShardSnapshot:
                 f"shard {self.shard_id} has no generation {generation_id} in this snapshot")
         return found
 
+    def trie(self, generation_id: int) -> Trie:
+        """The generation's learned topic trie, read on first use."""
+        generation = self.generation(generation_id)
+        if generation.trie is None:
+            generation.trie = read_trie(self._db, generation.info, _READ_THRESHOLDS)
+        return generation.trie
+
     def get_streams(self, generation_id: int, topic_filter: str) -> list[Stream]:
         """The streams of one generation that the filter reads, by static index."""
         levels = validate_filter(topic_filter)
-        trie = self.generation(generation_id).trie
+        trie = self.trie(generation_id)
         return [Stream(self.shard_id, generation_id, static)
                 for static in sorted(match.static for match in trie.match(levels))]
 
     def all_streams(self, generation_id: int) -> list[tuple[Stream, tuple[str, ...]]]:
         """Every stream of a generation (`$` topics too, which no wildcard filter
         reads), each with the all-`+` pattern that reads the whole stream."""
-        patterns = stream_patterns(self.generation(generation_id).trie)
+        patterns = stream_patterns(self.trie(generation_id))
         return [(Stream(self.shard_id, generation_id, static), patterns[static])
                 for static in sorted(patterns)]
 
@@ -121,7 +129,8 @@ class ShardSnapshot:
         generation = self.generation(stream.generation)
         if generation.paths is None:
             generation.paths = {static: "/".join(labels)
-                                for static, labels in stream_paths(generation.trie).items()}
+                                for static, labels
+                                in stream_paths(self.trie(stream.generation)).items()}
         return generation.paths.get(stream.static, "")
 
     def read_stream(self, stream: Stream, pattern: tuple[str, ...], after: int,
@@ -133,8 +142,7 @@ class ShardSnapshot:
                                       batch_size, ReadStats())
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
-        return Iterator.start(self.generation(stream.generation).trie, stream, topic_filter,
-                              start_time)
+        return Iterator.start(self.trie(stream.generation), stream, topic_filter, start_time)
 
     def next_raw(self, iterator: Iterator, batch_size: int,
                  stats: ReadStats | None = None) -> tuple[Iterator, RawEntries] | EndOfStream:

@@ -16,18 +16,23 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from matplotlib import pyplot as plt
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from stratamq.broker.ds import EndOfStream, ShardSnapshot, Snapshot
 from stratamq.broker.ds.layouts import ReadStats
-from stratamq.spark.export import export_usage
-from stratamq.spark.topics import seed_patterns
+from stratamq.spark.export import export_usage, pattern_of, pattern_trie, usage_figure
+from stratamq.spark.topics import newest_copies, seed_patterns
 from tests.support.checkpoints import Published, make_checkpoint, publish_all, snapshot_messages
 from tests.support.clients import ADMIN_TOKEN, generations
+from tests.support.cluster import Cluster
 from tests.support.harness import BrokerProcess, running_broker
 
 REGIONS = ["north", "south", "east", "west"]
@@ -63,6 +68,31 @@ def test_seed_patterns_vary_levels_by_the_whole_population() -> None:
         + [f"fleet/north/v0/{s}" for s in SENSORS])
     # below the thresholds everything stays literal
     assert seed_patterns([("a/b", 1), ("a/c", 2)], [100, 10]) == ["a/b", "a/c"]
+
+
+def test_a_topic_falls_under_its_hot_value_or_plus() -> None:
+    trie = pattern_trie(["fleet/north/+/temp", "fleet/north/+/speed", "fleet/north/v0/temp",
+                         "$SYS/+"])
+    assert pattern_of("fleet/north/v3/temp", trie) == "fleet/north/+/temp"
+    assert pattern_of("fleet/north/v0/temp", trie) == "fleet/north/v0/temp"
+    # the hot branch has no `speed`: the `+` branch takes it
+    assert pattern_of("fleet/north/v0/speed", trie) == "fleet/north/+/speed"
+    assert pattern_of("$SYS/load", trie) == "$SYS/+"
+    assert pattern_of("other/x", trie) == "other/x"
+    assert pattern_of("fleet/north", trie) == "fleet/north"  # not a pattern's end either
+
+
+def test_the_usage_plot_of_one_hour_spans_that_hour() -> None:
+    """One hour of data: the axis covers that hour, not matplotlib's years around a
+    single date (issue 28); two patterns' bars stack instead of hiding each other."""
+    hour = datetime(2026, 11, 27, 10)
+    rows = [SimpleNamespace(pattern="a/+", hour=hour, messages=5),
+            SimpleNamespace(pattern="b/+", hour=hour, messages=5)]
+    figure = usage_figure(rows, ["a/+", "b/+"])
+    low, high = figure.axes[0].get_xlim()
+    assert high - low < 0.1  # days: the two hours around it
+    assert figure.axes[0].get_ylim()[1] >= 10
+    plt.close(figure)
 
 
 def streams_after(snapshot: Snapshot, since_generation: dict[int, int]) -> dict[int, int]:
@@ -151,20 +181,71 @@ def test_seed_cuts_streams_and_seeks_and_export_counts(spark: SparkSession,
             if topic_filter == "fleet/north/+/temp":
                 assert seeks_after < seeks_before, (seeks_after, seeks_before)
 
-    # The usage export of the final checkpoint: per pattern and hour.
+    # The usage export of the final checkpoint: per pattern and hour, the patterns
+    # learned over the whole population, so a pattern counts its topics in every
+    # shard and generation (each shard alone kept the first workload's topics literal).
     summary = export_usage(spark, str(final), str(tmp_path / "usage.parquet"),
-                           str(tmp_path / "usage.png"), top=5)
+                           str(tmp_path / "usage.png"), top=5, thresholds=THRESHOLDS)
+    assert len(list((tmp_path / "usage.parquet").glob("*.parquet"))) == 1
     usage = spark.read.parquet(str(tmp_path / "usage.parquet")).collect()
     assert sum(row.messages for row in usage) == 2 * len(workload("x"))
     assert sum(row.bytes for row in usage) == sum(
         len(m.payload) for m in workload("one") + workload("two"))
-    source = spark.read.format("stratamq").load(str(final))
-    by_pattern = {row.pattern: row["count"] for row in source.groupBy("pattern").count().collect()}
     exported: Counter[str] = Counter()
     for row in usage:
         exported[row.pattern] += row.messages
-    assert exported == by_pattern and "fleet/north/+/temp" in exported
-    publishers = {row.pattern: row.publishers for row in source.groupBy("pattern").agg(
-        F.countDistinct("publisher").alias("publishers")).collect()}
-    assert all(row.publishers <= publishers[row.pattern] for row in usage)
+    vehicles_not_hot = len(VEHICLES) - 1
+    assert exported["fleet/north/+/temp"] == 2 * vehicles_not_hot
+    assert exported["fleet/north/v0/temp"] == 2 * 16
+    assert exported["fleet/south/+/speed"] == 2 * len(VEHICLES)
+    assert set(exported) == set(seed_patterns(Counter(m.topic for m in workload("x")).items(),
+                                              THRESHOLDS, 0.25))
+    source = spark.read.format("stratamq").load(str(final))
+    publishers = source.where(F.col("topic").like("fleet/south/%/speed")) \
+        .select("publisher").distinct().count()
+    assert max(row.publishers for row in usage if row.pattern == "fleet/south/+/speed") \
+        <= publishers
     assert summary["top_patterns"] and (tmp_path / "usage.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_newest_copies_counts_each_shard_once() -> None:
+    def manifest(*committed: int) -> dict[str, Any]:
+        return {"shards": [{"id": shard, "committed_timestamp": at}
+                           for shard, at in enumerate(committed)]}
+
+    # site A leads shards 0 and 2, B shards 1 and 3; shard 3 is empty everywhere
+    assert newest_copies([manifest(50, 0, 70, 0), manifest(0, 60, 0, 0)]) == [[0, 2, 3], [1]]
+    # replicas on both sites: each shard once, from the copy that is further on
+    assert newest_copies([manifest(50, 60), manifest(55, 60)]) == [[1], [0]]
+
+
+@pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
+def test_learn_topics_merges_every_sites_checkpoint(tmp_path: Path) -> None:
+    """`stratamq spark launch learn-topics` (the operator's scheduled run) on a
+    two-site cluster whose sites each hold some of the shards: one seed from both
+    checkpoints, each message counted once, given to both sites (issue 28: a seed per
+    site kept the last site's, learned from half the population)."""
+    cluster = Cluster(tmp_path / "cluster", sites=2, n_shards=N_SHARDS,
+                      replication_factor=1).start()
+    try:
+        assert {sites[0] for sites in cluster.replicas().values()} == {0, 1}
+        publish_all(cluster.sites[0], workload("one"))
+        done = subprocess.run(
+            [sys.executable, "-m", "stratamq.broker", "spark", "launch", "learn-topics",
+             *(part for site in cluster.sites for part in ("--site", site.admin_url)),
+             "--workdir", str(tmp_path / "work"), "--run", "r1", "--master", "local[2]",
+             "--wildcard-thresholds", ",".join(map(str, THRESHOLDS))],
+            capture_output=True, text=True, timeout=800,
+            env={**os.environ, "STRATAMQ_ADMIN_TOKEN": ADMIN_TOKEN})
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        cluster.close()
+    seed = json.loads((tmp_path / "work" / "r1" / "seed.json").read_text())
+    counts = Counter(m.topic for m in workload("one"))
+    assert seed["messages"] == sum(counts.values())
+    assert seed["patterns"] == seed_patterns(counts.items(), THRESHOLDS, 0.25)
+    result = json.loads((tmp_path / "work" / "r1" / "result.json").read_text())
+    assert result["result"] == "Succeeded"
+    assert [site["applied"]["patterns"] for site in result["sites_done"]] \
+        == [len(seed["patterns"])] * 2
+    assert not list((tmp_path / "work" / "r1").glob("site-*/checkpoint"))
