@@ -34,7 +34,7 @@ from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacem
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ShardReplica
-from stratamq.broker.ds.replication.role import ReplicaSettings
+from stratamq.broker.ds.replication.replica_context import ReplicaSettings
 from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit

@@ -9,20 +9,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor
-from typing import Any, TypeVar
 
 from ...errors import StorageError, StorageTimeoutError
 from ..cooked import CookedBatch
-from ..database import Database
 from . import entries
-from .log import ShardLog
-from .role import RETRY_INTERVAL, ReplicaRole, ReplicaSettings, remaining
+from .replica_context import RETRY_INTERVAL, ReplicaContext, ReplicaRole, remaining
 from .trim import follower_trim_point, leader_trim_point
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Entries an applier reads from its log at a time.
 APPLY_BATCH = 100
@@ -35,18 +29,12 @@ class Applier:
     """The apply loop of one shard replica, started when it is built. `on_applied`
     is told after each entry applied."""
 
-    def __init__(self, role: ReplicaRole, database: Database, shard_id: int, log_: ShardLog,
-                 log_lock: asyncio.Lock, executor: Executor, settings: ReplicaSettings,
+    def __init__(self, context: ReplicaContext, role: ReplicaRole,
                  on_applied: Callable[[], None]) -> None:
+        self._context = context
         self._role = role
-        self._database = database
-        self._shard_id = shard_id
-        self._log = log_
-        self._log_lock = log_lock
-        self._executor = executor
-        self._settings = settings
+        self._log = context.log
         self._on_applied = on_applied
-        self._label = f"{database.name}/{shard_id}"
         # Applied offsets that writers wait for, and this site's own cooked batches by
         # offset (applied from memory: the leader's copy carries the messages).
         self._applied_waiters: dict[int, list[asyncio.Future[None]]] = {}
@@ -59,11 +47,11 @@ class Applier:
         # What was applied was committed: known again at once after a restart, not
         # only once the leader speaks.
         self._log.commit_to(self.applied)
-        self._task = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._label}")
+        self._task = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._context.label}")
 
     @property
     def applied(self) -> int:
-        return self._database.shards[self._shard_id].applied_offset
+        return self._context.shard.applied_offset
 
     def committed_moved(self) -> None:
         """The log's commit offset may have grown."""
@@ -76,7 +64,7 @@ class Applier:
     def forget_own(self) -> None:
         """This site stopped leading: entries appended but not applied may be cut by
         the new leader, so what their cooking learned in memory goes."""
-        shard = self._database.shards[self._shard_id]
+        shard = self._context.shard
         for cooked in self._own.values():
             shard.forget(cooked)
         self._own.clear()
@@ -90,8 +78,9 @@ class Applier:
             await asyncio.wait_for(asyncio.shield(waiter), remaining(deadline))
         except TimeoutError:
             raise StorageTimeoutError(
-                f"{self._label}: entry {offset} not committed within "
-                f"{self._settings.write_timeout}s (no majority of replicas reached)") from None
+                f"{self._context.label}: entry {offset} not committed within "
+                f"{self._context.settings.write_timeout}s (no majority of replicas "
+                f"reached)") from None
         finally:
             # given up on: a step-down must not fail it with nobody left to hear it
             # (asyncio would log "Future exception was never retrieved")
@@ -131,7 +120,7 @@ class Applier:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a failed write: try again, in order, after a pause
-                log.exception("%s: applying committed entries failed", self._label)
+                log.exception("%s: applying committed entries failed", self._context.label)
                 await asyncio.sleep(RETRY_INTERVAL)
 
     async def _apply_some(self) -> None:
@@ -141,9 +130,9 @@ class Applier:
             # leader's append may replace uncommitted entries right after, and the
             # commit offset may then cover the replacements (the log never cuts
             # committed entries, so those read at or below it stay as read).
-            async with self._log_lock:
+            async with self._context.log_lock:
                 committed = self._log.committed
-                found = await self._run(self._log.read, start, APPLY_BATCH)
+                found = await self._context.run(self._log.read, start, APPLY_BATCH)
             for entry in found:
                 offset = entry.position.offset
                 if offset > committed or offset != self.applied + 1:
@@ -162,12 +151,12 @@ class Applier:
         if self._trim_point(self.applied) - self._log.first_offset < TRIM_STEP:
             return
         async with self._apply_lock:  # not while a checkpoint replaces the shard
-            durable = await self._run(self._database.shards[self._shard_id].sync_applied)
+            durable = await self._context.run(self._context.shard.sync_applied)
         point = self._trim_point(durable)
         if point - self._log.first_offset < TRIM_STEP:
             return
-        async with self._log_lock:
-            await self._run(self._log.trim_before, point, TRIM_BATCH)
+        async with self._context.log_lock:
+            await self._context.run(self._log.trim_before, point, TRIM_BATCH)
 
     def _trim_point(self, applied: int) -> int:
         """Where this site's log may be trimmed, this site having applied `applied`
@@ -176,14 +165,14 @@ class Applier:
         if leadership is not None:
             point = leader_trim_point(leadership.site, leadership.replica_set,
                                       leadership.matched, applied,
-                                      self._settings.log_retain_entries)
+                                      self._context.settings.log_retain_entries)
             leadership.trim_before = point
             return point
         return follower_trim_point(self._log.leader_trims_before, applied)
 
     async def _apply(self, offset: int, change: entries.Change) -> None:
-        database = self._database
-        shard_id = self._shard_id
+        database = self._context.database
+        shard_id = self._context.shard_id
         if isinstance(change, bytes):
             cooked = self._own.pop(offset, None) or CookedBatch.from_bytes(change)
             await database.apply_batch(shard_id, cooked, offset)
@@ -208,5 +197,3 @@ class Applier:
                     waiter.set_result(None)
         self._on_applied()
 
-    async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)

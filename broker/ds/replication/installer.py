@@ -9,13 +9,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, TypeVar
 
 from ...errors import StorageError
 from .. import metrics
-from ..database import Database
 from .applier import Applier
 from .bootstrap import (
     Progress,
@@ -25,36 +22,26 @@ from .bootstrap import (
     remove_staged,
     stage_empty_shard,
 )
-from .log import Position, ShardLog, StaleEpochError
-from .peer import PeerClient
-from .role import NotLeaderError, ReplicaRole
+from .log import Position, StaleEpochError
+from .replica_context import NotLeaderError, ReplicaContext, ReplicaRole
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class Installer:
     """The installs of one shard replica: one bootstrap at a time, and none cut
     short by a stopping site (`close` waits for it)."""
 
-    def __init__(self, role: ReplicaRole, database: Database, shard_id: int, log_: ShardLog,
-                 log_lock: asyncio.Lock, executor: Executor, client: PeerClient,
-                 applier: Applier) -> None:
+    def __init__(self, context: ReplicaContext, role: ReplicaRole, applier: Applier) -> None:
+        self._context = context
         self._role = role
-        self._database = database
-        self._shard_id = shard_id
-        self._log = log_
-        self._log_lock = log_lock  # shared with the peer server's appends to this log
-        self._executor = executor
-        self._client = client
+        self._log = context.log
         self._applier = applier
-        self._label = f"{database.name}/{shard_id}"
         self._bootstrap_task: asyncio.Task[Position] | None = None
         self._installing: asyncio.Task[None] | None = None
         self.progress: Progress | None = None  # of the bootstrap under way
         self.bootstraps = 0  # checkpoints installed here since the site started
-        labels = (database.name, str(shard_id))
+        labels = (context.database.name, str(context.shard_id))
         self._bootstraps_refused = metrics.BOOTSTRAPS_REFUSED.labels(*labels)
         self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
 
@@ -69,7 +56,7 @@ class Installer:
         task = self._bootstrap_task
         if task is None or task.done():
             task = asyncio.create_task(self._bootstrap(address, epoch),
-                                       name=f"ds-bootstrap-{self._label}")
+                                       name=f"ds-bootstrap-{self._context.label}")
             self._bootstrap_task = task
         return await asyncio.shield(task)
 
@@ -77,17 +64,17 @@ class Installer:
         """Take a bootstrap request of the leader of `epoch` as an append of it would
         be taken (from now on older leaders are refused); StaleEpochError, counted and
         logged, when this log has seen a newer one."""
-        async with self._log_lock:
+        async with self._context.log_lock:
             try:
-                await self._run(self._log.observe_epoch, epoch)
+                await self._context.run(self._log.observe_epoch, epoch)
             except StaleEpochError as exc:
                 self._refuse_bootstrap(exc)
                 raise
 
     async def install_empty(self) -> None:
         """Put an empty shard in place of this site's, its log at [0, 0]."""
-        shard_path = self._database.shards[self._shard_id].path
-        await self._run(stage_empty_shard, shard_path)
+        shard_path = self._context.shard.path
+        await self._context.run(stage_empty_shard, shard_path)
         await self._install(shard_path)
 
     async def close(self) -> None:
@@ -105,19 +92,19 @@ class Installer:
             self._bootstraps_refused.inc()
         else:
             self._cuts_refused.inc()
-        log.error("%s: bootstrap refused: %s", self._label, error.message)
+        log.error("%s: bootstrap refused: %s", self._context.label, error.message)
 
     async def _bootstrap(self, address: str, epoch: int) -> Position:
         if self._role.leadership is not None:
-            raise NotLeaderError(f"{self._label}: this site leads the shard")
+            raise NotLeaderError(f"{self._context.label}: this site leads the shard")
         progress = self.progress = Progress(address)
-        shard_path = self._database.shards[self._shard_id].path
-        log.info("%s: bootstrapping from a checkpoint at %s (epoch %d)", self._label,
+        shard_path = self._context.shard.path
+        log.info("%s: bootstrapping from a checkpoint at %s (epoch %d)", self._context.label,
                  address, epoch)
         try:
-            position = await fetch_checkpoint(self._client.session, address,
-                                              self._database.name, self._shard_id,
-                                              shard_path, progress, self._executor)
+            position = await fetch_checkpoint(self._context.client.session, address,
+                                              self._context.database.name, self._context.shard_id,
+                                              shard_path, progress, self._context.executor)
 
             def check() -> None:
                 # under the apply and log locks: nothing moves the epoch or the
@@ -132,7 +119,7 @@ class Installer:
             self.progress = None
         self.bootstraps += 1
         log.info("%s: bootstrapped from %s at offset %d, epoch %d: %d bytes in %d files "
-                 "in %.1fs", self._label, address, position.offset, position.epoch,
+                 "in %.1fs", self._context.label, address, position.offset, position.epoch,
                  progress.bytes_done, progress.files, progress.as_dict()["seconds"])
         self._applier.committed_moved()
         return self._log.last
@@ -145,19 +132,17 @@ class Installer:
         refusal counted and logged) instead. Not cancelled halfway: a stopping site
         waits for it (`close`), so the shard is not closed under it."""
         async def install() -> None:
-            async with self._applier.paused(), self._log_lock:
+            async with self._applier.paused(), self._context.log_lock:
                 if check is not None:
                     try:
                         check()
                     except StorageError as exc:
                         self._refuse_bootstrap(exc)
-                        await self._run(remove_staged, shard_path)
+                        await self._context.run(remove_staged, shard_path)
                         raise
-                await self._database.replace_shard(self._shard_id)
-                await self._run(finish_install, shard_path, self._log)
+                await self._context.database.replace_shard(self._context.shard_id)
+                await self._context.run(finish_install, shard_path, self._log)
 
-        self._installing = asyncio.create_task(install(), name=f"ds-install-{self._label}")
+        self._installing = asyncio.create_task(install(), name=f"ds-install-{self._context.label}")
         await asyncio.shield(self._installing)
 
-    async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)

@@ -8,14 +8,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import Executor
 
 from ...errors import StorageTimeoutError
-from ..database import Database
 from .applier import Applier
-from .log import ShardLog
-from .peer import PeerClient, PeerError
-from .role import RETRY_INTERVAL, NotLeaderError, ReplicaRole, ReplicaSettings, remaining
+from .peer import PeerError
+from .replica_context import RETRY_INTERVAL, NotLeaderError, ReplicaContext, ReplicaRole, remaining
 from .senders import Senders
 
 log = logging.getLogger(__name__)
@@ -28,19 +25,12 @@ class Reads:
     """The reads of one shard replica: its leader confirms its leadership with a
     majority (`senders`) and a replica waits until it applied that far (`applier`)."""
 
-    def __init__(self, role: ReplicaRole, database: Database, shard_id: int, log_: ShardLog,
-                 executor: Executor, client: PeerClient, settings: ReplicaSettings,
-                 senders: Senders, applier: Applier) -> None:
+    def __init__(self, context: ReplicaContext, role: ReplicaRole, senders: Senders,
+                 applier: Applier) -> None:
+        self._context = context
         self._role = role
-        self._database = database
-        self._shard_id = shard_id
-        self._log = log_
-        self._executor = executor
-        self._client = client
-        self._settings = settings
         self._senders = senders
         self._applier = applier
-        self._label = f"{database.name}/{shard_id}"
 
     async def barrier_offset(self) -> int:
         """As the shard's leader: the end of its log once the writes queued in its
@@ -50,16 +40,16 @@ class Reads:
         or any other, and every write whose outcome was still open here decided one
         way or the other."""
         asked = time.monotonic()
-        deadline = asked + self._settings.write_timeout
+        deadline = asked + self._context.settings.write_timeout
         await self._role.until_leading()
         leadership = self._role.leadership
         if leadership is None or not leadership.current:
-            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
-        await self._database.drain_shard(self._shard_id)
+            raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
+        await self._context.database.drain_shard(self._context.shard_id)
         if self._role.leadership is not leadership or not leadership.current:
-            raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
+            raise NotLeaderError(f"{self._context.label}: this site stopped leading the shard")
         await self.confirm_leadership(asked, deadline)
-        return self._log.last.offset
+        return self._context.log.last.offset
 
     async def confirm_leadership(self, since: float, deadline: float) -> None:
         """Return once a majority of the replica set answered this leader requests
@@ -77,47 +67,48 @@ class Reads:
                 await asyncio.wait_for(self._senders.next_answer(), remaining(deadline))
             except TimeoutError:
                 raise StorageTimeoutError(
-                    f"{self._label}: no majority of replicas confirmed within "
-                    f"{self._settings.write_timeout}s that this site still leads the "
+                    f"{self._context.label}: no majority of replicas confirmed within "
+                    f"{self._context.settings.write_timeout}s that this site still leads the "
                     f"shard; it answers no read") from None
             leadership = self._role.leadership  # a changed replica set replaces it
         if leadership is None or not leadership.current:
-            raise NotLeaderError(f"{self._label}: this site stopped leading the shard")
+            raise NotLeaderError(f"{self._context.label}: this site stopped leading the shard")
 
     async def read_barrier(self) -> None:
         """Return once this replica has applied everything its leader had appended
         when asked, so that a read here sees every committed write (a replica may lag
         its leader; a site may restart behind it). StorageTimeoutError when that does
         not happen within `write_timeout`: the reader must not guess then."""
-        deadline = time.monotonic() + self._settings.write_timeout
+        deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
             placement = self._role.placement
             changed = self._role.role_changed
             if self._role.leadership is not None:
                 target = await self.barrier_offset()
                 break
-            if placement is not None and placement.leader != self._settings.site \
+            if placement is not None and placement.leader != self._context.settings.site \
                     and placement.leader in self._role.peers:
                 try:
-                    target = await self._client.barrier(
-                        self._role.peers[placement.leader], self._database.name,
-                        self._shard_id, max(0.001, remaining(deadline)))
+                    target = await self._context.client.barrier(
+                        self._role.peers[placement.leader], self._context.database.name,
+                        self._context.shard_id, max(0.001, remaining(deadline)))
                     break
                 except PeerError as exc:
                     # a leader that is gone or stepped down: the next placement names
                     # another; try again until the deadline
-                    log.debug("%s: read barrier: %s", self._label, exc.message)
+                    log.debug("%s: read barrier: %s", self._context.label, exc.message)
             if remaining(deadline) <= 0:
-                raise StorageTimeoutError(f"{self._label}: no leader answered a read barrier "
-                                          f"within {self._settings.write_timeout}s")
+                raise StorageTimeoutError(
+                    f"{self._context.label}: no leader answered a read barrier within "
+                    f"{self._context.settings.write_timeout}s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(RETRY_INTERVAL, remaining(deadline)))
         try:
             await self._applier.wait_applied(target, deadline)
         except StorageTimeoutError:
             raise StorageTimeoutError(
-                f"{self._label}: a read barrier: this replica did not apply up to offset "
-                f"{target} within {self._settings.write_timeout}s") from None
+                f"{self._context.label}: a read barrier: this replica did not apply up to offset "
+                f"{target} within {self._context.settings.write_timeout}s") from None
 
     async def read_records(self, prefix: bytes, limit: int | None = None,
                            after: bytes | None = None) -> list[tuple[bytes, bytes]]:
@@ -127,27 +118,27 @@ class Reads:
         replicate is not kept up)."""
         if self._holds_replica():
             await self.read_barrier()
-            shard = self._database.shards[self._shard_id]
-            loop = asyncio.get_running_loop()
+            shard = self._context.shard
             if limit is None and after is None:
-                return await loop.run_in_executor(self._executor, shard.scan_records, prefix)
-            return await loop.run_in_executor(self._executor, shard.scan_records, prefix,
-                                              SCAN_ALL if limit is None else limit, after)
-        deadline = time.monotonic() + self._settings.write_timeout
+                return await self._context.run(shard.scan_records, prefix)
+            return await self._context.run(shard.scan_records, prefix,
+                                           SCAN_ALL if limit is None else limit, after)
+        deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
             placement = self._role.placement
             changed = self._role.role_changed
             if placement is not None and placement.leader in self._role.peers:
                 try:
-                    return await self._client.read_records(
-                        self._role.peers[placement.leader], self._database.name,
-                        self._shard_id, prefix, max(0.001, remaining(deadline)), limit, after)
+                    return await self._context.client.read_records(
+                        self._role.peers[placement.leader], self._context.database.name,
+                        self._context.shard_id, prefix, max(0.001, remaining(deadline)), limit,
+                        after)
                 except PeerError as exc:
-                    log.debug("%s: reading records at the leader: %s", self._label,
+                    log.debug("%s: reading records at the leader: %s", self._context.label,
                               exc.message)
             if remaining(deadline) <= 0:
-                raise StorageTimeoutError(f"{self._label}: records not read at the shard's "
-                                          f"leader within {self._settings.write_timeout}s")
+                raise StorageTimeoutError(f"{self._context.label}: records not read at the shard's "
+                                          f"leader within {self._context.settings.write_timeout}s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(RETRY_INTERVAL, remaining(deadline)))
 
@@ -156,10 +147,10 @@ class Reads:
         """`read_records` asked by a site that holds no replica: only a replica
         answers (no request goes on from here)."""
         if not self._holds_replica():
-            raise NotLeaderError(f"{self._label}: this site holds no replica of the shard")
+            raise NotLeaderError(f"{self._context.label}: this site holds no replica of the shard")
         return await self.read_records(prefix, limit, after)
 
     def _holds_replica(self) -> bool:
         placement = self._role.placement
         return self._role.leadership is not None or (
-            placement is not None and self._settings.site in placement.replicas)
+            placement is not None and self._context.settings.site in placement.replicas)

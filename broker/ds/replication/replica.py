@@ -39,7 +39,13 @@ from .log import Position, ShardLog, StaleEpochError
 from .peer import PeerClient
 from .placement import ShardPlacement
 from .reads import Reads
-from .role import RETRY_INTERVAL, NotLeaderError, ReplicaSettings, remaining
+from .replica_context import (
+    RETRY_INTERVAL,
+    NotLeaderError,
+    ReplicaContext,
+    ReplicaSettings,
+    remaining,
+)
 from .senders import Senders
 from .takeover import Takeover
 from .writes import Writes
@@ -61,10 +67,10 @@ class ShardReplica:
         self.database = database
         self.shard_id = shard_id
         self.log = log_
-        self._log_lock = log_lock  # shared with the peer server's appends to this log
-        self._executor = executor
+        context = ReplicaContext(database, shard_id, log_, log_lock, executor, client, settings)
+        self._context = context
         self._settings = settings
-        self._label = f"{database.name}/{shard_id}"
+        self._label = context.label
         self.placement: ShardPlacement | None = None
         self.peers: dict[str, str] = {}
         self.leadership: Leadership | None = None
@@ -77,19 +83,12 @@ class ShardReplica:
         # Leading listeners are told once this offset (committed when this site began
         # to lead, inherited entries included) is applied.
         self._tell_leading_at: int | None = None
-        name = database.name
-        self._applier = Applier(self, database, shard_id, log_, log_lock, executor, settings,
-                                self._tell_leading)
-        self._senders = Senders(self, name, shard_id, log_, executor, client, settings,
-                                self._applier.committed_moved)
-        self._writes = Writes(self, database, shard_id, log_, log_lock, executor, client,
-                              settings, self._senders, self._applier)
-        self._reads = Reads(self, database, shard_id, log_, executor, client, settings,
-                            self._senders, self._applier)
-        self._takeover = Takeover(self, name, shard_id, log_, log_lock, executor, client,
-                                  settings)
-        self._installer = Installer(self, database, shard_id, log_, log_lock, executor,
-                                    client, self._applier)
+        self._applier = Applier(context, self, self._tell_leading)
+        self._senders = Senders(context, self, self._applier.committed_moved)
+        self._writes = Writes(context, self, self._applier, self._appended)
+        self._reads = Reads(context, self, self._senders, self._applier)
+        self._takeover = Takeover(context, self)
+        self._installer = Installer(context, self, self._applier)
         labels = (database.name, str(shard_id))
         metrics.REPLICA_LAG.labels(*labels).set_function(
             lambda: max(0, self.log.last.offset - self.applied))
@@ -185,11 +184,10 @@ class ShardReplica:
         self.peers = dict(peers)
         previous, self.placement = self.placement, placement
         if placement.epoch > self.log.epoch:
-            async with self._log_lock:
+            async with self._context.log_lock:
                 # a newer leader's append may have got in first: nothing to observe then
                 with contextlib.suppress(StaleEpochError):
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._executor, self.log.observe_epoch, placement.epoch)
+                    await self._context.run(self.log.observe_epoch, placement.epoch)
         leading = self.leadership
         if leading is not None and (placement.leader != site or placement.epoch != leading.epoch
                                     or not leading.current):
@@ -262,11 +260,11 @@ class ShardReplica:
 
     async def _begin(self, placement: ShardPlacement) -> None:
         site = self._settings.site
-        async with self._log_lock:
+        async with self._context.log_lock:
             try:
-                leadership = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, Leadership.begin, site, placement.epoch, self.log,
-                    placement.replicas, self.log.committed, time.monotonic())
+                leadership = await self._context.run(
+                    Leadership.begin, site, placement.epoch, self.log, placement.replicas,
+                    self.log.committed, time.monotonic())
             except StaleEpochError as exc:
                 # A kept (or late) placement that a failover replaced, and the new
                 # leader's append got here first: follow it; the controller's next
@@ -308,10 +306,20 @@ class ShardReplica:
                        if site in followers})
         self._senders.stop()
         self._senders.start(leadership)
-        before = leadership.committed
-        leadership.advance()
-        if leadership.committed != before:
-            self._applier.committed_moved()
+        self._advance()
+
+    def _appended(self) -> None:
+        """An entry went into this leader's log: the followers get it now."""
+        self._advance()
+        self._senders.send_now()
+
+    def _advance(self) -> None:
+        leadership = self.leadership
+        if leadership is not None:
+            before = leadership.committed
+            leadership.advance()
+            if leadership.committed != before:
+                self._applier.committed_moved()
 
     def step_down_for_newer_epoch(self) -> None:
         """An append of a newer leader reached this site's log."""

@@ -9,14 +9,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor
 from typing import Any, Literal
 
 from .bootstrap import request_bootstrap, should_bootstrap
 from .leader import Leadership
-from .log import BootstrapNeededError, LogGapError, ShardLog, StaleEpochError
-from .peer import PeerClient, PeerError
-from .role import RETRY_INTERVAL, ReplicaRole, ReplicaSettings
+from .log import BootstrapNeededError, LogGapError, StaleEpochError
+from .peer import PeerError
+from .replica_context import RETRY_INTERVAL, ReplicaContext, ReplicaRole
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +24,11 @@ class Senders:
     """The send loops of this site's leadership of one shard. `on_committed` is told
     when a follower's answer moves the commit offset."""
 
-    def __init__(self, role: ReplicaRole, db: str, shard_id: int, log_: ShardLog,
-                 executor: Executor, client: PeerClient, settings: ReplicaSettings,
+    def __init__(self, context: ReplicaContext, role: ReplicaRole,
                  on_committed: Callable[[], None]) -> None:
+        self._context = context
         self._role = role
-        self._db = db
-        self._shard_id = shard_id
-        self._log = log_
-        self._executor = executor
-        self._client = client
-        self._settings = settings
         self._on_committed = on_committed
-        self._label = f"{db}/{shard_id}"
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._send_now: dict[str, asyncio.Event] = {}
         # set (and replaced) each time a follower answers this leader
@@ -50,7 +42,7 @@ class Senders:
             self._send_now[follower].set()
             self._senders[follower] = asyncio.create_task(
                 self._send_loop(leadership, follower),
-                name=f"ds-send-{self._label}-{follower}")
+                name=f"ds-send-{self._context.label}-{follower}")
 
     def stop(self) -> None:
         for task in self._senders.values():
@@ -78,11 +70,12 @@ class Senders:
     async def _send_loop(self, leadership: Leadership, follower: str) -> None:
         told_committed = -1
         wake = self._send_now[follower]
+        shard_log, settings = self._context.log, self._context.settings
         while self._role.leadership is leadership and leadership.current:
-            behind = leadership.next_offset.get(follower, 0) <= self._log.last.offset
+            behind = leadership.next_offset.get(follower, 0) <= shard_log.last.offset
             if not behind and told_committed >= leadership.committed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self._settings.heartbeat_interval)
+                    await asyncio.wait_for(wake.wait(), settings.heartbeat_interval)
             wake.clear()
             if self._role.leadership is not leadership:
                 return
@@ -92,16 +85,15 @@ class Senders:
                 continue
             try:
                 if should_bootstrap(leadership.next_offset.get(follower, 0),
-                                    self._log.first_offset, self._log.last.offset,
-                                    self._settings.log_retain_entries):
+                                    shard_log.first_offset, shard_log.last.offset,
+                                    settings.log_retain_entries):
                     raise BootstrapNeededError(f"{follower} holds nothing of a log of "
-                                               f"{self._log.last.offset} entries",
-                                               self._log.first_offset)
-                request = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, leadership.request_for, follower)
+                                               f"{shard_log.last.offset} entries",
+                                               shard_log.first_offset)
+                request = await self._context.run(leadership.request_for, follower)
                 sent = time.monotonic()
-                result = await self._client.append(address, self._db, self._shard_id,
-                                                   request)
+                result = await self._context.client.append(
+                    address, self._context.database.name, self._context.shard_id, request)
             except BootstrapNeededError as exc:
                 await self._bootstrap_follower(leadership, follower, address, exc.message)
                 continue
@@ -110,7 +102,7 @@ class Senders:
                     self._role.step_down(f"{follower} knows a newer leader: {exc.message}")
                 return
             except (PeerError, LogGapError) as exc:
-                log.debug("%s: append to %s failed: %s", self._label, follower, exc)
+                log.debug("%s: append to %s failed: %s", self._context.label, follower, exc)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             if self._role.leadership is not leadership:
@@ -129,27 +121,28 @@ class Senders:
                                   why: str) -> None:
         """Have `follower` install a checkpoint of this leader's shard; it reads the
         log from where the checkpoint was taken on."""
-        own = self._role.peers.get(self._settings.site)
+        own = self._role.peers.get(self._context.settings.site)
         if own is None:
             log.warning("%s: cannot bootstrap %s (%s): this site's peer address is "
-                        "unknown", self._label, follower, why)
+                        "unknown", self._context.label, follower, why)
             await asyncio.sleep(RETRY_INTERVAL)
             return
-        log.info("%s: %s bootstraps from a checkpoint: %s", self._label, follower, why)
+        log.info("%s: %s bootstraps from a checkpoint: %s", self._context.label, follower, why)
         try:
-            position = await request_bootstrap(self._client.session, address, self._db,
-                                               self._shard_id, own, leadership.epoch)
+            position = await request_bootstrap(
+                self._context.client.session, address, self._context.database.name,
+                self._context.shard_id, own, leadership.epoch)
         except StaleEpochError as exc:
             if self._role.leadership is leadership:
                 self._role.step_down(f"{follower} knows a newer leader: {exc.message}")
             return
         except PeerError as exc:
-            log.warning("%s: bootstrap of %s failed (tried again): %s", self._label,
+            log.warning("%s: bootstrap of %s failed (tried again): %s", self._context.label,
                         follower, exc.message)
             await asyncio.sleep(RETRY_INTERVAL)
             return
         if self._role.leadership is leadership:
             leadership.heard_from(follower, time.monotonic())
-            log.info("%s: %s bootstrapped up to offset %d", self._label, follower,
+            log.info("%s: %s bootstrapped up to offset %d", self._context.label, follower,
                      position.offset)
             leadership.next_offset[follower] = position.offset + 1

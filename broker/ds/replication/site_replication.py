@@ -39,7 +39,7 @@ from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
 from .replica import ShardReplica
-from .role import NotLeaderError, ReplicaSettings
+from .replica_context import NotLeaderError, ReplicaSettings
 from .store import PlacementStore
 from .term import ControllerTerm, TermStore, parse_term
 from .wire import decode_submit

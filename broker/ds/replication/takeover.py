@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Executor
 
 from ...errors import StorageError
 from .commit import majority
-from .log import Position, ShardLog, StaleEpochError
-from .peer import PeerClient, PeerError
+from .log import Position, StaleEpochError
+from .peer import PeerError
 from .placement import ShardPlacement
-from .role import ReplicaRole, ReplicaSettings
+from .replica_context import ReplicaContext, ReplicaRole
 
 log = logging.getLogger(__name__)
 
@@ -21,18 +20,10 @@ log = logging.getLogger(__name__)
 class Takeover:
     """The takeovers of one shard by this site."""
 
-    def __init__(self, role: ReplicaRole, db: str, shard_id: int, log_: ShardLog,
-                 log_lock: asyncio.Lock, executor: Executor, client: PeerClient,
-                 settings: ReplicaSettings) -> None:
+    def __init__(self, context: ReplicaContext, role: ReplicaRole) -> None:
+        self._context = context
         self._role = role
-        self._db = db
-        self._shard_id = shard_id
-        self._log = log_
-        self._log_lock = log_lock  # shared with the peer server's appends to this log
-        self._executor = executor
-        self._client = client
-        self._settings = settings
-        self._label = f"{db}/{shard_id}"
+        self._log = context.log
 
     async def take_over(self, placement: ShardPlacement) -> None:
         """Before leading at `placement.epoch`: fence a majority of the replica set at
@@ -42,14 +33,15 @@ class Takeover:
         have committed more meanwhile (a planned handover, or a leader only the
         controller lost). Raises StaleEpochError when a replica knows a newer epoch,
         another StorageError when no majority answers or the tail does not come."""
-        site = self._settings.site
+        site = self._context.settings.site
         needed = majority(len(placement.replicas)) - 1  # this site is fenced already
         if needed <= 0:
             return
-        within = self._settings.write_timeout
+        within = self._context.settings.write_timeout
         peers = self._role.peers
-        asking = {asyncio.create_task(self._client.fence(
-            peers[other], self._db, self._shard_id, placement.epoch, within)):
+        db, shard_id = self._context.database.name, self._context.shard_id
+        asking = {asyncio.create_task(self._context.client.fence(
+            peers[other], db, shard_id, placement.epoch, within)):
             other for other in placement.replicas if other != site and other in peers}
         ends: dict[str, Position] = {}
         failures: list[str] = []
@@ -87,18 +79,19 @@ class Takeover:
         while self._log.last < end:
             address = self._role.peers.get(source)
             if address is None:
-                raise PeerError(f"{self._label}: the address of {source} is not known")
-            request = await self._client.tail(address, self._db, self._shard_id, start,
-                                              self._settings.write_timeout)
-            async with self._log_lock:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._log.append_from_leader, epoch, request.previous,
-                    request.entries, request.committed)
+                raise PeerError(f"{self._context.label}: the address of {source} is not known")
+            request = await self._context.client.tail(
+                address, self._context.database.name, self._context.shard_id, start,
+                self._context.settings.write_timeout)
+            async with self._context.log_lock:
+                result = await self._context.run(self._log.append_from_leader, epoch,
+                                                 request.previous, request.entries,
+                                                 request.committed)
             if not result.accepted:
                 start = result.retry_from
             elif not request.entries:
                 break  # its log ends here
             else:
                 start = result.matched + 1
-        log.info("%s: taking over at epoch %d: appended %s's tail, %s -> %s", self._label,
+        log.info("%s: taking over at epoch %d: appended %s's tail, %s -> %s", self._context.label,
                  epoch, source, tuple(before), tuple(self._log.last))

@@ -14,42 +14,32 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 
 from ...errors import NotRelayedError, StorageTimeoutError
-from ..database import Database
 from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
 from . import entries
 from .applier import Applier
-from .log import ShardLog, StaleEpochError
-from .peer import PeerClient, PeerError
-from .role import RETRY_INTERVAL, NotLeaderError, ReplicaRole, ReplicaSettings, remaining
-from .senders import Senders
+from .log import StaleEpochError
+from .peer import PeerError
+from .replica_context import RETRY_INTERVAL, NotLeaderError, ReplicaContext, ReplicaRole, remaining
 from .wire import encode_submit
 
 log = logging.getLogger(__name__)
 
 
 class Writes:
-    """The writes of one shard replica: appended here while this site leads
-    (`senders` ship them, `applier` applies them), forwarded to the leader else."""
+    """The writes of one shard replica: appended here while this site leads (the
+    `applier` applies them; `on_appended` is told of each, to commit and ship it),
+    forwarded to the leader else."""
 
-    def __init__(self, role: ReplicaRole, database: Database, shard_id: int, log_: ShardLog,
-                 log_lock: asyncio.Lock, executor: Executor, client: PeerClient,
-                 settings: ReplicaSettings, senders: Senders, applier: Applier) -> None:
+    def __init__(self, context: ReplicaContext, role: ReplicaRole, applier: Applier,
+                 on_appended: Callable[[], None]) -> None:
+        self._context = context
         self._role = role
-        self._database = database
-        self._shard_id = shard_id
-        self._log = log_
-        self._log_lock = log_lock  # shared with the peer server's appends to this log
-        self._executor = executor
-        self._client = client
-        self._settings = settings
-        self._senders = senders
         self._applier = applier
-        self._label = f"{database.name}/{shard_id}"
+        self._on_appended = on_appended
         self._append_lock = asyncio.Lock()
         # The last offset this site appended as leader: the next write waits for it.
         self._last_own = 0
@@ -70,9 +60,9 @@ class Writes:
         self._applier.forget_own()
         self._last_own = 0
         self._applier.fail_waiters(
-            NotLeaderError(f"{self._label}: this site stopped leading ({why})"))
-        self._database.refuse_forwarded(self._shard_id, NotRelayedError(
-            f"{self._label}: this site stopped leading ({why}) before it wrote a forwarded "
+            NotLeaderError(f"{self._context.label}: this site stopped leading ({why})"))
+        self._context.database.refuse_forwarded(self._context.shard_id, NotRelayedError(
+            f"{self._context.label}: this site stopped leading ({why}) before it wrote a forwarded "
             f"write; it goes back to its site"))
 
     async def write(self, messages: list[Message], record_puts: list[tuple[bytes, bytes]],
@@ -84,19 +74,19 @@ class Writes:
         writes other sites `forwarded` here is never sent on to another leader
         (NotRelayedError instead): the next leader may be one of those sites, its
         write buffer waiting on its forward here."""
-        deadline = time.monotonic() + self._settings.write_timeout
+        deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
             placement = self._role.placement
             changed = self._role.role_changed
             if forwarded and self._role.leadership is None:
-                raise NotRelayedError(f"{self._label}: this site no longer leads the shard; "
-                                      f"a forwarded write goes back to its site")
+                raise NotRelayedError(f"{self._context.label}: this site no longer leads the "
+                                      f"shard; a forwarded write goes back to its site")
             try:
                 if self._role.leadership is not None:
                     await self._write_as_leader(messages, record_puts, record_deletes,
                                                 deadline, fences or [])
                     return
-                if placement is not None and placement.leader != self._settings.site \
+                if placement is not None and placement.leader != self._context.settings.site \
                         and placement.leader in self._role.peers:
                     await self._forward(placement.leader, messages, record_puts,
                                         record_deletes, deadline, fences or [])
@@ -109,7 +99,7 @@ class Writes:
                 if messages or remaining(deadline) <= 0:
                     raise
                 log.info("%s: a write of records goes to the shard's next leader: %s",
-                         self._label, exc.message)
+                         self._context.label, exc.message)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(),
                                            min(RETRY_INTERVAL, remaining(deadline)))
@@ -118,8 +108,8 @@ class Writes:
             try:
                 await asyncio.wait_for(changed.wait(), remaining(deadline))
             except TimeoutError:
-                raise StorageTimeoutError(f"{self._label}: no leader known within "
-                                          f"{self._settings.write_timeout}s") from None
+                raise StorageTimeoutError(f"{self._context.label}: no leader known within "
+                                          f"{self._context.settings.write_timeout}s") from None
 
     async def _write_as_leader(self, messages: list[Message],
                                record_puts: list[tuple[bytes, bytes]],
@@ -129,7 +119,7 @@ class Writes:
             # cook against the applied state: this site's earlier entries first
             await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
                                              deadline)
-            shard = self._database.shards[self._shard_id]
+            shard = self._context.shard
             if fences:
                 # the applied state is current here (one write in flight): a fence that
                 # holds now holds when the entry applies
@@ -148,7 +138,7 @@ class Writes:
         applied here; False (nothing done) when this site does not lead the shard."""
         if self._role.leadership is None:
             return False
-        deadline = time.monotonic() + self._settings.write_timeout
+        deadline = time.monotonic() + self._context.settings.write_timeout
         async with self._append_lock:
             await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
                                              deadline)
@@ -165,36 +155,36 @@ class Writes:
         have landed is sent again, to the next leader, until `write_timeout`.
         `as_leader` appends it when this site leads (`DatabaseReplication.propose`:
         `propose` here, after telling a drop to the sites that read the shard here)."""
-        deadline = time.monotonic() + self._settings.write_timeout
+        deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
             placement = self._role.placement
             changed = self._role.role_changed
             try:
                 if await as_leader(change):
                     return
-                if placement is not None and placement.leader != self._settings.site \
+                if placement is not None and placement.leader != self._context.settings.site \
                         and placement.leader in self._role.peers:
-                    await self._client.change(self._role.peers[placement.leader],
-                                              self._database.name, self._shard_id,
+                    await self._context.client.change(self._role.peers[placement.leader],
+                                              self._context.database.name, self._context.shard_id,
                                               entries.encode(change), remaining(deadline))
                     return
             except (PeerError, NotLeaderError) as exc:
                 if remaining(deadline) <= 0:
                     raise
                 log.info("%s: a generation change goes to the shard's next leader: %s",
-                         self._label, exc.message)
+                         self._context.label, exc.message)
             try:
                 await asyncio.wait_for(changed.wait(), min(RETRY_INTERVAL, remaining(deadline)))
             except TimeoutError:
                 if remaining(deadline) <= 0:
                     raise StorageTimeoutError(
-                        f"{self._label}: no leader took the change within "
-                        f"{self._settings.write_timeout}s") from None
+                        f"{self._context.label}: no leader took the change within "
+                        f"{self._context.settings.write_timeout}s") from None
 
     async def add_generation(self) -> bool:
         if self._role.leadership is None:
             return False
-        shard = self._database.shards[self._shard_id]
+        shard = self._context.shard
         # after every timestamp this leader has handed out
         at = max(now_us(), shard.last_timestamp + 1)
         return await self.propose(entries.AddGeneration(at, shard.topic_seed))
@@ -203,30 +193,26 @@ class Writes:
         """Append one entry as leader; its offset."""
         leadership = self._role.leadership
         if leadership is None or not leadership.current:
-            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
+            raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
         try:
-            async with self._log_lock:
-                positions = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._log.append_as_leader, leadership.epoch, [raw])
+            async with self._context.log_lock:
+                positions = await self._context.run(self._context.log.append_as_leader,
+                                                    leadership.epoch, [raw])
         except StaleEpochError as exc:
             self._role.step_down(str(exc))
-            raise NotLeaderError(f"{self._label}: {exc.message}") from exc
+            raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
         offset = positions[0].offset
         self._last_own = offset
         if self._role.leadership is leadership:
-            before = leadership.committed
-            leadership.advance()
-            if leadership.committed != before:
-                self._applier.committed_moved()
-            self._senders.send_now()
+            self._on_appended()
         return offset
 
     async def _forward(self, leader: str, messages: list[Message],
                        record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
                        deadline: float, fences: list[Fence]) -> None:
         body = encode_submit(messages, record_puts, record_deletes, fences)
-        await self._client.submit(self._role.peers[leader], self._database.name,
-                                  self._shard_id, body, remaining(deadline))
+        await self._context.client.submit(self._role.peers[leader], self._context.database.name,
+                                  self._context.shard_id, body, remaining(deadline))
 
     async def submit_forwarded(self, messages: list[Message],
                                record_puts: list[tuple[bytes, bytes]],
@@ -235,7 +221,7 @@ class Writes:
         """A write another site forwarded to this site as the shard's leader."""
         await self._role.until_leading()
         if self._role.leadership is None:
-            raise NotLeaderError(f"{self._label}: this site does not lead the shard")
-        done = self._database.submit_to_shard(self._shard_id, messages, record_puts,
+            raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
+        done = self._context.database.submit_to_shard(self._context.shard_id, messages, record_puts,
                                               record_deletes, fences)
         await done

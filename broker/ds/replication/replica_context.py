@@ -1,18 +1,26 @@
-"""What the parts of one shard replica share (`replica`: the role; `writes`,
-`senders`, `applier`, `reads`): the replica's settings, the role as the parts read it
-(`ReplicaRole`, which `ShardReplica` implements) and the error of a lost leadership."""
+"""What the parts of one shard replica share (`replica`: the role; `takeover`,
+`writes`, `senders`, `applier`, `reads`, `installer`): what they work on
+(`ReplicaContext`), the role as they read it (`ReplicaRole`, which `ShardReplica`
+implements) and the error of a lost leadership."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from ...errors import StorageError
+from ..database import Database
+from ..shard import Shard
 from .leader import Leadership
+from .log import ShardLog
+from .peer import PeerClient
 from .placement import ShardPlacement
+
+T = TypeVar("T")
 
 # How long a part waits before it tries again (an unreachable follower, a leader
 # that is gone, a failed apply).
@@ -39,6 +47,36 @@ class ReplicaSettings:
     # the site's failure zone (`cluster.zone`), reported to the controller; None: not
     # known
     zone: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaContext:
+    """What every part of one shard replica works on."""
+
+    database: Database
+    shard_id: int
+    log: ShardLog
+    # shared with the peer server's appends to this log
+    log_lock: asyncio.Lock
+    # blocking calls (the log's, RocksDB's) run here
+    executor: Executor
+    client: PeerClient
+    settings: ReplicaSettings
+
+    @property
+    def shard(self) -> Shard:
+        """The shard's data, looked up each time: an install replaces it."""
+        return self.database.shards[self.shard_id]
+
+    @property
+    def label(self) -> str:
+        """The shard as "db/shard", for log lines and errors."""
+        return f"{self.database.name}/{self.shard_id}"
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` in the executor."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function,
+                                                                 *args)
 
 
 class ReplicaRole(Protocol):
