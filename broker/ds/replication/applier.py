@@ -102,8 +102,12 @@ class Applier:
         async with self._apply_lock:
             yield
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Apply nothing after the batch in hand (the site is stopping)."""
         self._closed = True
+
+    async def close(self) -> None:
+        self.stop()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

@@ -397,6 +397,7 @@ class ShardReplica:
 
     async def close(self) -> None:
         self._closed = True
+        self._applier.stop()  # as before the split: no batch applied once closing began
         self.step_down("the site is stopping")
         for task in (self._dropping, self._starting):
             if task is not None:
