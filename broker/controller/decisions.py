@@ -271,7 +271,7 @@ def handovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
     reports it is stopping (a graceful stop: it waits for this before it goes),
     chosen by `planner.failover` among the shard's other replicas alive that reported
     in this round. The stopping site serves until it takes the new placement and the
-    new leader takes the committed tail over (`ShardReplica._take_over`), so writes
+    new leader takes the committed tail over (`Takeover.take_over`), so writes
     wait for that alone, not for the site to be taken for gone first. A shard
     without a majority of such replicas keeps its leader (noted): it fails over once
     the site is gone and a majority is back."""

@@ -22,7 +22,7 @@ from .message import (
 )
 from .options import DbOptions
 from .replication.interest import ShareMember, shared_site
-from .replication.replica import ReplicaSettings
+from .replication.replica_context import ReplicaSettings
 from .replication.site_replication import SiteReplication
 from .retention import RetentionRules
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot

@@ -33,7 +33,8 @@ from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
-from stratamq.broker.ds.replication.replica import ReplicaSettings, ShardReplica
+from stratamq.broker.ds.replication.replica import ShardReplica
+from stratamq.broker.ds.replication.replica_context import ReplicaSettings
 from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
@@ -591,7 +592,7 @@ def test_a_write_forwarded_to_a_leader_that_steps_down_goes_back_to_its_site(
             a_replica = replica_of(a)
             await until("a leads", lambda: a_replica.leadership is not None)
             buffer = a.database._buffers[0]  # private: what a has queued
-            async with a_replica._append_lock:  # private: a's flush waits here
+            async with a_replica._writes._append_lock:  # private: a's flush waits here
                 own = a.database.submit([], records_of="own", record_puts=[(b"own", b"1")])[0]
                 await until("a flushes its own write", lambda: buffer._flushing)
                 forwarded = b.database.submit([], records_of="client",

@@ -6,10 +6,12 @@ the placement (`store`), each shard's log of cooked batches at (epoch, offset)
 (`log`), the rule that commits its entries (`commit`), a leader's bookkeeping
 (`leader`), the transport of appends, fences and forwarded writes on the peer port
 (`wire`, `peer`), what a log entry holds (`entries`), one shard's role on a running
-site (`replica`: takeover, leader loop, followers' appliers, forwarding), log
-trimming and replica bootstrap from checkpoints (`trim`, `bootstrap`), reads of
-shards held elsewhere (`remote`), the commit feed to sites without a replica
-(`feed`, `feed_wire`, `interest`) and a site's replication as a whole (`cluster`).
+site (`replica`) and its parts (`replica_context`: what they share; `takeover`;
+writes and forwarding in `writes`; the leader's `senders`; the `applier`; `reads`;
+checkpoint installs in `installer`), log trimming and replica bootstrap from checkpoints (`trim`,
+`bootstrap`), reads of shards held elsewhere (`remote`), the commit feed to sites
+without a replica (`feed`, `feed_wire`, `interest`) and a site's replication as a
+whole (`cluster`).
 The controller that pushes placements lives in `broker/controller`.
 """
 

@@ -183,7 +183,7 @@ class CommitFeed:
             left = set(self._replicas[shard_id]) - set(replicas)
             self._replicas[shard_id] = replicas
             # Named leader, not yet leading: a new leader takes over in the background
-            # (`ShardReplica._take_over`), after this push.
+            # (`Takeover.take_over`), after this push.
             if leader == self.site:
                 for site in sorted(left - {self.site}):
                     if self._interest.filters_of(site):

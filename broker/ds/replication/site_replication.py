@@ -38,7 +38,8 @@ from .log import Position, ShardLog, StaleEpochError
 from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
-from .replica import NotLeaderError, ReplicaSettings, ShardReplica
+from .replica import ShardReplica
+from .replica_context import NotLeaderError, ReplicaSettings
 from .store import PlacementStore
 from .term import ControllerTerm, TermStore, parse_term
 from .wire import decode_submit

@@ -1,0 +1,203 @@
+"""A replica's applier: committed log entries are applied to the shard's data in log
+order, each recording its offset as applied in the same RocksDB write; writers wait
+here for their entry to be applied, and the log is trimmed behind what every replica
+holds (docs/replication.md, "In a running site", `trim.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from ...errors import StorageError, StorageTimeoutError
+from ..cooked import CookedBatch
+from . import entries
+from .replica_context import RETRY_INTERVAL, ReplicaContext, ReplicaRole, remaining
+from .trim import follower_trim_point, leader_trim_point
+
+log = logging.getLogger(__name__)
+
+# Entries an applier reads from its log at a time.
+APPLY_BATCH = 100
+# A log is trimmed once this many entries may go, at most TRIM_BATCH per delete.
+TRIM_STEP = 100
+TRIM_BATCH = 10_000
+
+
+class Applier:
+    """The apply loop of one shard replica, started when it is built. `on_applied`
+    is told after each entry applied."""
+
+    def __init__(self, context: ReplicaContext, role: ReplicaRole,
+                 on_applied: Callable[[], None]) -> None:
+        self._context = context
+        self._role = role
+        self._log = context.log
+        self._on_applied = on_applied
+        # Applied offsets that writers wait for, and this site's own cooked batches by
+        # offset (applied from memory: the leader's copy carries the messages).
+        self._applied_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._own: dict[int, CookedBatch] = {}
+        self._committed_moved = asyncio.Event()
+        # Held while committed entries are applied, and while a checkpoint replaces
+        # the shard's data (so no entry of the old log lands on the new data).
+        self._apply_lock = asyncio.Lock()
+        self._closed = False
+        # What was applied was committed: known again at once after a restart, not
+        # only once the leader speaks.
+        self._log.commit_to(self.applied)
+        self._task = asyncio.create_task(self._apply_loop(), name=f"ds-apply-{self._context.label}")
+
+    @property
+    def applied(self) -> int:
+        return self._context.shard.applied_offset
+
+    def committed_moved(self) -> None:
+        """The log's commit offset may have grown."""
+        self._committed_moved.set()
+
+    def keep_own(self, offset: int, cooked: CookedBatch) -> None:
+        """This leader's batch at `offset`: applied from memory, as it was cooked."""
+        self._own[offset] = cooked
+
+    def forget_own(self) -> None:
+        """This site stopped leading: entries appended but not applied may be cut by
+        the new leader, so what their cooking learned in memory goes."""
+        shard = self._context.shard
+        for cooked in self._own.values():
+            shard.forget(cooked)
+        self._own.clear()
+
+    async def wait_applied(self, offset: int, deadline: float) -> None:
+        if offset <= self.applied:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._applied_waiters.setdefault(offset, []).append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), remaining(deadline))
+        except TimeoutError:
+            raise StorageTimeoutError(
+                f"{self._context.label}: entry {offset} not committed within "
+                f"{self._context.settings.write_timeout}s (no majority of replicas "
+                f"reached)") from None
+        finally:
+            # given up on: a step-down must not fail it with nobody left to hear it
+            # (asyncio would log "Future exception was never retrieved")
+            if not waiter.done():
+                waiter.cancel()
+
+    def fail_waiters(self, error: StorageError) -> None:
+        """Fail every writer waiting for an entry to be applied."""
+        for waiters in self._applied_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(error)
+        self._applied_waiters.clear()
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Nothing is applied (nor trimmed) meanwhile: a checkpoint replaces the
+        shard's data."""
+        async with self._apply_lock:
+            yield
+
+    def stop(self) -> None:
+        """Apply nothing after the batch in hand (the site is stopping)."""
+        self._closed = True
+
+    async def close(self) -> None:
+        self.stop()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _apply_loop(self) -> None:
+        while not self._closed:
+            if self.applied >= self._log.committed:
+                self._committed_moved.clear()
+                if self.applied >= self._log.committed:
+                    await self._committed_moved.wait()
+                continue
+            try:
+                await self._apply_some()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed write: try again, in order, after a pause
+                log.exception("%s: applying committed entries failed", self._context.label)
+                await asyncio.sleep(RETRY_INTERVAL)
+
+    async def _apply_some(self) -> None:
+        async with self._apply_lock:
+            start = self.applied + 1
+            # Read with the commit offset of that moment, under the log lock: a new
+            # leader's append may replace uncommitted entries right after, and the
+            # commit offset may then cover the replacements (the log never cuts
+            # committed entries, so those read at or below it stay as read).
+            async with self._context.log_lock:
+                committed = self._log.committed
+                found = await self._context.run(self._log.read, start, APPLY_BATCH)
+            for entry in found:
+                offset = entry.position.offset
+                if offset > committed or offset != self.applied + 1:
+                    break
+                await self._apply(offset, entries.decode(entry.batch))
+                self._wake_writers()
+        await self._trim()
+
+    async def _trim(self) -> None:
+        """Forget log entries no replica needs any more, keeping the configured tail
+        (see `trim.py`); the leader tells its followers with each append. Never past
+        what this site's shard holds durably: without `sync_writes` its applied offset
+        may be ahead of what a power loss leaves (the log's own writes are synced),
+        and a replica that comes back applied below its log's start can never apply
+        the entries in between. So the shard's log is synced before a trim."""
+        if self._trim_point(self.applied) - self._log.first_offset < TRIM_STEP:
+            return
+        async with self._apply_lock:  # not while a checkpoint replaces the shard
+            durable = await self._context.run(self._context.shard.sync_applied)
+        point = self._trim_point(durable)
+        if point - self._log.first_offset < TRIM_STEP:
+            return
+        async with self._context.log_lock:
+            await self._context.run(self._log.trim_before, point, TRIM_BATCH)
+
+    def _trim_point(self, applied: int) -> int:
+        """Where this site's log may be trimmed, this site having applied `applied`
+        (the leader also tells its followers so)."""
+        leadership = self._role.leadership
+        if leadership is not None:
+            point = leader_trim_point(leadership.site, leadership.replica_set,
+                                      leadership.matched, applied,
+                                      self._context.settings.log_retain_entries)
+            leadership.trim_before = point
+            return point
+        return follower_trim_point(self._log.leader_trims_before, applied)
+
+    async def _apply(self, offset: int, change: entries.Change) -> None:
+        database = self._context.database
+        shard_id = self._context.shard_id
+        if isinstance(change, bytes):
+            cooked = self._own.pop(offset, None) or CookedBatch.from_bytes(change)
+            await database.apply_batch(shard_id, cooked, offset)
+        elif isinstance(change, entries.AddGeneration):
+            await database.apply_add_generation(shard_id, change.at, change.seed, offset)
+        elif isinstance(change, entries.DropGeneration):
+            await database.apply_drop_generation(shard_id, change.generation, offset)
+        elif isinstance(change, entries.GcWrite):
+            await database.apply_gc_write(shard_id, change.generation,
+                                          list(change.deletes), list(change.record_puts),
+                                          offset)
+        elif isinstance(change, entries.SetTopicSeed):
+            await database.apply_topic_seed(shard_id, change.patterns, offset)
+        else:
+            await database.apply_noop(shard_id, offset)
+
+    def _wake_writers(self) -> None:
+        applied = self.applied
+        for offset in [offset for offset in self._applied_waiters if offset <= applied]:
+            for waiter in self._applied_waiters.pop(offset):
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._on_applied()
+

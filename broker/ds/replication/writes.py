@@ -1,0 +1,227 @@
+"""Writes to one shard: as its leader, a flush of the shard's write buffer is cooked
+against the applied state and appended to the log, and its writers wait until it is
+applied; elsewhere the flush is forwarded to the leader's peer port. Generation
+changes go the same ways (docs/replication.md, "In a running site").
+
+One write is in flight per shard: a flush waits until the previous entry this site
+appended is applied before it cooks the next (the buffer gathers writes meanwhile),
+so a batch is always cooked against the shard's applied state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from ...errors import NotRelayedError, StorageTimeoutError
+from ..fence import Fence, check_fences
+from ..message import Message
+from ..shard import now_us
+from . import entries
+from .applier import Applier
+from .log import StaleEpochError
+from .peer import PeerError
+from .replica_context import RETRY_INTERVAL, NotLeaderError, ReplicaContext, ReplicaRole, remaining
+from .wire import encode_submit
+
+log = logging.getLogger(__name__)
+
+
+class Writes:
+    """The writes of one shard replica: appended here while this site leads (the
+    `applier` applies them; `on_appended` is told of each, to commit and ship it),
+    forwarded to the leader else."""
+
+    def __init__(self, context: ReplicaContext, role: ReplicaRole, applier: Applier,
+                 on_appended: Callable[[], None]) -> None:
+        self._context = context
+        self._role = role
+        self._applier = applier
+        self._on_appended = on_appended
+        self._append_lock = asyncio.Lock()
+        # The last offset this site appended as leader: the next write waits for it.
+        self._last_own = 0
+        # The offset of this leader's first entry of its epoch: writes wait until it
+        # is applied (every entry it inherited is applied by then).
+        self._ready_at: int | None = None
+
+    async def open_epoch(self) -> None:
+        """As a new leader: append the first entry of its epoch, which commits
+        everything inherited before it; writes wait until it is applied."""
+        self._ready_at = await self._append(entries.encode(entries.Noop()))
+
+    def stopped_leading(self, why: str) -> None:
+        """This site stopped leading: entries appended but not applied may be cut by
+        the new leader, so their writers fail (they may retry), and writes other
+        sites forwarded here go back to them."""
+        self._ready_at = None
+        self._applier.forget_own()
+        self._last_own = 0
+        self._applier.fail_waiters(
+            NotLeaderError(f"{self._context.label}: this site stopped leading ({why})"))
+        self._context.database.refuse_forwarded(self._context.shard_id, NotRelayedError(
+            f"{self._context.label}: this site stopped leading ({why}) before it wrote a forwarded "
+            f"write; it goes back to its site"))
+
+    async def write(self, messages: list[Message], record_puts: list[tuple[bytes, bytes]],
+                    record_deletes: list[bytes], fences: list[Fence] | None = None,
+                    forwarded: bool = False) -> None:
+        """Commit one flush of the shard's write buffer: as its leader, or at the
+        leader. Raises a recoverable StorageError when that does not happen within
+        `write_timeout` (the writers are then not acknowledged). A flush holding
+        writes other sites `forwarded` here is never sent on to another leader
+        (NotRelayedError instead): the next leader may be one of those sites, its
+        write buffer waiting on its forward here."""
+        deadline = time.monotonic() + self._context.settings.write_timeout
+        while True:
+            placement = self._role.placement
+            changed = self._role.role_changed
+            if forwarded and self._role.leadership is None:
+                raise NotRelayedError(f"{self._context.label}: this site no longer leads the "
+                                      f"shard; a forwarded write goes back to its site")
+            try:
+                if self._role.leadership is not None:
+                    await self._write_as_leader(messages, record_puts, record_deletes,
+                                                deadline, fences or [])
+                    return
+                if placement is not None and placement.leader != self._context.settings.site \
+                        and placement.leader in self._role.peers:
+                    await self._forward(placement.leader, messages, record_puts,
+                                        record_deletes, deadline, fences or [])
+                    return
+            except (PeerError, NotLeaderError) as exc:
+                # Records alone (a key-value database's puts and deletes) are written
+                # again as they are: a second write of one that did commit changes
+                # nothing (a fenced one is checked again). Messages are not: their
+                # writers resend them, so that a QoS 2 one is recognised.
+                if messages or remaining(deadline) <= 0:
+                    raise
+                log.info("%s: a write of records goes to the shard's next leader: %s",
+                         self._context.label, exc.message)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(),
+                                           min(RETRY_INTERVAL, remaining(deadline)))
+                continue
+            # no leader known yet (or this site is about to lead): wait for a placement
+            try:
+                await asyncio.wait_for(changed.wait(), remaining(deadline))
+            except TimeoutError:
+                raise StorageTimeoutError(f"{self._context.label}: no leader known within "
+                                          f"{self._context.settings.write_timeout}s") from None
+
+    async def _write_as_leader(self, messages: list[Message],
+                               record_puts: list[tuple[bytes, bytes]],
+                               record_deletes: list[bytes], deadline: float,
+                               fences: list[Fence]) -> None:
+        async with self._append_lock:
+            # cook against the applied state: this site's earlier entries first
+            await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
+                                             deadline)
+            shard = self._context.shard
+            if fences:
+                # the applied state is current here (one write in flight): a fence that
+                # holds now holds when the entry applies
+                record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
+            cooked = shard.prepare(messages, record_puts, record_deletes)
+            try:
+                offset = await self._append(entries.encode_batch(cooked.to_bytes()))
+            except BaseException:
+                shard.forget(cooked)
+                raise
+            self._applier.keep_own(offset, cooked)
+        await self._applier.wait_applied(offset, deadline)
+
+    async def propose(self, change: entries.Change) -> bool:
+        """Append a generation change as the shard's leader and wait until it is
+        applied here; False (nothing done) when this site does not lead the shard."""
+        if self._role.leadership is None:
+            return False
+        deadline = time.monotonic() + self._context.settings.write_timeout
+        async with self._append_lock:
+            await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
+                                             deadline)
+            offset = await self._append(entries.encode(change))
+        await self._applier.wait_applied(offset, deadline)
+        return True
+
+    async def change(self, change: entries.Change,
+                     as_leader: Callable[[entries.Change], Awaitable[bool]]) -> None:
+        """Append a generation change (a drop, GC deletes, a topic seed) as the shard's
+        leader, or have the leader append it; returns once applied where it was
+        appended. Such changes are safe to append twice (a drop or delete of what is
+        gone is only recorded, a seed is set again), so a change that may or may not
+        have landed is sent again, to the next leader, until `write_timeout`.
+        `as_leader` appends it when this site leads (`DatabaseReplication.propose`:
+        `propose` here, after telling a drop to the sites that read the shard here)."""
+        deadline = time.monotonic() + self._context.settings.write_timeout
+        while True:
+            placement = self._role.placement
+            changed = self._role.role_changed
+            try:
+                if await as_leader(change):
+                    return
+                if placement is not None and placement.leader != self._context.settings.site \
+                        and placement.leader in self._role.peers:
+                    await self._context.client.change(self._role.peers[placement.leader],
+                                              self._context.database.name, self._context.shard_id,
+                                              entries.encode(change), remaining(deadline))
+                    return
+            except (PeerError, NotLeaderError) as exc:
+                if remaining(deadline) <= 0:
+                    raise
+                log.info("%s: a generation change goes to the shard's next leader: %s",
+                         self._context.label, exc.message)
+            try:
+                await asyncio.wait_for(changed.wait(), min(RETRY_INTERVAL, remaining(deadline)))
+            except TimeoutError:
+                if remaining(deadline) <= 0:
+                    raise StorageTimeoutError(
+                        f"{self._context.label}: no leader took the change within "
+                        f"{self._context.settings.write_timeout}s") from None
+
+    async def add_generation(self) -> bool:
+        if self._role.leadership is None:
+            return False
+        shard = self._context.shard
+        # after every timestamp this leader has handed out
+        at = max(now_us(), shard.last_timestamp + 1)
+        return await self.propose(entries.AddGeneration(at, shard.topic_seed))
+
+    async def _append(self, raw: bytes) -> int:
+        """Append one entry as leader; its offset."""
+        leadership = self._role.leadership
+        if leadership is None or not leadership.current:
+            raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
+        try:
+            async with self._context.log_lock:
+                positions = await self._context.run(self._context.log.append_as_leader,
+                                                    leadership.epoch, [raw])
+        except StaleEpochError as exc:
+            self._role.step_down(str(exc))
+            raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
+        offset = positions[0].offset
+        self._last_own = offset
+        if self._role.leadership is leadership:
+            self._on_appended()
+        return offset
+
+    async def _forward(self, leader: str, messages: list[Message],
+                       record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
+                       deadline: float, fences: list[Fence]) -> None:
+        body = encode_submit(messages, record_puts, record_deletes, fences)
+        await self._context.client.submit(self._role.peers[leader], self._context.database.name,
+                                  self._context.shard_id, body, remaining(deadline))
+
+    async def submit_forwarded(self, messages: list[Message],
+                               record_puts: list[tuple[bytes, bytes]],
+                               record_deletes: list[bytes],
+                               fences: list[Fence] | None = None) -> None:
+        """A write another site forwarded to this site as the shard's leader."""
+        await self._role.until_leading()
+        if self._role.leadership is None:
+            raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
+        done = self._context.database.submit_to_shard(self._context.shard_id, messages, record_puts,
+                                              record_deletes, fences)
+        await done
