@@ -5,14 +5,14 @@ from __future__ import annotations
 from ..ds import Database, DurableStorage, SiteReplication
 from ..session.session import Session
 from ..session.store import SessionStore
+from ..shared.backlog import SharedBacklog
+from ..shared.positions import SharedPositions
+from ..shared.replay import SharedReplay
 from .dispatch import Dispatcher
 from .ownership import Ownership
 from .publish import Publisher
 from .registry import Owner, SessionLimits, SessionRegistry
 from .retained import RetainedStore
-from .shared_backlog import SharedBacklog
-from .shared_positions import SharedPositions
-from .shared_replay import SharedReplay
 
 SESSIONS_DB = "sessions"
 RETAINED_DB = "retained"

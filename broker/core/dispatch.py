@@ -3,24 +3,23 @@ with a subscription that matches it (the session merges overlapping subscription
 into one delivery), and to one member of each matching shared group that the ACL
 lets receive it. A shared group whose members have no room in their queues for a
 message reads that stream from storage from the message on (a backlog, read by
-`shared_backlog.py`), as a transient session does: no QoS 1/2 message is dropped
+`shared/backlog.py`), as a transient session does: no QoS 1/2 message is dropped
 for a slow group. A group whose members are all away (disconnected, their sessions
 kept) is kept as where they stopped settling messages, and reads from there when
 one comes back: no QoS 1/2 message is dropped for an absent group either."""
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
 
-from ..ds import CookedBatch, Iterator, Message, ShareMember, Stream, shared_site
+from ..ds import CookedBatch, Message, ShareMember, Stream, shared_site
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.outbox import Delivery
 from ..session.session import Session
+from ..shared.groups import AbsentGroup, Backlog, SharedGroup
 from ..subscription_index import SubscriptionIndex
 
 
@@ -33,86 +32,6 @@ def _message_key(message: Message) -> str:
 # this long before its last member went (a message stored just before may be fed
 # just after).
 AWAY_FEED_LAG_US = 5_000_000
-
-
-@dataclass(slots=True, eq=False)
-class Backlog:
-    """A group's share of one stream, read from storage instead of the live feed, from
-    `since` on: what its members had no room for, or what a feed gap may have lost."""
-
-    since: int
-    iterator: Iterator | None = None  # made on the first read
-    # The feed offered a message of the stream since the last read began: an empty
-    # read then does not mean caught up, the message may be newer than what it saw.
-    dirty: bool = True
-    # Read to the stream's end with nothing fed meanwhile: the live feed delivers
-    # again, passing over what storage gave already (up to `read_to`); the backlog
-    # goes at the first message after it.
-    caught_up: bool = False
-
-    @property
-    def read_to(self) -> int:
-        return self.iterator.last_timestamp if self.iterator is not None else self.since - 1
-
-
-@dataclass(slots=True, eq=False)
-class SharedGroup:
-    """`$share/{group}/{filter}`: each message goes to one member, round robin among
-    those with room in their queue (any member when none has)."""
-
-    name: str
-    topic_filter: str
-    members: list[tuple[Session, Subscription]] = field(default_factory=list)
-    # The client ids of members that disconnected and keep their session (and so
-    # their subscription): the group stays theirs while they are away.
-    away: set[str] = field(default_factory=set)
-    backlogs: dict[Stream, Backlog] = field(default_factory=dict)
-    # Deliveries a member lost (it left) that no other member had room for yet:
-    # at most what the members that left had queued and in flight.
-    held: deque[Delivery] = field(default_factory=deque)
-    _turn: itertools.count[int] = field(default_factory=itertools.count)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.topic_filter}"
-
-    def pick(self, message: Message) -> tuple[Session, Subscription] | None:
-        candidates = [(session, subscription) for session, subscription in self.members
-                      if session.may_receive(subscription, message)]
-        if not candidates:
-            return None
-        with_room = [candidate for candidate in candidates if candidate[0].outbox.has_room]
-        choice = with_room or candidates
-        return choice[next(self._turn) % len(choice)]
-
-    def connected(self) -> bool:
-        return any(session.outlet is not None for session, _ in self.members)
-
-    def unsettled_from(self) -> dict[int, int]:
-        """Per shard, the first timestamp of a message not settled here (held, in a
-        backlog not read yet, or with a member: queued or not acknowledged): where
-        another site takes the group's share on from when it goes from here, or when
-        this site dies."""
-        unsettled = [(stream.shard, backlog.read_to + 1)
-                     for stream, backlog in self.backlogs.items() if not backlog.caught_up]
-        unsettled += [(delivery.stream.shard, delivery.message.timestamp)
-                      for delivery in self.held if delivery.stream is not None]
-        unsettled += [item for session, _subscription in self.members
-                      for item in session.shared_unsettled(self.key).items()]
-        first: dict[int, int] = {}
-        for shard, timestamp in unsettled:
-            first[shard] = min(first.get(shard, timestamp), timestamp)
-        return first
-
-
-@dataclass(slots=True)
-class AbsentGroup:
-    """A group whose last member here went away (keeping its session) while no other
-    site had members of it: per shard, the first timestamp its members had not
-    settled (or the first after what this site was fed), and who keeps it."""
-
-    since: dict[int, int]
-    away: set[str]
 
 
 class Dispatcher:
@@ -137,10 +56,10 @@ class Dispatcher:
         self._on_interest = on_interest
         self.site = site
         self._members_with = members_with
-        # Told when a group has a backlog to read (shared_backlog.py reads it).
+        # Told when a group has a backlog to read (shared/backlog.py reads it).
         self.on_backlog: Callable[[SharedGroup], None] | None = None
         # Groups whose members are all away, by key; told when one comes back, with
-        # where per shard it reads from (shared_backlog.py).
+        # where per shard it reads from (shared/backlog.py).
         self._absent: dict[str, AbsentGroup] = {}
         self.on_back: Callable[[SharedGroup, dict[int, int]], None] | None = None
         self._fed_through = fed_through
@@ -295,7 +214,7 @@ class Dispatcher:
     def takes_lost_share(self, group: SharedGroup, message: Message,
                          lost: ShareMember) -> bool:
         """Whether this site delivers, from storage, a message of a site that left
-        the group or was forgotten (see shared_replay.py): the lost site was chosen
+        the group or was forgotten (see shared/replay.py): the lost site was chosen
         for it, and this site is chosen now. Since the choice is a rendezvous hash,
         no message moves between the sites left, so exactly one of them takes it."""
         members = [member for member in self.members_of(group) if member[0] != lost[0]]

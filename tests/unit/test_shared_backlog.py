@@ -1,5 +1,5 @@
 """A shared group whose members have no room, or whose site's feed had a gap, reads
-its share from storage (core/shared_backlog.py, `Backlog` in core/dispatch.py): no
+its share from storage (shared/backlog.py, `Backlog` in core/dispatch.py): no
 QoS 1/2 message is dropped for a slow group, none is lost to a gap, none comes twice.
 Driven through the dispatcher's commit feed against the in-memory fake storage and
 recording connections of test_session.py."""
@@ -10,10 +10,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from stratamq.broker.core.dispatch import Dispatcher
-from stratamq.broker.core.shared_backlog import SharedBacklog
 from stratamq.broker.ds import CookedBatch, Message, ShareMember, Stream
 from stratamq.broker.session.model import Subscription
 from stratamq.broker.session.session import Session
+from stratamq.broker.shared.backlog import SharedBacklog
 from tests.support.fake_storage import FakeDatabase, FakeStorage
 from tests.support.storage import run
 from tests.unit.test_session import (

@@ -1,12 +1,13 @@
 """Which messages a site left delivers from storage when a site that had members of
 a shared group left it or was forgotten (`Dispatcher.takes_lost_share`, used by
-`core/shared_replay.py`): the lost site's share, each to exactly one site left, and
+`shared/replay.py`): the lost site's share, each to exactly one site left, and
 nothing else (the sites left never trade messages: the choice is a rendezvous hash)."""
 
 from __future__ import annotations
 
-from stratamq.broker.core.dispatch import Dispatcher, SharedGroup
+from stratamq.broker.core.dispatch import Dispatcher
 from stratamq.broker.ds import Message, shared_site
+from stratamq.broker.shared.groups import SharedGroup
 
 GROUP = SharedGroup("g", "t/#")
 LEFT = [("A", 0), ("B", 0)]

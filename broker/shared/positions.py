@@ -30,10 +30,11 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+from ..core.dispatch import Dispatcher
 from ..errors import CorruptDataError, StorageTimeoutError, StratamqError
 from ..session.store import SessionStore
 from ..supervise import RESTART_PAUSE, supervise
-from .dispatch import AbsentGroup, Dispatcher
+from .groups import AbsentGroup
 
 log = logging.getLogger(__name__)
 

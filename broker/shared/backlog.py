@@ -16,18 +16,19 @@ live feed delivers again; a message storage gave already that the feed brings la
 is passed over. So the group gets each message once, in stream order.
 
 The positions live in memory only: a site that dies takes its groups' backlogs with
-it, and the sites left replay only its last moments (shared_replay.py)."""
+it, and the sites left replay only its last moments (replay.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from ..core.dispatch import Dispatcher
 from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..session.reader import MessageReader
 from ..supervise import RESTART_PAUSE, note_failure
-from .dispatch import Backlog, Dispatcher, SharedGroup
+from .groups import Backlog, SharedGroup
 
 log = logging.getLogger(__name__)
 

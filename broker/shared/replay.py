@@ -22,11 +22,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 
+from ..core.dispatch import Dispatcher
 from ..ds import DurableStorage, EndOfStream, Message, ShareMember, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..supervise import RESTART_PAUSE
-from .dispatch import Dispatcher, SharedGroup
-from .shared_backlog import BATCH, deliver_when_room
+from .backlog import BATCH, deliver_when_room
+from .groups import SharedGroup
 
 log = logging.getLogger(__name__)
 
