@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..ds import Database, DurableStorage, SiteReplication
+from ..routing.relay import Relay
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..shared.backlog import SharedBacklog
@@ -21,8 +22,10 @@ RETAINED_DB = "retained"
 class Broker:
     def __init__(self, storage: DurableStorage, messages: Database, store: SessionStore,
                  retained: RetainedStore, limits: SessionLimits,
-                 storage_timeout: float = 5.0, ownership: Ownership | None = None) -> None:
+                 storage_timeout: float = 5.0, ownership: Ownership | None = None,
+                 replication: SiteReplication | None = None) -> None:
         self.storage = storage
+        self.ownership = ownership
         self.messages = messages
         self.retained = retained
         self.publisher = Publisher(messages, store, retained)
@@ -46,29 +49,37 @@ class Broker:
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
         self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
         messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
+        # On a cluster: the push of committed messages to the sites without a replica
+        # of a shard, served on the peer port (`SiteReplication.add_service`).
+        self.relay = None if replication is None else Relay.of(replication)
 
     @classmethod
-    async def start(cls, storage: DurableStorage, messages: Database, n_shards: int,
-                    sync_writes: bool, limits: SessionLimits,
-                    replication: SiteReplication | None = None,
-                    peer_timeout: float = 5.0) -> Broker:
-        """With `replication` (a cluster): session writes are fenced by owner epochs,
-        and the peer port serves other sites' takeovers of client ids."""
+    async def assemble(cls, storage: DurableStorage, messages: Database, n_shards: int,
+                       sync_writes: bool, limits: SessionLimits,
+                       replication: SiteReplication | None = None,
+                       peer_timeout: float = 5.0) -> Broker:
+        """The parts, wired; nothing runs and nothing is read until `start`. With
+        `replication` (a cluster, its peer port not yet listening: the relay is added
+        to it first): session writes are fenced by owner epochs, and the peer port
+        serves other sites' takeovers of client ids."""
         sessions_db = await storage.open_kv_db(SESSIONS_DB, n_shards, sync_writes)
         retained_db = await storage.open_kv_db(RETAINED_DB, n_shards, sync_writes)
         retained = RetainedStore(retained_db) if replication is None else RetainedStore(
             retained_db, clock_lead=replication.peers_clock_lead)
-        await retained.load()
         store = SessionStore(sessions_db, messages,
                              owner=storage.site_id if replication is not None else "")
         ownership = None if replication is None else \
             Ownership(store, replication, peer_timeout)
-        broker = cls(storage, messages, store, retained, limits, peer_timeout, ownership)
-        if ownership is not None:
-            ownership.serve(broker.registry.release)
-        broker.shared_positions.start()
-        broker.registry.start()
-        return broker
+        return cls(storage, messages, store, retained, limits, peer_timeout, ownership,
+                   replication)
+
+    async def start(self) -> None:
+        """Index the retained topics, serve takeovers, start the background loops."""
+        await self.retained.load()
+        if self.ownership is not None:
+            self.ownership.serve(self.registry.release)
+        self.shared_positions.start()
+        self.registry.start()
 
     async def stop(self) -> None:
         await self.shared_replay.close()

@@ -14,8 +14,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from ..ds import CookedBatch, Message, ShareMember, Stream, shared_site
+from ..ds import CookedBatch, Message, Stream
 from ..metrics import MESSAGES_DROPPED
+from ..routing.interest import ShareMember, shared_site
 from ..session.model import Subscription
 from ..session.outbox import Delivery
 from ..session.session import Session

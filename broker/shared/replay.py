@@ -23,8 +23,9 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from ..core.dispatch import Dispatcher
-from ..ds import DurableStorage, EndOfStream, Message, ShareMember, Stream
+from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
+from ..routing.interest import ShareMember
 from ..supervise import RESTART_PAUSE
 from .backlog import BATCH, deliver_when_room
 from .groups import SharedGroup

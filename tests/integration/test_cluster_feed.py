@@ -28,7 +28,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from stratamq.broker.ds.database import shard_of
-from stratamq.broker.ds.replication.feed import INTEREST_EXPIRY, SHARED_FEED_LAG
+from stratamq.broker.routing.relay import INTEREST_EXPIRY, SHARED_FEED_LAG
 from tests.support.clients import PahoClient, paho_properties
 from tests.support.cluster import Cluster
 from tests.support.history import History, runs_of

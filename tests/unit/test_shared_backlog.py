@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from stratamq.broker.core.dispatch import Dispatcher
-from stratamq.broker.ds import CookedBatch, Message, ShareMember, Stream
+from stratamq.broker.ds import CookedBatch, Message, Stream
+from stratamq.broker.routing.interest import ShareMember
 from stratamq.broker.session.model import Subscription
 from stratamq.broker.session.session import Session
 from stratamq.broker.shared.backlog import SharedBacklog

@@ -6,7 +6,8 @@ nothing else (the sites left never trade messages: the choice is a rendezvous ha
 from __future__ import annotations
 
 from stratamq.broker.core.dispatch import Dispatcher
-from stratamq.broker.ds import Message, shared_site
+from stratamq.broker.ds import Message
+from stratamq.broker.routing.interest import shared_site
 from stratamq.broker.shared.groups import SharedGroup
 
 GROUP = SharedGroup("g", "t/#")

@@ -1,12 +1,12 @@
-"""The commit feed to sites that hold no replica of a shard (docs/replication.md,
-"Every site sees every shard": every committed batch is fanned out by the shard
-leader to the sites that have subscribers).
+"""The relay: a shard leader's push of committed messages to the sites that hold no
+replica of the shard and have subscribers for them (docs/replication.md, "Every site
+sees every shard"), and the exchange of interest that tells it which.
 
 - Interest: each site tells every peer the topic filters its subscribers hold, and
   its own peer address, on change (debounced) and again every `INTEREST_INTERVAL`,
   so a restarted peer learns them within one interval. A peer that did not have the
   filters just sent (they changed, or it restarted) may have left messages unpushed:
-  the sender declares a feed gap on the shards that peer leads. A site that tells
+  the sender declares a commit feed gap on the shards that peer leads. A site that tells
   nothing for `INTEREST_EXPIRY` is forgotten (`InterestTable`): a site gone for good
   is no longer pushed to, nor picked for shared groups. Pushes go to the
   address the controller gave for a site or, before it did (a site just added, not
@@ -20,7 +20,11 @@ leader to the sites that have subscribers).
   (`began_leading`): what it took over from the old leader was not pushed.
 - A gap sends the site's readers of that shard back to storage from their
   positions (timestamps per stream), so nothing is lost and nothing repeated; the
-  site feeds each message once, whichever way it came (`Database.feed_remote`)."""
+  site's commit feed hands each message on once, whichever way it came
+  (`Database.feed_remote`).
+
+The relay runs beside storage replication on the peer port: `SiteReplication` adds
+its routes, tells it of placements and leaderships, and closes it (a `PeerService`)."""
 
 from __future__ import annotations
 
@@ -32,20 +36,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from ...errors import CorruptDataError
-from ...supervise import supervise
-from ...topic import SHARE_PREFIX
-from ..cooked import CookedBatch
-from ..database import Database
-from ..message import Message
-from ..shard import now_us
-from .feed_wire import Push, decode_push, encode_push
+from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication, now_us
+from ..errors import CorruptDataError
+from ..supervise import supervise
+from ..topic import SHARE_PREFIX
 from .interest import JOIN_DELAY_US, InterestTable, ShareMember
-from .remote import PeersOf, PlacementOf, RemoteReads
+from .relay_wire import Push, decode_push, encode_push
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ RETRY_INTERVAL = 0.5
 PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
 
 Leads = Callable[[int], bool]
+PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
+PeersOf = Callable[[], dict[str, str]]
 _INTEREST_TIMEOUT = aiohttp.ClientTimeout(total=INTEREST_TIMEOUT)
 
 
@@ -93,7 +96,7 @@ class _Outbox:
     task: asyncio.Task[None] | None = None
 
 
-class CommitFeed:
+class Relay:
     def __init__(self, site: str, advertised: str, database: Database, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
                  session: aiohttp.ClientSession, timeout: float) -> None:
@@ -122,9 +125,18 @@ class CommitFeed:
         database.attach_interest_directory(self.members_with)
         database.add_interest_listener(self._interest_changed_here)
 
+    @classmethod
+    def of(cls, replication: SiteReplication) -> Relay:
+        """The relay of the first database `replication` replicates (`messages`,
+        whose streams subscribers read), over its peer port."""
+        messages = replication.messages
+        return cls(replication.site, replication.advertised, messages.database,
+                   replication.leads, messages.placement_of, lambda: replication.peers,
+                   replication.remote, replication.peer_session, replication.peer_timeout)
+
     def start(self) -> None:
-        self._task = asyncio.create_task(supervise("ds-feed-interest", self._interest_loop),
-                                         name="ds-feed-interest")
+        self._task = asyncio.create_task(supervise("relay-interest", self._interest_loop),
+                                         name="relay-interest")
 
     async def close(self) -> None:
         tasks = [self._task, *(outbox.task for outbox in self._outboxes.values())]
@@ -166,6 +178,13 @@ class CommitFeed:
     def interest_of(self) -> dict[str, list[str]]:
         """Each peer's filters as this site knows them (for the admin view)."""
         return {site: sorted(filters.filters) for site, filters in self._interest.items()}
+
+    def status(self) -> dict[str, Any]:
+        """For the admin API's replication status."""
+        # the topic filters each peer said its subscribers hold; when each site's
+        # membership of each shared group takes effect (a storage timestamp, µs),
+        # this site's own included
+        return {"interest": self.interest_of(), "shared_joined": self.shared_joined_of()}
 
     # -- placement ----------------------------------------------------------------------
 
@@ -289,9 +308,9 @@ class CommitFeed:
         outbox = self._outboxes.get(site)
         if outbox is None:
             made = self._outboxes[site] = _Outbox()
-            made.task = asyncio.create_task(supervise(f"ds-feed-{site}",
+            made.task = asyncio.create_task(supervise(f"relay-{site}",
                                                       lambda: self._send_loop(site, made)),
-                                            name=f"ds-feed-{site}")
+                                            name=f"relay-{site}")
             outbox = made
         return outbox
 
