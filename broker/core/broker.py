@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..ds import Database, DurableStorage, SiteReplication
 from ..routing.relay import Relay
+from ..routing.site_interest import SiteInterest
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..shared.backlog import SharedBacklog
@@ -29,9 +30,15 @@ class Broker:
         self.messages = messages
         self.retained = retained
         self.publisher = Publisher(messages, store, retained)
-        self.dispatcher = Dispatcher(site=messages.site_id, on_interest=messages.set_interest,
-                                     members_with=messages.members_with,
-                                     fed_through=messages.fed_through)
+        # On a cluster: which topic filters each site's subscribers hold (this site's
+        # set by the dispatcher, the peers' told through the relay), and so which
+        # sites hold each shared group.
+        interest = None if replication is None else \
+            SiteInterest(messages.site_id, messages.fed_through)
+        self.dispatcher = Dispatcher(
+            site=messages.site_id, fed_through=messages.fed_through,
+            on_interest=None if interest is None else interest.set_here,
+            members_with=None if interest is None else interest.members_with)
         options = messages.options
         self.shared_positions = SharedPositions(
             self.dispatcher, store, storage.site_id,
@@ -44,14 +51,14 @@ class Broker:
         messages.add_feed_gap_listener(self.registry.on_feed_gap)
         self.shared_backlog = SharedBacklog(storage, messages.name, self.dispatcher)
         messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
-        messages.attach_shared_unsettled(self.dispatcher.shared_unsettled)
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
         self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
-        messages.add_shared_site_lost_listener(self.shared_replay.on_site_lost)
         # On a cluster: the push of committed messages to the sites without a replica
         # of a shard, served on the peer port (`SiteReplication.add_service`).
-        self.relay = None if replication is None else Relay.of(replication)
+        self.relay = None if replication is None or interest is None else \
+            Relay.of(replication, interest, self.dispatcher.shared_unsettled,
+                     self.shared_replay.on_site_lost)
 
     @classmethod
     async def assemble(cls, storage: DurableStorage, messages: Database, n_shards: int,

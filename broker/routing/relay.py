@@ -34,7 +34,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,16 +45,11 @@ from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication, n
 from ..errors import CorruptDataError
 from ..supervise import supervise
 from ..topic import SHARE_PREFIX
-from .interest import JOIN_DELAY_US, InterestTable, ShareMember
 from .relay_wire import Push, decode_push, encode_push
+from .site_interest import INTEREST_EXPIRY, INTEREST_INTERVAL, SiteInterest
 
 log = logging.getLogger(__name__)
 
-INTEREST_INTERVAL = 1.0
-# A site that has told nothing for this long is forgotten (a few missed tellings:
-# one that is only slow tells again, is told the filters were not had, and reads
-# what it missed from storage).
-INTEREST_EXPIRY = 5 * INTEREST_INTERVAL
 # A telling waits this long at most: a peer that does not answer (stopped, cut off)
 # must not hold up the round that tells the others for longer than their expiry.
 INTEREST_TIMEOUT = 2 * INTEREST_INTERVAL
@@ -82,6 +77,11 @@ PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
 Leads = Callable[[int], bool]
 PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 PeersOf = Callable[[], dict[str, str]]
+# (site, the `$share/...` filters it left, when it had joined each, and per shard:
+# since, until, storage timestamps, µs): the share of its groups' messages that
+# reached no member in that span
+SiteLost = Callable[[str, frozenset[str], Mapping[str, int], Sequence[int], Sequence[int]],
+                    None]
 _INTEREST_TIMEOUT = aiohttp.ClientTimeout(total=INTEREST_TIMEOUT)
 
 
@@ -97,9 +97,16 @@ class _Outbox:
 
 
 class Relay:
+    """`interest`: what this site's and the peers' subscribers hold; `unsettled`: for
+    each shared group with members here, per shard where its messages stop being
+    settled here (the dispatcher's `shared_unsettled`), told to the peers; a site that
+    left a shared group, or was forgotten, is told to `on_site_lost`."""
+
     def __init__(self, site: str, advertised: str, database: Database, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
-                 session: aiohttp.ClientSession, timeout: float) -> None:
+                 session: aiohttp.ClientSession, timeout: float, interest: SiteInterest,
+                 unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
+                 on_site_lost: SiteLost) -> None:
         self.site = site
         self.advertised = advertised
         self.database = database
@@ -109,30 +116,27 @@ class Relay:
         self._remote = remote
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._interest = InterestTable(INTEREST_EXPIRY)
+        self.interest = interest
+        self._told = interest.peers  # what each peer told
+        self._unsettled = unsettled
+        self._on_site_lost = on_site_lost
         self._outboxes: dict[str, _Outbox] = {}
-        self._interest_changed = asyncio.Event()
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
         self._replicas = [placement_of(shard)[0] for shard in range(len(database.shards))]
         self._task: asyncio.Task[None] | None = None
         database.add_commit_listener(self.on_commit, of_applied=True)
-        # This site's memberships of shared groups: when each took effect, and where
-        # the members of each it left stopped (with when it left, time.monotonic()).
-        self._joined = {topic_filter: now_us() + JOIN_DELAY_US
-                        for topic_filter in database.interest
-                        if topic_filter.startswith(SHARE_PREFIX)}
-        self._left: dict[str, tuple[list[int], float]] = {}
-        database.attach_interest_directory(self.members_with)
-        database.add_interest_listener(self._interest_changed_here)
 
     @classmethod
-    def of(cls, replication: SiteReplication) -> Relay:
+    def of(cls, replication: SiteReplication, interest: SiteInterest,
+           unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
+           on_site_lost: SiteLost) -> Relay:
         """The relay of the first database `replication` replicates (`messages`,
         whose streams subscribers read), over its peer port."""
         messages = replication.messages
         return cls(replication.site, replication.advertised, messages.database,
                    replication.leads, messages.placement_of, lambda: replication.peers,
-                   replication.remote, replication.peer_session, replication.peer_timeout)
+                   replication.remote, replication.peer_session, replication.peer_timeout,
+                   interest, unsettled, on_site_lost)
 
     def start(self) -> None:
         self._task = asyncio.create_task(supervise("relay-interest", self._interest_loop),
@@ -148,43 +152,13 @@ class Relay:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    def members_with(self, share_filter: str) -> list[ShareMember]:
-        """The sites holding a `$share/...` filter, with when each joined, this one
-        included when it does."""
-        members = [member for member in self._interest.members_of(share_filter)
-                   if member[0] != self.site]
-        if share_filter in self.database.interest:
-            members.append((self.site, self._joined.get(share_filter, 0)))
-        return members
-
-    def _interest_changed_here(self, filters: frozenset[str],
-                               left: dict[str, list[int]]) -> None:
-        for share_filter, stopped in left.items():
-            self._joined.pop(share_filter, None)
-            self._left[share_filter] = (stopped, time.monotonic())
-        for topic_filter in filters:
-            if topic_filter.startswith(SHARE_PREFIX) and topic_filter not in self._joined:
-                self._joined[topic_filter] = now_us() + JOIN_DELAY_US
-        self._interest_changed.set()
-
-    def shared_joined_of(self) -> dict[str, dict[str, int]]:
-        """For each site with members of shared groups (this one included), when its
-        membership of each took effect."""
-        joined = {site: self._interest.joined_of(site) for site, _f in self._interest.items()}
-        joined[self.site] = {f: self._joined[f] for f in self.database.interest
-                             if f in self._joined}
-        return {site: groups for site, groups in joined.items() if groups}
-
-    def interest_of(self) -> dict[str, list[str]]:
-        """Each peer's filters as this site knows them (for the admin view)."""
-        return {site: sorted(filters.filters) for site, filters in self._interest.items()}
-
     def status(self) -> dict[str, Any]:
         """For the admin API's replication status."""
         # the topic filters each peer said its subscribers hold; when each site's
         # membership of each shared group takes effect (a storage timestamp, µs),
         # this site's own included
-        return {"interest": self.interest_of(), "shared_joined": self.shared_joined_of()}
+        return {"interest": self.interest.interest_of(),
+                "shared_joined": self.interest.shared_joined_of()}
 
     # -- placement ----------------------------------------------------------------------
 
@@ -205,7 +179,7 @@ class Relay:
             # (`ShardReplica._take_over`), after this push.
             if leader == self.site:
                 for site in sorted(left - {self.site}):
-                    if self._interest.filters_of(site):
+                    if self._told.filters_of(site):
                         self._tell_gap(site, shard_id)
 
     def began_leading(self, shard_id: int) -> None:
@@ -215,7 +189,7 @@ class Relay:
         leader change): every such site with subscribers is told of a gap, and its
         readers read again, now that this site holds every committed entry."""
         replicas, _leader = self._placement_of(shard_id)
-        for site, filters in self._interest.items():
+        for site, filters in self._told.items():
             if site != self.site and site not in replicas and filters:
                 self._tell_gap(site, shard_id)
 
@@ -231,13 +205,13 @@ class Relay:
     async def _interest_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._interest_changed.wait(), INTEREST_INTERVAL)
-            if self._interest_changed.is_set():
+                await asyncio.wait_for(self.interest.changed.wait(), INTEREST_INTERVAL)
+            if self.interest.changed.is_set():
                 await asyncio.sleep(INTEREST_DEBOUNCE)
-                self._interest_changed.clear()
+                self.interest.changed.clear()
             self._forget_silent_sites()
-            filters = self.database.interest
-            unsettled = self.database.shared_stop_positions()
+            filters = self.interest.filters
+            unsettled = self.interest.stop_positions(self._unsettled())
             peers = {site: address for site, address in self._peers_of().items()
                      if site != self.site}
             await asyncio.gather(*(self._tell(site, address, filters, unsettled)
@@ -245,7 +219,7 @@ class Relay:
 
     def _forget_silent_sites(self) -> None:
         now = time.monotonic()
-        for gone in self._interest.expire(now):
+        for gone in self._told.expire(now):
             log.info("%s told this site nothing for %.0fs: its interest is forgotten, "
                      "nothing more is pushed to it", gone.site, INTEREST_EXPIRY)
             outbox = self._outboxes.pop(gone.site, None)
@@ -256,7 +230,7 @@ class Relay:
                 if not share_filter.startswith(SHARE_PREFIX):
                     continue
                 # every telling gives these (`_take_interest` checks it)
-                self.database.shared_site_lost(
+                self._on_site_lost(
                     gone.site, frozenset({share_filter}),
                     {share_filter: gone.joined[share_filter]},
                     gone.unsettled[share_filter], until)
@@ -267,8 +241,9 @@ class Relay:
         recently = time.monotonic() - LEFT_TOLD_FOR
         body = json.dumps({
             "site": self.site, "peer": self.advertised, "filters": sorted(filters),
-            "joined": {f: self._joined[f] for f in filters if f in self._joined},
-            "left": {f: stopped for f, (stopped, at) in self._left.items() if at > recently},
+            "joined": {f: self.interest.joined[f] for f in filters if f in self.interest.joined},
+            "left": {f: stopped for f, (stopped, at) in self.interest.left.items()
+                     if at > recently},
             "unsettled": unsettled,
         })
         try:
@@ -293,10 +268,10 @@ class Relay:
     # -- pushing, as a shard's leader ---------------------------------------------------
 
     def on_commit(self, cooked: CookedBatch) -> None:
-        if not cooked.messages or not self._interest or not self._leads(cooked.shard):
+        if not cooked.messages or not self._told or not self._leads(cooked.shard):
             return
         replicas, _leader = self._placement_of(cooked.shard)
-        for site, filters in self._interest.items():
+        for site, filters in self._told.items():
             if site == self.site or site in replicas or not filters:
                 continue
             matching = [(cooked.generation, static, message)
@@ -351,7 +326,7 @@ class Relay:
             await asyncio.sleep(RETRY_INTERVAL)
 
     def _address_of(self, site: str) -> str | None:
-        return self._peers_of().get(site) or self._interest.address_of(site)
+        return self._peers_of().get(site) or self._told.address_of(site)
 
     def _take(self, outbox: _Outbox) -> Push:
         """The first queued push, with the pushes of the same shard right behind it."""
@@ -409,9 +384,9 @@ class Relay:
         except (ValueError, KeyError, TypeError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
-        before = self._interest.joined_of(site)
-        had = self._interest.take(site, peer, filters, time.monotonic(), joined, unsettled)
-        after = self._interest.joined_of(site)
+        before = self._told.joined_of(site)
+        had = self._told.take(site, peer, filters, time.monotonic(), joined, unsettled)
+        after = self._told.joined_of(site)
         for share_filter, at in sorted(before.items()):
             if after.get(share_filter) != at:  # it left (and maybe joined again since)
                 self._site_left(site, share_filter, at, left.get(share_filter))
@@ -427,8 +402,8 @@ class Relay:
         until = self.database.fed_through()
         if stopped is None:
             stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
-        self.database.shared_site_lost(site, frozenset({share_filter}),
-                                       {share_filter: joined}, stopped, until)
+        self._on_site_lost(site, frozenset({share_filter}), {share_filter: joined}, stopped,
+                           until)
 
     async def _take_push(self, http: web.Request) -> web.Response:
         try:
