@@ -8,6 +8,7 @@ from ..routing.site_interest import SiteInterest
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..shared.backlog import SharedBacklog
+from ..shared.choice import SiteChoice
 from ..shared.positions import SharedPositions
 from ..shared.replay import SharedReplay
 from .dispatch import Dispatcher
@@ -35,10 +36,12 @@ class Broker:
         # sites hold each shared group.
         interest = None if replication is None else \
             SiteInterest(messages.site_id, messages.fed_through)
+        choice = SiteChoice(messages.site_id,
+                            None if interest is None else interest.members_with)
+        self.shared_backlog = SharedBacklog(storage, messages.name, choice)
         self.dispatcher = Dispatcher(
-            site=messages.site_id, fed_through=messages.fed_through,
-            on_interest=None if interest is None else interest.set_here,
-            members_with=None if interest is None else interest.members_with)
+            choice=choice, backlog=self.shared_backlog, fed_through=messages.fed_through,
+            on_interest=None if interest is None else interest.set_here)
         options = messages.options
         self.shared_positions = SharedPositions(
             self.dispatcher, store, storage.site_id,
@@ -49,11 +52,11 @@ class Broker:
                                         groups_kept_for=self.shared_positions.kept_for)
         messages.add_commit_listener(self.dispatcher.on_commit)
         messages.add_feed_gap_listener(self.registry.on_feed_gap)
-        self.shared_backlog = SharedBacklog(storage, messages.name, self.dispatcher)
-        messages.add_feed_gap_listener(self.shared_backlog.on_feed_gap)
+        messages.add_feed_gap_listener(self.dispatcher.on_feed_gap)
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)
         messages.add_generation_drop_listener(self.registry.after_generation_drop)
-        self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher)
+        self.shared_replay = SharedReplay(storage, messages.name, self.dispatcher.group_of,
+                                          choice)
         # On a cluster: the push of committed messages to the sites without a replica
         # of a shard, served on the peer port (`SiteReplication.add_service`).
         self.relay = None if replication is None or interest is None else \

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..ds import Iterator, Message, Stream
+from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.outbox import Delivery
 from ..session.session import Session
@@ -50,6 +51,9 @@ class SharedGroup:
     # at most what the members that left had queued and in flight.
     held: deque[Delivery] = field(default_factory=deque)
     _turn: itertools.count[int] = field(default_factory=itertools.count)
+    # The group went from this site (its last member here left): whoever reads its
+    # backlog stops (a group of the same key that comes back is a new one).
+    gone: bool = False
 
     @property
     def key(self) -> str:
@@ -63,6 +67,26 @@ class SharedGroup:
         with_room = [candidate for candidate in candidates if candidate[0].outbox.has_room]
         choice = with_room or candidates
         return choice[next(self._turn) % len(choice)]
+
+    def deliver(self, message: Message, stream: Stream | None, *,
+                needs_room: bool = False) -> bool:
+        """Offer the message to one member. With `needs_room`, only to one with room
+        in its queue: False when none has, or no member is connected (nothing
+        offered)."""
+        if needs_room and not self.connected():
+            return False
+        picked = self.pick(message)
+        if picked is None:
+            MESSAGES_DROPPED.labels("no_shared_member").inc()
+            return True
+        session, subscription = picked
+        if needs_room and not session.outbox.has_room:
+            return False  # picked first when it has room: no member has
+        delivery = Delivery(message, min(message.qos, subscription.qos), False,
+                            (subscription.identifier,) if subscription.identifier else (),
+                            share_group=self.key, stream=stream)
+        session.offer(delivery)
+        return True
 
     def connected(self) -> bool:
         return any(session.outlet is not None for session, _ in self.members)
