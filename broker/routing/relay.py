@@ -13,7 +13,7 @@ sees every shard"), and the exchange of interest that tells it which.
   yet in any replica set), to the address the site told.
 - Push: the leader of a shard matches each applied batch against each interested
   site's filters and queues what matches for that site, skipping the shard's
-  replicas (their own apply feeds them). One sender per site sends in order. The
+  replicas (their commit feed has them). One sender per site sends in order. The
   queue is bounded: what does not fit is dropped and the next push (or a push with
   no messages) says so, a gap.
 - A new leader tells every site with interest and no replica of a gap once it leads
@@ -72,6 +72,7 @@ MAX_QUEUED_MESSAGES = 20_000
 # Messages one push carries at most.
 MAX_PUSH_MESSAGES = 1000
 RETRY_INTERVAL = 0.5
+# The push keeps its first name on the wire (this type, the `/feed` path, `fed`).
 PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
 
 Leads = Callable[[int], bool]
@@ -419,7 +420,7 @@ class Relay:
             self._remote.pushed(shard_id, push.messages[-1][2].timestamp)
         if not self._remote.is_remote(shard_id):
             # a replica here (the pusher's placement is older or newer): this site's
-            # own apply feeds the shard
+            # own apply hands the shard to its commit feed
             return web.json_response({"fed": 0})
         await self._remote.ensure_streams(shard_id, {(generation, static) for generation,
                                                      static, _message in push.messages})
