@@ -1,16 +1,11 @@
 """The relay: a shard leader's push of committed messages to the sites that hold no
 replica of the shard and have subscribers for them (docs/replication.md, "Every site
-sees every shard"), and the exchange of interest that tells it which.
+sees every shard"); which sites and filters, the interest exchange says
+(exchange.py).
 
-- Interest: each site tells every peer the topic filters its subscribers hold, and
-  its own peer address, on change (debounced) and again every `INTEREST_INTERVAL`,
-  so a restarted peer learns them within one interval. A peer that did not have the
-  filters just sent (they changed, or it restarted) may have left messages unpushed:
-  the sender declares a commit feed gap on the shards that peer leads. A site that tells
-  nothing for `INTEREST_EXPIRY` is forgotten (`InterestTable`): a site gone for good
-  is no longer pushed to, nor picked for shared groups. Pushes go to the
-  address the controller gave for a site or, before it did (a site just added, not
-  yet in any replica set), to the address the site told.
+- Addresses: pushes go to the address the controller gave for a site or, before it
+  did (a site just added, not yet in any replica set), to the address the site told.
+  A site the exchange forgets is no longer pushed to.
 - Push: the leader of a shard matches each applied batch against each interested
   site's filters and queues what matches for that site, skipping the shard's
   replicas (their commit feed has them). One sender per site sends in order. The
@@ -23,50 +18,32 @@ sees every shard"), and the exchange of interest that tells it which.
   site's commit feed hands each message on once, whichever way it came
   (`Database.feed_remote`).
 
-The relay runs beside storage replication on the peer port: `SiteReplication` adds
-its routes, tells it of placements and leaderships, and closes it (a `PeerService`)."""
+The relay runs beside storage replication on the peer port, with its interest
+exchange: `SiteReplication` adds their routes, tells the relay of placements and
+leaderships, and starts and closes both (a `PeerService`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication, now_us
+from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication
 from ..errors import CorruptDataError
 from ..supervise import supervise
-from ..topic import SHARE_PREFIX
+from .exchange import InterestExchange, PeersOf, PlacementOf, SiteLost
 from .relay_wire import Push, decode_push, encode_push
-from .site_interest import INTEREST_EXPIRY, INTEREST_INTERVAL, SiteInterest
+from .site_interest import SiteInterest
 
 log = logging.getLogger(__name__)
 
-# A telling waits this long at most: a peer that does not answer (stopped, cut off)
-# must not hold up the round that tells the others for longer than their expiry.
-INTEREST_TIMEOUT = 2 * INTEREST_INTERVAL
-# A change of filters is told after this pause, so a burst of SUBSCRIBEs is one push.
-INTEREST_DEBOUNCE = 0.05
-# A site tells, with its filters, where the members of each of its shared groups
-# stopped settling messages; a forgotten site's share is delivered again from there,
-# and so is the share of a group it left, from where it told its members stopped. A
-# site restarted before the others forgot it tells nothing of the groups it held
-# before (that was in its memory): their share is delivered again from this long
-# before the telling that shows they went (how far its feed and its members' queues
-# may lag under load; 2 s lost one message in 19k once on a loaded machine).
-SHARED_FEED_LAG = 5 * INTEREST_INTERVAL
-# A site tells the others where its members of a shared group stopped, for this
-# long after the group went from it: one telling is enough, the rest are for one
-# that was lost.
-LEFT_TOLD_FOR = 2 * INTEREST_EXPIRY
 # Messages queued for one site at most: beyond, pushes are dropped (a gap).
 MAX_QUEUED_MESSAGES = 20_000
 # Messages one push carries at most.
@@ -76,14 +53,6 @@ RETRY_INTERVAL = 0.5
 PUSH_CONTENT_TYPE = "application/vnd.stratamq.feed"
 
 Leads = Callable[[int], bool]
-PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
-PeersOf = Callable[[], dict[str, str]]
-# (site, the `$share/...` filters it left, when it had joined each, and per shard:
-# since, until, storage timestamps, µs): the share of its groups' messages that
-# reached no member in that span
-SiteLost = Callable[[str, frozenset[str], Mapping[str, int], Sequence[int], Sequence[int]],
-                    None]
-_INTEREST_TIMEOUT = aiohttp.ClientTimeout(total=INTEREST_TIMEOUT)
 
 
 @dataclass(slots=True)
@@ -98,10 +67,9 @@ class _Outbox:
 
 
 class Relay:
-    """`interest`: what this site's and the peers' subscribers hold; `unsettled`: for
-    each shared group with members here, per shard where its messages stop being
-    settled here (the dispatcher's `shared_unsettled`), told to the peers; a site that
-    left a shared group, or was forgotten, is told to `on_site_lost`."""
+    """`interest`: what this site's and the peers' subscribers hold, exchanged with the
+    peers by an `InterestExchange` made with `unsettled` and `on_site_lost` (see
+    there)."""
 
     def __init__(self, site: str, advertised: str, database: Database, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
@@ -119,12 +87,12 @@ class Relay:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self.interest = interest
         self._told = interest.peers  # what each peer told
-        self._unsettled = unsettled
-        self._on_site_lost = on_site_lost
         self._outboxes: dict[str, _Outbox] = {}
         self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
         self._replicas = [placement_of(shard)[0] for shard in range(len(database.shards))]
-        self._task: asyncio.Task[None] | None = None
+        self.exchange = InterestExchange(site, advertised, database, interest, placement_of,
+                                         peers_of, session, unsettled, on_site_lost,
+                                         self._forget)
         database.add_commit_listener(self.on_commit, of_applied=True)
 
     @classmethod
@@ -140,11 +108,11 @@ class Relay:
                    interest, unsettled, on_site_lost)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(supervise("relay-interest", self._interest_loop),
-                                         name="relay-interest")
+        self.exchange.start()
 
     async def close(self) -> None:
-        tasks = [self._task, *(outbox.task for outbox in self._outboxes.values())]
+        await self.exchange.close()
+        tasks = [outbox.task for outbox in self._outboxes.values()]
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -194,77 +162,18 @@ class Relay:
             if site != self.site and site not in replicas and filters:
                 self._tell_gap(site, shard_id)
 
+    def _forget(self, site: str) -> None:
+        """The exchange forgot `site`: nothing more is pushed to it."""
+        outbox = self._outboxes.pop(site, None)
+        if outbox is not None and outbox.task is not None:
+            outbox.task.cancel()
+
     def _tell_gap(self, site: str, shard_id: int) -> None:
         """Send `site` a gap on the shard with its next push (one without messages
         when none is queued)."""
         outbox = self._outbox_of(site)
         outbox.gaps.add(shard_id)
         outbox.wake.set()
-
-    # -- telling peers this site's interest -----------------------------------------------
-
-    async def _interest_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.interest.changed.wait(), INTEREST_INTERVAL)
-            if self.interest.changed.is_set():
-                await asyncio.sleep(INTEREST_DEBOUNCE)
-                self.interest.changed.clear()
-            self._forget_silent_sites()
-            filters = self.interest.filters
-            unsettled = self.interest.stop_positions(self._unsettled())
-            peers = {site: address for site, address in self._peers_of().items()
-                     if site != self.site}
-            await asyncio.gather(*(self._tell(site, address, filters, unsettled)
-                                   for site, address in peers.items()))
-
-    def _forget_silent_sites(self) -> None:
-        now = time.monotonic()
-        for gone in self._told.expire(now):
-            log.info("%s told this site nothing for %.0fs: its interest is forgotten, "
-                     "nothing more is pushed to it", gone.site, INTEREST_EXPIRY)
-            outbox = self._outboxes.pop(gone.site, None)
-            if outbox is not None and outbox.task is not None:
-                outbox.task.cancel()
-            until = [now_us()] * len(self.database.shards)
-            for share_filter in sorted(gone.filters):
-                if not share_filter.startswith(SHARE_PREFIX):
-                    continue
-                # every telling gives these (`_take_interest` checks it)
-                self._on_site_lost(
-                    gone.site, frozenset({share_filter}),
-                    {share_filter: gone.joined[share_filter]},
-                    gone.unsettled[share_filter], until)
-
-    async def _tell(self, site: str, address: str, filters: frozenset[str],
-                    unsettled: dict[str, list[int]]) -> None:
-        url = f"http://{address}/peer/v1/interest"
-        recently = time.monotonic() - LEFT_TOLD_FOR
-        body = json.dumps({
-            "site": self.site, "peer": self.advertised, "filters": sorted(filters),
-            "joined": {f: self.interest.joined[f] for f in filters if f in self.interest.joined},
-            "left": {f: stopped for f, (stopped, at) in self.interest.left.items()
-                     if at > recently},
-            "unsettled": unsettled,
-        })
-        try:
-            async with self._session.put(url, data=body, timeout=_INTEREST_TIMEOUT,
-                                         headers={"Content-Type": "application/json"}
-                                         ) as response:
-                answer = await response.read()
-                if response.status != 200:
-                    log.debug("%s refused this site's interest (%d): %r", site,
-                              response.status, answer[:200])
-                    return
-                had = bool(json.loads(answer).get("had"))
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
-            log.debug("%s did not take this site's interest: %r", site, exc)
-            return
-        if not had and filters:
-            # messages it committed before it knew these filters were not pushed
-            for shard_id in range(len(self.database.shards)):
-                if self._placement_of(shard_id)[1] == site:
-                    self.database.feed_gap(shard_id)
 
     # -- pushing, as a shard's leader ---------------------------------------------------
 
@@ -354,57 +263,8 @@ class Relay:
     # -- the peer port ------------------------------------------------------------------
 
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_put("/peer/v1/interest", self._take_interest)
+        self.exchange.add_routes(app)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/feed", self._take_push)
-
-    async def _take_interest(self, http: web.Request) -> web.Response:
-        try:
-            document = json.loads(await http.read())
-            site = document["site"]
-            peer = document["peer"]
-            filters = frozenset(document["filters"])
-            joined = document["joined"]
-            left = document["left"]
-            unsettled = document["unsettled"]
-            if not isinstance(site, str) or not isinstance(peer, str) \
-                    or not all(isinstance(f, str) for f in filters):
-                raise TypeError("site, peer and filters are strings")
-            if not isinstance(joined, dict) or not all(
-                    isinstance(at, int) for at in joined.values()):
-                raise TypeError("joined maps filters to timestamps")
-            shards = len(self.database.shards)
-            for name, positions in (("left", left), ("unsettled", unsettled)):
-                if not isinstance(positions, dict) or not all(
-                        isinstance(stopped, list) and len(stopped) == shards
-                        and all(isinstance(at, int) for at in stopped)
-                        for stopped in positions.values()):
-                    raise TypeError(f"{name} maps filters to a timestamp per shard "
-                                    f"({shards} shards)")
-            if any(f.startswith(SHARE_PREFIX) and f not in unsettled for f in filters):
-                raise TypeError("unsettled names every shared filter told")
-        except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": "bad_request", "message": str(exc)},
-                                     status=400)
-        before = self._told.joined_of(site)
-        had = self._told.take(site, peer, filters, time.monotonic(), joined, unsettled)
-        after = self._told.joined_of(site)
-        for share_filter, at in sorted(before.items()):
-            if after.get(share_filter) != at:  # it left (and maybe joined again since)
-                self._site_left(site, share_filter, at, left.get(share_filter))
-        return web.json_response({"had": had})
-
-    def _site_left(self, site: str, share_filter: str, joined: int,
-                   stopped: list[int] | None) -> None:
-        """`site` has no members of a shared group any more: the messages it was
-        chosen for from where its members stopped (per shard, as the site told in
-        `left`; when it told nothing, restarted since it joined, SHARED_FEED_LAG
-        before now) up to what this site was fed of each shard are read from storage
-        and delivered by the sites left (later ones pick among them)."""
-        until = self.database.fed_through()
-        if stopped is None:
-            stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
-        self._on_site_lost(site, frozenset({share_filter}), {share_filter: joined}, stopped,
-                           until)
 
     async def _take_push(self, http: web.Request) -> web.Response:
         try:
