@@ -133,10 +133,10 @@ async def start_site(config: Config) -> RunningSite:
     return site
 
 
-async def start_replication(config: Config, storage: DurableStorage) -> SiteReplication:
-    """The peer port and a shard log per shard of `messages`, `sessions` and
-    `retained`; from now on their writes are committed by a majority of each shard's
-    replicas."""
+async def open_replication(config: Config, storage: DurableStorage) -> SiteReplication:
+    """A shard log per shard of `messages`, `sessions` and `retained`; from now on
+    their writes are committed by a majority of each shard's replicas. The peer port
+    listens once the broker's relay is added (`SiteReplication.listen`)."""
     cluster = config.cluster
     messages = storage.db(MESSAGES_DB)
     # the key-value databases have the shards of `messages`: a client's session and
@@ -149,7 +149,7 @@ async def start_replication(config: Config, storage: DurableStorage) -> SiteRepl
                                config.durable_sessions.heartbeat_interval,
                                cluster.log_retain_entries, cluster.checkpoint_rate,
                                cluster.zone)
-    return await SiteReplication.start([messages, *kv], storage.data_dir, storage.site_id,
+    return await SiteReplication.open([messages, *kv], storage.data_dir, storage.site_id,
                                        cluster.peer_bind, cluster.advertised_peer(), settings,
                                        messages.executor)
 
@@ -160,12 +160,12 @@ async def _start_parts(config: Config) -> RunningSite:
     replication = None
     if config.cluster.enable:
         try:
-            replication = await start_replication(config, storage)
+            replication = await open_replication(config, storage)
         except BaseException:
             await storage.close()
             raise
     sessions = config.durable_sessions
-    broker = await Broker.start(
+    broker = await Broker.assemble(
         storage, messages, config.durable_storage.messages.n_shards,
         config.durable_storage.messages.sync_writes,
         SessionLimits(max_queued=config.mqtt.max_queued_messages, batch_size=sessions.batch_size,
@@ -174,6 +174,15 @@ async def _start_parts(config: Config) -> RunningSite:
                      session_gc_interval=sessions.session_gc_interval,
                      durable_sessions=sessions.enable),
         replication, config.cluster.write_timeout)
+    if replication is not None:
+        if broker.relay is not None:
+            replication.add_service(broker.relay)
+        try:
+            await replication.listen()
+        except BaseException:
+            await storage.close()
+            raise
+    await broker.start()
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
     connections: set[Channel] = set()

@@ -2,7 +2,7 @@
 
 A trie over filter levels, so matching a topic costs its depth, not the number of
 subscriptions. Pure: the broker's dispatcher calls it from the commit feed, and a
-shard leader (`ds/replication/interest.py`) with the filters each site said it
+shard leader (`routing/interest.py`) with the filters each site said it
 holds."""
 
 from __future__ import annotations

@@ -288,7 +288,11 @@ class AdminServer:
     async def _replication_status(self, _request: web.Request) -> web.Response:
         """This site's shard replicas: role, epoch, log end, committed and applied
         offsets. Also the controller's heartbeat probe."""
-        return web.json_response(self._replication().status())
+        status = self._replication().status()
+        relay = self._running().broker.relay
+        if relay is not None:
+            status.update(relay.status())
+        return web.json_response(status)
 
     async def _held_placement(self, _request: web.Request) -> web.Response:
         """The placement this site keeps (`null` before the first push), the peers'

@@ -3,31 +3,26 @@ with a subscription that matches it (the session merges overlapping subscription
 into one delivery), and to one member of each matching shared group that the ACL
 lets receive it. A shared group whose members have no room in their queues for a
 message reads that stream from storage from the message on (a backlog, read by
-`shared_backlog.py`), as a transient session does: no QoS 1/2 message is dropped
+`shared/backlog.py`), as a transient session does: no QoS 1/2 message is dropped
 for a slow group. A group whose members are all away (disconnected, their sessions
 kept) is kept as where they stopped settling messages, and reads from there when
 one comes back: no QoS 1/2 message is dropped for an absent group either."""
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 
-from ..ds import CookedBatch, Iterator, Message, ShareMember, Stream, shared_site
+from ..ds import CookedBatch, Message, Stream
 from ..metrics import MESSAGES_DROPPED
 from ..session.model import Subscription
 from ..session.outbox import Delivery
 from ..session.session import Session
+from ..shared.backlog import SharedBacklog
+from ..shared.choice import SiteChoice
+from ..shared.groups import AbsentGroup, Backlog, SharedGroup
 from ..subscription_index import SubscriptionIndex
-
-
-def _message_key(message: Message) -> str:
-    """What the site that delivers a message to a shared group is chosen by."""
-    return f"{message.client_id}|{message.timestamp}"
-
 
 # A shard that fed this site nothing since it started: an absent group reads it from
 # this long before its last member went (a message stored just before may be fed
@@ -35,99 +30,19 @@ def _message_key(message: Message) -> str:
 AWAY_FEED_LAG_US = 5_000_000
 
 
-@dataclass(slots=True, eq=False)
-class Backlog:
-    """A group's share of one stream, read from storage instead of the live feed, from
-    `since` on: what its members had no room for, or what a feed gap may have lost."""
-
-    since: int
-    iterator: Iterator | None = None  # made on the first read
-    # The feed offered a message of the stream since the last read began: an empty
-    # read then does not mean caught up, the message may be newer than what it saw.
-    dirty: bool = True
-    # Read to the stream's end with nothing fed meanwhile: the live feed delivers
-    # again, passing over what storage gave already (up to `read_to`); the backlog
-    # goes at the first message after it.
-    caught_up: bool = False
-
-    @property
-    def read_to(self) -> int:
-        return self.iterator.last_timestamp if self.iterator is not None else self.since - 1
-
-
-@dataclass(slots=True, eq=False)
-class SharedGroup:
-    """`$share/{group}/{filter}`: each message goes to one member, round robin among
-    those with room in their queue (any member when none has)."""
-
-    name: str
-    topic_filter: str
-    members: list[tuple[Session, Subscription]] = field(default_factory=list)
-    # The client ids of members that disconnected and keep their session (and so
-    # their subscription): the group stays theirs while they are away.
-    away: set[str] = field(default_factory=set)
-    backlogs: dict[Stream, Backlog] = field(default_factory=dict)
-    # Deliveries a member lost (it left) that no other member had room for yet:
-    # at most what the members that left had queued and in flight.
-    held: deque[Delivery] = field(default_factory=deque)
-    _turn: itertools.count[int] = field(default_factory=itertools.count)
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}/{self.topic_filter}"
-
-    def pick(self, message: Message) -> tuple[Session, Subscription] | None:
-        candidates = [(session, subscription) for session, subscription in self.members
-                      if session.may_receive(subscription, message)]
-        if not candidates:
-            return None
-        with_room = [candidate for candidate in candidates if candidate[0].outbox.has_room]
-        choice = with_room or candidates
-        return choice[next(self._turn) % len(choice)]
-
-    def connected(self) -> bool:
-        return any(session.outlet is not None for session, _ in self.members)
-
-    def unsettled_from(self) -> dict[int, int]:
-        """Per shard, the first timestamp of a message not settled here (held, in a
-        backlog not read yet, or with a member: queued or not acknowledged): where
-        another site takes the group's share on from when it goes from here, or when
-        this site dies."""
-        unsettled = [(stream.shard, backlog.read_to + 1)
-                     for stream, backlog in self.backlogs.items() if not backlog.caught_up]
-        unsettled += [(delivery.stream.shard, delivery.message.timestamp)
-                      for delivery in self.held if delivery.stream is not None]
-        unsettled += [item for session, _subscription in self.members
-                      for item in session.shared_unsettled(self.key).items()]
-        first: dict[int, int] = {}
-        for shard, timestamp in unsettled:
-            first[shard] = min(first.get(shard, timestamp), timestamp)
-        return first
-
-
-@dataclass(slots=True)
-class AbsentGroup:
-    """A group whose last member here went away (keeping its session) while no other
-    site had members of it: per shard, the first timestamp its members had not
-    settled (or the first after what this site was fed), and who keeps it."""
-
-    since: dict[int, int]
-    away: set[str]
-
-
 class Dispatcher:
     """`on_interest` is told the filters routed here whenever they change (other
     sites push what matches them), with, for each `$share/...` filter whose group just
     went from here, per shard the first timestamp its members did not settle. On a
-    cluster: `site` is this site, `members_with` tells the sites holding a
-    `$share/...` filter with when each joined (this site too when it does), for
-    choosing the one site that delivers a message to a shared group, and
-    `fed_through` per shard the last timestamp fed here. All default to a site alone."""
+    cluster: `choice` picks the one site that delivers a message to a shared group, and
+    `fed_through` tells per shard the last timestamp fed here. All default to a site
+    alone. `backlog` reads a group's share from storage when the live feed cannot
+    deliver it (none: nothing is read, as in tests of the feed alone)."""
 
-    def __init__(self, *, site: str = "",
+    def __init__(self, *, choice: SiteChoice | None = None,
+                 backlog: SharedBacklog | None = None,
                  on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], None]
                  | None = None,
-                 members_with: Callable[[str], Sequence[ShareMember]] | None = None,
                  fed_through: Callable[[], list[int]] | None = None) -> None:
         self._index: SubscriptionIndex[tuple[Session, str] | SharedGroup] = SubscriptionIndex()
         self._groups: dict[str, SharedGroup] = {}
@@ -135,14 +50,11 @@ class Dispatcher:
         # subscriptions hold each: other sites push what matches them.
         self._filters: Counter[str] = Counter()
         self._on_interest = on_interest
-        self.site = site
-        self._members_with = members_with
-        # Told when a group has a backlog to read (shared_backlog.py reads it).
-        self.on_backlog: Callable[[SharedGroup], None] | None = None
-        # Groups whose members are all away, by key; told when one comes back, with
-        # where per shard it reads from (shared_backlog.py).
+        self._choice = choice if choice is not None else SiteChoice()
+        self._backlog = backlog
+        # Groups whose members are all away, by key; when one comes back, it reads
+        # from where per shard they stopped (`SharedBacklog.on_back`).
         self._absent: dict[str, AbsentGroup] = {}
-        self.on_back: Callable[[SharedGroup, dict[int, int]], None] | None = None
         self._fed_through = fed_through
 
     def _hold(self, topic_filter: str, change: int,
@@ -177,44 +89,31 @@ class Dispatcher:
             if message.timestamp <= backlog.read_to:
                 return  # storage gave it (a push that came late)
             del group.backlogs[stream]
-        if not self.delivers_here(group, message):
+        if not self._choice.delivers_here(group, message):
             return
-        if not self.deliver_shared(group, message, stream, needs_room=message.qos > 0):
+        if not group.deliver(message, stream, needs_room=message.qos > 0):
             group.backlogs[stream] = Backlog(message.timestamp)
             self._tell_backlog(group)
 
-    def add_backlog(self, group: SharedGroup, stream: Stream, since: int) -> None:
-        """Read the group's share of the stream from storage from `since` on (a feed
-        gap: the site may have missed messages from there; a member back: the group
-        stopped settling there). A backlog that began later reads again from `since`."""
-        backlog = group.backlogs.get(stream)
-        if backlog is None or since < backlog.since:
-            group.backlogs[stream] = Backlog(since)
-        else:  # what it read is delivered; it reads on from there
-            backlog.caught_up = False
-            backlog.dirty = True
-        self._tell_backlog(group)
-
     def _tell_backlog(self, group: SharedGroup) -> None:
-        if self.on_backlog is not None:
-            self.on_backlog(group)
+        if self._backlog is not None:
+            self._backlog.start(group)
+
+    def _tell_back(self, group: SharedGroup, since: dict[int, int]) -> None:
+        if self._backlog is not None:
+            self._backlog.on_back(group, since)
+
+    def on_feed_gap(self, shard: int, since: int) -> None:
+        """The site may have missed the shard's messages from `since` on (a database's
+        feed gap listener): every group reads its streams of the shard from there."""
+        if self._backlog is not None:
+            for group in self.groups:
+                self._backlog.on_feed_gap(group, shard, since)
 
     @property
     def groups(self) -> list[SharedGroup]:
         """The shared groups with members here."""
         return list(self._groups.values())
-
-    def delivers_here(self, group: SharedGroup, message: Message) -> bool:
-        """Whether this site delivers the message to the group: of the sites with
-        members of the group (each site tells the others its filters, and when it
-        joined), every site picks the same one for a message (docs/replication.md,
-        "Shared subscriptions across sites": shared subscriptions work cluster-wide, one
-        delivery per group)."""
-        members = self.members_of(group)
-        if len(members) <= 1:
-            return True
-        return shared_site(group.key, _message_key(message), members,
-                           message.timestamp) == self.site
 
     def positions_to_keep(self, group_keys: Collection[str] | None = None
                           ) -> dict[str, AbsentGroup]:
@@ -259,8 +158,7 @@ class Dispatcher:
         for key, absent in groups.items():
             group = self._groups.get(key)
             if group is not None:
-                if self.on_back is not None:
-                    self.on_back(group, absent.since)
+                self._tell_back(group, absent.since)
                 continue
             kept = self._absent.setdefault(key, AbsentGroup({}, set()))
             for shard, at in absent.since.items():
@@ -272,12 +170,6 @@ class Dispatcher:
         """The groups whose members are all away, by key (a copy)."""
         return dict(self._absent)
 
-    def members_of(self, group: SharedGroup) -> Sequence[ShareMember]:
-        """The sites with members of the group, this one included."""
-        if self._members_with is None:
-            return [(self.site, 0)]
-        return self._members_with(f"$share/{group.key}")
-
     def shared_unsettled(self) -> dict[str, dict[int, int]]:
         """For each `$share/group/filter` with members here, where per shard its
         messages stop being settled here (`SharedGroup.unsettled_from`)."""
@@ -287,42 +179,6 @@ class Dispatcher:
         """The group of a `$share/group/filter` with members here."""
         return self._groups.get(share_filter.removeprefix("$share/"))
 
-    def holds(self, group: SharedGroup) -> bool:
-        """Whether the group still has members here (a group that went, and maybe
-        came back as a new one, takes its backlogs and held deliveries along)."""
-        return self._groups.get(group.key) is group
-
-    def takes_lost_share(self, group: SharedGroup, message: Message,
-                         lost: ShareMember) -> bool:
-        """Whether this site delivers, from storage, a message of a site that left
-        the group or was forgotten (see shared_replay.py): the lost site was chosen
-        for it, and this site is chosen now. Since the choice is a rendezvous hash,
-        no message moves between the sites left, so exactly one of them takes it."""
-        members = [member for member in self.members_of(group) if member[0] != lost[0]]
-        before = shared_site(group.key, _message_key(message), [*members, lost],
-                             message.timestamp)
-        return before == lost[0] and self.delivers_here(group, message)
-
-    def deliver_shared(self, group: SharedGroup, message: Message, stream: Stream | None,
-                       *, needs_room: bool = False) -> bool:
-        """Offer the message to one member. With `needs_room`, only to one with room
-        in its queue: False when none has, or no member is connected (nothing
-        offered)."""
-        if needs_room and not group.connected():
-            return False
-        picked = group.pick(message)
-        if picked is None:
-            MESSAGES_DROPPED.labels("no_shared_member").inc()
-            return True
-        session, subscription = picked
-        if needs_room and not session.outbox.has_room:
-            return False  # picked first when it has room: no member has
-        delivery = Delivery(message, min(message.qos, subscription.qos), False,
-                            (subscription.identifier,) if subscription.identifier else (),
-                            share_group=group.key, stream=stream)
-        session.offer(delivery)
-        return True
-
     def on_shared_loss(self, delivery: Delivery) -> None:
         """A member lost a shared delivery (it disconnected): another one with room
         gets it; with none connected or with room, the group holds it until one has
@@ -331,8 +187,7 @@ class Dispatcher:
         if group is None or delivery.qos == 0:
             MESSAGES_DROPPED.labels("shared_member_left").inc()
             return
-        if not self.deliver_shared(group, delivery.message, delivery.stream,
-                                   needs_room=True):
+        if not group.deliver(delivery.message, delivery.stream, needs_room=True):
             group.held.append(delivery)
             self._tell_backlog(group)
 
@@ -351,8 +206,7 @@ class Dispatcher:
             absent = self._absent.pop(group_key, None)
             if absent is not None:
                 group.away = absent.away
-                if self.on_back is not None:
-                    self.on_back(group, absent.since)
+                self._tell_back(group, absent.since)
         group.away.discard(session.client_id)
         group.members = [m for m in group.members if m[0] is not session]
         group.members.append((session, subscription))
@@ -378,10 +232,11 @@ class Dispatcher:
             group.away.discard(session.client_id)
         if not group.members:
             unsettled = group.unsettled_from()
-            if group.away and len(self.members_of(group)) <= 1:
+            if group.away and len(self._choice.members_of(group)) <= 1:
                 self._absent[group_key] = AbsentGroup(self._stopped_at(unsettled),
                                                       group.away)
             del self._groups[group_key]
+            group.gone = True
             self._index.remove(subscription.topic_filter, group)
             self._hold(f"$share/{group_key}", -1, unsettled)
 

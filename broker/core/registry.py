@@ -22,8 +22,9 @@ from ..mqtt.reason_codes import ReasonCode
 from ..session.model import NEVER_EXPIRES, SessionRecord
 from ..session.session import Session
 from ..session.store import SessionStore
+from ..shared.groups import AbsentGroup
 from ..supervise import RESTART_PAUSE, note_task_failure, supervise
-from .dispatch import AbsentGroup, Dispatcher
+from .dispatch import Dispatcher
 from .ownership import NotOwnerError, Ownership
 from .publish import Publisher
 

@@ -21,10 +21,12 @@ from .message import (
     peek_topic,
 )
 from .options import DbOptions
-from .replication.interest import ShareMember, shared_site
+from .replication.remote import RemoteReads
 from .replication.replica_context import ReplicaSettings
-from .replication.site_replication import SiteReplication
+from .replication.site_replication import PeerService, SiteReplication
 from .retention import RetentionRules
+from .rocks import blob, read_blob
+from .shard import now_us
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 
@@ -48,25 +50,28 @@ __all__ = [
     "Message",
     "MessageProperties",
     "NextResult",
+    "PeerService",
     "PreDropListener",
     "Rank",
+    "RemoteReads",
     "ReplicaSettings",
     "RetentionRules",
     "ShardDescription",
     "ShardDigest",
     "ShardSnapshot",
-    "ShareMember",
     "SiteReplication",
     "Snapshot",
     "Stream",
     "apply_gc_plan",
+    "blob",
     "create_checkpoint",
     "decode_message",
     "describe",
     "digest_shard",
     "encode_message",
+    "now_us",
     "peek_timestamp",
     "peek_topic",
+    "read_blob",
     "shard_of",
-    "shared_site",
 ]

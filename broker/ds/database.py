@@ -12,7 +12,7 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from functools import partial
 from pathlib import Path
@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..files import write_atomically
 from ..metrics import Tally
-from ..topic import SHARE_PREFIX, check_topic, levels_match, validate_filter
+from ..topic import check_topic, levels_match, validate_filter
 from . import metrics
 from .buffer import CommitListener, WriteBuffer
 from .cooked import CookedBatch
@@ -139,13 +139,6 @@ class RemoteShards(Protocol):
 
 
 FeedGapListener = Callable[[int, int], None]
-# (site, the `$share/...` filters it left, when it had joined each, and per shard:
-# since, until, storage timestamps, µs)
-SharedSiteLostListener = Callable[[str, frozenset[str], Mapping[str, int], Sequence[int],
-                                   Sequence[int]], None]
-# (this site's filters, and for each `$share/...` filter it just left: per shard, the
-# first timestamp its members there did not settle)
-InterestListener = Callable[[frozenset[str], dict[str, list[int]]], None]
 
 
 def shard_of(client_id: str, n_shards: int) -> int:
@@ -227,11 +220,6 @@ class Database:
         # are strictly increasing per shard).
         self._last_fed = [0] * len(shards)
         self._gap_listeners: list[FeedGapListener] = []
-        self._interest: frozenset[str] = frozenset()
-        self._interest_listeners: list[InterestListener] = []
-        self._members_with: Callable[[str], list[tuple[str, int]]] | None = None
-        self._shared_unsettled: Callable[[], Mapping[str, Mapping[int, int]]] | None = None
-        self._shared_lost_listeners: list[SharedSiteLostListener] = []
         self._update_generation_gauges()
         for shard in shards:
             metrics.LTS_BYTES.labels(name, str(shard.shard_id)).set_function(
@@ -636,81 +624,9 @@ class Database:
             except Exception:  # a listener's bug must not stop the feed
                 log.exception("feed gap listener failed on %s/%d", self.name, shard_id)
 
-    # -- interest: the topic filters this site's subscribers hold ------------------
-
-    @property
-    def interest(self) -> frozenset[str]:
-        return self._interest
-
-    def set_interest(self, filters: frozenset[str],
-                     left_from: Mapping[str, Mapping[int, int]] | None = None) -> None:
-        """The topic filters this site has subscribers for (shared ones as
-        `$share/group/filter`): what other sites' leaders push here. For a shared
-        group that just went from here, `left_from` may say per shard where its
-        members stopped settling messages (a backlog not read): another site takes
-        the group's share on from there, or from what this site was fed."""
-        if filters == self._interest:
-            return
-        left = {topic_filter: self._stopped_at((left_from or {}).get(topic_filter, {}))
-                for topic_filter in self._interest - filters
-                if topic_filter.startswith(SHARE_PREFIX)}
-        self._interest = filters
-        for listener in self._interest_listeners:
-            listener(filters, left)
-
-    def _stopped_at(self, unsettled: Mapping[int, int]) -> list[int]:
-        """Per shard, where a shared group's members here stopped settling messages:
-        the first one unsettled, or the first after what this site was fed."""
-        return [min(unsettled.get(shard, fed + 1), fed + 1)
-                for shard, fed in enumerate(self._last_fed)]
-
-    def attach_shared_unsettled(
-            self, unsettled: Callable[[], Mapping[str, Mapping[int, int]]]) -> None:
-        """Where the shared groups with members here stop being settled per shard
-        (the dispatcher's `shared_unsettled`)."""
-        self._shared_unsettled = unsettled
-
-    def shared_stop_positions(self) -> dict[str, list[int]]:
-        """For each `$share/...` filter held here, per shard, where its members here
-        stopped settling messages (`_stopped_at`): told to the other sites all along,
-        so that when this site dies they deliver its share from there."""
-        unsettled = {} if self._shared_unsettled is None else self._shared_unsettled()
-        return {topic_filter: self._stopped_at(unsettled.get(topic_filter, {}))
-                for topic_filter in self._interest if topic_filter.startswith(SHARE_PREFIX)}
-
-    def add_interest_listener(self, listener: InterestListener) -> None:
-        self._interest_listeners.append(listener)
-
     def fed_through(self) -> list[int]:
         """Per shard, the last timestamp fed to the commit listeners here."""
         return list(self._last_fed)
-
-    def members_with(self, share_filter: str) -> list[tuple[str, int]]:
-        """The sites whose subscribers hold a `$share/...` filter, with when each
-        joined (as told over the peer port; this site's own interest included): only
-        this site without a cluster."""
-        if self._members_with is None:
-            return [(self.site_id, 0)] if share_filter in self._interest else []
-        return self._members_with(share_filter)
-
-    def attach_interest_directory(
-            self, members_with: Callable[[str], list[tuple[str, int]]]) -> None:
-        self._members_with = members_with
-
-    def add_shared_site_lost_listener(self, listener: SharedSiteLostListener) -> None:
-        """Call `listener(site, share_filters, joined, since, until)` when a site that
-        held members of shared groups left them or was forgotten: per shard, from
-        `since` to `until` its share of their messages reached no member."""
-        self._shared_lost_listeners.append(listener)
-
-    def shared_site_lost(self, site: str, share_filters: frozenset[str],
-                         joined: Mapping[str, int], since: Sequence[int],
-                         until: Sequence[int]) -> None:
-        for listener in self._shared_lost_listeners:
-            try:
-                listener(site, share_filters, joined, since, until)
-            except Exception:  # a listener's bug must not stop the feed
-                log.exception("shared site lost listener failed on %s", self.name)
 
     # -- reads of shards held elsewhere -------------------------------------------
 

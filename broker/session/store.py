@@ -216,7 +216,7 @@ class SessionStore:
         return [key[len(_SESSION_KEY):].decode("utf-8", "replace")
                 for key, _raw in await self._sessions_db.scan(_SESSION_KEY)]
 
-    # -- shared groups' positions (core/shared_positions.py) -----------------------
+    # -- shared groups' positions (shared/positions.py) -----------------------
     # Not fenced: each site writes its own record of a group, and only its own.
 
     async def save_group(self, group_key: str, site: str, value: bytes) -> None:

@@ -41,8 +41,9 @@ def test_session_gc_goes_on_after_a_pass_that_raises(tmp_path: Path) -> None:
         sessions_db = await storage.open_kv_db("sessions", 2)
         # not JSON: decoding it makes the GC pass raise
         await sessions_db.write("corrupt", puts=[(b"s/corrupt", b"\xffnot a record")])
-        broker = await Broker.start(storage, messages, 2, False,
+        broker = await Broker.assemble(storage, messages, 2, False,
                                     SessionLimits(session_gc_interval=0.1))
+        await broker.start()
         try:
             async def failed() -> bool:
                 return failures("session-gc") > before

@@ -28,7 +28,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from stratamq.broker.ds.database import shard_of
-from stratamq.broker.ds.replication.feed import INTEREST_EXPIRY, SHARED_FEED_LAG
+from stratamq.broker.routing.exchange import SHARED_FEED_LAG
+from stratamq.broker.routing.site_interest import INTEREST_EXPIRY
 from tests.support.clients import PahoClient, paho_properties
 from tests.support.cluster import Cluster
 from tests.support.history import History, runs_of

@@ -363,7 +363,7 @@ def leave_site0(cluster: Cluster, member: PahoClient, left_site: str) -> None:
     """The member on site 0 goes: it disconnects, or site 0 is killed with -9 and the
     cluster gets over it (new leaders everywhere, and site 1 no longer counts site 0's
     member: there is nobody left to take what site 0 had not settled
-    (shared_replay.py) when the member comes back)."""
+    (shared/replay.py) when the member comes back)."""
     if left_site == "running":
         member.disconnect()
     else:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from stratamq.broker.core.shared_positions import SAVE_INTERVAL
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
+from stratamq.broker.shared.positions import SAVE_INTERVAL
 from tests.support.clients import (
     TIMEOUT,
     PahoClient,

@@ -47,7 +47,8 @@ def test_per_client_state_is_freed_when_clients_are_gone(tmp_path: Path) -> None
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
         messages = await storage.open_db("messages", DbOptions(n_shards=2))
-        broker = await Broker.start(storage, messages, 2, False, SessionLimits())
+        broker = await Broker.assemble(storage, messages, 2, False, SessionLimits())
+        await broker.start()
         try:
             before = broker.registry.held_state()
             # transient sessions, all at once
@@ -90,8 +91,9 @@ def test_collecting_expired_sessions_spares_clients_that_reconnect_meanwhile(
             await store.save(SessionRecord(
                 f"gc-{n}", expiry_interval=10,
                 disconnected_at=now - 100 if n % 2 else None))
-        broker = await Broker.start(storage, messages, 2, False,
+        broker = await Broker.assemble(storage, messages, 2, False,
                                     SessionLimits(session_gc_interval=3600))
+        await broker.start()
         try:
             connections = [Connection(broker, f"gc-{n}") for n in range(CLIENTS)]
 

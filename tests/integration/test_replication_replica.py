@@ -40,6 +40,8 @@ from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.shard import now_us
 from stratamq.broker.errors import GcPlanRefusedError, StorageError
+from stratamq.broker.routing.relay import Relay
+from stratamq.broker.routing.site_interest import SiteInterest
 from stratamq.broker.session.store import SessionStore
 from tests.support.harness import HOST, free_port
 from tests.support.storage import read_filter
@@ -52,6 +54,7 @@ class Site:
     storage: DurableStorage
     database: Database
     replication: SiteReplication
+    relay: Relay
     address: str
 
     @property
@@ -66,11 +69,16 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
     # max_items=1: each write is a flush of its own, so a test knows what is in flight
     database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
     address = f"{HOST}:{free_port()}"
-    replication = await SiteReplication.start(
+    replication = await SiteReplication.open(
         [database], storage.data_dir, storage.site_id, address, address,
         ReplicaSettings(storage.site_id, write_timeout, 0.2, log_retain_entries,
                         checkpoint_rate), database.executor)
-    return Site(storage, database, replication, address)
+    # no shared groups here: nothing unsettled, no share of a lost site to deliver
+    relay = Relay.of(replication, SiteInterest(storage.site_id, database.fed_through),
+                     lambda: {}, lambda *_lost: None)
+    replication.add_service(relay)
+    await replication.listen()
+    return Site(storage, database, replication, relay, address)
 
 
 async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
@@ -393,7 +401,7 @@ def test_a_site_that_left_the_replica_set_reads_what_the_new_leader_took_over(
         # what a session on s does at a gap: read its streams from storage again
         s.database.add_feed_gap_listener(
             lambda _shard, _since: reads.append(asyncio.ensure_future(read_at_s())))
-        s.database.set_interest(frozenset({"t"}))
+        s.relay.interest.set_here(frozenset({"t"}))
         try:
             for site in (a, b, c, d, s):
                 await offer(site, 1, before, a.id, 1, peers)
@@ -404,7 +412,7 @@ def test_a_site_that_left_the_replica_set_reads_what_the_new_leader_took_over(
             c_replica = c.replication.databases["messages"].replicas[0]
             await until("c applied m1", lambda: c_replica.applied >= leading.log.committed)
             await until("c knows s's subscriber",
-                        lambda: s.id in c.replication.feed.interest_of())
+                        lambda: s.id in c.relay.interest.interest_of())
             cut_off = {site.id: f"{HOST}:{free_port()}" for site in (a, b, c, d, s)}
             # a hears neither c nor s (whose refusal of epoch 1 would make it step down)
             await offer(a, 2, before, a.id, 1, {**peers, c.id: cut_off[c.id],
@@ -443,14 +451,14 @@ def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
         a, b, c, s = [await start_site(tmp_path / name) for name in "abcs"]
         replicas = tuple(sorted(site.id for site in (a, b, c)))
         peers, cut_off = addresses((a, b, c, s))
-        s.database.set_interest(frozenset({"t"}))
+        s.relay.interest.set_here(frozenset({"t"}))
         try:
             for site in (a, b, c, s):
                 await offer(site, 1, replicas, a.id, 1, peers)
             leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
             await until("a knows s's subscriber",
-                        lambda: s.id in a.replication.feed.interest_of())
+                        lambda: s.id in a.relay.interest.interest_of())
             await commit(a, b"m1")
             b_replica = replica_of(b)
             await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
@@ -529,14 +537,14 @@ def test_a_push_refused_as_a_replica_still_bounds_where_the_site_reads(
         before = tuple(sorted(site.id for site in (a, b, c, s)))
         after = tuple(sorted(site.id for site in (a, b, c)))
         peers, cut_off = addresses((a, b, c, s))
-        s.database.set_interest(frozenset({"t"}))
+        s.relay.interest.set_here(frozenset({"t"}))
         try:
             for site in (a, b, c, s):
                 await offer(site, 1, before, a.id, 1, peers)
             leading = replica_of(a)
             await until("a leads", lambda: leading.leadership is not None)
             await until("a knows s's subscriber",
-                        lambda: s.id in a.replication.feed.interest_of())
+                        lambda: s.id in a.relay.interest.interest_of())
             # A new replica reads the shard elsewhere until its read barrier at the
             # leader passed (RemoteReads._catch_up), and what it applies meanwhile is
             # not fed (its readers go to storage at the switch): m1 is fed here only

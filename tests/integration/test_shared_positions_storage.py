@@ -1,5 +1,5 @@
 """Where a site keeps its shared groups' positions: a record per group and site in the
-`sessions` database (core/shared_positions.py), real storage. A site finds its own
+`sessions` database (shared/positions.py), real storage. A site finds its own
 records again (not too old ones, not damaged ones, not others'); a group's record
 follows its positions and goes with the group; a client whose session another site
 owns now is not waited for; the site its session moved to takes the group along."""
@@ -13,14 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from stratamq.broker.core.broker import SESSIONS_DB
-from stratamq.broker.core.dispatch import AbsentGroup, Dispatcher
-from stratamq.broker.core.shared_positions import (
+from stratamq.broker.core.dispatch import Dispatcher
+from stratamq.broker.ds import DbOptions, DurableStorage
+from stratamq.broker.session.store import SessionStore
+from stratamq.broker.shared.groups import AbsentGroup
+from stratamq.broker.shared.positions import (
     SharedPositions,
     decode,
     encode,
 )
-from stratamq.broker.ds import DbOptions, DurableStorage
-from stratamq.broker.session.store import SessionStore
 from tests.support.storage import run
 
 KEEP_FOR = 3600.0

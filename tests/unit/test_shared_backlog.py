@@ -1,5 +1,5 @@
 """A shared group whose members have no room, or whose site's feed had a gap, reads
-its share from storage (core/shared_backlog.py, `Backlog` in core/dispatch.py): no
+its share from storage (shared/backlog.py, `Backlog` in shared/groups.py): no
 QoS 1/2 message is dropped for a slow group, none is lost to a gap, none comes twice.
 Driven through the dispatcher's commit feed against the in-memory fake storage and
 recording connections of test_session.py."""
@@ -10,10 +10,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from stratamq.broker.core.dispatch import Dispatcher
-from stratamq.broker.core.shared_backlog import SharedBacklog
-from stratamq.broker.ds import CookedBatch, Message, ShareMember, Stream
+from stratamq.broker.ds import CookedBatch, Message, Stream
+from stratamq.broker.routing.interest import ShareMember
 from stratamq.broker.session.model import Subscription
 from stratamq.broker.session.session import Session
+from stratamq.broker.shared.backlog import SharedBacklog
+from stratamq.broker.shared.choice import SiteChoice
 from tests.support.fake_storage import FakeDatabase, FakeStorage
 from tests.support.storage import run
 from tests.unit.test_session import (
@@ -35,9 +37,10 @@ def a_site(on_interest: Callable[[frozenset[str], dict[str, dict[int, int]]], No
            ) -> tuple[FakeStorage, FakeDatabase, Dispatcher, SharedBacklog]:
     """The fake storage with its messages database, a dispatcher, and its backlogs."""
     storage = FakeStorage()
-    dispatcher = Dispatcher(on_interest=on_interest, members_with=members_with)
-    return storage, storage.db(DB), dispatcher, SharedBacklog(storage, DB,
-                                                              dispatcher)
+    choice = SiteChoice("", members_with)
+    backlog = SharedBacklog(storage, DB, choice)
+    dispatcher = Dispatcher(choice=choice, backlog=backlog, on_interest=on_interest)
+    return storage, storage.db(DB), dispatcher, backlog
 
 
 def fed(dispatcher: Dispatcher, stream: Stream, message: Message) -> None:
@@ -140,7 +143,7 @@ def test_a_feed_gap_delivers_the_groups_missed_share_from_storage() -> None:
         fed(dispatcher, *last_fed)
         publish(db, dispatcher, [b"missed-1", b"missed-2"], feed=False)
         db.store("t/y", b"other-shard", qos=1, shard=1)
-        backlog.on_feed_gap(0, last_fed[1].timestamp + 1)
+        dispatcher.on_feed_gap(0, last_fed[1].timestamp + 1)
         await acknowledge_all([only], 4)
         assert received([only]) == [b"fed", b"fed-2", b"missed-1", b"missed-2"]
         await only[0].detach()

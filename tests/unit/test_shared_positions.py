@@ -1,13 +1,13 @@
-"""The record a site keeps of each shared group (core/shared_positions.py): what
+"""The record a site keeps of each shared group (shared/positions.py): what
 round-trips and what is refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from stratamq.broker.core.dispatch import AbsentGroup
-from stratamq.broker.core.shared_positions import decode, encode
 from stratamq.broker.errors import CorruptDataError
+from stratamq.broker.shared.groups import AbsentGroup
+from stratamq.broker.shared.positions import decode, encode
 
 GROUP = AbsentGroup({0: 17, 3: 1_700_000_000_000_000}, {"a", "b"})
 

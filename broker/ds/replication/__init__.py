@@ -8,10 +8,11 @@ the placement (`store`), each shard's log of cooked batches at (epoch, offset)
 (`wire`, `peer`), what a log entry holds (`entries`), one shard's role on a running
 site (`replica`) and its parts (`replica_context`: what they share; `takeover`;
 writes and forwarding in `writes`; the leader's `senders`; the `applier`; `reads`;
-checkpoint installs in `installer`), log trimming and replica bootstrap from checkpoints (`trim`,
-`bootstrap`), reads of shards held elsewhere (`remote`), the commit feed to sites
-without a replica (`feed`, `feed_wire`, `interest`) and a site's replication as a
-whole (`cluster`).
+checkpoint installs in `installer`), log trimming and replica bootstrap from
+checkpoints (`trim`, `bootstrap`), reads of shards held elsewhere (`remote`, its bytes
+in `remote_wire`) and a site's replication as a whole (`site_replication`). The relay
+to sites without a replica lives in `broker/routing`, a `PeerService` on the same peer
+port.
 The controller that pushes placements lives in `broker/controller`.
 """
 

@@ -16,8 +16,8 @@ set up to `largest_lead` past its time (set on a site whose clock runs ahead, th
 carry a later time though they came before the subscription's routes). The offsets
 are reported (`status`, the metric
 `stratamq_ds_peer_clock_offset_seconds`) and a warning logged once an offset passes
-`CLOCK_SKEW_WARNING` beyond its uncertainty: message timestamps, shared-subscription
-membership and retained-message times are wall clocks of the site that made them."""
+`CLOCK_SKEW_WARNING` beyond its uncertainty: message timestamps, and the broker's
+times compared with them, are wall clocks of the site that made them."""
 
 from __future__ import annotations
 
@@ -107,10 +107,10 @@ class ClockOffsets:
         if skewed and address not in self._warned:
             self._warned.add(address)
             log.warning("the clock of peer %s runs %.3fs %s of this site's (within %.3fs): "
-                        "message timestamps, shared-subscription membership and retained "
-                        "message times are each site's wall clock; synchronise the clocks "
-                        "(NTP)", address, abs(kept.offset),
-                        "ahead" if kept.offset > 0 else "behind", kept.uncertainty)
+                        "message timestamps, and the broker's times compared with them, "
+                        "are each site's wall clock; synchronise the clocks (NTP)", address,
+                        abs(kept.offset), "ahead" if kept.offset > 0 else "behind",
+                        kept.uncertainty)
         elif not skewed and address in self._warned:
             self._warned.discard(address)
             log.info("the clock of peer %s is within %.3fs of this site's again", address,

@@ -104,7 +104,8 @@ class PeerServer:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._listener: GuardedListener | None = None
         # more endpoints (checkpoints for bootstraps, reads of shards held here, the
-        # commit feed, the broker's requests between sites): each adds its routes
+        # services beside replication, the broker's requests between sites): each
+        # adds its routes
         self.extra_routes: list[Callable[[web.Application], None]] = []
 
     def add_route(self, method: str, path: str, handler: PeerHandler) -> None:

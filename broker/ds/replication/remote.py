@@ -26,8 +26,8 @@ from ..generation import GenerationInfo
 from ..iterator import EndOfStream, Iterator, Stream
 from ..lts import END, Trie
 from ..message import Message, decode_message, encode_message
-from .feed_wire import decode_generations, decode_next, encode_generations, encode_next
 from .peer import PeerError
+from .remote_wire import decode_generations, decode_next, encode_generations, encode_next
 
 log = logging.getLogger(__name__)
 

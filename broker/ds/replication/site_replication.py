@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -33,7 +33,6 @@ from .bootstrap import (
     serve_checkpoint,
 )
 from .clock import ClockOffsets
-from .feed import CommitFeed
 from .log import Position, ShardLog, StaleEpochError
 from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
 from .placement import Placement, check_site_id
@@ -51,6 +50,24 @@ FORGOTTEN_FILE = "forgotten.json"
 REPLICATION_DIR = "replication"
 
 T = TypeVar("T")
+
+
+class PeerService(Protocol):
+    """A part of the site beside storage replication that serves on the peer port
+    and follows the placement (the broker's relay, `broker/routing`): its routes
+    are added before the port listens, it hears of every placement taken and of
+    every shard of the first database this site begins to lead, it starts once the
+    port listens and closes before the connections to peers do."""
+
+    def add_routes(self, app: web.Application) -> None: ...
+
+    def placement_changed(self) -> None: ...
+
+    def began_leading(self, shard_id: int) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 def parse_peers(value: object) -> dict[str, str]:
@@ -154,8 +171,7 @@ class SiteReplication:
     def __init__(self, site: str, advertised: str, data_dir: Path, databases: list[Database],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
                  terms: TermStore, logs: dict[str, list[ShardLog]], peers: dict[str, str],
-                 forgotten: frozenset[str], local_addr: tuple[str, int] | None = None
-                 ) -> None:
+                 forgotten: frozenset[str], peer_bind: str) -> None:
         self.site = site
         self.advertised = advertised
         self._data_dir = data_dir
@@ -167,6 +183,7 @@ class SiteReplication:
         # sites the controller forgot for good: this site may adopt their sessions
         self.forgotten = forgotten
         self.stopping = False
+        self._peer_bind = peer_bind
         # set (and replaced) each time this site has taken a placement
         self._placement_taken = asyncio.Event()
         self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
@@ -178,7 +195,7 @@ class SiteReplication:
         # every peer's answer tells its clock: how far it is from this site's
         clocks = ClockOffsets()
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(local_addr=local_addr),
+            connector=aiohttp.TCPConnector(local_addr=source_address(peer_bind)),
             trace_configs=[clocks.trace_config()])
         self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0),
                                  clocks=clocks)
@@ -196,20 +213,28 @@ class SiteReplication:
         self._open = set(self.databases)
         self._take_lock = asyncio.Lock()
         # reads of the shards of the first database (`messages`, whose streams the
-        # subscribers read) held elsewhere, and its commit feed to and from them
+        # subscribers read) held elsewhere
         self.messages = self.databases[databases[0].name]
-        timeout = max(settings.write_timeout, 1.0)
+        # how long a request to a peer may take
+        self.peer_timeout = max(settings.write_timeout, 1.0)
         self.remote = RemoteReads(site, self.messages.database, self.messages.placement_of,
                                   lambda: self.peers, self._barrier_here, self._session,
-                                  timeout)
-        self.feed = CommitFeed(site, advertised, self.messages.database, self._leads,
-                               self.messages.placement_of, lambda: self.peers, self.remote,
-                               self._session, timeout)
-        for shard, replica in enumerate(self.messages.replicas):
-            replica.add_leading_listener(functools.partial(self.feed.began_leading, shard))
-        self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes,
-                                      self.feed.add_routes]
+                                  self.peer_timeout)
+        self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes]
         self.messages.database.attach_remote(self.remote)
+        self._services: list[PeerService] = []
+
+    @property
+    def peer_session(self) -> aiohttp.ClientSession:
+        """The client connections to the peers' peer ports (closed with this)."""
+        return self._session
+
+    def add_service(self, service: PeerService) -> None:
+        """Run `service` beside replication on the peer port (before `listen`)."""
+        self._services.append(service)
+        self._server.extra_routes.append(service.add_routes)
+        for shard, replica in enumerate(self.messages.replicas):
+            replica.add_leading_listener(functools.partial(service.began_leading, shard))
 
     def leaderships(self) -> list[str]:
         """The shards (`db/n`) this site leads, or is named to lead."""
@@ -258,13 +283,13 @@ class SiteReplication:
                 if replica.catching_up]
 
     @classmethod
-    async def start(cls, databases: list[Database], data_dir: Path, site: str,
-                    peer_bind: str, advertised: str, settings: ReplicaSettings,
-                    executor: Executor) -> SiteReplication:
-        """Open the shard logs and the kept placement, attach to each database, listen
-        on the peer port and take the roles the kept placement gives. The first
-        database is the one subscribers read streams of (`messages`): it gets the
-        remote reads and the commit feed to sites that hold no replica of a shard."""
+    async def open(cls, databases: list[Database], data_dir: Path, site: str,
+                   peer_bind: str, advertised: str, settings: ReplicaSettings,
+                   executor: Executor) -> SiteReplication:
+        """Open the shard logs and the kept placement and attach to each database;
+        `listen` then listens on the peer port. The first database is the one
+        subscribers read streams of (`messages`): it gets the remote reads of the
+        shards that this site holds no replica of."""
         loop = asyncio.get_running_loop()
         logs: dict[str, list[ShardLog]] = {}
         try:
@@ -301,22 +326,28 @@ class SiteReplication:
                     shard_log.close()
             raise
         replication = cls(site, advertised, data_dir, databases, executor, settings, store,
-                          terms, logs, peers, forgotten, source_address(peer_bind))
+                          terms, logs, peers, forgotten, peer_bind)
         for database in databases:
             database.attach_replication(replication.databases[database.name])
-        host, port = split_bind(peer_bind)
-        try:
-            with listening("cluster.peer_bind", peer_bind):
-                await replication._server.start(host, port)
-        except BaseException:
-            await replication.close()
-            raise
-        log.info("peer port listening on %s (advertised %s)", peer_bind, advertised)
-        if store.current is not None:
-            await replication._take(store.current)
-        replication.remote.start()
-        replication.feed.start()
         return replication
+
+    async def listen(self) -> None:
+        """Listen on the peer port, take the roles the kept placement gives, and start
+        the remote reads and the services added."""
+        host, port = split_bind(self._peer_bind)
+        try:
+            with listening("cluster.peer_bind", self._peer_bind):
+                await self._server.start(host, port)
+        except BaseException:
+            await self.close()
+            raise
+        log.info("peer port listening on %s (advertised %s)", self._peer_bind,
+                 self.advertised)
+        if self._store.current is not None:
+            await self._take(self._store.current)
+        self.remote.start()
+        for service in self._services:
+            service.start()
 
     # -- the admin API ------------------------------------------------------------
 
@@ -328,11 +359,6 @@ class SiteReplication:
                 # steps aside when it is not its own)
                 "controller_term": self._terms.current.to_json(),
                 "shards": [replica.status() for replica in self.replicas],
-                # the topic filters each peer said its subscribers hold
-                "interest": self.feed.interest_of(),
-                # when each site's membership of each shared group takes effect (a
-                # storage timestamp, µs), this site's own included
-                "shared_joined": self.feed.shared_joined_of(),
                 # the sites forgotten for good, whose sessions this site may adopt
                 "forgotten": sorted(self.forgotten),
                 # a graceful stop waits for the controller to move its leaderships
@@ -438,14 +464,16 @@ class SiteReplication:
                         log.warning("%s/%d: placement version %d is stale here: %s", name,
                                     shard_placement.shard, placement.version, exc.message)
         self.remote.placement_changed()
-        self.feed.placement_changed()
+        for service in self._services:
+            service.placement_changed()
         self._placement_taken.set()
         self._placement_taken = asyncio.Event()
 
     async def _barrier_here(self, shard: int) -> None:
         await self.messages.replicas[shard].read_barrier()
 
-    def _leads(self, shard: int) -> bool:
+    def leads(self, shard: int) -> bool:
+        """Whether this site leads the shard of the first database (`messages`)."""
         return self.messages.replicas[shard].leadership is not None
 
     # -- the peer port --------------------------------------------------------------
@@ -619,13 +647,15 @@ class SiteReplication:
         self._open.discard(replicated.database.name)
         if not self._open:
             await self._server.stop()
-            await self.feed.close()
+            for service in self._services:
+                await service.close()
             await self.remote.close()
             await self._session.close()
 
     async def close(self) -> None:
         """Stop serving the peer port, stop every replica's loops, close the logs."""
-        await self.feed.close()
+        for service in self._services:
+            await service.close()
         await self.remote.close()
         for replicated in list(self.databases.values()):
             if replicated.database.name in self._open:

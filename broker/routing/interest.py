@@ -16,8 +16,8 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ...subscription_index import SubscriptionIndex
-from ...topic import SHARE_PREFIX
+from ..subscription_index import SubscriptionIndex
+from ..topic import SHARE_PREFIX
 
 # How far ahead of its first member's SUBSCRIBE a site's membership of a shared group
 # takes effect: long enough for its telling to reach every other site (they tell

@@ -1,5 +1,5 @@
 """A shared group's backlogs: the streams whose share it reads from storage, not
-from the live feed (see `Backlog` in dispatch.py).
+from the live feed (see `Backlog` in groups.py).
 
 A group gets a backlog on a stream when none of its members has room in its queue
 for a QoS 1/2 message (a slow group), and on every stream of a shard when the site's
@@ -7,7 +7,7 @@ feed of that shard had a gap (a leader dropped pushes to this site, or changed).
 Deliveries a member lost when it left (queued, or in flight unacknowledged) that no
 other member has room for are held, and offered first.
 From there on the feed passes the stream's messages by, and this reads them, a
-batch at a time, and offers each one this site is chosen for (`delivers_here`) to a
+batch at a time, and offers each one this site is chosen for (`SiteChoice`) to a
 member with room, waiting for room as long as the group has members. Memory stays
 bounded: a position per stream and one batch.
 
@@ -16,7 +16,7 @@ live feed delivers again; a message storage gave already that the feed brings la
 is passed over. So the group gets each message once, in stream order.
 
 The positions live in memory only: a site that dies takes its groups' backlogs with
-it, and the sites left replay only its last moments (shared_replay.py)."""
+it, and the sites left replay only its last moments (replay.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..session.reader import MessageReader
 from ..supervise import RESTART_PAUSE, note_failure
-from .dispatch import Backlog, Dispatcher, SharedGroup
+from .choice import SiteChoice
+from .groups import Backlog, SharedGroup
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +38,37 @@ BATCH = 256
 ROOM_POLL = 0.05
 
 
-async def deliver_when_room(dispatcher: Dispatcher, group: SharedGroup, message: Message,
-                            stream: Stream) -> bool:
+async def deliver_when_room(group: SharedGroup, message: Message, stream: Stream) -> bool:
     """Offer a message read from storage (or held) to a member of the group with room,
     waiting for one; False when the group's last member here went meanwhile."""
-    while not dispatcher.deliver_shared(group, message, stream, needs_room=True):
+    while not group.deliver(message, stream, needs_room=True):
         await asyncio.sleep(ROOM_POLL)
-        if not dispatcher.holds(group):
+        if group.gone:
             return False
     return True
 
 
 class SharedBacklog:
-    def __init__(self, storage: MessageReader, db: str, dispatcher: Dispatcher) -> None:
+    """Reads the backlogs the dispatcher tells of (`start`), each message this site is
+    chosen for by `choice`."""
+
+    def __init__(self, storage: MessageReader, db: str, choice: SiteChoice) -> None:
         self._storage = storage
         self._db = db
-        self._dispatcher = dispatcher
+        self._choice = choice
         self._readers: dict[SharedGroup, asyncio.Task[None]] = {}
-        dispatcher.on_backlog = self._start_reader
-        dispatcher.on_back = self.on_back
+
+    def add(self, group: SharedGroup, stream: Stream, since: int) -> None:
+        """Read the group's share of the stream from storage from `since` on (a feed
+        gap: the site may have missed messages from there; a member back: the group
+        stopped settling there). A backlog that began later reads again from `since`."""
+        backlog = group.backlogs.get(stream)
+        if backlog is None or since < backlog.since:
+            group.backlogs[stream] = Backlog(since)
+        else:  # what it read is delivered; it reads on from there
+            backlog.caught_up = False
+            backlog.dirty = True
+        self.start(group)
 
     def on_back(self, group: SharedGroup, since: dict[int, int]) -> None:
         """A group whose members were all away has one again: it reads its streams
@@ -66,23 +79,21 @@ class SharedBacklog:
         for _rank, stream in self._storage.get_streams(self._db, group.topic_filter,
                                                        min(since.values())):
             if stream.shard in since:
-                self._dispatcher.add_backlog(group, stream, since[stream.shard])
+                self.add(group, stream, since[stream.shard])
 
-    def on_feed_gap(self, shard: int, since: int) -> None:
-        """The site may have missed the shard's messages from `since` on (a database's
-        feed gap listener): every group reads its streams of the shard from there."""
-        for group in self._dispatcher.groups:
-            for _rank, stream in self._storage.get_streams(self._db, group.topic_filter,
-                                                           since):
-                if stream.shard == shard:
-                    self._dispatcher.add_backlog(group, stream, since)
+    def on_feed_gap(self, group: SharedGroup, shard: int, since: int) -> None:
+        """The site may have missed the shard's messages from `since` on: the group
+        reads its streams of the shard from there."""
+        for _rank, stream in self._storage.get_streams(self._db, group.topic_filter, since):
+            if stream.shard == shard:
+                self.add(group, stream, since)
 
     async def close(self) -> None:
         for task in list(self._readers.values()):
             task.cancel()
         await asyncio.gather(*self._readers.values(), return_exceptions=True)
 
-    def _start_reader(self, group: SharedGroup) -> None:
+    def start(self, group: SharedGroup) -> None:
         """A group has a backlog: make sure a reader reads it. A reader that returned
         (nothing behind) is done at once, before anything else runs."""
         reader = self._readers.get(group)
@@ -97,7 +108,7 @@ class SharedBacklog:
             del self._readers[group]
 
     async def _read_group(self, group: SharedGroup) -> None:
-        while self._dispatcher.holds(group):
+        while not group.gone:
             if group.held:
                 await self._offer_held(group)
                 continue
@@ -106,7 +117,7 @@ class SharedBacklog:
             if not behind:
                 return  # a new backlog starts another reader
             for stream, backlog in behind:
-                if not self._dispatcher.holds(group):
+                if group.gone:
                     return
                 try:
                     await self._read(group, stream, backlog)
@@ -129,8 +140,7 @@ class SharedBacklog:
         while group.held:
             delivery = group.held[0]
             assert delivery.stream is not None  # every shared delivery has its stream
-            if not await deliver_when_room(self._dispatcher, group, delivery.message,
-                                           delivery.stream):
+            if not await deliver_when_room(group, delivery.message, delivery.stream):
                 return
             group.held.popleft()
 
@@ -153,8 +163,8 @@ class SharedBacklog:
             return
         iterator, batch = result
         for _key, message in batch:
-            if self._dispatcher.delivers_here(group, message) \
-                    and not await deliver_when_room(self._dispatcher, group, message, stream):
+            if self._choice.delivers_here(group, message) \
+                    and not await deliver_when_room(group, message, stream):
                 return
             # settled: should the group go from here now, another site takes its
             # share on after this message

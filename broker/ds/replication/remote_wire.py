@@ -1,12 +1,10 @@
-"""Bytes on the peer port for reads of a shard held elsewhere and for the commit
-feed: `next` answers, pushes of committed messages, and mirrored generations.
-Pure: no I/O."""
+"""Bytes on the peer port for reads of a shard held elsewhere: `next` answers and
+mirrored generations. Pure: no I/O."""
 
 from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 
 from ...errors import CorruptDataError
 from ..generation import GenerationInfo
@@ -17,7 +15,6 @@ from ..rocks import blob, read_blob
 
 _U8 = struct.Struct(">B")
 _U32 = struct.Struct(">I")
-_PUSH_HEAD = struct.Struct(">BII")  # gap flag, shard, message count
 
 NextAnswer = tuple[Iterator, list[tuple[bytes, Message]]] | EndOfStream
 
@@ -52,41 +49,6 @@ def decode_next(raw: bytes) -> NextAnswer:
         return Iterator.from_bytes(iterator_bytes), batch
     except (ValueError, struct.error, CorruptDataError) as exc:
         raise CorruptDataError(f"a next answer does not decode: {exc}") from exc
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """Committed messages of one shard for a site that holds no replica of it, in
-    commit order. `gap`: the sender dropped earlier messages of the shard for this
-    site (it was slow or unreachable); its readers go back to storage."""
-
-    shard: int
-    gap: bool
-    messages: list[tuple[int, bytes, Message]]  # (generation, static index, message)
-
-
-def encode_push(push: Push) -> bytes:
-    parts = [_PUSH_HEAD.pack(int(push.gap), push.shard, len(push.messages))]
-    for generation, static, message in push.messages:
-        parts += (_U32.pack(generation), blob(static), blob(encode_message(message)))
-    return b"".join(parts)
-
-
-def decode_push(raw: bytes) -> Push:
-    try:
-        gap, shard, count = _PUSH_HEAD.unpack_from(raw)
-        pos = _PUSH_HEAD.size
-        messages = []
-        for _ in range(count):
-            (generation,) = _U32.unpack_from(raw, pos)
-            static, pos = read_blob(raw, pos + 4)
-            value, pos = read_blob(raw, pos)
-            messages.append((generation, static, decode_message(value)))
-        if pos != len(raw):
-            raise ValueError("trailing bytes")
-    except (ValueError, struct.error, CorruptDataError) as exc:
-        raise CorruptDataError(f"a feed push does not decode: {exc}") from exc
-    return Push(shard, bool(gap), messages)
 
 
 MirrorDoc = dict[int, tuple[GenerationInfo, list[Edge]]]

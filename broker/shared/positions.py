@@ -28,12 +28,12 @@ import json
 import logging
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import CorruptDataError, StorageTimeoutError, StratamqError
 from ..session.store import SessionStore
 from ..supervise import RESTART_PAUSE, supervise
-from .dispatch import AbsentGroup, Dispatcher
+from .groups import AbsentGroup
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,17 @@ def decode(raw: bytes) -> tuple[AbsentGroup, float]:
         raise CorruptDataError(f"shared group record: {exc}") from exc
 
 
+class GroupsHere(Protocol):
+    """What the positions need of the shared groups of this site (the dispatcher)."""
+
+    def positions_to_keep(self, group_keys: Collection[str] | None = None
+                          ) -> dict[str, AbsentGroup]: ...
+
+    def adopt_absent(self, groups: dict[str, AbsentGroup]) -> None: ...
+
+
 class SharedPositions:
-    def __init__(self, dispatcher: Dispatcher, store: SessionStore, site: str,
+    def __init__(self, dispatcher: GroupsHere, store: SessionStore, site: str,
                  keep_for: float, load_wait: float) -> None:
         self._dispatcher = dispatcher
         self._store = store

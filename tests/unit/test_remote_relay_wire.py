@@ -1,4 +1,4 @@
-"""Bytes of the peer port's remote reads and commit feed round-trip, and broken ones
+"""Bytes of the peer port's remote reads and relay round-trip, and broken ones
 are refused as corrupt."""
 
 from __future__ import annotations
@@ -8,16 +8,14 @@ import pytest
 from stratamq.broker.ds import END_OF_STREAM, Iterator, Message, Stream
 from stratamq.broker.ds.generation import GenerationInfo
 from stratamq.broker.ds.lts import Edge
-from stratamq.broker.ds.replication.feed_wire import (
-    Push,
+from stratamq.broker.ds.replication.remote_wire import (
     decode_generations,
     decode_next,
-    decode_push,
     encode_generations,
     encode_next,
-    encode_push,
 )
 from stratamq.broker.errors import CorruptDataError
+from stratamq.broker.routing.relay_wire import Push, decode_push, encode_push
 
 STREAM = Stream(3, 2, b"\x01" * 8)
 MESSAGE = Message("a/b", b"payload", client_id="c1", qos=2, timestamp=1234)

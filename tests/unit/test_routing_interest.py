@@ -1,4 +1,4 @@
-"""The pure parts of the commit feed: which messages a site's filters want, what
+"""The pure parts of routing: which messages a site's filters want, what
 each peer told and for how long it counts, and the one site that delivers a message
 to a shared group."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stratamq.broker.ds.replication.interest import (
+from stratamq.broker.routing.interest import (
     FilterSet,
     Forgotten,
     InterestTable,

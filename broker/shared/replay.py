@@ -2,7 +2,7 @@
 forgotten, was chosen for and did not deliver.
 
 Each message of a `$share` group goes to one site with members of the group, chosen
-alike by every site (`Dispatcher.delivers_here`). A site whose last member of a group
+alike by every site (`SiteChoice.delivers_here`). A site whose last member of a group
 goes tells the others, with its interest, where per shard its members stopped; a site
 that goes silent (killed, cut off) stays chosen until the others forget it
 (`INTEREST_EXPIRY` after it last told them its filters). Either way the messages it
@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
-from ..ds import DurableStorage, EndOfStream, Message, ShareMember, Stream
+from ..ds import DurableStorage, EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
+from ..routing.interest import ShareMember
 from ..supervise import RESTART_PAUSE
-from .dispatch import Dispatcher, SharedGroup
-from .shared_backlog import BATCH, deliver_when_room
+from .backlog import BATCH, deliver_when_room
+from .choice import SiteChoice
+from .groups import SharedGroup
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +37,15 @@ READ_TRIES = 10
 
 
 class SharedReplay:
-    def __init__(self, storage: DurableStorage, db: str, dispatcher: Dispatcher) -> None:
+    """`group_of`: the group of a `$share/group/filter` with members here (the
+    dispatcher's); `choice` says which of its lost share this site delivers."""
+
+    def __init__(self, storage: DurableStorage, db: str,
+                 group_of: Callable[[str], SharedGroup | None], choice: SiteChoice) -> None:
         self._storage = storage
         self._db = db
-        self._dispatcher = dispatcher
+        self._group_of = group_of
+        self._choice = choice
         self._tasks: set[asyncio.Task[None]] = set()
 
     def on_site_lost(self, site: str, share_filters: frozenset[str],
@@ -48,7 +55,7 @@ class SharedReplay:
         or was forgotten: per shard, its share from `since` to `until` (storage
         timestamps, µs) reached no member."""
         for share_filter in sorted(share_filters):
-            group = self._dispatcher.group_of(share_filter)
+            group = self._group_of(share_filter)
             if group is None:
                 continue  # no member here
             lost = (site, joined.get(share_filter, 0))
@@ -70,9 +77,9 @@ class SharedReplay:
             shard = stream.shard
             async for batch in self._read(group, stream, since[shard], until[shard]):
                 for message in batch:
-                    if not self._dispatcher.takes_lost_share(group, message, lost):
+                    if not self._choice.takes_lost_share(group, message, lost):
                         continue
-                    if not await deliver_when_room(self._dispatcher, group, message, stream):
+                    if not await deliver_when_room(group, message, stream):
                         return  # its last member here went: it is told on
                     delivered += 1
         log.info("shared group %s: %d messages chosen for %s, gone from it, delivered "
