@@ -101,9 +101,9 @@ class WriteAbandonedError(StorageError):
     recoverable = True
 
 
-class NotRelayedError(StorageError):
+class ForwardRefusedError(StorageError):
     """A write another site forwarded to this site as its shard's leader, refused
-    unwritten because this site stopped leading first: relaying it to the next
+    unwritten because this site stopped leading first: passing it on to the next
     leader could wait behind the sender's own forward, so the sender writes it again
     there."""
 

@@ -20,7 +20,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from ..errors import (
-    NotRelayedError,
+    ForwardRefusedError,
     StorageBusyError,
     StorageClosedError,
     WriteAbandonedError,
@@ -35,7 +35,7 @@ CommitListener = Callable[[CookedBatch], None]
 # On a replicated site: commit one flush (messages, record puts, record deletes, the
 # fences of its fenced writes, whether it holds writes other sites forwarded) through
 # the shard's log; returns once committed and applied, or raises (FencedError: some
-# fences refused, nothing appended; NotRelayedError: it holds forwarded writes and
+# fences refused, nothing appended; ForwardRefusedError: it holds forwarded writes and
 # this site no longer leads, nothing appended).
 Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence],
                       bool], Awaitable[None]]
@@ -122,7 +122,7 @@ class WriteBuffer:
         """Queue messages (and records to write with them); the future (when `wait`)
         resolves once they are durable. A write with `fences` fails with FencedError when
         one does not hold where its batch is cooked. A `forwarded` one (another site's,
-        to this site as the shard's leader) fails with NotRelayedError should this site
+        to this site as the shard's leader) fails with ForwardRefusedError should this site
         stop leading before it is appended."""
         if self._closed:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
@@ -146,7 +146,7 @@ class WriteBuffer:
             self._room.clear()
         return done
 
-    def refuse_forwarded(self, error: NotRelayedError) -> None:
+    def refuse_forwarded(self, error: ForwardRefusedError) -> None:
         """This site stopped leading the shard: the forwarded writes queued here fail
         now, unwritten (their sites write them again at the next leader), rather
         than wait behind this site's own writes, which may wait for those sites."""
@@ -323,7 +323,7 @@ class WriteBuffer:
         except FencedError as exc:
             self._refuse(taken, exc)
             return
-        except NotRelayedError as exc:
+        except ForwardRefusedError as exc:
             self._send_back(taken, exc)
             return
         except Exception as exc:  # handed to every waiting writer
@@ -362,7 +362,7 @@ class WriteBuffer:
                 again.append(entry)
         self._requeue(again)
 
-    def _send_back(self, taken: list[_Pending], error: NotRelayedError) -> None:
+    def _send_back(self, taken: list[_Pending], error: ForwardRefusedError) -> None:
         """Nothing of the batch was written, and this site no longer leads: the
         forwarded writes in it fail (their sites write them again at the next
         leader), this site's own go back to the head of the queue, in order, and go

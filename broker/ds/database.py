@@ -20,11 +20,11 @@ from typing import Protocol
 
 from ..errors import (
     ConfigError,
+    ForwardRefusedError,
     GenerationError,
     InvalidIteratorError,
     InvalidMessageError,
     InvalidTopicFilterError,
-    NotRelayedError,
     PayloadTooLargeError,
 )
 from ..files import write_atomically
@@ -340,7 +340,7 @@ class Database:
         assert done is not None
         return done
 
-    def refuse_forwarded(self, shard_id: int, error: NotRelayedError) -> None:
+    def refuse_forwarded(self, shard_id: int, error: ForwardRefusedError) -> None:
         """This site stopped leading the shard: the writes other sites forwarded to
         it that wait in its buffer fail now, unwritten (`WriteBuffer.refuse_forwarded`)."""
         self._buffers[shard_id].refuse_forwarded(error)

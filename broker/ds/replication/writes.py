@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from ...errors import NotRelayedError, StorageTimeoutError
+from ...errors import ForwardRefusedError, StorageTimeoutError
 from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
@@ -61,7 +61,7 @@ class Writes:
         self._last_own = 0
         self._applier.fail_waiters(
             NotLeaderError(f"{self._context.label}: this site stopped leading ({why})"))
-        self._context.database.refuse_forwarded(self._context.shard_id, NotRelayedError(
+        self._context.database.refuse_forwarded(self._context.shard_id, ForwardRefusedError(
             f"{self._context.label}: this site stopped leading ({why}) before it wrote a forwarded "
             f"write; it goes back to its site"))
 
@@ -72,14 +72,14 @@ class Writes:
         leader. Raises a recoverable StorageError when that does not happen within
         `write_timeout` (the writers are then not acknowledged). A flush holding
         writes other sites `forwarded` here is never sent on to another leader
-        (NotRelayedError instead): the next leader may be one of those sites, its
+        (ForwardRefusedError instead): the next leader may be one of those sites, its
         write buffer waiting on its forward here."""
         deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
             placement = self._role.placement
             changed = self._role.role_changed
             if forwarded and self._role.leadership is None:
-                raise NotRelayedError(f"{self._context.label}: this site no longer leads the "
+                raise ForwardRefusedError(f"{self._context.label}: this site no longer leads the "
                                       f"shard; a forwarded write goes back to its site")
             try:
                 if self._role.leadership is not None:
