@@ -109,10 +109,10 @@ typecheck-tree:
 	ln -sfn ../../spark .typecheck/stratamq/spark
 
 lint: $(STAMP) typecheck-tree
-	$(BIN)/ruff check broker operator spark tests bench
+	$(BIN)/ruff check broker operator spark tests bench harness
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml -p stratamq.broker \
 	  -p stratamq.operator -p stratamq.spark
-	MYPYPATH=.typecheck $(BIN)/mypy tests bench
+	MYPYPATH=.typecheck $(BIN)/mypy tests bench harness
 
 # The benchmarks' peers: Mosquitto (Debian, installed with the stamp above) and
 # amqtt (PyPI, the `bench` extra).

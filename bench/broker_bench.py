@@ -64,7 +64,7 @@ from bench.broker_load import (
     wait_subscribers,
 )
 from bench.broker_peers import BROKERS, Stratamq, missing_peers
-from tests.support.harness import REPO, ManagedProcess
+from harness.processes import REPO, ManagedProcess
 
 matplotlib.use("Agg")
 

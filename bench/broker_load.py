@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from tests.support.harness import HOST
+from harness.processes import HOST
 
 PAYLOAD_BYTES = 64
 MAX_LINES = 60_000

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.harness import HOST, BrokerProcess, ManagedProcess
+from harness.processes import HOST, BrokerProcess, ManagedProcess
 
 VENV_BIN = Path(sys.executable).parent
 class Stratamq(BrokerProcess):

@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
 from bench.broker_bench import LIVE, Settings, fill_offline, run_live, time_drain
 from bench.broker_load import LineFiles
 from bench.broker_peers import VENV_BIN, Stratamq
-from tests.support.harness import REPO
+from harness.processes import REPO
 
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 

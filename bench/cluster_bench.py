@@ -86,16 +86,16 @@ from bench.broker_load import (
     wait_subscribers,
 )
 from bench.broker_peers import Mosquitto, Stratamq, missing_peers
-from stratamq.broker.config import merge_config
-from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import (
+from harness.cluster import (
     Cluster,
     ControllerProcess,
     SiteProcess,
     http_json,
     poll,
 )
-from tests.support.harness import REPO, ManagedProcess
+from harness.processes import REPO, ManagedProcess
+from stratamq.broker.config import merge_config
+from stratamq.broker.ds.database import shard_of
 
 matplotlib.use("Agg")
 

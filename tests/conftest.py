@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from tests.support.clients import PahoClient
-from tests.support.harness import BrokerProcess, running_broker
 
 BrokerConfig = dict[str, Any] | Callable[[Path], dict[str, Any]]
 

@@ -17,7 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from tests.support.harness import BrokerProcess
+from harness.processes import BrokerProcess
 
 HOST = "127.0.0.1"
 DURABLE_ID = "fuzz-durable"

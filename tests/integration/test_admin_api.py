@@ -30,10 +30,10 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.processes import BrokerProcess, free_port
+from harness.waiting import wait_until
 from stratamq.broker.admin import AdminServer
 from stratamq.broker.admin.credentials import Credentials
-from tests.support.harness import BrokerProcess, free_port
-from tests.support.waiting import wait_until
 
 TOKEN = "test-token-0123456789"  # what BrokerProcess configures
 ADMIN_USER = "admin"

@@ -15,9 +15,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from harness.cluster import Cluster
+from harness.processes import REPO, BrokerProcess
 from tests.support.clients import PahoClient
-from tests.support.cluster import Cluster
-from tests.support.harness import REPO, BrokerProcess
 from tests.support.prometheus import query, running_prometheus
 
 DASHBOARDS = REPO / "charts" / "stratamq" / "dashboards"

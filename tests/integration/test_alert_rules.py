@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.harness import REPO
+from harness.processes import REPO
 from tests.support.prometheus import PROMTOOL
 
 RULES = REPO / "charts" / "stratamq" / "rules" / "stratamq.rules.yaml"

@@ -20,6 +20,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from harness.processes import BrokerProcess
+from harness.waiting import wait_until
 from stratamq.broker import mqtt as wire
 from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5
@@ -30,9 +32,7 @@ from tests.integration.crash_clients import (
     Publisher,
     RawClient,
 )
-from tests.support.harness import BrokerProcess
 from tests.support.storage import read_filter, run
-from tests.support.waiting import wait_until
 
 KILLS = 4
 TOPICS = ["crash/a", "crash/b"]  # both publishers on both topics: their streams interleave

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_5,
     Auth,
@@ -44,7 +45,6 @@ from stratamq.broker.mqtt import (
 from stratamq.broker.mqtt.wire import encode_varint
 from tests.integration.crash_clients import RawClient
 from tests.integration.fuzz_site import Site, send_hostile
-from tests.support.harness import BrokerProcess
 
 EXAMPLES = os.environ.get("FUZZ_EXAMPLES")
 SEED = os.environ.get("FUZZ_SEED")

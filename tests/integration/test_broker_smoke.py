@@ -7,7 +7,7 @@ import threading
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.support.harness import BrokerProcess
+from harness.processes import BrokerProcess
 
 
 def test_publish_subscribe_roundtrip_and_clean_stop(broker: BrokerProcess) -> None:

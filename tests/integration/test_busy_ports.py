@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.harness import ADMIN_TOKEN, HOST, free_port
+from harness.processes import ADMIN_TOKEN, HOST, free_port
 
 STARTUP = 60.0  # a process that fails starts and stops within this (loaded 2 cores)
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, http_json, poll
+from harness.cluster import DB, Cluster, SiteProcess, ctl_ds, http_json, poll
+from harness.waiting import wait_until
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
@@ -37,7 +38,6 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

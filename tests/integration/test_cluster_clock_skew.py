@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster
 from tests.support.clients import PahoClient, unique
-from tests.support.cluster import Cluster
 from tests.support.shards import client_id_on_shard
 
 pytestmark = pytest.mark.cluster

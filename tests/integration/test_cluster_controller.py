@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from harness import waiting
+from harness.cluster import SITE_UNREACHABLE
+from harness.processes import REPO
 from stratamq.broker.ds.database import shard_of
-from tests.support import waiting
 from tests.support.clients import PahoClient, unique
-from tests.support.cluster import SITE_UNREACHABLE
-from tests.support.harness import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

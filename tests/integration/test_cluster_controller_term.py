@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import Cluster, ControllerProcess, http_json, poll
 from tests.integration.test_cluster_stale_controller import (
     N_SHARDS,
     acknowledged_within,
     client_for_shard,
     real_leaders,
 )
-from tests.support.cluster import Cluster, ControllerProcess, http_json, poll
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import DATABASES, Cluster
+from harness.waiting import wait_until
 from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import DATABASES, Cluster
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
@@ -35,7 +36,6 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -31,15 +31,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import DATABASES, DB, Cluster, ctl_ds, poll
+from harness.netns import namespaces_unavailable, open_network
+from harness.processes import http_json
+from harness.waiting import wait_until
 from stratamq.broker.core.broker import SESSIONS_DB
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
 from stratamq.broker.ds.database import shard_of
 from stratamq.broker.session.model import SessionRecord, cursor_key
 from stratamq.broker.session.store import SessionStore
-from tests.support.cluster import DATABASES, DB, Cluster, ctl_ds, poll
-from tests.support.harness import http_json
 from tests.support.history import History, Message, runs_of
-from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
@@ -52,7 +53,6 @@ from tests.support.recorder import (
 )
 from tests.support.shards import client_id_on_shard
 from tests.support.storage import run
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

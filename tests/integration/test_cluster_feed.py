@@ -27,11 +27,12 @@ from pathlib import Path
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.cluster import Cluster
+from harness.waiting import wait_until
 from stratamq.broker.ds.database import shard_of
 from stratamq.broker.routing.exchange import SHARED_FEED_LAG
 from stratamq.broker.routing.site_interest import INTEREST_EXPIRY
 from tests.support.clients import PahoClient, paho_properties
-from tests.support.cluster import Cluster
 from tests.support.history import History, runs_of
 from tests.support.recorder import (
     RecordingClient,
@@ -43,7 +44,6 @@ from tests.support.recorder import (
     stop_and_drain,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -30,13 +30,13 @@ import aiohttp
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.cluster import DB, Cluster, SiteProcess, ctl_ds, poll
+from harness.netns import open_network
 from stratamq.broker.ds.replication import Position, entries
 from stratamq.broker.ds.replication.leader import AppendRequest
 from stratamq.broker.ds.replication.log import Entry
 from stratamq.broker.ds.replication.peer import PeerClient, PeerError
 from tests.support.clients import PahoClient, paho_properties
-from tests.support.cluster import DB, Cluster, SiteProcess, ctl_ds, poll
-from tests.support.netns import open_network
 
 pytestmark = pytest.mark.cluster
 

@@ -2,7 +2,7 @@
 "Guarantees" 1).
 
 Three sites and the controller, each in its own network namespace
-(tests/support/netns.py), or, where namespaces cannot be made (and here too, forced,
+(harness/netns.py), or, where namespaces cannot be made (and here too, forced,
 as the `proxy` variant), each on its own loopback address with the peer and admin
 ports behind proxies that refuse connections by source address: every site's peer
 client and the controller's client connect from their own address. Publishers and
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
+from harness.cluster import Cluster
+from harness.netns import namespaces_unavailable, open_network
+from harness.waiting import wait_until
 from tests.support.history import History, Message, runs_of
-from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
@@ -33,7 +34,6 @@ from tests.support.recorder import (
     stop_and_drain,
     wait_delivered,
 )
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

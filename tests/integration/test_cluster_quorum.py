@@ -3,7 +3,7 @@ docs/replication.md, "Failure seen in the data plane").
 
 Three sites and the controller, each in its own network namespace or, without them
 (and here too, forced, as the `proxy` variant), behind the partition proxies
-(tests/support/netns.py). A publisher on a follower site streams QoS 1 messages to
+(harness/netns.py). A publisher on a follower site streams QoS 1 messages to
 one shard of `messages`; a durable subscriber on the third site takes them. The
 shard's leader is separated from the two other sites, both ways, while the
 controller still reaches every site: its heartbeat probe alone sees nothing wrong.
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import Cluster
+from harness.cluster import Cluster
+from harness.netns import namespaces_unavailable, open_network
+from harness.waiting import wait_until
 from tests.support.history import History
-from tests.support.netns import namespaces_unavailable, open_network
 from tests.support.recorder import (
     RecordingClient,
     RecordingPublisher,
@@ -34,7 +35,6 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -44,7 +44,7 @@ CUT_SHARD = 0
 # How long the leader stays cut off: the controller takes a site for gone after
 # 3 heartbeats of 0.5s, so a failover is due within a few seconds of the cut.
 CUT_SECONDS = 12.0
-GONE_AFTER = 1.5  # the controller's 3 heartbeats of 0.5s (tests/support/cluster.py)
+GONE_AFTER = 1.5  # the controller's 3 heartbeats of 0.5s (harness/cluster.py)
 
 
 def leaders_quorum_age(cluster: Cluster) -> float:

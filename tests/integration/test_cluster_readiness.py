@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import Cluster, poll
+from harness.cluster import Cluster, poll
 
 pytestmark = pytest.mark.cluster
 

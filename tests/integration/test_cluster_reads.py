@@ -1,7 +1,7 @@
 """A deposed leader answers no reads (issue 22, "a deposed leader answers reads";
 docs/replication.md, "Key-value reads and the read index").
 
-Three sites and the controller behind the partition proxies (tests/support/netns.py).
+Three sites and the controller behind the partition proxies (harness/netns.py).
 The leader of the one `retained` shard is cut off from the other sites and from the
 controller; an MQTT client already connected to it stays connected (clients go
 direct). The controller fails the shard over, and a new retained value is set and
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster
+from harness.netns import open_network
 from tests.support.clients import PahoClient, unique
-from tests.support.cluster import Cluster
-from tests.support.netns import open_network
 
 pytestmark = pytest.mark.cluster
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.cluster import Cluster, http_json
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, metric_value, paho_properties, unique
-from tests.support.cluster import Cluster, http_json
 
 pytestmark = pytest.mark.cluster
 

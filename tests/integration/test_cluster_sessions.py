@@ -4,7 +4,7 @@ taken over on another site closes the old connection with 0x8E (Session taken ov
 and the old owner's late writes are refused; a session stays whole when the leader
 of its `sessions` shard is killed while it moves; retained messages set on one site
 are read (and deleted) on the others. Real site and controller processes
-(tests/support/cluster.py), paho clients, the history checker where messages flow."""
+(harness/cluster.py), paho clients, the history checker where messages flow."""
 
 from __future__ import annotations
 
@@ -19,20 +19,20 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from harness.cluster import DATABASES, Cluster, SiteProcess, ctl_ds, poll
+from harness.netns import open_network
+from harness.processes import HOST
+from harness.waiting import wait_until
 from stratamq.broker.mqtt import Disconnect, Suback, Subscribe, SubscriptionOptions, Will
 from stratamq.broker.mqtt import Properties as WireProperties
 from tests.support.clients import PahoClient, RawClient, paho_properties, unique
-from tests.support.cluster import DATABASES, Cluster, SiteProcess, ctl_ds, poll
-from tests.support.harness import HOST
 from tests.support.history import History, Message
-from tests.support.netns import open_network
 from tests.support.recorder import (
     SESSION_EXPIRY,
     RecordingPublisher,
     RecordingSubscriber,
     stop_and_drain,
 )
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import Cluster, ControllerProcess, http_json, poll
+from harness.processes import REPO
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient, unique
-from tests.support.cluster import Cluster, ControllerProcess, http_json, poll
-from tests.support.harness import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -36,8 +36,7 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.ds.database import shard_of
-from tests.support.cluster import (
+from harness.cluster import (
     DB,
     Cluster,
     SiteProcess,
@@ -45,6 +44,8 @@ from tests.support.cluster import (
     http_json,
     poll,
 )
+from harness.waiting import wait_until
+from stratamq.broker.ds.database import shard_of
 from tests.support.history import History, Message, runs_of
 from tests.support.recorder import (
     RecordingClient,
@@ -56,7 +57,6 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 

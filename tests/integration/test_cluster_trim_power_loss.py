@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import DB, Cluster, poll
 from tests.support import powerloss
 from tests.support.clients import PahoClient
-from tests.support.cluster import DB, Cluster, poll
 
 pytestmark = pytest.mark.cluster
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
+from harness.cluster import DB, Cluster
+from harness.waiting import wait_until
 from stratamq.broker.ds.database import shard_of
 from tests.support.clients import PahoClient
-from tests.support.cluster import DB, Cluster
-from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cluster import Cluster
 from stratamq.broker.config import merge_config
 from stratamq.broker.ds.site_id import SITE_ID_FILE
-from tests.support.cluster import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.ds import Snapshot
 from stratamq.broker.errors import FolderInUseError
 from tests.support.checkpoints import (
@@ -25,7 +26,6 @@ from tests.support.checkpoints import (
     snapshot_messages,
 )
 from tests.support.clients import ADMIN_TOKEN
-from tests.support.harness import BrokerProcess, running_broker
 
 MESSAGES = [Published(f"pub-{i % 5}", f"plant/{i % 3}/line/{i % 7}", b"m%d" % i, 1 + i % 2)
             for i in range(120)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import (
     MQTT_5,
     Properties,
@@ -33,7 +34,6 @@ from tests.support.clients import (
     generations,
     unique,
 )
-from tests.support.harness import BrokerProcess, running_broker
 
 RETENTION = "4s"
 ROUNDS = 3  # rollovers

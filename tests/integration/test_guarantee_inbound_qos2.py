@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Properties, Pubcomp, Publish, Pubrec, Pubrel, encode
 from tests.support.clients import QUIET, RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import MQTT_5, Pubcomp
 from tests.integration.test_guarantee_generation_rollover import (
     Receiver,
@@ -21,7 +22,6 @@ from tests.integration.test_guarantee_generation_rollover import (
     wait_for_rollover,
 )
 from tests.support.clients import RawClient, admin_get, unique
-from tests.support.harness import BrokerProcess
 
 RETENTION = "6s"
 LEVELS = 14  # distinct second levels: above the learning threshold of 10

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Properties, Puback, Publish
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 WAIT = 10.0  # generous: the feed delivers in milliseconds; an hour is what is ruled out
 TOPICS = 5

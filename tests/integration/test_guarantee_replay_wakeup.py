@@ -9,9 +9,9 @@ PUBREL with PUBCOMP, so a window's PUBRECs all arrive before its PUBCOMPs."""
 
 from __future__ import annotations
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import MQTT_5, Properties, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess
 
 WINDOW = 2  # the client's Receive Maximum
 BACKLOG = 120

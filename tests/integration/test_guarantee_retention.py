@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Properties, Puback, Publish
 from tests.support.clients import (
     RawClient,
@@ -20,7 +21,6 @@ from tests.support.clients import (
     metric_value,
     unique,
 )
-from tests.support.harness import BrokerProcess, running_broker
 
 RETENTION = "2s"
 LOST = 5

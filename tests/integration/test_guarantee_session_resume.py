@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Properties, Puback, Publish
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Properties, Puback, Pubcomp, Publish, Pubrec, Pubrel
 from tests.support.clients import (
     PahoClient,
@@ -17,7 +18,6 @@ from tests.support.clients import (
     metric_value,
     unique,
 )
-from tests.support.harness import BrokerProcess, running_broker
 
 MAX_QUEUED = 10
 QOS0 = 20

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.support.harness import HOST, BrokerProcess
+from harness.processes import HOST, BrokerProcess
+from harness.waiting import wait_until
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,
@@ -17,7 +18,6 @@ from tests.support.recorder import (
     connect_counts,
     more_acknowledged,
 )
-from tests.support.waiting import wait_until
 
 KILLS = 2
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
+from harness.processes import HOST, BrokerProcess, running_broker
 from tests.support import half_open
 from tests.support.clients import ADMIN_TOKEN, PahoClient, RawClient, unique
-from tests.support.harness import HOST, BrokerProcess, running_broker
 
 # The default render interval (the test harness makes it 1 ms for other tests).
 BROKER_CONFIG = {"admin": {"metrics_interval": "1s", "body_timeout": "1s"}}

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import Properties, Puback, Publish
 from tests.support.clients import RawClient, metric_value, unique
-from tests.support.harness import BrokerProcess
 
 TOPICS = 5000
 LEVELS = 120

@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import MQTT_5, Properties, Puback, Publish
 from tests.support.clients import RawClient, metric_value, unique
-from tests.support.harness import BrokerProcess
 
 MAX_BYTES = 64 * 1024
 PAYLOAD = 16 * 1024

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
+from harness.waiting import wait_until
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
@@ -32,8 +34,6 @@ from stratamq.broker.mqtt import (
     encode,
 )
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
-from tests.support.waiting import wait_until
 
 RECEIVE_MAXIMUM = 4
 HOLD = "1500ms"  # how long the write buffer keeps messages before writing them

@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from harness.processes import HOST, running_broker
 from stratamq.broker.auth.passwords import set_password
 from stratamq.broker.mqtt import MQTT_3_1_1, Connack, Connect, PacketReader, Properties, encode
-from tests.support.harness import HOST, running_broker
 
 STORM_CONNECTIONS = 100
 STORM_HEAD_START = 2.0  # seconds of storm before the legitimate login

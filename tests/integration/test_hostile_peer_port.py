@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.cluster import Cluster
 from stratamq.broker.mqtt import Puback
 from tests.support.clients import RawClient, unique
-from tests.support.cluster import Cluster
 from tests.support.half_open import close_all, few_descriptors, open_half_open, still_open
 from tests.support.shards import client_id_on_shard
 

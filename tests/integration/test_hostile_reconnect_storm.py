@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import HOST, BrokerProcess, running_broker
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     Connack,
@@ -40,7 +41,6 @@ from stratamq.broker.mqtt import (
     SubscriptionOptions,
     encode,
 )
-from tests.support.harness import HOST, BrokerProcess, running_broker
 
 SIZES = {"clean": 5000, "durable-reconnect": 2000}
 DEADLINE = 40.0  # seconds for the storm itself; the whole test stays under a minute

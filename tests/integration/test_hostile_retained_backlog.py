@@ -15,6 +15,7 @@ import time
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_5,
     Properties,
@@ -25,7 +26,6 @@ from stratamq.broker.mqtt import (
     encode,
 )
 from tests.support.clients import PahoClient, RawClient, metric_value, paho_properties, unique
-from tests.support.harness import BrokerProcess
 
 COUNT = 3000
 CHUNK = 100  # QoS 1 publishes in flight at once, under the broker's Receive Maximum

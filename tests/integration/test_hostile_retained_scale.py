@@ -10,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+from harness.processes import running_broker
 from stratamq.broker.mqtt import (
     MQTT_5,
     Puback,
@@ -20,7 +21,6 @@ from stratamq.broker.mqtt import (
     encode,
 )
 from tests.support.clients import RawClient, unique
-from tests.support.harness import running_broker
 
 COUNT = int(os.environ.get("RETAINED_COUNT", "100000"))
 CHUNK = 5000

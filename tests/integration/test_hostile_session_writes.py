@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import urllib.request
 
+from harness.processes import HOST, BrokerProcess, process_cpu_seconds
 from stratamq.broker.mqtt import Properties, Suback, Subscribe, SubscriptionOptions
 from tests.support.clients import TIMEOUT, RawClient, unique
-from tests.support.harness import HOST, BrokerProcess, process_cpu_seconds
 
 MANY = 1000  # mqtt.max_subscriptions, the default cap
 FEW = 10

@@ -15,8 +15,8 @@ import socket
 import time
 from pathlib import Path
 
+from harness.processes import HOST, running_broker
 from stratamq.broker.mqtt import MQTT_3_1_1, Connack, Connect, PacketReader, Properties, encode
-from tests.support.harness import HOST, running_broker
 
 TRICKLE_INTERVAL = 0.25  # seconds between the bytes a slow client sends
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_5,
     Connack,
@@ -26,7 +27,6 @@ from stratamq.broker.mqtt import (
     SubscriptionOptions,
 )
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess
 
 STREAMS = 3000
 # Every level has at most 10 distinct values: below the threshold of every depth

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
@@ -27,7 +28,6 @@ from stratamq.broker.mqtt import (
     Unsubscribe,
 )
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 CAP = 5
 QUOTA_EXCEEDED = {MQTT_5: 0x97, MQTT_3_1_1: 0x80}

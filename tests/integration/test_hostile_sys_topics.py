@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Puback, Publish, Pubrec, Will
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess
 
 NOT_AUTHORIZED = 0x87
 

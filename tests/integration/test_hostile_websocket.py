@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import HOST, BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_5, Connack, Connect, PacketReader, Pingreq, Pingresp, encode
 from tests.support.clients import unique
-from tests.support.harness import HOST, BrokerProcess, running_broker
 
 MAX_PACKET = 64 * 1024
 ANNOUNCED = 1 << 30  # what the hostile frame claims to carry

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import HOST, REPO, free_port
+from harness.processes import HOST, REPO, free_port
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))

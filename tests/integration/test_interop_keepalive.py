@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Disconnect
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 MAX_KEEPALIVE = 2
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import free_port, running_broker
 from stratamq.broker.mqtt import (
     MQTT_5,
     Properties,
@@ -33,7 +34,6 @@ from stratamq.broker.mqtt import (
     SubscriptionOptions,
 )
 from tests.support.clients import RawClient, unique
-from tests.support.harness import free_port, running_broker
 
 MOSQUITTO = shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin")
 

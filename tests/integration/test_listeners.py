@@ -12,7 +12,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.support.harness import BrokerProcess, free_port
+from harness.processes import BrokerProcess, free_port
 
 TIMEOUT = 10.0
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.processes import BrokerProcess
 from stratamq.broker.auth.passwords import set_password
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
@@ -20,7 +21,6 @@ from stratamq.broker.mqtt import (
     Will,
 )
 from tests.support.clients import PahoClient, RawClient, unique
-from tests.support.harness import BrokerProcess
 
 RULES = [
     {"permission": "allow", "action": "all", "topics": ["users/%u/#"]},

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
@@ -29,7 +30,6 @@ from tests.support.clients import (
     prop,
     unique,
 )
-from tests.support.harness import BrokerProcess
 
 BROKER_CONFIG: dict[str, Any] = {"mqtt": {"max_keepalive": 30, "topic_alias_maximum": 8,
                                    "receive_maximum": 50, "max_packet_size": "64KiB"}}

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
@@ -21,7 +22,6 @@ from stratamq.broker.mqtt import (
 )
 from stratamq.broker.mqtt import Properties as Props
 from tests.support.clients import QUIET, RawClient, unique
-from tests.support.harness import BrokerProcess
 
 TOPIC = "plant/line1/temp"
 

@@ -12,6 +12,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from harness.processes import HOST, BrokerProcess
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Properties, Puback, Publish
 from tests.support.clients import (
     TIMEOUT,
@@ -21,7 +22,6 @@ from tests.support.clients import (
     prop,
     unique,
 )
-from tests.support.harness import HOST, BrokerProcess
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,

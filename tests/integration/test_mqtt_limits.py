@@ -6,10 +6,10 @@ from __future__ import annotations
 import socket
 import time
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import Disconnect, Properties, Publish, Suback, Subscribe
 from stratamq.broker.mqtt.packets import SubscriptionOptions
 from tests.support.clients import RawClient, unique
-from tests.support.harness import BrokerProcess
 
 BROKER_CONFIG = {"mqtt": {"max_connections": 3, "connect_timeout": "300ms", "max_topic_levels": 3}}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
@@ -17,7 +18,6 @@ from stratamq.broker.mqtt import (
 )
 from stratamq.broker.mqtt import Properties as Props
 from tests.support.clients import PahoClient, RawClient, unique
-from tests.support.harness import BrokerProcess
 
 
 @pytest.mark.parametrize("version", [4, 5])

@@ -5,9 +5,9 @@ group whose members' queues are all full."""
 
 from __future__ import annotations
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import Properties, Puback, Publish
 from tests.support.clients import PahoClient, RawClient, metric_value, unique
-from tests.support.harness import BrokerProcess
 
 MAX_QUEUED = 10
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import Properties, Publish
 from tests.support.clients import PahoClient, RawClient
-from tests.support.harness import BrokerProcess
 
 DURABLE = Properties(session_expiry_interval=600, receive_maximum=100)
 TOPICS = ("order/a", "order/b", "order/c")

@@ -9,13 +9,13 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from harness.processes import BrokerProcess, running_broker
 from tests.support.clients import (
     PahoClient,
     paho_properties,
     prop,
     unique,
 )
-from tests.support.harness import BrokerProcess, running_broker
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5) -> PahoClient:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import Disconnect, Subscribe, SubscriptionOptions
 from stratamq.broker.shared.positions import SAVE_INTERVAL
 from tests.support.clients import (
@@ -19,7 +20,6 @@ from tests.support.clients import (
     paho_properties,
     unique,
 )
-from tests.support.harness import BrokerProcess
 
 
 def connected(broker: BrokerProcess, clients: list[PahoClient], version: int = 5, *,

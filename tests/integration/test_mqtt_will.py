@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import BrokerProcess
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Properties, Will
 from tests.support.clients import (
     TIMEOUT,
@@ -17,7 +18,6 @@ from tests.support.clients import (
     prop,
     unique,
 )
-from tests.support.harness import BrokerProcess
 
 
 @pytest.fixture

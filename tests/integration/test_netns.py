@@ -1,4 +1,4 @@
-"""The partition tool (tests/support/netns.py) with real processes: a TCP echo server in
+"""The partition tool (harness/netns.py) with real processes: a TCP echo server in
 one member, clients in the others and in the test process: reachable, cut, healed;
 and nothing left behind, also after a crashed run."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.support.netns import (
+from harness.netns import (
     PREFIX,
     NetnsNetwork,
     ProxyNetwork,

@@ -13,8 +13,8 @@ import asyncio
 import socket
 import time
 
+from harness.processes import free_port
 from stratamq.operator import metrics
-from tests.support.harness import free_port
 
 IDLE = 300
 

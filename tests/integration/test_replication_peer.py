@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from harness.processes import HOST, free_port
 from stratamq.broker.ds.replication import Leadership, Position, ShardLog, StaleEpochError, wire
 from stratamq.broker.ds.replication.leader import AppendRequest
 from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
-from tests.support.harness import HOST, free_port
 
 
 def content(log: ShardLog) -> list[tuple[Position, bytes]]:

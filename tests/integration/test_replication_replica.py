@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from harness.processes import HOST, free_port
 from stratamq.broker.ds import (
     Database,
     DbOptions,
@@ -43,7 +44,6 @@ from stratamq.broker.errors import GcPlanRefusedError, StorageError
 from stratamq.broker.routing.relay import Relay
 from stratamq.broker.routing.site_interest import SiteInterest
 from stratamq.broker.session.store import SessionStore
-from tests.support.harness import HOST, free_port
 from tests.support.storage import read_filter
 
 WAIT = 30.0  # generous: the machine is shared

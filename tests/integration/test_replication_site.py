@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from harness import waiting
+from harness.processes import HOST, BrokerProcess, free_port
 from stratamq.broker.config import merge_config
 from stratamq.broker.ds import Snapshot, shard_of
 from stratamq.broker.ds.replication import Placement, ShardPlacement
-from tests.support import waiting
 from tests.support.checkpoints import make_checkpoint, snapshot_messages
 from tests.support.clients import PahoClient, metric_value, unique
-from tests.support.harness import HOST, BrokerProcess, free_port
 
 pytestmark = pytest.mark.cluster
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.auth.passwords import set_password
 from tests.support.clients import (
     QUIET,
@@ -28,7 +29,6 @@ from tests.support.clients import (
     paho_properties,
     unique,
 )
-from tests.support.harness import BrokerProcess, running_broker
 
 RULES = [
     {"permission": "deny", "action": "subscribe", "username": "bob", "topics": ["secret/#"]},

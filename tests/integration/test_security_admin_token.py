@@ -11,7 +11,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from tests.support.harness import BrokerProcess
+from harness.processes import BrokerProcess
 
 
 def test_generated_admin_token_is_not_written_to_the_log(tmp_path: Path) -> None:

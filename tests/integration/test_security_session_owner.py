@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.auth.passwords import set_password
 from stratamq.broker.mqtt import MQTT_3_1_1, MQTT_5, Packet, Properties, Publish
 from tests.support.clients import RawClient, admin_get, unique
-from tests.support.harness import BrokerProcess, running_broker
 
 NOT_AUTHORIZED = {MQTT_5: 0x87, MQTT_3_1_1: 5}
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from paho.mqtt.packettypes import PacketTypes
 
+from harness.processes import BrokerProcess
 from tests.support.clients import PahoClient, paho_properties
-from tests.support.harness import BrokerProcess
 
 
 def test_expired_sessions_of_a_crashed_site_are_collected_and_wills_published(

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.processes import REPO
 from stratamq.operator import kube as operator_kube
-from tests.support.harness import REPO
 from tests.support.kube import ControlPlane, running_control_plane
 from tests.support.kubelet import Kubelet, running_kubelet
 from tests.support.operator_process import Operators, peered_namespace, running_operators

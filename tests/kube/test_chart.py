@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
+from harness.processes import REPO
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
-from tests.support.harness import REPO
 from tests.support.kube import ControlPlane, run_tool, tool_env
 from tests.unit.test_operator_resources import crd_defaults
 from tests.unit.test_operator_spark import with_spark

@@ -25,12 +25,12 @@ from pathlib import Path
 import kopf
 import yaml
 
+from harness.processes import REPO
+from harness.waiting import wait_for
 from tests.kube.test_operator_rbac import token_kubeconfig
-from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 RELEASE = "mq"

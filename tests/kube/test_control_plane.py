@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import waiting
+from harness import waiting
 from tests.support.kube import ControlPlane, running_control_plane
 
 STATEFUL_SET = {

@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from tests.support import waiting
+from harness import waiting
+from harness.processes import REPO
 from tests.support.clients import PahoClient
-from tests.support.harness import REPO
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet
 from tests.support.operator_process import (

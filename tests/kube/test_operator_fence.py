@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster import SiteProcess
+from harness.processes import HOST, BrokerProcess
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.sites import SiteState
 from stratamq.broker.ds.replication import Placement, Site, plan
@@ -26,8 +28,6 @@ from stratamq.operator import controller, kube
 from stratamq.operator.kept_state import kept_document
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
-from tests.support.cluster import SiteProcess
-from tests.support.harness import HOST, BrokerProcess
 from tests.support.kube import ControlPlane
 
 NAME = "fence"

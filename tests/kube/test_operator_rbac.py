@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.harness import REPO
+from harness.processes import REPO
+from harness.waiting import wait_for
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "operator-rbac"

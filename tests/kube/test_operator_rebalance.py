@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster import SiteProcess
+from harness.processes import BrokerProcess, free_port
+from harness.waiting import wait_for
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Site, plan
 from stratamq.operator import controller, kube
@@ -32,10 +35,7 @@ from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
 from stratamq.operator.transitions import plan_key, transition_manifest, transition_name
-from tests.support.cluster import SiteProcess
-from tests.support.harness import BrokerProcess, free_port
 from tests.support.kube import ControlPlane
-from tests.support.waiting import wait_for
 
 NAME = "rb"
 HEARTBEAT = 0.5

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.support import waiting
+from harness import waiting
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import Kubelet
 from tests.support.operator_process import Operators

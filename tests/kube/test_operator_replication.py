@@ -47,8 +47,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness import waiting
 from stratamq.broker.admin.verify import site_asker, verify_shard
-from tests.support import waiting
 from tests.support.kube import ControlPlane, kube_binary
 from tests.support.kubelet import Kubelet
 from tests.support.operator_process import Operators

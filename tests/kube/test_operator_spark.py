@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.waiting import wait_for
 from stratamq.operator import spark
 from tests.support.kube import ControlPlane
 from tests.support.operator_process import OperatorProcess
-from tests.support.waiting import wait_for
 
 NAMESPACE = "operator-spark"
 NAME = "mq"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import REPO
+from harness.processes import REPO
 from tests.support.realnode import RealCluster, missing_prerequisites
 
 IMAGES = REPO / ".cache" / "images"

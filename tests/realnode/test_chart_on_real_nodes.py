@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
+from harness.processes import REPO
+from harness.waiting import wait_for
 from stratamq.operator import resources
 from tests.support.clients import PahoClient
-from tests.support.harness import REPO
 from tests.support.realnode import RealCluster
-from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-chart"

@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
+from harness.processes import REPO
+from harness.waiting import wait_for, wait_until
 from stratamq.operator import resources
-from tests.support.harness import REPO
 from tests.support.realnode import RealCluster
-from tests.support.waiting import wait_for, wait_until
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-restricted"

@@ -18,10 +18,10 @@ import time
 
 import pytest
 
-from tests.support.harness import REPO
+from harness.processes import REPO
+from harness.waiting import wait_for
 from tests.support.kube import kube_binary
 from tests.support.realnode import RealCluster
-from tests.support.waiting import wait_for
 
 SCENARIO = REPO / "tools" / "kind" / "scenario.sh"
 NAMESPACE = "realnode-scenario"

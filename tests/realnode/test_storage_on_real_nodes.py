@@ -47,9 +47,10 @@ from typing import Any
 
 import pytest
 
+from harness.processes import REPO
+from harness.waiting import wait_for
 from stratamq.operator import resources
 from tests.support.clients import PahoClient
-from tests.support.harness import REPO
 from tests.support.kube import kube_binary
 from tests.support.realnode import RealCluster
 from tests.support.recorder import (
@@ -60,7 +61,6 @@ from tests.support.recorder import (
     wait_delivered,
 )
 from tests.support.storage_status import every_shard, placed_shards, site_of_pod, watched
-from tests.support.waiting import wait_for
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-storage"

@@ -22,6 +22,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.ds import Snapshot, shard_of
 from tests.support.checkpoints import (
     Published,
@@ -31,7 +32,6 @@ from tests.support.checkpoints import (
     snapshot_messages,
 )
 from tests.support.clients import ADMIN_TOKEN, PahoClient, generations, paho_properties
-from tests.support.harness import BrokerProcess, running_broker
 
 N_SHARDS = 4
 # message_retention_period is the default rule, and the rollover period (4 s, so the

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import REPO, free_port, running_broker
 from tests.spark.test_gc import wait_for_rollover
 from tests.support.checkpoints import Published, publish_all
 from tests.support.clients import ADMIN_TOKEN, admin_get, generations
-from tests.support.harness import REPO, free_port, running_broker
 
 CONFIG = {"durable_storage": {"messages": {"n_shards": 1}},
           "durable_sessions": {"message_retention_period": "4s",

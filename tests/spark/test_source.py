@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
 from tests.support.checkpoints import Published, make_checkpoint, publish_all
 from tests.support.clients import generations
-from tests.support.harness import BrokerProcess, running_broker
 
 REGIONS = ["north", "south", "east", "west", "center"]
 VEHICLES = [f"v{i}" for i in range(6)]

@@ -26,14 +26,14 @@ from matplotlib import pyplot as plt
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from harness.cluster import Cluster
+from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.ds import EndOfStream, ShardSnapshot, Snapshot
 from stratamq.broker.ds.layouts import ReadStats
 from stratamq.spark.export import export_usage, pattern_of, pattern_trie, usage_figure
 from stratamq.spark.topics import newest_copies, seed_patterns
 from tests.support.checkpoints import Published, make_checkpoint, publish_all, snapshot_messages
 from tests.support.clients import ADMIN_TOKEN, generations
-from tests.support.cluster import Cluster
-from tests.support.harness import BrokerProcess, running_broker
 
 REGIONS = ["north", "south", "east", "west"]
 VEHICLES = [f"v{i}" for i in range(16)]

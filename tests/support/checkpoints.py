@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.processes import HOST, BrokerProcess
 from stratamq.broker.ds import EndOfStream, Message, Snapshot, Stream
 from tests.support.clients import ADMIN_TOKEN, TIMEOUT, PahoClient
-from tests.support.harness import HOST, BrokerProcess
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from harness.processes import HOST, BrokerProcess
 from stratamq.broker.mqtt import (
     MQTT_5,
     Connack,
@@ -46,7 +47,6 @@ from stratamq.broker.mqtt import (
     Will,
     encode,
 )
-from tests.support.harness import HOST, BrokerProcess
 
 TIMEOUT = 5.0  # the longest any single expected event is waited for
 QUIET = 0.4  # how long "nothing more arrives" is watched

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.support.harness import HOST, REPO, ManagedProcess, free_port
+from harness.processes import HOST, REPO, ManagedProcess, free_port
 
 KUBE_BIN = Path(os.environ.get("STRATAMQ_KUBE_BIN", REPO / ".cache" / "bin"))
 # The ClusterIP range of Services; the API server's own Service takes its first address.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.harness import HOST, ManagedProcess, free_port
+from harness.processes import HOST, ManagedProcess, free_port
 from tests.support.kube import ControlPlane
 
 PEERING = "stratamq"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.harness import free_port
+from harness.processes import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.harness import ManagedProcess
+from harness.processes import ManagedProcess
 from tests.support.kube import ControlPlane, kube_binary
 
 # The pause image containerd makes each pod's sandbox of (images/build-local.sh).

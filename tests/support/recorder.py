@@ -18,12 +18,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from harness.waiting import wait_until
+
 # paho 2.2 turns a released QoS 2 message into a new PUBLISH after a failed reconnect
 # attempt; this subclass keeps it at "resend PUBREL" (see its docstring).
 from tests.integration.crash_clients import PahoClient
 from tests.support.history import History, Message
 from tests.support.shards import client_id_on_shard
-from tests.support.waiting import wait_until
 
 SESSION_EXPIRY = 3600  # seconds: longer than any test, so sessions outlive every restart
 WINDOW = 20  # messages a publisher leaves unacknowledged at most

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from harness.processes import REPO
 from stratamq.broker.config import Config
-from tests.support.harness import REPO
 
 CRD = REPO / "crds" / "durablestorages.stratamq.io.yaml"
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from harness.processes import REPO
 from stratamq.operator.phases import (
     ADD_PHASES,
     REMOVE_PHASES,
@@ -19,7 +20,6 @@ from stratamq.operator.phases import (
     TransitionPhase,
 )
 from stratamq.operator.status import invalid_conditions
-from tests.support.harness import REPO
 
 
 def status_schema(crd: Path) -> dict[str, Any]:

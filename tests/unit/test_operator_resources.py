@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
+from harness.processes import REPO
 from stratamq.broker.config import Config, load_config
 from stratamq.operator import config as operator_config
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
-from tests.support.harness import REPO
 from tests.unit.test_crd_config_keys import spec_schema
 
 OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness.processes import REPO
 from stratamq.operator import resources, spark
 from stratamq.operator.config import broker_config
 from stratamq.operator.resources import Owner
-from tests.support.harness import REPO
 from tests.unit.test_operator_resources import crd_defaults
 
 OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from harness.processes import REPO
 from stratamq.operator.spec import StorageSpec, parse_spec
-from tests.support.harness import REPO
 
 
 def crd_default(*path: str) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 
-from tests.support.harness import REPO
+from harness.processes import REPO
 
 
 def test_every_source_package_is_in_pyproject() -> None:

@@ -1,4 +1,4 @@
-"""tests/support/waiting.py: the one poll loop of the tests."""
+"""harness/waiting.py: the one poll loop of the tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.support.waiting import wait_for, wait_until
+from harness.waiting import wait_for, wait_until
 
 
 def test_wait_until_answers_whether_the_condition_held_in_time() -> None:

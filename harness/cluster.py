@@ -26,13 +26,13 @@ from typing import Any
 
 import yaml
 
+from harness.netns import NetnsNetwork, Network, ProxyNetwork
+from harness.processes import BrokerProcess, ManagedProcess, free_port
+from harness.processes import http_json as http_json  # for the tests that import it here
+from harness.waiting import wait_until
 from stratamq.broker.admin.ctl import AdminClient
 from stratamq.broker.admin.verify import Verdict, verify
 from stratamq.broker.config import merge_config
-from tests.support.harness import BrokerProcess, ManagedProcess, free_port
-from tests.support.harness import http_json as http_json  # for the tests that import it here
-from tests.support.netns import NetnsNetwork, Network, ProxyNetwork
-from tests.support.waiting import wait_until
 
 DB = "messages"
 # every site replicates these (a connect writes to `sessions`)

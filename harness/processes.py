@@ -23,7 +23,7 @@ import yaml
 
 from stratamq.broker.config import merge_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 ADMIN_TOKEN = "test-token-0123456789"
 HTTP_TIMEOUT = 5.0  # one admin API request
@@ -82,7 +82,7 @@ class ManagedProcess:
     name = "broker"
     host = HOST  # where its ports are reached
     wrapper: tuple[str, ...] = ()  # a prefix to `command()`, e.g. `ip netns exec NAME`
-    # Reached through proxies (tests/support/netns.py): a proxy accepts a connection
+    # Reached through proxies (harness/netns.py): a proxy accepts a connection
     # whether or not the process listens behind it, and closes it at once when not.
     proxied = False
 
