@@ -69,7 +69,7 @@ class SessionLimits:
 class SessionRegistry:
     """`ownership` on a cluster: who owns each client id is decided across sites.
     `groups_kept_for`: (client id, site, group keys) -> the shared groups that site
-    keeps for the client (shared_positions.py), which move here with its session."""
+    keeps for the client (`shared/positions.py`), which move here with its session."""
 
     def __init__(self, storage: DurableStorage, messages_db: str, store: SessionStore,
                  publisher: Publisher, dispatcher: Dispatcher, limits: SessionLimits, *,
