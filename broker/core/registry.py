@@ -1,8 +1,12 @@
 """The sessions of a site: which connection owns each, opening with takeover,
-closing, expiry timers, wills, collection of sessions that expired while no site held
-them, and the periodic look for new streams. In a cluster a client id is owned by one
-site at a time (`ownership`): opening a session takes it over from the site that had
-it, and a site whose session was taken over lets go of it."""
+closing, expiry timers. Its collaborators: the ordered save of a session
+(`persist.py`), wills (`wills.py`), the collection of sessions that expired while no
+site held them (`session_gc.py`), the upkeep of the sessions' streams
+(`stream_upkeep.py`), the lock per client id (`client_locks.py`).
+
+In a cluster a client id is owned by one site at a time (`ownership`): opening a
+session takes it over from the site that had it, and a site whose session was taken
+over lets go of it."""
 
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..ds import DurableStorage, FencedError, Message
+from ..ds import DurableStorage, FencedError
 from ..errors import StratamqError
 from ..metrics import IN_FLIGHT, SESSIONS
 from ..mqtt.reason_codes import ReasonCode
@@ -23,10 +27,15 @@ from ..session.model import NEVER_EXPIRES, SessionRecord
 from ..session.session import Session
 from ..session.store import SessionStore
 from ..shared.groups import AbsentGroup
-from ..supervise import RESTART_PAUSE, note_task_failure, supervise
+from ..supervise import note_task_failure, supervise
+from .client_locks import ClientLocks
 from .dispatch import Dispatcher
 from .ownership import NotOwnerError, Ownership
+from .persist import SessionWriter
 from .publish import Publisher
+from .session_gc import SessionCollector
+from .stream_upkeep import StreamUpkeep
+from .wills import Wills
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +57,6 @@ class Owner(Protocol):
     async def kick(self, reason_code: int) -> None:
         """Close the connection because another took its session over."""
         ...
-
-
-@dataclass(slots=True)
-class _ClientLock:
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0  # holders and waiters
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,21 +83,21 @@ class SessionRegistry:
         self._storage = storage
         self._messages_db = messages_db
         self._store = store
-        self._publisher = publisher
         self._dispatcher = dispatcher
         self.limits = limits
         self._ownership = ownership
         self._groups_kept_for = groups_kept_for
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
-        # only while a client id's lock is held or awaited (see _lock)
-        self._session_locks: dict[str, _ClientLock] = {}
+        self._locks = ClientLocks()
         self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
-        self._will_timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # a finished one leaves the set
-        # per client id: the write of its session that callers wait for while one is
-        # under way (see persist)
-        self._next_persist: dict[str, tuple[Session, asyncio.Future[None]]] = {}
+        self._writer = SessionWriter(store, on_taken_over=self._lost)
+        self._wills = Wills(publisher, self._spawn)
+        self._collector = SessionCollector(store, publisher, dispatcher, self._locks,
+                                           self.sessions, limits.session_gc_interval,
+                                           ownership)
+        self._streams = StreamUpkeep(self.sessions, limits.renew_streams_interval)
         # Computed when scraped, so a connect costs nothing that grows with the
         # number of sessions.
         IN_FLIGHT.set_function(
@@ -105,8 +108,8 @@ class SessionRegistry:
             lambda: sum(1 for session in self.sessions.values() if not session.durable))
 
     def start(self) -> None:
-        self._spawn(supervise("session-gc", self._session_gc_loop), "session-gc")
-        self._spawn(supervise("renew-streams", self._renew_streams_loop), "renew-streams")
+        self._spawn(supervise("session-gc", self._collector.run), "session-gc")
+        self._spawn(supervise("renew-streams", self._streams.renew_loop), "renew-streams")
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str, loop: str = "") -> None:
         task = asyncio.create_task(work, name=name)
@@ -119,8 +122,8 @@ class SessionRegistry:
         """Sizes of the per-client state kept here (for tests and admin views): all
         of it goes when the sessions and connections it belongs to are gone."""
         return {"sessions": len(self.sessions), "connections": len(self.connections),
-                "locks": len(self._session_locks), "expiry_timers": len(self._expiry_timers),
-                "will_timers": len(self._will_timers), "tasks": len(self._tasks)}
+                "locks": len(self._locks), "expiry_timers": len(self._expiry_timers),
+                "will_timers": self._wills.pending(), "tasks": len(self._tasks)}
 
     async def stop(self) -> None:
         """Persist every durable session (connections are closed by the listeners)."""
@@ -128,8 +131,9 @@ class SessionRegistry:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for timer in [*self._expiry_timers.values(), *self._will_timers.values()]:
+        for timer in self._expiry_timers.values():
             timer.cancel()
+        self._wills.cancel_all()
         for session in list(self.sessions.values()):
             session.cancel_persist()  # a late one would find the storage closed
             if session.durable:
@@ -137,22 +141,6 @@ class SessionRegistry:
                     await self.persist(session, disconnected=session.outlet is None)
 
     # -- opening and closing ------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _lock(self, client_id: str) -> AsyncIterator[None]:
-        """Hold `client_id`'s lock; it is forgotten once nobody holds or awaits it, so
-        the locks do not pile up with every client id ever seen."""
-        entry = self._session_locks.get(client_id)
-        if entry is None:
-            entry = self._session_locks[client_id] = _ClientLock()
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if entry.users == 0:
-                del self._session_locks[client_id]
 
     def _new_session(self, client_id: str, expiry_interval: int, durable: bool) -> Session:
         return Session(client_id, durable=durable, expiry_interval=expiry_interval,
@@ -175,7 +163,7 @@ class SessionRegistry:
         if self._ownership is not None:
             epoch, groups_along = await self._take_ownership(client_id, username)
         while True:
-            async with self._lock(client_id):
+            async with self._locks.hold(client_id):
                 session = self.sessions.get(client_id)
                 record = None
                 ended = None  # the record left of a session that has ended
@@ -260,7 +248,7 @@ class SessionRegistry:
                             publish_will: bool) -> None:
         """The connection of a session has ended."""
         client_id = session.client_id
-        async with self._lock(client_id):
+        async with self._locks.hold(client_id):
             if self.connections.get(client_id) is connection:
                 del self.connections[client_id]
             if session.outlet is None and self.sessions.get(client_id) is not session:
@@ -295,7 +283,7 @@ class SessionRegistry:
                     log.warning("QoS 2 packet ids of ended session %r not forgotten: %s",
                                 client_id, exc)
                 if will is not None:
-                    self._publish_will(client_id, session)
+                    self._wills.publish(client_id, session)
                 return
             try:
                 await self.persist(session, disconnected=True)
@@ -311,39 +299,14 @@ class SessionRegistry:
             if will is not None:
                 delay = min(will.delay, session.expiry_interval)
                 if delay == 0:  # now, before a taking-over connection cancels timers
-                    self._publish_will(client_id, session)
+                    self._wills.publish(client_id, session)
                 else:
-                    self._will_timers[client_id] = loop.call_later(
-                        delay, self._publish_will, client_id, session)
+                    self._wills.publish_later(client_id, session, delay)
             if session.expiry_interval < NEVER_EXPIRES:
                 self._expiry_timers[client_id] = loop.call_later(
                     session.expiry_interval, self._expire_now, client_id, session)
 
-    # -- wills and expiry ---------------------------------------------------------
-
-    def _publish_will(self, client_id: str, session: Session) -> None:
-        self._will_timers.pop(client_id, None)
-        will = session.take_will()
-        if will is None:
-            return
-        self._spawn(self._store_will(session, will.to_message(client_id)),
-                    f"will-{client_id}", "session-will")
-
-    async def _store_will(self, session: Session, will: Message) -> None:
-        """Store a will, again and again while the storage cannot take it yet (a site
-        that reaches no majority of the shard's replicas, say); then write the session
-        without it. A site that stops meanwhile has the session stored with it."""
-        while True:
-            try:
-                await asyncio.gather(*self._publisher.publish_will(will))
-                break
-            except StratamqError as exc:
-                if not exc.recoverable:
-                    raise
-                log.warning("will of %r not stored yet (%s): tried again", will.client_id,
-                            exc.message)
-                await asyncio.sleep(RESTART_PAUSE)
-        session.request_persist()
+    # -- expiry ------------------------------------------------------------------
 
     def _expire_now(self, client_id: str, session: Session) -> None:
         self._expiry_timers.pop(client_id, None)
@@ -351,11 +314,11 @@ class SessionRegistry:
             self._spawn(self._expire(session), f"expire-{client_id}", "session-expiry")
 
     async def _expire(self, session: Session) -> None:
-        async with self._lock(session.client_id):
+        async with self._locks.hold(session.client_id):
             if session.outlet is not None:
                 return
             if session.will is not None:
-                self._publish_will(session.client_id, session)
+                self._wills.publish(session.client_id, session)
             await self._discard(session)
 
     async def _discard(self, session: Session) -> None:
@@ -377,53 +340,14 @@ class SessionRegistry:
             return
 
     def _cancel_timers(self, client_id: str) -> None:
-        for timers in (self._will_timers, self._expiry_timers):
-            timer = timers.pop(client_id, None)
-            if timer is not None:
-                timer.cancel()
+        self._wills.cancel(client_id)
+        timer = self._expiry_timers.pop(client_id, None)
+        if timer is not None:
+            timer.cancel()
 
     async def persist(self, session: Session, disconnected: bool = False) -> None:
-        if disconnected or not session.persist_lock.locked():
-            await self._persist_now(session, disconnected)
-            return
-        # A write of the session is under way: callers meanwhile share the one after
-        # it, which takes the session's state when it starts (theirs included). On a
-        # replicated site a write waits for a majority of a shard's replicas: one
-        # write per QoS 2 acknowledgement would bound a session's throughput by it.
-        shared = self._next_persist.get(session.client_id)
-        if shared is None or shared[0] is not session or shared[1].done():
-            task = asyncio.ensure_future(self._persist_next(session))
-            # its callers see its error; none may be left to, once they are cancelled
-            task.add_done_callback(lambda done: done.cancelled() or done.exception())
-            shared = self._next_persist[session.client_id] = (session, task)
-        await asyncio.shield(shared[1])
-
-    async def _persist_next(self, session: Session) -> None:
-        async with session.persist_lock:
-            found = self._next_persist.get(session.client_id)
-            if found is not None and found[0] is session:
-                del self._next_persist[session.client_id]  # later callers: the next one
-            await self._persist_locked(session, False)
-
-    async def _persist_now(self, session: Session, disconnected: bool) -> None:
-        # One write of a session at a time, its record taken inside the lock: writes
-        # go through a thread pool, and an older record must never land last.
-        async with session.persist_lock:
-            await self._persist_locked(session, disconnected)
-
-    async def _persist_locked(self, session: Session, disconnected: bool) -> None:
-        if not session.durable:
-            return
-        record = session.to_record(
-            time.time() if disconnected or session.outlet is None else None)
-        try:
-            session.stored_parts = await self._store.save(record, session.stored_parts)
-        except FencedError:
-            self._lost(session)
-            raise
-        except BaseException:  # it may have been written or not: read what is, next time
-            session.stored_parts = None
-            raise
+        """Write a durable session's state (in order: see `SessionWriter`)."""
+        await self._writer.persist(session, disconnected)
 
     # -- ownership across sites (a cluster) -----------------------------------------
 
@@ -433,7 +357,7 @@ class SessionRegistry:
         that owned it keeps for it (read before that site is told to let go: it
         forgets them then)."""
         assert self._ownership is not None
-        async with self._lock(client_id):
+        async with self._locks.hold(client_id):
             held = self.sessions.get(client_id)
             subscriptions = [] if held is None else list(held.subscriptions.values())
             if held is None:
@@ -454,7 +378,7 @@ class SessionRegistry:
                 client_id, username, None if held is None else held.owner_epoch)
         except NotOwnerError as exc:
             raise NotSessionOwner(client_id) from exc
-        async with self._lock(client_id):
+        async with self._locks.hold(client_id):
             stale = self.sessions.get(client_id)
             if stale is not None and stale.owner_epoch != epoch and stale.outlet is None:
                 # a copy from before another site owned it: the store has the session
@@ -486,7 +410,7 @@ class SessionRegistry:
             await previous.kick(ReasonCode.SESSION_TAKEN_OVER)
             if self.connections.get(client_id) is previous:
                 del self.connections[client_id]
-        async with self._lock(client_id):
+        async with self._locks.hold(client_id):
             session = self.sessions.get(client_id)
             if session is not None and session.outlet is None:
                 self._forget_here(session)
@@ -522,97 +446,17 @@ class SessionRegistry:
 
     # -- background work ----------------------------------------------------------
 
-    async def _session_gc_loop(self) -> None:
-        first_pause = min(RESTART_PAUSE, self.limits.session_gc_interval)
-        retry_pause = first_pause
-        while True:
-            try:
-                await self.collect_expired_sessions()
-            except StratamqError as exc:
-                if not exc.recoverable:
-                    raise  # a fault: supervised (logged with its traceback, counted)
-                # The storage not readable yet (a cluster site before its placement)
-                # or slow: expected and passing, so one line, and a pass again soon
-                # (sooner than the interval), less and less often.
-                log.warning("session GC pass not done (%s); trying again in %.0fs",
-                            exc.message, retry_pause)
-                await asyncio.sleep(retry_pause)
-                retry_pause = min(retry_pause * 2, self.limits.session_gc_interval)
-                continue
-            retry_pause = first_pause
-            await asyncio.sleep(self.limits.session_gc_interval)
+    # -- the work of collaborators, for the broker and tests ------------------------
 
     async def collect_expired_sessions(self) -> int:
-        """Delete stored sessions that expired while no site held them in memory
-        (after a restart, say) and publish their wills. Returns how many."""
-        now = time.time()
-        removed = 0
-        for client_id in await self._store.client_ids():
-            # Under the client's lock, and read again: a client that reconnected since
-            # the scan has its session in memory (or has ended it), whose record and
-            # QoS 2 ids must not be touched from here.
-            async with self._lock(client_id):
-                if client_id in self.sessions:
-                    continue
-                try:
-                    removed += await self._collect(client_id, now)
-                except FencedError:  # taken by another site meanwhile: it is that one's
-                    continue
-        return removed
-
-    async def _collect(self, client_id: str, now: float) -> int:
-        """Under the client's lock: expire its stored session if it has (1), publish
-        its will once due."""
-        epoch = None
-        if self._store.fenced and self._ownership is not None:
-            epoch = await self._ownership.may_collect(client_id)
-            if epoch is None:
-                return 0  # its owner site collects it
-        record = await self._store.load(client_id)
-        if record is None:
-            return 0
-        if epoch is not None:  # adopted here, maybe
-            record.owner_epoch = epoch
-        stored = record.as_parts()
-        if record.disconnected_at is None:
-            # It was connected when its site stopped without saying goodbye: its expiry
-            # (and will delay) count from now, when the site is back (or adopted it).
-            record.disconnected_at = now
-            stored = await self._store.save(record, stored)
-        if record.will is not None and record.disconnected_at + min(
-                record.will.delay, record.expiry_interval) <= now:
-            self._publisher.publish_will(record.will.to_message(record.client_id))
-            record.will = None
-            stored = await self._store.save(record, stored)
-        if not record.expired(now):
-            return 0
-        await self._store.delete(record.client_id, record.owner_epoch)
-        await self._store.forget_qos2(record.client_id, record.owner_epoch)
-        self._dispatcher.session_ended(client_id)
-        log.info("stored session of %r expired: deleted", client_id)
-        return 1
-
-    async def _renew_streams_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.limits.renew_streams_interval)
-            # Cheap per session: it looks only at streams learned since its last look
-            # (and wakes its replay, see Session.renew_new_streams).
-            for session in list(self.sessions.values()):
-                if session.durable and session.outlet is not None:
-                    session.streams.renew_new()
+        """One pass of the collection of expired stored sessions (`SessionCollector`)."""
+        return await self._collector.collect_expired_sessions()
 
     async def before_generation_drop(self, shard: int, generation: int) -> None:
-        """Retention is about to drop a generation of the messages: each session in
-        memory counts what it loses with it."""
-        for session in list(self.sessions.values()):
-            await session.streams.before_generation_drop(shard, generation)
+        await self._streams.before_generation_drop(shard, generation)
 
     def on_feed_gap(self, shard: int, since: int) -> None:
-        """The commit feed of a shard may have missed messages here (see
-        `Database.add_feed_gap_listener`)."""
-        for session in list(self.sessions.values()):
-            session.replay.on_feed_gap(shard, since)
+        self._streams.on_feed_gap(shard, since)
 
     def after_generation_drop(self, shard: int, generation: int) -> None:
-        for session in list(self.sessions.values()):
-            session.streams.after_generation_drop(shard, generation)
+        self._streams.after_generation_drop(shard, generation)
