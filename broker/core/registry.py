@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,24 +29,15 @@ from ..shared.groups import AbsentGroup
 from ..supervise import note_task_failure, supervise
 from .client_locks import ClientLocks
 from .dispatch import Dispatcher
-from .ownership import NotOwnerError, Ownership
+from .ownership import Ownership
 from .persist import SessionWriter
 from .publish import Publisher
 from .session_gc import SessionCollector
 from .stream_upkeep import StreamUpkeep
+from .takeover import NotSessionOwner, SiteTakeover, resumable
 from .wills import Wills
 
 log = logging.getLogger(__name__)
-
-class NotSessionOwner(Exception):
-    """The session of this client id belongs to another user."""
-
-
-def _resumable(record: SessionRecord) -> bool:
-    # Expiry 0 in a record: its connection was cut by a crash, and with it the
-    # session ended.
-    return not record.expired(time.time()) and record.expiry_interval > 0
-
 
 class Owner(Protocol):
     """What the registry needs of the client connection that holds a session."""
@@ -72,7 +62,13 @@ class SessionLimits:
 class SessionRegistry:
     """`ownership` on a cluster: who owns each client id is decided across sites.
     `groups_kept_for`: (client id, site, group keys) -> the shared groups that site
-    keeps for the client (`shared/positions.py`), which move here with its session."""
+    keeps for the client (`shared/positions.py`), which move here with its session.
+
+    Past ~300 lines for a reason: it keeps the table of the sessions in memory and
+    of their connections, and every change of them is here, under the lock per
+    client id: opening (with takeover), closing, expiry, and letting go of a session
+    another site took over. Split apart, several classes would change one table.
+    What only reads the table, or needs none of it, is in the collaborators."""
 
     def __init__(self, storage: DurableStorage, messages_db: str, store: SessionStore,
                  publisher: Publisher, dispatcher: Dispatcher, limits: SessionLimits, *,
@@ -85,8 +81,6 @@ class SessionRegistry:
         self._store = store
         self._dispatcher = dispatcher
         self.limits = limits
-        self._ownership = ownership
-        self._groups_kept_for = groups_kept_for
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
         self._locks = ClientLocks()
@@ -98,6 +92,8 @@ class SessionRegistry:
                                            self.sessions, limits.session_gc_interval,
                                            ownership)
         self._streams = StreamUpkeep(self.sessions, limits.renew_streams_interval)
+        self._takeover = None if ownership is None else SiteTakeover(
+            store, ownership, self._locks, self.sessions, self._forget_here, groups_kept_for)
         # Computed when scraped, so a connect costs nothing that grows with the
         # number of sessions.
         IN_FLIGHT.set_function(
@@ -160,8 +156,8 @@ class SessionRegistry:
         client_id = connection.client_id
         epoch = None
         groups_along: dict[str, AbsentGroup] = {}
-        if self._ownership is not None:
-            epoch, groups_along = await self._take_ownership(client_id, username)
+        if self._takeover is not None:
+            epoch, groups_along = await self._takeover.take(client_id, username)
         while True:
             async with self._locks.hold(client_id):
                 session = self.sessions.get(client_id)
@@ -169,7 +165,7 @@ class SessionRegistry:
                 ended = None  # the record left of a session that has ended
                 if session is None:
                     record = await self._store.load(client_id)
-                    if record is not None and not _resumable(record):
+                    if record is not None and not resumable(record):
                         record, ended = None, record
                 owner = session.username if session is not None \
                     else record.username if record is not None else username
@@ -351,52 +347,6 @@ class SessionRegistry:
 
     # -- ownership across sites (a cluster) -----------------------------------------
 
-    async def _take_ownership(self, client_id: str, username: str | None
-                              ) -> tuple[int, dict[str, AbsentGroup]]:
-        """This site's owner epoch of the client id, and the shared groups the site
-        that owned it keeps for it (read before that site is told to let go: it
-        forgets them then)."""
-        assert self._ownership is not None
-        async with self._locks.hold(client_id):
-            held = self.sessions.get(client_id)
-            subscriptions = [] if held is None else list(held.subscriptions.values())
-            if held is None:
-                # a stored session of another user is refused before its owner site
-                # is told to let go of it
-                record = await self._store.load(client_id)
-                if record is not None and _resumable(record):
-                    if record.username != username:
-                        raise NotSessionOwner(client_id)
-                    subscriptions = record.subscriptions
-            elif held.username != username:
-                raise NotSessionOwner(client_id)
-        groups_along = await self._groups_kept_elsewhere(
-            client_id, {subscription.group_key for subscription in subscriptions
-                        if subscription.share_group is not None})
-        try:
-            epoch = await self._ownership.take(
-                client_id, username, None if held is None else held.owner_epoch)
-        except NotOwnerError as exc:
-            raise NotSessionOwner(client_id) from exc
-        async with self._locks.hold(client_id):
-            stale = self.sessions.get(client_id)
-            if stale is not None and stale.owner_epoch != epoch and stale.outlet is None:
-                # a copy from before another site owned it: the store has the session
-                self._forget_here(stale)
-        return epoch, groups_along
-
-    async def _groups_kept_elsewhere(self, client_id: str, group_keys: set[str]
-                                     ) -> dict[str, AbsentGroup]:
-        """The groups among `group_keys` that the site owning `client_id` keeps for
-        it, when that is another site (a storage error fails the connect, as the
-        session's own read does: the client tries again)."""
-        if not group_keys or self._groups_kept_for is None:
-            return {}
-        _epoch, owner = await self._store.owner_of(client_id)
-        if not owner or owner == self._store.owner:
-            return {}
-        return await self._groups_kept_for(client_id, owner, group_keys)
-
     async def release(self, client_id: str, username: str | None) -> bool:
         """Another site takes `client_id` over: close its connection here (0x8E
         Session taken over; a durable session persists what it has on the way) and
@@ -444,9 +394,7 @@ class SessionRegistry:
             self._spawn(connection.kick(ReasonCode.SESSION_TAKEN_OVER),
                         f"kick-{session.client_id}")
 
-    # -- background work ----------------------------------------------------------
-
-    # -- the work of collaborators, for the broker and tests ------------------------
+    # -- done by collaborators, for the broker and tests ---------------------------
 
     async def collect_expired_sessions(self) -> int:
         """One pass of the collection of expired stored sessions (`SessionCollector`)."""
