@@ -5,8 +5,8 @@ site held them (`session_gc.py`), the upkeep of the sessions' streams
 (`stream_upkeep.py`), the lock per client id (`client_locks.py`).
 
 In a cluster a client id is owned by one site at a time (`ownership`): opening a
-session takes it over from the site that had it, and a site whose session was taken
-over lets go of it."""
+session takes it over from the site that had it (`takeover.py`), and a site whose
+session was taken over lets go of it."""
 
 from __future__ import annotations
 
@@ -345,7 +345,7 @@ class SessionRegistry:
         """Write a durable session's state (in order: see `SessionWriter`)."""
         await self._writer.persist(session, disconnected)
 
-    # -- ownership across sites (a cluster) -----------------------------------------
+    # -- letting go of a session another site took over (a cluster) ----------------
 
     async def release(self, client_id: str, username: str | None) -> bool:
         """Another site takes `client_id` over: close its connection here (0x8E
