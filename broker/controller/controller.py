@@ -41,7 +41,6 @@ import logging
 import secrets
 import signal
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +72,8 @@ from ..net.address import listening, source_address, split_bind
 from . import decisions, terms
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
-from .sites import BadReportError, Report, SiteState, parse_held, parse_report
+from .site_client import SiteClient, site_url
+from .sites import Report, SiteState
 from .state import FolderLock, KnownSite, StateFiles
 from .views import site_view, storage_summary, storage_view
 
@@ -81,9 +81,6 @@ log = logging.getLogger(__name__)
 
 API = "/api/v1"
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
-REPLICATION_PATH = f"{API}/ds/replication"
-PLACEMENT_PATH = f"{API}/ds/placement"
-TERM_PATH = f"{API}/ds/controller-term"
 # The most connections the API holds (`http/guard.py`; then the one waiting longest
 # for its first request is closed). Its clients are the admin CLI, the operator,
 # Prometheus and probes: a handful at a time; 256 as the sites' admin ports.
@@ -133,32 +130,29 @@ class Controller:
         # (with every push) so that they collect the sessions those sites owned
         self.forgotten: set[str] = set(forgotten)
         self._lock = asyncio.Lock()
-        self._headers = {"Authorization": f"Bearer {config.token}"}
-        self._http: aiohttp.ClientSession | None = None
         self._listener: GuardedListener | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
-        self._unreachable: dict[str, str] = {}
         self.leader_changes = 0
         # times this controller took the sites' placement for its own
         self.adoptions = 0
         # sites that refused the last push (they keep another placement): the next
         # round adopts what the sites keep
         self._refused: set[str] = set()
-        self._unreadable: set[str] = set()  # sites whose kept placement could not be read
         self._registry = controller_registry(
             lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
                              self.adoptions, 0 if self.term is None else self.term.number,
                              self.fenced_by is not None), self.settings)
         self.port = 0
+        # requests to sites start from the controller's own address (when it binds one)
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5)),
+            connector=aiohttp.TCPConnector(local_addr=source_address(config.bind)))
+        self._site_client = SiteClient(self._http, config.token)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5))
-        # requests to sites start from the controller's own address (when it binds one)
-        self._http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(
-            local_addr=source_address(self.config.bind)))
         guard = ConnectionGuard("controller", descriptor_share(API_MAX_CONNECTIONS),
                                 HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
         app = web.Application(middlewares=[
@@ -201,9 +195,7 @@ class Controller:
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._http.close()
         self._folder_lock.release()
 
     async def _run(self) -> None:
@@ -225,7 +217,7 @@ class Controller:
     async def round(self) -> None:
         """Probe every site, decide, keep, push."""
         urls = list(self.urls)
-        reports = await asyncio.gather(*(self._probe(url) for url in urls))
+        reports = await asyncio.gather(*(self._site_client.probe(url) for url in urls))
         now = time.monotonic()
         async with self._lock:
             sites_changed = self._take_reports(urls, reports, now)
@@ -322,19 +314,12 @@ class Controller:
 
     async def _claim(self, site: SiteState) -> bool:
         """Claim this controller's term at `site`: True when it holds it now."""
-        assert self._http is not None and self.term is not None
-        try:
-            async with self._http.put(site.admin_url + TERM_PATH,
-                                      json={"term": self.term.to_json()},
-                                      headers=self._headers) as answer:
-                if answer.status != 200:
-                    return False
-                found = await answer.json()
-            self._notice_term(site.id, found.get("term") if isinstance(found, dict) else None)
-            return isinstance(found, dict) and found.get("accepted") is True
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            log.debug("claim of controller term %s at %s failed: %s", self.term, site.id, exc)
+        assert self.term is not None
+        answer = await self._site_client.claim(site, self.term)
+        if answer is None:
             return False
+        self._notice_term(site.id, answer.term)
+        return answer.accepted
 
     def _notice_term(self, site: str, value: object) -> None:
         """A site's answer named the term it holds: step aside when it is newer."""
@@ -370,7 +355,7 @@ class Controller:
         self._adopt_now = False
         answered = [site for site in self.sites.values()
                     if site.answered and site.placement_version is not None]
-        fetched = await asyncio.gather(*(self._fetch_held(site) for site in answered))
+        fetched = await asyncio.gather(*(self._site_client.fetch_held(site) for site in answered))
         held = {site.id: found[0] for site, found in zip(answered, fetched, strict=True)
                 if found is not None}
         forgotten = set().union(*(found[1] for found in fetched if found is not None))
@@ -388,43 +373,6 @@ class Controller:
         await self._save(adoption.state)
         self.state = adoption.state
         self.adoptions += 1
-
-    async def _fetch_held(self, site: SiteState) -> tuple[Placement, frozenset[str]] | None:
-        """The placement `site` keeps and the sites it was told are forgotten; None
-        when it keeps none or does not answer as it should."""
-        assert self._http is not None
-        try:
-            async with self._http.get(site.admin_url + PLACEMENT_PATH,
-                                      headers=self._headers) as answer:
-                if answer.status != 200:
-                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
-                document = await answer.json()
-            found = parse_held(document)
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
-            if site.id not in self._unreadable:  # once, not every round
-                log.warning("cannot read the placement site %s keeps: %s", site.id,
-                            str(exc) or type(exc).__name__)
-            self._unreadable.add(site.id)
-            return None
-        self._unreadable.discard(site.id)
-        return found
-
-    async def _probe(self, url: str) -> Report | None:
-        assert self._http is not None
-        try:
-            async with self._http.get(url + REPLICATION_PATH, headers=self._headers) as answer:
-                if answer.status != 200:
-                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
-                report = parse_report(await answer.json())
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
-            problem = str(exc) or type(exc).__name__
-            if self._unreachable.get(url) is None:
-                log.warning("site at %s does not answer: %s", url, problem)
-            self._unreachable[url] = problem
-            return None
-        if self._unreachable.pop(url, None) is not None:
-            log.info("site at %s answers", url)
-        return report
 
     async def _save(self, state: ClusterState) -> None:
         known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
@@ -452,28 +400,18 @@ class Controller:
                                for site in targets))
 
     async def _push_to(self, site: SiteState, body: Mapping[str, Any], version: int) -> None:
-        assert self._http is not None
-        try:
-            async with self._http.put(site.admin_url + PLACEMENT_PATH, json=body,
-                                      headers=self._headers) as answer:
-                found = await answer.json() if answer.status == 200 else None
-                if answer.status == 503:  # starting or stopping: the next round retries
-                    log.debug("site %s not ready for placement version %d", site.id, version)
-                elif found is None:
-                    log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
-                                version, answer.status, await answer.text())
-                elif found.get("accepted") is False and "term" in found and \
-                        self._is_newer(found["term"]):
-                    self._notice_term(site.id, found["term"])
-                elif found.get("accepted") is False:
-                    # it keeps a newer placement, or another under this version: this
-                    # controller's is stale; the next round adopts the sites'
-                    log.warning("site %s refused placement version %d: it keeps version "
-                                "%s; adopting the placement the sites keep", site.id,
-                                version, found.get("version"))
-                    self._refused.add(site.id)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            log.debug("push of placement version %d to %s failed: %s", version, site.id, exc)
+        refusal = await self._site_client.push(site, body, version)
+        if refusal is None:
+            return
+        if "term" in refusal and self._is_newer(refusal["term"]):
+            self._notice_term(site.id, refusal["term"])
+        else:
+            # it keeps a newer placement, or another under this version: this
+            # controller's is stale; the next round adopts the sites'
+            log.warning("site %s refused placement version %d: it keeps version "
+                        "%s; adopting the placement the sites keep", site.id,
+                        version, refusal.get("version"))
+            self._refused.add(site.id)
 
     # -- API ------------------------------------------------------------------------------
 
@@ -599,16 +537,6 @@ class Controller:
             await self._push(state.placement, everyone=True)  # the sites adopt its sessions
         log.info("site %s (%s) forgotten", site, gone.admin_url)
         return web.json_response({"site": site, "forgotten": True})
-
-
-def site_url(address: str) -> str:
-    """`host:port` or a URL -> the base URL of a site's admin API."""
-    if "://" not in address:
-        address = "http://" + address
-    parsed = urllib.parse.urlsplit(address)
-    if not parsed.hostname or parsed.port is None:
-        raise ValueError(f"{address!r} is not host:port or http://host:port")
-    return address.rstrip("/")
 
 
 async def run_controller(config: ControllerConfig) -> None:
