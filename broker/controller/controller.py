@@ -6,10 +6,9 @@ heartbeat probe), hands what it learned to `decisions.decide` (first placement,
 failover, the next step of a pending plan), keeps the result in its data folder
 (`state.StateFiles`, locked by `state.FolderLock`), and pushes the placement with
 `PUT /api/v1/ds/placement` to every site whenever it changes and to any site that
-reports an older version. It serves the cluster API of the admin CLI (`stratamq ctl
-ds ...`) with the same bearer-token scheme as the sites, and calls the sites with
-that same token. The API's listener is guarded (`http/guard.py`): whoever reaches
-it cannot hold the controller's file descriptors.
+reports an older version. It calls the sites through `site_client.py` with the
+bearer token of the cluster, and serves the cluster API of the admin CLI (`stratamq
+ctl ds ...`, `api.py`) with the same token; what that API changes it applies here.
 
 A controller is never ahead of the sites by construction, but it can be behind
 (restored from an older copy of its folder): when a site reports a newer placement
@@ -47,45 +46,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..admin.credentials import Credentials
-from ..admin.http_errors import BadRequestError
-from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
 from ..ds.replication.term import ControllerTerm, next_term, parse_term
-from ..errors import (
-    ControllerFencedError,
-    PlacementError,
-    UnknownDatabaseError,
-    UnknownSiteError,
-)
-from ..http.guard import (
-    HEADER_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    ConnectionGuard,
-    GuardedListener,
-    descriptor_share,
-)
+from ..errors import ControllerFencedError, PlacementError
+from ..http.guard import GuardedListener
 from ..net.address import listening, source_address, split_bind
 from . import decisions, terms
+from .api import ControllerAPI
 from .decisions import ClusterState, Settings
-from .metrics import Snapshot, controller_registry
-from .site_client import SiteClient, site_url
+from .metrics import Snapshot
+from .site_client import SiteClient
 from .sites import Report, SiteState
 from .state import FolderLock, KnownSite, StateFiles
-from .views import site_view, storage_summary, storage_view
 
 log = logging.getLogger(__name__)
-
-API = "/api/v1"
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
-# The most connections the API holds (`http/guard.py`; then the one waiting longest
-# for its first request is closed). Its clients are the admin CLI, the operator,
-# Prometheus and probes: a handful at a time; 256 as the sites' admin ports.
-API_MAX_CONNECTIONS = 256
-
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -97,10 +72,12 @@ class ControllerConfig:
 
 
 class Controller:
-    """The process: its heartbeat rounds, its pushes and its API share the state and
-    one lock, so they are one class (past 300 lines); what it decides is
-    `decisions.py`, what it shows `views.py` and `metrics.py`, what it parses
-    `sites.py`."""
+    """The process: its heartbeat rounds, the controller term, its pushes and the
+    changes its API asks for share the state and one lock; what it decides is
+    `decisions.py`, how it calls the sites `site_client.py`, what it serves `api.py`
+    (with `views.py` and `metrics.py`), what it parses `sites.py`. Past 300 lines
+    for that reason: the round, the term it must hold before it decides, and the
+    changes asked for are steps on the same state under that lock, in one order."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -130,7 +107,6 @@ class Controller:
         # (with every push) so that they collect the sessions those sites owned
         self.forgotten: set[str] = set(forgotten)
         self._lock = asyncio.Lock()
-        self._listener: GuardedListener | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
         self.leader_changes = 0
@@ -139,39 +115,19 @@ class Controller:
         # sites that refused the last push (they keep another placement): the next
         # round adopts what the sites keep
         self._refused: set[str] = set()
-        self._registry = controller_registry(
-            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
-                             self.adoptions, 0 if self.term is None else self.term.number,
-                             self.fenced_by is not None), self.settings)
-        self.port = 0
         # requests to sites start from the controller's own address (when it binds one)
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5)),
             connector=aiohttp.TCPConnector(local_addr=source_address(config.bind)))
         self._site_client = SiteClient(self._http, config.token)
+        self._api = ControllerAPI(self, config.token)
+        self._listener: GuardedListener | None = None
+        self.port = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        guard = ConnectionGuard("controller", descriptor_share(API_MAX_CONNECTIONS),
-                                HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
-        app = web.Application(middlewares=[
-            guard.middleware, errors,
-            authentication(Credentials(token=self.config.token), OPEN_PATHS)])
-        app.add_routes([
-            web.get("/healthz", self._healthz),
-            web.get("/metrics", self._metrics),
-            web.get(f"{API}/ds/sites", self._sites),
-            web.post(f"{API}/ds/sites", self._add_site),
-            web.get(f"{API}/ds/sites/{{site}}", self._site),
-            web.delete(f"{API}/ds/sites/{{site}}", self._forget),
-            web.get(f"{API}/ds/storages", self._storages),
-            web.get(f"{API}/ds/storages/{{db}}", self._storage),
-            web.put(f"{API}/ds/storages/{{db}}/replicas", self._set_replicas),
-            web.put(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._join),
-            web.delete(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._leave),
-        ])
-        listener = GuardedListener(app, guard, shutdown_timeout=2.0)
+        listener = self._api.listener()
         host, port = split_bind(self.config.bind)
         try:
             with listening("--bind", self.config.bind):
@@ -413,8 +369,6 @@ class Controller:
                         version, refusal.get("version"))
             self._refused.add(site.id)
 
-    # -- API ------------------------------------------------------------------------------
-
     def _is_newer(self, value: object) -> bool:
         assert self.term is not None
         try:
@@ -422,72 +376,21 @@ class Controller:
         except PlacementError:
             return False
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        """200 `ok`, or 503 `fenced` once the sites hold a newer controller's term;
-        with this controller's term and whether a majority of the sites holds it."""
-        fenced = self.fenced_by is not None
-        return web.json_response({
-            "status": "fenced" if fenced else "ok",
-            "term": None if self.term is None else self.term.to_json(),
-            "holds_term": self.claimed and not fenced,
-            "fenced_by": None if self.fenced_by is None else self.fenced_by.to_json(),
-        }, status=503 if fenced else 200)
+    # -- what the API (`api.py`) asks ---------------------------------------------------
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self._registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.state, dict(self.sites), self.leader_changes, self.adoptions,
+                        0 if self.term is None else self.term.number,
+                        self.fenced_by is not None)
 
-    def _site_state(self, site: str) -> SiteState:
-        found = self.sites.get(site)
-        if found is None:
-            raise UnknownSiteError(f"unknown site {site!r} (known: "
-                                   f"{', '.join(sorted(self.sites)) or 'none'})")
-        return found
-
-    async def _sites(self, _request: web.Request) -> web.Response:
-        now = time.monotonic()
-        return listing([site_view(self.sites[site], self.state.placement, now, self.settings)
-                        for site in sorted(self.sites)])
-
-    async def _add_site(self, request: web.Request) -> web.Response:
-        """Probe one more site from now on: body `{"admin_url": "http://host:port"}`.
-        It is known by its id once it answers; `ds join` / `set-replicas` give it
-        replicas."""
-        body = await json_value(request)
-        address = body.get("admin_url") if isinstance(body, dict) else None
-        try:
-            url = site_url(address) if isinstance(address, str) else None
-        except ValueError as exc:
-            raise BadRequestError(str(exc)) from exc
-        if url is None:
-            raise BadRequestError('give the site as {"admin_url": "http://host:port"}')
+    def add_site(self, url: str) -> None:
+        """Probe the site at `url` from now on."""
         if url not in self.urls:
             self.urls.append(url)
             log.info("site at %s added: probed from now on", url)
-        return web.json_response({"admin_url": url, "probed": True}, status=202)
 
-    async def _site(self, request: web.Request) -> web.Response:
-        found = self._site_state(request.match_info["site"])
-        return web.json_response(site_view(found, self.state.placement, time.monotonic(),
-                                           self.settings))
-
-    def _database(self, request: web.Request) -> str:
-        database = request.match_info["db"]
-        if database not in self.settings.databases:
-            raise UnknownDatabaseError(f"no database {database!r} (the cluster has: "
-                                       f"{', '.join(self.settings.databases)})")
-        return database
-
-    async def _storages(self, _request: web.Request) -> web.Response:
-        return listing([storage_summary(database, self.state, self.settings)
-                        for database in self.settings.databases])
-
-    async def _storage(self, request: web.Request) -> web.Response:
-        return web.json_response(storage_view(self._database(request), self.state,
-                                              self.sites, self.settings))
-
-    async def _change(self, database: str,
-                      change: Callable[[ClusterState, float], ClusterState]) -> web.Response:
+    async def change(self, database: str,
+                     change: Callable[[ClusterState, float], ClusterState]) -> None:
         """Apply an operator request: a new plan (or a refusal that changes nothing),
         kept on disk before it is answered; the rounds carry it out."""
         self._fence_check()
@@ -500,31 +403,9 @@ class Controller:
                 log.info("%s: new goal %s; plan: %s", database,
                          ", ".join(decisions.goal_of(state, database)),
                          "; ".join(steps) or "nothing to do")
-        return web.json_response(storage_view(database, self.state, self.sites,
-                                              self.settings))
 
-    async def _set_replicas(self, request: web.Request) -> web.Response:
-        database = self._database(request)
-        body = await json_value(request)
-        wanted = body.get("sites") if isinstance(body, dict) else body
-        if not isinstance(wanted, list) or not all(isinstance(site, str) for site in wanted):
-            raise BadRequestError('give the sites as a JSON list of site ids, or as '
-                                  '{"sites": ["SITE", ...]}')
-        return await self._change(database, lambda state, now: decisions.set_replicas(
-            state, database, wanted, self.sites, now, self.settings))
-
-    async def _join(self, request: web.Request) -> web.Response:
-        database, site = self._database(request), request.match_info["site"]
-        return await self._change(database, lambda state, now: decisions.join(
-            state, database, site, self.sites, now, self.settings))
-
-    async def _leave(self, request: web.Request) -> web.Response:
-        database, site = self._database(request), request.match_info["site"]
-        return await self._change(database, lambda state, now: decisions.leave(
-            state, database, site, self.sites, now, self.settings))
-
-    async def _forget(self, request: web.Request) -> web.Response:
-        site = request.match_info["site"]
+    async def forget(self, site: str) -> None:
+        """Forget `site` for good; the sites are told at once (they adopt its sessions)."""
         self._fence_check()
         async with self._lock:
             state = decisions.forget(self.state, site, self.sites, time.monotonic(),
@@ -536,7 +417,6 @@ class Controller:
             self.state = state
             await self._push(state.placement, everyone=True)  # the sites adopt its sessions
         log.info("site %s (%s) forgotten", site, gone.admin_url)
-        return web.json_response({"site": site, "forgotten": True})
 
 
 async def run_controller(config: ControllerConfig) -> None:
