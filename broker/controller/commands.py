@@ -92,7 +92,8 @@ def controller_parser() -> argparse.ArgumentParser:
 def cluster_main(argv: list[str]) -> int:
     # Imported here: the supervisor does not need aiohttp, the controller does.
     if argv[:1] == ["controller"]:
-        from .controller import ControllerConfig, run_controller, site_url
+        from .controller import ControllerConfig, run_controller
+        from .site_client import site_url
 
         arguments = controller_parser().parse_args(argv[1:])
         try:

@@ -6,10 +6,9 @@ heartbeat probe), hands what it learned to `decisions.decide` (first placement,
 failover, the next step of a pending plan), keeps the result in its data folder
 (`state.StateFiles`, locked by `state.FolderLock`), and pushes the placement with
 `PUT /api/v1/ds/placement` to every site whenever it changes and to any site that
-reports an older version. It serves the cluster API of the admin CLI (`stratamq ctl
-ds ...`) with the same bearer-token scheme as the sites, and calls the sites with
-that same token. The API's listener is guarded (`http/guard.py`): whoever reaches
-it cannot hold the controller's file descriptors.
+reports an older version. It calls the sites through `site_client.py` with the
+bearer token of the cluster, and serves the cluster API of the admin CLI (`stratamq
+ctl ds ...`, `api.py`) with the same token; what that API changes it applies here.
 
 A controller is never ahead of the sites by construction, but it can be behind
 (restored from an older copy of its folder): when a site reports a newer placement
@@ -41,54 +40,27 @@ import logging
 import secrets
 import signal
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..admin.credentials import Credentials
-from ..admin.http_errors import BadRequestError
-from ..admin.middleware import authentication, errors, json_value, listing
 from ..ds.replication import Placement
 from ..ds.replication.term import ControllerTerm, next_term, parse_term
-from ..errors import (
-    ControllerFencedError,
-    PlacementError,
-    UnknownDatabaseError,
-    UnknownSiteError,
-)
-from ..http.guard import (
-    HEADER_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    ConnectionGuard,
-    GuardedListener,
-    descriptor_share,
-)
+from ..errors import ControllerFencedError, PlacementError
+from ..http.guard import GuardedListener
 from ..net.address import listening, source_address, split_bind
 from . import decisions, terms
+from .api import ControllerAPI
 from .decisions import ClusterState, Settings
-from .metrics import Snapshot, controller_registry
-from .sites import BadReportError, Report, SiteState, parse_held, parse_report
+from .metrics import Snapshot
+from .site_client import SiteClient
+from .sites import Report, SiteState
 from .state import FolderLock, KnownSite, StateFiles
-from .views import site_view, storage_summary, storage_view
 
 log = logging.getLogger(__name__)
-
-API = "/api/v1"
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
-REPLICATION_PATH = f"{API}/ds/replication"
-PLACEMENT_PATH = f"{API}/ds/placement"
-TERM_PATH = f"{API}/ds/controller-term"
-# The most connections the API holds (`http/guard.py`; then the one waiting longest
-# for its first request is closed). Its clients are the admin CLI, the operator,
-# Prometheus and probes: a handful at a time; 256 as the sites' admin ports.
-API_MAX_CONNECTIONS = 256
-
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -100,10 +72,12 @@ class ControllerConfig:
 
 
 class Controller:
-    """The process: its heartbeat rounds, its pushes and its API share the state and
-    one lock, so they are one class (past 300 lines); what it decides is
-    `decisions.py`, what it shows `views.py` and `metrics.py`, what it parses
-    `sites.py`."""
+    """The process: its heartbeat rounds, the controller term, its pushes and the
+    changes its API asks for share the state and one lock; what it decides is
+    `decisions.py`, how it calls the sites `site_client.py`, what it serves `api.py`
+    (with `views.py` and `metrics.py`), what it parses `sites.py`. Past 300 lines
+    for that reason: the round, the term it must hold before it decides, and the
+    changes asked for are steps on the same state under that lock, in one order."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -133,51 +107,27 @@ class Controller:
         # (with every push) so that they collect the sessions those sites owned
         self.forgotten: set[str] = set(forgotten)
         self._lock = asyncio.Lock()
-        self._headers = {"Authorization": f"Bearer {config.token}"}
-        self._http: aiohttp.ClientSession | None = None
-        self._listener: GuardedListener | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
-        self._unreachable: dict[str, str] = {}
         self.leader_changes = 0
         # times this controller took the sites' placement for its own
         self.adoptions = 0
         # sites that refused the last push (they keep another placement): the next
         # round adopts what the sites keep
         self._refused: set[str] = set()
-        self._unreadable: set[str] = set()  # sites whose kept placement could not be read
-        self._registry = controller_registry(
-            lambda: Snapshot(self.state, dict(self.sites), self.leader_changes,
-                             self.adoptions, 0 if self.term is None else self.term.number,
-                             self.fenced_by is not None), self.settings)
+        # requests to sites start from the controller's own address (when it binds one)
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5)),
+            connector=aiohttp.TCPConnector(local_addr=source_address(config.bind)))
+        self._site_client = SiteClient(self._http, config.token)
+        self._api = ControllerAPI(self, config.token)
+        self._listener: GuardedListener | None = None
         self.port = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5))
-        # requests to sites start from the controller's own address (when it binds one)
-        self._http = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(
-            local_addr=source_address(self.config.bind)))
-        guard = ConnectionGuard("controller", descriptor_share(API_MAX_CONNECTIONS),
-                                HEADER_TIMEOUT, KEEPALIVE_TIMEOUT)
-        app = web.Application(middlewares=[
-            guard.middleware, errors,
-            authentication(Credentials(token=self.config.token), OPEN_PATHS)])
-        app.add_routes([
-            web.get("/healthz", self._healthz),
-            web.get("/metrics", self._metrics),
-            web.get(f"{API}/ds/sites", self._sites),
-            web.post(f"{API}/ds/sites", self._add_site),
-            web.get(f"{API}/ds/sites/{{site}}", self._site),
-            web.delete(f"{API}/ds/sites/{{site}}", self._forget),
-            web.get(f"{API}/ds/storages", self._storages),
-            web.get(f"{API}/ds/storages/{{db}}", self._storage),
-            web.put(f"{API}/ds/storages/{{db}}/replicas", self._set_replicas),
-            web.put(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._join),
-            web.delete(f"{API}/ds/storages/{{db}}/replicas/{{site}}", self._leave),
-        ])
-        listener = GuardedListener(app, guard, shutdown_timeout=2.0)
+        listener = self._api.listener()
         host, port = split_bind(self.config.bind)
         try:
             with listening("--bind", self.config.bind):
@@ -201,9 +151,7 @@ class Controller:
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._http.close()
         self._folder_lock.release()
 
     async def _run(self) -> None:
@@ -225,7 +173,7 @@ class Controller:
     async def round(self) -> None:
         """Probe every site, decide, keep, push."""
         urls = list(self.urls)
-        reports = await asyncio.gather(*(self._probe(url) for url in urls))
+        reports = await asyncio.gather(*(self._site_client.probe(url) for url in urls))
         now = time.monotonic()
         async with self._lock:
             sites_changed = self._take_reports(urls, reports, now)
@@ -322,19 +270,12 @@ class Controller:
 
     async def _claim(self, site: SiteState) -> bool:
         """Claim this controller's term at `site`: True when it holds it now."""
-        assert self._http is not None and self.term is not None
-        try:
-            async with self._http.put(site.admin_url + TERM_PATH,
-                                      json={"term": self.term.to_json()},
-                                      headers=self._headers) as answer:
-                if answer.status != 200:
-                    return False
-                found = await answer.json()
-            self._notice_term(site.id, found.get("term") if isinstance(found, dict) else None)
-            return isinstance(found, dict) and found.get("accepted") is True
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            log.debug("claim of controller term %s at %s failed: %s", self.term, site.id, exc)
+        assert self.term is not None
+        answer = await self._site_client.claim(site, self.term)
+        if answer is None:
             return False
+        self._notice_term(site.id, answer.term)
+        return answer.accepted
 
     def _notice_term(self, site: str, value: object) -> None:
         """A site's answer named the term it holds: step aside when it is newer."""
@@ -370,7 +311,7 @@ class Controller:
         self._adopt_now = False
         answered = [site for site in self.sites.values()
                     if site.answered and site.placement_version is not None]
-        fetched = await asyncio.gather(*(self._fetch_held(site) for site in answered))
+        fetched = await asyncio.gather(*(self._site_client.fetch_held(site) for site in answered))
         held = {site.id: found[0] for site, found in zip(answered, fetched, strict=True)
                 if found is not None}
         forgotten = set().union(*(found[1] for found in fetched if found is not None))
@@ -388,43 +329,6 @@ class Controller:
         await self._save(adoption.state)
         self.state = adoption.state
         self.adoptions += 1
-
-    async def _fetch_held(self, site: SiteState) -> tuple[Placement, frozenset[str]] | None:
-        """The placement `site` keeps and the sites it was told are forgotten; None
-        when it keeps none or does not answer as it should."""
-        assert self._http is not None
-        try:
-            async with self._http.get(site.admin_url + PLACEMENT_PATH,
-                                      headers=self._headers) as answer:
-                if answer.status != 200:
-                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
-                document = await answer.json()
-            found = parse_held(document)
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
-            if site.id not in self._unreadable:  # once, not every round
-                log.warning("cannot read the placement site %s keeps: %s", site.id,
-                            str(exc) or type(exc).__name__)
-            self._unreadable.add(site.id)
-            return None
-        self._unreadable.discard(site.id)
-        return found
-
-    async def _probe(self, url: str) -> Report | None:
-        assert self._http is not None
-        try:
-            async with self._http.get(url + REPLICATION_PATH, headers=self._headers) as answer:
-                if answer.status != 200:
-                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
-                report = parse_report(await answer.json())
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
-            problem = str(exc) or type(exc).__name__
-            if self._unreachable.get(url) is None:
-                log.warning("site at %s does not answer: %s", url, problem)
-            self._unreachable[url] = problem
-            return None
-        if self._unreachable.pop(url, None) is not None:
-            log.info("site at %s answers", url)
-        return report
 
     async def _save(self, state: ClusterState) -> None:
         known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
@@ -452,30 +356,18 @@ class Controller:
                                for site in targets))
 
     async def _push_to(self, site: SiteState, body: Mapping[str, Any], version: int) -> None:
-        assert self._http is not None
-        try:
-            async with self._http.put(site.admin_url + PLACEMENT_PATH, json=body,
-                                      headers=self._headers) as answer:
-                found = await answer.json() if answer.status == 200 else None
-                if answer.status == 503:  # starting or stopping: the next round retries
-                    log.debug("site %s not ready for placement version %d", site.id, version)
-                elif found is None:
-                    log.warning("site %s refused placement version %d: HTTP %d %s", site.id,
-                                version, answer.status, await answer.text())
-                elif found.get("accepted") is False and "term" in found and \
-                        self._is_newer(found["term"]):
-                    self._notice_term(site.id, found["term"])
-                elif found.get("accepted") is False:
-                    # it keeps a newer placement, or another under this version: this
-                    # controller's is stale; the next round adopts the sites'
-                    log.warning("site %s refused placement version %d: it keeps version "
-                                "%s; adopting the placement the sites keep", site.id,
-                                version, found.get("version"))
-                    self._refused.add(site.id)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            log.debug("push of placement version %d to %s failed: %s", version, site.id, exc)
-
-    # -- API ------------------------------------------------------------------------------
+        refusal = await self._site_client.push(site, body, version)
+        if refusal is None:
+            return
+        if "term" in refusal and self._is_newer(refusal["term"]):
+            self._notice_term(site.id, refusal["term"])
+        else:
+            # it keeps a newer placement, or another under this version: this
+            # controller's is stale; the next round adopts the sites'
+            log.warning("site %s refused placement version %d: it keeps version "
+                        "%s; adopting the placement the sites keep", site.id,
+                        version, refusal.get("version"))
+            self._refused.add(site.id)
 
     def _is_newer(self, value: object) -> bool:
         assert self.term is not None
@@ -484,72 +376,21 @@ class Controller:
         except PlacementError:
             return False
 
-    async def _healthz(self, _request: web.Request) -> web.Response:
-        """200 `ok`, or 503 `fenced` once the sites hold a newer controller's term;
-        with this controller's term and whether a majority of the sites holds it."""
-        fenced = self.fenced_by is not None
-        return web.json_response({
-            "status": "fenced" if fenced else "ok",
-            "term": None if self.term is None else self.term.to_json(),
-            "holds_term": self.claimed and not fenced,
-            "fenced_by": None if self.fenced_by is None else self.fenced_by.to_json(),
-        }, status=503 if fenced else 200)
+    # -- what the API (`api.py`) asks ---------------------------------------------------
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self._registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.state, dict(self.sites), self.leader_changes, self.adoptions,
+                        0 if self.term is None else self.term.number,
+                        self.fenced_by is not None)
 
-    def _site_state(self, site: str) -> SiteState:
-        found = self.sites.get(site)
-        if found is None:
-            raise UnknownSiteError(f"unknown site {site!r} (known: "
-                                   f"{', '.join(sorted(self.sites)) or 'none'})")
-        return found
-
-    async def _sites(self, _request: web.Request) -> web.Response:
-        now = time.monotonic()
-        return listing([site_view(self.sites[site], self.state.placement, now, self.settings)
-                        for site in sorted(self.sites)])
-
-    async def _add_site(self, request: web.Request) -> web.Response:
-        """Probe one more site from now on: body `{"admin_url": "http://host:port"}`.
-        It is known by its id once it answers; `ds join` / `set-replicas` give it
-        replicas."""
-        body = await json_value(request)
-        address = body.get("admin_url") if isinstance(body, dict) else None
-        try:
-            url = site_url(address) if isinstance(address, str) else None
-        except ValueError as exc:
-            raise BadRequestError(str(exc)) from exc
-        if url is None:
-            raise BadRequestError('give the site as {"admin_url": "http://host:port"}')
+    def add_site(self, url: str) -> None:
+        """Probe the site at `url` from now on."""
         if url not in self.urls:
             self.urls.append(url)
             log.info("site at %s added: probed from now on", url)
-        return web.json_response({"admin_url": url, "probed": True}, status=202)
 
-    async def _site(self, request: web.Request) -> web.Response:
-        found = self._site_state(request.match_info["site"])
-        return web.json_response(site_view(found, self.state.placement, time.monotonic(),
-                                           self.settings))
-
-    def _database(self, request: web.Request) -> str:
-        database = request.match_info["db"]
-        if database not in self.settings.databases:
-            raise UnknownDatabaseError(f"no database {database!r} (the cluster has: "
-                                       f"{', '.join(self.settings.databases)})")
-        return database
-
-    async def _storages(self, _request: web.Request) -> web.Response:
-        return listing([storage_summary(database, self.state, self.settings)
-                        for database in self.settings.databases])
-
-    async def _storage(self, request: web.Request) -> web.Response:
-        return web.json_response(storage_view(self._database(request), self.state,
-                                              self.sites, self.settings))
-
-    async def _change(self, database: str,
-                      change: Callable[[ClusterState, float], ClusterState]) -> web.Response:
+    async def change(self, database: str,
+                     change: Callable[[ClusterState, float], ClusterState]) -> None:
         """Apply an operator request: a new plan (or a refusal that changes nothing),
         kept on disk before it is answered; the rounds carry it out."""
         self._fence_check()
@@ -562,31 +403,9 @@ class Controller:
                 log.info("%s: new goal %s; plan: %s", database,
                          ", ".join(decisions.goal_of(state, database)),
                          "; ".join(steps) or "nothing to do")
-        return web.json_response(storage_view(database, self.state, self.sites,
-                                              self.settings))
 
-    async def _set_replicas(self, request: web.Request) -> web.Response:
-        database = self._database(request)
-        body = await json_value(request)
-        wanted = body.get("sites") if isinstance(body, dict) else body
-        if not isinstance(wanted, list) or not all(isinstance(site, str) for site in wanted):
-            raise BadRequestError('give the sites as a JSON list of site ids, or as '
-                                  '{"sites": ["SITE", ...]}')
-        return await self._change(database, lambda state, now: decisions.set_replicas(
-            state, database, wanted, self.sites, now, self.settings))
-
-    async def _join(self, request: web.Request) -> web.Response:
-        database, site = self._database(request), request.match_info["site"]
-        return await self._change(database, lambda state, now: decisions.join(
-            state, database, site, self.sites, now, self.settings))
-
-    async def _leave(self, request: web.Request) -> web.Response:
-        database, site = self._database(request), request.match_info["site"]
-        return await self._change(database, lambda state, now: decisions.leave(
-            state, database, site, self.sites, now, self.settings))
-
-    async def _forget(self, request: web.Request) -> web.Response:
-        site = request.match_info["site"]
+    async def forget(self, site: str) -> None:
+        """Forget `site` for good; the sites are told at once (they adopt its sessions)."""
         self._fence_check()
         async with self._lock:
             state = decisions.forget(self.state, site, self.sites, time.monotonic(),
@@ -598,17 +417,6 @@ class Controller:
             self.state = state
             await self._push(state.placement, everyone=True)  # the sites adopt its sessions
         log.info("site %s (%s) forgotten", site, gone.admin_url)
-        return web.json_response({"site": site, "forgotten": True})
-
-
-def site_url(address: str) -> str:
-    """`host:port` or a URL -> the base URL of a site's admin API."""
-    if "://" not in address:
-        address = "http://" + address
-    parsed = urllib.parse.urlsplit(address)
-    if not parsed.hostname or parsed.port is None:
-        raise ValueError(f"{address!r} is not host:port or http://host:port")
-    return address.rstrip("/")
 
 
 async def run_controller(config: ControllerConfig) -> None:
