@@ -214,6 +214,11 @@ class Kubelet(ManagedProcess):
     def command(self) -> list[str]:
         return ["nice", "-n", "5", str(kube_binary("kubelet")), f"--config={self.config}",
                 f"--kubeconfig={self.kubeconfig}", f"--root-dir={self.workdir / 'root'}",
+                # Its own serving certificate: by default every node's kubelet makes one
+                # in the host's /var/lib/kubelet/pki, and one starting beside another
+                # read the other's half-written file ("missing content for serving
+                # cert") and exited.
+                f"--cert-dir={self.workdir / 'pki'}",
                 f"--hostname-override={self.node}", "--cloud-provider=external", "--v=1"]
 
 
