@@ -120,10 +120,10 @@ def _flat_metadata(items: Sequence[Any]) -> Iterator[Any]:
             yield item
 
 
-def _unwrap(annotation: Any) -> tuple[Any, list[Any], bool]:
-    """(the type, its metadata, whether None is allowed) of an annotation."""
+def _unwrap(annotation: Any) -> tuple[Any, list[Any]]:
+    """The type of an annotation, and its metadata. `X | None` is X: a key the spec
+    may leave out (it has no default then)."""
     metadata: list[Any] = []
-    optional = False
     while True:
         origin = get_origin(annotation)
         if origin is Annotated:
@@ -131,9 +131,8 @@ def _unwrap(annotation: Any) -> tuple[Any, list[Any], bool]:
             metadata.extend(_flat_metadata(extra))
         elif origin in (Union, types.UnionType) and type(None) in get_args(annotation):
             (annotation,) = [arg for arg in get_args(annotation) if arg is not type(None)]
-            optional = True
         else:
-            return annotation, metadata, optional
+            return annotation, metadata
 
 
 def _parser(metadata: Sequence[Any]) -> Callable[..., Any] | None:
@@ -165,7 +164,7 @@ def _limits(metadata: Sequence[Any], length: tuple[str, str]) -> dict[str, Any]:
 def value_schema(dotted: str, annotation: Any, metadata: Sequence[Any]) -> dict[str, Any]:
     """The schema of the value at `dotted` in the config (without description or
     default)."""
-    annotation, inner, _optional = _unwrap(annotation)
+    annotation, inner = _unwrap(annotation)
     metadata = [*_flat_metadata(metadata), *inner]
     parser = _parser(metadata)
     if parser is parse_duration:
@@ -215,7 +214,7 @@ def field_schema(dotted: str, info: FieldInfo) -> dict[str, Any]:
         schema["description"] = info.description
     default = info.get_default(call_default_factory=True)
     if default is not None:
-        _type, inner, _optional = _unwrap(info.annotation)
+        _type, inner = _unwrap(info.annotation)
         schema["default"] = spec_value(dotted, default, _parser([*info.metadata, *inner]))
     if isinstance(info.json_schema_extra, dict):
         schema.update(info.json_schema_extra)
