@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CONFIG ?= config/stratamq.yaml
 
 .PHONY: install kube-bin run test test-unit test-integration test-cluster test-spark \
-  test-kube test-realnode fuzz lint bench typecheck-tree clean kind-e2e
+  test-kube test-realnode fuzz lint bench typecheck-tree clean kind-e2e crds
 
 install: $(STAMP)
 
@@ -99,6 +99,12 @@ fuzz: $(STAMP)
 # helm; cannot run on the machines this project is built on): tools/kind/e2e.sh.
 kind-e2e:
 	tools/kind/e2e.sh
+
+# The DurableStorage CRD's sections that mirror the broker's config, written afresh from
+# its model (broker/config.py) into crds/ and the chart's copy (operator/crd_schema.py);
+# tests/unit/test_crd_schema.py fails until this is run after a change to the model.
+crds: $(PYTHON_STAMP)
+	$(BIN)/python -m stratamq.operator.crd_schema
 
 # mypy does not run import hooks, so it cannot see the editable install's
 # `stratamq.broker -> broker/` mapping; a tree of symlinks gives it the same view.

@@ -152,12 +152,16 @@ class _Section(BaseModel):
 class WriteBufferConfig(_Section):
     """Per-shard buffer in front of the storage: flushed at whichever limit hits first."""
 
-    max_items: PositiveInt = 1000
-    # How long a buffer waits for more messages before it flushes. 0 (the default):
-    # flush as soon as the shard is not writing; messages that arrive meanwhile share
-    # the next write (group commit), so batches still grow under load.
-    flush_interval: Linger = 0.0
-    max_bytes: ByteSize = parse_byte_size("16MiB")
+    max_items: PositiveInt = Field(
+        default=1000, description="Flush a shard's buffer once it holds this many messages.")
+    # 0 (the default): messages that arrive while the shard writes share the next
+    # write (group commit), so batches still grow under load.
+    flush_interval: Linger = Field(default=0.0, description=(
+        "Longest a message waits for more to share its write, e.g. 0ms, 5ms; 0ms: flush "
+        "as soon as the shard is not writing."))
+    max_bytes: ByteSize = Field(default=parse_byte_size("16MiB"), description=(
+        "Flush a shard's buffer once its payloads reach this size; also the most a shard "
+        "queues before publishers wait."))
 
 
 def _no_problem(problem: Callable[[int], str | None]) -> Callable[[int], int]:
@@ -170,29 +174,51 @@ def _no_problem(problem: Callable[[int], str | None]) -> Callable[[int], int]:
     return check
 
 
+# The sizes of the `wildcard_optimized` key (ignored by `wildcard_optimized_v2`), each
+# checked by the layout's own function.
+_TopicIndexBytes = Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+    _no_problem(wildcard_optimized.topic_index_bytes_problem))]
+_BitsPerTopicLevel = Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+    _no_problem(wildcard_optimized.bits_per_topic_level_problem))]
+_EpochBits = Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
+    _no_problem(wildcard_optimized.epoch_bits_problem))]
+
+
+def _key_size(default: int, maximum: int, description: str) -> Any:
+    """The Field of a size of the `wildcard_optimized` key: its range, which the
+    layout's function checks, is stated for a schema (the CRD's, operator/crd_schema.py)."""
+    return Field(default=default, description=description,
+                 json_schema_extra={"minimum": 1, "maximum": maximum})
+
+
 class LayoutConfig(_Section):
     """Storage layout of new generations (old generations keep the layout they have)."""
 
-    type: Literal["wildcard_optimized_v2", "wildcard_optimized"] = "wildcard_optimized_v2"
+    type: Literal["wildcard_optimized_v2", "wildcard_optimized"] = Field(
+        default="wildcard_optimized_v2", description=(
+            "Layout of new generations; a change takes effect at the next generation, old "
+            "generations keep theirs."))
     # Learned topic structure: distinct values at one trie node before the level becomes
-    # a `+` wildcard; first entry is the root, the last applies to every deeper level.
-    # A tuple, so a frozen config really cannot change.
+    # a `+` wildcard. A tuple, so a frozen config really cannot change.
     wildcard_thresholds: Annotated[
         tuple[PositiveInt, ...], BeforeValidator(_parse_int_list), Field(min_length=1)
-    ] = (100, 10)
-    # The key of `wildcard_optimized` (ignored by `wildcard_optimized_v2`): bytes of
-    # the stream's topic index, bits of each varying level's hash, and bits of the
-    # time within an epoch (an epoch is 2**epoch_bits µs; wildcard readers of that
-    # layout lag by up to one epoch).
-    topic_index_bytes: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
-        _no_problem(wildcard_optimized.topic_index_bytes_problem))] = \
-        wildcard_optimized.DEFAULT_TOPIC_INDEX_BYTES
-    bits_per_topic_level: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
-        _no_problem(wildcard_optimized.bits_per_topic_level_problem))] = \
-        wildcard_optimized.DEFAULT_BITS_PER_TOPIC_LEVEL
-    epoch_bits: Annotated[int, BeforeValidator(_reject_bool), AfterValidator(
-        _no_problem(wildcard_optimized.epoch_bits_problem))] = \
-        wildcard_optimized.DEFAULT_EPOCH_BITS
+    ] = Field(default=(100, 10), description=(
+        "Distinct values at a topic level before it becomes `+`; the root first, the last "
+        "entry for every deeper level."))
+    topic_index_bytes: _TopicIndexBytes = _key_size(
+        wildcard_optimized.DEFAULT_TOPIC_INDEX_BYTES, wildcard_optimized.MAX_TOPIC_INDEX_BYTES,
+        "wildcard_optimized only. Bytes of the 8-byte stream index at the start of each key; "
+        "fewer make shorter keys that streams may share (checked on read, counted as hash "
+        "collisions).")
+    bits_per_topic_level: _BitsPerTopicLevel = _key_size(
+        wildcard_optimized.DEFAULT_BITS_PER_TOPIC_LEVEL,
+        wildcard_optimized.MAX_BITS_PER_TOPIC_LEVEL,
+        "wildcard_optimized only. Bits of each varying level's 64-bit hash in the key; fewer "
+        "make shorter keys and more collisions (checked on read).")
+    epoch_bits: _EpochBits = _key_size(wildcard_optimized.DEFAULT_EPOCH_BITS,
+                                       wildcard_optimized.MAX_EPOCH_BITS, (
+        "wildcard_optimized only. Bits of the time within an epoch; an epoch is 2^epochBits "
+        "microseconds (20 is ~1.05 s), the most wildcard readers lag the writers."))
 
     def layout_options(self) -> dict[str, int]:
         """The options a new generation of `type` records."""
@@ -207,25 +233,41 @@ class MessagesDbConfig(_Section):
     """The `messages` database: MQTT messages, sharded by the publisher's client id."""
 
     data_dir: Annotated[str, Field(min_length=1)] = "data"
-    n_shards: PositiveInt = 16
-    sync_writes: bool = False
-    local_write_buffer: WriteBufferConfig = Field(default_factory=WriteBufferConfig)
-    layout: LayoutConfig = Field(default_factory=LayoutConfig)
+    n_shards: PositiveInt = Field(default=16, description=(
+        "Hash partitions of the messages database (n_shards); fixed when the storage is "
+        "created."))
+    sync_writes: bool = Field(default=False, description=(
+        "true: fsync every written batch (power-loss safe); false: the write-ahead log only "
+        "(process-crash safe)."))
+    local_write_buffer: WriteBufferConfig = Field(
+        default_factory=WriteBufferConfig, description=(
+            "Per-shard buffer in front of the storage (local_write_buffer), flushed at "
+            "whichever limit comes first."))
+    layout: LayoutConfig = Field(default_factory=LayoutConfig, description=(
+        "Storage layout of new generations; old generations keep theirs."))
     # The largest payload MQTT can carry: Remaining Length tops out at 268,435,455.
-    max_payload_bytes: Annotated[ByteSize, Field(le=MAX_MQTT_PAYLOAD)] = MAX_MQTT_PAYLOAD
-    # Memory the write path's topic caches may hold over all shards (topic names can
-    # be 64 KB each, so the bound is in bytes, not topics).
-    topic_cache_bytes: ByteSize = parse_byte_size("64MiB")
+    max_payload_bytes: Annotated[ByteSize, Field(le=MAX_MQTT_PAYLOAD)] = Field(
+        default=MAX_MQTT_PAYLOAD, description=(
+            "Largest accepted PUBLISH payload in bytes; 268435455 is the MQTT maximum."))
+    # In bytes, not topics: topic names can be 64 KB each.
+    topic_cache_bytes: ByteSize = Field(default=parse_byte_size("64MiB"), description=(
+        "Memory the write path's topic caches may hold, over all shards."))
     # The learned topic structure of a generation: levels learned at most (65535 is
     # the most a topic can have), and its estimated memory over all shards (each
     # shard its share). What goes past them is folded, not learned (`lts.TrieBounds`).
-    learned_topic_max_levels: Annotated[int, Field(ge=1, le=65535)] = 32
-    learned_topic_bytes: ByteSize = parse_byte_size("128MiB")
-    # How long a generation takes new messages before the next one starts; unset:
-    # `durable_sessions.message_retention_period`. A shorter one lets retention and
-    # the Spark GC job work in finer steps (and a test roll generations over without
-    # shortening retention).
-    generation_period: Duration | None = None
+    learned_topic_max_levels: Annotated[int, Field(ge=1, le=65535)] = Field(
+        default=32, description=(
+            "Topic levels the learned topic structure learns at most; the rest of a deeper "
+            "topic is folded into one varying level."))
+    learned_topic_bytes: ByteSize = Field(default=parse_byte_size("128MiB"), description=(
+        "Estimated memory of one generation's learned topic structures, over all shards; "
+        "past it, new topics are folded into the deepest state learned."))
+    # A shorter one also lets a test roll generations over without shortening retention.
+    generation_period: Duration | None = Field(default=None, description=(
+        "How long a generation takes new messages before the next one starts; unset, "
+        "durableSessions.messageRetentionPeriod. Shorter lets retention and the Spark GC "
+        "work in finer steps; a message then lives between the retention and the "
+        "retention plus this."))
 
 
 class DurableStorageConfig(_Section):
@@ -233,22 +275,30 @@ class DurableStorageConfig(_Section):
 
 
 class DurableSessionsConfig(_Section):
-    enable: bool = True
-    batch_size: PositiveInt = 100
-    idle_poll_interval: Duration = parse_duration("10s")
-    renew_streams_interval: Duration = parse_duration("1s")
-    session_gc_interval: Duration = parse_duration("10m")
-    message_retention_period: Duration = parse_duration("1d")
-    # In a cluster: how often an idle shard leader heartbeats its followers. The site
-    # reports it to the controller, which fails a shard over once its leader has heard
-    # from no majority of its replicas for three of these (or for three of the
-    # controller's own probe intervals, if longer); shorter costs more messages.
-    heartbeat_interval: Duration = parse_duration("1s")
-    # Per-topic retention (`sensors/#: 7d`): the most specific matching filter wins,
-    # other topics keep `message_retention_period`. The Spark GC job applies them
-    # (`stratamq spark gc`); the site drops a generation whole only once the longest
-    # retention has passed.
-    retention_rules: dict[str, Duration] = Field(default_factory=dict)
+    enable: bool = Field(default=True, description=(
+        "Keep sessions with clean start false / session expiry > 0 in the durable storage."))
+    batch_size: PositiveInt = Field(default=100, description=(
+        "Most messages a session reads from one stream in one go."))
+    idle_poll_interval: Duration = Field(default=parse_duration("10s"), description=(
+        "Longest a caught-up session waits before polling storage again."))
+    renew_streams_interval: Duration = Field(default=parse_duration("1s"), description=(
+        "How often sessions look for new streams matching their subscriptions."))
+    session_gc_interval: Duration = Field(default=parse_duration("10m"), description=(
+        "How often expired sessions are looked for and deleted."))
+    message_retention_period: Duration = Field(default=parse_duration("1d"), description=(
+        "How long messages are kept (retention); a message lives between 1x and 2x this "
+        "period."))
+    # In a cluster: the site reports it to the controller; shorter costs more messages.
+    heartbeat_interval: Duration = Field(default=parse_duration("1s"), description=(
+        "How often an idle shard leader heartbeats its followers; the controller fails a "
+        "shard over once its leader has heard from no majority of its replicas for three "
+        "of these (or three of the controller's own probe intervals)."))
+    # The Spark GC job applies them (`stratamq spark gc`); the site drops a generation
+    # whole only once the longest retention has passed.
+    retention_rules: dict[str, Duration] = Field(default_factory=dict, description=(
+        "Per-topic retention, topic filter to duration (sensors/#: 7d); the most specific "
+        "filter wins, other topics keep messageRetentionPeriod. Applied by the Spark GC "
+        "job."))
 
     @field_validator("retention_rules")
     @classmethod
@@ -337,28 +387,37 @@ class ListenersConfig(_Section):
 class MqttConfig(_Section):
     """Protocol limits, each with a production default."""
 
-    max_connections: PositiveInt = 100_000
-    max_packet_size: Annotated[ByteSize, Field(le=268_435_460)] = parse_byte_size("1MiB")
+    max_connections: PositiveInt = Field(default=100_000, description=(
+        "Client connections a site accepts at once."))
+    max_packet_size: Annotated[ByteSize, Field(le=268_435_460)] = Field(
+        default=parse_byte_size("1MiB"), description=(
+            "Largest MQTT packet accepted or sent, header included (at most 256MiB)."))
     max_topic_levels: PositiveInt = 128
-    # Subscriptions one session may hold; SUBSCRIBE beyond it gets Quota exceeded.
-    max_subscriptions: PositiveInt = 1000
-    # Outbound QoS 1/2 messages in flight per client (also capped by its Receive Maximum).
-    max_inflight: Annotated[int, Field(ge=1, le=65535)] = 128
-    # Messages queued per client beyond the in-flight window. When it is full, QoS 0
-    # messages are dropped (counted); QoS 1/2 ones wait in storage and are read from
-    # there once there is room again (transient and durable sessions alike).
-    max_queued_messages: PositiveInt = 1000
-    # Inbound QoS 1/2 messages a client may have unacknowledged (MQTT 5 Receive Maximum).
-    receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 128
+    # SUBSCRIBE beyond it gets Quota exceeded.
+    max_subscriptions: PositiveInt = Field(default=1000, description=(
+        "Subscriptions one session may hold."))
+    # Also capped by the client's Receive Maximum.
+    max_inflight: Annotated[int, Field(ge=1, le=65535)] = Field(default=128, description=(
+        "Outbound QoS 1/2 messages awaiting acknowledgement per client."))
+    # When it is full, QoS 0 messages are dropped (counted); QoS 1/2 ones wait in
+    # storage and are read from there once there is room again (transient and durable
+    # sessions alike).
+    max_queued_messages: PositiveInt = Field(default=1000, description=(
+        "Messages queued per client beyond the in-flight window."))
+    # MQTT 5 Receive Maximum.
+    receive_maximum: Annotated[int, Field(ge=1, le=65535)] = Field(default=128, description=(
+        "Inbound QoS 1/2 messages a client may leave unacknowledged."))
     topic_alias_maximum: Annotated[int, Field(ge=0, le=65535)] = 64
-    # Time from accept to a whole CONNECT, however the bytes trickle in.
-    connect_timeout: Duration = parse_duration("10s")
-    # Largest CONNECT accepted (at most max_packet_size): what a client sends before it
-    # has authenticated is buffered, so this is small. A larger one (a will message of
-    # that size) is refused (Packet too large) as soon as its fixed header is in.
-    max_connect_packet_size: ByteSize = parse_byte_size("64KiB")
-    # Longest keepalive a client may ask for; longer requests get this (Server Keep Alive).
-    max_keepalive: Annotated[int, Field(ge=1, le=65535)] = 65535
+    connect_timeout: Duration = Field(default=parse_duration("10s"), description=(
+        "Time from accept to a whole CONNECT, however its bytes trickle in."))
+    # What a client sends before it has authenticated is buffered, so this is small; a
+    # larger one (a will message of that size) is refused with Packet too large.
+    max_connect_packet_size: ByteSize = Field(default=parse_byte_size("64KiB"), description=(
+        "Largest CONNECT accepted (at most maxPacketSize); a larger one is refused as soon "
+        "as its fixed header is in."))
+    # Longer requests get this (Server Keep Alive).
+    max_keepalive: Annotated[int, Field(ge=1, le=65535)] = Field(default=65535, description=(
+        "Longest keepalive a client may ask for, in seconds."))
 
 
 class AdminConfig(_Section):
@@ -396,21 +455,24 @@ class ClusterConfig(_Section):
     # host:port other sites reach the peer port at; empty: peer_bind, with 0.0.0.0
     # read as 127.0.0.1.
     advertise: Annotated[str, Field(pattern=r"^(.*:\d+)?$")] = ""
-    # A write not committed by a majority of its shard's replicas by then fails; the
-    # client is not acknowledged and may resend.
-    write_timeout: Duration = parse_duration("5s")
-    # Shard log entries kept beyond what every replica of the shard holds, so that a
-    # briefly lagging follower catches up from the log rather than a checkpoint;
-    # older entries are trimmed.
-    log_retain_entries: PositiveInt = 10_000
-    # Bytes per second a site sends a checkpoint at to a replica that bootstraps from
-    # it (e.g. 50MiB), so a joining site does not take the whole network or disk;
-    # None: as fast as it goes.
-    checkpoint_rate: ByteSize | None = None
-    # At a graceful stop (SIGTERM), how long a site that leads shards waits for the
-    # controller to name other replicas their leaders, serving meanwhile; then it
-    # stops anyway and what it still leads fails over. 0: it does not wait.
-    handover_timeout: Linger = parse_duration("10s")
+    # The client is not acknowledged and may resend.
+    write_timeout: Duration = Field(default=parse_duration("5s"), description=(
+        "A write not committed by a majority of its shard's replicas by then fails (the "
+        "client is not acknowledged)."))
+    # So that a briefly lagging follower catches up from the log rather than a
+    # checkpoint; older entries are trimmed.
+    log_retain_entries: PositiveInt = Field(default=10_000, description=(
+        "Shard log entries kept beyond what every replica holds; a new replica of a longer "
+        "log bootstraps from a checkpoint of its leader."))
+    # So that a joining site does not take the whole network or disk.
+    checkpoint_rate: ByteSize | None = Field(default=None, description=(
+        "Bytes per second a site sends a checkpoint at to a replica that bootstraps from "
+        "it, such as 50MiB; absent, as fast as it goes."))
+    # At SIGTERM; the controller names the other leaders.
+    handover_timeout: Linger = Field(default=parse_duration("10s"), description=(
+        "At a graceful stop, how long a site that leads shards waits for other replicas to "
+        "be named their leaders, serving meanwhile (then what it still leads fails over); "
+        "0s: it does not wait. Keep it below the pods' termination grace period (60s)."))
     # The failure zone this site runs in (e.g. a Kubernetes node's
     # topology.kubernetes.io/zone), reported to the controller, which keeps a shard's
     # replicas in distinct zones as far as the zones allow; None: not known (the site

@@ -37,7 +37,6 @@ controller's state through attributes that a round replaces whole, never mutates
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import secrets
@@ -68,6 +67,7 @@ from .resources import API_VERSION, KIND, Owner
 from .sites import Bootstraps, held_placement, probe_all, push
 from .spec import DEFAULT_HISTORY_LIMIT, StorageSpec
 from .status import ReplicationView
+from .times import timestamp
 from .transitions import (
     STORAGE_LABEL,
     TRANSITION_API,
@@ -86,10 +86,6 @@ EVENT_COMPONENT = "stratamq-operator"
 def ordinal(pod: str) -> int:
     """A StatefulSet pod's ordinal: `mq-3` -> 3."""
     return int(pod.rsplit("-", 1)[1])
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def settings_of(spec: StorageSpec, heartbeat: float) -> Settings:
@@ -380,7 +376,8 @@ class StorageController:
                 return
         # Kept: the failovers are this operator's; said before the status can show them.
         for move in decision.leader_moves:
-            self._post(leader_move_event(self.owner, move, site_pods, utc_now()))
+            self._post(leader_move_event(self.owner, move, site_pods,
+                                         timestamp(time.time())))
         with self._publish_lock:  # what view() reads, all of one round
             self.earlier_sites = self.sites
             self.sites, self.pods, self.urls = sites, site_pods, urls

@@ -21,7 +21,6 @@ and everything they call (the `kubernetes` client, the sites' admin API) blocks.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import random
@@ -56,6 +55,7 @@ from .resources import (
 from .sites import SiteUnreachableError, site_id
 from .spec import StorageSpec, parse_spec
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
+from .times import timestamp
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +140,6 @@ def plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [plain(item) for item in value]
     return value
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @kopf.on.startup()
@@ -281,7 +277,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         kopf.warn(body, reason=Reason.INVALID_CONFIG, message=message)
         patch["status"] = {"phase": StoragePhase.FAILED, "conditions": invalid_conditions(
             plain(status).get("conditions", []), message, int(meta.get("generation", 0)),
-            now())}
+            timestamp(time.time()))}
         metrics.RECONCILES.labels("invalid").inc()
         metrics.set_phase(namespace, name, StoragePhase.FAILED)
         raise kopf.PermanentError(message)
@@ -357,7 +353,7 @@ def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation:
         replication=None if running is None else running.view(), kept=kept,
         spec_generation=int(body.get("metadata", {}).get("generation", 0)),
         held=held_pods(spec, kept), image=image(spec))
-    new = compute_status(observed, status.get("conditions", []), now())
+    new = compute_status(observed, status.get("conditions", []), timestamp(time.time()))
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])
     metrics.SITES_READY.labels(owner.namespace, owner.name).set(len(

@@ -8,13 +8,13 @@ the summary into its view."""
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .phases import PlanResult, PlanTrigger, TransitionPhase
 from .resources import GROUP
+from .times import seconds_of, timestamp
 
 # On each ReplicaTransition: why its plan was made (a PlanTrigger), and a word more.
 TRIGGER_ANNOTATION = f"{GROUP}/plan-trigger"
@@ -32,18 +32,6 @@ class PlanRun:
     message: str
     steps: int
     started: float
-
-
-def timestamp(seconds: float) -> str:
-    """RFC 3339, as the API server writes times."""
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-
-
-def seconds_of(stamp: str) -> float:
-    """The inverse of `timestamp`."""
-    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=datetime.UTC).timestamp()
 
 
 def summary(run: PlanRun, phases: Sequence[str], now: float, ended: float | None = None

@@ -32,10 +32,10 @@ from .rebalance import (
     PlanRun,
     run_of,
     stale_transitions,
-    timestamp,
 )
 from .resources import GROUP, Owner, labels
 from .sites import Bootstraps
+from .times import timestamp
 
 log = logging.getLogger(__name__)
 

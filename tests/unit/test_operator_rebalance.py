@@ -15,11 +15,10 @@ from stratamq.operator.rebalance import (
     TRIGGER_ANNOTATION,
     PlanRun,
     run_of,
-    seconds_of,
     stale_transitions,
     summary,
-    timestamp,
 )
+from stratamq.operator.times import seconds_of, timestamp
 
 T0 = seconds_of("2026-11-27T10:00:00Z")
 RUN = PlanRun(key="7-abcdef", trigger="Scale", message="sites 3 -> 5", steps=4, started=T0)

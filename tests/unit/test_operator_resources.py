@@ -15,7 +15,7 @@ from stratamq.broker.config import Config, load_config
 from stratamq.operator import config as operator_config
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
-from tests.unit.test_crd_config_keys import spec_schema
+from tests.unit.test_crd_schema import spec_schema
 
 OWNER = Owner(name="mq", namespace="brokers", uid="1234-uid")
 

@@ -50,6 +50,9 @@ TIMESTAMP_BITS = 64
 DEFAULT_TOPIC_INDEX_BYTES = STATIC_INDEX_BYTES
 DEFAULT_BITS_PER_TOPIC_LEVEL = HASH_BYTES * 8
 DEFAULT_EPOCH_BITS = 20
+# A key holds at most the whole of a stream's topic index and of a level's hash.
+MAX_TOPIC_INDEX_BYTES = STATIC_INDEX_BYTES
+MAX_BITS_PER_TOPIC_LEVEL = HASH_BYTES * 8
 # 2**40 µs is ~12.7 days: wildcard readers would wait that long for an epoch to close.
 MAX_EPOCH_BITS = 40
 
@@ -58,17 +61,17 @@ _BY_TIMESTAMP = itemgetter(0)
 
 
 def topic_index_bytes_problem(value: int) -> str | None:
-    if 1 <= value <= STATIC_INDEX_BYTES:
+    if 1 <= value <= MAX_TOPIC_INDEX_BYTES:
         return None
     return (f"topic_index_bytes is {value}: a stream's topic index is {STATIC_INDEX_BYTES} "
-            f"bytes, so a key holds 1 to {STATIC_INDEX_BYTES} of them")
+            f"bytes, so a key holds 1 to {MAX_TOPIC_INDEX_BYTES} of them")
 
 
 def bits_per_topic_level_problem(value: int) -> str | None:
-    if 1 <= value <= HASH_BYTES * 8:
+    if 1 <= value <= MAX_BITS_PER_TOPIC_LEVEL:
         return None
     return (f"bits_per_topic_level is {value}: a level's hash is {HASH_BYTES * 8} bits, so "
-            f"a key holds 1 to {HASH_BYTES * 8} of them")
+            f"a key holds 1 to {MAX_BITS_PER_TOPIC_LEVEL} of them")
 
 
 def epoch_bits_problem(value: int) -> str | None:
