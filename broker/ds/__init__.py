@@ -4,7 +4,7 @@ API: the rest of the broker imports from here, never from the modules below."""
 
 from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
-from .database import Database, DropListener, NextResult, PreDropListener, shard_of
+from .database import Database
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
 from .digest import DIGEST_DIR, ShardDigest, digest_shard
 from .fence import Fence, FencedError
@@ -27,6 +27,7 @@ from .replication.site_replication import PeerService, SiteReplication
 from .retention import RetentionRules
 from .rocks import blob, read_blob
 from .shard import now_us
+from .shard_set import DropListener, NextResult, PreDropListener, shard_of
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import DurableStorage
 

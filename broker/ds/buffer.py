@@ -27,11 +27,11 @@ from ..errors import (
 )
 from . import metrics
 from .cooked import CookedBatch
+from .feed import CommitListener
 from .fence import Fence, FencedError, check_fences
 from .message import Message
 from .shard import Shard
 
-CommitListener = Callable[[CookedBatch], None]
 # On a replicated site: commit one flush (messages, record puts, record deletes, the
 # fences of its fenced writes, whether it holds writes other sites forwarded) through
 # the shard's log; returns once committed and applied, or raises (FencedError: some

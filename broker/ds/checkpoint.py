@@ -17,8 +17,9 @@ from typing import Any
 
 from ..errors import CheckpointExistsError
 from ..files import write_atomically
-from .database import META_FILE, Database
+from .database import Database
 from .shard import now_us
+from .shard_set import META_FILE
 from .snapshot import MANIFEST_FILE, Snapshot, describe_snapshot
 
 _PARTIAL_SUFFIX = ".partial"

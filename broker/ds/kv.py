@@ -16,9 +16,10 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from ..errors import ConfigError
-from .database import Database, shard_of
+from .database import Database
 from .fence import FENCE_PREFIX, Fence, fence_key, stored_epoch, stored_owner
 from .options import DbOptions
+from .shard_set import shard_of
 
 # Entries read from storage per call by a scan.
 SCAN_PAGE = 1000

@@ -21,12 +21,13 @@ from pathlib import Path
 from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
 from ..supervise import note_failure, supervise
 from . import metrics
-from .database import Database, DropListener, NextResult
+from .database import Database
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase
 from .message import Message
 from .options import DbOptions
+from .shard_set import DropListener, NextResult
 from .site_id import load_or_create_site_id
 
 log = logging.getLogger(__name__)

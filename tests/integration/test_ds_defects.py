@@ -179,7 +179,7 @@ def test_a_full_buffer_holds_callers_until_its_batch_is_taken(tmp_path: Path) ->
         storage = DurableStorage(tmp_path)
         database = await storage.open_db(
             "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
-        lock = database._locks[0]
+        lock = database.shard_lock(0)
         await lock.acquire()  # the shard is busy writing: nothing is taken
         for _ in range(10):  # one batch of 4 is taken (and waits for the lock)
             database.submit([Message("t", b"y" * 300, client_id="c")], wait=False)

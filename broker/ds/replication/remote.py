@@ -21,11 +21,13 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, InvalidIteratorError, StorageError
 from ...supervise import supervise
-from ..database import Database, GenerationView, NextResult
+from ..database import Database
 from ..generation import GenerationInfo
 from ..iterator import EndOfStream, Iterator, Stream
 from ..lts import END, Trie
 from ..message import Message, decode_message, encode_message
+from ..shard_set import NextResult
+from ..streams import GenerationView
 from .peer import PeerError
 from .remote_wire import decode_generations, decode_next, encode_generations, encode_next
 
