@@ -2,6 +2,7 @@
 (see docs/architecture.md, "Data model"). This package's names are the storage's one public
 API: the rest of the broker imports from here, never from the modules below."""
 
+from .backend import Backend, Consistency, LocalBackend
 from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database
@@ -11,7 +12,7 @@ from .fence import Fence, FencedError
 from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
-from .kv import KvDatabase
+from .kv import KvDatabase, kv_options
 from .message import (
     Message,
     MessageProperties,
@@ -27,14 +28,17 @@ from .replication.site_replication import PeerService, SiteReplication
 from .retention import RetentionRules
 from .rocks import blob, read_blob
 from .shard import now_us
-from .shard_set import DropListener, NextResult, PreDropListener, shard_of
+from .shard_set import DropListener, NextResult, PreDropListener, ShardSet, shard_of
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
-from .storage import DurableStorage
+from .storage import BackendOf, DurableStorage
 
 __all__ = [
     "DIGEST_DIR",
     "END_OF_STREAM",
     "MANIFEST_FILE",
+    "Backend",
+    "BackendOf",
+    "Consistency",
     "CookedBatch",
     "Database",
     "DbDescription",
@@ -48,6 +52,7 @@ __all__ = [
     "GenerationInfo",
     "Iterator",
     "KvDatabase",
+    "LocalBackend",
     "Message",
     "MessageProperties",
     "NextResult",
@@ -59,6 +64,7 @@ __all__ = [
     "RetentionRules",
     "ShardDescription",
     "ShardDigest",
+    "ShardSet",
     "ShardSnapshot",
     "SiteReplication",
     "Snapshot",
@@ -70,6 +76,7 @@ __all__ = [
     "describe",
     "digest_shard",
     "encode_message",
+    "kv_options",
     "now_us",
     "peek_timestamp",
     "peek_topic",

@@ -62,14 +62,15 @@ def shard_of(client_id: str, n_shards: int) -> int:
     return zlib.crc32(client_id.encode("utf-8")) % n_shards
 
 
-def open_shard(db_name: str, path: Path, shard_id: int, options: DbOptions) -> Shard:
+def open_shard(db_name: str, path: Path, shard_id: int, options: DbOptions,
+               replicated: bool) -> Shard:
     """Open one shard of a database with its share of the database's bounds. Blocking."""
     return Shard(path, shard_id, options.layout, options.layout_options,
                  options.wildcard_thresholds, options.sync_writes,
                  options.topic_cache_bytes // options.n_shards,
                  TrieBounds(options.learned_topic_max_levels,
                             options.learned_topic_bytes // options.n_shards),
-                 metrics.LTS_FOLDED_TOPICS.labels(db_name))
+                 metrics.LTS_FOLDED_TOPICS.labels(db_name), replicated)
 
 
 def _check_stored_options(path: Path, name: str, options: DbOptions) -> None:
@@ -128,7 +129,10 @@ class ShardSet:
 
     @classmethod
     async def open(cls, name: str, data_dir: Path, options: DbOptions,
-                   executor: Executor, site_id: str = "") -> ShardSet:
+                   executor: Executor, site_id: str = "", replicated: bool = False
+                   ) -> ShardSet:
+        """Open (creating on first use) this site's copy of a database; `replicated`:
+        its shards apply the batches of their replication logs."""
         if not DB_NAME.match(name):
             raise ConfigError(f"database name {name!r}: use lowercase letters, digits and _")
         if options.n_shards < 1:
@@ -142,7 +146,8 @@ class ShardSet:
                 await loop.run_in_executor(executor, recover_shard_folder,
                                            path / str(shard_id))
                 shards.append(await loop.run_in_executor(
-                    executor, open_shard, name, path / str(shard_id), shard_id, options))
+                    executor, open_shard, name, path / str(shard_id), shard_id, options,
+                    replicated))
         except BaseException:
             for shard in shards:
                 shard.close()
@@ -351,8 +356,8 @@ class ShardSet:
                 self.streams.forget_generation(shard_id, generation_id)
             await self.run(old.close)
             await self.run(swap_in_staged, old.path)
-            new = await self.run(open_shard, self.name, old.path, shard_id, self.options)
-            new.replicated = old.replicated
+            new = await self.run(open_shard, self.name, old.path, shard_id, self.options,
+                                 old.replicated)
             self.shards[shard_id] = new
             for generation_id, generation in sorted(new.generations.items()):
                 self.streams.note(shard_id, generation_id, generation.trie.edges())
