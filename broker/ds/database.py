@@ -182,9 +182,6 @@ class Database:
         """See `CommitFeed.add_commit_listener`."""
         self._feed.add_commit_listener(listener, of_applied=of_applied)
 
-    def remove_commit_listener(self, listener: CommitListener) -> None:
-        self._feed.remove_commit_listener(listener)
-
     def add_feed_gap_listener(self, listener: FeedGapListener) -> None:
         """See `CommitFeed.add_feed_gap_listener`."""
         self._feed.add_feed_gap_listener(listener)
@@ -302,9 +299,6 @@ class Database:
         """See `ShardSet.add_generation_drop_listener`."""
         self.shard_set.add_generation_drop_listener(listener)
 
-    def remove_generation_drop_listener(self, listener: DropListener) -> None:
-        self.shard_set.remove_generation_drop_listener(listener)
-
     async def apply_retention(self, now: int | None = None) -> tuple[bool, int]:
         """One pass of the retention rule; returns (generation added, generations
         dropped). On a replicated site each shard's leader changes its generations
@@ -320,9 +314,6 @@ class Database:
         plans = [plan_retention(infos, at, retention_us, drop_after_us, period_us)
                  for infos in self.shard_set.local_generations()]
         return await self._backend.retain(plans)
-
-    def disk_usage(self) -> int:
-        return self.shard_set.disk_usage()
 
     async def close(self) -> None:
         """Write what the buffers hold, stop the backend, then close every shard."""

@@ -43,9 +43,6 @@ class CommitFeed:
         if of_applied:
             self._applied_listeners.add(listener)
 
-    def remove_commit_listener(self, listener: CommitListener) -> None:
-        self._commit_listeners.remove(listener)
-
     def committed(self, cooked: CookedBatch, read_elsewhere: bool = False) -> None:
         """A batch committed to this site's copy of its shard; `read_elsewhere`: one
         applied to a shard this site reads at another site (see

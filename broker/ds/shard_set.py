@@ -405,9 +405,6 @@ class ShardSet:
         dropped (by retention or by hand): cursors into it will read nothing more."""
         self._drop_listeners.append(listener)
 
-    def remove_generation_drop_listener(self, listener: DropListener) -> None:
-        self._drop_listeners.remove(listener)
-
     def local_generations(self) -> list[list[GenerationInfo]]:
         """Per shard, the infos of its generations here."""
         return [[generation.info for generation in shard.generations.values()]
@@ -416,9 +413,6 @@ class ShardSet:
     def update_generation_gauges(self) -> None:
         for shard in self.shards:
             metrics.GENERATIONS.labels(self.name, str(shard.shard_id)).set(len(shard.generations))
-
-    def disk_usage(self) -> int:
-        return sum(shard.disk_usage() for shard in self.shards)
 
     async def close(self) -> None:
         """Close every shard (the write buffers are flushed first)."""
