@@ -95,7 +95,7 @@ from harness.cluster import (
 )
 from harness.processes import REPO, ManagedProcess
 from stratamq.broker.config import merge_config
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 
 matplotlib.use("Agg")
 

@@ -127,7 +127,7 @@ def generations_runs(counts: list[int], n: int, payload: int, repeat: int, maste
         async def prepare(storage: DurableStorage = storage, count: int = count,
                           checkpoint: Path = checkpoint) -> None:
             await fill_generations(storage, n, count, payload)
-            await create_checkpoint(storage.db("messages"), checkpoint)
+            await create_checkpoint(storage.db("messages").shard_set, checkpoint)
             await storage.close()
 
         asyncio.run(prepare())
@@ -220,7 +220,7 @@ def run(size: int, payload: int, master: str, workdir: Path) -> Result:
 
     async def prepare() -> dict[str, object]:
         await fill(storage, size, payload)
-        return await create_checkpoint(storage.db("messages"), checkpoint)
+        return await create_checkpoint(storage.db("messages").shard_set, checkpoint)
 
     loop = asyncio.new_event_loop()
     manifest = loop.run_until_complete(prepare())
@@ -322,7 +322,7 @@ def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
 
     loop.run_until_complete(first())
     learned = workdir / "fleet-learned"
-    loop.run_until_complete(create_checkpoint(storage.db("messages"), learned))
+    loop.run_until_complete(create_checkpoint(storage.db("messages").shard_set, learned))
     spark = spark_session("stratamq-bench-learn", master, shuffle_partitions=8,
                           config={"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -338,7 +338,7 @@ def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
 
     loop.run_until_complete(second())
     both = workdir / "fleet-both"
-    loop.run_until_complete(create_checkpoint(storage.db("messages"), both))
+    loop.run_until_complete(create_checkpoint(storage.db("messages").shard_set, both))
     loop.run_until_complete(storage.close())
     loop.close()
     rng = random.Random(7)

@@ -13,7 +13,15 @@ from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
 from .core.broker import RETAINED_DB, SESSIONS_DB, Broker
 from .core.registry import SessionLimits
-from .ds import DbOptions, DurableStorage, ReplicaSettings, SiteReplication
+from .ds import (
+    BackendOf,
+    DbOptions,
+    DurableStorage,
+    LocalBackend,
+    ReplicaSettings,
+    SiteReplication,
+    kv_options,
+)
 from .errors import ConfigError
 from .net.listeners import (
     ListenerSet,
@@ -56,18 +64,29 @@ def retention_check_interval(retention_period: float) -> float:
     return min(60.0, max(1.0, retention_period / 10))
 
 
-async def open_storage(config: Config) -> DurableStorage:
+def configured_messages_options(config: Config) -> DbOptions:
+    messages = config.durable_storage.messages
+    rules = config.durable_sessions.retention_rules
+    return messages_db_options(messages, config.durable_sessions.message_retention_period,
+                               max(rules.values()) if rules else None)
+
+
+async def open_storage(config: Config, storage: DurableStorage,
+                       replication: SiteReplication | None = None) -> None:
+    """Open `messages` with its backend and start retention; on a replicated site
+    also `sessions` and `retained`, each with the backend `replication` built over
+    this site's copy of it."""
     messages = config.durable_storage.messages
     retention = config.durable_sessions.message_retention_period
-    storage = DurableStorage(Path(messages.data_dir))
-    rules = config.durable_sessions.retention_rules
-    longest = max(rules.values()) if rules else None
-    await storage.open_db(MESSAGES_DB, messages_db_options(messages, retention, longest))
+    backend: BackendOf = LocalBackend if replication is None else replication.backend
+    await storage.open_db(MESSAGES_DB, configured_messages_options(config), backend)
+    if replication is not None:
+        for name in (SESSIONS_DB, RETAINED_DB):
+            await storage.open_kv_db(name, messages.n_shards, messages.sync_writes, backend)
     storage.start_retention(retention_check_interval(
         min(retention, messages.generation_period or retention)))
     log.info("storage open in %s: %s with %d shards", messages.data_dir, MESSAGES_DB,
              messages.n_shards)
-    return storage
 
 
 @dataclass
@@ -134,36 +153,42 @@ async def start_site(config: Config) -> RunningSite:
 
 
 async def open_replication(config: Config, storage: DurableStorage) -> SiteReplication:
-    """A shard log per shard of `messages`, `sessions` and `retained`; from now on
-    their writes are committed by a majority of each shard's replicas. The peer port
-    listens once the broker's relay is added (`SiteReplication.listen`)."""
+    """This site's copies of `messages`, `sessions` and `retained`, and over them a
+    shard log per shard: the databases' backends (`SiteReplication.backend`), through
+    which their writes are committed by a majority of each shard's replicas. The peer
+    port listens once the broker's relay is added (`SiteReplication.listen`)."""
     cluster = config.cluster
-    messages = storage.db(MESSAGES_DB)
     # the key-value databases have the shards of `messages`: a client's session and
     # its messages share a shard number
     n_shards = config.durable_storage.messages.n_shards
     sync_writes = config.durable_storage.messages.sync_writes
-    kv = [(await storage.open_kv_db(name, n_shards, sync_writes)).database
-          for name in (SESSIONS_DB, RETAINED_DB)]
+    shard_sets = [await storage.open_shards(MESSAGES_DB, configured_messages_options(config),
+                                            replicated=True)]
+    shard_sets += [await storage.open_shards(name, kv_options(name, n_shards, sync_writes),
+                                             replicated=True)
+                   for name in (SESSIONS_DB, RETAINED_DB)]
     settings = ReplicaSettings(storage.site_id, cluster.write_timeout,
                                config.durable_sessions.heartbeat_interval,
                                cluster.log_retain_entries, cluster.checkpoint_rate,
                                cluster.zone)
-    return await SiteReplication.open([messages, *kv], storage.data_dir, storage.site_id,
+    return await SiteReplication.open(shard_sets, storage.data_dir, storage.site_id,
                                        cluster.peer_bind, cluster.advertised_peer(), settings,
-                                       messages.executor)
+                                       shard_sets[0].executor)
 
 
 async def _start_parts(config: Config) -> RunningSite:
-    storage = await open_storage(config)
-    messages = storage.db(MESSAGES_DB)
+    # This site's copies of the databases, then their backends (on a replicated site
+    # the replication, built over the copies), then the databases over both.
+    storage = DurableStorage(Path(config.durable_storage.messages.data_dir))
     replication = None
-    if config.cluster.enable:
-        try:
+    try:
+        if config.cluster.enable:
             replication = await open_replication(config, storage)
-        except BaseException:
-            await storage.close()
-            raise
+        await open_storage(config, storage, replication)
+    except BaseException:
+        await storage.close()
+        raise
+    messages = storage.db(MESSAGES_DB)
     sessions = config.durable_sessions
     broker = await Broker.assemble(
         storage, messages, config.durable_storage.messages.n_shards,

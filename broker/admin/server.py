@@ -233,7 +233,7 @@ class AdminServer:
         body = await json_body(request)
         target = checkpoint_folder(body.get("dir"), self._running().storage.data_dir,
                                    [Path(folder) for folder in self.settings.checkpoint_dirs])
-        manifest = await create_checkpoint(database, target)
+        manifest = await create_checkpoint(database.shard_set, target)
         log.info("checkpoint of %r made in %s", database.name, target)
         return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
 

@@ -2,16 +2,17 @@
 (see docs/architecture.md, "Data model"). This package's names are the storage's one public
 API: the rest of the broker imports from here, never from the modules below."""
 
+from .backend import Backend, Consistency, LocalBackend
 from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
-from .database import Database, DropListener, NextResult, PreDropListener, shard_of
+from .database import Database
 from .describe import DbDescription, GenerationDescription, ShardDescription, describe
 from .digest import DIGEST_DIR, ShardDigest, digest_shard
 from .fence import Fence, FencedError
 from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
-from .kv import KvDatabase
+from .kv import KvDatabase, kv_options
 from .message import (
     Message,
     MessageProperties,
@@ -27,13 +28,17 @@ from .replication.site_replication import PeerService, SiteReplication
 from .retention import RetentionRules
 from .rocks import blob, read_blob
 from .shard import now_us
+from .shard_set import DropListener, NextResult, PreDropListener, ShardSet, shard_of
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
-from .storage import DurableStorage
+from .storage import BackendOf, DurableStorage
 
 __all__ = [
     "DIGEST_DIR",
     "END_OF_STREAM",
     "MANIFEST_FILE",
+    "Backend",
+    "BackendOf",
+    "Consistency",
     "CookedBatch",
     "Database",
     "DbDescription",
@@ -47,6 +52,7 @@ __all__ = [
     "GenerationInfo",
     "Iterator",
     "KvDatabase",
+    "LocalBackend",
     "Message",
     "MessageProperties",
     "NextResult",
@@ -58,6 +64,7 @@ __all__ = [
     "RetentionRules",
     "ShardDescription",
     "ShardDigest",
+    "ShardSet",
     "ShardSnapshot",
     "SiteReplication",
     "Snapshot",
@@ -69,6 +76,7 @@ __all__ = [
     "describe",
     "digest_shard",
     "encode_message",
+    "kv_options",
     "now_us",
     "peek_timestamp",
     "peek_topic",

@@ -1,12 +1,13 @@
-"""The local write buffer of one shard, with group commit.
+"""The write buffer of one shard, with group commit.
 
 Messages wait here until `max_items` or `max_bytes` is reached or the oldest has
-waited `flush_interval`; then the shard cooks them into one batch and writes it in
-one RocksDB write, off the event loop. `max_bytes` also bounds what a shard queues
-for callers that wait for room (`wait_for_room`) before they add. While a write is
-in flight new messages gather for the next one, so many concurrent writers share
-each write. The messages
-of one `store_batch` call always go into the same cooked batch (atomic per shard)."""
+waited `flush_interval`; then they are committed as one batch by the flush the
+database's backend gave the buffer (`backend.py`: one RocksDB write off the event
+loop, or one entry of the shard's replication log). `max_bytes` also bounds what a
+shard queues for callers that wait for room (`wait_for_room`) before they add. While
+a flush is in flight new messages gather for the next one, so many concurrent
+writers share each write. The messages of one `store_batch` call always go into the
+same batch (atomic per shard)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from ..errors import (
@@ -26,31 +26,20 @@ from ..errors import (
     WriteAbandonedError,
 )
 from . import metrics
-from .cooked import CookedBatch
-from .fence import Fence, FencedError, check_fences
+from .fence import Fence, FencedError
 from .message import Message
-from .shard import Shard
 
-CommitListener = Callable[[CookedBatch], None]
-# On a replicated site: commit one flush (messages, record puts, record deletes, the
-# fences of its fenced writes, whether it holds writes other sites forwarded) through
-# the shard's log; returns once committed and applied, or raises (FencedError: some
-# fences refused, nothing appended; ForwardRefusedError: it holds forwarded writes and
-# this site no longer leads, nothing appended).
-Replicate = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence],
-                      bool], Awaitable[None]]
+# How a shard's buffered writes are committed, given by the database's backend
+# (`backend.py`): one flush (messages, record puts, record deletes, the fences of its
+# fenced writes, whether it holds writes other sites forwarded); returns once
+# committed and visible to readers, or raises (FencedError: some fences refused,
+# nothing written; ForwardRefusedError: it holds forwarded writes and this site no
+# longer leads, nothing appended; anything else: the batch failed).
+Flush = Callable[[list[Message], list[tuple[bytes, bytes]], list[bytes], list[Fence],
+                  bool], Awaitable[None]]
 
 # Queued bytes, in multiples of `max_bytes`, past which new messages are refused.
 OVERFULL = 4
-# A batch up to this size is written on the event loop: handing it to the executor
-# costs ~65 us of CPU (thread wake-up, GIL, result back to the loop), more than the
-# RocksDB write of a few hundred small entries. Larger batches, and any write RocksDB
-# would stall, go to the executor, where rocksdict releases the GIL and the write
-# overlaps the loop (with 256 KiB, 1 KiB payloads in batches of 1000 wrote 13-20%
-# slower than from the executor).
-INLINE_WRITE_ENTRIES = 256
-INLINE_WRITE_BYTES = 32 * 1024
-
 log = logging.getLogger(__name__)
 
 
@@ -70,17 +59,18 @@ class _Pending:
 
 
 class WriteBuffer:
-    def __init__(self, shard: Shard, db_name: str, *, max_items: int, max_bytes: int,
-                 flush_interval: float, executor: Executor, lock: asyncio.Lock,
-                 on_commit: CommitListener) -> None:
-        self._shard = shard
-        self._labels = (db_name, str(shard.shard_id))
+    """`abandon_behind_failure`: a failed flush fails the writes queued behind it too
+    (a replicated flush: committed later through a new leader, a client's later
+    messages would land before its resend of the failed ones, MQTT-4.6.0-5)."""
+
+    def __init__(self, db_name: str, shard_id: int, *, max_items: int, max_bytes: int,
+                 flush_interval: float, flush: Flush, abandon_behind_failure: bool) -> None:
+        self._labels = (db_name, str(shard_id))
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._flush_interval = flush_interval
-        self._executor = executor
-        self._lock = lock
-        self._on_commit = on_commit
+        self._commit = flush
+        self._abandon_behind_failure = abandon_behind_failure
         self._pending: deque[_Pending] = deque()
         self._items = 0
         self._bytes = 0
@@ -88,7 +78,6 @@ class WriteBuffer:
         # the labelled children, made once: .labels() locks and checks on every call
         self._batches = metrics.BUFFER_BATCHES.labels(*self._labels)
         self._batch_messages = metrics.BUFFER_MESSAGES.labels(*self._labels)
-        self._batch_bytes = metrics.BUFFER_BYTES.labels(*self._labels)
         self._record_bytes = metrics.BUFFER_RECORD_BYTES.labels(*self._labels)
         self._flush_time = metrics.BUFFER_FLUSH_TIME.labels(*self._labels)
         self._commit_latency = metrics.COMMIT_LATENCY.labels(*self._labels)
@@ -104,15 +93,7 @@ class WriteBuffer:
         self._room.set()
         self._closed = False
         self._flushing = False  # a flush is under way
-        # Set on a replicated site (`Database.attach_replication`): flushes go through
-        # the shard's log instead of straight to RocksDB.
-        self.replicate: Replicate | None = None
-        self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard.shard_id}")
-
-    def replace_shard(self, shard: Shard) -> None:
-        """The shard was replaced by a checkpoint (`Database.replace_shard`, under
-        the shard lock, so no flush is writing to the old one)."""
-        self._shard = shard
+        self._task = asyncio.create_task(self._run(), name=f"ds-buffer-{db_name}-{shard_id}")
 
     def add(self, messages: list[Message], size: int, wait: bool,
             record_puts: list[tuple[bytes, bytes]] | None = None,
@@ -258,68 +239,17 @@ class WriteBuffer:
         return taken
 
     async def _flush(self, taken: list[_Pending]) -> None:
+        """Commit the writes taken through the backend's flush; writers are answered
+        once it is committed."""
         messages = [message for entry in taken for message in entry.messages]
         record_puts, record_deletes = _final_records(taken)
         fences = [fence for entry in taken for fence in entry.fences]
         record_bytes = sum(len(key) + len(value) for key, value in record_puts) \
             + sum(len(key) for key in record_deletes)
-        if self.replicate is not None:
-            await self._flush_replicated(taken, messages, record_puts, record_deletes, fences,
-                                         any(entry.forwarded for entry in taken), record_bytes)
-            return
-        started = time.perf_counter()
-        error: BaseException | None = None
-        cooked = None
-        async with self._lock:
-            if fences:
-                try:  # point reads of the applied state, which this lock keeps current
-                    record_puts = [*record_puts,
-                                   *check_fences(fences, self._shard.get_record)]
-                except FencedError as exc:
-                    self._refuse(taken, exc)
-                    return
-            try:
-                cooked = self._shard.prepare(messages, record_puts, record_deletes)
-                if not self._write_inline(cooked):
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._executor, self._shard.write, cooked)
-            except Exception as exc:  # handed to every waiting writer below
-                if cooked is not None:
-                    self._shard.forget(cooked)
-                error = exc
-            else:
-                self._shard.apply(cooked)
-        if error is not None or cooked is None:
-            metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
-            log.error("shard %s: batch of %d messages not written: %s",
-                      self._labels, len(messages), error)
-            failure = error or RuntimeError("batch not cooked")
-            _settle(taken, lambda done: done.set_exception(failure))
-            return
-        self._batches.inc()
-        self._batch_messages.inc(len(messages))
-        self._batch_bytes.inc(cooked.payload_bytes)
-        self._record_bytes.inc(record_bytes)
-        self._flush_time.observe(time.perf_counter() - started)
-        self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
-        _settle(taken, lambda done: done.set_result(None))
-        try:
-            self._on_commit(cooked)
-        except Exception:  # a listener's bug must not stop the writer
-            log.exception("commit listener failed on shard %s", self._labels)
-
-
-    async def _flush_replicated(self, taken: list[_Pending], messages: list[Message],
-                                record_puts: list[tuple[bytes, bytes]],
-                                record_deletes: list[bytes], fences: list[Fence],
-                                forwarded: bool, record_bytes: int) -> None:
-        """The flush of a replicated site: the shard's replication commits the batch
-        (here or at the shard's leader) and feeds the commit listeners when it
-        applies it; writers are answered only once it is committed."""
-        assert self.replicate is not None
         started = time.perf_counter()
         try:
-            await self.replicate(messages, record_puts, record_deletes, fences, forwarded)
+            await self._commit(messages, record_puts, record_deletes, fences,
+                               any(entry.forwarded for entry in taken))
         except FencedError as exc:
             self._refuse(taken, exc)
             return
@@ -327,19 +257,7 @@ class WriteBuffer:
             self._send_back(taken, exc)
             return
         except Exception as exc:  # handed to every waiting writer
-            failure = exc
-            metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
-            # What is queued behind fails too: committed now (through a new leader,
-            # say), a client's later messages would land before its resend of the
-            # failed ones (order per publisher and topic, MQTT-4.6.0-5).
-            behind = self._take_all()
-            log.error("shard %s: batch of %d messages not committed: %s; %d writes queued "
-                      "behind it dropped", self._labels, len(messages), failure, len(behind))
-            abandoned = WriteAbandonedError(
-                f"shard {self._labels[1]} of {self._labels[0]!r}: an earlier write failed "
-                f"({failure})")
-            _settle(taken, lambda done: done.set_exception(failure))
-            _settle(behind, lambda done: done.set_exception(abandoned))
+            self._fail(taken, len(messages), exc)
             return
         self._batches.inc()
         self._batch_messages.inc(len(messages))
@@ -347,6 +265,25 @@ class WriteBuffer:
         self._flush_time.observe(time.perf_counter() - started)
         self._commit_latency.observe(time.monotonic() - taken[0].queued_at)
         _settle(taken, lambda done: done.set_result(None))
+
+    def _fail(self, taken: list[_Pending], n_messages: int, failure: Exception) -> None:
+        metrics.BUFFER_BATCHES_FAILED.labels(*self._labels).inc()
+        if not self._abandon_behind_failure:
+            log.error("shard %s: batch of %d messages not written: %s",
+                      self._labels, n_messages, failure)
+            _settle(taken, lambda done: done.set_exception(failure))
+            return
+        # What is queued behind fails too: committed now (through a new leader,
+        # say), a client's later messages would land before its resend of the
+        # failed ones (order per publisher and topic, MQTT-4.6.0-5).
+        behind = self._take_all()
+        log.error("shard %s: batch of %d messages not committed: %s; %d writes queued "
+                  "behind it dropped", self._labels, n_messages, failure, len(behind))
+        abandoned = WriteAbandonedError(
+            f"shard {self._labels[1]} of {self._labels[0]!r}: an earlier write failed "
+            f"({failure})")
+        _settle(taken, lambda done: done.set_exception(failure))
+        _settle(behind, lambda done: done.set_exception(abandoned))
 
     def _refuse(self, taken: list[_Pending], refused: FencedError) -> None:
         """Nothing of the batch was written: its writes whose fences were refused
@@ -380,21 +317,6 @@ class WriteBuffer:
         if again:
             self._wakeup.set()
             self._full.set()  # flush at once: they have waited their turn
-
-    def _write_inline(self, cooked: CookedBatch) -> bool:
-        """Write a small batch on the loop; False when it must go to the executor
-        (large, synced, or RocksDB would stall it)."""
-        if (self._shard.sync_writes
-                or len(cooked.entries) + len(cooked.record_puts) > INLINE_WRITE_ENTRIES
-                or cooked.payload_bytes + sum(len(value) for _, value in cooked.record_puts)
-                > INLINE_WRITE_BYTES):
-            return False
-        try:
-            self._shard.write(cooked, no_stall=True)
-        except Exception:  # a stall (or a real error, which the executor write reports)
-            metrics.BUFFER_INLINE_REFUSED.labels(*self._labels).inc()
-            return False
-        return True
 
 
 def _final_records(taken: list[_Pending]) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:

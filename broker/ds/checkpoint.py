@@ -17,14 +17,14 @@ from typing import Any
 
 from ..errors import CheckpointExistsError
 from ..files import write_atomically
-from .database import META_FILE, Database
 from .shard import now_us
+from .shard_set import META_FILE, ShardSet
 from .snapshot import MANIFEST_FILE, Snapshot, describe_snapshot
 
 _PARTIAL_SUFFIX = ".partial"
 
 
-async def create_checkpoint(database: Database, target: str | Path) -> dict[str, Any]:
+async def create_checkpoint(database: ShardSet, target: str | Path) -> dict[str, Any]:
     """Checkpoint every shard of `database` into the new folder `target` and return
     its manifest. Each shard is copied under its lock, so no batch and no generation
     change lands halfway; the RocksDB work runs on the storage's executor."""
@@ -42,7 +42,7 @@ async def create_checkpoint(database: Database, target: str | Path) -> dict[str,
         raise
 
 
-async def checkpoint_shard(database: Database, shard_id: int, target: Path) -> int:
+async def checkpoint_shard(database: ShardSet, shard_id: int, target: Path) -> int:
     """Checkpoint one shard of `database` into the new folder `target` (a RocksDB
     folder) under the shard's lock; returns the log offset the shard had applied then
     (recorded in the checkpoint too), 0 on a site without replication."""
@@ -64,7 +64,7 @@ def _prepare(final: Path, partial: Path) -> None:
     partial.mkdir()
 
 
-def _finish(database: Database, partial: Path, final: Path, created_at: int) -> dict[str, Any]:
+def _finish(database: ShardSet, partial: Path, final: Path, created_at: int) -> dict[str, Any]:
     shutil.copyfile(database.path / META_FILE, partial / META_FILE)
     with Snapshot(partial) as snapshot:
         manifest = describe_snapshot(snapshot, database.site_id, database.name, created_at)

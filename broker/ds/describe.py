@@ -62,7 +62,7 @@ async def describe(db: Database) -> DbDescription:
     shards = []
     for shard in list(db.shards):
         # under the shard's lock, so no generation is dropped while its size is read
-        async with db.shard_lock(shard.shard_id):
+        async with db.shard_set.shard_lock(shard.shard_id):
             shards.append(await loop.run_in_executor(db.executor, _describe_shard, shard,
                                                      db.placement_of(shard.shard_id)))
     options = db.options

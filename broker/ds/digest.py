@@ -92,7 +92,7 @@ async def digest_shard(database: Database, shard_id: int, work_dir: Path) -> Sha
 
     await loop.run_in_executor(database.executor, prepare)
     try:
-        applied = await checkpoint_shard(database, shard_id, folder)
+        applied = await checkpoint_shard(database.shard_set, shard_id, folder)
         digest, keys = await loop.run_in_executor(database.executor, digest_folder, folder)
     finally:
         await loop.run_in_executor(database.executor, shutil.rmtree, folder, True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptDataError, GcPlanRefusedError, GenerationError
+from .backend import Consistency
 from .database import Database
 from .layouts import ReadStats
 from .message import peek_timestamp, peek_topic
@@ -126,7 +127,7 @@ async def apply_gc_plan(database: Database, plan: Any) -> dict[str, Any]:
     held = [shard.shard_id for shard in database.shards if database.holds(shard.shard_id)]
     async with lock:
         for shard_id in held:
-            raw = await database.read_shard_record(shard_id, APPLIED_RECORD)
+            raw = await database.get_record(shard_id, APPLIED_RECORD, Consistency.COMMITTED)
             applied = _U64.unpack(raw)[0] if raw is not None else 0
             if applied >= created_at:
                 raise GcPlanRefusedError(

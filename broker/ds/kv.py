@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Sequence
-from concurrent.futures import Executor
-from pathlib import Path
 
 from ..errors import ConfigError
-from .database import Database, shard_of
+from .backend import Consistency
+from .database import Database
 from .fence import FENCE_PREFIX, Fence, fence_key, stored_epoch, stored_owner
 from .options import DbOptions
 
@@ -24,26 +23,24 @@ from .options import DbOptions
 SCAN_PAGE = 1000
 
 
+def kv_options(name: str, n_shards: int, sync_writes: bool) -> DbOptions:
+    """The options of a key-value database."""
+    if n_shards < 1:
+        raise ConfigError(f"database {name!r}: n_shards must be at least 1")
+    return DbOptions(n_shards=n_shards, sync_writes=sync_writes, key_value=True)
+
+
 class KvDatabase:
     def __init__(self, database: Database) -> None:
         self.name = database.name
         self.database = database
 
-    @classmethod
-    async def open(cls, name: str, data_dir: Path, n_shards: int, sync_writes: bool,
-                   executor: Executor, site_id: str = "") -> KvDatabase:
-        if n_shards < 1:
-            raise ConfigError(f"database {name!r}: n_shards must be at least 1")
-        options = DbOptions(n_shards=n_shards, sync_writes=sync_writes, key_value=True)
-        return cls(await Database.open(name, data_dir, options, executor, site_id))
-
     def shard_of(self, routing_key: str) -> int:
-        return shard_of(routing_key, self.database.options.n_shards)
+        return self.database.shard_of(routing_key)
 
     async def get(self, routing_key: str, key: bytes) -> bytes | None:
-        if not self.database.replicated:
-            return await self.database.get_record(routing_key, key)
-        return await self.database.read_shard_record(self.shard_of(routing_key), key)
+        return await self.database.get_record(self.shard_of(routing_key), key,
+                                              Consistency.COMMITTED)
 
     async def write(self, routing_key: str, puts: Iterable[tuple[bytes, bytes]] = (),
                     deletes: Iterable[bytes] = ()) -> None:
@@ -78,11 +75,7 @@ class KvDatabase:
         values: list[bytes | None] = [None] * len(entries)
         for shard_id, positions in by_shard.items():
             keys = [entries[position][1] for position in positions]
-            if self.database.replicated:
-                found = list(await asyncio.gather(
-                    *(self.database.read_shard_record(shard_id, key) for key in keys)))
-            else:
-                found = await self.database.get_shard_records(shard_id, keys)
+            found = await self.database.get_records(shard_id, keys, Consistency.COMMITTED)
             for position, value in zip(positions, found, strict=True):
                 values[position] = value
         return values
@@ -96,7 +89,8 @@ class KvDatabase:
         for number in shard_ids:
             after: bytes | None = None
             while True:
-                page = await self.database.read_shard_records(number, prefix, page_size, after)
+                page = await self.database.read_records(number, prefix, Consistency.COMMITTED,
+                                                        page_size, after)
                 # owner epochs of fenced keys are not entries
                 entries = [entry for entry in page if not entry[0].startswith(FENCE_PREFIX)]
                 if entries:

@@ -21,7 +21,7 @@ it has one it learns no more edges, so a topic keeps its stream; REST and END ed
 are not refused by the bound (at most one of each per state), so the bound holds to
 within three edges per learned state. A stream with a folded level matches a filter
 that reaches its state with levels left; every message read is checked against the
-filter anyway (see `Database.next_local`)."""
+filter anyway (see `ShardSet.next`)."""
 
 from __future__ import annotations
 

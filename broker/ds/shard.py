@@ -107,11 +107,14 @@ class Shard:
     def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
                  thresholds: Sequence[int], sync_writes: bool,
                  topic_cache_bytes: int = 2 * DEFAULT_TOPIC_CACHE_BYTES,
-                 trie_bounds: TrieBounds = UNBOUNDED, folds: Tally | None = None) -> None:
+                 trie_bounds: TrieBounds = UNBOUNDED, folds: Tally | None = None,
+                 replicated: bool = False) -> None:
         """Open (or create) the shard at `path`. Blocking. `topic_cache_bytes`
         bounds the topic caches of the current generation (half for the trie, half
         for the layout); `trie_bounds` what each generation's trie learns, `folds`
-        counts the topics folded past them."""
+        counts the topics folded past them. `replicated`: batches are applied in the
+        leader's log order, possibly long after they were cooked (see
+        `settled_before`)."""
         self.path = path
         self.shard_id = shard_id
         self.thresholds = tuple(thresholds)
@@ -148,9 +151,7 @@ class Shard:
         stored_applied = self._db.get(_APPLIED_KEY)
         self.applied_offset = int(_U64.unpack(as_bytes(stored_applied))[0]) \
             if stored_applied is not None else 0
-        # Set by replication: batches are applied in the leader's log order, possibly
-        # long after they were cooked (see `settled_before`).
-        self.replicated = False
+        self.replicated = replicated
         if not self.generations:
             self._create_generation(previous=None)
 

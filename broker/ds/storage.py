@@ -1,5 +1,6 @@
-"""The durable storage of one site: the asyncio API the broker (and later the
-replication layer) uses, modelled on `emqx_ds`.
+"""The durable storage of one site: the asyncio API the broker uses, modelled on
+`emqx_ds`; the only way to a database (`Database`, the facade over this site's copy
+of it and its backend).
 
     storage = DurableStorage(data_dir)
     await storage.open_db("messages", DbOptions(n_shards=16))
@@ -15,18 +16,21 @@ import asyncio
 import contextlib
 import logging
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ConfigError, StorageClosedError, UnknownDatabaseError
 from ..supervise import note_failure, supervise
 from . import metrics
-from .database import Database, DropListener, NextResult
+from .backend import Backend, LocalBackend
+from .database import Database
 from .generation import GenerationInfo
 from .iterator import EndOfStream, Iterator, Rank, Stream
-from .kv import KvDatabase
+from .kv import KvDatabase, kv_options
 from .message import Message
 from .options import DbOptions
+from .shard_set import DropListener, NextResult, ShardSet
 from .site_id import load_or_create_site_id
 
 log = logging.getLogger(__name__)
@@ -35,12 +39,17 @@ log = logging.getLogger(__name__)
 # more would only contend on 2 cores.
 DEFAULT_IO_THREADS = 4
 
+# The backend of a database, built over this site's copy of it.
+BackendOf = Callable[[ShardSet], Backend]
+
 
 class DurableStorage:
     def __init__(self, data_dir: str | Path, io_threads: int = DEFAULT_IO_THREADS) -> None:
         self.data_dir = Path(data_dir)
         self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="ds-io")
         self._databases: dict[str, Database] = {}
+        # this site's copies of databases opened before their backends exist
+        self._shard_sets: dict[str, ShardSet] = {}
         self._kv_databases: dict[str, KvDatabase] = {}
         self._retention_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -66,31 +75,51 @@ class DurableStorage:
 
     # -- databases ----------------------------------------------------------------
 
-    async def open_db(self, name: str, options: DbOptions | None = None) -> Database:
-        """Open (creating on first use) a database. Opening an open one returns it."""
+    async def open_shards(self, name: str, options: DbOptions,
+                          replicated: bool = False) -> ShardSet:
+        """Open (creating on first use) this site's copy of a database, before its
+        backend: a replicated site builds its backends over its copies
+        (`SiteReplication.open`), then opens each database with its backend."""
+        if self._closed:
+            raise StorageClosedError("the storage is closed")
+        if name in self._databases or name in self._kv_databases:
+            raise ConfigError(f"database {name!r} is open already")
+        if name not in self._shard_sets:
+            site_id = await self.open_site()
+            self._shard_sets[name] = await ShardSet.open(name, self.data_dir, options,
+                                                         self._executor, site_id, replicated)
+        return self._shard_sets[name]
+
+    async def open_db(self, name: str, options: DbOptions | None = None,
+                      backend: BackendOf = LocalBackend) -> Database:
+        """Open (creating on first use) a database, over its copy opened by
+        `open_shards` if it was. Opening an open one returns it."""
         if self._closed:
             raise StorageClosedError("the storage is closed")
         if name in self._databases:
             return self._databases[name]
         if name in self._kv_databases:
             raise ConfigError(f"database {name!r} is open as a key-value database")
-        site_id = await self.open_site()
-        database = await Database.open(name, self.data_dir, options or DbOptions(),
-                                       self._executor, site_id)
+        database = await self._open(name, options or DbOptions(), backend)
         self._databases[name] = database
         return database
 
-    async def open_kv_db(self, name: str, n_shards: int, sync_writes: bool = False) -> KvDatabase:
+    async def open_kv_db(self, name: str, n_shards: int, sync_writes: bool = False,
+                         backend: BackendOf = LocalBackend) -> KvDatabase:
         """Open (creating on first use) a key-value database (`sessions`, `retained`)."""
         if self._closed:
             raise StorageClosedError("the storage is closed")
         if name in self._databases:
             raise ConfigError(f"database {name!r} is open as a messages database")
         if name not in self._kv_databases:
-            site_id = await self.open_site()
-            self._kv_databases[name] = await KvDatabase.open(
-                name, self.data_dir, n_shards, sync_writes, self._executor, site_id)
+            self._kv_databases[name] = KvDatabase(await self._open(
+                name, kv_options(name, n_shards, sync_writes), backend))
         return self._kv_databases[name]
+
+    async def _open(self, name: str, options: DbOptions, backend: BackendOf) -> Database:
+        shard_set = self._shard_sets.pop(name, None) or await ShardSet.open(
+            name, self.data_dir, options, self._executor, await self.open_site())
+        return Database(shard_set, backend(shard_set))
 
     def db(self, name: str) -> Database:
         database = self._databases.get(name)
@@ -192,6 +221,9 @@ class DurableStorage:
         for kv_database in self._kv_databases.values():
             await kv_database.close()
         self._kv_databases.clear()
+        for shard_set in self._shard_sets.values():  # never given a backend
+            await shard_set.close()
+        self._shard_sets.clear()
         self._executor.shutdown(wait=True)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 from aiohttp import web
 
-from ..ds import Database, now_us
+from ..ds import ShardSet, now_us
 from ..supervise import supervise
 from ..topic import SHARE_PREFIX
 from .site_interest import INTEREST_EXPIRY, INTEREST_INTERVAL, SiteInterest
@@ -63,14 +63,14 @@ class InterestExchange:
     shared group, or was forgotten, is told to `on_site_lost`, and a forgotten one to
     `on_forgotten` (the relay)."""
 
-    def __init__(self, site: str, advertised: str, database: Database,
+    def __init__(self, site: str, advertised: str, shard_set: ShardSet,
                  interest: SiteInterest, placement_of: PlacementOf, peers_of: PeersOf,
                  session: aiohttp.ClientSession,
                  unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
                  on_site_lost: SiteLost, on_forgotten: Callable[[str], None]) -> None:
         self.site = site
         self.advertised = advertised
-        self.database = database
+        self.shard_set = shard_set
         self.interest = interest
         self._told = interest.peers  # what each peer told
         self._placement_of = placement_of
@@ -117,7 +117,7 @@ class InterestExchange:
             log.info("%s told this site nothing for %.0fs: its interest is forgotten, "
                      "nothing more is pushed to it", gone.site, INTEREST_EXPIRY)
             self._on_forgotten(gone.site)
-            until = [now_us()] * len(self.database.shards)
+            until = [now_us()] * len(self.shard_set.shards)
             for share_filter in sorted(gone.filters):
                 if not share_filter.startswith(SHARE_PREFIX):
                     continue
@@ -153,9 +153,9 @@ class InterestExchange:
             return
         if not had and filters:
             # messages it committed before it knew these filters were not pushed
-            for shard_id in range(len(self.database.shards)):
+            for shard_id in range(len(self.shard_set.shards)):
                 if self._placement_of(shard_id)[1] == site:
-                    self.database.feed_gap(shard_id)
+                    self.shard_set.feed.feed_gap(shard_id)
 
     # -- taking the peers' ------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class InterestExchange:
             if not isinstance(joined, dict) or not all(
                     isinstance(at, int) for at in joined.values()):
                 raise TypeError("joined maps filters to timestamps")
-            shards = len(self.database.shards)
+            shards = len(self.shard_set.shards)
             for name, positions in (("left", left), ("unsettled", unsettled)):
                 if not isinstance(positions, dict) or not all(
                         isinstance(stopped, list) and len(stopped) == shards
@@ -202,7 +202,7 @@ class InterestExchange:
         `left`; when it told nothing, restarted since it joined, SHARED_FEED_LAG
         before now) up to what this site was fed of each shard are read from storage
         and delivered by the sites left (later ones pick among them)."""
-        until = self.database.fed_through()
+        until = self.shard_set.feed.fed_through()
         if stopped is None:
             stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
         self._on_site_lost(site, frozenset({share_filter}), {share_filter: joined}, stopped,

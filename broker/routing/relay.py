@@ -16,7 +16,7 @@ sees every shard"); which sites and filters, the interest exchange says
 - A gap sends the site's readers of that shard back to storage from their
   positions (timestamps per stream), so nothing is lost and nothing repeated; the
   site's commit feed hands each message on once, whichever way it came
-  (`Database.feed_remote`).
+  (`RemoteReads.feed_pushed`).
 
 The relay runs beside storage replication on the peer port, with its interest
 exchange: `SiteReplication` adds their routes, tells the relay of placements and
@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication
+from ..ds import CookedBatch, Message, RemoteReads, ShardSet, SiteReplication
 from ..errors import CorruptDataError
 from ..supervise import supervise
 from .exchange import InterestExchange, PeersOf, PlacementOf, SiteLost
@@ -71,14 +71,14 @@ class Relay:
     peers by an `InterestExchange` made with `unsettled` and `on_site_lost` (see
     there)."""
 
-    def __init__(self, site: str, advertised: str, database: Database, leads: Leads,
+    def __init__(self, site: str, advertised: str, shard_set: ShardSet, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
                  session: aiohttp.ClientSession, timeout: float, interest: SiteInterest,
                  unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
                  on_site_lost: SiteLost) -> None:
         self.site = site
         self.advertised = advertised
-        self.database = database
+        self.shard_set = shard_set
         self._leads = leads
         self._placement_of = placement_of
         self._peers_of = peers_of
@@ -88,12 +88,12 @@ class Relay:
         self.interest = interest
         self._told = interest.peers  # what each peer told
         self._outboxes: dict[str, _Outbox] = {}
-        self._leaders = [placement_of(shard)[1] for shard in range(len(database.shards))]
-        self._replicas = [placement_of(shard)[0] for shard in range(len(database.shards))]
-        self.exchange = InterestExchange(site, advertised, database, interest, placement_of,
+        self._leaders = [placement_of(shard)[1] for shard in range(len(shard_set.shards))]
+        self._replicas = [placement_of(shard)[0] for shard in range(len(shard_set.shards))]
+        self.exchange = InterestExchange(site, advertised, shard_set, interest, placement_of,
                                          peers_of, session, unsettled, on_site_lost,
                                          self._forget)
-        database.add_commit_listener(self.on_commit, of_applied=True)
+        shard_set.feed.add_commit_listener(self.on_commit, of_applied=True)
 
     @classmethod
     def of(cls, replication: SiteReplication, interest: SiteInterest,
@@ -102,7 +102,7 @@ class Relay:
         """The relay of the first database `replication` replicates (`messages`,
         whose streams subscribers read), over its peer port."""
         messages = replication.messages
-        return cls(replication.site, replication.advertised, messages.database,
+        return cls(replication.site, replication.advertised, messages.shard_set,
                    replication.leads, messages.placement_of, lambda: replication.peers,
                    replication.remote, replication.peer_session, replication.peer_timeout,
                    interest, unsettled, on_site_lost)
@@ -137,11 +137,11 @@ class Relay:
         left the shard's replica set got neither pushes nor (once it left) applied
         batches of what was committed before this site knew; it is told of a gap, so
         its readers read those from storage."""
-        for shard_id in range(len(self.database.shards)):
+        for shard_id in range(len(self.shard_set.shards)):
             replicas, leader = self._placement_of(shard_id)
             if leader != self._leaders[shard_id]:
                 self._leaders[shard_id] = leader
-                self.database.feed_gap(shard_id)
+                self.shard_set.feed.feed_gap(shard_id)
             left = set(self._replicas[shard_id]) - set(replicas)
             self._replicas[shard_id] = replicas
             # Named leader, not yet leading: a new leader takes over in the background
@@ -249,7 +249,7 @@ class Relay:
         return Push(first.shard, first.gap, messages)
 
     async def _send(self, site: str, address: str, push: Push) -> bool:
-        url = f"http://{address}/peer/v1/dbs/{self.database.name}/{push.shard}/feed"
+        url = f"http://{address}/peer/v1/dbs/{self.shard_set.name}/{push.shard}/feed"
         try:
             async with self._session.post(url, data=encode_push(push), timeout=self._timeout,
                                           headers={"Content-Type": PUSH_CONTENT_TYPE}
@@ -273,8 +273,8 @@ class Relay:
         except (ValueError, CorruptDataError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
-        if http.match_info["db"] != self.database.name or push.shard != shard_id \
-                or not 0 <= shard_id < len(self.database.shards):
+        if http.match_info["db"] != self.shard_set.name or push.shard != shard_id \
+                or not 0 <= shard_id < len(self.shard_set.shards):
             return web.json_response({"error": "unknown_shard"}, status=404)
         if push.messages:
             self._remote.pushed(shard_id, push.messages[-1][2].timestamp)
@@ -285,10 +285,10 @@ class Relay:
         await self._remote.ensure_streams(shard_id, {(generation, static) for generation,
                                                      static, _message in push.messages})
         if push.gap:
-            self.database.feed_gap(shard_id)
+            self.shard_set.feed.feed_gap(shard_id)
         by_generation: dict[int, list[tuple[bytes, Message]]] = {}
         for generation, static, message in push.messages:
             by_generation.setdefault(generation, []).append((static, message))
         for generation, messages in sorted(by_generation.items()):
-            self.database.feed_remote(shard_id, generation, messages)
+            self._remote.feed_pushed(shard_id, generation, messages)
         return web.json_response({"fed": len(push.messages)})

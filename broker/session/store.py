@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 
-from ..ds import Database, Fence, KvDatabase, Message
+from ..ds import Consistency, Database, Fence, KvDatabase, Message
 from .model import (
     CursorState,
     SessionRecord,
@@ -265,12 +265,17 @@ class SessionStore:
         return _qos2_fence(client_id, owner_epoch) if self.fenced else None
 
     # Reads that decide whether a QoS 2 packet id is known see every committed write
-    # (Database.read_records): this site's replica may not have applied what its
+    # (Consistency.COMMITTED): this site's replica may not have applied what its
     # shard's leader committed, and a guess either way breaks exactly once (a resend
     # stored twice) or loses a message (a new PUBLISH taken for a resend).
 
+    async def _committed_records(self, client_id: str,
+                                 prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return await self._messages.read_records(self._messages.shard_of(client_id), prefix,
+                                                 Consistency.COMMITTED)
+
     async def inbound_qos2_ids(self, client_id: str) -> set[int]:
-        records = await self._messages.read_records(client_id, _qos2_prefix(client_id))
+        records = await self._committed_records(client_id, _qos2_prefix(client_id))
         return {int.from_bytes(key[-2:], "big") for key, _value in records}
 
     async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
@@ -279,10 +284,10 @@ class SessionStore:
         key = _qos2_key(client_id, packet_id)
         # the keys of one client's QoS 2 records all have the same length
         return any(found == key for found, _value
-                   in await self._messages.read_records(client_id, key))
+                   in await self._committed_records(client_id, key))
 
     async def forget_qos2(self, client_id: str, owner_epoch: int = 0) -> None:
-        records = await self._messages.read_records(client_id, _qos2_prefix(client_id))
+        records = await self._committed_records(client_id, _qos2_prefix(client_id))
         if records:
             await asyncio.gather(*self._messages.submit(
                 [], True, records_of=client_id, record_deletes=[key for key, _ in records],

@@ -29,7 +29,7 @@ import yaml
 from harness import waiting
 from harness.cluster import SITE_UNREACHABLE
 from harness.processes import REPO
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.clients import PahoClient, unique
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -22,7 +22,7 @@ import pytest
 
 from harness.cluster import DATABASES, Cluster
 from harness.waiting import wait_until
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.history import History
 from tests.support.recorder import (
     RecordingClient,

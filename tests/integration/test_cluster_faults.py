@@ -37,7 +37,7 @@ from harness.processes import http_json
 from harness.waiting import wait_until
 from stratamq.broker.core.broker import SESSIONS_DB
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from stratamq.broker.session.model import SessionRecord, cursor_key
 from stratamq.broker.session.store import SessionStore
 from tests.support.history import History, Message, runs_of

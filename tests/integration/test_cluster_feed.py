@@ -29,7 +29,7 @@ from paho.mqtt.packettypes import PacketTypes
 
 from harness.cluster import Cluster
 from harness.waiting import wait_until
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from stratamq.broker.routing.exchange import SHARED_FEED_LAG
 from stratamq.broker.routing.site_interest import INTEREST_EXPIRY
 from tests.support.clients import PahoClient, paho_properties

@@ -16,7 +16,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 
 from harness.cluster import Cluster, http_json
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.clients import PahoClient, metric_value, paho_properties, unique
 
 pytestmark = pytest.mark.cluster

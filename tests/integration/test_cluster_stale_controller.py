@@ -26,7 +26,7 @@ import pytest
 
 from harness.cluster import Cluster, ControllerProcess, http_json, poll
 from harness.processes import REPO
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.clients import PahoClient, unique
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

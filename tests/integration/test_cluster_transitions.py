@@ -45,7 +45,7 @@ from harness.cluster import (
     poll,
 )
 from harness.waiting import wait_until
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.history import History, Message, runs_of
 from tests.support.recorder import (
     RecordingClient,

@@ -18,7 +18,7 @@ from rocksdict import Options, Rdict
 
 from harness.cluster import DB, Cluster
 from harness.waiting import wait_until
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 from tests.support.clients import PahoClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

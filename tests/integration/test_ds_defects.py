@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Iterator, Message
+from stratamq.broker.ds import (
+    Consistency,
+    DbOptions,
+    DurableStorage,
+    EndOfStream,
+    Iterator,
+    Message,
+)
 from stratamq.broker.ds.shard import Shard
 from stratamq.broker.errors import StorageBusyError
 from tests.support.storage import read_filter, run
@@ -179,7 +186,7 @@ def test_a_full_buffer_holds_callers_until_its_batch_is_taken(tmp_path: Path) ->
         storage = DurableStorage(tmp_path)
         database = await storage.open_db(
             "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
-        lock = database._locks[0]
+        lock = database.shard_set.shard_lock(0)
         await lock.acquire()  # the shard is busy writing: nothing is taken
         for _ in range(10):  # one batch of 4 is taken (and waits for the lock)
             database.submit([Message("t", b"y" * 300, client_id="c")], wait=False)
@@ -282,7 +289,7 @@ def test_an_overfull_shard_refuses_messages_but_takes_records(tmp_path: Path) ->
         storage = DurableStorage(tmp_path)
         database = await storage.open_db(
             "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
-        await database.shard_lock(0).acquire()  # the shard is busy: nothing is written
+        await database.shard_set.shard_lock(0).acquire()  # the shard is busy: nothing is written
         refused = 0
         for _ in range(40):
             try:
@@ -295,8 +302,9 @@ def test_an_overfull_shard_refuses_messages_but_takes_records(tmp_path: Path) ->
             database.submit([Message("t", b"z", client_id="c"),
                              Message("t", b"z", client_id="d")])
         done = database.submit([], records_of="c", record_puts=[(b"k", b"v")])
-        database.shard_lock(0).release()
+        database.shard_set.shard_lock(0).release()
         await asyncio.gather(*done)
-        assert await database.scan_records("c", b"k") == [(b"k", b"v")]
+        assert await database.read_records(database.shard_of("c"), b"k",
+                                           Consistency.LOCAL) == [(b"k", b"v")]
         await storage.close()
     run(scenario())

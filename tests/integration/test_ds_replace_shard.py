@@ -24,7 +24,7 @@ def test_a_swapped_in_shard_tells_its_readers_of_a_gap(tmp_path: Path) -> None:
         gaps: list[int] = []
         database.add_feed_gap_listener(lambda shard, _since: gaps.append(shard))
         stage_empty_shard(database.shards[1].path)
-        await database.replace_shard(1)
+        await database.shard_set.replace_shard(1)
         assert gaps == [1]
         await storage.close()
     run(scenario())
@@ -42,12 +42,12 @@ def test_a_generation_not_made_here_yet_reads_empty_and_a_dropped_one_ends(
         (_rank, stream), = [found for found in ahead.get_streams("messages", "t/#")
                             if found[1].generation == 2]
         iterator = ahead.make_iterator("messages", stream, "t/#")
-        assert await behind_db.next_local(iterator, 10) == (iterator, [])
+        assert await behind_db.shard_set.next(iterator, 10) == (iterator, [])
         # once the copy is past that generation and it is gone: its end
         await behind.add_generation("messages")
         await behind.add_generation("messages")
         await behind.drop_generation("messages", stream.shard, 2)
-        assert await behind_db.next_local(iterator, 10) is END_OF_STREAM
+        assert await behind_db.shard_set.next(iterator, 10) is END_OF_STREAM
         await ahead.close()
         await behind.close()
     run(scenario())

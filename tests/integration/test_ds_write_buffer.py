@@ -1,4 +1,5 @@
-"""Where the write buffer writes a batch: small ones on the event loop (the hand-off
+"""Where a write buffer's flush writes a batch on a site without replication
+(`LocalBackend`): small ones on the event loop (the hand-off
 to a thread costs more than the write), large or synced ones in the executor. Real
 shards, real RocksDB. (A write RocksDB would stall is retried in the executor; no test
 here makes RocksDB stall for real.)"""
@@ -11,10 +12,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stratamq.broker.ds.buffer import INLINE_WRITE_ENTRIES, WriteBuffer
+from stratamq.broker.ds.backend import INLINE_WRITE_ENTRIES, LocalBackend
 from stratamq.broker.ds.cooked import CookedBatch
 from stratamq.broker.ds.message import Message
+from stratamq.broker.ds.options import DbOptions
 from stratamq.broker.ds.shard import Shard
+from stratamq.broker.ds.shard_set import ShardSet
 
 T = TypeVar("T")
 
@@ -27,7 +30,8 @@ class CountingExecutor(ThreadPoolExecutor):
         self.calls: list[str] = []
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        self.calls.append(getattr(fn, "__name__", repr(fn)))
+        called = getattr(fn, "func", fn)  # a functools.partial: the function it calls
+        self.calls.append(getattr(called, "__name__", repr(called)))
         return super().submit(fn, *args, **kwargs)
 
 
@@ -37,14 +41,16 @@ def _open_shard(path: Path, sync_writes: bool = False) -> Shard:
 
 async def _store(shard: Shard, executor: CountingExecutor, count: int) -> list[CookedBatch]:
     committed: list[CookedBatch] = []
-    buffer = WriteBuffer(shard, "messages", max_items=100_000, max_bytes=64 << 20,
-                         flush_interval=0.0, executor=executor, lock=asyncio.Lock(),
-                         on_commit=committed.append)
-    done = buffer.add([Message(f"t/{i % 7}", b"x" * 10) for i in range(count)],
-                      10 * count, wait=True)
+    options = DbOptions(n_shards=1, max_items=100_000, max_bytes=64 << 20,
+                        flush_interval=0.0, sync_writes=shard.sync_writes)
+    shard_set = ShardSet("messages", shard.path, options, [shard], executor)
+    shard_set.feed.add_commit_listener(committed.append)
+    backend = LocalBackend(shard_set)
+    done = backend.buffers[0].add([Message(f"t/{i % 7}", b"x" * 10) for i in range(count)],
+                                  10 * count, wait=True)
     assert done is not None
     await done
-    await buffer.close()
+    await backend.close()
     return committed
 
 

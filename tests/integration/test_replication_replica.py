@@ -22,10 +22,12 @@ import pytest
 
 from harness.processes import HOST, free_port
 from stratamq.broker.ds import (
+    Consistency,
     Database,
     DbOptions,
     DurableStorage,
     EndOfStream,
+    LocalBackend,
     Message,
     RetentionRules,
     apply_gc_plan,
@@ -35,8 +37,9 @@ from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacem
 from stratamq.broker.ds.replication.log import START, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ShardReplica
-from stratamq.broker.ds.replication.replica_context import ReplicaSettings
+from stratamq.broker.ds.replication.replica_context import ReplicaContext, ReplicaSettings
 from stratamq.broker.ds.replication.site_replication import SiteReplication
+from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.shard import now_us
@@ -67,12 +70,14 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
                      checkpoint_rate: int | None = None) -> Site:
     storage = DurableStorage(path)
     # max_items=1: each write is a flush of its own, so a test knows what is in flight
-    database = await storage.open_db("messages", DbOptions(n_shards=1, max_items=max_items))
+    options = DbOptions(n_shards=1, max_items=max_items)
+    shard_set = await storage.open_shards("messages", options, replicated=True)
     address = f"{HOST}:{free_port()}"
     replication = await SiteReplication.open(
-        [database], storage.data_dir, storage.site_id, address, address,
+        [shard_set], storage.data_dir, storage.site_id, address, address,
         ReplicaSettings(storage.site_id, write_timeout, 0.2, log_retain_entries,
-                        checkpoint_rate), database.executor)
+                        checkpoint_rate), shard_set.executor)
+    database = await storage.open_db("messages", options, replication.backend)
     # no shared groups here: nothing unsettled, no share of a lost site to deliver
     relay = Relay.of(replication, SiteInterest(storage.site_id, database.fed_through),
                      lambda: {}, lambda *_lost: None)
@@ -148,14 +153,18 @@ def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
     other replica, down here) gives up once its log has seen epoch 2."""
     async def scenario() -> None:
         storage = DurableStorage(tmp_path / "a")
-        database = await storage.open_db("messages", DbOptions(n_shards=1))
+        shard_set = await storage.open_shards("messages", DbOptions(n_shards=1),
+                                              replicated=True)
         site = storage.site_id
         shard_log = ShardLog(tmp_path / "log")
         shard_log.observe_epoch(1)  # it led epoch 1 before it was killed
         lock = asyncio.Lock()  # the peer server's lock of this log
+        buffers = LocalBackend(shard_set)  # a buffer for the replica: nothing is written
         async with aiohttp.ClientSession() as http:
-            replica = ShardReplica(database, 0, shard_log, lock, database.executor,
-                                   PeerClient(http, 1.0), ReplicaSettings(site, 1.0, 0.2))
+            replica = ShardReplica(ReplicaContext(
+                shard_set, buffers.buffers[0], LogStateMachine(shard_set, lambda _shard: False),
+                0, shard_log, lock, shard_set.executor, PeerClient(http, 1.0),
+                ReplicaSettings(site, 1.0, 0.2)))
             kept = ShardPlacement("messages", 0, (site, "other"), site, 1)
             async with lock:  # the new leader's append is being written
                 await replica.take(kept, {"other": f"{HOST}:{free_port()}"})
@@ -166,6 +175,7 @@ def test_a_stale_kept_placement_makes_the_site_follow_the_newer_leader(
             assert (replica.role, replica.leadership, shard_log.epoch) == ("follower", None, 2)
             await replica.close()
         shard_log.close()
+        await buffers.close()
         await storage.close()
     asyncio.run(scenario())
 
@@ -611,8 +621,8 @@ def test_a_write_forwarded_to_a_leader_that_steps_down_goes_back_to_its_site(
             assert await outcome(asyncio.wait_for(forwarded, WAIT)) == "committed"
             # a's own write of records goes to b, once b's buffer is free again
             assert await outcome(asyncio.wait_for(own, WAIT)) == "committed"
-            assert await b.database.read_shard_record(0, b"key") == b"value"
-            assert await b.database.read_shard_record(0, b"own") == b"1"
+            assert await b.database.get_record(0, b"key", Consistency.COMMITTED) == b"value"
+            assert await b.database.get_record(0, b"own", Consistency.COMMITTED) == b"1"
         finally:
             for site in (a, b, c):
                 await site.storage.close()

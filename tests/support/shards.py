@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stratamq.broker.ds.database import shard_of
+from stratamq.broker.ds.shard_set import shard_of
 
 
 def client_id_on_shard(prefix: str, shard: int, n_shards: int) -> str:

@@ -1,5 +1,6 @@
 """A replica's applier: committed log entries are applied to the shard's data in log
-order, each recording its offset as applied in the same RocksDB write; writers wait
+order by the database's `LogStateMachine` (`state_machine.py`), each recording its
+offset as applied in the same RocksDB write; writers wait
 here for their entry to be applied, and the log is trimmed behind what every replica
 holds (docs/replication.md, "In a running site", `trim.py`)."""
 
@@ -141,7 +142,9 @@ class Applier:
                 offset = entry.position.offset
                 if offset > committed or offset != self.applied + 1:
                     break
-                await self._apply(offset, entries.decode(entry.batch))
+                await self._context.state_machine.apply(
+                    self._context.shard_id, offset, entries.decode(entry.batch),
+                    self._own.pop(offset, None))
                 self._wake_writers()
         await self._trim()
 
@@ -173,25 +176,6 @@ class Applier:
             leadership.trim_before = point
             return point
         return follower_trim_point(self._log.leader_trims_before, applied)
-
-    async def _apply(self, offset: int, change: entries.Change) -> None:
-        database = self._context.database
-        shard_id = self._context.shard_id
-        if isinstance(change, bytes):
-            cooked = self._own.pop(offset, None) or CookedBatch.from_bytes(change)
-            await database.apply_batch(shard_id, cooked, offset)
-        elif isinstance(change, entries.AddGeneration):
-            await database.apply_add_generation(shard_id, change.at, change.seed, offset)
-        elif isinstance(change, entries.DropGeneration):
-            await database.apply_drop_generation(shard_id, change.generation, offset)
-        elif isinstance(change, entries.GcWrite):
-            await database.apply_gc_write(shard_id, change.generation,
-                                          list(change.deletes), list(change.record_puts),
-                                          offset)
-        elif isinstance(change, entries.SetTopicSeed):
-            await database.apply_topic_seed(shard_id, change.patterns, offset)
-        else:
-            await database.apply_noop(shard_id, offset)
 
     def _wake_writers(self) -> None:
         applied = self.applied

@@ -39,8 +39,8 @@ from aiohttp import web
 
 from ...errors import CorruptDataError
 from ..checkpoint import checkpoint_shard
-from ..database import Database
 from ..install import staged_folder, sync_folder
+from ..shard_set import ShardSet
 from .log import START, Position, ShardLog, StaleEpochError
 from .peer import PeerError
 
@@ -100,7 +100,7 @@ class Progress:
 
 # -- the leader's side ------------------------------------------------------------------
 
-async def serve_checkpoint(http: web.Request, database: Database, shard_id: int,
+async def serve_checkpoint(http: web.Request, database: ShardSet, shard_id: int,
                            shard_log: ShardLog, work_dir: Path,
                            rate: int | None = None) -> web.StreamResponse:
     """Stream a checkpoint of one shard, made under the shard's lock, at up to `rate`

@@ -41,7 +41,7 @@ class Installer:
         self._installing: asyncio.Task[None] | None = None
         self.progress: Progress | None = None  # of the bootstrap under way
         self.bootstraps = 0  # checkpoints installed here since the site started
-        labels = (context.database.name, str(context.shard_id))
+        labels = (context.shard_set.name, str(context.shard_id))
         self._bootstraps_refused = metrics.BOOTSTRAPS_REFUSED.labels(*labels)
         self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
 
@@ -103,7 +103,7 @@ class Installer:
                  address, epoch)
         try:
             position = await fetch_checkpoint(self._context.client.session, address,
-                                              self._context.database.name, self._context.shard_id,
+                                              self._context.shard_set.name, self._context.shard_id,
                                               shard_path, progress, self._context.executor)
 
             def check() -> None:
@@ -140,7 +140,7 @@ class Installer:
                         self._refuse_bootstrap(exc)
                         await self._context.run(remove_staged, shard_path)
                         raise
-                await self._context.database.replace_shard(self._context.shard_id)
+                await self._context.shard_set.replace_shard(self._context.shard_id)
                 await self._context.run(finish_install, shard_path, self._log)
 
         self._installing = asyncio.create_task(install(), name=f"ds-install-{self._context.label}")

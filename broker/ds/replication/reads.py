@@ -45,7 +45,7 @@ class Reads:
         leadership = self._role.leadership
         if leadership is None or not leadership.current:
             raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
-        await self._context.database.drain_shard(self._context.shard_id)
+        await self._context.buffer.drain()
         if self._role.leadership is not leadership or not leadership.current:
             raise NotLeaderError(f"{self._context.label}: this site stopped leading the shard")
         await self.confirm_leadership(asked, deadline)
@@ -90,7 +90,7 @@ class Reads:
                     and placement.leader in self._role.peers:
                 try:
                     target = await self._context.client.barrier(
-                        self._role.peers[placement.leader], self._context.database.name,
+                        self._role.peers[placement.leader], self._context.shard_set.name,
                         self._context.shard_id, max(0.001, remaining(deadline)))
                     break
                 except PeerError as exc:
@@ -130,7 +130,7 @@ class Reads:
             if placement is not None and placement.leader in self._role.peers:
                 try:
                     return await self._context.client.read_records(
-                        self._role.peers[placement.leader], self._context.database.name,
+                        self._role.peers[placement.leader], self._context.shard_set.name,
                         self._context.shard_id, prefix, max(0.001, remaining(deadline)), limit,
                         after)
                 except PeerError as exc:

@@ -21,11 +21,12 @@ from aiohttp import web
 
 from ...errors import CorruptDataError, InvalidIteratorError, StorageError
 from ...supervise import supervise
-from ..database import Database, GenerationView, NextResult
 from ..generation import GenerationInfo
 from ..iterator import EndOfStream, Iterator, Stream
 from ..lts import END, Trie
 from ..message import Message, decode_message, encode_message
+from ..shard_set import NextResult, ShardSet
+from ..streams import GenerationView
 from .peer import PeerError
 from .remote_wire import decode_generations, decode_next, encode_generations, encode_next
 
@@ -59,33 +60,33 @@ class MirroredGeneration:
 
 
 class RemoteReads:
-    """Implements `database.RemoteShards` for one database of this site, and serves
-    the same reads to other sites from the shards it holds."""
+    """The reads of one database's shards held elsewhere, for its
+    `ReplicatedBackend`; serves the same reads to other sites from the shards it holds."""
 
-    def __init__(self, site: str, database: Database, placement_of: PlacementOf,
+    def __init__(self, site: str, shard_set: ShardSet, placement_of: PlacementOf,
                  peers_of: PeersOf, barrier: Barrier, session: aiohttp.ClientSession,
                  timeout: float) -> None:
         self.site = site
         self._barrier = barrier
-        self.database = database
+        self.shard_set = shard_set
         self._placement_of = placement_of
         self._peers_of = peers_of
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._mirrors: dict[int, dict[int, MirroredGeneration]] = {}
-        self._locks = [asyncio.Lock() for _ in database.shards]
+        self._locks = [asyncio.Lock() for _ in shard_set.shards]
         # where each shard was read last: a change empties the stream cache
-        self._remote_now = [False] * len(database.shards)
+        self._remote_now = [False] * len(shard_set.shards)
         # Per shard, the last timestamp its leader pushed here, taken or not (a push
         # that comes while this site still reads the shard here is not fed): a
         # replica asked for a read must have applied that far.
-        self._pushed_through = [0] * len(database.shards)
+        self._pushed_through = [0] * len(shard_set.shards)
         # Whether this site's replica of each shard has passed a read barrier since it
         # was placed here (or since this site started): until then the shard is read
         # elsewhere. A replica catching up, bootstrapping from a checkpoint or restarted
         # behind its leader holds a stale copy; its readers must not take that for the
         # end of the stream, and what a checkpoint install brings is fed to no one.
-        self._caught_up = [False] * len(database.shards)
+        self._caught_up = [False] * len(shard_set.shards)
         self._catching_up: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -101,7 +102,7 @@ class RemoteReads:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    # -- database.RemoteShards ------------------------------------------------------
+    # -- for ReplicatedBackend -------------------------------------------------------
 
     def is_remote(self, shard_id: int) -> bool:
         replicas, _leader = self._placement_of(shard_id)
@@ -110,6 +111,17 @@ class RemoteReads:
     def pushed(self, shard_id: int, timestamp: int) -> None:
         """The shard's leader pushed messages through `timestamp` here."""
         self._pushed_through[shard_id] = max(self._pushed_through[shard_id], timestamp)
+
+    def feed_pushed(self, shard_id: int, generation_id: int,
+                    messages: list[tuple[bytes, Message]]) -> None:
+        """Committed messages of a shard this site holds no replica of, pushed by its
+        leader: fed to the commit listeners like a batch applied here (each message
+        once per site, whichever way it came first). A push of a shard this site reads
+        here (its placement here is newer or older than the leader's) is not fed: the
+        site's applied batches feed it, or, once it reads the shard elsewhere, storage
+        after the feed gap that switch declares."""
+        if self.is_remote(shard_id):
+            self.shard_set.feed.pushed(shard_id, generation_id, messages)
 
     def _is_placed_here(self, shard_id: int) -> bool:
         replicas, _leader = self._placement_of(shard_id)
@@ -126,14 +138,14 @@ class RemoteReads:
         fed or pushed here: a reader fed a message while it read goes live once a read
         comes back empty, so an answer from a copy without it would lose it."""
         shard = iterator.stream.shard
-        fed = max(self.database.fed_through()[shard], self._pushed_through[shard])
+        fed = max(self.shard_set.feed.fed_through()[shard], self._pushed_through[shard])
         answer = await self._ask(shard, "next", method="POST", data=iterator.to_bytes(),
                                  params={"batch": str(min(batch_size, MAX_REMOTE_BATCH)),
                                          "applied": str(fed)})
         try:
             return decode_next(answer)
         except CorruptDataError as exc:
-            raise PeerError(f"{self.database.name}/{shard}: {exc.message}") from exc
+            raise PeerError(f"{self.shard_set.name}/{shard}: {exc.message}") from exc
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         answer = await self._ask(stream.shard, "message", method="GET",
@@ -146,7 +158,7 @@ class RemoteReads:
         try:
             return decode_message(answer)
         except CorruptDataError as exc:
-            raise PeerError(f"{self.database.name}/{stream.shard}: {exc.message}") from exc
+            raise PeerError(f"{self.shard_set.name}/{stream.shard}: {exc.message}") from exc
 
     # -- the mirrors ----------------------------------------------------------------
 
@@ -157,7 +169,7 @@ class RemoteReads:
 
     def check_moves(self) -> None:
         changed = False
-        for shard_id in range(len(self.database.shards)):
+        for shard_id in range(len(self.shard_set.shards)):
             if not self._is_placed_here(shard_id):
                 self._caught_up[shard_id] = False
                 if shard_id in self._catching_up:
@@ -170,9 +182,9 @@ class RemoteReads:
                 self._remote_now[shard_id] = remote
                 changed = True
                 # readers of the shard go back to storage, now read elsewhere
-                self.database.feed_gap(shard_id)
+                self.shard_set.feed.feed_gap(shard_id)
         if changed:
-            self.database.forget_cached_streams()
+            self.shard_set.streams.forget_cached()
 
     async def _catch_up(self, shard_id: int) -> None:
         """Read the shard here once this site's new replica of it has caught up."""
@@ -182,7 +194,7 @@ class RemoteReads:
                 break
             except StorageError as exc:
                 log.info("%s/%d: the new replica here is still catching up: %s",
-                         self.database.name, shard_id, exc.message)
+                         self.shard_set.name, shard_id, exc.message)
                 await asyncio.sleep(REFRESH_INTERVAL)
         self._catching_up.pop(shard_id, None)
         self._caught_up[shard_id] = True
@@ -201,12 +213,12 @@ class RemoteReads:
     async def _refresh_loop(self) -> None:
         while True:
             self.check_moves()
-            for shard_id in range(len(self.database.shards)):
+            for shard_id in range(len(self.shard_set.shards)):
                 if self.is_remote(shard_id):
                     try:
                         await self.refresh(shard_id)
                     except StorageError as exc:
-                        log.debug("%s/%d: mirror not refreshed: %s", self.database.name,
+                        log.debug("%s/%d: mirror not refreshed: %s", self.shard_set.name,
                                   shard_id, exc.message)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -223,21 +235,21 @@ class RemoteReads:
             for generation_id, (info, edges) in document.items():
                 kept = old.get(generation_id)
                 mirrored = kept if kept is not None else MirroredGeneration(
-                    info, Trie(self.database.options.wildcard_thresholds, 0), set())
+                    info, Trie(self.shard_set.options.wildcard_thresholds, 0), set())
                 learned = [edge for edge in edges if mirrored.trie.add_edge(edge)]
                 mirrored.statics.update(edge.child for edge in learned if edge.label == END)
                 new[generation_id] = MirroredGeneration(info, mirrored.trie, mirrored.statics)
                 if kept is not None and kept.info != info:
                     structure_changed = True
                 if learned:
-                    self.database.streams_learned(shard_id, generation_id, learned)
+                    self.shard_set.streams.note(shard_id, generation_id, learned)
             self._mirrors[shard_id] = new
             if structure_changed:
-                self.database.forget_cached_streams()
+                self.shard_set.streams.forget_cached()
             newest = max(document, default=-1)
             for generation_id in sorted(old.keys() - document.keys()):
                 if generation_id < newest:  # dropped there (not a replica behind)
-                    self.database.remote_generation_dropped(shard_id, generation_id)
+                    self.shard_set.after_drop(shard_id, generation_id)
 
     # -- retention ---------------------------------------------------------------------
 
@@ -252,7 +264,7 @@ class RemoteReads:
                  if site != self.site and site not in replicas}
         if not asked:
             return
-        name = self.database.name
+        name = self.shard_set.name
         timeout = aiohttp.ClientTimeout(total=PRE_DROP_TIMEOUT)
 
         async def tell(site: str, address: str) -> None:
@@ -281,7 +293,10 @@ class RemoteReads:
         except (KeyError, ValueError):
             return _error(400, "bad_request", "generation must be a number")
         # A replica here runs its listeners as it applies the drop: nothing to do now.
-        await self.database.before_remote_drop(shard_id, generation_id)
+        # the pre-drop listeners run as on a replica, reading the generation at a
+        # replica while it is still there
+        if self.is_remote(shard_id) and generation_id in self.generations(shard_id):
+            await self.shard_set.tell_pre_drop_listeners(shard_id, generation_id)
         return web.json_response({"counted": True})
 
     # -- asking a replica -------------------------------------------------------------
@@ -296,7 +311,7 @@ class RemoteReads:
         """The body of a 200 answer from the first replica of the shard (leader first)
         that gives one; PeerError when none does."""
         peers = self._peers_of()
-        name = self.database.name
+        name = self.shard_set.name
         errors = []
         for site in self._replicas_in_order(shard_id):
             address = peers.get(site)
@@ -330,8 +345,8 @@ class RemoteReads:
             shard_id = int(http.match_info["shard"])
         except ValueError:
             return _error(400, "bad_request", "shard must be a number")
-        if http.match_info["db"] != self.database.name \
-                or not 0 <= shard_id < len(self.database.shards):
+        if http.match_info["db"] != self.shard_set.name \
+                or not 0 <= shard_id < len(self.shard_set.shards):
             return _error(404, "unknown_shard", "no such shard here")
         return shard_id
 
@@ -349,7 +364,7 @@ class RemoteReads:
         shard_id = self._held(http)
         if isinstance(shard_id, web.Response):
             return shard_id
-        generations = self.database.shards[shard_id].generations
+        generations = self.shard_set.shards[shard_id].generations
         body = encode_generations({generation_id: (generation.info,
                                                    list(generation.trie.edges()))
                                    for generation_id, generation in
@@ -371,7 +386,7 @@ class RemoteReads:
         if behind is not None:
             return behind
         try:
-            result = await self.database.next_local(iterator, batch)
+            result = await self.shard_set.next(iterator, batch)
         except StorageError as exc:
             return _error(503 if exc.recoverable else 500, type(exc).__name__, exc.message)
         return web.Response(body=encode_next(result), content_type=NEXT_CONTENT_TYPE)
@@ -389,7 +404,7 @@ class RemoteReads:
         behind = await self._behind(http, shard_id)
         if behind is not None:
             return behind
-        message = await self.database.read_message_local(stream, timestamp)
+        message = await self.shard_set.read_message(stream, timestamp)
         return web.Response(body=b"" if message is None else encode_message(message),
                             content_type=NEXT_CONTENT_TYPE)
 
@@ -404,10 +419,10 @@ class RemoteReads:
         except ValueError:
             return _error(400, "bad_request", "applied must be a number")
         deadline = asyncio.get_running_loop().time() + BEHIND_WAIT
-        while self.database.shards[shard_id].last_timestamp < wanted:
+        while self.shard_set.shards[shard_id].last_timestamp < wanted:
             if asyncio.get_running_loop().time() >= deadline:
                 return _error(503, "behind", f"this replica has applied the shard through "
-                              f"{self.database.shards[shard_id].last_timestamp}, "
+                              f"{self.shard_set.shards[shard_id].last_timestamp}, "
                               f"not {wanted} yet")
             await asyncio.sleep(BEHIND_POLL)
         return None

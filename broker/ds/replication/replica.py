@@ -22,12 +22,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
 from typing import Literal
 
 from ...errors import StorageError
 from .. import metrics
-from ..database import Database
 from ..fence import Fence
 from ..message import Message
 from . import entries
@@ -35,15 +33,13 @@ from .applier import Applier
 from .bootstrap import Progress
 from .installer import Installer
 from .leader import Leadership
-from .log import Position, ShardLog, StaleEpochError
-from .peer import PeerClient
+from .log import Position, StaleEpochError
 from .placement import ShardPlacement
 from .reads import Reads
 from .replica_context import (
     RETRY_INTERVAL,
     NotLeaderError,
     ReplicaContext,
-    ReplicaSettings,
     remaining,
 )
 from .senders import Senders
@@ -61,15 +57,12 @@ class ShardReplica:
     face, the writes, reads and bootstraps asked of the shard passed on, a line
     each, to the part that does them, so that a caller holds one object a shard."""
 
-    def __init__(self, database: Database, shard_id: int, log_: ShardLog,
-                 log_lock: asyncio.Lock, executor: Executor, client: PeerClient,
-                 settings: ReplicaSettings) -> None:
-        self.database = database
-        self.shard_id = shard_id
-        self.log = log_
-        context = ReplicaContext(database, shard_id, log_, log_lock, executor, client, settings)
+    def __init__(self, context: ReplicaContext) -> None:
+        self.shard_set = context.shard_set
+        self.shard_id = context.shard_id
+        self.log = context.log
         self._context = context
-        self._settings = settings
+        self._settings = context.settings
         self._label = context.label
         self.placement: ShardPlacement | None = None
         self.peers: dict[str, str] = {}
@@ -89,7 +82,7 @@ class ShardReplica:
         self._reads = Reads(context, self, self._senders, self._applier)
         self._takeover = Takeover(context, self)
         self._installer = Installer(context, self, self._applier)
-        labels = (database.name, str(shard_id))
+        labels = (context.shard_set.name, str(context.shard_id))
         metrics.REPLICA_LAG.labels(*labels).set_function(
             lambda: max(0, self.log.last.offset - self.applied))
         metrics.UNDER_REPLICATED.labels(*labels).set_function(self._under_replicated)
@@ -142,7 +135,7 @@ class ShardReplica:
     def status(self) -> dict[str, object]:
         last = self.log.last
         progress = self.bootstrap_progress
-        return {"db": self.database.name, "shard": self.shard_id, "role": self.role,
+        return {"db": self.shard_set.name, "shard": self.shard_id, "role": self.role,
                 "epoch": self.log.epoch, "last": [last.epoch, last.offset],
                 "committed": self.log.committed, "applied": self.applied,
                 "state": "ok" if progress is None else "bootstrapping",

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ...errors import StorageError
-from ..database import Database
+from ..buffer import WriteBuffer
 from ..shard import Shard
+from ..shard_set import ShardSet
 from .leader import Leadership
 from .log import ShardLog
 from .peer import PeerClient
 from .placement import ShardPlacement
+from .state_machine import LogStateMachine
 
 T = TypeVar("T")
 
@@ -53,7 +55,11 @@ class ReplicaSettings:
 class ReplicaContext:
     """What every part of one shard replica works on."""
 
-    database: Database
+    # this site's copy of the database, the shard's write buffer (where writes
+    # forwarded to this site as the leader wait) and what applies the log's entries
+    shard_set: ShardSet
+    buffer: WriteBuffer
+    state_machine: LogStateMachine
     shard_id: int
     log: ShardLog
     # shared with the peer server's appends to this log
@@ -66,12 +72,12 @@ class ReplicaContext:
     @property
     def shard(self) -> Shard:
         """The shard's data, looked up each time: an install replaces it."""
-        return self.database.shards[self.shard_id]
+        return self.shard_set.shards[self.shard_id]
 
     @property
     def label(self) -> str:
         """The shard as "db/shard", for log lines and errors."""
-        return f"{self.database.name}/{self.shard_id}"
+        return f"{self.shard_set.name}/{self.shard_id}"
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` in the executor."""

@@ -93,7 +93,7 @@ class Senders:
                 request = await self._context.run(leadership.request_for, follower)
                 sent = time.monotonic()
                 result = await self._context.client.append(
-                    address, self._context.database.name, self._context.shard_id, request)
+                    address, self._context.shard_set.name, self._context.shard_id, request)
             except BootstrapNeededError as exc:
                 await self._bootstrap_follower(leadership, follower, address, exc.message)
                 continue
@@ -130,7 +130,7 @@ class Senders:
         log.info("%s: %s bootstraps from a checkpoint: %s", self._context.label, follower, why)
         try:
             position = await request_bootstrap(
-                self._context.client.session, address, self._context.database.name,
+                self._context.client.session, address, self._context.shard_set.name,
                 self._context.shard_id, own, leadership.epoch)
         except StaleEpochError as exc:
             if self._role.leadership is leadership:

@@ -21,10 +21,9 @@ from aiohttp import web
 from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
 from ...files import write_atomically
 from ...net.address import listening, source_address, split_bind
-from ..database import Database
-from ..fence import Fence
-from ..message import Message
+from ..shard_set import ShardSet
 from . import entries
+from .backend import ReplicatedBackend
 from .bootstrap import (
     CHECKPOINTS_DIR,
     PROGRESS_EVERY,
@@ -92,83 +91,11 @@ def parse_forgotten(value: object) -> frozenset[str]:
     return frozenset(check_site_id(site, "forgotten") for site in value)
 
 
-class DatabaseReplication:
-    """Implements `database.Replication` for one database of this site: the replicas
-    of its shards. The site's `SiteReplication` owns the peer port and placement."""
-
-    def __init__(self, site: SiteReplication, database: Database,
-                 replicas: list[ShardReplica], logs: list[ShardLog]) -> None:
-        self._site = site
-        self.database = database
-        self.replicas = replicas
-        self.logs = logs
-
-    async def write(self, shard_id: int, messages: list[Message],
-                    record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
-                    fences: list[Fence], forwarded: bool = False) -> None:
-        await self.replicas[shard_id].write(messages, record_puts, record_deletes, fences,
-                                            forwarded)
-
-    async def read_records(self, shard_id: int, prefix: bytes, limit: int | None = None,
-                           after: bytes | None = None) -> list[tuple[bytes, bytes]]:
-        return await self.replicas[shard_id].read_records(prefix, limit, after)
-
-    def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
-        placement = self.replicas[shard_id].placement
-        return ((), "") if placement is None else (placement.replicas, placement.leader)
-
-    async def add_generation(self, shard_id: int) -> bool:
-        return await self.replicas[shard_id].add_generation()
-
-    async def drop_generation(self, shard_id: int, generation_id: int) -> bool:
-        return await self.propose(shard_id, entries.DropGeneration(generation_id))
-
-    async def drop_generation_at_leader(self, shard_id: int, generation_id: int) -> None:
-        await self._change(shard_id, entries.DropGeneration(generation_id))
-
-    async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
-                       record_puts: list[tuple[bytes, bytes]]) -> None:
-        await self._change(shard_id,
-                           entries.GcWrite(generation_id, tuple(deletes), tuple(record_puts)))
-
-    async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
-        await self._change(shard_id, entries.SetTopicSeed(patterns))
-
-    async def _change(self, shard_id: int, change: entries.Change) -> None:
-        """Append a generation change here as the leader (`propose`), or at the leader."""
-        await self.replicas[shard_id].change(change, functools.partial(self.propose, shard_id))
-
-    async def propose(self, shard_id: int, change: entries.Change) -> bool:
-        """Append a generation change as the shard's leader (False elsewhere); a drop
-        is first told to the sites that read the shard here without a replica."""
-        replica = self.replicas[shard_id]
-        if replica.leadership is None:
-            return False
-        if isinstance(change, entries.DropGeneration) \
-                and self._site.remote.database is self.database:
-            await self._site.remote.before_drop(shard_id, change.generation)
-        return await replica.propose(change)
-
-    async def close(self) -> None:
-        """Stop this database's replicas' loops and close their logs; the peer port
-        stops with the last database of the site."""
-        for replica in self.replicas:
-            await replica.close()
-        loop = asyncio.get_running_loop()
-        # From now on the peer port answers appends to these logs "no replica here"
-        # (the site stops while a leader still sends); one in flight finishes first.
-        logs, self.logs = self.logs, []
-        for shard, shard_log in enumerate(logs):
-            async with self._site.log_lock(self.database.name, shard):
-                await loop.run_in_executor(self._site.executor, shard_log.close)
-        await self._site.database_closed(self)
-
-
 class SiteReplication:
     """The replication of this site: every replicated database's shard replicas, the
     kept placement, the peers' addresses and the peer port."""
 
-    def __init__(self, site: str, advertised: str, data_dir: Path, databases: list[Database],
+    def __init__(self, site: str, advertised: str, data_dir: Path, shard_sets: list[ShardSet],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
                  terms: TermStore, logs: dict[str, list[ShardLog]], peers: dict[str, str],
                  forgotten: frozenset[str], peer_bind: str) -> None:
@@ -202,26 +129,20 @@ class SiteReplication:
         self._checkpoint_rate = settings.checkpoint_rate
         self._heartbeat_interval = settings.heartbeat_interval
         self._zone = settings.zone
-        self.databases: dict[str, DatabaseReplication] = {}
-        for database in databases:
-            replicas = [ShardReplica(database, shard, shard_log,
-                                     self._server.lock(database.name, shard), executor,
-                                     self.client, settings)
-                        for shard, shard_log in enumerate(logs[database.name])]
-            self.databases[database.name] = DatabaseReplication(self, database, replicas,
-                                                                logs[database.name])
-        self._open = set(self.databases)
-        self._take_lock = asyncio.Lock()
-        # reads of the shards of the first database (`messages`, whose streams the
-        # subscribers read) held elsewhere
-        self.messages = self.databases[databases[0].name]
         # how long a request to a peer may take
         self.peer_timeout = max(settings.write_timeout, 1.0)
-        self.remote = RemoteReads(site, self.messages.database, self.messages.placement_of,
-                                  lambda: self.peers, self._barrier_here, self._session,
-                                  self.peer_timeout)
+        # each database's backend; the first (`messages`, whose streams the
+        # subscribers read) reads the shards held elsewhere
+        self.databases: dict[str, ReplicatedBackend] = {
+            shard_set.name: ReplicatedBackend(self, shard_set, logs[shard_set.name], settings,
+                                              remote_reads=number == 0)
+            for number, shard_set in enumerate(shard_sets)}
+        self._open = set(self.databases)
+        self._take_lock = asyncio.Lock()
+        self.messages = self.databases[shard_sets[0].name]
+        assert self.messages.remote is not None
+        self.remote: RemoteReads = self.messages.remote
         self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes]
-        self.messages.database.attach_remote(self.remote)
         self._services: list[PeerService] = []
 
     @property
@@ -279,35 +200,40 @@ class SiteReplication:
         leader since this site started: the site says it is not ready until none is
         left, so that a rolling restart stops the next site only once this one holds
         its share again."""
-        return [f"{replica.database.name}/{replica.shard_id}" for replica in self.replicas
+        return [f"{replica.shard_set.name}/{replica.shard_id}" for replica in self.replicas
                 if replica.catching_up]
 
+    def backend(self, shard_set: ShardSet) -> ReplicatedBackend:
+        """The backend of a database this site replicates, built over its copy
+        `shard_set`, for its `Database` (`DurableStorage.open_db`)."""
+        return self.databases[shard_set.name]
+
     @classmethod
-    async def open(cls, databases: list[Database], data_dir: Path, site: str,
+    async def open(cls, shard_sets: list[ShardSet], data_dir: Path, site: str,
                    peer_bind: str, advertised: str, settings: ReplicaSettings,
                    executor: Executor) -> SiteReplication:
-        """Open the shard logs and the kept placement and attach to each database;
-        `listen` then listens on the peer port. The first database is the one
-        subscribers read streams of (`messages`): it gets the remote reads of the
-        shards that this site holds no replica of."""
+        """Open the shard logs and the kept placement and build each database's
+        backend over its shards (`backend`); `listen` then listens on the peer port.
+        The first database is the one subscribers read streams of (`messages`): it
+        gets the remote reads of the shards that this site holds no replica of."""
         loop = asyncio.get_running_loop()
         logs: dict[str, list[ShardLog]] = {}
         try:
-            for database in databases:
-                logs_dir = data_dir / REPLICATION_DIR / database.name
-                opened = logs[database.name] = []
-                for shard in range(len(database.shards)):
+            for shard_set in shard_sets:
+                logs_dir = data_dir / REPLICATION_DIR / shard_set.name
+                opened = logs[shard_set.name] = []
+                for shard in range(len(shard_set.shards)):
                     opened.append(await loop.run_in_executor(
                         executor, ShardLog, logs_dir / str(shard),
-                        (database.name, str(shard))))
+                        (shard_set.name, str(shard))))
                 for shard, shard_log in enumerate(opened):
                     # a checkpoint installed just before a crash: its log starts there
                     await loop.run_in_executor(executor, finish_install,
-                                               database.shards[shard].path, shard_log)
-                    applied = database.shards[shard].applied_offset
+                                               shard_set.shards[shard].path, shard_log)
+                    applied = shard_set.shards[shard].applied_offset
                     if applied > shard_log.last.offset:
                         raise CorruptDataError(
-                            f"{database.name}/{shard} applied log entries up to {applied}, "
+                            f"{shard_set.name}/{shard} applied log entries up to {applied}, "
                             f"but its log in {shard_log.path} ends at "
                             f"{shard_log.last.offset}: the log was removed or replaced; "
                             f"bootstrap this site's replica again")
@@ -325,11 +251,8 @@ class SiteReplication:
                 for shard_log in opened_logs:
                     shard_log.close()
             raise
-        replication = cls(site, advertised, data_dir, databases, executor, settings, store,
-                          terms, logs, peers, forgotten, peer_bind)
-        for database in databases:
-            database.attach_replication(replication.databases[database.name])
-        return replication
+        return cls(site, advertised, data_dir, shard_sets, executor, settings, store, terms,
+                   logs, peers, forgotten, peer_bind)
 
     async def listen(self) -> None:
         """Listen on the peer port, take the roles the kept placement gives, and start
@@ -469,9 +392,6 @@ class SiteReplication:
         self._placement_taken.set()
         self._placement_taken = asyncio.Event()
 
-    async def _barrier_here(self, shard: int) -> None:
-        await self.messages.replicas[shard].read_barrier()
-
     def leads(self, shard: int) -> bool:
         """Whether this site leads the shard of the first database (`messages`)."""
         return self.messages.replicas[shard].leadership is not None
@@ -543,7 +463,7 @@ class SiteReplication:
         app.router.add_get("/peer/v1/checkpoints/{db}/{shard}", self._send_checkpoint)
         app.router.add_post("/peer/v1/bootstraps/{db}/{shard}", self._bootstrap)
 
-    def _replica_of(self, http: web.Request) -> tuple[Database, ShardReplica] | None:
+    def _replica_of(self, http: web.Request) -> tuple[ShardSet, ShardReplica] | None:
         replicated = self.databases.get(http.match_info["db"])
         try:
             shard = int(http.match_info["shard"])
@@ -551,15 +471,15 @@ class SiteReplication:
             return None
         if replicated is None or not 0 <= shard < len(replicated.replicas):
             return None
-        return replicated.database, replicated.replicas[shard]
+        return replicated.shard_set, replicated.replicas[shard]
 
     async def _send_checkpoint(self, http: web.Request) -> web.StreamResponse:
         """A checkpoint of one shard for a replica that bootstraps from it."""
         found = self._replica_of(http)
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
-        database, replica = found
-        return await serve_checkpoint(http, database, replica.shard_id, replica.log,
+        shard_set, replica = found
+        return await serve_checkpoint(http, shard_set, replica.shard_id, replica.log,
                                       self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
                                       self._checkpoint_rate)
 
@@ -571,7 +491,7 @@ class SiteReplication:
         found = self._replica_of(http)
         if found is None:
             return web.json_response({"error": "unknown_shard"}, status=404)
-        _database, replica = found
+        _shard_set, replica = found
         if not self.holds_replica(http.match_info["db"], replica.shard_id):
             return web.json_response(
                 {"error": NOT_A_REPLICA, "message": "this site is no replica of the shard "
@@ -643,8 +563,8 @@ class SiteReplication:
     def peer_address(self, site: str) -> str | None:
         return self.peers.get(site)
 
-    async def database_closed(self, replicated: DatabaseReplication) -> None:
-        self._open.discard(replicated.database.name)
+    async def database_closed(self, replicated: ReplicatedBackend) -> None:
+        self._open.discard(replicated.shard_set.name)
         if not self._open:
             await self._server.stop()
             for service in self._services:
@@ -658,7 +578,7 @@ class SiteReplication:
             await service.close()
         await self.remote.close()
         for replicated in list(self.databases.values()):
-            if replicated.database.name in self._open:
+            if replicated.shard_set.name in self._open:
                 await replicated.close()
         await self._server.stop()
         if not self._session.closed:

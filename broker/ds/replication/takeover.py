@@ -39,7 +39,7 @@ class Takeover:
             return
         within = self._context.settings.write_timeout
         peers = self._role.peers
-        db, shard_id = self._context.database.name, self._context.shard_id
+        db, shard_id = self._context.shard_set.name, self._context.shard_id
         asking = {asyncio.create_task(self._context.client.fence(
             peers[other], db, shard_id, placement.epoch, within)):
             other for other in placement.replicas if other != site and other in peers}
@@ -81,7 +81,7 @@ class Takeover:
             if address is None:
                 raise PeerError(f"{self._context.label}: the address of {source} is not known")
             request = await self._context.client.tail(
-                address, self._context.database.name, self._context.shard_id, start,
+                address, self._context.shard_set.name, self._context.shard_id, start,
                 self._context.settings.write_timeout)
             async with self._context.log_lock:
                 result = await self._context.run(self._log.append_from_leader, epoch,

@@ -61,7 +61,7 @@ class Writes:
         self._last_own = 0
         self._applier.fail_waiters(
             NotLeaderError(f"{self._context.label}: this site stopped leading ({why})"))
-        self._context.database.refuse_forwarded(self._context.shard_id, ForwardRefusedError(
+        self._context.buffer.refuse_forwarded(ForwardRefusedError(
             f"{self._context.label}: this site stopped leading ({why}) before it wrote a forwarded "
             f"write; it goes back to its site"))
 
@@ -153,7 +153,7 @@ class Writes:
         appended. Such changes are safe to append twice (a drop or delete of what is
         gone is only recorded, a seed is set again), so a change that may or may not
         have landed is sent again, to the next leader, until `write_timeout`.
-        `as_leader` appends it when this site leads (`DatabaseReplication.propose`:
+        `as_leader` appends it when this site leads (`ReplicatedBackend.propose`:
         `propose` here, after telling a drop to the sites that read the shard here)."""
         deadline = time.monotonic() + self._context.settings.write_timeout
         while True:
@@ -165,7 +165,7 @@ class Writes:
                 if placement is not None and placement.leader != self._context.settings.site \
                         and placement.leader in self._role.peers:
                     await self._context.client.change(self._role.peers[placement.leader],
-                                              self._context.database.name, self._context.shard_id,
+                                              self._context.shard_set.name, self._context.shard_id,
                                               entries.encode(change), remaining(deadline))
                     return
             except (PeerError, NotLeaderError) as exc:
@@ -211,7 +211,7 @@ class Writes:
                        record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
                        deadline: float, fences: list[Fence]) -> None:
         body = encode_submit(messages, record_puts, record_deletes, fences)
-        await self._context.client.submit(self._role.peers[leader], self._context.database.name,
+        await self._context.client.submit(self._role.peers[leader], self._context.shard_set.name,
                                   self._context.shard_id, body, remaining(deadline))
 
     async def submit_forwarded(self, messages: list[Message],
@@ -222,6 +222,10 @@ class Writes:
         await self._role.until_leading()
         if self._role.leadership is None:
             raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
-        done = self._context.database.submit_to_shard(self._context.shard_id, messages, record_puts,
-                                              record_deletes, fences)
+        # The messages and records go into one batch of this shard, as they were in the
+        # sender's; its topics and sizes were checked where the client published.
+        size = sum(len(message.payload) + len(message.topic) for message in messages)
+        done = self._context.buffer.add(messages, size, True, record_puts, record_deletes,
+                                        fences, forwarded=True)
+        assert done is not None
         await done
