@@ -93,7 +93,8 @@ class Controller:
         # term that fenced this controller (for good); this process's own id is the
         # tie-break of its term: a copy of the folder started beside this one is
         # another controller
-        self._term_keeper = TermKeeper(TermRule.MAJORITY_CLAIM, secrets.token_hex(8), last_term)
+        self.term_keeper = TermKeeper(TermRule.MAJORITY_CLAIM, secrets.token_hex(8),
+                                      last_term)
         self._term_note = ""
         self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
@@ -123,19 +124,6 @@ class Controller:
         self._api = ControllerAPI(self, config.token)
         self._listener: GuardedListener | None = None
         self.port = 0
-
-    @property
-    def term(self) -> ControllerTerm | None:
-        return self._term_keeper.term
-
-    @property
-    def claimed(self) -> bool:
-        """Whether a majority of the sites holds this controller's term."""
-        return self._term_keeper.holds
-
-    @property
-    def fenced_by(self) -> ControllerTerm | None:
-        return self._term_keeper.fenced_by
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -238,24 +226,24 @@ class Controller:
         (else it steps aside, for good). The rule is `TermKeeper`'s; here its I/O."""
         reported = {site: self.sites[site].term for site in answered}
         placement, configured = self.state.placement, len(self.urls)
-        step = self._term_keeper.take(reported, placement, configured)
+        step = self.term_keeper.take(reported, placement, configured)
         self._say_waiting(step)
         if step.taken:
             await self._save(self.state)
-            log.info("controller term %s taken", self.term)
+            log.info("controller term %s taken", self.term_keeper.term)
         if step.fenced_by is not None:
             self._say_fenced(step.fenced_by)
         if not step.goes_on:
             return False
         claims = await asyncio.gather(*(self._claim(self.sites[site])
                                         for site in step.claim_at))
-        step = self._term_keeper.settle(
+        step = self.term_keeper.settle(
             reported, [site for site, held in zip(step.claim_at, claims, strict=True) if held],
             placement, configured)
         self._say_waiting(step)
         if step.held_now:
             log.info("controller term %s held by a majority of the sites: deciding",
-                     self.term)
+                     self.term_keeper.term)
             # what the previous controller pushed before these sites took this term,
             # even under a version this controller has too, is the starting point
             self._adopt_now = True
@@ -269,8 +257,9 @@ class Controller:
 
     async def _claim(self, site: SiteState) -> bool:
         """Claim this controller's term at `site`: True when it holds it now."""
-        assert self.term is not None
-        answer = await self._site_client.claim(site, self.term)
+        own = self.term_keeper.term
+        assert own is not None
+        answer = await self._site_client.claim(site, own)
         if answer is None:
             return False
         self._notice_term(site.id, answer.term)
@@ -284,7 +273,7 @@ class Controller:
             log.warning("site %s answered with a controller term that is not one: %r",
                         site, value)
             return
-        if self._term_keeper.fence(held):
+        if self.term_keeper.fence(held):
             self._say_fenced(held)
 
     def _say_fenced(self, newer: ControllerTerm) -> None:
@@ -292,13 +281,14 @@ class Controller:
         log.error("controller term %s is fenced: the sites hold term %s of a newer "
                   "controller. This controller decides and pushes nothing from now on; "
                   "stop it (or stop the other controller and restart this one)",
-                  self.term, newer)
+                  self.term_keeper.term, newer)
 
     def _fence_check(self) -> None:
-        if self.fenced_by is not None:
+        keeper = self.term_keeper
+        if keeper.fenced_by is not None:
             raise ControllerFencedError(
-                f"this controller (term {self.term}) is fenced: the sites hold term "
-                f"{self.fenced_by} of a newer controller; ask that one")
+                f"this controller (term {keeper.term}) is fenced: the sites hold term "
+                f"{keeper.fenced_by} of a newer controller; ask that one")
 
     async def _adopt_held(self) -> None:
         """Fetch the placement every site that answered keeps and adopt the newest
@@ -331,27 +321,28 @@ class Controller:
                  for site in self.sites.values()]
         await asyncio.get_running_loop().run_in_executor(
             None, self.files.save, state, known, frozenset(self.forgotten),
-            self._term_keeper.last_term)
+            self.term_keeper.last_term)
 
     async def _push(self, placement: Placement, everyone: bool) -> None:
         """Send `placement` to every site (`everyone`) or to those reporting an older
         version; a site that misses it reports the old version and gets it next round."""
-        if placement.version == 0 or not self._term_keeper.in_charge:
+        if placement.version == 0 or not self.term_keeper.in_charge:
             return
-        assert self.term is not None
+        own = self.term_keeper.term
+        assert own is not None
         targets = push_targets(self.sites.values(), placement.version, everyone)
         if not targets:
             return
-        body = push_body(placement, peers_of(self.sites.values()), self.forgotten,
-                         self.term)
+        body = push_body(placement, peers_of(self.sites.values()), self.forgotten, own)
         await asyncio.gather(*(self._push_to(site, body, placement.version)
                                for site in targets))
 
     async def _push_to(self, site: SiteState, body: Mapping[str, Any], version: int) -> None:
-        assert self.term is not None
-        answer = push_answer(await self._site_client.push(site, body, version), self.term)
+        own = self.term_keeper.term
+        assert own is not None
+        answer = push_answer(await self._site_client.push(site, body, version), own)
         if isinstance(answer, Fenced):
-            if self._term_keeper.fence(answer.term):
+            if self.term_keeper.fence(answer.term):
                 self._say_fenced(answer.term)
         elif answer is not None:
             # it keeps a newer placement, or another under this version: this
@@ -364,9 +355,10 @@ class Controller:
     # -- what the API (`api.py`) asks ---------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        keeper = self.term_keeper
         return Snapshot(self.state, dict(self.sites), self.leader_changes, self.adoptions,
-                        0 if self.term is None else self.term.number,
-                        self.fenced_by is not None)
+                        0 if keeper.term is None else keeper.term.number,
+                        keeper.fenced_by is not None)
 
     def add_site(self, url: str) -> None:
         """Probe the site at `url` from now on."""
