@@ -23,8 +23,10 @@ What is Kubernetes' own here:
   conditional writes of status.controller already keep one operator acting, so the
   operator takes a term above every term the sites report on its first round, keeps
   it in status.controller.term and stamps its pushes with it, without the local
-  controller's claim; a site that holds a newer term (another controller) makes it
-  step aside: an error, a Warning event `ControllerFenced`, nothing pushed any more.
+  controller's claim (`broker/controller/terms.py`: `TermKeeper` under
+  `TermRule.FIRST_REPORTS`; the push's rules: `broker/controller/pushes.py`); a site
+  that holds a newer term (another controller) makes it step aside: an error, a
+  Warning event `ControllerFenced`, nothing pushed any more.
   A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
   Warning event `PlacementRefused`, and the next round adopts what the sites keep
   (`decisions.adopt`), as the local controller does.
@@ -37,7 +39,6 @@ controller's state through attributes that a round replaces whole, never mutates
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -48,16 +49,24 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from stratamq.broker.controller import decisions, disruption, terms
+from stratamq.broker.controller import decisions, disruption
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
 from stratamq.broker.controller.metrics import Snapshot
+from stratamq.broker.controller.pushes import (
+    Fenced,
+    peers_of,
+    push_answer,
+    push_body,
+    push_targets,
+)
 from stratamq.broker.controller.sites import (
     Report,
     SiteState,
 )
+from stratamq.broker.controller.terms import TermKeeper, TermRule
 from stratamq.broker.ds.replication import Transition
-from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, next_term, parse_term
-from stratamq.broker.errors import PlacementError, PlanError, StratamqError
+from stratamq.broker.ds.replication.term import ControllerTerm
+from stratamq.broker.errors import PlanError, StratamqError
 
 from . import kube
 from .kept_state import KeptState, kept_document, load_document, term_of
@@ -266,9 +275,10 @@ class StorageController:
     (the state, the sites, their pods and URLs, the term) that `view`, `kept_pods` and
     `tolerated_disruptions` read from other threads under one lock, so they are one
     class. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
-    `follow_goal`, `pods_to_keep`, `replication_view`); its collaborators, built here,
-    keep the rest: `KeptState` (status.controller and its conditional writes) and
-    `Transitions` (the ReplicaTransitions and status.rebalance)."""
+    `terms.py`, `pushes.py`, `follow_goal`, `pods_to_keep`, `replication_view`); its
+    collaborators, built here, keep the rest: `KeptState` (status.controller and its
+    conditional writes) and `Transitions` (the ReplicaTransitions and
+    status.rebalance)."""
 
     def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
                  resource_version: str = "",
@@ -299,10 +309,8 @@ class StorageController:
         self._round_lock = threading.Lock()
         # the controller term: taken on the first round with reports (above the kept one
         # and every one reported), kept in status.controller, stamped on every push
-        self._kept_term = term_of(document)
-        self.controller_id = f"operator-{secrets.token_hex(4)}"
-        self.term: ControllerTerm | None = None
-        self.fenced_by: ControllerTerm | None = None
+        self.term_keeper = TermKeeper(TermRule.FIRST_REPORTS,
+                                       f"operator-{secrets.token_hex(4)}", term_of(document))
         self._refused = False  # a site refused the last push: adopt what the sites keep
         # (reason, message) of the Warning events the handler is to post
         self._warnings: list[tuple[EventReason, str]] = []
@@ -349,7 +357,7 @@ class StorageController:
             sites[report.site] = seen_on(known, report, pod, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
-        if not self.hold_term([sites[site].term for site in boots]):
+        if not self.hold_term({site: sites[site].term for site in boots}):
             return
         state = self.state
         if self._refused or decisions.behind(state, sites):
@@ -364,7 +372,7 @@ class StorageController:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
         document = kept_document(decision.state, sites, site_pods, forgotten,
-                                 self.term or self._kept_term)
+                                 self.term_keeper.last_term)
         if document != self.kept.saved:
             # Kept before anything is pushed: a site must never hold a placement that
             # a restarted operator does not know. Not kept: the storage is gone, or
@@ -404,32 +412,24 @@ class StorageController:
 
     # -- the controller term ---------------------------------------------------------------
 
-    def hold_term(self, reported: list[ControllerTerm | None]) -> bool:
-        """Take the term on the first round with reports (before it, nothing is
-        pushed); False (nothing decided or pushed) once a site holds a newer one."""
-        if self.fenced_by is not None:
-            return False
-        if self.term is None:
-            if not reported:
-                return True
-            self.term = next_term(self._kept_term,
-                                  [term for term in reported if term is not None],
-                                  self.controller_id)
+    def hold_term(self, reported: Mapping[str, ControllerTerm | None]) -> bool:
+        """Take the term on the first round with reports (`reported`: site -> the term
+        it reports; before it, nothing is pushed); False (nothing decided or pushed)
+        once a site holds a newer one (`TermKeeper`, `TermRule.FIRST_REPORTS`)."""
+        step = self.term_keeper.take(reported, self.state.placement, len(reported))
+        if step.taken:
             log.info("%s/%s: controller term %s taken", self.owner.namespace,
-                     self.owner.name, self.term)
-        newer = terms.newer_term(self.term, reported)
-        if newer is not None:
-            self._step_aside(newer)
-            return False
-        return True
+                     self.owner.name, self.term_keeper.term)
+        if step.fenced_by is not None:
+            self._say_fenced(step.fenced_by)
+        return step.goes_on
 
-    def _step_aside(self, newer: ControllerTerm) -> None:
-        if self.fenced_by is not None:
-            return
-        self.fenced_by = newer
-        message = (f"controller term {self.term} is fenced: the sites hold term {newer} of "
-                   f"another controller; this operator pushes nothing to this storage any "
-                   f"more (stop the other controller, then restart the operator)")
+    def _say_fenced(self, newer: ControllerTerm) -> None:
+        """Say (an error and a Warning event), once, that this operator stepped aside
+        for `newer`."""
+        message = (f"controller term {self.term_keeper.term} is fenced: the sites hold term "
+                   f"{newer} of another controller; this operator pushes nothing to this "
+                   f"storage any more (stop the other controller, then restart the operator)")
         log.error("%s/%s: %s", self.owner.namespace, self.owner.name, message)
         self._warnings.append((EventReason.CONTROLLER_FENCED, message))
 
@@ -457,18 +457,17 @@ class StorageController:
     def push_answered(self, site: str, version: int, found: Mapping[str, Any]) -> None:
         """A site's answer to a push: a newer term fences this operator; a refused
         placement (the site keeps a newer one) is adopted next round."""
-        if found.get("accepted") is not False:
+        own = self.term_keeper.term
+        assert own is not None
+        answer = push_answer(found, own)
+        if answer is None:
             return
-        assert self.term is not None
-        try:
-            held = parse_term(found.get("term"))
-        except PlacementError:
-            held = NO_TERM
-        if held > self.term:
-            self._step_aside(held)
+        if isinstance(answer, Fenced):
+            if self.term_keeper.fence(answer.term):
+                self._say_fenced(answer.term)
             return
         message = (f"site {site} refused placement version {version}: it keeps version "
-                   f"{found.get('version')}; adopting the placement the sites keep")
+                   f"{answer.kept_version}; adopting the placement the sites keep")
         log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, message)
         self._warnings.append((EventReason.PLACEMENT_REFUSED, message))
         self._refused = True
@@ -522,24 +521,21 @@ class StorageController:
 
     def _push(self, token: str) -> None:
         placement = self.state.placement
-        if placement.version == 0 or self.term is None or self.fenced_by is not None:
+        if placement.version == 0 or not self.term_keeper.in_charge:
             return
-        peers = {site.id: site.peer for site in self.sites.values() if site.peer is not None}
+        own = self.term_keeper.term
+        assert own is not None
+        peers = peers_of(self.sites.values())
         told = {"peers": peers, "forgotten": sorted(self.forgotten)}
         everyone = told != self._pushed_told
-        body = {"placement": json.loads(placement.to_json()), **told,
-                "term": self.term.to_json()}
+        body = push_body(placement, peers, self.forgotten, own)
         missed = False
-        for site in self.sites.values():
-            url = self.urls.get(site.id)
-            if url is None or not site.answered:
-                continue
-            if everyone or site.placement_version is None or (
-                    site.placement_version < placement.version):
-                found = push(url, token, body)
-                missed |= found is None
-                if found is not None:
-                    self.push_answered(site.id, placement.version, found)
+        for site in push_targets([site for site in self.sites.values()
+                                  if site.id in self.urls], placement.version, everyone):
+            found = push(self.urls[site.id], token, body)
+            missed |= found is None
+            if found is not None:
+                self.push_answered(site.id, placement.version, found)
         if not missed:
             self._pushed_told = told
 
@@ -575,9 +571,10 @@ class StorageController:
                                                 self.settings)
 
     def snapshot(self) -> Snapshot:
+        keeper = self.term_keeper
         return Snapshot(self.state, dict(self.sites), self.leader_changes,
-                        term=0 if self.term is None else self.term.number,
-                        fenced=self.fenced_by is not None)
+                        term=0 if keeper.term is None else keeper.term.number,
+                        fenced=keeper.fenced_by is not None)
 
 
 # --- every storage's controller ----------------------------------------------------------

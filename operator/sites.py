@@ -14,7 +14,14 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratamq.broker.controller.sites import BadReportError, Report, parse_held, parse_report
+from stratamq.broker.controller.sites import (
+    PLACEMENT_PATH,
+    REPLICATION_PATH,
+    BadReportError,
+    Report,
+    parse_held,
+    parse_report,
+)
 from stratamq.broker.ds.replication import Placement, ShardId
 
 log = logging.getLogger(__name__)
@@ -82,7 +89,7 @@ def bootstraps_of(document: Mapping[str, Any]) -> Bootstraps:
 
 def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
     try:
-        document = _call("GET", url + "/api/v1/ds/replication", token)
+        document = _call("GET", url + REPLICATION_PATH, token)
         return parse_report(document), bootstraps_of(document)
     except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
         log.debug("site at %s does not answer: %s", url, error)
@@ -111,7 +118,7 @@ def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | N
     """The site's answer (`accepted`, the `version` and `term` it keeps); None when it
     did not answer (it reports its version next round, and gets it again)."""
     try:
-        found = _call("PUT", url + "/api/v1/ds/placement", token, body)
+        found = _call("PUT", url + PLACEMENT_PATH, token, body)
     except (urllib.error.URLError, OSError, ValueError) as error:
         log.debug("push to %s failed: %s", url, error)
         return None
@@ -122,7 +129,7 @@ def held_placement(url: str, token: str) -> Placement | None:
     """The placement a site keeps (`GET /api/v1/ds/placement`); None when it keeps
     none or does not answer as it should."""
     try:
-        found = parse_held(_call("GET", url + "/api/v1/ds/placement", token))
+        found = parse_held(_call("GET", url + PLACEMENT_PATH, token))
     except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
         log.warning("cannot read the placement the site at %s keeps: %s", url, error)
         return None

@@ -19,7 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ..admin.credentials import Credentials
 from ..admin.http_errors import BadRequestError
 from ..admin.middleware import authentication, errors, json_value, listing
-from ..ds.replication.term import ControllerTerm
 from ..errors import UnknownDatabaseError, UnknownSiteError
 from ..http.guard import (
     HEADER_TIMEOUT,
@@ -33,6 +32,7 @@ from .decisions import ClusterState, Settings
 from .metrics import Snapshot, controller_registry
 from .site_client import site_url
 from .sites import SiteState
+from .terms import TermKeeper
 from .views import site_view, storage_summary, storage_view
 
 API = "/api/v1"
@@ -56,13 +56,7 @@ class ClusterControl(Protocol):
     def sites(self) -> Mapping[str, SiteState]: ...
 
     @property
-    def term(self) -> ControllerTerm | None: ...
-
-    @property
-    def claimed(self) -> bool: ...
-
-    @property
-    def fenced_by(self) -> ControllerTerm | None: ...
+    def term_keeper(self) -> TermKeeper: ...
 
     def snapshot(self) -> Snapshot: ...
 
@@ -107,13 +101,13 @@ class ControllerAPI:
     async def _healthz(self, _request: web.Request) -> web.Response:
         """200 `ok`, or 503 `fenced` once the sites hold a newer controller's term;
         with this controller's term and whether a majority of the sites holds it."""
-        control = self._control
-        fenced = control.fenced_by is not None
+        keeper = self._control.term_keeper
+        fenced = keeper.fenced_by is not None
         return web.json_response({
             "status": "fenced" if fenced else "ok",
-            "term": None if control.term is None else control.term.to_json(),
-            "holds_term": control.claimed and not fenced,
-            "fenced_by": None if control.fenced_by is None else control.fenced_by.to_json(),
+            "term": None if keeper.term is None else keeper.term.to_json(),
+            "holds_term": keeper.in_charge,
+            "fenced_by": None if keeper.fenced_by is None else keeper.fenced_by.to_json(),
         }, status=503 if fenced else 200)
 
     async def _metrics(self, _request: web.Request) -> web.Response:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import signal
@@ -48,17 +47,19 @@ from typing import Any
 import aiohttp
 
 from ..ds.replication import Placement
-from ..ds.replication.term import ControllerTerm, next_term, parse_term
+from ..ds.replication.term import ControllerTerm, parse_term
 from ..errors import ControllerFencedError, PlacementError
 from ..http.guard import GuardedListener
 from ..net.address import listening, source_address, split_bind
-from . import decisions, terms
+from . import decisions
 from .api import ControllerAPI
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot
+from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
 from .sites import Report, SiteState
 from .state import FolderLock, KnownSite, StateFiles
+from .terms import TermKeeper, TermRule, TermStep
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,10 @@ class ControllerConfig:
 class Controller:
     """The process: its heartbeat rounds, the controller term, its pushes and the
     changes its API asks for share the state and one lock; what it decides is
-    `decisions.py`, how it calls the sites `site_client.py`, what it serves `api.py`
-    (with `views.py` and `metrics.py`), what it parses `sites.py`. Past 300 lines
+    `decisions.py`, when it holds its term `terms.py` (`TermRule.MAJORITY_CLAIM`), whom
+    it pushes what and what the answers mean `pushes.py`, how it calls the sites
+    `site_client.py`, what it serves `api.py` (with `views.py` and `metrics.py`), what
+    it parses `sites.py`. Past 300 lines
     for that reason: the round, the term it must hold before it decides, and the
     changes asked for are steps on the same state under that lock, in one order."""
 
@@ -84,16 +87,14 @@ class Controller:
         self.settings = config.settings
         self._folder_lock = FolderLock(config.data_dir)
         self.files = StateFiles(config.data_dir)
-        self.state, known, forgotten, self._last_term = self.files.load()
-        # this process's own id, the tie-break of its term: a copy of the folder
-        # started beside this one is another controller
-        self.controller_id = secrets.token_hex(8)
+        self.state, known, forgotten, last_term = self.files.load()
         # the term taken (None until a majority of the sites answered), whether a
         # majority of the sites holds it (nothing is decided before), and the newer
-        # term that fenced this controller (for good)
-        self.term: ControllerTerm | None = None
-        self.claimed = False
-        self.fenced_by: ControllerTerm | None = None
+        # term that fenced this controller (for good); this process's own id is the
+        # tie-break of its term: a copy of the folder started beside this one is
+        # another controller
+        self.term_keeper = TermKeeper(TermRule.MAJORITY_CLAIM, secrets.token_hex(8),
+                                      last_term)
         self._term_note = ""
         self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
@@ -222,56 +223,43 @@ class Controller:
         """Whether this controller may decide and push this round: it has taken a term
         (once a majority of the electorate answered), a majority of the electorate
         holds it (claimed where a site reports another), and no site holds a newer one
-        (else it steps aside, for good)."""
-        if self.fenced_by is not None:
-            return False
-        reported = [self.sites[site].term for site in answered]
-        members, size = terms.electorate(self.state.placement, answered, len(self.urls))
-        if self.term is None:
-            if not terms.has_quorum(members, size, answered):
-                self._say_once(f"waiting for a majority of the sites to answer before "
-                               f"taking a controller term ({len(members & answered)} of "
-                               f"{size})")
-                return False
-            self.term = next_term(self._last_term,
-                                  [term for term in reported if term is not None],
-                                  self.controller_id)
-            self._last_term = self.term
+        (else it steps aside, for good). The rule is `TermKeeper`'s; here its I/O."""
+        reported = {site: self.sites[site].term for site in answered}
+        placement, configured = self.state.placement, len(self.urls)
+        step = self.term_keeper.take(reported, placement, configured)
+        self._say_waiting(step)
+        if step.taken:
             await self._save(self.state)
-            log.info("controller term %s taken", self.term)
-        newer = terms.newer_term(self.term, reported)
-        if newer is not None:
-            self._step_aside(newer)
+            log.info("controller term %s taken", self.term_keeper.term)
+        if step.fenced_by is not None:
+            self._say_fenced(step.fenced_by)
+        if not step.goes_on:
             return False
-        holding = {site for site in answered if self.sites[site].term == self.term}
-        behind = sorted(answered - holding)
-        claims = await asyncio.gather(*(self._claim(self.sites[site]) for site in behind))
-        if self.fenced_by is not None:
-            return False
-        holding |= {site for site, held in zip(behind, claims, strict=True) if held}
-        if not self.claimed:
-            if not terms.has_quorum(members, size, holding):
-                self._say_once(f"controller term {self.term}: held by "
-                               f"{len(members & holding)} of {size} sites, waiting for a "
-                               f"majority before deciding")
-                return False
-            self.claimed = True
+        claims = await asyncio.gather(*(self._claim(self.sites[site])
+                                        for site in step.claim_at))
+        step = self.term_keeper.settle(
+            reported, [site for site, held in zip(step.claim_at, claims, strict=True) if held],
+            placement, configured)
+        self._say_waiting(step)
+        if step.held_now:
             log.info("controller term %s held by a majority of the sites: deciding",
-                     self.term)
+                     self.term_keeper.term)
             # what the previous controller pushed before these sites took this term,
             # even under a version this controller has too, is the starting point
             self._adopt_now = True
-        return True
+        return step.goes_on
 
-    def _say_once(self, note: str) -> None:
-        if note != self._term_note:
-            log.info("%s", note)
-            self._term_note = note
+    def _say_waiting(self, step: TermStep) -> None:
+        """Why this controller waits, said once (not every round)."""
+        if step.waiting and step.waiting != self._term_note:
+            log.info("%s", step.waiting)
+            self._term_note = step.waiting
 
     async def _claim(self, site: SiteState) -> bool:
         """Claim this controller's term at `site`: True when it holds it now."""
-        assert self.term is not None
-        answer = await self._site_client.claim(site, self.term)
+        own = self.term_keeper.term
+        assert own is not None
+        answer = await self._site_client.claim(site, own)
         if answer is None:
             return False
         self._notice_term(site.id, answer.term)
@@ -279,30 +267,28 @@ class Controller:
 
     def _notice_term(self, site: str, value: object) -> None:
         """A site's answer named the term it holds: step aside when it is newer."""
-        assert self.term is not None
         try:
             held = parse_term(value)
         except PlacementError:
             log.warning("site %s answered with a controller term that is not one: %r",
                         site, value)
             return
-        if held > self.term:
-            self._step_aside(held)
+        if self.term_keeper.fence(held):
+            self._say_fenced(held)
 
-    def _step_aside(self, newer: ControllerTerm) -> None:
-        if self.fenced_by is not None:
-            return
-        self.fenced_by = newer
+    def _say_fenced(self, newer: ControllerTerm) -> None:
+        """Say, once, that this controller stepped aside for `newer`."""
         log.error("controller term %s is fenced: the sites hold term %s of a newer "
                   "controller. This controller decides and pushes nothing from now on; "
                   "stop it (or stop the other controller and restart this one)",
-                  self.term, newer)
+                  self.term_keeper.term, newer)
 
     def _fence_check(self) -> None:
-        if self.fenced_by is not None:
+        keeper = self.term_keeper
+        if keeper.fenced_by is not None:
             raise ControllerFencedError(
-                f"this controller (term {self.term}) is fenced: the sites hold term "
-                f"{self.fenced_by} of a newer controller; ask that one")
+                f"this controller (term {keeper.term}) is fenced: the sites hold term "
+                f"{keeper.fenced_by} of a newer controller; ask that one")
 
     async def _adopt_held(self) -> None:
         """Fetch the placement every site that answered keeps and adopt the newest
@@ -334,54 +320,45 @@ class Controller:
         known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
                  for site in self.sites.values()]
         await asyncio.get_running_loop().run_in_executor(
-            None, self.files.save, state, known, frozenset(self.forgotten), self._last_term)
-
-    def _peers(self) -> dict[str, str]:
-        return {site.id: site.peer for site in self.sites.values() if site.peer is not None}
+            None, self.files.save, state, known, frozenset(self.forgotten),
+            self.term_keeper.last_term)
 
     async def _push(self, placement: Placement, everyone: bool) -> None:
         """Send `placement` to every site (`everyone`) or to those reporting an older
         version; a site that misses it reports the old version and gets it next round."""
-        if placement.version == 0 or self.fenced_by is not None or not self.claimed:
+        if placement.version == 0 or not self.term_keeper.in_charge:
             return
-        assert self.term is not None
-        targets = [site for site in self.sites.values() if site.answered and (
-            everyone or site.placement_version is None
-            or site.placement_version < placement.version)]
+        own = self.term_keeper.term
+        assert own is not None
+        targets = push_targets(self.sites.values(), placement.version, everyone)
         if not targets:
             return
-        body = {"placement": json.loads(placement.to_json()), "peers": self._peers(),
-                "forgotten": sorted(self.forgotten), "term": self.term.to_json()}
+        body = push_body(placement, peers_of(self.sites.values()), self.forgotten, own)
         await asyncio.gather(*(self._push_to(site, body, placement.version)
                                for site in targets))
 
     async def _push_to(self, site: SiteState, body: Mapping[str, Any], version: int) -> None:
-        refusal = await self._site_client.push(site, body, version)
-        if refusal is None:
-            return
-        if "term" in refusal and self._is_newer(refusal["term"]):
-            self._notice_term(site.id, refusal["term"])
-        else:
+        own = self.term_keeper.term
+        assert own is not None
+        answer = push_answer(await self._site_client.push(site, body, version), own)
+        if isinstance(answer, Fenced):
+            if self.term_keeper.fence(answer.term):
+                self._say_fenced(answer.term)
+        elif answer is not None:
             # it keeps a newer placement, or another under this version: this
             # controller's is stale; the next round adopts the sites'
             log.warning("site %s refused placement version %d: it keeps version "
                         "%s; adopting the placement the sites keep", site.id,
-                        version, refusal.get("version"))
+                        version, answer.kept_version)
             self._refused.add(site.id)
-
-    def _is_newer(self, value: object) -> bool:
-        assert self.term is not None
-        try:
-            return parse_term(value) > self.term
-        except PlacementError:
-            return False
 
     # -- what the API (`api.py`) asks ---------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        keeper = self.term_keeper
         return Snapshot(self.state, dict(self.sites), self.leader_changes, self.adoptions,
-                        0 if self.term is None else self.term.number,
-                        self.fenced_by is not None)
+                        0 if keeper.term is None else keeper.term.number,
+                        keeper.fenced_by is not None)
 
     def add_site(self, url: str) -> None:
         """Probe the site at `url` from now on."""

@@ -16,14 +16,18 @@ import aiohttp
 
 from ..ds.replication import Placement
 from ..ds.replication.term import ControllerTerm
-from .sites import BadReportError, Report, SiteState, parse_held, parse_report
+from .sites import (
+    PLACEMENT_PATH,
+    REPLICATION_PATH,
+    TERM_PATH,
+    BadReportError,
+    Report,
+    SiteState,
+    parse_held,
+    parse_report,
+)
 
 log = logging.getLogger(__name__)
-
-API = "/api/v1"
-REPLICATION_PATH = f"{API}/ds/replication"
-PLACEMENT_PATH = f"{API}/ds/placement"
-TERM_PATH = f"{API}/ds/controller-term"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What the controller knows of each site: where to reach it, when it last answered
 its heartbeat probe (`GET /api/v1/ds/replication`), and what it reported there;
-the placement it keeps (`GET /api/v1/ds/placement`). Pure data and parsing; the
-controller does the polling."""
+the placement it keeps (`GET /api/v1/ds/placement`). Pure data, parsing and the
+paths of the sites' admin API that every controller calls; the controllers' site
+clients (`site_client.py`, `operator/sites.py`) do the polling."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from ..ds.replication.term import ControllerTerm, parse_term
 from ..errors import PlacementError, StratamqError
 
 ROLES = frozenset({"leader", "follower", "none"})
+
+# The sites' admin API as a controller calls it (docs/peer-protocol.md).
+REPLICATION_PATH = "/api/v1/ds/replication"  # the heartbeat probe
+PLACEMENT_PATH = "/api/v1/ds/placement"  # the placement kept (GET), pushed (PUT)
+TERM_PATH = "/api/v1/ds/controller-term"  # the claim of the controller term
 
 
 class BadReportError(StratamqError):

@@ -1,15 +1,18 @@
 """The controller term (issue 22): its order and parsing, the sites' acceptance rule
-and its file (`broker/ds/replication/term.py`), and the controller's pure choices
-(`broker/controller/terms.py`)."""
+and its file (`broker/ds/replication/term.py`), and the controller's pure choices and
+`TermKeeper` under both rules (`broker/controller/terms.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stratamq.broker.controller import terms
-from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.controller.terms import TermKeeper, TermRule
+from stratamq.broker.ds.replication import Placement, ShardPlacement, majority
 from stratamq.broker.ds.replication.term import (
     NO_TERM,
     TERM_FILE,
@@ -100,3 +103,91 @@ def test_a_controller_steps_aside_for_the_highest_newer_term_reported() -> None:
     assert terms.newer_term(own, [own, None, NO_TERM, ControllerTerm(3, "a")]) is None
     assert terms.newer_term(own, [ControllerTerm(3, "c"), ControllerTerm(4, "a")]) == \
         ControllerTerm(4, "a")
+
+
+def test_under_majority_claim_the_term_is_taken_claimed_and_held_by_a_majority() -> None:
+    keeper = TermKeeper(TermRule.MAJORITY_CLAIM, "me", ControllerTerm(4, "me"))
+    empty = Placement.empty()
+    # one site of the three given answered: no term yet, said why
+    step = keeper.take({"a": NO_TERM}, empty, 3)
+    assert not step.goes_on and "(1 of 3)" in step.waiting and keeper.term is None
+    reported = {"a": NO_TERM, "b": ControllerTerm(2, "x")}
+    step = keeper.take(reported, empty, 3)
+    assert step.goes_on and step.taken and step.claim_at == ("a", "b")
+    assert keeper.term == keeper.last_term == ControllerTerm(5, "me") and not keeper.in_charge
+    step = keeper.settle(reported, ["a"], empty, 3)
+    assert not step.goes_on and "held by 1 of 3" in step.waiting
+    step = keeper.settle(reported, ["a", "b"], empty, 3)
+    assert step.goes_on and step.held_now and keeper.in_charge
+    # held from now on: it claims where a site reports another term, but goes on
+    held = {"a": keeper.term, "b": keeper.term, "c": NO_TERM}
+    step = keeper.take(held, placement_on("a", "b", "c"), 3)
+    assert step.goes_on and not step.taken and step.claim_at == ("c",)
+    assert keeper.settle(held, [], placement_on("a", "b", "c"), 3) == terms.TermStep(True)
+
+
+def test_under_first_reports_the_term_is_taken_at_once_and_never_claimed() -> None:
+    keeper = TermKeeper(TermRule.FIRST_REPORTS, "op", NO_TERM)
+    assert keeper.take({}, Placement.empty(), 0) == terms.TermStep(goes_on=True)
+    assert keeper.term is None and not keeper.in_charge  # decides, pushes nothing
+    step = keeper.take({"a": ControllerTerm(2, "c")}, Placement.empty(), 1)
+    assert step == terms.TermStep(goes_on=True, taken=True) and keeper.in_charge
+    assert keeper.term == ControllerTerm(3, "op")
+
+
+def test_a_keeper_fenced_once_stays_fenced_and_says_it_once() -> None:
+    keeper = TermKeeper(TermRule.FIRST_REPORTS, "op", NO_TERM)
+    keeper.take({"a": NO_TERM}, Placement.empty(), 1)
+    assert not keeper.fence(ControllerTerm(1, "aa"))  # not newer than 1/op
+    assert keeper.fence(ControllerTerm(1, "zz")) and not keeper.fence(ControllerTerm(9, "z"))
+    assert keeper.fenced_by == ControllerTerm(1, "zz") and not keeper.in_charge
+    assert keeper.take({"a": NO_TERM}, Placement.empty(), 1) == terms.TermStep(False)
+
+
+SITE_IDS = ("a", "b", "c", "d", "e")
+some_terms = st.one_of(st.none(), st.builds(ControllerTerm, st.integers(1, 4),
+                                            st.sampled_from(("k", "m", "z"))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rule=st.sampled_from(TermRule), last=some_terms,
+       rounds=st.lists(st.tuples(st.dictionaries(st.sampled_from(SITE_IDS), some_terms),
+                                 st.sets(st.sampled_from(SITE_IDS))), max_size=4),
+       placed=st.booleans())
+def test_a_keeper_takes_a_term_above_all_it_heard_and_decides_only_by_its_rule(
+        rule: TermRule, last: ControllerTerm | None,
+        rounds: list[tuple[dict[str, ControllerTerm | None], set[str]]],
+        placed: bool) -> None:
+    keeper = TermKeeper(rule, "me", last or NO_TERM)
+    placement = placement_on("a", "b", "c") if placed else Placement.empty()
+    for reported, claimed in rounds:
+        was_fenced, had = keeper.fenced_by is not None, keeper.term
+        step = keeper.take(reported, placement, 3)
+        if step.taken:  # above the last term taken and every one reported now
+            assert had is None and keeper.term is not None and keeper.term > (last or NO_TERM)
+            assert all(keeper.term.number > term.number for term in reported.values()
+                       if term is not None)
+        if was_fenced:
+            assert step == terms.TermStep(False)
+            continue
+        members, size = terms.electorate(placement, reported, 3)
+        if rule is TermRule.MAJORITY_CLAIM and had is None:
+            assert step.taken == terms.has_quorum(members, size, reported)
+        if rule is TermRule.FIRST_REPORTS:
+            assert step.claim_at == () and step.taken == (had is None and bool(reported))
+        newer = None if keeper.term is None else terms.newer_term(keeper.term,
+                                                                  reported.values())
+        assert (step.fenced_by == newer) and (keeper.fenced_by == newer)
+        if not step.goes_on:
+            continue
+        held_before = keeper.holds
+        settled = keeper.settle(reported, claimed & set(step.claim_at), placement, 3)
+        if rule is TermRule.FIRST_REPORTS:
+            assert settled.goes_on and keeper.holds == (keeper.term is not None)
+            continue
+        holding = {site for site, term in reported.items() if term == keeper.term} | (
+            claimed & set(step.claim_at))
+        assert settled.goes_on == keeper.holds
+        assert settled.held_now == (keeper.holds and not held_before)
+        if not held_before:
+            assert keeper.holds == (len(members & holding) >= majority(size))

@@ -240,29 +240,30 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
     assert term_of(kept) == ControllerTerm(4, "operator-0")
     assert term_of({}) == NO_TERM  # kept by an operator before terms
     running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept)
-    assert running.hold_term([]) and running.term is None  # no report: no term yet
-    assert running.hold_term([ControllerTerm(2, "c"), None])
-    assert running.term is not None and running.term.number == 5
-    own = running.term.to_json()
+    keeper = running.term_keeper
+    assert running.hold_term({}) and keeper.term is None  # no report: no term yet
+    assert running.hold_term({A: ControllerTerm(2, "c"), B: None})
+    assert keeper.term is not None and keeper.term.number == 5
+    own = keeper.term.to_json()
     running.push_answered(A, 2, {"accepted": True, "version": 2, "term": own})
     assert running.take_warnings() == []
     running.push_answered(A, 2, {"accepted": False, "version": 3, "term": own})
     [(reason, message)] = running.take_warnings()
     assert reason == "PlacementRefused" and "keeps version 3" in message
-    assert running.fenced_by is None and running.hold_term([running.term])
+    assert keeper.fenced_by is None and running.hold_term({A: keeper.term})
     running.push_answered(B, 2, {"accepted": False, "version": 2, "term": [6, "other"]})
     [(reason, message)] = running.take_warnings()
     assert reason == "ControllerFenced" and "6/other" in message
-    assert running.fenced_by == ControllerTerm(6, "other")
-    assert not running.hold_term([running.term])
+    assert keeper.fenced_by == ControllerTerm(6, "other")
+    assert not running.hold_term({A: keeper.term})
     assert running.snapshot().fenced
 
 
 def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
     running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), {})
-    assert running.hold_term([NO_TERM])
-    assert running.term is not None and running.term.number == 1
-    assert not running.hold_term([ControllerTerm(1, "zzzz-later")])
+    assert running.hold_term({A: NO_TERM})
+    assert running.term_keeper.term == ControllerTerm(1, running.term_keeper.controller_id)
+    assert not running.hold_term({A: ControllerTerm(1, "zzzz-later")})
     assert [reason for reason, _ in running.take_warnings()] == ["ControllerFenced"]
 
 
