@@ -65,6 +65,17 @@ def reaches(argv: list[str], host: str, port: int) -> bool:
     return done.returncode == 0
 
 
+def closed_by_peer(connection: socket.socket) -> bool:
+    """Whether the other end closed `connection`: an end of stream, or a reset when
+    the proxy stopped before it accepted the connection from its listen backlog (the
+    kernel resets what a closed listener held; seen on a loaded machine). A timeout
+    (the connection still open) is not."""
+    try:
+        return connection.recv(4) == b""
+    except ConnectionResetError:
+        return True
+
+
 def host_reaches(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1.0) as connection:
@@ -180,7 +191,7 @@ def test_proxies_cut_a_member_off_and_heal_it() -> None:
             with socket.create_connection(from_0, timeout=1.0) as open_before:
                 network.cut(1)
                 open_before.settimeout(2.0)
-                assert open_before.recv(4) == b"", "an open connection must be closed"
+                assert closed_by_peer(open_before), "an open connection must be closed"
             assert not host_reaches(*from_0) and not host_reaches(*from_2)
             assert host_reaches(network.address(1), port)  # not through a proxy
             network.heal(1)
