@@ -18,29 +18,26 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 from aiohttp import web
 
-from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
+from ...errors import CorruptDataError, PlacementError, StalePlacementError
 from ...files import write_atomically
 from ...net.address import listening, source_address, split_bind
 from ..shard_set import ShardSet
-from . import entries
 from .backend import ReplicatedBackend
 from .bootstrap import (
     CHECKPOINTS_DIR,
-    PROGRESS_EVERY,
     finish_install,
     remove_checkpoints,
-    serve_checkpoint,
 )
 from .clock import ClockOffsets
-from .log import Position, ShardLog, StaleEpochError
-from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
+from .log import ShardLog, StaleEpochError
+from .peer import PeerClient, PeerError, PeerHandler, PeerServer
+from .peer_requests import PeerRequests
 from .placement import Placement, check_site_id
 from .remote import RemoteReads
 from .replica import ShardReplica
-from .replica_context import NotLeaderError, ReplicaSettings
+from .replica_context import ReplicaSettings
 from .store import PlacementStore
 from .term import ControllerTerm, TermStore, parse_term
-from .wire import decode_submit
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +110,14 @@ class SiteReplication:
         self._peer_bind = peer_bind
         # set (and replaced) each time this site has taken a placement
         self._placement_taken = asyncio.Event()
-        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records, self._change,
-                                  self.holds_replica)
-        self._handlers: dict[str, PeerHandler] = {}
-        self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
+        self._requests = PeerRequests(site, store, lambda db: self.databases.get(db),
+                                      data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
+                                      settings.checkpoint_rate)
+        requests = self._requests
+        self._server = PeerServer(requests.log_of, executor, requests.on_append,
+                                  requests.submit, requests.barrier, requests.read_records,
+                                  requests.change, requests.holds_replica)
+        self._server.add_route("POST", "/peer/v1/broker/{name}", requests.broker_request)
         # connections to peers start from this site's own address (when it binds one)
         # every peer's answer tells its clock: how far it is from this site's
         clocks = ClockOffsets()
@@ -126,7 +126,6 @@ class SiteReplication:
             trace_configs=[clocks.trace_config()])
         self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0),
                                  clocks=clocks)
-        self._checkpoint_rate = settings.checkpoint_rate
         self._heartbeat_interval = settings.heartbeat_interval
         self._zone = settings.zone
         # how long a request to a peer may take
@@ -142,7 +141,7 @@ class SiteReplication:
         self.messages = self.databases[shard_sets[0].name]
         assert self.messages.remote is not None
         self.remote: RemoteReads = self.messages.remote
-        self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes]
+        self._server.extra_routes += [requests.add_routes, self.remote.add_routes]
         self._services: list[PeerService] = []
 
     @property
@@ -398,148 +397,14 @@ class SiteReplication:
 
     # -- the peer port --------------------------------------------------------------
 
-    def _replica(self, db: str, shard: int) -> ShardReplica:
-        replicated = self.databases.get(db)
-        if replicated is None or not 0 <= shard < len(replicated.replicas):
-            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        return replicated.replicas[shard]
-
     def log_lock(self, db: str, shard: int) -> asyncio.Lock:
         """Held while a shard log is written or closed (see `PeerServer.lock`)."""
         return self._server.lock(db, shard)
 
-    def holds_replica(self, db: str, shard: int) -> bool:
-        """Whether the placement this site keeps lists it as a replica of db/shard
-        (True before it has one, or when it places no such shard yet: nothing says
-        otherwise)."""
-        current = self._store.current
-        if current is None:
-            return True
-        try:
-            return self.site in current.shard(db, shard).replicas
-        except PlacementError:
-            return True
-
-    def _log_of(self, db: str, shard: int) -> ShardLog:
-        replicated = self.databases.get(db)
-        if replicated is None or not 0 <= shard < len(replicated.logs):
-            raise KeyError(db)
-        return replicated.logs[shard]
-
-    def _on_append(self, db: str, shard: int) -> None:
-        replicated = self.databases.get(db)
-        if replicated is not None and 0 <= shard < len(replicated.replicas):
-            replica = replicated.replicas[shard]
-            replica.committed_moved()
-            leadership = replica.leadership
-            if leadership is not None and not leadership.current:
-                replica.step_down_for_newer_epoch()
-
-    async def _submit(self, db: str, shard: int, body: bytes) -> None:
-        replica = self._replica(db, shard)
-        messages, puts, deletes, fences = decode_submit(body)
-        await replica.submit_forwarded(messages, puts, deletes, fences)
-
-    async def _change(self, db: str, shard: int, entry: bytes) -> None:
-        """A generation change another site asks this site to append as the leader."""
-        change = entries.decode(entry)
-        if not isinstance(change, entries.DropGeneration | entries.GcWrite
-                          | entries.SetTopicSeed):
-            raise CorruptDataError(f"a {type(change).__name__} is not a change another "
-                                   "site may ask for")
-        replica = self._replica(db, shard)
-        await replica.until_leading()
-        if not await self.databases[db].propose(shard, change):
-            raise NotLeaderError(f"{db}/{shard}: this site does not lead the shard")
-
-    async def _barrier(self, db: str, shard: int) -> int:
-        return await self._replica(db, shard).barrier_offset()
-
-    async def _read_records(self, db: str, shard: int, prefix: bytes, limit: int | None,
-                            after: bytes | None) -> list[tuple[bytes, bytes]]:
-        return await self._replica(db, shard).read_records_for_peer(prefix, limit, after)
-
-    def _bootstrap_routes(self, app: web.Application) -> None:
-        app.router.add_get("/peer/v1/checkpoints/{db}/{shard}", self._send_checkpoint)
-        app.router.add_post("/peer/v1/bootstraps/{db}/{shard}", self._bootstrap)
-
-    def _replica_of(self, http: web.Request) -> tuple[ShardSet, ShardReplica] | None:
-        replicated = self.databases.get(http.match_info["db"])
-        try:
-            shard = int(http.match_info["shard"])
-        except ValueError:
-            return None
-        if replicated is None or not 0 <= shard < len(replicated.replicas):
-            return None
-        return replicated.shard_set, replicated.replicas[shard]
-
-    async def _send_checkpoint(self, http: web.Request) -> web.StreamResponse:
-        """A checkpoint of one shard for a replica that bootstraps from it."""
-        found = self._replica_of(http)
-        if found is None:
-            return web.json_response({"error": "unknown_shard"}, status=404)
-        shard_set, replica = found
-        return await serve_checkpoint(http, shard_set, replica.shard_id, replica.log,
-                                      self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
-                                      self._checkpoint_rate)
-
-    async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
-        """The shard's leader asks this site to bootstrap its replica from it (refused
-        with 409 when this replica has seen a newer epoch than the leader's). The
-        answer is a line of progress every PROGRESS_EVERY, then one with the outcome
-        (the leader waits as long as lines come)."""
-        found = self._replica_of(http)
-        if found is None:
-            return web.json_response({"error": "unknown_shard"}, status=404)
-        _shard_set, replica = found
-        if not self.holds_replica(http.match_info["db"], replica.shard_id):
-            return web.json_response(
-                {"error": NOT_A_REPLICA, "message": "this site is no replica of the shard "
-                                                   "under the placement it holds"},
-                status=403)
-        try:
-            document = await http.json()
-            source, epoch = document["from"], document["epoch"]
-            if not isinstance(source, str) or not isinstance(epoch, int) \
-                    or isinstance(epoch, bool):
-                raise TypeError(source)
-        except (ValueError, KeyError, TypeError):
-            return web.json_response(
-                {"error": "bad_request",
-                 "message": 'expected {"from": "host:port", "epoch": leader epoch}'},
-                status=400)
-        try:  # refused at once, before a checkpoint is asked for
-            await replica.check_bootstrap_epoch(epoch)
-        except StaleEpochError as error:
-            return web.json_response({"error": "stale_epoch", "message": error.message},
-                                     status=409)
-        bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source, epoch))
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        try:
-            await response.prepare(http)
-            while not bootstrapping.done():
-                await asyncio.wait({bootstrapping}, timeout=PROGRESS_EVERY)
-                if not bootstrapping.done():
-                    progress = replica.bootstrap_progress
-                    await response.write(json.dumps(
-                        {"progress": None if progress is None else progress.as_dict()}
-                    ).encode() + b"\n")
-            await response.write(json.dumps(await _outcome(bootstrapping)).encode() + b"\n")
-            await response.write_eof()
-        except ConnectionError:  # the leader gave up; it asks again (and finds this one)
-            bootstrapping.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return response
-
     def serve(self, name: str, handler: PeerHandler) -> None:
         """Serve `POST /peer/v1/broker/{name}` on the peer port with `handler` (the
         broker's requests between sites, such as a session taken over elsewhere)."""
-        self._handlers[name] = handler
-
-    async def _broker_request(self, http: web.Request) -> web.StreamResponse:
-        handler = self._handlers.get(http.match_info["name"])
-        if handler is None:  # the broker has not started yet
-            return web.json_response({"error": "not_ready"}, status=503)
-        return await handler(http)
+        self._requests.serve(name, handler)
 
     async def call(self, site: str, name: str, body: dict[str, Any],
                    within: float) -> dict[str, Any]:
@@ -596,15 +461,6 @@ def _load_kept(data_dir: Path, name: str, parse: Callable[[object], T], absent: 
     except (ValueError, PlacementError) as exc:
         raise CorruptDataError(f"{path}: does not parse ({exc}); remove the file to "
                                f"wait for the controller's next push") from exc
-
-
-async def _outcome(bootstrapping: asyncio.Future[Position]) -> dict[str, Any]:
-    """What a bootstrap came to, as the leader that asked for it reads it."""
-    try:
-        last = await bootstrapping
-    except StorageError as error:
-        return {"error": type(error).__name__, "message": error.message}
-    return {"last": [last.epoch, last.offset]}
 
 
 def _store_kept(data_dir: Path, name: str, value: object) -> None:
