@@ -141,7 +141,7 @@ class SiteReplication:
         self.messages = self.databases[shard_sets[0].name]
         assert self.messages.remote is not None
         self.remote: RemoteReads = self.messages.remote
-        self._server.extra_routes += [requests.add_routes, self.remote.add_routes]
+        self._server.extra_routes += [requests.add_routes, self.remote.service.add_routes]
         self._services: list[PeerService] = []
 
     @property
