@@ -1,25 +1,22 @@
 """Replication in a running site: one `ShardReplica` per shard of each replicated
-database (`messages`, `sessions`, `retained`), the placement the controller pushed
-(kept on disk with the peers' peer-port addresses, so a restarted site takes its
-roles again before the controller speaks), and the peer port, shared by them all."""
+database (`messages`, `sessions`, `retained`), the roles they take from the placement
+the controller pushed (kept in `kept_placement`), and the peer port, shared by them
+all (what other sites ask on it is answered in `peer_requests`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from ...errors import CorruptDataError, PlacementError, StalePlacementError
-from ...files import write_atomically
+from ...errors import CorruptDataError
 from ...net.address import listening, source_address, split_bind
 from ..shard_set import ShardSet
 from .backend import ReplicatedBackend
@@ -29,23 +26,26 @@ from .bootstrap import (
     remove_checkpoints,
 )
 from .clock import ClockOffsets
+from .kept_placement import (
+    FORGOTTEN_FILE,
+    PEERS_FILE,
+    REPLICATION_DIR,
+    KeptPlacement,
+    load_kept,
+    parse_forgotten,
+    parse_peers,
+)
 from .log import ShardLog, StaleEpochError
 from .peer import PeerClient, PeerError, PeerHandler, PeerServer
 from .peer_requests import PeerRequests
-from .placement import Placement, check_site_id
+from .placement import Placement
 from .remote import RemoteReads
 from .replica import ShardReplica
 from .replica_context import ReplicaSettings
 from .store import PlacementStore
-from .term import ControllerTerm, TermStore, parse_term
+from .term import TermStore
 
 log = logging.getLogger(__name__)
-
-PEERS_FILE = "peers.json"
-FORGOTTEN_FILE = "forgotten.json"
-REPLICATION_DIR = "replication"
-
-T = TypeVar("T")
 
 
 class PeerService(Protocol):
@@ -66,31 +66,9 @@ class PeerService(Protocol):
     async def close(self) -> None: ...
 
 
-def parse_peers(value: object) -> dict[str, str]:
-    """The `peers` of a placement push: site id -> host:port of its peer port."""
-    if not isinstance(value, dict):
-        raise PlacementError(f"peers: expected an object of site id -> host:port, got "
-                             f"{type(value).__name__}")
-    peers: dict[str, str] = {}
-    for site, address in value.items():
-        check_site_id(site, "peers")
-        if not isinstance(address, str) or not address.rpartition(":")[2].isdigit():
-            raise PlacementError(f"peers.{site}: {address!r} is not host:port")
-        peers[site] = address
-    return peers
-
-
-def parse_forgotten(value: object) -> frozenset[str]:
-    """The `forgotten` of a placement push: the ids of the sites gone for good."""
-    if not isinstance(value, list):
-        raise PlacementError(f"forgotten: expected a list of site ids, got "
-                             f"{type(value).__name__}")
-    return frozenset(check_site_id(site, "forgotten") for site in value)
-
-
 class SiteReplication:
     """The replication of this site: every replicated database's shard replicas, the
-    kept placement, the peers' addresses and the peer port."""
+    kept placement (`kept`) and the peer port."""
 
     def __init__(self, site: str, advertised: str, data_dir: Path, shard_sets: list[ShardSet],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
@@ -98,14 +76,11 @@ class SiteReplication:
                  forgotten: frozenset[str], peer_bind: str) -> None:
         self.site = site
         self.advertised = advertised
-        self._data_dir = data_dir
         self.executor = executor
-        self._store = store
-        # the highest controller term seen: pushes of lower terms are refused
-        self._terms = terms
-        self.peers = peers
-        # sites the controller forgot for good: this site may adopt their sessions
-        self.forgotten = forgotten
+        # the placement, controller term, peers and forgotten sites the controller
+        # pushed, as this site keeps them
+        self.kept = KeptPlacement(site, data_dir, executor, store, terms, peers,
+                                  forgotten, self._take)
         self.stopping = False
         self._peer_bind = peer_bind
         # set (and replaced) each time this site has taken a placement
@@ -137,7 +112,6 @@ class SiteReplication:
                                               remote_reads=number == 0)
             for number, shard_set in enumerate(shard_sets)}
         self._open = set(self.databases)
-        self._take_lock = asyncio.Lock()
         self.messages = self.databases[shard_sets[0].name]
         assert self.messages.remote is not None
         self.remote: RemoteReads = self.messages.remote
@@ -240,9 +214,9 @@ class SiteReplication:
                                        data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
             terms = await loop.run_in_executor(executor, TermStore, data_dir)
-            peers = await loop.run_in_executor(executor, _load_kept, data_dir, PEERS_FILE,
+            peers = await loop.run_in_executor(executor, load_kept, data_dir, PEERS_FILE,
                                                parse_peers, {})
-            forgotten = await loop.run_in_executor(executor, _load_kept, data_dir,
+            forgotten = await loop.run_in_executor(executor, load_kept, data_dir,
                                                    FORGOTTEN_FILE, parse_forgotten,
                                                    frozenset())
         except BaseException:
@@ -265,8 +239,8 @@ class SiteReplication:
             raise
         log.info("peer port listening on %s (advertised %s)", self._peer_bind,
                  self.advertised)
-        if self._store.current is not None:
-            await self._take(self._store.current)
+        if self.kept.store.current is not None:
+            await self._take(self.kept.store.current)
         self.remote.start()
         for service in self._services:
             service.start()
@@ -274,15 +248,15 @@ class SiteReplication:
     # -- the admin API ------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        current = self._store.current
+        current = self.kept.store.current
         return {"site": self.site, "peer": self.advertised,
                 "placement_version": None if current is None else current.version,
                 # the highest controller term this site has seen (the controller
                 # steps aside when it is not its own)
-                "controller_term": self._terms.current.to_json(),
+                "controller_term": self.kept.terms.current.to_json(),
                 "shards": [replica.status() for replica in self.replicas],
                 # the sites forgotten for good, whose sessions this site may adopt
-                "forgotten": sorted(self.forgotten),
+                "forgotten": sorted(self.kept.forgotten),
                 # a graceful stop waits for the controller to move its leaderships
                 "stopping": self.stopping,
                 # how often an idle leader hears its followers: the controller allows
@@ -294,78 +268,6 @@ class SiteReplication:
                 # per peer address: how far its wall clock runs ahead of this site's
                 # (seconds, negative when behind), right within `uncertainty`
                 "clock_offsets": self.client.clocks.status()}
-
-    def held(self) -> dict[str, Any]:
-        """The placement this site keeps (None before the first push), with the peers'
-        addresses and the sites forgotten as last pushed: what a controller whose own
-        copy is older than the sites' adopts (`decisions.adopt`)."""
-        current = self._store.current
-        return {"placement": None if current is None else json.loads(current.to_json()),
-                "peers": dict(self.peers), "forgotten": sorted(self.forgotten),
-                "term": self._terms.current.to_json()}
-
-    async def claim(self, term_value: object) -> tuple[bool, ControllerTerm]:
-        """A controller's claim of its term before it decides anything: (admitted, the
-        term this site holds now). Admitted: not below the term kept (`term.admits`),
-        and kept from now on when higher. PlacementError when it does not parse."""
-        term = parse_term(term_value)
-        async with self._take_lock:
-            admitted = await self._admit(term)
-        return admitted, self._terms.current
-
-    async def _admit(self, term: ControllerTerm) -> bool:
-        kept = self._terms.current
-        admitted = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._terms.offer, term)
-        if not admitted:
-            log.info("controller term %s refused: this site holds term %s (a newer "
-                     "controller)", term, kept)
-        return admitted
-
-    async def offer(self, document: object, peers_value: object,
-                    forgotten_value: object = None, term_value: object = None
-                    ) -> tuple[bool, int, ControllerTerm]:
-        """A placement pushed by the controller: (accepted, the version kept, the
-        controller term held), where accepted means this site now keeps that very
-        document (also when it already did); False: the push is of a controller term
-        below the one held (a fenced controller: nothing changes), or the site keeps
-        another placement, newer or different under the same version, and the
-        controller must adopt it rather than believe its own. A higher term is kept
-        even when its placement is refused. PlacementError when it does not parse.
-        `forgotten_value`: the sites forgotten for good (None: not told, as in a
-        placement pushed by hand: the sites kept as forgotten stay so); `term_value`:
-        the pushing controller's term (None: term 0, a placement pushed by hand where
-        no controller runs; refused once a controller has taken a term)."""
-        placement = Placement.from_dict(document)
-        peers = parse_peers(peers_value)
-        forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
-        term = parse_term(term_value)
-        loop = asyncio.get_running_loop()
-        async with self._take_lock:
-            if not await self._admit(term):
-                kept = self._store.current
-                return (False, placement.version if kept is None else kept.version,
-                        self._terms.current)
-            if forgotten is not None and forgotten != self.forgotten:
-                await loop.run_in_executor(self.executor, _store_kept, self._data_dir,
-                                           FORGOTTEN_FILE, sorted(forgotten))
-                self.forgotten = forgotten
-            try:
-                accepted = await loop.run_in_executor(self.executor, self._store.offer,
-                                                      placement)
-            except StalePlacementError as exc:
-                log.info("placement version %d not taken: %s", placement.version, exc.message)
-                accepted = False
-            kept = self._store.current
-            if accepted or (kept == placement and peers != self.peers):
-                if peers != self.peers:
-                    self.peers = peers
-                    await loop.run_in_executor(self.executor, _store_kept,
-                                               self._data_dir, PEERS_FILE, peers)
-                assert kept is not None
-                await self._take(kept)
-        return (kept == placement, kept.version if kept is not None else placement.version,
-                self._terms.current)
 
     async def _take(self, placement: Placement) -> None:
         for name, replicated in self.databases.items():
@@ -379,7 +281,7 @@ class SiteReplication:
                 if shard_placement.shard < len(replicas):
                     try:
                         await replicas[shard_placement.shard].take(shard_placement,
-                                                                   self.peers)
+                                                                   self.kept.peers)
                     except StaleEpochError as exc:
                         # this shard's log knows a newer leader than the placement: it
                         # follows that one; the other shards take their roles regardless
@@ -410,7 +312,7 @@ class SiteReplication:
                    within: float) -> dict[str, Any]:
         """POST a broker request to `site`'s peer port; its JSON answer. PeerError
         when the site is unknown, does not answer in time, or answers with an error."""
-        address = self.peers.get(site)
+        address = self.kept.peers.get(site)
         if address is None:
             raise PeerError(f"no peer address known for site {site}")
         return await self.client.call(address, name, body, within)
@@ -422,11 +324,17 @@ class SiteReplication:
     def peer_time(self, site: str, local: float) -> float:
         """This site's wall clock time `local` in `site`'s clock (as far as its
         answers tell; unchanged for a site not heard from)."""
-        address = self.peers.get(site)
+        address = self.kept.peers.get(site)
         return local if address is None else self.client.clocks.peer_time(address, local)
 
+    @property
+    def forgotten(self) -> frozenset[str]:
+        """The sites the controller forgot for good: this site may adopt their
+        sessions."""
+        return self.kept.forgotten
+
     def peer_address(self, site: str) -> str | None:
-        return self.peers.get(site)
+        return self.kept.peers.get(site)
 
     async def database_closed(self, replicated: ReplicatedBackend) -> None:
         self._open.discard(replicated.shard_set.name)
@@ -450,20 +358,3 @@ class SiteReplication:
             await self._session.close()
 
 
-def _load_kept(data_dir: Path, name: str, parse: Callable[[object], T], absent: T) -> T:
-    """What the controller's last push said (the peers' addresses, the forgotten
-    sites), as this site kept it."""
-    path = data_dir / REPLICATION_DIR / name
-    try:
-        return parse(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return absent
-    except (ValueError, PlacementError) as exc:
-        raise CorruptDataError(f"{path}: does not parse ({exc}); remove the file to "
-                               f"wait for the controller's next push") from exc
-
-
-def _store_kept(data_dir: Path, name: str, value: object) -> None:
-    folder = data_dir / REPLICATION_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / name, json.dumps(value, sort_keys=True, indent=1))
