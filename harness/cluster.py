@@ -48,6 +48,22 @@ def poll(condition: Callable[[], bool], timeout: float, interval: float = 0.05) 
     return wait_until(condition, timeout, every=interval, tolerate=SITE_UNREACHABLE)
 
 
+def reports_its_roles(site: str, db: str, shards: list[dict[str, Any]],
+                      reported: list[dict[str, Any]]) -> bool:
+    """Whether `site`, whose replication status lists the shards `reported`, reports
+    in every shard of `db` that the placement's `shards` give it the role (leader or
+    follower) and the epoch they give it."""
+    by_shard = {(entry["db"], entry["shard"]): entry for entry in reported}
+    for shard in shards:
+        if site not in shard["replicas"]:
+            continue
+        mine = by_shard.get((db, shard["id"]))
+        role = "leader" if shard["leader"] == site else "follower"
+        if mine is None or mine["role"] != role or mine["epoch"] != shard["epoch"]:
+            return False
+    return True
+
+
 class SiteProcess(BrokerProcess):
     """One site: the harness's test configuration, bound to `bind_host` (`host`,
     where the test reaches it, unless told), with the cluster section on; its peer
@@ -228,16 +244,9 @@ class Cluster:
             if len(shards) != self.n_shards or any(not s.get("leader") for s in shards):
                 return False
             for index in range(len(self.sites)) if sites is None else sites:
-                site_id = self.site_ids[index]
-                reported = {(s["db"], s["shard"]): s
-                            for s in self.sites[index].replication()["shards"]}
-                for shard in shards:
-                    if site_id not in shard["replicas"]:
-                        continue
-                    mine = reported.get((db, shard["id"]))
-                    role = "leader" if shard["leader"] == site_id else "follower"
-                    if mine is None or mine["role"] != role or mine["epoch"] != shard["epoch"]:
-                        return False
+                if not reports_its_roles(self.site_ids[index], db, shards,
+                                         self.sites[index].replication()["shards"]):
+                    return False
         return True
 
     def wait_ready(self, timeout: float, sites: list[int] | None = None) -> bool:

@@ -298,7 +298,7 @@ class AdminServer:
         """The placement this site keeps (`null` before the first push), the peers'
         addresses and the sites forgotten: `{"placement": document, "peers": {...},
         "forgotten": [...]}`. A controller whose own copy is older adopts it."""
-        return web.json_response(self._replication().held())
+        return web.json_response(self._replication().kept.held())
 
     async def _placement(self, request: web.Request) -> web.Response:
         """Take a placement pushed by the controller: body `{"placement": document,
@@ -313,7 +313,7 @@ class AdminServer:
                                   '"host:port", ...}}')
         # accepted: false (this site keeps another document, or holds a newer controller
         # term) tells the controller that its placement, or itself, is stale
-        accepted, version, term = await replication.offer(
+        accepted, version, term = await replication.kept.offer(
             body["placement"], body["peers"], body.get("forgotten"), body.get("term"))
         return web.json_response({"accepted": accepted, "version": version,
                                   "term": term.to_json()})
@@ -326,7 +326,7 @@ class AdminServer:
         body = await json_body(request)
         if "term" not in body:
             raise BadRequestError('give {"term": [number, "controller id"]}')
-        accepted, term = await replication.claim(body["term"])
+        accepted, term = await replication.kept.claim(body["term"])
         return web.json_response({"accepted": accepted, "term": term.to_json()})
 
     async def _site_view(self) -> Json:

@@ -35,8 +35,9 @@ Release = Callable[[str, str | None], Awaitable[bool]]
 class Peers(Protocol):
     """The peer port, as `ds.SiteReplication` offers it."""
 
-    # the sites the controller forgot for good
-    forgotten: frozenset[str]
+    @property
+    def forgotten(self) -> frozenset[str]:
+        """The sites the controller forgot for good."""
 
     def serve(self, name: str, handler: Callable[[web.Request],
                                                  Awaitable[web.StreamResponse]]) -> None: ...

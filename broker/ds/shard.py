@@ -104,6 +104,13 @@ def generation_bytes(db: Rdict, info: GenerationInfo, data: Rdict) -> int:
 
 
 class Shard:
+    """One shard's RocksDB instance and the state held beside it in memory (the
+    generations with their tries, the next timestamp, the applied offset). Past ~300
+    lines as one unit: every method reads or writes that instance with that state,
+    often in one write batch (a generation made or dropped, a batch applied, each
+    with the applied offset it records); a split would hand the handle and the
+    state between classes that each own half of them."""
+
     def __init__(self, path: Path, shard_id: int, layout: str, layout_options: dict[str, object],
                  thresholds: Sequence[int], sync_writes: bool,
                  topic_cache_bytes: int = 2 * DEFAULT_TOPIC_CACHE_BYTES,

@@ -103,7 +103,7 @@ class Relay:
         whose streams subscribers read), over its peer port."""
         messages = replication.messages
         return cls(replication.site, replication.advertised, messages.shard_set,
-                   replication.leads, messages.placement_of, lambda: replication.peers,
+                   replication.leads, messages.placement_of, lambda: replication.kept.peers,
                    replication.remote, replication.peer_session, replication.peer_timeout,
                    interest, unsettled, on_site_lost)
 

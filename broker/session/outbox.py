@@ -81,7 +81,11 @@ class Outbox:
     """The queue and the in-flight window of one session. `save` writes the session
     (a no-op for one that is not durable), `request_save` asks for a write soon,
     `finished` hears of every delivery that is done with (sent at QoS 0,
-    acknowledged, expired, refused), and `durable` tells whether the session is."""
+    acknowledged, expired, refused), and `durable` tells whether the session is.
+    Past ~300 lines as one state machine: the queue, the in-flight window, the packet
+    identifiers and the saves that must come before a PUBLISH or a PUBREL change
+    together on every send and acknowledgement (the resend order, `Resends`, is
+    already apart)."""
 
     def __init__(self, max_queued: int, *, save: Callable[[], Awaitable[None]],
                  request_save: Callable[[], None], finished: Callable[[Delivery], None],

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from harness import waiting
-from harness.cluster import SITE_UNREACHABLE
+from harness.cluster import SITE_UNREACHABLE, reports_its_roles
 from harness.processes import REPO
 from stratamq.broker.ds.shard_set import shard_of
 from tests.support.clients import PahoClient, unique
@@ -204,15 +204,8 @@ def roles_taken(cluster: LocalCluster, urls: list[str] | None = None) -> bool:
         urls = [cluster.admin_url(index) for index in range(cluster.sites)]
     for url in urls:
         status = cluster.replication_at(url)
-        site = status["site"]
-        reported = {(entry["db"], entry["shard"]): entry for entry in status["shards"]}
-        for shard in storage["shards"]:
-            if site not in shard["replicas"]:
-                continue
-            entry = reported.get((DB, shard["id"]))
-            want = "leader" if shard["leader"] == site else "follower"
-            if entry is None or entry["role"] != want or entry["epoch"] != shard["epoch"]:
-                return False
+        if not reports_its_roles(status["site"], DB, storage["shards"], status["shards"]):
+            return False
     return True
 
 

@@ -89,7 +89,7 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
 async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
                 peers: dict[str, str]) -> None:
     placement = Placement(version, (ShardPlacement("messages", 0, replicas, leader, epoch),))
-    accepted, _, _ = await site.replication.offer(json.loads(placement.to_json()), peers)
+    accepted, _, _ = await site.replication.kept.offer(json.loads(placement.to_json()), peers)
     assert accepted
 
 
@@ -762,12 +762,12 @@ def test_a_site_says_whether_it_keeps_the_placement_pushed_and_serves_the_one_it
             return found
 
         try:
-            assert site.replication.held()["placement"] is None
-            assert (await site.replication.offer(document(2, 1), peers))[:2] == (True, 2)
-            assert (await site.replication.offer(document(2, 1), peers))[:2] == (True, 2)
-            assert (await site.replication.offer(document(2, 3), peers))[:2] == (False, 2)
-            assert (await site.replication.offer(document(1, 1), peers))[:2] == (False, 2)
-            held = site.replication.held()
+            assert site.replication.kept.held()["placement"] is None
+            assert (await site.replication.kept.offer(document(2, 1), peers))[:2] == (True, 2)
+            assert (await site.replication.kept.offer(document(2, 1), peers))[:2] == (True, 2)
+            assert (await site.replication.kept.offer(document(2, 3), peers))[:2] == (False, 2)
+            assert (await site.replication.kept.offer(document(1, 1), peers))[:2] == (False, 2)
+            held = site.replication.kept.held()
             assert held["placement"] == document(2, 1)
             assert held["peers"] == peers and held["forgotten"] == []
         finally:
@@ -794,23 +794,23 @@ def test_a_site_refuses_pushes_and_claims_of_a_controller_term_below_the_one_it_
 
         a1, b1, a2 = ControllerTerm(1, "a"), ControllerTerm(1, "b"), ControllerTerm(2, "a")
         try:
-            offer = site.replication.offer
+            offer = site.replication.kept.offer
             assert await offer(document(1), peers) == (True, 1, NO_TERM)  # by hand
             assert await offer(document(2), peers, None, a1.to_json()) == (True, 2, a1)
             assert await offer(document(3), peers) == (False, 2, a1)  # term 0 now fenced
-            assert await site.replication.claim(b1.to_json()) == (True, b1)
-            assert await site.replication.claim(a1.to_json()) == (False, b1)
+            assert await site.replication.kept.claim(b1.to_json()) == (True, b1)
+            assert await site.replication.kept.claim(a1.to_json()) == (False, b1)
             assert await offer(document(3), peers, None, a1.to_json()) == (False, 2, b1)
             # a higher term is kept although its (older) placement is refused
             assert await offer(document(1), peers, None, a2.to_json()) == (False, 2, a2)
             assert site.replication.status()["controller_term"] == a2.to_json()
-            assert site.replication.held()["term"] == a2.to_json()
+            assert site.replication.kept.held()["term"] == a2.to_json()
         finally:
             await site.storage.close()
         site = await start_site(tmp_path / "a")
         try:
             assert site.replication.status()["controller_term"] == a2.to_json()
-            assert (await site.replication.offer(document(3), peers, None,
+            assert (await site.replication.kept.offer(document(3), peers, None,
                                                  b1.to_json()))[2] == a2
         finally:
             await site.storage.close()

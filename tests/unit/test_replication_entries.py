@@ -11,7 +11,7 @@ from stratamq.broker.config import load_config
 from stratamq.broker.ds import Message
 from stratamq.broker.ds.fence import Fence
 from stratamq.broker.ds.replication import entries
-from stratamq.broker.ds.replication.site_replication import parse_peers
+from stratamq.broker.ds.replication.kept_placement import parse_peers
 from stratamq.broker.ds.replication.wire import decode_submit, encode_submit
 from stratamq.broker.errors import CorruptDataError, PlacementError
 

@@ -9,8 +9,10 @@ the placement (`store`), each shard's log of cooked batches at (epoch, offset)
 site (`replica`) and its parts (`replica_context`: what they share; `takeover`;
 writes and forwarding in `writes`; the leader's `senders`; the `applier`; `reads`;
 checkpoint installs in `installer`), log trimming and replica bootstrap from
-checkpoints (`trim`, `bootstrap`), reads of shards held elsewhere (`remote`, its bytes
-in `remote_wire`) and a site's replication as a whole (`site_replication`). The relay
+checkpoints (`trim`, `bootstrap`), reads of shards held elsewhere (`remote`, served by
+`remote_service`, its bytes in `remote_wire`) and a site's replication as a whole
+(`site_replication`: the controller's pushes it keeps in `kept_placement`, the peer
+port's requests it answers in `peer_requests`). The relay
 to sites without a replica lives in `broker/routing`, a `PeerService` on the same peer
 port.
 The controller that pushes placements lives in `broker/controller`.

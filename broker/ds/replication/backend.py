@@ -43,7 +43,7 @@ class ReplicatedBackend:
         self._site = site
         self.shard_set = shard_set
         self.logs = logs
-        self.remote = RemoteReads(site.site, shard_set, self.placement_of, lambda: site.peers,
+        self.remote = RemoteReads(site.site, shard_set, self.placement_of, lambda: site.kept.peers,
                                   self._barrier, site.peer_session, site.peer_timeout) \
             if remote_reads else None
         self.state_machine = LogStateMachine(shard_set, self.reads_elsewhere)

@@ -17,33 +17,26 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
-from aiohttp import web
 
-from ...errors import CorruptDataError, InvalidIteratorError, StorageError
+from ...errors import CorruptDataError, StorageError
 from ...supervise import supervise
 from ..generation import GenerationInfo
 from ..iterator import EndOfStream, Iterator, Stream
 from ..lts import END, Trie
-from ..message import Message, decode_message, encode_message
+from ..message import Message, decode_message
 from ..shard_set import NextResult, ShardSet
 from ..streams import GenerationView
 from .peer import PeerError
-from .remote_wire import decode_generations, decode_next, encode_generations, encode_next
+from .remote_service import MAX_REMOTE_BATCH, RemoteReadService
+from .remote_wire import decode_generations, decode_next
 
 log = logging.getLogger(__name__)
 
 # How often the mirrors of remote shards are brought up to date.
 REFRESH_INTERVAL = 1.0
-# The largest batch a peer's `next` answers with.
-MAX_REMOTE_BATCH = 1000
-NEXT_CONTENT_TYPE = "application/vnd.stratamq.next"
 # How long a shard's leader waits for the sites without a replica to count what
 # their sessions lose to a generation it drops (they read the rest of it remotely).
 PRE_DROP_TIMEOUT = 30.0
-# How long a replica asked for a read waits to apply what the asking site was fed
-# before it says it is behind (the asking site then asks the next replica).
-BEHIND_WAIT = 0.5
-BEHIND_POLL = 0.02
 
 PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 PeersOf = Callable[[], dict[str, str]]
@@ -61,7 +54,8 @@ class MirroredGeneration:
 
 class RemoteReads:
     """The reads of one database's shards held elsewhere, for its
-    `ReplicatedBackend`; serves the same reads to other sites from the shards it holds."""
+    `ReplicatedBackend` (its `service` serves the same reads to other sites from the
+    shards this site holds)."""
 
     def __init__(self, site: str, shard_set: ShardSet, placement_of: PlacementOf,
                  peers_of: PeersOf, barrier: Barrier, session: aiohttp.ClientSession,
@@ -90,6 +84,8 @@ class RemoteReads:
         self._catching_up: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # the same reads, served to other sites from the shards this site holds
+        self.service = RemoteReadService(shard_set, self.is_remote, self.generations)
 
     def start(self) -> None:
         self._task = asyncio.create_task(supervise("ds-remote-mirror", self._refresh_loop),
@@ -284,21 +280,6 @@ class RemoteReads:
 
         await asyncio.gather(*(tell(site, address) for site, address in asked.items()))
 
-    async def _serve_pre_drop(self, http: web.Request) -> web.Response:
-        shard_id = self._shard_asked(http)
-        if isinstance(shard_id, web.Response):
-            return shard_id
-        try:
-            generation_id = int(http.query["generation"])
-        except (KeyError, ValueError):
-            return _error(400, "bad_request", "generation must be a number")
-        # A replica here runs its listeners as it applies the drop: nothing to do now.
-        # the pre-drop listeners run as on a replica, reading the generation at a
-        # replica while it is still there
-        if self.is_remote(shard_id) and generation_id in self.generations(shard_id):
-            await self.shard_set.tell_pre_drop_listeners(shard_id, generation_id)
-        return web.json_response({"counted": True})
-
     # -- asking a replica -------------------------------------------------------------
 
     def _replicas_in_order(self, shard_id: int) -> list[str]:
@@ -330,103 +311,3 @@ class RemoteReads:
                 errors.append(f"{site}: {exc!r}")
         raise PeerError(f"{name}/{shard_id}: no replica answered {what} "
                         f"({'; '.join(errors) or 'no replica known'})")
-
-    # -- serving other sites ------------------------------------------------------------
-
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/peer/v1/dbs/{db}/{shard}/generations", self._serve_generations)
-        app.router.add_post("/peer/v1/dbs/{db}/{shard}/next", self._serve_next)
-        app.router.add_get("/peer/v1/dbs/{db}/{shard}/message", self._serve_message)
-        app.router.add_post("/peer/v1/dbs/{db}/{shard}/pre-drop", self._serve_pre_drop)
-
-    def _shard_asked(self, http: web.Request) -> int | web.Response:
-        """The shard of a request, one of this database's."""
-        try:
-            shard_id = int(http.match_info["shard"])
-        except ValueError:
-            return _error(400, "bad_request", "shard must be a number")
-        if http.match_info["db"] != self.shard_set.name \
-                or not 0 <= shard_id < len(self.shard_set.shards):
-            return _error(404, "unknown_shard", "no such shard here")
-        return shard_id
-
-    def _held(self, http: web.Request) -> int | web.Response:
-        """The shard of a request, when this site holds a replica of it."""
-        shard_id = self._shard_asked(http)
-        if isinstance(shard_id, web.Response):
-            return shard_id
-        if self.is_remote(shard_id):
-            return _error(503, "not_a_replica", "this site holds no replica of the shard "
-                                                "(or one still catching up)")
-        return shard_id
-
-    async def _serve_generations(self, http: web.Request) -> web.Response:
-        shard_id = self._held(http)
-        if isinstance(shard_id, web.Response):
-            return shard_id
-        generations = self.shard_set.shards[shard_id].generations
-        body = encode_generations({generation_id: (generation.info,
-                                                   list(generation.trie.edges()))
-                                   for generation_id, generation in
-                                   list(generations.items())})
-        return web.Response(body=body, content_type="application/json")
-
-    async def _serve_next(self, http: web.Request) -> web.Response:
-        shard_id = self._held(http)
-        if isinstance(shard_id, web.Response):
-            return shard_id
-        try:
-            iterator = Iterator.from_bytes(await http.read())
-            batch = max(1, min(int(http.query.get("batch", "100")), MAX_REMOTE_BATCH))
-        except (InvalidIteratorError, ValueError) as exc:
-            return _error(400, "bad_request", str(exc))
-        if iterator.stream.shard != shard_id:
-            return _error(400, "bad_request", "the iterator reads another shard")
-        behind = await self._behind(http, shard_id)
-        if behind is not None:
-            return behind
-        try:
-            result = await self.shard_set.next(iterator, batch)
-        except StorageError as exc:
-            return _error(503 if exc.recoverable else 500, type(exc).__name__, exc.message)
-        return web.Response(body=encode_next(result), content_type=NEXT_CONTENT_TYPE)
-
-    async def _serve_message(self, http: web.Request) -> web.Response:
-        shard_id = self._held(http)
-        if isinstance(shard_id, web.Response):
-            return shard_id
-        try:
-            stream = Stream(shard_id, int(http.query["generation"]),
-                            bytes.fromhex(http.query["static"]))
-            timestamp = int(http.query["timestamp"])
-        except (KeyError, ValueError):
-            return _error(400, "bad_request", "generation, static (hex), timestamp")
-        behind = await self._behind(http, shard_id)
-        if behind is not None:
-            return behind
-        message = await self.shard_set.read_message(stream, timestamp)
-        return web.Response(body=b"" if message is None else encode_message(message),
-                            content_type=NEXT_CONTENT_TYPE)
-
-
-    async def _behind(self, http: web.Request, shard_id: int) -> web.Response | None:
-        """A 503 unless this replica has applied the shard through the timestamp the
-        asking site says (`applied`: what it was fed, or the message it asks for),
-        waiting BEHIND_WAIT for it: a follower cut off from its leader, or an old
-        leader that left, holds a copy that lacks it."""
-        try:
-            wanted = int(http.query.get("applied", "0"))
-        except ValueError:
-            return _error(400, "bad_request", "applied must be a number")
-        deadline = asyncio.get_running_loop().time() + BEHIND_WAIT
-        while self.shard_set.shards[shard_id].last_timestamp < wanted:
-            if asyncio.get_running_loop().time() >= deadline:
-                return _error(503, "behind", f"this replica has applied the shard through "
-                              f"{self.shard_set.shards[shard_id].last_timestamp}, "
-                              f"not {wanted} yet")
-            await asyncio.sleep(BEHIND_POLL)
-        return None
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)

@@ -1,54 +1,51 @@
 """Replication in a running site: one `ShardReplica` per shard of each replicated
-database (`messages`, `sessions`, `retained`), the placement the controller pushed
-(kept on disk with the peers' peer-port addresses, so a restarted site takes its
-roles again before the controller speaks), and the peer port, shared by them all."""
+database (`messages`, `sessions`, `retained`), the roles they take from the placement
+the controller pushed (kept in `kept_placement`), and the peer port, shared by them
+all (what other sites ask on it is answered in `peer_requests`)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from ...errors import CorruptDataError, PlacementError, StalePlacementError, StorageError
-from ...files import write_atomically
+from ...errors import CorruptDataError
 from ...net.address import listening, source_address, split_bind
 from ..shard_set import ShardSet
-from . import entries
 from .backend import ReplicatedBackend
 from .bootstrap import (
     CHECKPOINTS_DIR,
-    PROGRESS_EVERY,
     finish_install,
     remove_checkpoints,
-    serve_checkpoint,
 )
 from .clock import ClockOffsets
-from .log import Position, ShardLog, StaleEpochError
-from .peer import NOT_A_REPLICA, PeerClient, PeerError, PeerHandler, PeerServer
-from .placement import Placement, check_site_id
+from .kept_placement import (
+    FORGOTTEN_FILE,
+    PEERS_FILE,
+    REPLICATION_DIR,
+    KeptPlacement,
+    load_kept,
+    parse_forgotten,
+    parse_peers,
+)
+from .log import ShardLog, StaleEpochError
+from .peer import PeerClient, PeerError, PeerHandler, PeerServer
+from .peer_requests import PeerRequests
+from .placement import Placement
 from .remote import RemoteReads
 from .replica import ShardReplica
-from .replica_context import NotLeaderError, ReplicaSettings
+from .replica_context import ReplicaSettings
 from .store import PlacementStore
-from .term import ControllerTerm, TermStore, parse_term
-from .wire import decode_submit
+from .term import TermStore
 
 log = logging.getLogger(__name__)
-
-PEERS_FILE = "peers.json"
-FORGOTTEN_FILE = "forgotten.json"
-REPLICATION_DIR = "replication"
-
-T = TypeVar("T")
 
 
 class PeerService(Protocol):
@@ -69,31 +66,9 @@ class PeerService(Protocol):
     async def close(self) -> None: ...
 
 
-def parse_peers(value: object) -> dict[str, str]:
-    """The `peers` of a placement push: site id -> host:port of its peer port."""
-    if not isinstance(value, dict):
-        raise PlacementError(f"peers: expected an object of site id -> host:port, got "
-                             f"{type(value).__name__}")
-    peers: dict[str, str] = {}
-    for site, address in value.items():
-        check_site_id(site, "peers")
-        if not isinstance(address, str) or not address.rpartition(":")[2].isdigit():
-            raise PlacementError(f"peers.{site}: {address!r} is not host:port")
-        peers[site] = address
-    return peers
-
-
-def parse_forgotten(value: object) -> frozenset[str]:
-    """The `forgotten` of a placement push: the ids of the sites gone for good."""
-    if not isinstance(value, list):
-        raise PlacementError(f"forgotten: expected a list of site ids, got "
-                             f"{type(value).__name__}")
-    return frozenset(check_site_id(site, "forgotten") for site in value)
-
-
 class SiteReplication:
     """The replication of this site: every replicated database's shard replicas, the
-    kept placement, the peers' addresses and the peer port."""
+    kept placement (`kept`) and the peer port."""
 
     def __init__(self, site: str, advertised: str, data_dir: Path, shard_sets: list[ShardSet],
                  executor: Executor, settings: ReplicaSettings, store: PlacementStore,
@@ -101,23 +76,23 @@ class SiteReplication:
                  forgotten: frozenset[str], peer_bind: str) -> None:
         self.site = site
         self.advertised = advertised
-        self._data_dir = data_dir
         self.executor = executor
-        self._store = store
-        # the highest controller term seen: pushes of lower terms are refused
-        self._terms = terms
-        self.peers = peers
-        # sites the controller forgot for good: this site may adopt their sessions
-        self.forgotten = forgotten
+        # the placement, controller term, peers and forgotten sites the controller
+        # pushed, as this site keeps them
+        self.kept = KeptPlacement(site, data_dir, executor, store, terms, peers,
+                                  forgotten, self._take)
         self.stopping = False
         self._peer_bind = peer_bind
         # set (and replaced) each time this site has taken a placement
         self._placement_taken = asyncio.Event()
-        self._server = PeerServer(self._log_of, executor, self._on_append, self._submit,
-                                  self._barrier, self._read_records, self._change,
-                                  self.holds_replica)
-        self._handlers: dict[str, PeerHandler] = {}
-        self._server.add_route("POST", "/peer/v1/broker/{name}", self._broker_request)
+        self._requests = PeerRequests(site, store, lambda db: self.databases.get(db),
+                                      data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
+                                      settings.checkpoint_rate)
+        requests = self._requests
+        self._server = PeerServer(requests.log_of, executor, requests.on_append,
+                                  requests.submit, requests.barrier, requests.read_records,
+                                  requests.change, requests.holds_replica)
+        self._server.add_route("POST", "/peer/v1/broker/{name}", requests.broker_request)
         # connections to peers start from this site's own address (when it binds one)
         # every peer's answer tells its clock: how far it is from this site's
         clocks = ClockOffsets()
@@ -126,7 +101,6 @@ class SiteReplication:
             trace_configs=[clocks.trace_config()])
         self.client = PeerClient(self._session, timeout=max(settings.write_timeout, 1.0),
                                  clocks=clocks)
-        self._checkpoint_rate = settings.checkpoint_rate
         self._heartbeat_interval = settings.heartbeat_interval
         self._zone = settings.zone
         # how long a request to a peer may take
@@ -138,11 +112,10 @@ class SiteReplication:
                                               remote_reads=number == 0)
             for number, shard_set in enumerate(shard_sets)}
         self._open = set(self.databases)
-        self._take_lock = asyncio.Lock()
         self.messages = self.databases[shard_sets[0].name]
         assert self.messages.remote is not None
         self.remote: RemoteReads = self.messages.remote
-        self._server.extra_routes += [self._bootstrap_routes, self.remote.add_routes]
+        self._server.extra_routes += [requests.add_routes, self.remote.service.add_routes]
         self._services: list[PeerService] = []
 
     @property
@@ -241,9 +214,9 @@ class SiteReplication:
                                        data_dir / REPLICATION_DIR / CHECKPOINTS_DIR)
             store = await loop.run_in_executor(executor, PlacementStore, data_dir)
             terms = await loop.run_in_executor(executor, TermStore, data_dir)
-            peers = await loop.run_in_executor(executor, _load_kept, data_dir, PEERS_FILE,
+            peers = await loop.run_in_executor(executor, load_kept, data_dir, PEERS_FILE,
                                                parse_peers, {})
-            forgotten = await loop.run_in_executor(executor, _load_kept, data_dir,
+            forgotten = await loop.run_in_executor(executor, load_kept, data_dir,
                                                    FORGOTTEN_FILE, parse_forgotten,
                                                    frozenset())
         except BaseException:
@@ -266,8 +239,8 @@ class SiteReplication:
             raise
         log.info("peer port listening on %s (advertised %s)", self._peer_bind,
                  self.advertised)
-        if self._store.current is not None:
-            await self._take(self._store.current)
+        if self.kept.store.current is not None:
+            await self._take(self.kept.store.current)
         self.remote.start()
         for service in self._services:
             service.start()
@@ -275,15 +248,15 @@ class SiteReplication:
     # -- the admin API ------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        current = self._store.current
+        current = self.kept.store.current
         return {"site": self.site, "peer": self.advertised,
                 "placement_version": None if current is None else current.version,
                 # the highest controller term this site has seen (the controller
                 # steps aside when it is not its own)
-                "controller_term": self._terms.current.to_json(),
+                "controller_term": self.kept.terms.current.to_json(),
                 "shards": [replica.status() for replica in self.replicas],
                 # the sites forgotten for good, whose sessions this site may adopt
-                "forgotten": sorted(self.forgotten),
+                "forgotten": sorted(self.kept.forgotten),
                 # a graceful stop waits for the controller to move its leaderships
                 "stopping": self.stopping,
                 # how often an idle leader hears its followers: the controller allows
@@ -295,78 +268,6 @@ class SiteReplication:
                 # per peer address: how far its wall clock runs ahead of this site's
                 # (seconds, negative when behind), right within `uncertainty`
                 "clock_offsets": self.client.clocks.status()}
-
-    def held(self) -> dict[str, Any]:
-        """The placement this site keeps (None before the first push), with the peers'
-        addresses and the sites forgotten as last pushed: what a controller whose own
-        copy is older than the sites' adopts (`decisions.adopt`)."""
-        current = self._store.current
-        return {"placement": None if current is None else json.loads(current.to_json()),
-                "peers": dict(self.peers), "forgotten": sorted(self.forgotten),
-                "term": self._terms.current.to_json()}
-
-    async def claim(self, term_value: object) -> tuple[bool, ControllerTerm]:
-        """A controller's claim of its term before it decides anything: (admitted, the
-        term this site holds now). Admitted: not below the term kept (`term.admits`),
-        and kept from now on when higher. PlacementError when it does not parse."""
-        term = parse_term(term_value)
-        async with self._take_lock:
-            admitted = await self._admit(term)
-        return admitted, self._terms.current
-
-    async def _admit(self, term: ControllerTerm) -> bool:
-        kept = self._terms.current
-        admitted = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._terms.offer, term)
-        if not admitted:
-            log.info("controller term %s refused: this site holds term %s (a newer "
-                     "controller)", term, kept)
-        return admitted
-
-    async def offer(self, document: object, peers_value: object,
-                    forgotten_value: object = None, term_value: object = None
-                    ) -> tuple[bool, int, ControllerTerm]:
-        """A placement pushed by the controller: (accepted, the version kept, the
-        controller term held), where accepted means this site now keeps that very
-        document (also when it already did); False: the push is of a controller term
-        below the one held (a fenced controller: nothing changes), or the site keeps
-        another placement, newer or different under the same version, and the
-        controller must adopt it rather than believe its own. A higher term is kept
-        even when its placement is refused. PlacementError when it does not parse.
-        `forgotten_value`: the sites forgotten for good (None: not told, as in a
-        placement pushed by hand: the sites kept as forgotten stay so); `term_value`:
-        the pushing controller's term (None: term 0, a placement pushed by hand where
-        no controller runs; refused once a controller has taken a term)."""
-        placement = Placement.from_dict(document)
-        peers = parse_peers(peers_value)
-        forgotten = None if forgotten_value is None else parse_forgotten(forgotten_value)
-        term = parse_term(term_value)
-        loop = asyncio.get_running_loop()
-        async with self._take_lock:
-            if not await self._admit(term):
-                kept = self._store.current
-                return (False, placement.version if kept is None else kept.version,
-                        self._terms.current)
-            if forgotten is not None and forgotten != self.forgotten:
-                await loop.run_in_executor(self.executor, _store_kept, self._data_dir,
-                                           FORGOTTEN_FILE, sorted(forgotten))
-                self.forgotten = forgotten
-            try:
-                accepted = await loop.run_in_executor(self.executor, self._store.offer,
-                                                      placement)
-            except StalePlacementError as exc:
-                log.info("placement version %d not taken: %s", placement.version, exc.message)
-                accepted = False
-            kept = self._store.current
-            if accepted or (kept == placement and peers != self.peers):
-                if peers != self.peers:
-                    self.peers = peers
-                    await loop.run_in_executor(self.executor, _store_kept,
-                                               self._data_dir, PEERS_FILE, peers)
-                assert kept is not None
-                await self._take(kept)
-        return (kept == placement, kept.version if kept is not None else placement.version,
-                self._terms.current)
 
     async def _take(self, placement: Placement) -> None:
         for name, replicated in self.databases.items():
@@ -380,7 +281,7 @@ class SiteReplication:
                 if shard_placement.shard < len(replicas):
                     try:
                         await replicas[shard_placement.shard].take(shard_placement,
-                                                                   self.peers)
+                                                                   self.kept.peers)
                     except StaleEpochError as exc:
                         # this shard's log knows a newer leader than the placement: it
                         # follows that one; the other shards take their roles regardless
@@ -398,154 +299,20 @@ class SiteReplication:
 
     # -- the peer port --------------------------------------------------------------
 
-    def _replica(self, db: str, shard: int) -> ShardReplica:
-        replicated = self.databases.get(db)
-        if replicated is None or not 0 <= shard < len(replicated.replicas):
-            raise NotLeaderError(f"this site holds no shard {db}/{shard}")
-        return replicated.replicas[shard]
-
     def log_lock(self, db: str, shard: int) -> asyncio.Lock:
         """Held while a shard log is written or closed (see `PeerServer.lock`)."""
         return self._server.lock(db, shard)
 
-    def holds_replica(self, db: str, shard: int) -> bool:
-        """Whether the placement this site keeps lists it as a replica of db/shard
-        (True before it has one, or when it places no such shard yet: nothing says
-        otherwise)."""
-        current = self._store.current
-        if current is None:
-            return True
-        try:
-            return self.site in current.shard(db, shard).replicas
-        except PlacementError:
-            return True
-
-    def _log_of(self, db: str, shard: int) -> ShardLog:
-        replicated = self.databases.get(db)
-        if replicated is None or not 0 <= shard < len(replicated.logs):
-            raise KeyError(db)
-        return replicated.logs[shard]
-
-    def _on_append(self, db: str, shard: int) -> None:
-        replicated = self.databases.get(db)
-        if replicated is not None and 0 <= shard < len(replicated.replicas):
-            replica = replicated.replicas[shard]
-            replica.committed_moved()
-            leadership = replica.leadership
-            if leadership is not None and not leadership.current:
-                replica.step_down_for_newer_epoch()
-
-    async def _submit(self, db: str, shard: int, body: bytes) -> None:
-        replica = self._replica(db, shard)
-        messages, puts, deletes, fences = decode_submit(body)
-        await replica.submit_forwarded(messages, puts, deletes, fences)
-
-    async def _change(self, db: str, shard: int, entry: bytes) -> None:
-        """A generation change another site asks this site to append as the leader."""
-        change = entries.decode(entry)
-        if not isinstance(change, entries.DropGeneration | entries.GcWrite
-                          | entries.SetTopicSeed):
-            raise CorruptDataError(f"a {type(change).__name__} is not a change another "
-                                   "site may ask for")
-        replica = self._replica(db, shard)
-        await replica.until_leading()
-        if not await self.databases[db].propose(shard, change):
-            raise NotLeaderError(f"{db}/{shard}: this site does not lead the shard")
-
-    async def _barrier(self, db: str, shard: int) -> int:
-        return await self._replica(db, shard).barrier_offset()
-
-    async def _read_records(self, db: str, shard: int, prefix: bytes, limit: int | None,
-                            after: bytes | None) -> list[tuple[bytes, bytes]]:
-        return await self._replica(db, shard).read_records_for_peer(prefix, limit, after)
-
-    def _bootstrap_routes(self, app: web.Application) -> None:
-        app.router.add_get("/peer/v1/checkpoints/{db}/{shard}", self._send_checkpoint)
-        app.router.add_post("/peer/v1/bootstraps/{db}/{shard}", self._bootstrap)
-
-    def _replica_of(self, http: web.Request) -> tuple[ShardSet, ShardReplica] | None:
-        replicated = self.databases.get(http.match_info["db"])
-        try:
-            shard = int(http.match_info["shard"])
-        except ValueError:
-            return None
-        if replicated is None or not 0 <= shard < len(replicated.replicas):
-            return None
-        return replicated.shard_set, replicated.replicas[shard]
-
-    async def _send_checkpoint(self, http: web.Request) -> web.StreamResponse:
-        """A checkpoint of one shard for a replica that bootstraps from it."""
-        found = self._replica_of(http)
-        if found is None:
-            return web.json_response({"error": "unknown_shard"}, status=404)
-        shard_set, replica = found
-        return await serve_checkpoint(http, shard_set, replica.shard_id, replica.log,
-                                      self._data_dir / REPLICATION_DIR / CHECKPOINTS_DIR,
-                                      self._checkpoint_rate)
-
-    async def _bootstrap(self, http: web.Request) -> web.StreamResponse:
-        """The shard's leader asks this site to bootstrap its replica from it (refused
-        with 409 when this replica has seen a newer epoch than the leader's). The
-        answer is a line of progress every PROGRESS_EVERY, then one with the outcome
-        (the leader waits as long as lines come)."""
-        found = self._replica_of(http)
-        if found is None:
-            return web.json_response({"error": "unknown_shard"}, status=404)
-        _shard_set, replica = found
-        if not self.holds_replica(http.match_info["db"], replica.shard_id):
-            return web.json_response(
-                {"error": NOT_A_REPLICA, "message": "this site is no replica of the shard "
-                                                   "under the placement it holds"},
-                status=403)
-        try:
-            document = await http.json()
-            source, epoch = document["from"], document["epoch"]
-            if not isinstance(source, str) or not isinstance(epoch, int) \
-                    or isinstance(epoch, bool):
-                raise TypeError(source)
-        except (ValueError, KeyError, TypeError):
-            return web.json_response(
-                {"error": "bad_request",
-                 "message": 'expected {"from": "host:port", "epoch": leader epoch}'},
-                status=400)
-        try:  # refused at once, before a checkpoint is asked for
-            await replica.check_bootstrap_epoch(epoch)
-        except StaleEpochError as error:
-            return web.json_response({"error": "stale_epoch", "message": error.message},
-                                     status=409)
-        bootstrapping = asyncio.ensure_future(replica.bootstrap_from(source, epoch))
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        try:
-            await response.prepare(http)
-            while not bootstrapping.done():
-                await asyncio.wait({bootstrapping}, timeout=PROGRESS_EVERY)
-                if not bootstrapping.done():
-                    progress = replica.bootstrap_progress
-                    await response.write(json.dumps(
-                        {"progress": None if progress is None else progress.as_dict()}
-                    ).encode() + b"\n")
-            await response.write(json.dumps(await _outcome(bootstrapping)).encode() + b"\n")
-            await response.write_eof()
-        except ConnectionError:  # the leader gave up; it asks again (and finds this one)
-            bootstrapping.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return response
-
     def serve(self, name: str, handler: PeerHandler) -> None:
         """Serve `POST /peer/v1/broker/{name}` on the peer port with `handler` (the
         broker's requests between sites, such as a session taken over elsewhere)."""
-        self._handlers[name] = handler
-
-    async def _broker_request(self, http: web.Request) -> web.StreamResponse:
-        handler = self._handlers.get(http.match_info["name"])
-        if handler is None:  # the broker has not started yet
-            return web.json_response({"error": "not_ready"}, status=503)
-        return await handler(http)
+        self._requests.serve(name, handler)
 
     async def call(self, site: str, name: str, body: dict[str, Any],
                    within: float) -> dict[str, Any]:
         """POST a broker request to `site`'s peer port; its JSON answer. PeerError
         when the site is unknown, does not answer in time, or answers with an error."""
-        address = self.peers.get(site)
+        address = self.kept.peers.get(site)
         if address is None:
             raise PeerError(f"no peer address known for site {site}")
         return await self.client.call(address, name, body, within)
@@ -557,11 +324,17 @@ class SiteReplication:
     def peer_time(self, site: str, local: float) -> float:
         """This site's wall clock time `local` in `site`'s clock (as far as its
         answers tell; unchanged for a site not heard from)."""
-        address = self.peers.get(site)
+        address = self.kept.peers.get(site)
         return local if address is None else self.client.clocks.peer_time(address, local)
 
+    @property
+    def forgotten(self) -> frozenset[str]:
+        """The sites the controller forgot for good: this site may adopt their
+        sessions."""
+        return self.kept.forgotten
+
     def peer_address(self, site: str) -> str | None:
-        return self.peers.get(site)
+        return self.kept.peers.get(site)
 
     async def database_closed(self, replicated: ReplicatedBackend) -> None:
         self._open.discard(replicated.shard_set.name)
@@ -585,29 +358,3 @@ class SiteReplication:
             await self._session.close()
 
 
-def _load_kept(data_dir: Path, name: str, parse: Callable[[object], T], absent: T) -> T:
-    """What the controller's last push said (the peers' addresses, the forgotten
-    sites), as this site kept it."""
-    path = data_dir / REPLICATION_DIR / name
-    try:
-        return parse(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return absent
-    except (ValueError, PlacementError) as exc:
-        raise CorruptDataError(f"{path}: does not parse ({exc}); remove the file to "
-                               f"wait for the controller's next push") from exc
-
-
-async def _outcome(bootstrapping: asyncio.Future[Position]) -> dict[str, Any]:
-    """What a bootstrap came to, as the leader that asked for it reads it."""
-    try:
-        last = await bootstrapping
-    except StorageError as error:
-        return {"error": type(error).__name__, "message": error.message}
-    return {"last": [last.epoch, last.offset]}
-
-
-def _store_kept(data_dir: Path, name: str, value: object) -> None:
-    folder = data_dir / REPLICATION_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(folder / name, json.dumps(value, sort_keys=True, indent=1))
