@@ -5,7 +5,6 @@ here; the schema's behaviour on a real one is in tests/kube/test_crds.py)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 
 from harness.processes import REPO
 from stratamq.broker.config import Config, parse_byte_size, parse_duration
+from stratamq.operator.config import snake
 from stratamq.operator.crd_schema import (
     BEGIN,
     CRD_FILE,
@@ -43,10 +43,6 @@ def spec_schema() -> dict[str, Any]:
     schema: dict[str, Any] = (
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
     return schema
-
-
-def snake(name: str) -> str:
-    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
 
 
 def defaults(schema: dict[str, Any]) -> Any:
