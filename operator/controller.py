@@ -63,13 +63,14 @@ from stratamq.broker.controller.sites import (
     Report,
     SiteState,
 )
+from stratamq.broker.controller.store import KeepRefused, StateStore
 from stratamq.broker.controller.terms import TermKeeper, TermRule
 from stratamq.broker.ds.replication import Transition
 from stratamq.broker.ds.replication.term import ControllerTerm
 from stratamq.broker.errors import PlanError, StratamqError
 
 from . import kube
-from .kept_state import KeptState, kept_document, load_document, term_of
+from .kept_state import KeptState, StatusRecord, known_sites
 from .phases import EventReason, PlanTrigger
 from .rebalance import summary
 from .resources import API_VERSION, KIND, Owner
@@ -276,18 +277,20 @@ class StorageController:
     `tolerated_disruptions` read from other threads under one lock, so they are one
     class. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
     `terms.py`, `pushes.py`, `follow_goal`, `pods_to_keep`, `replication_view`); its
-    collaborators, built here, keep the rest: `KeptState` (status.controller and its
-    conditional writes) and `Transitions` (the ReplicaTransitions and
-    status.rebalance)."""
+    collaborators keep the rest: `store` (a `StateStore`: `KeptState`, status.controller
+    and its conditional writes) and `Transitions`, built here (the ReplicaTransitions
+    and status.rebalance)."""
 
-    def __init__(self, owner: Owner, settings: Settings, document: Mapping[str, Any],
-                 resource_version: str = "",
+    def __init__(self, owner: Owner, settings: Settings, store: StateStore[StatusRecord],
                  history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         self.owner = owner
         self.settings = settings
         self.started = time.monotonic()
-        self.state, self.sites, self.pods, self.forgotten = load_document(document,
-                                                                          self.started)
+        self.store = store
+        kept = store.load()
+        self.state, self.pods = kept.state, dict(kept.pods)
+        self.sites = known_sites(kept, self.started)
+        self.forgotten = set(kept.forgotten)
         # the sites as of the round before (what tolerated_disruptions measures against)
         self.earlier_sites: Mapping[str, SiteState] = {}
         self.urls: dict[str, str] = {}  # site -> admin URL (the pod's IP: it changes)
@@ -304,13 +307,12 @@ class StorageController:
         self._no_plan = ""  # why the goal has no plan (said once)
         self.no_plan = ""  # ... as of the last published round
         self._publish_lock = threading.Lock()
-        self.kept = KeptState(owner, document, resource_version)
         self._pushed_told: dict[str, Any] | None = None
         self._round_lock = threading.Lock()
         # the controller term: taken on the first round with reports (above the kept one
         # and every one reported), kept in status.controller, stamped on every push
         self.term_keeper = TermKeeper(TermRule.FIRST_REPORTS,
-                                       f"operator-{secrets.token_hex(4)}", term_of(document))
+                                       f"operator-{secrets.token_hex(4)}", kept.term)
         self._refused = False  # a site refused the last push: adopt what the sites keep
         # (reason, message) of the Warning events the handler is to post
         self._warnings: list[tuple[EventReason, str]] = []
@@ -371,17 +373,16 @@ class StorageController:
             for note in notes:
                 log.info("%s/%s: %s", self.owner.namespace, self.owner.name, note)
         before = self.state.placement
-        document = kept_document(decision.state, sites, site_pods, forgotten,
-                                 self.term_keeper.last_term)
-        if document != self.kept.saved:
-            # Kept before anything is pushed: a site must never hold a placement that
-            # a restarted operator does not know. Not kept: the storage is gone, or
-            # another operator wrote its state since (loaded instead of this round's).
-            written, other = self.kept.write(document)
-            if other is not None:
-                self._adopt(other)
-            if not written:
-                return
+        # Kept before anything is pushed: a site must never hold a placement that a
+        # restarted operator does not know. Refused: the storage is gone, or another
+        # operator wrote its state since (loaded instead of this round's).
+        kept = self.store.keep(StatusRecord(
+            decision.state, {site: sites[site].peer for site in sites}, site_pods,
+            frozenset(forgotten), self.term_keeper.last_term))
+        if isinstance(kept, KeepRefused):
+            if kept.theirs is not None:
+                self._adopt(kept.theirs)
+            return
         # Kept: the failovers are this operator's; said before the status can show them.
         for move in decision.leader_moves:
             self._post(leader_move_event(self.owner, move, site_pods,
@@ -472,14 +473,15 @@ class StorageController:
         self._warnings.append((EventReason.PLACEMENT_REFUSED, message))
         self._refused = True
 
-    def _adopt(self, document: Mapping[str, Any]) -> None:
+    def _adopt(self, theirs: StatusRecord) -> None:
         """Take the state another operator kept (this one's round is dropped)."""
         log.warning("%s/%s: another operator wrote the controller's state since this one "
                     "read it: loaded, nothing pushed this round", self.owner.namespace,
                     self.owner.name)
-        state, sites, pods, forgotten = load_document(document, time.monotonic())
+        sites = known_sites(theirs, time.monotonic())
         with self._publish_lock:
-            self.state, self.sites, self.pods, self.forgotten = state, sites, pods, forgotten
+            self.state, self.sites = theirs.state, sites
+            self.pods, self.forgotten = dict(theirs.pods), set(theirs.forgotten)
         self._pushed_told = None
 
     def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
@@ -601,8 +603,8 @@ class Controllers:
             if current is None:
                 return None
             document = (current.get("status") or {}).get("controller") or {}
-            made = StorageController(owner, settings_of(spec, heartbeat), document,
-                                     current["metadata"]["resourceVersion"],
+            store = KeptState(owner, document, current["metadata"]["resourceVersion"])
+            made = StorageController(owner, settings_of(spec, heartbeat), store,
                                      spec.history_limit)
             made.transitions.start(kube.list_labeled(
                 TRANSITION_API, TRANSITION_KIND, owner.namespace,

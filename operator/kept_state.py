@@ -1,18 +1,21 @@
 """The replication controller's state as the operator keeps it in the DurableStorage's
-`status.controller` (docs/replication.md, "The controller"): the document's form and
-its reading back, and its conditional writes, which are the fence between two
+`status.controller` (docs/replication.md, "The controller"): the record it keeps
+(`StatusRecord`), the document's form and its reading back, and its conditional
+writes (`KeptState`, the operator's `StateStore`), which are the fence between two
 operators (a Kopf peering hand-over): a write is made only at the resourceVersion this
 operator last read or wrote."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from stratamq.broker.controller import decisions
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.sites import SiteState
+from stratamq.broker.controller.store import KeepRefused, Kept
 from stratamq.broker.ds.replication import Placement, Plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, parse_term
 
@@ -24,58 +27,66 @@ log = logging.getLogger(__name__)
 KEEP_TRIES = 5  # conditional writes of status.controller refused by other writers' changes
 
 
-def kept_document(state: ClusterState, sites: Mapping[str, SiteState],
-                  pods: Mapping[str, str], forgotten: Iterable[str] = (),
-                  term: ControllerTerm = NO_TERM) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StatusRecord:
+    """What status.controller keeps: the state, the sites known (site -> its peer
+    address, None while unknown) with their pods (site -> pod), the sites forgotten
+    (their pods went away while they held nothing: the sites adopt the sessions they
+    owned), and the controller term taken."""
+
+    state: ClusterState = field(default_factory=ClusterState)
+    sites: Mapping[str, str | None] = field(default_factory=dict)
+    pods: Mapping[str, str] = field(default_factory=dict)
+    forgotten: frozenset[str] = frozenset()
+    term: ControllerTerm = NO_TERM
+
+
+def kept_document(record: StatusRecord) -> dict[str, Any]:
     """`status.controller`: the placement and plan as the local controller keeps them
     in its files (strings: their own checked formats), the goals, the sites known
-    (with their pods and peer addresses), the sites forgotten (their pods went away
-    while they held nothing: the sites adopt the sessions they owned), and the
-    controller term taken."""
+    (with their pods and peer addresses), the sites forgotten and the term."""
+    state, term = record.state, record.term
     return {
         "term": {"number": term.number, "controller": term.controller},
         "placement": state.placement.to_json() if state.placement.version > 0 else "",
         "plan": "" if state.plan is None else state.plan.to_json(),
         "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
-        "sites": [{"id": site, "pod": pods.get(site, ""), "peer": sites[site].peer or ""}
-                  for site in sorted(sites)],
-        "forgotten": sorted(forgotten),
+        "sites": [{"id": site, "pod": record.pods.get(site, ""),
+                   "peer": record.sites[site] or ""} for site in sorted(record.sites)],
+        "forgotten": sorted(record.forgotten),
     }
 
 
-def term_of(document: Mapping[str, Any]) -> ControllerTerm:
-    """The term kept in status.controller (term 0 when none: an operator before
-    terms)."""
-    kept = document.get("term") or {}
-    return parse_term([kept["number"], kept["controller"]] if kept else None,
-                      "status.controller.term")
-
-
-def load_document(document: Mapping[str, Any], now: float
-                  ) -> tuple[ClusterState, dict[str, SiteState], dict[str, str], set[str]]:
-    """The inverse of `kept_document`; sites known from it get the grace of one that
-    answered just now (as the local controller gives the sites of its files)."""
+def record_of(document: Mapping[str, Any]) -> StatusRecord:
+    """The inverse of `kept_document`; the term is term 0 when none is kept (an
+    operator before terms)."""
     placement = (Placement.from_json(document["placement"]) if document.get("placement")
                  else Placement.empty())
     plan = Plan.from_json(document["plan"]) if document.get("plan") else None
     goals = {database: tuple(goal) for database, goal in (document.get("goals") or {}).items()}
     catch_up = None if plan is None else decisions.resumed_catch_up(plan, placement)
-    sites: dict[str, SiteState] = {}
-    pods: dict[str, str] = {}
-    for entry in document.get("sites") or []:
-        sites[entry["id"]] = SiteState(id=entry["id"], admin_url="", last_seen=now,
-                                       peer=entry.get("peer") or None)
-        if entry.get("pod"):
-            pods[entry["id"]] = entry["pod"]
-    forgotten = set(document.get("forgotten") or [])
-    return (ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
-            sites, pods, forgotten)
+    entries = document.get("sites") or []
+    kept_term = document.get("term") or {}
+    return StatusRecord(
+        state=ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
+        sites={entry["id"]: entry.get("peer") or None for entry in entries},
+        pods={entry["id"]: entry["pod"] for entry in entries if entry.get("pod")},
+        forgotten=frozenset(document.get("forgotten") or []),
+        term=parse_term([kept_term["number"], kept_term["controller"]] if kept_term
+                        else None, "status.controller.term"))
+
+
+def known_sites(record: StatusRecord, now: float) -> dict[str, SiteState]:
+    """The sites `record` knows, with the grace of one that answered just now (as the
+    local controller gives the sites of its files)."""
+    return {site: SiteState(id=site, admin_url="", last_seen=now, peer=peer)
+            for site, peer in record.sites.items()}
 
 
 class KeptState:
     """One storage's status.controller as this operator last read or wrote it
     (`saved`), and the storage's resourceVersion then, on which the next write is
-    conditional."""
+    conditional: the operator's `StateStore` of `StatusRecord`s."""
 
     def __init__(self, owner: Owner, document: Mapping[str, Any],
                  resource_version: str = "") -> None:
@@ -85,15 +96,22 @@ class KeptState:
         # here: the next write is conditional on it (the fence between two operators).
         self._resource_version = resource_version
 
-    def write(self, document: dict[str, Any]) -> tuple[bool, Mapping[str, Any] | None]:
-        """Write `document` as status.controller, on condition that the storage is at
-        the resourceVersion this operator last saw. Refused (409): when the kept state
-        is still the one written here, something else changed the storage (its spec,
-        the status refresh, Kopf's own marks) and the write is tried again at the new
-        version; when it is another state, another operator acts (a Kopf peering
-        hand-over): not written, and that state returned, to be loaded in place of
-        this round's (nothing is pushed). (written, the other operator's state).
-        Not written either when the storage is gone or kept changing."""
+    def load(self) -> StatusRecord:
+        """The record as this operator last read or wrote it."""
+        return record_of(self.saved)
+
+    def keep(self, record: StatusRecord) -> Kept | KeepRefused[StatusRecord]:
+        """Write `record` as status.controller (unless it is kept already), on
+        condition that the storage is at the resourceVersion this operator last saw.
+        Refused (409): when the kept state is still the one written here, something
+        else changed the storage (its spec, the status refresh, Kopf's own marks) and
+        the write is tried again at the new version; when it is another state, another
+        operator acts (a Kopf peering hand-over): refused, with that state, to be
+        loaded in place of this round's (nothing is pushed). Refused too, with none,
+        when the storage is gone or kept changing."""
+        document = kept_document(record)
+        if document == self.saved:
+            return Kept()
         for _ in range(KEEP_TRIES):
             try:
                 written = kube.patch_status_at(API_VERSION, KIND, self.owner.namespace,
@@ -102,17 +120,17 @@ class KeptState:
             except kube.StaleWriteError:
                 current = kube.get(API_VERSION, KIND, self.owner.namespace, self.owner.name)
                 if current is None:
-                    return False, None
+                    return KeepRefused(None)
                 self._resource_version = current["metadata"]["resourceVersion"]
                 found = (current.get("status") or {}).get("controller") or {}
                 if found != self.saved:
                     self.saved = dict(found)
-                    return False, found
+                    return KeepRefused(record_of(found))
                 continue
             if written is None:
-                return False, None
+                return KeepRefused(None)
             self._resource_version, self.saved = written, document
-            return True, None
+            return Kept()
         log.warning("%s/%s: status.controller not written: the storage kept changing",
                     self.owner.namespace, self.owner.name)
-        return False, None
+        return KeepRefused(None)

@@ -58,7 +58,7 @@ from .metrics import Snapshot
 from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
 from .sites import Report, SiteState
-from .state import FolderLock, KnownSite, StateFiles
+from .state import FolderLock, FolderRecord, KnownSite, StateFiles
 from .terms import TermKeeper, TermRule, TermStep
 
 log = logging.getLogger(__name__)
@@ -87,26 +87,27 @@ class Controller:
         self.settings = config.settings
         self._folder_lock = FolderLock(config.data_dir)
         self.files = StateFiles(config.data_dir)
-        self.state, known, forgotten, last_term = self.files.load()
+        kept = self.files.load()
+        self.state = kept.state
         # the term taken (None until a majority of the sites answered), whether a
         # majority of the sites holds it (nothing is decided before), and the newer
         # term that fenced this controller (for good); this process's own id is the
         # tie-break of its term: a copy of the folder started beside this one is
         # another controller
         self.term_keeper = TermKeeper(TermRule.MAJORITY_CLAIM, secrets.token_hex(8),
-                                      last_term)
+                                      kept.term)
         self._term_note = ""
         self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
         # Sites known from disk get the grace of one that answered just now.
         self.sites: dict[str, SiteState] = {
             site.id: SiteState(id=site.id, admin_url=site.admin_url, last_seen=self.started,
-                               peer=site.peer) for site in known}
+                               peer=site.peer) for site in kept.sites}
         self.urls: list[str] = sorted({*(url.rstrip("/") for url in config.site_urls),
-                                       *(site.admin_url for site in known)})
+                                       *(site.admin_url for site in kept.sites)})
         # sites forgotten for good: their reports are ignored, and the sites are told
         # (with every push) so that they collect the sessions those sites owned
-        self.forgotten: set[str] = set(forgotten)
+        self.forgotten: set[str] = set(kept.forgotten)
         self._lock = asyncio.Lock()
         self._loop_task: asyncio.Task[None] | None = None
         self._last_notes: tuple[str, ...] = ()
@@ -317,11 +318,13 @@ class Controller:
         self.adoptions += 1
 
     async def _save(self, state: ClusterState) -> None:
-        known = [KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
-                 for site in self.sites.values()]
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.files.save, state, known, frozenset(self.forgotten),
-            self.term_keeper.last_term)
+        """Keep `state` with the sites, the forgotten and the term as they are now
+        (`StateFiles` never refuses: this controller holds the folder's lock)."""
+        known = tuple(KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
+                      for site in self.sites.values())
+        record = FolderRecord(state, known, frozenset(self.forgotten),
+                              self.term_keeper.last_term)
+        await asyncio.get_running_loop().run_in_executor(None, self.files.keep, record)
 
     async def _push(self, placement: Placement, everyone: bool) -> None:
         """Send `placement` to every site (`everyone`) or to those reporting an older

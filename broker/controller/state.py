@@ -5,7 +5,7 @@ goes on where it stopped: `placement.json` (the newest placement, `PlacementStor
 database should live on, the sites forgotten for good, and the last controller term
 it took). Every file is written
 atomically. `controller.lock` is held (`FolderLock`) by the one controller that
-uses the folder.
+uses the folder, so `StateFiles` is a `store.StateStore` that never refuses a keep.
 
 Blocking file I/O on small files; the controller calls it in an executor.
 """
@@ -26,6 +26,7 @@ from ..ds.replication.term import NO_TERM, ControllerTerm, parse_term
 from ..errors import CorruptDataError, PlacementError, StratamqError
 from ..files import write_atomically
 from .decisions import ClusterState, resumed_catch_up
+from .store import Kept
 
 PLAN_FILE = "plan.json"
 CLUSTER_FILE = "cluster.json"
@@ -74,8 +75,20 @@ class KnownSite:
     peer: str | None
 
 
+@dataclass(frozen=True)
+class FolderRecord:
+    """What the folder keeps: the state, the sites known, the sites forgotten for good
+    and the last controller term taken."""
+
+    state: ClusterState
+    sites: tuple[KnownSite, ...] = ()
+    forgotten: frozenset[str] = frozenset()
+    term: ControllerTerm = NO_TERM
+
+
 class StateFiles:
-    """The three files of one controller data folder."""
+    """The three files of one controller data folder: a `store.StateStore` of
+    `FolderRecord`s that never refuses (the folder has one writer, `FolderLock`)."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
@@ -84,22 +97,20 @@ class StateFiles:
         self.plan_path = data_dir / PLAN_FILE
         self.cluster_path = data_dir / CLUSTER_FILE
 
-    def load(self) -> tuple[ClusterState, list[KnownSite], frozenset[str], ControllerTerm]:
-        """The state as kept, the sites known, the sites forgotten and the last term
-        taken; a pending plan that the kept placement is a step of resumes (waiting on
-        a replica that joined last)."""
+    def load(self) -> FolderRecord:
+        """What the folder keeps; a pending plan that the kept placement is a step of
+        resumes (waiting on a replica that joined last)."""
         placement = self.placements.current or Placement.empty()
         plan = self._load_plan()
         sites, goals, forgotten, term = self._load_cluster()
         catch_up = None if plan is None else resumed_catch_up(plan, placement)
-        return ClusterState(placement=placement, plan=plan, goals=goals,
-                            catch_up=catch_up), sites, forgotten, term
+        return FolderRecord(ClusterState(placement=placement, plan=plan, goals=goals,
+                                         catch_up=catch_up), tuple(sites), forgotten, term)
 
-    def save(self, state: ClusterState, sites: list[KnownSite],
-             forgotten: frozenset[str] = frozenset(), term: ControllerTerm = NO_TERM
-             ) -> None:
-        """Keep `state`. The placement goes first: it is the one document sites may
+    def keep(self, record: FolderRecord) -> Kept:
+        """Write `record`. The placement goes first: it is the one document sites may
         already hold, and a restart must never go back to an older version."""
+        state = record.state
         if state.placement.version > 0:
             self.placements.offer(state.placement)
         if state.plan is None:
@@ -109,12 +120,13 @@ class StateFiles:
         document = {
             "format": FORMAT,
             "sites": [{"id": site.id, "admin_url": site.admin_url, "peer": site.peer}
-                      for site in sorted(sites, key=lambda site: site.id)],
+                      for site in sorted(record.sites, key=lambda site: site.id)],
             "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
-            "forgotten": sorted(forgotten),
-            "term": term.to_json(),
+            "forgotten": sorted(record.forgotten),
+            "term": record.term.to_json(),
         }
         write_atomically(self.cluster_path, json.dumps(document, indent=2) + "\n")
+        return Kept()
 
     def _load_plan(self) -> Plan | None:
         try:

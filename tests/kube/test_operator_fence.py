@@ -3,6 +3,8 @@ Kopf's peering is a lease by convention, so at a hand-over two replicas may both
 run a round. The controller's state write (`status.controller`) is conditional on the
 resourceVersion it last read, and a placement is pushed only after that write: an
 operator that lost the race loads the other's state and pushes nothing.
+`KeptState` is that write, the operator's `StateStore` (broker/controller/store.py):
+it keeps what no one else wrote over, and refuses, with theirs, what another did.
 
 Against the real API server, with the controller (`StorageController`) in this
 process and one real site (a broker process) as the storage's only pod; the "other
@@ -22,13 +24,15 @@ import yaml
 from harness.cluster import SiteProcess
 from harness.processes import HOST, BrokerProcess
 from stratamq.broker.controller.decisions import ClusterState
-from stratamq.broker.controller.sites import SiteState
+from stratamq.broker.controller.store import KeepRefused, Kept
 from stratamq.broker.ds.replication import Placement, Site, plan
+from stratamq.broker.ds.replication.term import ControllerTerm
 from stratamq.operator import controller, kube
-from stratamq.operator.kept_state import kept_document
+from stratamq.operator.kept_state import KeptState, StatusRecord, kept_document
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
 from tests.support.kube import ControlPlane
+from tests.support.state_store import check_keeps_and_loads
 
 NAME = "fence"
 N_SHARDS = 2
@@ -59,8 +63,9 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     assert read is not None
     owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
     # This operator read the storage (no controller state yet) ...
-    late = controller.StorageController(owner, controller.settings_of(parse_spec(spec), 0.5), {},
-                                        read["metadata"]["resourceVersion"])
+    late = controller.StorageController(
+        owner, controller.settings_of(parse_spec(spec), 0.5),
+        KeptState(owner, {}, read["metadata"]["resourceVersion"]))
     # ... then another one made the first placement and kept it (version 7: not the
     # version 1 this one would make; the site's peer address not known to it yet, so
     # the state this one keeps next differs from it).
@@ -69,11 +74,10 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
         plan([Site(report["site"])], list(controller.DATABASES), N_SHARDS, 1,
              Placement.empty()).start,
         version=7)
-    document = kept_document(
+    document = kept_document(StatusRecord(
         ClusterState(placement=theirs,
                      goals={database: (report["site"],) for database in controller.DATABASES}),
-        {report["site"]: SiteState(id=report["site"], admin_url="", last_seen=0.0)},
-        {report["site"]: f"{NAME}-0"})
+        {report["site"]: None}, {report["site"]: f"{NAME}-0"}))
     api.kubectl("patch", "-n", namespace, "durablestorage", NAME, "--subresource=status",
                 "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
 
@@ -97,3 +101,47 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     assert json.loads(kept["status"]["controller"]["placement"])["version"] == 7
     assert kept["status"]["controller"]["sites"] == [
         {"id": report["site"], "pod": f"{NAME}-0", "peer": report["peer"]}]
+
+
+def test_the_status_store_keeps_and_refuses_what_another_writer_kept(
+        api: ControlPlane, namespace: str) -> None:
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME},
+        "spec": {"sites": 1, "messages": {"replicationFactor": 1}}}))
+
+    def fresh() -> KeptState:
+        """status.controller as an operator starting now reads it."""
+        read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+        assert read is not None
+        return KeptState(owner_of(read), (read.get("status") or {}).get("controller") or {},
+                         read["metadata"]["resourceVersion"])
+
+    first = placed_on(["A", "B"], 1)
+    records = [StatusRecord(first, {"A": "10.0.0.1:18084", "B": None}, {"A": f"{NAME}-0"}),
+               StatusRecord(placed_on(["A", "B"], 2), {"A": "10.0.0.1:18084"},
+                            forgotten=frozenset({"B"}), term=ControllerTerm(3, "op-1"))]
+    check_keeps_and_loads(fresh, records)
+
+    mine, other = fresh(), fresh()
+    theirs = StatusRecord(placed_on(["C"], 4), {"C": None}, term=ControllerTerm(4, "op-2"))
+    assert other.keep(theirs) == Kept()
+    assert mine.keep(records[0]) == KeepRefused(theirs)
+    assert fresh().load() == theirs
+    # Refused once, it has read theirs: its next keep is at the version it read.
+    assert mine.keep(records[0]) == Kept()
+    assert fresh().load() == records[0]
+    api.kubectl("delete", "-n", namespace, "durablestorage", NAME)
+    assert mine.keep(records[1]) == KeepRefused(None)
+
+
+def owner_of(storage: dict[str, Any]) -> Owner:
+    return Owner(name=storage["metadata"]["name"], namespace=storage["metadata"]["namespace"],
+                 uid=storage["metadata"]["uid"])
+
+
+def placed_on(sites: list[str], version: int) -> ClusterState:
+    placement = plan([Site(site) for site in sites], list(controller.DATABASES), N_SHARDS,
+                     1, Placement.empty()).start
+    return ClusterState(placement=dataclasses.replace(placement, version=version),
+                        goals={database: tuple(sites) for database in controller.DATABASES})

@@ -30,7 +30,7 @@ from harness.waiting import wait_for
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Site, plan
 from stratamq.operator import controller, kube
-from stratamq.operator.kept_state import kept_document
+from stratamq.operator.kept_state import StatusRecord, kept_document
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
@@ -87,9 +87,8 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
         make_transitions(owner, made)
     make_transitions(owner, running, run)
     # The plan running is one that started before `newer` (say a goal changed back).
-    document = kept_document(
-        ClusterState(placement=running.start, plan=running, goals={"messages": (A, B, D)}),
-        {}, {})
+    document = kept_document(StatusRecord(
+        ClusterState(placement=running.start, plan=running, goals={"messages": (A, B, D)})))
     api.kubectl("patch", "-n", namespace, "durablestorage", NAME, "--subresource=status",
                 "--type=merge", "-p", json.dumps({"status": {"controller": document}}))
 

@@ -26,7 +26,13 @@ from stratamq.broker.controller.sites import (
     parse_held,
     parse_report,
 )
-from stratamq.broker.controller.state import FolderLock, FolderLockedError, KnownSite, StateFiles
+from stratamq.broker.controller.state import (
+    FolderLock,
+    FolderLockedError,
+    FolderRecord,
+    KnownSite,
+    StateFiles,
+)
 from stratamq.broker.ds.replication import Placement, ShardPlacement
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (
@@ -558,13 +564,15 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
     state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D, catching up
     files = StateFiles(tmp_path)
-    known = [KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1") for name in "ABCD"]
-    files.save(state, known, frozenset({"E"}), ControllerTerm(3, "c0"))
+    known = tuple(KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1")
+                  for name in "ABCD")
+    files.keep(FolderRecord(state, known, frozenset({"E"}), ControllerTerm(3, "c0")))
 
-    loaded, loaded_sites, forgotten, term = StateFiles(tmp_path).load()
-    assert loaded_sites == known
-    assert forgotten == {"E"}
-    assert term == ControllerTerm(3, "c0")  # a restarted controller takes a higher one
+    kept = StateFiles(tmp_path).load()
+    loaded = kept.state
+    assert kept.sites == known
+    assert kept.forgotten == {"E"}
+    assert kept.term == ControllerTerm(3, "c0")  # a restarted controller takes a higher one
     assert loaded.placement == state.placement
     assert loaded.plan == state.plan
     assert loaded.goals == state.goals
@@ -573,16 +581,16 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     final, _ = run_plan(loaded, "ABCD")
     assert state.plan is not None
     assert final.placement == state.plan.target
-    files.save(final, known)
+    files.keep(FolderRecord(final, known))
     assert not (tmp_path / "plan.json").exists()
-    again, _, forgotten, term = StateFiles(tmp_path).load()
-    assert forgotten == set() and term == NO_TERM
-    assert again.plan is None and again.placement == final.placement
+    again = StateFiles(tmp_path).load()
+    assert again.forgotten == set() and again.term == NO_TERM
+    assert again.state.plan is None and again.state.placement == final.placement
 
 
 @pytest.mark.parametrize("left_out", ["sites", "goals", "forgotten", "term"])
 def test_a_cluster_file_without_a_field_is_damaged(tmp_path: Path, left_out: str) -> None:
-    StateFiles(tmp_path).save(placed("ABC"), [KnownSite("A", "http://A", None)])
+    StateFiles(tmp_path).keep(FolderRecord(placed("ABC"), (KnownSite("A", "http://A", None),)))
     path = tmp_path / "cluster.json"
     document = json.loads(path.read_text())
     del document[left_out]

@@ -22,7 +22,13 @@ from stratamq.operator.controller import (
     seen_on,
     settings_of,
 )
-from stratamq.operator.kept_state import kept_document, load_document, term_of
+from stratamq.operator.kept_state import (
+    KeptState,
+    StatusRecord,
+    kept_document,
+    known_sites,
+    record_of,
+)
 from stratamq.operator.kube import PodView, zone_of_node
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.rebalance import PlanRun
@@ -50,24 +56,36 @@ def sites_state(*ids: str) -> dict[str, SiteState]:
             for n, site in enumerate(ids)}
 
 
+def peers(*ids: str) -> dict[str, str | None]:
+    return {site: f"10.0.0.{n}:18084" for n, site in enumerate(ids)}
+
+
+def kept(document: dict[str, Any]) -> KeptState:
+    """status.controller as an operator read it (nothing written in these tests)."""
+    return KeptState(OWNER, document)
+
+
 def test_the_kept_state_comes_back_whole() -> None:
     placement = first_placement([A, B, C])
     moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
                   placement)
     state = ClusterState(placement=placement, plan=moving, goals={"messages": (A, B, D)})
     pods = {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}
-    document = kept_document(state, sites_state(A, B, C, D), pods, {"EEEEEEEEEEEEEEEE"})
-    loaded, sites, loaded_pods, forgotten = load_document(document, 5.0)
-    assert forgotten == {"EEEEEEEEEEEEEEEE"}
+    document = kept_document(StatusRecord(state, peers(A, B, C, D), pods,
+                                          frozenset({"EEEEEEEEEEEEEEEE"})))
+    record = record_of(document)
+    loaded = record.state
+    assert record.forgotten == {"EEEEEEEEEEEEEEEE"}
     assert (loaded.placement, loaded.plan, loaded.goals) == (placement, moving,
                                                               {"messages": (A, B, D)})
-    assert loaded_pods == pods
+    assert record.pods == pods
+    sites = known_sites(record, 5.0)
     assert {site.id: (site.peer, site.last_seen, site.answered) for site in sites.values()} == {
         site: (f"10.0.0.{n}:18084", 5.0, False) for n, site in enumerate((A, B, C, D))}
     # An operator that never placed anything keeps nothing.
-    empty, none, no_pods, nothing = load_document(kept_document(ClusterState(), {}, {}), 0.0)
-    assert empty.placement.version == 0 and empty.plan is None and not none and not no_pods
-    assert not nothing
+    empty = record_of(kept_document(StatusRecord()))
+    assert empty.state.placement.version == 0 and empty.state.plan is None
+    assert not empty.sites and not empty.pods and not empty.forgotten
 
 
 def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
@@ -78,15 +96,15 @@ def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
     assert first.action == "add"
     state = ClusterState(placement=apply_transition(placement, first), plan=moving,
                          goals={"messages": (A, B, D)})
-    loaded, _, _, _ = load_document(kept_document(state, sites_state(A, B, C, D), {}), 0.0)
+    loaded = record_of(kept_document(StatusRecord(state, peers(A, B, C, D)))).state
     assert loaded.catch_up is not None and loaded.catch_up.site == first.site
 
 
 def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
     placement = first_placement([A, B, C])
-    document = kept_document(ClusterState(placement=placement), sites_state(A, B, C, D),
-                             {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"})
-    controller = StorageController(OWNER, settings_of(parse_spec(SPEC), 2.0), document)
+    document = kept_document(StatusRecord(ClusterState(placement=placement), peers(A, B, C, D),
+                                          {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}))
+    controller = StorageController(OWNER, settings_of(parse_spec(SPEC), 2.0), kept(document))
     # Scaled to 2: mq-2 holds replicas, so three pods stay; D on mq-3 holds none.
     assert controller.kept_pods(2) == 3
     assert controller.kept_pods(4) == 4
@@ -235,11 +253,11 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
     every one reported, keeps it in status.controller; a push refused for its placement
     is adopted next round (a Warning event), one refused for a newer term fences it (an
     error and a Warning event; nothing pushed from then on)."""
-    kept = kept_document(ClusterState(placement=first_placement([A, B, C])), {}, {},
-                         term=ControllerTerm(4, "operator-0"))
-    assert term_of(kept) == ControllerTerm(4, "operator-0")
-    assert term_of({}) == NO_TERM  # kept by an operator before terms
-    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept)
+    document = kept_document(StatusRecord(ClusterState(placement=first_placement([A, B, C])),
+                                          term=ControllerTerm(4, "operator-0")))
+    assert record_of(document).term == ControllerTerm(4, "operator-0")
+    assert record_of({}).term == NO_TERM  # kept by an operator before terms
+    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept(document))
     keeper = running.term_keeper
     assert running.hold_term({}) and keeper.term is None  # no report: no term yet
     assert running.hold_term({A: ControllerTerm(2, "c"), B: None})
@@ -260,7 +278,7 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
 
 
 def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
-    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), {})
+    running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
     assert running.hold_term({A: NO_TERM})
     assert running.term_keeper.term == ControllerTerm(1, running.term_keeper.controller_id)
     assert not running.hold_term({A: ControllerTerm(1, "zzzz-later")})
