@@ -10,10 +10,10 @@ import logging
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from stratamq.broker.controller.probing import probe_in_threads
 from stratamq.broker.controller.sites import (
     PLACEMENT_PATH,
     REPLICATION_PATH,
@@ -98,20 +98,10 @@ def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
 
 def probe_all(urls: Sequence[str], token: str, deadline: float = PROBE_TIMEOUT
               ) -> list[tuple[Report, Bootstraps] | None]:
-    """`probe` of every site at once: a round waits at most `deadline` seconds, not the
-    sum of every site's time, so a hung site (one that takes the connection and answers
-    nothing) does not hold up the failover of every other site's shards. A probe not
-    done by then counts as no answer (its thread ends with its socket timeout)."""
-    if not urls:
-        return []
-    pool = ThreadPoolExecutor(max_workers=min(len(urls), MAX_PARALLEL_PROBES),
-                              thread_name_prefix="stratamq-probe")
-    try:
-        futures = [pool.submit(probe, url, token) for url in urls]
-        wait(futures, timeout=deadline)
-        return [future.result() if future.done() else None for future in futures]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    """`probe` of every site at once, in threads: a round waits at most `deadline`
+    seconds (broker/controller/probing.py)."""
+    return probe_in_threads(urls, lambda url: probe(url, token), deadline,
+                            MAX_PARALLEL_PROBES)
 
 
 def push(url: str, token: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:

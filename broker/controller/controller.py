@@ -55,6 +55,7 @@ from . import decisions
 from .api import ControllerAPI
 from .decisions import ClusterState, Settings
 from .metrics import Snapshot
+from .probing import probe_concurrently
 from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
 from .sites import Report, SiteState
@@ -62,6 +63,12 @@ from .state import FolderLock, FolderRecord, KnownSite, StateFiles
 from .terms import TermKeeper, TermRule, TermStep
 
 log = logging.getLogger(__name__)
+
+# Every call to a site ends by the client's timeout, max(heartbeat, 0.5 s); a round
+# waits for its probes that and this grace at most (`probing.py`): the timeout, not
+# the deadline, ends a hung site's probe (which then says once that it does not
+# answer), and the deadline bounds the round should the timeout fail to.
+PROBE_GRACE = 1.0
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -118,8 +125,9 @@ class Controller:
         # round adopts what the sites keep
         self._refused: set[str] = set()
         # requests to sites start from the controller's own address (when it binds one)
+        self._timeout = max(self.settings.heartbeat_interval, 0.5)
         self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=max(self.settings.heartbeat_interval, 0.5)),
+            timeout=aiohttp.ClientTimeout(total=self._timeout),
             connector=aiohttp.TCPConnector(local_addr=source_address(config.bind)))
         self._site_client = SiteClient(self._http, config.token)
         self._api = ControllerAPI(self, config.token)
@@ -175,7 +183,8 @@ class Controller:
     async def round(self) -> None:
         """Probe every site, decide, keep, push."""
         urls = list(self.urls)
-        reports = await asyncio.gather(*(self._site_client.probe(url) for url in urls))
+        reports = await probe_concurrently(urls, self._site_client.probe,
+                                           self._timeout + PROBE_GRACE)
         now = time.monotonic()
         async with self._lock:
             sites_changed = self._take_reports(urls, reports, now)

@@ -1,10 +1,13 @@
-"""The operator's heartbeat probes of a storage's sites (`operator/sites.py`,
-`probe_all`): all at once, so a round waits for the slowest site at most its deadline,
-not for the sum of every site's time. Real HTTP servers on loopback; the hung site
-takes the connection (the kernel does) and answers nothing, as a frozen broker does."""
+"""The heartbeat probes of both controllers (`broker/controller/probing.py`): all at
+once, so a round waits for the slowest site at most its deadline, not for the sum of
+every site's time; the operator's in threads (`operator/sites.py`, `probe_all`), the
+local controller's on its event loop (`SiteClient.probe`). Real HTTP servers on
+loopback; the hung site takes the connection (the kernel does) and answers nothing, as
+a frozen broker does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -13,6 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import aiohttp
+
+from stratamq.broker.controller.probing import probe_concurrently
+from stratamq.broker.controller.site_client import SiteClient
 from stratamq.operator.sites import probe_all
 
 TOKEN = "secret"
@@ -74,3 +81,21 @@ def test_a_hung_site_costs_a_round_one_deadline_not_one_per_site() -> None:
 
 def test_no_sites_no_probes() -> None:
     assert probe_all([], TOKEN) == []
+
+
+def test_on_the_event_loop_a_hung_site_costs_one_deadline_too() -> None:
+    """The deadline ends the round's wait even where the client's own timeout (5 s
+    here) would wait longer."""
+    async def probe(urls: list[str]) -> list[str | None]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
+            found = await probe_concurrently(urls, SiteClient(http, TOKEN).probe, deadline=1.0)
+        return [None if report is None else report.site for report in found]
+
+    with answering_site("SITEA") as first, hung_site() as hung, hung_site() as hung_too, \
+            answering_site("SITEB") as second:
+        started = time.monotonic()
+        answered = asyncio.run(probe([first, hung, hung_too, second]))
+        took = time.monotonic() - started
+    assert took < 1.9, took
+    assert answered == ["SITEA", None, None, "SITEB"]
+    assert asyncio.run(probe([])) == []
