@@ -22,13 +22,37 @@ a starting controller takes a term above every term they report, claims it at th
 sites (`PUT /api/v1/ds/controller-term`) and decides nothing until a majority holds
 it, then adopts the newest placement those sites keep (`decisions.adopt`: what an
 older controller pushed before they took the new term); it stamps every push with
-its term. A site refuses a lower term; a controller that
+its term (`term_holder.py`). A site refuses a lower term; a controller that
 learns of a higher one (a site reports it or refuses with it) steps aside for good:
 it logs an error once, says `fenced` on `/healthz` (503) and in
 `stratamq_cluster_controller_fenced`, and decides and pushes nothing more.
 
 All decisions and state changes happen on the event loop, one at a time under a
 lock; files are written in an executor.
+
+Shared with the operator (`operator/controller.py`): the decisions (`decisions.py`),
+the term rule (`terms.py`), the push's rules (`pushes.py`), the probes of every site
+at once with a deadline (`probing.py`) and the port the state is kept through
+(`store.py`). The round that strings them together is each one's own: one skeleton
+for both would change what either does, for these reasons.
+- This round runs on the event loop and lets go of its lock before it pushes, so the
+  API's changes (`change`, `forget`) come in between; the operator's round is
+  blocking, in Kopf's timer thread, and holds its lock to the end of its pushes.
+- Between taking its term and deciding, this one claims the term at the sites and
+  waits for a majority to hold it (I/O inside the term step); the operator takes
+  its term from its first reports and claims nothing (`TermRule`).
+- This one keeps its state up to three times a round, each before the step that
+  stands on it: the sites found, also while it does not hold its term; the term
+  taken, before any site is asked to hold it (a restart then takes a higher one
+  even when the sites that hold it do not answer); what it adopted (with the sites
+  forgotten since), before it decides from it; what it decided, before it pushes.
+  One keep at the end of the round would lose the first two to a crash, and the
+  third to a round that fails after adopting. The operator keeps once, on condition
+  (`KeptState`), and a refused keep drops its round; the files never refuse.
+- The operator has steps of its own between adopting and deciding (sites whose pods
+  are gone forgotten, the goal following spec.sites), says failovers as Events
+  between keeping and pushing, pushes one site after another (a missed push sends
+  the peers to every site again) and follows the ReplicaTransitions after.
 """
 
 from __future__ import annotations
@@ -47,8 +71,6 @@ from typing import Any
 import aiohttp
 
 from ..ds.replication import Placement
-from ..ds.replication.term import ControllerTerm, parse_term
-from ..errors import ControllerFencedError, PlacementError
 from ..http.guard import GuardedListener
 from ..net.address import listening, source_address, split_bind
 from . import decisions
@@ -60,7 +82,8 @@ from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
 from .sites import Report, SiteState
 from .state import FolderLock, FolderRecord, KnownSite, StateFiles
-from .terms import TermKeeper, TermRule, TermStep
+from .term_holder import TermHolder
+from .terms import TermKeeper, TermRule
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +105,11 @@ class ControllerConfig:
 class Controller:
     """The process: its heartbeat rounds, the controller term, its pushes and the
     changes its API asks for share the state and one lock; what it decides is
-    `decisions.py`, when it holds its term `terms.py` (`TermRule.MAJORITY_CLAIM`), whom
-    it pushes what and what the answers mean `pushes.py`, how it calls the sites
-    `site_client.py`, what it serves `api.py` (with `views.py` and `metrics.py`), what
-    it parses `sites.py`. Past 300 lines
-    for that reason: the round, the term it must hold before it decides, and the
-    changes asked for are steps on the same state under that lock, in one order."""
+    `decisions.py`, when it holds its term `terms.py` (`TermRule.MAJORITY_CLAIM`, at
+    the sites through `term_holder.py`), whom it pushes what and what the answers mean
+    `pushes.py`, how it calls the sites `site_client.py` (all at once: `probing.py`),
+    where it keeps its state `state.py`, what it serves `api.py` (with `views.py` and
+    `metrics.py`), what it parses `sites.py`."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -103,7 +125,6 @@ class Controller:
         # another controller
         self.term_keeper = TermKeeper(TermRule.MAJORITY_CLAIM, secrets.token_hex(8),
                                       kept.term)
-        self._term_note = ""
         self._adopt_now = False  # fetch and adopt what the sites keep this round
         self.started = time.monotonic()
         # Sites known from disk get the grace of one that answered just now.
@@ -130,6 +151,7 @@ class Controller:
             timeout=aiohttp.ClientTimeout(total=self._timeout),
             connector=aiohttp.TCPConnector(local_addr=source_address(config.bind)))
         self._site_client = SiteClient(self._http, config.token)
+        self.term_holder = TermHolder(self.term_keeper, self._site_client)
         self._api = ControllerAPI(self, config.token)
         self._listener: GuardedListener | None = None
         self.port = 0
@@ -230,75 +252,15 @@ class Controller:
     # -- the controller term ----------------------------------------------------------
 
     async def _hold_term(self, answered: set[str]) -> bool:
-        """Whether this controller may decide and push this round: it has taken a term
-        (once a majority of the electorate answered), a majority of the electorate
-        holds it (claimed where a site reports another), and no site holds a newer one
-        (else it steps aside, for good). The rule is `TermKeeper`'s; here its I/O."""
-        reported = {site: self.sites[site].term for site in answered}
-        placement, configured = self.state.placement, len(self.urls)
-        step = self.term_keeper.take(reported, placement, configured)
-        self._say_waiting(step)
-        if step.taken:
-            await self._save(self.state)
-            log.info("controller term %s taken", self.term_keeper.term)
-        if step.fenced_by is not None:
-            self._say_fenced(step.fenced_by)
-        if not step.goes_on:
-            return False
-        claims = await asyncio.gather(*(self._claim(self.sites[site])
-                                        for site in step.claim_at))
-        step = self.term_keeper.settle(
-            reported, [site for site, held in zip(step.claim_at, claims, strict=True) if held],
-            placement, configured)
-        self._say_waiting(step)
+        """Whether this controller may decide and push this round (`TermHolder.hold`)."""
+        step = await self.term_holder.hold(
+            {site: self.sites[site].term for site in answered}, self.sites,
+            self.state.placement, len(self.urls), lambda: self._save(self.state))
         if step.held_now:
-            log.info("controller term %s held by a majority of the sites: deciding",
-                     self.term_keeper.term)
             # what the previous controller pushed before these sites took this term,
             # even under a version this controller has too, is the starting point
             self._adopt_now = True
         return step.goes_on
-
-    def _say_waiting(self, step: TermStep) -> None:
-        """Why this controller waits, said once (not every round)."""
-        if step.waiting and step.waiting != self._term_note:
-            log.info("%s", step.waiting)
-            self._term_note = step.waiting
-
-    async def _claim(self, site: SiteState) -> bool:
-        """Claim this controller's term at `site`: True when it holds it now."""
-        own = self.term_keeper.term
-        assert own is not None
-        answer = await self._site_client.claim(site, own)
-        if answer is None:
-            return False
-        self._notice_term(site.id, answer.term)
-        return answer.accepted
-
-    def _notice_term(self, site: str, value: object) -> None:
-        """A site's answer named the term it holds: step aside when it is newer."""
-        try:
-            held = parse_term(value)
-        except PlacementError:
-            log.warning("site %s answered with a controller term that is not one: %r",
-                        site, value)
-            return
-        if self.term_keeper.fence(held):
-            self._say_fenced(held)
-
-    def _say_fenced(self, newer: ControllerTerm) -> None:
-        """Say, once, that this controller stepped aside for `newer`."""
-        log.error("controller term %s is fenced: the sites hold term %s of a newer "
-                  "controller. This controller decides and pushes nothing from now on; "
-                  "stop it (or stop the other controller and restart this one)",
-                  self.term_keeper.term, newer)
-
-    def _fence_check(self) -> None:
-        keeper = self.term_keeper
-        if keeper.fenced_by is not None:
-            raise ControllerFencedError(
-                f"this controller (term {keeper.term}) is fenced: the sites hold term "
-                f"{keeper.fenced_by} of a newer controller; ask that one")
 
     async def _adopt_held(self) -> None:
         """Fetch the placement every site that answered keeps and adopt the newest
@@ -354,8 +316,7 @@ class Controller:
         assert own is not None
         answer = push_answer(await self._site_client.push(site, body, version), own)
         if isinstance(answer, Fenced):
-            if self.term_keeper.fence(answer.term):
-                self._say_fenced(answer.term)
+            self.term_holder.fence(answer.term)
         elif answer is not None:
             # it keeps a newer placement, or another under this version: this
             # controller's is stale; the next round adopts the sites'
@@ -382,7 +343,7 @@ class Controller:
                      change: Callable[[ClusterState, float], ClusterState]) -> None:
         """Apply an operator request: a new plan (or a refusal that changes nothing),
         kept on disk before it is answered; the rounds carry it out."""
-        self._fence_check()
+        self.term_holder.check()
         async with self._lock:
             state = change(self.state, time.monotonic())
             if state != self.state:
@@ -395,7 +356,7 @@ class Controller:
 
     async def forget(self, site: str) -> None:
         """Forget `site` for good; the sites are told at once (they adopt its sessions)."""
-        self._fence_check()
+        self.term_holder.check()
         async with self._lock:
             state = decisions.forget(self.state, site, self.sites, time.monotonic(),
                                            self.settings)
