@@ -31,6 +31,13 @@ What is Kubernetes' own here:
   Warning event `PlacementRefused`, and the next round adopts what the sites keep
   (`decisions.adopt`), as the local controller does.
 
+Shared with the local controller: the decisions, the term rule, the push's rules
+(`broker/controller/pushes.py`), the probes of every site at once with a deadline
+(`broker/controller/probing.py`, through `sites.probe_all`) and the port the state is
+kept through (`broker/controller/store.py`; `KeptState` here). The round itself is
+each one's own: `broker/controller/controller.py` says why one skeleton for both would
+change what either does. The term and the pushes of a round: storage_pushes.py.
+
 Blocking (urllib and the `kubernetes` client): the Kopf timer that runs a round is a
 sync handler, run in Kopf's thread pool like every other handler of this operator.
 Readers in other threads (the status refresh, the reconcile, /metrics) see the
@@ -43,7 +50,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,13 +59,6 @@ from kubernetes.client.exceptions import ApiException
 from stratamq.broker.controller import decisions, disruption
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
 from stratamq.broker.controller.metrics import Snapshot
-from stratamq.broker.controller.pushes import (
-    Fenced,
-    peers_of,
-    push_answer,
-    push_body,
-    push_targets,
-)
 from stratamq.broker.controller.sites import (
     Report,
     SiteState,
@@ -66,7 +66,6 @@ from stratamq.broker.controller.sites import (
 from stratamq.broker.controller.store import KeepRefused, StateStore
 from stratamq.broker.controller.terms import TermKeeper, TermRule
 from stratamq.broker.ds.replication import Transition
-from stratamq.broker.ds.replication.term import ControllerTerm
 from stratamq.broker.errors import PlanError, StratamqError
 
 from . import kube
@@ -74,9 +73,10 @@ from .kept_state import KeptState, StatusRecord, known_sites
 from .phases import EventReason, PlanTrigger
 from .rebalance import summary
 from .resources import API_VERSION, KIND, Owner
-from .sites import Bootstraps, held_placement, probe_all, push
+from .sites import Bootstraps, probe_all
 from .spec import DEFAULT_HISTORY_LIMIT, StorageSpec
 from .status import ReplicationView
+from .storage_pushes import StoragePushes
 from .times import timestamp
 from .transitions import (
     STORAGE_LABEL,
@@ -234,6 +234,25 @@ def pods_to_keep(state: ClusterState, site_pods: Mapping[str, str], sites_asked:
     return keep
 
 
+def departed(state: ClusterState, sites: Mapping[str, SiteState],
+             site_pods: Mapping[str, str], pod_names: Collection[str], now: float,
+             settings: Settings) -> dict[str, str | None]:
+    """The sites to forget (site -> its pod, None when it has none): their pod is gone
+    (scaled away: not among `pod_names`), they hold nothing (now or in the pending
+    plan's target), and they do not answer, or are gone."""
+    held = set(state.placement.sites())
+    if state.plan is not None:
+        held |= state.plan.target.sites()
+    found: dict[str, str | None] = {}
+    for site in sites:
+        pod = site_pods.get(site)
+        gone = pod is None or pod not in pod_names
+        if gone and site not in held and (not sites[site].answered
+                                           or is_gone(sites[site], now, settings)):
+            found[site] = pod
+    return found
+
+
 def replication_view(state: ClusterState, up: set[str], factor: int, *, rebalancing: bool,
                      generation: int, no_plan: str, waiting: str,
                      rebalance: dict[str, Any] | None) -> ReplicationView:
@@ -270,16 +289,15 @@ def replication_view(state: ClusterState, up: set[str], factor: int, *, rebalanc
 
 class StorageController:
     """One DurableStorage's replication controller: its rounds (probe, decide, keep,
-    push), its controller term, and what the handlers and /metrics read of it.
-
-    Past 300 lines, on purpose: a round's steps read and replace one set of attributes
-    (the state, the sites, their pods and URLs, the term) that `view`, `kept_pods` and
-    `tolerated_disruptions` read from other threads under one lock, so they are one
-    class. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
-    `terms.py`, `pushes.py`, `follow_goal`, `pods_to_keep`, `replication_view`); its
-    collaborators keep the rest: `store` (a `StateStore`: `KeptState`, status.controller
-    and its conditional writes) and `Transitions`, built here (the ReplicaTransitions
-    and status.rebalance)."""
+    push), and what the handlers and /metrics read of it: a round's steps read and
+    replace one set of attributes (the state, the sites, their pods and URLs) that
+    `view`, `kept_pods` and `tolerated_disruptions` read from other threads under one
+    lock. What it decides is elsewhere and pure (`broker/controller/decisions.py`,
+    `terms.py`, `pushes.py`, `follow_goal`, `departed`, `pods_to_keep`,
+    `replication_view`); its collaborators do the rest: `store` (a `StateStore`:
+    `KeptState`, status.controller and its conditional writes), and, built here,
+    `pushes` (`StoragePushes`: the term, the pushes and their answers) and
+    `Transitions` (the ReplicaTransitions and status.rebalance)."""
 
     def __init__(self, owner: Owner, settings: Settings, store: StateStore[StatusRecord],
                  history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
@@ -307,15 +325,12 @@ class StorageController:
         self._no_plan = ""  # why the goal has no plan (said once)
         self.no_plan = ""  # ... as of the last published round
         self._publish_lock = threading.Lock()
-        self._pushed_told: dict[str, Any] | None = None
         self._round_lock = threading.Lock()
         # the controller term: taken on the first round with reports (above the kept one
         # and every one reported), kept in status.controller, stamped on every push
         self.term_keeper = TermKeeper(TermRule.FIRST_REPORTS,
                                        f"operator-{secrets.token_hex(4)}", kept.term)
-        self._refused = False  # a site refused the last push: adopt what the sites keep
-        # (reason, message) of the Warning events the handler is to post
-        self._warnings: list[tuple[EventReason, str]] = []
+        self.pushes = StoragePushes(owner, self.term_keeper)
         # Why this round's _follow_goal made a plan: (trigger, message).
         self._round_trigger: tuple[str, str] | None = None
         self.transitions = Transitions(owner, self.state.plan, history_limit)
@@ -359,13 +374,19 @@ class StorageController:
             sites[report.site] = seen_on(known, report, pod, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
-        if not self.hold_term({site: sites[site].term for site in boots}):
+        if not self.pushes.hold_term({site: sites[site].term for site in boots},
+                                     self.state.placement):
             return
         state = self.state
-        if self._refused or decisions.behind(state, sites):
-            state = self._adopt_held(state, sites, urls, token)
-        forgotten |= self._forget_departed(state, sites, site_pods,
-                                           {pod.name for pod in pods}, now)
+        if self.pushes.refused or decisions.behind(state, sites):
+            state = self.pushes.adopt_held(state, sites, urls, token)
+        for site, gone_pod in departed(state, sites, site_pods,
+                                       {pod.name for pod in pods}, now, self.settings).items():
+            del sites[site]
+            site_pods.pop(site, None)
+            forgotten.add(site)
+            log.info("%s/%s: site %s (pod %s) is gone and holds nothing: forgotten",
+                     self.owner.namespace, self.owner.name, site, gone_pod)
         state = self._follow_goal(state, spec, sites, site_pods)
         decision = decisions.decide(state, sites, now, self.started, self.settings)
         notes = decision.notes
@@ -397,7 +418,7 @@ class StorageController:
             self.no_plan = self._no_plan
         if decision.state.placement != before:
             self.leader_changes += decisions.leader_changes(before, decision.state.placement)
-        self._push(token)
+        self.pushes.push(self.state.placement, self.sites, self.urls, self.forgotten, token)
         versions = {site.id: site.placement_version for site in self.sites.values()
                     if site.answered and not is_gone(site, time.monotonic(), self.settings)}
         self.transitions.follow(self.state, self.pods, boots, versions, self._round_trigger,
@@ -411,68 +432,6 @@ class StorageController:
             log.warning("%s/%s: event %s not posted: %s", self.owner.namespace,
                         self.owner.name, event["reason"], error)
 
-    # -- the controller term ---------------------------------------------------------------
-
-    def hold_term(self, reported: Mapping[str, ControllerTerm | None]) -> bool:
-        """Take the term on the first round with reports (`reported`: site -> the term
-        it reports; before it, nothing is pushed); False (nothing decided or pushed)
-        once a site holds a newer one (`TermKeeper`, `TermRule.FIRST_REPORTS`)."""
-        step = self.term_keeper.take(reported, self.state.placement, len(reported))
-        if step.taken:
-            log.info("%s/%s: controller term %s taken", self.owner.namespace,
-                     self.owner.name, self.term_keeper.term)
-        if step.fenced_by is not None:
-            self._say_fenced(step.fenced_by)
-        return step.goes_on
-
-    def _say_fenced(self, newer: ControllerTerm) -> None:
-        """Say (an error and a Warning event), once, that this operator stepped aside
-        for `newer`."""
-        message = (f"controller term {self.term_keeper.term} is fenced: the sites hold term "
-                   f"{newer} of another controller; this operator pushes nothing to this "
-                   f"storage any more (stop the other controller, then restart the operator)")
-        log.error("%s/%s: %s", self.owner.namespace, self.owner.name, message)
-        self._warnings.append((EventReason.CONTROLLER_FENCED, message))
-
-    def take_warnings(self) -> list[tuple[EventReason, str]]:
-        """The Warning events to post since the last call (the handler posts them)."""
-        warnings, self._warnings = self._warnings, []
-        return warnings
-
-    def _adopt_held(self, state: ClusterState, sites: Mapping[str, SiteState],
-                    urls: Mapping[str, str], token: str) -> ClusterState:
-        """`state` after adopting the newest placement the sites keep, when it is
-        not this operator's (`decisions.adopt`)."""
-        self._refused = False
-        held = {site: found for site in sites if site in urls and sites[site].answered
-                and (found := held_placement(urls[site], token)) is not None}
-        adoption = decisions.adopt(state, held)
-        for note in adoption.notes:
-            log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, note)
-        if adoption.state.placement != state.placement:
-            # e.g. a storage deleted and made again over its retained volumes: its
-            # sites hold a placement its new status.controller does not know
-            self._warnings.append((EventReason.PLACEMENT_ADOPTED, "; ".join(adoption.notes)))
-        return adoption.state
-
-    def push_answered(self, site: str, version: int, found: Mapping[str, Any]) -> None:
-        """A site's answer to a push: a newer term fences this operator; a refused
-        placement (the site keeps a newer one) is adopted next round."""
-        own = self.term_keeper.term
-        assert own is not None
-        answer = push_answer(found, own)
-        if answer is None:
-            return
-        if isinstance(answer, Fenced):
-            if self.term_keeper.fence(answer.term):
-                self._say_fenced(answer.term)
-            return
-        message = (f"site {site} refused placement version {version}: it keeps version "
-                   f"{answer.kept_version}; adopting the placement the sites keep")
-        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, message)
-        self._warnings.append((EventReason.PLACEMENT_REFUSED, message))
-        self._refused = True
-
     def _adopt(self, theirs: StatusRecord) -> None:
         """Take the state another operator kept (this one's round is dropped)."""
         log.warning("%s/%s: another operator wrote the controller's state since this one "
@@ -482,27 +441,7 @@ class StorageController:
         with self._publish_lock:
             self.state, self.sites = theirs.state, sites
             self.pods, self.forgotten = dict(theirs.pods), set(theirs.forgotten)
-        self._pushed_told = None
-
-    def _forget_departed(self, state: ClusterState, sites: dict[str, SiteState],
-                         site_pods: dict[str, str], pod_names: set[str], now: float
-                         ) -> set[str]:
-        """Drop the sites whose pod is gone (scaled away) and that hold nothing; them."""
-        dropped = set()
-        held = set(state.placement.sites())
-        if state.plan is not None:
-            held |= state.plan.target.sites()
-        for site in list(sites):
-            pod = site_pods.get(site)
-            gone = pod is None or pod not in pod_names
-            if gone and site not in held and (not sites[site].answered
-                                               or is_gone(sites[site], now, self.settings)):
-                del sites[site]
-                site_pods.pop(site, None)
-                dropped.add(site)
-                log.info("%s/%s: site %s (pod %s) is gone and holds nothing: forgotten",
-                         self.owner.namespace, self.owner.name, site, pod)
-        return dropped
+        self.pushes.tell_again()
 
     def _follow_goal(self, state: ClusterState, spec: StorageSpec,
                      sites: Mapping[str, SiteState], site_pods: Mapping[str, str]
@@ -520,26 +459,6 @@ class StorageController:
         if followed.planned:
             log.info("%s/%s: %s", self.owner.namespace, self.owner.name, followed.planned)
         return followed.state
-
-    def _push(self, token: str) -> None:
-        placement = self.state.placement
-        if placement.version == 0 or not self.term_keeper.in_charge:
-            return
-        own = self.term_keeper.term
-        assert own is not None
-        peers = peers_of(self.sites.values())
-        told = {"peers": peers, "forgotten": sorted(self.forgotten)}
-        everyone = told != self._pushed_told
-        body = push_body(placement, peers, self.forgotten, own)
-        missed = False
-        for site in push_targets([site for site in self.sites.values()
-                                  if site.id in self.urls], placement.version, everyone):
-            found = push(self.urls[site.id], token, body)
-            missed |= found is None
-            if found is not None:
-                self.push_answered(site.id, placement.version, found)
-        if not missed:
-            self._pushed_told = told
 
     # -- what others read -----------------------------------------------------------------
 

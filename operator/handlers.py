@@ -407,7 +407,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
         return
     running.round(parsed, int(meta.get("generation", 0)),
                   kube.site_pods(owner, node_zones_of(memo)), token)
-    for reason, message in running.take_warnings():
+    for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(parsed.sites)
     # Only with the spec the objects were applied for: a timer holding an older body

@@ -16,6 +16,7 @@ from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
     GoalFollowed,
     StorageController,
+    departed,
     follow_goal,
     leader_move_event,
     plan_trigger,
@@ -113,6 +114,24 @@ def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
     assert D in moving.target.sites()
     controller.state = replace(controller.state, plan=moving)
     assert controller.kept_pods(2) == 4
+
+
+def test_a_site_is_forgotten_once_its_pod_is_gone_and_it_holds_nothing() -> None:
+    settings = settings_of(parse_spec(SPEC), 1.0)
+    state = ClusterState(placement=first_placement([A, B, C]))
+    sites = {**sites_state(A, B, C), D: replace(sites_state(D)[D], last_seen=9.0,
+                                                   answered=True)}
+    pods = {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}
+    # D's pod is gone, but D answered a moment ago: not yet.
+    assert departed(state, sites, pods, {"mq-0", "mq-1"}, 10.0, settings) == {}
+    assert departed(state, sites, pods, {"mq-0", "mq-1"}, 20.0, settings) == {D: "mq-3"}
+    # C lost its pod too, but holds replicas; D in a pending plan's target stays.
+    moving = plan([Site(A), Site(B), Site(C), Site(D)], ["messages"], 2, 3, state.placement)
+    assert D in moving.target.sites()
+    assert departed(replace(state, plan=moving), sites, pods, set(), 20.0, settings) == {}
+    # A site never seen on a pod that holds nothing goes at once.
+    assert departed(state, {**sites, "E": sites_state("E")["E"]}, pods,
+                    {"mq-0", "mq-1", "mq-2", "mq-3"}, 0.0, settings) == {"E": None}
 
 
 def test_a_scale_is_planned_once_every_pod_asked_for_is_a_known_site() -> None:
@@ -258,31 +277,39 @@ def test_the_operator_keeps_its_term_and_steps_aside_for_a_newer_one() -> None:
     assert record_of(document).term == ControllerTerm(4, "operator-0")
     assert record_of({}).term == NO_TERM  # kept by an operator before terms
     running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept(document))
+
+    def hold(reported: dict[str, ControllerTerm | None]) -> bool:
+        return running.pushes.hold_term(reported, running.state.placement)
+
     keeper = running.term_keeper
-    assert running.hold_term({}) and keeper.term is None  # no report: no term yet
-    assert running.hold_term({A: ControllerTerm(2, "c"), B: None})
+    assert hold({}) and keeper.term is None  # no report: no term yet
+    assert hold({A: ControllerTerm(2, "c"), B: None})
     assert keeper.term is not None and keeper.term.number == 5
     own = keeper.term.to_json()
-    running.push_answered(A, 2, {"accepted": True, "version": 2, "term": own})
-    assert running.take_warnings() == []
-    running.push_answered(A, 2, {"accepted": False, "version": 3, "term": own})
-    [(reason, message)] = running.take_warnings()
+    running.pushes.push_answered(A, 2, {"accepted": True, "version": 2, "term": own})
+    assert running.pushes.take_warnings() == []
+    running.pushes.push_answered(A, 2, {"accepted": False, "version": 3, "term": own})
+    [(reason, message)] = running.pushes.take_warnings()
     assert reason == "PlacementRefused" and "keeps version 3" in message
-    assert keeper.fenced_by is None and running.hold_term({A: keeper.term})
-    running.push_answered(B, 2, {"accepted": False, "version": 2, "term": [6, "other"]})
-    [(reason, message)] = running.take_warnings()
+    assert keeper.fenced_by is None and hold({A: keeper.term})
+    running.pushes.push_answered(B, 2, {"accepted": False, "version": 2, "term": [6, "other"]})
+    [(reason, message)] = running.pushes.take_warnings()
     assert reason == "ControllerFenced" and "6/other" in message
     assert keeper.fenced_by == ControllerTerm(6, "other")
-    assert not running.hold_term({A: keeper.term})
+    assert not hold({A: keeper.term})
     assert running.snapshot().fenced
 
 
 def test_a_site_reporting_a_newer_term_fences_the_operator() -> None:
     running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
-    assert running.hold_term({A: NO_TERM})
+
+    def hold(reported: dict[str, ControllerTerm | None]) -> bool:
+        return running.pushes.hold_term(reported, running.state.placement)
+
+    assert hold({A: NO_TERM})
     assert running.term_keeper.term == ControllerTerm(1, running.term_keeper.controller_id)
-    assert not running.hold_term({A: ControllerTerm(1, "zzzz-later")})
-    assert [reason for reason, _ in running.take_warnings()] == ["ControllerFenced"]
+    assert not hold({A: ControllerTerm(1, "zzzz-later")})
+    assert [reason for reason, _ in running.pushes.take_warnings()] == ["ControllerFenced"]
 
 
 def test_a_site_is_in_the_zone_of_its_pods_node() -> None:
