@@ -100,8 +100,7 @@ class StoragePushes:
             if self.term_keeper.fence(answer.term):
                 self._say_fenced(answer.term)
             return
-        message = (f"site {site} refused placement version {version}: it keeps version "
-                   f"{answer.kept_version}; adopting the placement the sites keep")
+        message = answer.note(site, version)
         log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, message)
         self._warnings.append((EventReason.PLACEMENT_REFUSED, message))
         self.refused = True

@@ -320,9 +320,7 @@ class Controller:
         elif answer is not None:
             # it keeps a newer placement, or another under this version: this
             # controller's is stale; the next round adopts the sites'
-            log.warning("site %s refused placement version %d: it keeps version "
-                        "%s; adopting the placement the sites keep", site.id,
-                        version, answer.kept_version)
+            log.warning("%s", answer.note(site.id, version))
             self._refused.add(site.id)
 
     # -- what the API (`api.py`) asks ---------------------------------------------------

@@ -47,6 +47,11 @@ class Refused:
 
     kept_version: object
 
+    def note(self, site: str, version: int) -> str:
+        """What a controller says of `site` refusing placement `version` so."""
+        return (f"site {site} refused placement version {version}: it keeps version "
+                f"{self.kept_version}; adopting the placement the sites keep")
+
 
 @dataclass(frozen=True)
 class Fenced:

@@ -56,6 +56,8 @@ def test_an_answer_is_taken_refused_for_the_placement_or_fenced_by_a_newer_term(
     assert push_answer({"accepted": False, "term": "not a term"}, OWN) == Refused(None)
     assert push_answer({"accepted": False, "term": [3, "zz"]}, OWN) == \
         Fenced(ControllerTerm(3, "zz"))
+    assert Refused(5).note("B", 4) == ("site B refused placement version 4: it keeps "
+                                       "version 5; adopting the placement the sites keep")
 
 
 @given(accepted=st.sampled_from([True, False, None, 0]),
