@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from ..ds.replication import (
     Placement,
     Plan,
+    PlannedSite,
     ShardId,
     ShardPlacement,
-    Site,
     Transition,
     apply_transition,
     breaks_zone_rule,
@@ -198,8 +198,8 @@ def _first_placement(state: ClusterState, sites: Mapping[str, SiteState], now: f
     # sites up now), and the missing database's are placed beside them.
     missing = [database for database in settings.databases
                if database not in set(state.placement.databases())]
-    first = plan([Site(site, zone=sites[site].zone) for site in up], missing, settings.n_shards,
-                 settings.replication_factor, state.placement)
+    first = plan([PlannedSite(site, zone=sites[site].zone) for site in up], missing,
+                 settings.n_shards, settings.replication_factor, state.placement)
     goals = {**state.goals, **{database: tuple(up) for database in missing}}
     return Decision(replace(state, placement=first.start, goals=goals),
                     (f"first placement (version {first.start.version}) of "
@@ -353,7 +353,7 @@ def _zone_plan(state: ClusterState, sites: Mapping[str, SiteState], now: float,
         if not set(goal) <= up or any(sites[site].stopping for site in goal) \
                 or not holders <= set(sites):
             continue
-        chosen = [Site(site, draining=site not in goal, zone=sites[site].zone)
+        chosen = [PlannedSite(site, draining=site not in goal, zone=sites[site].zone)
                   for site in sorted(set(goal) | holders)]
         if breaks_zone_rule(chosen, state.placement, database, settings.replication_factor):
             close.append(database)
@@ -384,7 +384,7 @@ def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
         unknown = sorted((wanted | holders) - set(sites))
         if unknown:
             raise UnknownSiteError(f"unknown site(s) {', '.join(unknown)}")
-        chosen = [Site(site, draining=site not in wanted, zone=sites[site].zone)
+        chosen = [PlannedSite(site, draining=site not in wanted, zone=sites[site].zone)
                   for site in sorted(wanted | holders)]
         step = plan(chosen, [database], settings.n_shards, settings.replication_factor,
                     result.target)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stratamq.broker.ds.replication import Placement, Site, plan
+from stratamq.broker.ds.replication import Placement, PlannedSite, plan
 from stratamq.broker.ds.replication.store import PlacementStore
 
-SITES = [Site(f"site{number}") for number in range(5)]
+SITES = [PlannedSite(f"site{number}") for number in range(5)]
 
 
 def main(data_dir: str) -> None:

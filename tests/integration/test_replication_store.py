@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stratamq.broker.ds.replication import Placement, Site, failover, plan
+from stratamq.broker.ds.replication import Placement, PlannedSite, failover, plan
 from stratamq.broker.ds.replication.store import PLACEMENT_FILE, PlacementStore
 from stratamq.broker.errors import CorruptDataError, StalePlacementError
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def placements() -> tuple[Placement, Placement]:
     """Version 1, and version 2 after a failover of messages/0."""
-    first = plan([Site(s) for s in "ABC"], ["messages", "sessions"], 4, 3).target
+    first = plan([PlannedSite(s) for s in "ABC"], ["messages", "sessions"], 4, 3).target
     shard = first.shard("messages", 0)
     second = failover(first, shard.id, alive_sites=set(shard.replicas) - {shard.leader},
                       positions={site: (1, 10) for site in shard.replicas})

@@ -25,7 +25,7 @@ from harness.cluster import SiteProcess
 from harness.processes import HOST, BrokerProcess
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.store import KeepRefused, Kept
-from stratamq.broker.ds.replication import Placement, Site, plan
+from stratamq.broker.ds.replication import Placement, PlannedSite, plan
 from stratamq.broker.ds.replication.term import ControllerTerm
 from stratamq.operator import controller, kube
 from stratamq.operator.kept_state import KeptState, StatusRecord, kept_document
@@ -71,7 +71,7 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
     # the state this one keeps next differs from it).
     report = site.replication()
     theirs = dataclasses.replace(
-        plan([Site(report["site"])], list(controller.DATABASES), N_SHARDS, 1,
+        plan([PlannedSite(report["site"])], list(controller.DATABASES), N_SHARDS, 1,
              Placement.empty()).start,
         version=7)
     document = kept_document(StatusRecord(
@@ -141,7 +141,7 @@ def owner_of(storage: dict[str, Any]) -> Owner:
 
 
 def placed_on(sites: list[str], version: int) -> ClusterState:
-    placement = plan([Site(site) for site in sites], list(controller.DATABASES), N_SHARDS,
+    placement = plan([PlannedSite(site) for site in sites], list(controller.DATABASES), N_SHARDS,
                      1, Placement.empty()).start
     return ClusterState(placement=dataclasses.replace(placement, version=version),
                         goals={database: tuple(sites) for database in controller.DATABASES})

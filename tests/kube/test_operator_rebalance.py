@@ -28,7 +28,7 @@ from harness.cluster import SiteProcess
 from harness.processes import BrokerProcess, free_port
 from harness.waiting import wait_for
 from stratamq.broker.controller.decisions import ClusterState
-from stratamq.broker.ds.replication import Placement, Plan, Site, plan
+from stratamq.broker.ds.replication import Placement, Plan, PlannedSite, plan
 from stratamq.operator import controller, kube
 from stratamq.operator.kept_state import StatusRecord, kept_document
 from stratamq.operator.rebalance import PlanRun
@@ -70,8 +70,10 @@ def make_transitions(owner: Owner, plan_: Plan, run: PlanRun | None = None) -> N
 
 def plans_from(versions: list[int]) -> list[Plan]:
     """A plan (A, B, C -> A, B, D) from a placement at each of `versions`."""
-    first = plan([Site(A), Site(B), Site(C)], ["messages"], 2, 3, Placement.empty()).start
-    return [plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    first = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C)],
+                 ["messages"], 2, 3, Placement.empty()).start
+    return [plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+                 ["messages"], 2, 3,
                  dataclasses.replace(first, version=version)) for version in versions]
 
 

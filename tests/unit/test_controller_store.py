@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from stratamq.broker.controller.decisions import ClusterState, resumed_catch_up
 from stratamq.broker.controller.state import FolderRecord, KnownSite, StateFiles
 from stratamq.broker.controller.store import Kept
-from stratamq.broker.ds.replication import Placement, Site, plan
+from stratamq.broker.ds.replication import Placement, PlannedSite, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.kept_state import KeptState, StatusRecord, kept_document, record_of
 from stratamq.operator.resources import Owner
@@ -34,13 +34,13 @@ def states(draw: st.DrawFn, version: int) -> ClusterState:
     if version == 0:
         return ClusterState()
     on = draw(st.lists(st.sampled_from(SITES), min_size=3, max_size=3, unique=True))
-    placement = replace(plan([Site(site) for site in on], ["messages"], 2, 3,
+    placement = replace(plan([PlannedSite(site) for site in on], ["messages"], 2, 3,
                              Placement.empty()).start, version=version)
     goal = draw(st.lists(st.sampled_from(SITES), min_size=3, max_size=4, unique=True))
     if not draw(st.booleans()) or set(goal) == set(on):
         return ClusterState(placement=placement, goals={"messages": tuple(sorted(on))})
-    leaving = [Site(site, draining=True) for site in on if site not in goal]
-    moving = plan([*(Site(site) for site in goal), *leaving], ["messages"], 2, 3, placement)
+    leaving = [PlannedSite(site, draining=True) for site in on if site not in goal]
+    moving = plan([*(PlannedSite(site) for site in goal), *leaving], ["messages"], 2, 3, placement)
     return ClusterState(placement=placement, plan=moving,
                         goals={"messages": tuple(sorted(goal))},
                         catch_up=resumed_catch_up(moving, placement))

@@ -11,7 +11,7 @@ from typing import Any
 
 from stratamq.broker.controller.decisions import CatchUp, ClusterState, LeaderMove
 from stratamq.broker.controller.sites import SiteState, parse_report
-from stratamq.broker.ds.replication import Placement, Site, apply_transition, plan
+from stratamq.broker.ds.replication import Placement, PlannedSite, apply_transition, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.operator.controller import (
     GoalFollowed,
@@ -49,7 +49,7 @@ A, B, C, D = "AAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBB", "CCCCCCCCCCCCCCCC", "DDDDDD
 
 
 def first_placement(sites: list[str]) -> Placement:
-    return plan([Site(site) for site in sites], ["messages"], 2, 3, Placement.empty()).start
+    return plan([PlannedSite(site) for site in sites], ["messages"], 2, 3, Placement.empty()).start
 
 
 def sites_state(*ids: str) -> dict[str, SiteState]:
@@ -68,7 +68,8 @@ def kept(document: dict[str, Any]) -> KeptState:
 
 def test_the_kept_state_comes_back_whole() -> None:
     placement = first_placement([A, B, C])
-    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+                  ["messages"], 2, 3,
                   placement)
     state = ClusterState(placement=placement, plan=moving, goals={"messages": (A, B, D)})
     pods = {A: "mq-0", B: "mq-1", C: "mq-2", D: "mq-3"}
@@ -91,7 +92,8 @@ def test_the_kept_state_comes_back_whole() -> None:
 
 def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
     placement = first_placement([A, B, C])
-    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+                  ["messages"], 2, 3,
                   placement)
     first = moving.transitions[0]
     assert first.action == "add"
@@ -110,7 +112,8 @@ def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
     assert controller.kept_pods(2) == 3
     assert controller.kept_pods(4) == 4
     # D in the pending plan's target keeps mq-3 too.
-    moving = plan([Site(A), Site(B), Site(C), Site(D)], ["messages"], 2, 3, placement)
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C), PlannedSite(D)],
+                  ["messages"], 2, 3, placement)
     assert D in moving.target.sites()
     controller.state = replace(controller.state, plan=moving)
     assert controller.kept_pods(2) == 4
@@ -126,7 +129,8 @@ def test_a_site_is_forgotten_once_its_pod_is_gone_and_it_holds_nothing() -> None
     assert departed(state, sites, pods, {"mq-0", "mq-1"}, 10.0, settings) == {}
     assert departed(state, sites, pods, {"mq-0", "mq-1"}, 20.0, settings) == {D: "mq-3"}
     # C lost its pod too, but holds replicas; D in a pending plan's target stays.
-    moving = plan([Site(A), Site(B), Site(C), Site(D)], ["messages"], 2, 3, state.placement)
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C), PlannedSite(D)],
+                  ["messages"], 2, 3, state.placement)
     assert D in moving.target.sites()
     assert departed(replace(state, plan=moving), sites, pods, set(), 20.0, settings) == {}
     # A site never seen on a pod that holds nothing goes at once.
@@ -157,7 +161,8 @@ def test_a_scale_is_planned_once_every_pod_asked_for_is_a_known_site() -> None:
 
 def test_step_phases_follow_the_plan() -> None:
     placement = first_placement([A, B, C])
-    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+                  ["messages"], 2, 3,
                   placement)
     steps = moving.transitions
     assert [step.action for step in steps[:2]] == ["add", "remove"]
@@ -186,9 +191,11 @@ def test_step_phases_follow_the_plan() -> None:
 
 def test_transition_objects_are_named_per_plan_and_owned() -> None:
     placement = first_placement([A, B, C])
-    one = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    one = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+               ["messages"], 2, 3,
                placement)
-    other = plan([Site(A), Site(B, draining=True), Site(C), Site(D)], ["messages"], 2, 3,
+    other = plan([PlannedSite(A), PlannedSite(B, draining=True), PlannedSite(C), PlannedSite(D)],
+                 ["messages"], 2, 3,
                  placement)
     # Two plans from one version get names of their own.
     assert transition_name("mq", one, 0) != transition_name("mq", other, 0)
@@ -210,7 +217,8 @@ def test_transition_objects_are_named_per_plan_and_owned() -> None:
 def test_step_numbers_are_zero_padded_and_names_fit_the_limit() -> None:
     """`kubectl get` sorts by name: step 10 after step 9 (issue 23)."""
     placement = first_placement([A, B, C])
-    moving = plan([Site(A), Site(B), Site(C, draining=True), Site(D)], ["messages"], 2, 3,
+    moving = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True), PlannedSite(D)],
+                  ["messages"], 2, 3,
                   placement)
     names = [transition_name("mq", moving, step) for step in range(len(moving.transitions))]
     assert names[0] == f"mq-{plan_key(moving)}-000"

@@ -17,8 +17,8 @@ from stratamq.broker.ds.replication import (
     FIRST_EPOCH,
     Placement,
     Plan,
+    PlannedSite,
     ShardPlacement,
-    Site,
     Transition,
     apply_transitions,
     breaks_zone_rule,
@@ -40,8 +40,8 @@ from stratamq.broker.errors import (
 DATABASES = ["messages", "retained", "sessions"]
 
 
-def sites(names: str, draining: str = "") -> list[Site]:
-    return [Site(name, draining=name in draining) for name in names]
+def sites(names: str, draining: str = "") -> list[PlannedSite]:
+    return [PlannedSite(name, draining=name in draining) for name in names]
 
 
 def replicas_per_site(placement: Placement, database: str) -> Counter[str]:
@@ -120,14 +120,14 @@ def test_adding_a_site_moves_its_share_adding_before_removing() -> None:
         assert grown.target.shard("messages", number) == first.shard("messages", number)
 
 
-def zoned(zones: str, draining: str = "") -> list[Site]:
+def zoned(zones: str, draining: str = "") -> list[PlannedSite]:
     """Sites A, B, ... in the zones named by the letters of `zones` ("." for none)."""
-    return [Site(chr(ord("A") + position), draining=chr(ord("A") + position) in draining,
+    return [PlannedSite(chr(ord("A") + position), draining=chr(ord("A") + position) in draining,
                  zone=None if zone == "." else f"zone-{zone}")
             for position, zone in enumerate(zones)]
 
 
-def zones_of(placement: Placement, database: str, sites: list[Site]) -> list[list[str]]:
+def zones_of(placement: Placement, database: str, sites: list[PlannedSite]) -> list[list[str]]:
     zone = {site.id: site.zone for site in sites}
     return [sorted((zone[site] or site) for site in shard.replicas)
             for shard in placement.shards_of(database)]

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from stratamq.broker.ds.replication import (
     Placement,
     Plan,
+    PlannedSite,
     ShardPlacement,
-    Site,
     apply_transition,
     apply_transitions,
     failover,
@@ -42,7 +42,7 @@ def clusters(draw: st.DrawFn, min_sites: int = 1) -> tuple[list[str], list[str],
 
 
 @st.composite
-def random_placements(draw: st.DrawFn) -> tuple[list[Site], list[str], int, int, Placement]:
+def random_placements(draw: st.DrawFn) -> tuple[list[PlannedSite], list[str], int, int, Placement]:
     """A plannable request and a current placement that is anything valid: replica
     sets of any size on any of the sites, leaders and epochs anywhere; some sites
     draining. The request's replication factor need not be the placement's."""
@@ -58,7 +58,7 @@ def random_placements(draw: st.DrawFn) -> tuple[list[Site], list[str], int, int,
                                          epoch=draw(st.integers(1, 5))))
     n_draining = draw(st.integers(0, len(site_ids) - factor))
     draining = set(draw(st.permutations(site_ids))[:n_draining])
-    sites = [Site(site, draining=site in draining) for site in site_ids]
+    sites = [PlannedSite(site, draining=site in draining) for site in site_ids]
     version = draw(st.integers(1, 100))
     return sites, databases, n_shards, factor, Placement(version=version, shards=tuple(shards))
 
@@ -76,7 +76,7 @@ def spread(counts: Counter[str], sites: list[str]) -> int:
     return max(values) - min(values)
 
 
-def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: int,
+def check_plan(result: Plan, sites: list[PlannedSite], databases: list[str], factor: int,
                balanced: bool = True) -> None:
     """What every plan must satisfy, whatever it started from (and, unless zones keep
     it from being `balanced`, an even spread of replicas)."""
@@ -126,7 +126,7 @@ def check_plan(result: Plan, sites: list[Site], databases: list[str], factor: in
 def test_first_placement_is_balanced_replicas_and_leaders(
         cluster: tuple[list[str], list[str], int, int]) -> None:
     site_ids, databases, n_shards, factor = cluster
-    sites = [Site(site) for site in site_ids]
+    sites = [PlannedSite(site) for site in site_ids]
     result = plan(sites, databases, n_shards, factor)
     assert result.transitions == ()
     check_plan(result, sites, databases, factor)
@@ -140,7 +140,7 @@ def test_first_placement_is_balanced_replicas_and_leaders(
 @PROPERTIES
 @given(random_placements())
 def test_any_placement_plans_to_a_balanced_target_never_below_the_factor(
-        request: tuple[list[Site], list[str], int, int, Placement]) -> None:
+        request: tuple[list[PlannedSite], list[str], int, int, Placement]) -> None:
     sites, databases, n_shards, factor, current = request
     result = plan(sites, databases, n_shards, factor, current)
     assert result.start == current
@@ -154,7 +154,7 @@ def test_any_placement_plans_to_a_balanced_target_never_below_the_factor(
 @PROPERTIES
 @given(random_placements(), st.randoms(use_true_random=False))
 def test_plans_are_deterministic_whatever_the_order_of_the_input(
-        request: tuple[list[Site], list[str], int, int, Placement],
+        request: tuple[list[PlannedSite], list[str], int, int, Placement],
         shuffler: st.SearchStrategy[object]) -> None:
     sites, databases, n_shards, factor, current = request
     first = plan(sites, databases, n_shards, factor, current)
@@ -172,8 +172,8 @@ def test_adding_sites_moves_only_their_share(
     site_ids, databases, n_shards, factor = cluster
     site_ids = site_ids[:max(factor, len(site_ids) - added)]
     new = [site for site in SITE_NAMES if site not in site_ids][:added]
-    first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
-    sites = [Site(site) for site in site_ids + new]
+    first = plan([PlannedSite(site) for site in site_ids], databases, n_shards, factor).target
+    sites = [PlannedSite(site) for site in site_ids + new]
     result = plan(sites, databases, n_shards, factor, first)
     check_plan(result, sites, databases, factor)
     total = n_shards * factor
@@ -193,9 +193,9 @@ def test_draining_a_site_moves_each_of_its_replicas_once(
     site_ids, databases, n_shards, factor = cluster
     if factor == len(site_ids):
         factor -= 1
-    first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
+    first = plan([PlannedSite(site) for site in site_ids], databases, n_shards, factor).target
     leaving = data.draw(st.sampled_from(site_ids))
-    sites = [Site(site, draining=site == leaving) for site in site_ids]
+    sites = [PlannedSite(site, draining=site == leaving) for site in site_ids]
     result = plan(sites, databases, n_shards, factor, first)
     check_plan(result, sites, databases, factor)
     for database in databases:
@@ -215,13 +215,13 @@ def test_leaders_stay_spread_when_sites_come_and_go(
     each other; moves choose those handovers so that they stay within two."""
     site_ids, databases, n_shards, factor = cluster
     if drain and factor < len(site_ids):
-        first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
-        sites = [Site(site, draining=site == site_ids[0]) for site in site_ids]
+        first = plan([PlannedSite(site) for site in site_ids], databases, n_shards, factor).target
+        sites = [PlannedSite(site, draining=site == site_ids[0]) for site in site_ids]
     else:
         site_ids = site_ids[:max(factor, len(site_ids) - added)]
-        first = plan([Site(site) for site in site_ids], databases, n_shards, factor).target
+        first = plan([PlannedSite(site) for site in site_ids], databases, n_shards, factor).target
         site_ids += [site for site in SITE_NAMES if site not in site_ids][:added]
-        sites = [Site(site) for site in site_ids]
+        sites = [PlannedSite(site) for site in site_ids]
     result = plan(sites, databases, n_shards, factor, first)
     active = [site.id for site in sites if not site.draining]
     for database in databases:
@@ -234,7 +234,7 @@ def test_changing_the_replication_factor_adds_or_removes_the_difference(
         cluster: tuple[list[str], list[str], int, int], new_factor: int) -> None:
     site_ids, databases, n_shards, factor = cluster
     new_factor = min(new_factor, len(site_ids))
-    sites = [Site(site) for site in site_ids]
+    sites = [PlannedSite(site) for site in site_ids]
     first = plan(sites, databases, n_shards, factor).target
     result = plan(sites, databases, n_shards, new_factor, first)
     check_plan(result, sites, databases, new_factor)
@@ -252,7 +252,7 @@ def test_changing_the_replication_factor_adds_or_removes_the_difference(
 @PROPERTIES
 @given(random_placements(), st.data())
 def test_failover_chooses_the_furthest_of_a_majority(
-        request: tuple[list[Site], list[str], int, int, Placement],
+        request: tuple[list[PlannedSite], list[str], int, int, Placement],
         data: st.DataObject) -> None:
     current = request[4]
     shard = data.draw(st.sampled_from(current.shards))
@@ -282,19 +282,19 @@ def test_failover_chooses_the_furthest_of_a_majority(
 ZONE_NAMES = ["zone-a", "zone-b", "zone-c", "zone-d"]
 
 
-def zone_cap(sites: list[Site], factor: int) -> tuple[int, Counter[str]]:
+def zone_cap(sites: list[PlannedSite], factor: int) -> tuple[int, Counter[str]]:
     """The zone rule's cap for these sites, and each active site's zone as the rule
     counts it (a site with no zone is a zone of its own)."""
     zones = Counter(site.zone or f"own:{site.id}" for site in sites if not site.draining)
     return math.ceil(factor / len(zones)), zones
 
 
-def zone_rule_can_be_met(sites: list[Site], factor: int) -> bool:
+def zone_rule_can_be_met(sites: list[PlannedSite], factor: int) -> bool:
     cap, zones = zone_cap(sites, factor)
     return sum(min(size, cap) for size in zones.values()) >= factor
 
 
-def meets_zone_rule(placement: Placement, sites: list[Site], databases: list[str],
+def meets_zone_rule(placement: Placement, sites: list[PlannedSite], databases: list[str],
                     factor: int) -> bool:
     cap, _ = zone_cap(sites, factor)
     zone_of = {site.id: site.zone or f"own:{site.id}" for site in sites}
@@ -303,20 +303,20 @@ def meets_zone_rule(placement: Placement, sites: list[Site], databases: list[str
 
 
 @st.composite
-def zoned(draw: st.DrawFn, request: tuple[list[Site], list[str], int, int, Placement],
-          unknown: bool = True) -> tuple[list[Site], list[str], int, int, Placement]:
+def zoned(draw: st.DrawFn, request: tuple[list[PlannedSite], list[str], int, int, Placement],
+          unknown: bool = True) -> tuple[list[PlannedSite], list[str], int, int, Placement]:
     """The request with each site in one of a few zones, or (if `unknown`) in none."""
     sites, databases, n_shards, factor, current = request
     n_zones = draw(st.integers(1 if unknown else 2, len(ZONE_NAMES)))
     zones = st.sampled_from([*([None] if unknown else []), *ZONE_NAMES[:n_zones]])
-    return ([Site(site.id, draining=site.draining, zone=draw(zones)) for site in sites],
+    return ([PlannedSite(site.id, draining=site.draining, zone=draw(zones)) for site in sites],
             databases, n_shards, factor, current)
 
 
 @PROPERTIES
 @given(random_placements().flatmap(zoned), st.booleans())
 def test_with_zones_every_target_meets_the_zone_rule_when_it_can_be_met(
-        request: tuple[list[Site], list[str], int, int, Placement], first: bool) -> None:
+        request: tuple[list[PlannedSite], list[str], int, int, Placement], first: bool) -> None:
     """From any placement (or none: a first placement), the plan keeps every rule of
     a plan but balance, which zones may forbid; its target has at most the cap of a
     shard's replicas in one zone whenever that can be met, and is a fixed point."""
@@ -333,7 +333,8 @@ def test_with_zones_every_target_meets_the_zone_rule_when_it_can_be_met(
 @PROPERTIES
 @given(random_placements(), st.data())
 def test_zones_that_ask_nothing_change_no_plan(
-        request: tuple[list[Site], list[str], int, int, Placement], data: st.DataObject) -> None:
+        request: tuple[list[PlannedSite], list[str], int, int, Placement],
+        data: st.DataObject) -> None:
     """Sites with no zone, each in a zone of its own, or in zones no bigger than the
     cap (so the rule holds of any placement) get the plans they get without zones."""
     sites, databases, n_shards, factor, current = request
@@ -349,7 +350,8 @@ def test_zones_that_ask_nothing_change_no_plan(
         zone = {site: f"zone-{position % n_zones}" for position, site in enumerate(active)}
         zone.update((site.id, data.draw(st.sampled_from(ZONE_NAMES)))
                     for site in sites if site.draining)
-    with_zones = [Site(site.id, draining=site.draining, zone=zone[site.id]) for site in sites]
+    with_zones = [PlannedSite(site.id, draining=site.draining, zone=zone[site.id])
+                  for site in sites]
     assert plan(with_zones, databases, n_shards, factor, current) == without
 
 
@@ -363,7 +365,7 @@ def test_zones_of_equal_size_keep_the_placement_balanced(
     n_zones = data.draw(st.integers(2, min(4, len(site_ids))))
     site_ids = site_ids[:len(site_ids) - len(site_ids) % n_zones]
     factor = min(factor, len(site_ids))
-    sites = [Site(site, zone=ZONE_NAMES[position % n_zones])
+    sites = [PlannedSite(site, zone=ZONE_NAMES[position % n_zones])
              for position, site in enumerate(site_ids)]
     first = plan(sites, databases, n_shards, factor)
     check_plan(first, sites, databases, factor)
@@ -373,7 +375,8 @@ def test_zones_of_equal_size_keep_the_placement_balanced(
         extra = [site for site in SITE_NAMES if site not in site_ids][:n_zones]
         if len(extra) < n_zones:
             return
-        sites += [Site(site, zone=ZONE_NAMES[position]) for position, site in enumerate(extra)]
+        sites += [PlannedSite(site, zone=ZONE_NAMES[position])
+                  for position, site in enumerate(extra)]
     else:
         if len(site_ids) - n_zones < max(factor, n_zones):
             return
@@ -384,7 +387,7 @@ def test_zones_of_equal_size_keep_the_placement_balanced(
     assert meets_zone_rule(result.target, sites, databases, factor)
 
 
-def balance_fits_zones(sites: list[Site], factor: int, n_shards: int) -> bool:
+def balance_fits_zones(sites: list[PlannedSite], factor: int, n_shards: int) -> bool:
     """Whether each zone's share of a balanced placement (its sites' part of every
     replica) lies between the fewest replicas of each shard the zone must hold (what
     the other zones cannot) and the most it may (the cap, or its number of sites)."""
@@ -403,7 +406,7 @@ def balance_fits_zones(sites: list[Site], factor: int, n_shards: int) -> bool:
 @given(random_placements().flatmap(lambda request: zoned(request, unknown=False)),
        st.booleans())
 def test_with_zones_the_target_is_balanced_where_the_zones_leave_room(
-        request: tuple[list[Site], list[str], int, int, Placement], first: bool) -> None:
+        request: tuple[list[PlannedSite], list[str], int, int, Placement], first: bool) -> None:
     sites, databases, n_shards, factor, current = request
     room = zone_rule_can_be_met(sites, factor) and balance_fits_zones(sites, factor, n_shards)
     cap, zones = zone_cap(sites, factor)

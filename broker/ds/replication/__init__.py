@@ -29,7 +29,7 @@ from .placement import (
     apply_transition,
     apply_transitions,
 )
-from .planner import FIRST_EPOCH, Plan, Site, breaks_zone_rule, failover, plan
+from .planner import FIRST_EPOCH, Plan, PlannedSite, breaks_zone_rule, failover, plan
 from .store import PlacementStore
 
 __all__ = [
@@ -43,11 +43,11 @@ __all__ = [
     "Placement",
     "PlacementStore",
     "Plan",
+    "PlannedSite",
     "Position",
     "ShardId",
     "ShardLog",
     "ShardPlacement",
-    "Site",
     "StaleEpochError",
     "Transition",
     "apply_transition",

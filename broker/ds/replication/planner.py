@@ -70,12 +70,12 @@ FIRST_EPOCH = 1
 
 
 @dataclass(frozen=True)
-class Site:
-    """A site the planner may use. A draining site gets no new replicas and loses the
-    ones it has (it is about to leave the cluster or the database). `zone`: the
-    failure zone the site runs in (its node's `topology.kubernetes.io/zone`), None
-    when not known; the planner keeps a shard's replicas in distinct zones as far as
-    the zones allow (`zones.ZoneRule`)."""
+class PlannedSite:
+    """A site as the planner takes it: one it may place replicas on. A draining site
+    gets no new replicas and loses the ones it has (it is about to leave the cluster
+    or the database). `zone`: the failure zone the site runs in (its node's
+    `topology.kubernetes.io/zone`), None when not known; the planner keeps a shard's
+    replicas in distinct zones as far as the zones allow (`zones.ZoneRule`)."""
 
     id: str
     draining: bool = False
@@ -146,7 +146,7 @@ class Plan:
                    transitions=transitions)
 
 
-def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
+def plan(sites: Collection[PlannedSite], databases: Sequence[str], n_shards: int,
          replication_factor: int, current: Placement | None = None) -> Plan:
     """A balanced placement of `databases` (each with `n_shards` shards of
     `replication_factor` replicas) on `sites`, and the steps from `current` to it;
@@ -225,7 +225,7 @@ def plan(sites: Collection[Site], databases: Sequence[str], n_shards: int,
     return Plan(start=start, target=target, transitions=tuple(transitions))
 
 
-def breaks_zone_rule(sites: Collection[Site], placement: Placement, database: str,
+def breaks_zone_rule(sites: Collection[PlannedSite], placement: Placement, database: str,
                      replication_factor: int) -> bool:
     """Whether some shard of `database` has more replicas in one zone than the zone
     rule (`zones.ZoneRule`) allows on `sites`, where the rule can be met: a plan to
@@ -290,11 +290,11 @@ def _meets(rule: ZoneRule, shards: Sequence[ShardPlacement]) -> bool:
     return all(rule.met(shard.replicas) for shard in shards)
 
 
-def _check_sites(sites: Collection[Site]) -> list[Site]:
+def _check_sites(sites: Collection[PlannedSite]) -> list[PlannedSite]:
     seen: set[str] = set()
     for site in sites:
-        if not isinstance(site, Site):
-            raise PlanError(f"sites: {site!r} is not a Site")
+        if not isinstance(site, PlannedSite):
+            raise PlanError(f"sites: {site!r} is not a PlannedSite")
         if site.id in seen:
             raise PlanError(f"sites: {site.id} is given twice")
         seen.add(site.id)
