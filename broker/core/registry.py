@@ -34,7 +34,7 @@ from .persist import SessionWriter
 from .publish import Publisher
 from .session_gc import SessionCollector
 from .stream_upkeep import StreamUpkeep
-from .takeover import NotSessionOwner, SiteTakeover, resumable
+from .takeover import NotSessionOwner, SessionTakeover, resumable
 from .wills import Wills
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class SessionRegistry:
                                            self.sessions, limits.session_gc_interval,
                                            ownership)
         self._streams = StreamUpkeep(self.sessions, limits.renew_streams_interval)
-        self._takeover = None if ownership is None else SiteTakeover(
+        self._takeover = None if ownership is None else SessionTakeover(
             store, ownership, self._locks, self.sessions, self._forget_here, groups_kept_for)
         # Computed when scraped, so a connect costs nothing that grows with the
         # number of sessions.

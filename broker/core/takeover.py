@@ -25,7 +25,7 @@ def resumable(record: SessionRecord) -> bool:
     return not record.expired(time.time()) and record.expiry_interval > 0
 
 
-class SiteTakeover:
+class SessionTakeover:
     """`sessions` and `locks`: the registry's table of the sessions in memory and its
     lock per client id; `forget_here`: drops this site's stale copy of a session
     another site owned meanwhile. `groups_kept_for`: (client id, site, group keys) ->
