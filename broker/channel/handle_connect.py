@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
-from ..core.takeover import NotSessionOwner
+from ..core.session_takeover import NotSessionOwner
 from ..errors import StratamqError
 from ..mqtt import MQTT_5, Connack, Connect, Properties, ReasonCode
 from ..mqtt.error_codes import mqtt_reason_code

@@ -33,8 +33,8 @@ from .ownership import Ownership
 from .persist import SessionWriter
 from .publish import Publisher
 from .session_gc import SessionCollector
+from .session_takeover import NotSessionOwner, SessionTakeover, resumable
 from .stream_upkeep import StreamUpkeep
-from .takeover import NotSessionOwner, SessionTakeover, resumable
 from .wills import Wills
 
 log = logging.getLogger(__name__)
