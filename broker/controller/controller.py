@@ -81,7 +81,7 @@ from .probing import probe_concurrently
 from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
 from .sites import Report, SiteState
-from .state import FolderLock, FolderRecord, KnownSite, StateFiles
+from .state import FolderLock, FolderRecord, SiteAddress, StateFiles
 from .term_holder import TermHolder
 from .terms import TermKeeper, TermRule
 
@@ -291,7 +291,7 @@ class Controller:
     async def _save(self, state: ClusterState) -> None:
         """Keep `state` with the sites, the forgotten and the term as they are now
         (`StateFiles` never refuses: this controller holds the folder's lock)."""
-        known = tuple(KnownSite(id=site.id, admin_url=site.admin_url, peer=site.peer)
+        known = tuple(SiteAddress(id=site.id, admin_url=site.admin_url, peer=site.peer)
                       for site in self.sites.values())
         record = FolderRecord(state, known, frozenset(self.forgotten),
                               self.term_keeper.last_term)

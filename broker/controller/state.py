@@ -69,7 +69,10 @@ class FolderLock:
 
 
 @dataclass(frozen=True)
-class KnownSite:
+class SiteAddress:
+    """Where a site is reached, as `cluster.json` keeps it: its admin API (by the
+    controller) and its peer port (by the other sites)."""
+
     id: str
     admin_url: str
     peer: str | None
@@ -81,7 +84,7 @@ class FolderRecord:
     and the last controller term taken."""
 
     state: ClusterState
-    sites: tuple[KnownSite, ...] = ()
+    sites: tuple[SiteAddress, ...] = ()
     forgotten: frozenset[str] = frozenset()
     term: ControllerTerm = NO_TERM
 
@@ -139,7 +142,7 @@ class StateFiles:
             raise CorruptDataError(f"{self.plan_path}: the kept plan is damaged "
                                    f"({exc.message}); remove it to drop the plan") from exc
 
-    def _load_cluster(self) -> tuple[list[KnownSite], dict[str, tuple[str, ...]],
+    def _load_cluster(self) -> tuple[list[SiteAddress], dict[str, tuple[str, ...]],
                                      frozenset[str], ControllerTerm]:
         try:
             document: Any = json.loads(self.cluster_path.read_bytes())
@@ -150,7 +153,7 @@ class StateFiles:
         try:
             if not isinstance(document, dict) or document.get("format") != FORMAT:
                 raise PlacementError(f"expected an object of format {FORMAT}")
-            sites = [KnownSite(id=check_site_id(entry["id"]), admin_url=str(entry["admin_url"]),
+            sites = [SiteAddress(id=check_site_id(entry["id"]), admin_url=str(entry["admin_url"]),
                                peer=None if entry.get("peer") is None else str(entry["peer"]))
                      for entry in document["sites"]]
             goals = {check_database(database): tuple(check_site_id(site) for site in goal)

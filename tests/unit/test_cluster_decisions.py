@@ -30,7 +30,7 @@ from stratamq.broker.controller.state import (
     FolderLock,
     FolderLockedError,
     FolderRecord,
-    KnownSite,
+    SiteAddress,
     StateFiles,
 )
 from stratamq.broker.ds.replication import Placement, ShardPlacement
@@ -564,7 +564,7 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
     state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state  # +D, catching up
     files = StateFiles(tmp_path)
-    known = tuple(KnownSite(id=name, admin_url=f"http://{name}", peer=f"{name}:1")
+    known = tuple(SiteAddress(id=name, admin_url=f"http://{name}", peer=f"{name}:1")
                   for name in "ABCD")
     files.keep(FolderRecord(state, known, frozenset({"E"}), ControllerTerm(3, "c0")))
 
@@ -590,7 +590,7 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("left_out", ["sites", "goals", "forgotten", "term"])
 def test_a_cluster_file_without_a_field_is_damaged(tmp_path: Path, left_out: str) -> None:
-    StateFiles(tmp_path).keep(FolderRecord(placed("ABC"), (KnownSite("A", "http://A", None),)))
+    StateFiles(tmp_path).keep(FolderRecord(placed("ABC"), (SiteAddress("A", "http://A", None),)))
     path = tmp_path / "cluster.json"
     document = json.loads(path.read_text())
     del document[left_out]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratamq.broker.controller.decisions import ClusterState, resumed_catch_up
-from stratamq.broker.controller.state import FolderRecord, KnownSite, StateFiles
+from stratamq.broker.controller.state import FolderRecord, SiteAddress, StateFiles
 from stratamq.broker.controller.store import Kept
 from stratamq.broker.ds.replication import Placement, PlannedSite, plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
@@ -57,7 +57,7 @@ def folder_records(draw: st.DrawFn) -> list[FolderRecord]:
     first, count = draw(st.integers(0, 1)), draw(st.integers(1, 3))
     records = []
     for version in range(first, first + count):
-        known = tuple(KnownSite(site, f"http://{site.lower()}:8080",
+        known = tuple(SiteAddress(site, f"http://{site.lower()}:8080",
                                 draw(st.sampled_from([None, f"{site.lower()}:18084"])))
                       for site in sorted(draw(site_ids)))
         records.append(FolderRecord(draw(states(version)), known,
