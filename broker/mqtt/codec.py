@@ -1,5 +1,5 @@
 """Encoding and decoding of MQTT control packets, and the stream reader a connection
-feeds its bytes to.
+hands its bytes to.
 
 Decoding is strict: whatever the spec calls a Malformed Packet or a Protocol Error
 raises MalformedPacketError or ProtocolError, so a listener can answer with the error's
@@ -436,8 +436,8 @@ class PacketReader:
     bounds the first packet (CONNECT) instead: a server buffers what an unauthenticated
     peer sends, so that bound is kept small.
 
-    After feed() raises, the connection is to be closed: the reader's state is not
-    defined any more, and packets decoded earlier in the same feed() are dropped (none
+    After decode() raises, the connection is to be closed: the reader's state is not
+    defined any more, and packets decoded earlier in the same decode() are dropped (none
     of them has been acknowledged, so a client sends them again).
     """
 
@@ -456,7 +456,7 @@ class PacketReader:
         """Bytes received that do not make a whole packet yet."""
         return len(self._pending)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+    def decode(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         pending = self._pending
         if pending:
             pending += data

@@ -97,7 +97,7 @@ class ReadDeadline:
 
 async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReader,
                        handler: PacketHandler) -> None:
-    """Feed the handler until the peer closes or the handler is closing; raises
+    """Hand the handler packets until the peer closes or the handler is closing; raises
     ConnectionClosed, codec errors and the transport's errors."""
     deadline = ReadDeadline(handler)
     try:
@@ -114,7 +114,7 @@ async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReade
             if not data:
                 raise ConnectionClosed()
             BYTES_RECEIVED.inc(len(data))
-            packets = reader.feed(data)
+            packets = reader.decode(data)
             for packet in packets:
                 packets_received(type(packet).__name__).inc()
                 pending = handler.handle(packet)

@@ -299,7 +299,7 @@ class RawClient:
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError("the broker closed the connection")
-            self._received.extend(self._reader.feed(data))
+            self._received.extend(self._reader.decode(data))
         return self._received.popleft()
 
     def expect(self, kind: type[P]) -> P:

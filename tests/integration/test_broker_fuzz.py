@@ -374,6 +374,6 @@ def test_connack_answers_a_bad_protocol_level(site: Site) -> None:
     connect[8] = 9  # the protocol level byte, after 0x10, length, 0x0004 and "MQTT"
     exchange = send_hostile(site.broker.port, [bytes(connect)], 2.0)
     assert exchange.closed
-    answer = PacketReader(1024, protocol_level=4).feed(exchange.received)
+    answer = PacketReader(1024, protocol_level=4).decode(exchange.received)
     assert answer == [Connack(False, 0x01)], answer
     site.check("CONNECT at protocol level 9")

@@ -44,7 +44,7 @@ async def login(port: int, password: bytes, source: str | None,
                 data = await reader.read(4096)
                 if not data:
                     return None
-                for packet in packets.feed(data):
+                for packet in packets.decode(data):
                     assert isinstance(packet, Connack)
                     return packet.reason_code
     finally:

@@ -74,7 +74,7 @@ async def one_client(port: int, index: int, clean_start: bool, go: asyncio.Event
             data = await reader.read(4096)
             if not data:
                 raise ConnectionResetError("closed by the broker")
-            pending.extend(packets.feed(data))
+            pending.extend(packets.decode(data))
         return pending.pop(0)
 
     try:

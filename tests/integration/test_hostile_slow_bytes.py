@@ -63,7 +63,7 @@ def test_a_keepalive_client_trickling_a_partial_packet_is_closed(tmp_path: Path)
         reader = PacketReader(1 << 16, protocol_level=MQTT_3_1_1)
         packets: list[object] = []
         while not packets:
-            packets = list(reader.feed(sock.recv(4096)))
+            packets = list(reader.decode(sock.recv(4096)))
         assert isinstance(packets[0], Connack) and packets[0].reason_code == 0
         sock.sendall(b"\x30\xc8\x01")  # a PUBLISH of 200 bytes, whose body never comes
         open_for = trickle_until_closed(sock, limit=8.0)

@@ -77,7 +77,7 @@ def read_packets(sock: socket.socket, reader: PacketReader) -> list[object]:
         length = struct.unpack("!Q", recv_exactly(sock, 8))[0]
     payload = recv_exactly(sock, length)
     assert head[0] & 0x0F == 0x2, f"not a binary frame: {head!r} {payload!r}"
-    return list(reader.feed(payload))
+    return list(reader.decode(payload))
 
 
 def recv_exactly(sock: socket.socket, size: int) -> bytes:

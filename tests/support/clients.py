@@ -312,7 +312,7 @@ class RawClient:
             if not data:
                 self.eof = True
                 continue
-            self._received.extend(self._reader.feed(data))
+            self._received.extend(self._reader.decode(data))
         return self._received.popleft()
 
     def expect(self, kind: type[P], timeout: float = TIMEOUT) -> P:

@@ -220,9 +220,9 @@ def test_a_connect_over_its_own_bound_is_refused_at_its_fixed_header() -> None:
                      MQTT_5)
     reader = PacketReader(1 << 20, max_connect_size=1024)
     with pytest.raises(PacketTooLargeError, match="CONNECT of"):
-        reader.feed(connect[:5])  # the fixed header alone
+        reader.decode(connect[:5])  # the fixed header alone
     roomy = PacketReader(1 << 20, max_connect_size=4096)
-    assert len(roomy.feed(connect)) == 1
+    assert len(roomy.decode(connect)) == 1
     # past CONNECT, max_packet_size bounds packets again
     publish = encode_publish("t", bytes(8000), 0, False, False, None, Properties(), MQTT_5)
-    assert len(roomy.feed(publish)) == 1
+    assert len(roomy.decode(publish)) == 1

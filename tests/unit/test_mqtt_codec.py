@@ -364,7 +364,7 @@ def test_reader_byte_by_byte() -> None:
     reader = PacketReader(1024)
     packets: list[Packet] = []
     for index in range(len(stream)):
-        packets += reader.feed(stream[index:index + 1])
+        packets += reader.decode(stream[index:index + 1])
     assert packets == [decode(CONNECT_V5, 5), Publish("a/b", b"x" * 300, 1, packet_id=7,
                                                       properties=Properties(topic_alias=1)),
                        Pingreq(), Disconnect(0x04)]
@@ -374,68 +374,68 @@ def test_reader_byte_by_byte() -> None:
 
 def test_reader_keeps_a_partial_packet() -> None:
     reader = PacketReader(1024)
-    assert reader.feed(CONNECT_V4 + h("32 09 0003")) == [decode(CONNECT_V4, 4)]
+    assert reader.decode(CONNECT_V4 + h("32 09 0003")) == [decode(CONNECT_V4, 4)]
     assert reader.buffered == 4
     assert reader.protocol_level == 4
-    assert reader.feed(bytearray(h("612f62 000a 6869 c000"))) == [
+    assert reader.decode(bytearray(h("612f62 000a 6869 c000"))) == [
         Publish("a/b", b"hi", 1, packet_id=10), Pingreq()]
     assert reader.buffered == 0
 
 
 def test_reader_accepts_memoryview() -> None:
     reader = PacketReader(1024, protocol_level=4)
-    assert reader.feed(memoryview(h("c000 c0"))) == [Pingreq()]
-    assert reader.feed(memoryview(h("00"))) == [Pingreq()]
+    assert reader.decode(memoryview(h("c000 c0"))) == [Pingreq()]
+    assert reader.decode(memoryview(h("00"))) == [Pingreq()]
 
 
 def test_reader_refuses_a_large_packet_from_its_header() -> None:
     reader = PacketReader(100, protocol_level=4)
-    assert reader.feed(h("30 62")) == []  # 2 + 98 = 100 bytes: allowed
+    assert reader.decode(h("30 62")) == []  # 2 + 98 = 100 bytes: allowed
     reader = PacketReader(100, protocol_level=4)
     with pytest.raises(PacketTooLargeError) as caught:
-        reader.feed(h("30 63"))  # 101 bytes, no body sent yet
+        reader.decode(h("30 63"))  # 101 bytes, no body sent yet
     assert caught.value.mqtt_reason_code == 0x95
     reader = PacketReader(100_000, protocol_level=4)
-    reader.feed(h("30"))
+    reader.decode(h("30"))
     with pytest.raises(PacketTooLargeError):
-        reader.feed(h("ffff7f"))
+        reader.decode(h("ffff7f"))
 
 
 def test_reader_refuses_a_long_remaining_length() -> None:
     reader = PacketReader(1 << 30, protocol_level=4)
-    assert reader.feed(h("30 ff ff ff")) == []  # could still end in the fourth byte
+    assert reader.decode(h("30 ff ff ff")) == []  # could still end in the fourth byte
     with pytest.raises(MalformedPacketError):
-        reader.feed(h("ff 01"))
+        reader.decode(h("ff 01"))
 
 
 def test_reader_refuses_a_padded_remaining_length() -> None:
     with pytest.raises(MalformedPacketError):
-        PacketReader(1024, protocol_level=4).feed(h("c0 80 00"))
+        PacketReader(1024, protocol_level=4).decode(h("c0 80 00"))
 
 
 def test_reader_wants_connect_first_and_once() -> None:
     with pytest.raises(ProtocolError):
-        PacketReader(1024).feed(h("c0"))  # known from the first byte
+        PacketReader(1024).decode(h("c0"))  # known from the first byte
     with pytest.raises(ProtocolError):
-        PacketReader(1024).feed(CONNECT_V4 + CONNECT_V4)
+        PacketReader(1024).decode(CONNECT_V4 + CONNECT_V4)
     reader = PacketReader(1024)
-    reader.feed(CONNECT_V4)
+    reader.decode(CONNECT_V4)
     with pytest.raises(ProtocolError):
-        reader.feed(CONNECT_V4)
+        reader.decode(CONNECT_V4)
 
 
 def test_reader_decodes_after_connect_at_its_level() -> None:
     # The same bytes are a valid MQTT 5 PUBACK and a malformed 3.1.1 one.
     puback = h("40 03 000a 10")
-    assert PacketReader(1024).feed(CONNECT_V5 + puback)[1] == Puback(10, 0x10)
+    assert PacketReader(1024).decode(CONNECT_V5 + puback)[1] == Puback(10, 0x10)
     with pytest.raises(MalformedPacketError):
-        PacketReader(1024).feed(CONNECT_V4 + puback)
+        PacketReader(1024).decode(CONNECT_V4 + puback)
 
 
 def test_reader_protocol_level_is_settable() -> None:
     reader = PacketReader(1024, protocol_level=4)
     reader.protocol_level = 5
-    assert reader.feed(h("40 03 000a 10")) == [Puback(10, 0x10)]
+    assert reader.decode(h("40 03 000a 10")) == [Puback(10, 0x10)]
 
 
 @pytest.mark.parametrize("level", [MQTT_3_1_1, MQTT_5])

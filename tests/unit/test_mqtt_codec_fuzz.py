@@ -208,10 +208,10 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[start:stop] for start, stop in itertools.pairwise(bounds)]
 
 
-def feed_all(reader: PacketReader, pieces: list[bytes]) -> list[Packet]:
+def decode_all(reader: PacketReader, pieces: list[bytes]) -> list[Packet]:
     out: list[Packet] = []
     for piece in pieces:
-        out += reader.feed(piece)
+        out += reader.decode(piece)
     return out
 
 
@@ -232,7 +232,7 @@ def test_reader_is_indifferent_to_splits(stream: tuple[int, list[Packet]],
     level, sent = stream
     data = b"".join(encode(packet, level) for packet in sent)
     reader = PacketReader(1 << 20)
-    assert feed_all(reader, split(data, cuts)) == sent
+    assert decode_all(reader, split(data, cuts)) == sent
     assert reader.protocol_level == level
     assert reader.buffered == 0
 
@@ -246,7 +246,7 @@ def test_random_bytes_raise_only_codec_errors(level: int | None, data: bytes,
                                               cuts: list[int]) -> None:
     reader = PacketReader(1000, protocol_level=level)
     with contextlib.suppress(MqttCodecError):
-        feed_all(reader, split(data, cuts))
+        decode_all(reader, split(data, cuts))
     for decode_level in LEVELS:
         with contextlib.suppress(MqttCodecError):
             decode(data, decode_level)
@@ -276,7 +276,7 @@ def mutated_streams(draw: st.DrawFn) -> bytes:
 def test_mutated_streams_raise_only_codec_errors(data: bytes, cuts: list[int]) -> None:
     reader = PacketReader(1 << 16)
     with contextlib.suppress(MqttCodecError):
-        feed_all(reader, split(data, cuts))
+        decode_all(reader, split(data, cuts))
 
 
 @FUZZ
