@@ -1,8 +1,8 @@
 """Fixtures of the tests on real nodes (tests/support/realnode.py): a real kubelet and
-containerd per node running the images as containers. `real_cluster` is one cluster
-for the tests of this folder (it takes a minute or more to start); they share it, each
-module in a namespace of its own. Its teardown leaves the host as it was, also after a
-failure."""
+containerd per node running the images as containers. `real_kube_cluster` is one
+Kubernetes cluster for the tests of this folder (it takes a minute or more to start);
+they share it, each module in a namespace of its own. Its teardown leaves the host as
+it was, also after a failure."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import REPO
-from tests.support.realnode import RealCluster, missing_prerequisites
+from tests.support.realnode import RealKubeCluster, missing_prerequisites
 
 IMAGES = REPO / ".cache" / "images"
 # Five: a storage scales 3 -> 5 sites, one per node (each binds its node's address).
@@ -27,7 +27,7 @@ NODES = 5
 # Package scope: the nodes go right after the last test here, not at the session's end
 # (five kubelets and containerds idling through the Spark and unit tests otherwise).
 @pytest.fixture(scope="package")
-def real_cluster() -> Iterator[RealCluster]:
+def real_kube_cluster() -> Iterator[RealKubeCluster]:
     why = missing_prerequisites()
     if why and os.geteuid() != 0:
         pytest.skip(why)  # as the network-namespace tests: nothing `make` can install
@@ -39,7 +39,7 @@ def real_cluster() -> Iterator[RealCluster]:
                    timeout=1800)
     images_built = time.monotonic() - started
     workdir = Path(tempfile.mkdtemp(prefix="stratamq-realnode-"))
-    cluster = RealCluster(workdir, [IMAGES / "pause.tar", IMAGES / "stratamq.tar"], NODES)
+    cluster = RealKubeCluster(workdir, [IMAGES / "pause.tar", IMAGES / "stratamq.tar"], NODES)
     try:
         cluster.start()
         print(f"\nreal nodes: images {images_built:.0f} s, "

@@ -29,7 +29,7 @@ from harness.processes import REPO
 from harness.waiting import wait_for
 from stratamq.operator import resources
 from tests.support.clients import PahoClient
-from tests.support.realnode import RealCluster
+from tests.support.realnode import RealKubeCluster
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-chart"
@@ -42,7 +42,7 @@ INSTALL_TIMEOUT_S = 180
 READY_TIMEOUT_S = 300
 
 
-def storage_status(cluster: RealCluster) -> dict[str, Any]:
+def storage_status(cluster: RealKubeCluster) -> dict[str, Any]:
     result = cluster.plane.kubectl("get", "-n", NAMESPACE, "durablestorage", STORAGE,
                                    "-o", "json", check=False)
     if result.returncode:
@@ -51,7 +51,7 @@ def storage_status(cluster: RealCluster) -> dict[str, Any]:
     return status
 
 
-def peering_priority(cluster: RealCluster, pod: str) -> int:
+def peering_priority(cluster: RealKubeCluster, pod: str) -> int:
     """The peering priority an operator replica drew (its start-up log line says it):
     the highest acts."""
     found = wait_for(f"{pod}'s peering priority", lambda: re.search(
@@ -60,7 +60,7 @@ def peering_priority(cluster: RealCluster, pod: str) -> int:
     return int(found.group(1))
 
 
-def explain(cluster: RealCluster) -> str:
+def explain(cluster: RealKubeCluster) -> str:
     kubectl = cluster.plane.kubectl
     pods = kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
     operator = kubectl("logs", "-n", NAMESPACE, "deployment/mq-stratamq-operator",
@@ -72,8 +72,8 @@ def explain(cluster: RealCluster) -> str:
 # The first test of the session also starts the cluster (and builds the images when
 # they changed: minutes).
 @pytest.mark.timeout(1800)
-def test_helm_install_a_storage_and_mqtt_through_a_site(real_cluster: RealCluster) -> None:
-    cluster = real_cluster
+def test_helm_install_a_storage_and_mqtt_through_a_site(real_kube_cluster: RealKubeCluster) -> None:
+    cluster = real_kube_cluster
     kubectl = cluster.plane.kubectl
     cluster.add_volumes(SITES)
     started = time.monotonic()

@@ -34,7 +34,7 @@ import pytest
 from harness.processes import REPO
 from harness.waiting import wait_for, wait_until
 from stratamq.operator import resources
-from tests.support.realnode import RealCluster
+from tests.support.realnode import RealKubeCluster
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-restricted"
@@ -55,13 +55,13 @@ NOT_STARTED = {"StartError", "ContainerCannotRun", "CreateContainerError",
                "CreateContainerConfigError", "RunContainerError"}
 
 
-def pods_of(cluster: RealCluster, selector: str) -> list[dict[str, Any]]:
+def pods_of(cluster: RealKubeCluster, selector: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = json.loads(cluster.plane.kubectl(
         "get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
     return found
 
 
-def pod_of(cluster: RealCluster, selector: str) -> dict[str, Any] | None:
+def pod_of(cluster: RealKubeCluster, selector: str) -> dict[str, Any] | None:
     found = pods_of(cluster, selector)
     return found[0] if found else None
 
@@ -78,16 +78,16 @@ def started(pod: dict[str, Any]) -> bool:
     return False
 
 
-def admitted(cluster: RealCluster, selector: str) -> Callable[[], bool]:
+def admitted(cluster: RealKubeCluster, selector: str) -> Callable[[], bool]:
     return lambda: pod_of(cluster, selector) is not None
 
 
-def has_started(cluster: RealCluster, selector: str) -> Callable[[], bool]:
+def has_started(cluster: RealKubeCluster, selector: str) -> Callable[[], bool]:
     """Whether a container of one of the pods `selector` picks was run."""
     return lambda: any(started(pod) for pod in pods_of(cluster, selector))
 
 
-def said_why(cluster: RealCluster, selector: str) -> Callable[[], bool]:
+def said_why(cluster: RealKubeCluster, selector: str) -> Callable[[], bool]:
     """Whether one of the pods `selector` picks logged an `error:` line."""
     def check() -> bool:
         for pod in pods_of(cluster, selector):
@@ -112,7 +112,7 @@ def confinement(pid: int) -> dict[str, Any]:
             "read_only_root": "ro" in root[5].split(",")}
 
 
-def confined(cluster: RealCluster, selector: str) -> Callable[[], dict[str, Any] | None]:
+def confined(cluster: RealKubeCluster, selector: str) -> Callable[[], dict[str, Any] | None]:
     """The confinement of the pod's running container, once it runs (None before, or
     when the process ended while being read: a restarted one is read next time)."""
     def check() -> dict[str, Any] | None:
@@ -126,7 +126,7 @@ def confined(cluster: RealCluster, selector: str) -> Callable[[], dict[str, Any]
     return check
 
 
-def explain(cluster: RealCluster) -> str:
+def explain(cluster: RealKubeCluster) -> str:
     kubectl = cluster.plane.kubectl
     pods = kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
     events = kubectl("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp",
@@ -135,8 +135,9 @@ def explain(cluster: RealCluster) -> str:
 
 
 @pytest.mark.timeout(900)
-def test_a_restricted_namespace_admits_and_runs_every_pod(real_cluster: RealCluster) -> None:
-    cluster = real_cluster
+def test_a_restricted_namespace_admits_and_runs_every_pod(
+        real_kube_cluster: RealKubeCluster) -> None:
+    cluster = real_kube_cluster
     kubectl = cluster.plane.kubectl
     cluster.add_volumes(2)  # the site's claim and the Spark jobs' work volume
     kubectl("create", "namespace", NAMESPACE)

@@ -21,7 +21,7 @@ import pytest
 from harness.processes import REPO
 from harness.waiting import wait_for
 from tests.support.kube import kube_binary
-from tests.support.realnode import RealCluster
+from tests.support.realnode import RealKubeCluster
 
 SCENARIO = REPO / "tools" / "kind" / "scenario.sh"
 NAMESPACE = "realnode-scenario"
@@ -34,7 +34,7 @@ WAIT_S = 180
 NOTHING_MOVES_S = 30
 
 
-def scenario(cluster: RealCluster, *steps: str, wait_s: int = WAIT_S
+def scenario(cluster: RealKubeCluster, *steps: str, wait_s: int = WAIT_S
              ) -> subprocess.CompletedProcess[str]:
     env = {**cluster.plane.env(), "NS": NAMESPACE, "OPERATOR_NS": OPERATOR_NAMESPACE,
            "RELEASE": RELEASE, "WAIT_S": str(wait_s),
@@ -45,15 +45,15 @@ def scenario(cluster: RealCluster, *steps: str, wait_s: int = WAIT_S
                           timeout=wait_s * 4 + 120, check=False)
 
 
-def operator_pods(cluster: RealCluster) -> list[str]:
+def operator_pods(cluster: RealKubeCluster) -> list[str]:
     return cluster.plane.kubectl(
         "get", "pods", "-n", OPERATOR_NAMESPACE, "-l",
         "app.kubernetes.io/component=operator", "-o", "name").stdout.split()
 
 
 @pytest.mark.timeout(1500)
-def test_the_kind_scenario_waits_for_the_handover(real_cluster: RealCluster) -> None:
-    cluster = real_cluster
+def test_the_kind_scenario_waits_for_the_handover(real_kube_cluster: RealKubeCluster) -> None:
+    cluster = real_kube_cluster
     cluster.add_volumes(3)
     started = time.monotonic()
     result = scenario(cluster, "install", "delete-pod")

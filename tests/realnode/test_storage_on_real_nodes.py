@@ -52,7 +52,7 @@ from harness.waiting import wait_for
 from stratamq.operator import resources
 from tests.support.clients import PahoClient
 from tests.support.kube import kube_binary
-from tests.support.realnode import RealCluster
+from tests.support.realnode import RealKubeCluster
 from tests.support.recorder import (
     ShardLoad,
     all_connected,
@@ -82,34 +82,34 @@ ROLL_PAUSE_LIMIT = 1.0
 FAILOVER = re.compile(r"leader \S+ (is gone|has heard from no majority)")
 
 
-def kubectl(cluster: RealCluster, *arguments: str, check: bool = True,
+def kubectl(cluster: RealKubeCluster, *arguments: str, check: bool = True,
             input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return cluster.plane.kubectl(*arguments, check=check, input=input, timeout=timeout)
 
 
-def get(cluster: RealCluster, *what: str) -> Any:
+def get(cluster: RealKubeCluster, *what: str) -> Any:
     return json.loads(kubectl(cluster, "get", "-n", NAMESPACE, "-o", "json", *what).stdout)
 
 
-def storage(cluster: RealCluster) -> dict[str, Any]:
+def storage(cluster: RealKubeCluster) -> dict[str, Any]:
     found: dict[str, Any] = get(cluster, "durablestorage", NAME)
     return found
 
 
-def pods(cluster: RealCluster) -> dict[str, dict[str, Any]]:
+def pods(cluster: RealKubeCluster) -> dict[str, dict[str, Any]]:
     """The sites' pods by name."""
     return {pod["metadata"]["name"]: pod for pod in get(
         cluster, "pods", "-l", resources.site_selector(NAME))["items"]}
 
 
-def operator_pod(cluster: RealCluster) -> dict[str, Any]:
+def operator_pod(cluster: RealKubeCluster) -> dict[str, Any]:
     [found] = [pod for pod in get(cluster, "pods", "-l",
                                   "app.kubernetes.io/component=operator")["items"]
                if not pod["metadata"].get("deletionTimestamp")]
     return found  # type: ignore[no-any-return]
 
 
-def operator_log(cluster: RealCluster, check: bool = True) -> str:
+def operator_log(cluster: RealKubeCluster, check: bool = True) -> str:
     """The log of the operator's running container (`kubectl logs`, through its
     node's kubelet)."""
     result = kubectl(cluster, "logs", "-n", NAMESPACE,
@@ -117,7 +117,7 @@ def operator_log(cluster: RealCluster, check: bool = True) -> str:
     return result.stdout + result.stderr
 
 
-def ready_with(cluster: RealCluster, sites: int) -> dict[str, Any] | None:
+def ready_with(cluster: RealKubeCluster, sites: int) -> dict[str, Any] | None:
     """The storage when Ready with `sites` sites, balanced and fully replicated."""
     found = storage(cluster)
     status = found.get("status", {})
@@ -133,7 +133,7 @@ class Phases:
     """The storage's phases seen while waiting (`ready`), and its Warning events then
     (defect 7: Degraded and Warning events during planned, healthy changes)."""
 
-    def __init__(self, cluster: RealCluster) -> None:
+    def __init__(self, cluster: RealKubeCluster) -> None:
         self.cluster = cluster
         self.seen: set[str] = set()
         self.warnings_before = set(warnings(cluster))
@@ -146,7 +146,7 @@ class Phases:
         return [event for event in warnings(self.cluster) if event not in self.warnings_before]
 
 
-def warnings(cluster: RealCluster) -> list[str]:
+def warnings(cluster: RealKubeCluster) -> list[str]:
     """The storage's Warning events, as `uid reason: message`."""
     found = get(cluster, "events", "--field-selector",
                 f"type=Warning,involvedObject.kind=DurableStorage,involvedObject.name={NAME}")
@@ -154,7 +154,7 @@ def warnings(cluster: RealCluster) -> list[str]:
             for event in found["items"]]
 
 
-def explainer(cluster: RealCluster) -> Callable[[], str]:
+def explainer(cluster: RealKubeCluster) -> Callable[[], str]:
     def text() -> str:
         status = {key: value for key, value in storage(cluster).get("status", {}).items()
                   if key != "controller"}
@@ -165,12 +165,12 @@ def explainer(cluster: RealCluster) -> Callable[[], str]:
     return text
 
 
-def wait(cluster: RealCluster, what: str, check: Callable[[], Any],
+def wait(cluster: RealKubeCluster, what: str, check: Callable[[], Any],
          timeout: float = TIMEOUT) -> Any:
     return wait_for(what, check, timeout=timeout, explain=explainer(cluster))
 
 
-def pin_sites(cluster: RealCluster) -> None:
+def pin_sites(cluster: RealKubeCluster) -> None:
     """Cordon every node no site runs on: a site's pod deleted or rolled comes back on
     its own node, at its own address."""
     used = {pod["spec"]["nodeName"] for pod in pods(cluster).values()}
@@ -178,35 +178,35 @@ def pin_sites(cluster: RealCluster) -> None:
         kubectl(cluster, "uncordon" if kubelet.node in used else "cordon", kubelet.node)
 
 
-def unpin_sites(cluster: RealCluster, check: bool = True) -> None:
+def unpin_sites(cluster: RealKubeCluster, check: bool = True) -> None:
     for kubelet in cluster.kubelets:
         kubectl(cluster, "uncordon", kubelet.node, check=check)
 
 
 @pytest.fixture(scope="module")
-def cluster(real_cluster: RealCluster) -> Iterator[RealCluster]:
-    real_cluster.add_volumes(5)
+def cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
+    real_kube_cluster.add_volumes(5)
     # One operator replica: the tests kill its container mid-plan and read its log
     # (test_chart_on_real_nodes.py runs the default two).
-    real_cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1")
+    real_kube_cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1")
     try:
-        yield real_cluster
+        yield real_kube_cluster
     finally:
-        unpin_sites(real_cluster, check=False)
-        kubectl(real_cluster, "delete", "namespace", NAMESPACE, "--wait=true",
+        unpin_sites(real_kube_cluster, check=False)
+        kubectl(real_kube_cluster, "delete", "namespace", NAMESPACE, "--wait=true",
                 "--timeout=120s", check=False,
                 timeout=150)
 
 
 @pytest.fixture(scope="module")
-def load(cluster: RealCluster) -> Iterator[ShardLoad]:
+def load(cluster: RealKubeCluster) -> Iterator[ShardLoad]:
     host = pods(cluster)[CLIENT_POD]["status"]["podIP"]
     made = ShardLoad("rs", host, N_SHARDS, (1, 2), 2, PACE)
     yield made
     made.close()
 
 
-def leaders_moved(cluster: RealCluster, before: dict[tuple[str, int], dict[str, Any]],
+def leaders_moved(cluster: RealKubeCluster, before: dict[tuple[str, int], dict[str, Any]],
                   keys: set[tuple[str, int]], victim: str) -> bool:
     """Whether the controller's placement (`before`: as `placed_shards` read it
     earlier) has the shards `keys` led by another site than `victim`, at a higher
@@ -216,7 +216,7 @@ def leaders_moved(cluster: RealCluster, before: dict[tuple[str, int], dict[str, 
                and now[key]["leaderEpoch"] > before[key]["leaderEpoch"] for key in keys)
 
 
-def back_ready(cluster: RealCluster, pod: str, old: str, sites: int = 3,
+def back_ready(cluster: RealKubeCluster, pod: str, old: str, sites: int = 3,
                field: str = "uid") -> dict[str, Any]:
     """The storage once `pod` runs again (a new pod, or with `field` "restarts" a
     restarted container), is Ready by its kubelet's probe (the site's /readyz: its
@@ -251,7 +251,7 @@ def leading_victim(status: dict[str, Any]) -> tuple[
 # --- the tests, in order ------------------------------------------------------------------
 
 @pytest.mark.timeout(1800)  # the first test of the session starts the nodes
-def test_ready_with_every_shard_placed(cluster: RealCluster) -> None:
+def test_ready_with_every_shard_placed(cluster: RealKubeCluster) -> None:
     started = time.monotonic()
     kubectl(cluster, "apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
@@ -267,7 +267,7 @@ def test_ready_with_every_shard_placed(cluster: RealCluster) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
+def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealKubeCluster) -> None:
     """The kubelet's SIGTERM makes the site report `stopping` and serve on; the
     operator hands its leaderships over (defect 3: it skipped terminating pods)."""
     status = storage(cluster)["status"]
@@ -296,7 +296,7 @@ def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealCluster) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_scale_up_under_load(cluster: RealCluster, load: ShardLoad, tmp_path: Path) -> None:
+def test_scale_up_under_load(cluster: RealKubeCluster, load: ShardLoad, tmp_path: Path) -> None:
     load.start()
     assert more_acknowledged(load.history, 100, 60), load.history.summary()
     unpin_sites(cluster)
@@ -341,7 +341,7 @@ def test_scale_up_under_load(cluster: RealCluster, load: ShardLoad, tmp_path: Pa
 
 @pytest.mark.timeout(900)
 def test_scale_down_resumes_after_the_operator_is_killed(
-        cluster: RealCluster, load: ShardLoad) -> None:
+        cluster: RealKubeCluster, load: ShardLoad) -> None:
     before = {item["metadata"]["name"] for item in get(cluster, "replicatransitions")["items"]}
     departing = {site_of_pod(storage(cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
     started = time.monotonic()
@@ -381,7 +381,7 @@ def test_scale_down_resumes_after_the_operator_is_killed(
 
 @pytest.mark.timeout(900)
 def test_a_config_change_rolls_the_sites_without_failover(
-        cluster: RealCluster, load: ShardLoad) -> None:
+        cluster: RealKubeCluster, load: ShardLoad) -> None:
     before = {name: pod["metadata"]["uid"] for name, pod in pods(cluster).items()}
     log_before = len(operator_log(cluster))
     phases = Phases(cluster)
@@ -426,7 +426,7 @@ def test_a_config_change_rolls_the_sites_without_failover(
 
 @pytest.mark.timeout(600)
 def test_a_killed_container_is_restarted_and_its_shards_led_again(
-        cluster: RealCluster, load: ShardLoad) -> None:
+        cluster: RealKubeCluster, load: ShardLoad) -> None:
     """`kill -9` of the container of a site leading shards. The kubelet restarts it
     at once, usually before the operator takes the site for gone (3 missed
     heartbeats): the site then takes its leaderships back itself (at its kept epoch,
@@ -468,7 +468,7 @@ def test_nothing_acknowledged_lost(load: ShardLoad) -> None:
 
 @pytest.mark.timeout(900)
 def test_recreated_over_its_volumes_it_comes_back_with_its_data(
-        cluster: RealCluster, load: ShardLoad) -> None:
+        cluster: RealKubeCluster, load: ShardLoad) -> None:
     load.close()
     host = pods(cluster)[CLIENT_POD]["status"]["podIP"]
     writer = PahoClient(1883, "rs-retainer", host=host)
@@ -506,7 +506,7 @@ def test_recreated_over_its_volumes_it_comes_back_with_its_data(
 
 
 @pytest.mark.timeout(300)
-def test_helm_uninstall_completes(cluster: RealCluster) -> None:
+def test_helm_uninstall_completes(cluster: RealKubeCluster) -> None:
     kubectl(cluster, "delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
             "--timeout=120s", timeout=150)
     result = cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",

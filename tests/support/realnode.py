@@ -19,7 +19,7 @@ so such a pod reaches nothing outside itself and nothing reaches it.
 
 The host is left as found: the kubelet sets `vm.overcommit_memory`, `kernel.panic`,
 `kernel.panic_on_oops` (and a few more) at start, adds `KUBE-*` iptables chains, makes
-folders and mounts. `RealCluster` records every such setting before the first kubelet
+folders and mounts. `RealKubeCluster` records every such setting before the first kubelet
 starts, puts them back right after each kubelet's start and at `stop()`, removes the
 chains it added, kills the containers and their shims, unmounts everything under its
 folder and removes what it created. `stop()` runs also after a failed start.
@@ -336,9 +336,9 @@ def unmount_under(folder: Path) -> None:
         run("umount", "-l", point, check=False)
 
 
-# --- the cluster ----------------------------------------------------------------------
+# --- the Kubernetes cluster -----------------------------------------------------------
 
-class RealCluster:
+class RealKubeCluster:
     """The control plane, a scheduler and `nodes` real nodes in `workdir`."""
 
     def __init__(self, workdir: Path, images: list[Path], nodes: int = 3) -> None:
@@ -362,7 +362,7 @@ class RealCluster:
         self.volumes = workdir / "volumes"
         self.problems: list[str] = []
 
-    def start(self, timeout: float = 300) -> RealCluster:
+    def start(self, timeout: float = 300) -> RealKubeCluster:
         deadline = time.monotonic() + timeout
         make_pod_network_link()
         self.plane.start(timeout)
