@@ -5,9 +5,10 @@ share it, so each works in a namespace of its own (`namespace`) and names what i
 creates after itself.
 
 The operator modules (a storage run by real operator processes on the stand-in
-kubelet) share `cluster` (their module's `NAMESPACE`, peered for the operators'
-election), `node` (the stand-in kubelet serving it) and `operators` (the operator
-processes; a module's `REAPPLY_INTERVAL`, when it sets one, is theirs)."""
+kubelet) share `kube_cluster` (the control plane with their module's `NAMESPACE`,
+peered for the operators' election), `node` (the stand-in kubelet serving it) and
+`operators` (the operator processes; a module's `REAPPLY_INTERVAL`, when it sets
+one, is theirs)."""
 
 from __future__ import annotations
 
@@ -53,27 +54,27 @@ def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[st
 
 
 @pytest.fixture(scope="module")
-def cluster(crds: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+def kube_cluster(crds: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     """The module's namespace (its `NAMESPACE`), with the operators' peering object."""
     with peered_namespace(crds, request.module.NAMESPACE) as made:
         yield made
 
 
 @pytest.fixture(scope="module")
-def node(cluster: ControlPlane, request: pytest.FixtureRequest,
+def node(kube_cluster: ControlPlane, request: pytest.FixtureRequest,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubelet]:
-    with running_kubelet(cluster, tmp_path_factory.mktemp("node"),
+    with running_kubelet(kube_cluster, tmp_path_factory.mktemp("node"),
                          {request.module.NAMESPACE}) as kubelet:
         yield kubelet
     assert not kubelet.errors, kubelet.errors
 
 
 @pytest.fixture(scope="module")
-def operators(cluster: ControlPlane, node: Kubelet, request: pytest.FixtureRequest,
+def operators(kube_cluster: ControlPlane, node: Kubelet, request: pytest.FixtureRequest,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operators]:
     options = ({"reapply_interval": request.module.REAPPLY_INTERVAL}
                if hasattr(request.module, "REAPPLY_INTERVAL") else {})
-    with running_operators(cluster, tmp_path_factory.mktemp("operator"),
+    with running_operators(kube_cluster, tmp_path_factory.mktemp("operator"),
                            request.module.NAMESPACE, **options) as made:
         yield made
 

@@ -95,19 +95,19 @@ def owner_uid(kube: ControlPlane) -> str:
 
 # --- the tests, in order ------------------------------------------------------------------
 
-def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kubelet,
+def test_storage_becomes_ready_with_three_sites(kube_cluster: ControlPlane, node: Kubelet,
                                                 operators: Operators) -> None:
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+    kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
-    found = wait_for("3 sites ready", lambda: ready_with(cluster, 3),
-                     explain=explain(cluster, operators, node))
+    found = wait_for("3 sites ready", lambda: ready_with(kube_cluster, 3),
+                     explain=explain(kube_cluster, operators, node))
     status = found["status"]
     uid = found["metadata"]["uid"]
 
     # Every object is there once, owned by the storage.
     for kind, name in OWNED:
-        made = get(cluster, kind, name)
+        made = get(kube_cluster, kind, name)
         assert made is not None, (kind, name)
         [reference] = made["metadata"]["ownerReferences"]
         assert (reference["kind"], reference["name"], reference["uid"]) == (
@@ -119,7 +119,7 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     assert sorted(pods) == [f"{NAME}-0", f"{NAME}-1", f"{NAME}-2"]
     assert all(site["ready"] for site in status["sites"])
     assert len({site["id"] for site in status["sites"]}) == 3
-    token = cluster.kubectl("get", "-n", NAMESPACE, "secret", f"{NAME}-admin", "-o",
+    token = kube_cluster.kubectl("get", "-n", NAMESPACE, "secret", f"{NAME}-admin", "-o",
                             "jsonpath={.data.token}").stdout
     bearer = base64.b64decode(token).decode()
     for pod, site in pods.items():
@@ -133,7 +133,7 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     # outside the chart), resolved when the objects are applied and said in status.
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert status["image"] == f"stratamq/stratamq:{version}"
-    sts = get(cluster, "statefulset", NAME)
+    sts = get(kube_cluster, "statefulset", NAME)
     assert sts is not None
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == status["image"]
 
@@ -157,21 +157,21 @@ def test_storage_becomes_ready_with_three_sites(cluster: ControlPlane, node: Kub
     assert status["selector"] == ("app.kubernetes.io/name=stratamq,"
                                   "app.kubernetes.io/instance=mq,"
                                   "app.kubernetes.io/component=broker")
-    table = cluster.kubectl("get", "-n", NAMESPACE, "durablestorage", NAME).stdout
+    table = kube_cluster.kubectl("get", "-n", NAMESPACE, "durablestorage", NAME).stdout
     assert table.splitlines()[1].split()[:4] == [NAME, "3", "3", "2"], table
     # The broker config the pods run with is the spec's.
-    config_map = get(cluster, "configmap", f"{NAME}-config")
+    config_map = get(kube_cluster, "configmap", f"{NAME}-config")
     assert config_map is not None
     config = yaml.safe_load(config_map["data"]["stratamq.yaml"])
     assert config["durable_storage"]["messages"]["n_shards"] == 2
-    events = cluster.kubectl("get", "-n", NAMESPACE, "events", "--field-selector",
+    events = kube_cluster.kubectl("get", "-n", NAMESPACE, "events", "--field-selector",
                              f"involvedObject.name={NAME},involvedObject.kind=DurableStorage",
                              "-o", "json").stdout
     reasons = {event["reason"] for event in json.loads(events)["items"]}
     assert {"Reconciled", "Ready"} <= reasons, reasons
 
 
-def test_mqtt_through_a_pod(cluster: ControlPlane, node: Kubelet) -> None:
+def test_mqtt_through_a_pod(kube_cluster: ControlPlane, node: Kubelet) -> None:
     """A client reaches a site at its pod's address. (Not through the Service: there is
     no kube-proxy, and EndpointSlices refuse loopback addresses, so the Services have
     no endpoints here.)"""
@@ -191,82 +191,83 @@ def test_mqtt_through_a_pod(cluster: ControlPlane, node: Kubelet) -> None:
         publisher.stop()
 
 
-def test_a_crashed_site_comes_back_as_itself(cluster: ControlPlane, node: Kubelet,
+def test_a_crashed_site_comes_back_as_itself(kube_cluster: ControlPlane, node: Kubelet,
                                              operators: Operators) -> None:
     """kill -9 of a pod's broker: the node restarts the container (restartCount 1), and
     the site is back, Ready, with the id on its volume."""
-    sites = {site["pod"]: site["id"] for site in storage(cluster)["status"]["sites"]}
+    sites = {site["pod"]: site["id"] for site in storage(kube_cluster)["status"]["sites"]}
     container = node.container(NAMESPACE, f"{NAME}-0")
     assert container.process is not None
     container.process.send_signal(signal.SIGKILL)
 
     def restarted() -> dict[str, Any] | None:
-        pod = get(cluster, "pod", f"{NAME}-0")
+        pod = get(kube_cluster, "pod", f"{NAME}-0")
         assert pod is not None
         [state] = pod["status"]["containerStatuses"]
-        return ready_with(cluster, 3) if state["restartCount"] == 1 and state["ready"] else None
-    found = wait_for("the site back", restarted, explain=explain(cluster, operators, node))
+        restarted_once = state["restartCount"] == 1 and state["ready"]
+        return ready_with(kube_cluster, 3) if restarted_once else None
+    found = wait_for("the site back", restarted, explain=explain(kube_cluster, operators, node))
     assert {site["pod"]: site["id"] for site in found["status"]["sites"]} == sites
 
 
-def test_scale_subresource_adds_a_site(cluster: ControlPlane, node: Kubelet,
+def test_scale_subresource_adds_a_site(kube_cluster: ControlPlane, node: Kubelet,
                                        operators: Operators) -> None:
-    before = {site["pod"]: site["id"] for site in storage(cluster)["status"]["sites"]}
-    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=4")
-    found = wait_for("4 sites ready", lambda: ready_with(cluster, 4),
-                     explain=explain(cluster, operators, node))
+    before = {site["pod"]: site["id"] for site in storage(kube_cluster)["status"]["sites"]}
+    kube_cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=4")
+    found = wait_for("4 sites ready", lambda: ready_with(kube_cluster, 4),
+                     explain=explain(kube_cluster, operators, node))
     after = {site["pod"]: site["id"] for site in found["status"]["sites"]}
     assert after.items() >= before.items()  # the first three are the same sites
     assert len(set(after.values())) == 4
-    stateful_set = get(cluster, "statefulset", NAME)
+    stateful_set = get(kube_cluster, "statefulset", NAME)
     assert stateful_set is not None and stateful_set["spec"]["replicas"] == 4
     assert found["spec"]["sites"] == 4
 
 
 def test_spec_change_rolls_into_the_config_and_the_pods(
-        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     """A new maxInflight reaches the ConfigMap; the pods restart with it one at a time
     and come back as the same sites (their ids live on their volumes). First held at
     spec.updateStrategy.partition 3 (a canary): only mq-3 restarts, and the storage
     is Ready with the other three held; then partition 0 lets the roll go on."""
-    before = storage(cluster)
+    before = storage(kube_cluster)
     sites = {site["pod"]: site["id"] for site in before["status"]["sites"]}
     old_pods = {name: container.uid for name, container in node.running(NAMESPACE).items()}
-    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+    kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"mqtt": {"maxInflight": 7},
                                                "updateStrategy": {"partition": 3}}}))
 
     def canary_done() -> dict[str, Any] | None:
-        found = ready_with(cluster, 4)
+        found = ready_with(kube_cluster, 4)
         running = node.running(NAMESPACE)
         if found is None or len(running) != 4 or running[f"{NAME}-3"].uid == old_pods[
                 f"{NAME}-3"] or found["status"].get("updatedReplicas") != 1:
             return None
         return found
     found = wait_for("the canary pod alone restarted", canary_done,
-                     explain=explain(cluster, operators, node))
+                     explain=explain(kube_cluster, operators, node))
     assert "3 held on the previous pod template" in found["status"]["conditions"][0][
         "message"], found["status"]
     assert all(node.running(NAMESPACE)[f"{NAME}-{n}"].uid == old_pods[f"{NAME}-{n}"]
                for n in range(3))
-    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+    kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"updateStrategy": {"partition": 0}}}))
 
     def config_has_it() -> bool:
-        made = get(cluster, "configmap", f"{NAME}-config")
+        made = get(kube_cluster, "configmap", f"{NAME}-config")
         assert made is not None
         return bool(yaml.safe_load(made["data"]["stratamq.yaml"])["mqtt"]["max_inflight"] == 7)
     wait_for("the new config", config_has_it)
 
     def rolled() -> dict[str, Any] | None:
-        found = ready_with(cluster, 4)
+        found = ready_with(kube_cluster, 4)
         running = node.running(NAMESPACE)
         if found is None or len(running) != 4 or any(
                 old_pods.get(name) == container.uid for name, container in running.items()):
             return None
         return found
     found = wait_for("every pod restarted with the new config", rolled,
-                     explain=explain(cluster, operators, node))
+                     explain=explain(kube_cluster, operators, node))
     assert {site["pod"]: site["id"] for site in found["status"]["sites"]} == sites
     for container in node.running(NAMESPACE).values():
         config = yaml.safe_load((container.cwd / "etc/stratamq/stratamq.yaml").read_text())
@@ -274,18 +275,18 @@ def test_spec_change_rolls_into_the_config_and_the_pods(
 
 
 def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
-        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     """The schema lets mqtt.maxPacketSize above 256MiB through; the operator checks the
     config with the broker's own model, applies nothing, and says why. Nor does the
     periodic re-apply apply it."""
-    config_before = get(cluster, "configmap", f"{NAME}-config")
+    config_before = get(kube_cluster, "configmap", f"{NAME}-config")
     assert config_before is not None
     pods_before = {name: c.uid for name, c in node.running(NAMESPACE).items()}
-    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+    kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "512MiB"}}}))
 
     def failed() -> dict[str, Any] | None:
-        status = storage(cluster).get("status", {})
+        status = storage(kube_cluster).get("status", {})
         return status if status.get("phase") == "Failed" else None
     status = wait_for("phase Failed", failed)
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
@@ -296,31 +297,31 @@ def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
     wait_for("two more runs of the periodic re-apply",
              lambda: operators.current.log().count(reapplied) >= runs + 2,
              explain=operators.current.log_tail)
-    config_after = get(cluster, "configmap", f"{NAME}-config")
+    config_after = get(kube_cluster, "configmap", f"{NAME}-config")
     assert config_after is not None and config_after["data"] == config_before["data"]
     assert {name: c.uid for name, c in node.running(NAMESPACE).items()} == pods_before
 
-    cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+    kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "1MiB"}}}))
-    wait_for("Ready again", lambda: ready_with(cluster, 4))
+    wait_for("Ready again", lambda: ready_with(kube_cluster, 4))
 
 
-def test_operator_restart_resumes(cluster: ControlPlane, node: Kubelet,
+def test_operator_restart_resumes(kube_cluster: ControlPlane, node: Kubelet,
                                   operators: Operators) -> None:
     """Killed (no goodbye), the operator misses a scale; the next one picks it up and
     makes no second copy of anything."""
     operators.current.kill()
-    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
+    kube_cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
     time.sleep(1)  # nobody acts meanwhile: the StatefulSet still has 4
-    stateful_set = get(cluster, "statefulset", NAME)
+    stateful_set = get(kube_cluster, "statefulset", NAME)
     assert stateful_set is not None and stateful_set["spec"]["replicas"] == 4
     operators.start()
-    wait_for("3 sites ready again", lambda: ready_with(cluster, 3),
-             explain=explain(cluster, operators, node))
+    wait_for("3 sites ready again", lambda: ready_with(kube_cluster, 3),
+             explain=explain(kube_cluster, operators, node))
     labels = "app.kubernetes.io/instance=mq"
     for kind, count in (("configmaps", 1), ("services", 2), ("statefulsets", 1),
                         ("poddisruptionbudgets", 1), ("secrets", 1)):
-        listed = get(cluster, kind, "-l", labels)
+        listed = get(kube_cluster, kind, "-l", labels)
         assert listed is not None
         assert len(listed["items"]) == count, (kind, listed["items"])
     # The operator serves its health and metrics endpoints.
@@ -336,29 +337,29 @@ def test_operator_restart_resumes(cluster: ControlPlane, node: Kubelet,
         metrics)
 
 
-def test_drift_is_repaired(cluster: ControlPlane) -> None:
+def test_drift_is_repaired(kube_cluster: ControlPlane) -> None:
     """An owned object deleted by hand comes back (the periodic re-apply), as the same
     spec says."""
-    before = get(cluster, "service", f"{NAME}-peers")
+    before = get(kube_cluster, "service", f"{NAME}-peers")
     assert before is not None
-    cluster.kubectl("delete", "-n", NAMESPACE, "service", f"{NAME}-peers")
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "service", f"{NAME}-peers")
 
     def recreated() -> dict[str, Any] | None:
-        found = get(cluster, "service", f"{NAME}-peers", check=False)
+        found = get(kube_cluster, "service", f"{NAME}-peers", check=False)
         if found is None or found["metadata"]["uid"] == before["metadata"]["uid"]:
             return None
         return found
     found = wait_for("the headless Service back", recreated, timeout=60)
     assert found["spec"]["clusterIP"] == "None"
-    assert found["metadata"]["ownerReferences"][0]["uid"] == owner_uid(cluster)
+    assert found["metadata"]["ownerReferences"][0]["uid"] == owner_uid(kube_cluster)
 
 
-def test_a_second_operator_waits_its_turn(cluster: ControlPlane, operators: Operators
+def test_a_second_operator_waits_its_turn(kube_cluster: ControlPlane, operators: Operators
                                           ) -> None:
     """Peering: an operator with a lower priority than the running one stays paused
     (it starts paused and never resumes) until the first leaves; then it takes over."""
     first = operators.current
-    second = OperatorProcess(operators.workdir / "second", cluster, NAMESPACE, priority=1)
+    second = OperatorProcess(operators.workdir / "second", kube_cluster, NAMESPACE, priority=1)
     operators.started.append(second)
     second.start(timeout=60)
     refreshed = "Timer 'refresh_status' succeeded"
@@ -373,18 +374,18 @@ def test_a_second_operator_waits_its_turn(cluster: ControlPlane, operators: Oper
              explain=second.log_tail)
     # Its first rounds take its controller term over the sites before it reports
     # them: Ready again once they are in.
-    wait_for("Ready under the second operator", lambda: ready_with(cluster, 3),
+    wait_for("Ready under the second operator", lambda: ready_with(kube_cluster, 3),
              explain=second.log_tail)
 
 
-def test_delete_garbage_collects(cluster: ControlPlane, node: Kubelet) -> None:
-    uid = owner_uid(cluster)
-    cluster.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
+def test_delete_garbage_collects(kube_cluster: ControlPlane, node: Kubelet) -> None:
+    uid = owner_uid(kube_cluster)
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
                     timeout=120)
     def collected() -> list[tuple[str, str]]:
         left = [(kind, name) for kind, name in OWNED
-                if get(cluster, kind, name, check=False) is not None]
-        pods = get(cluster, "pods")
+                if get(kube_cluster, kind, name, check=False) is not None]
+        pods = get(kube_cluster, "pods")
         assert pods is not None
         left += [("pod", pod["metadata"]["name"]) for pod in pods["items"]]
         return left
@@ -392,7 +393,7 @@ def test_delete_garbage_collects(cluster: ControlPlane, node: Kubelet) -> None:
              explain=lambda: str(collected()))
     wait_for("the brokers stopped", lambda: not node.running(NAMESPACE))
     # The volumes stay (the StatefulSet's claims are retained, as data should be).
-    claims = get(cluster, "pvc")
+    claims = get(kube_cluster, "pvc")
     assert claims is not None
     assert sorted(claim["metadata"]["name"] for claim in claims["items"]) == [
         f"data-{NAME}-{n}" for n in range(4)]

@@ -41,30 +41,30 @@ def ready(kube: ControlPlane) -> dict[str, Any] | None:
 
 
 def test_a_storage_made_again_over_its_volumes_adopts_its_sites_placement(
-        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     def explain() -> str:
-        return (f"storage: {json.dumps((storage(cluster) or {}).get('status'), indent=1)}"
+        return (f"storage: {json.dumps((storage(kube_cluster) or {}).get('status'), indent=1)}"
                 f"\n{operators.logs()}")
 
     manifest = yaml.safe_dump({"apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
                                "metadata": {"name": NAME}, "spec": SPEC})
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=manifest)
-    first = wait_for("the first storage Ready", lambda: ready(cluster), explain)["status"]
+    kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=manifest)
+    first = wait_for("the first storage Ready", lambda: ready(kube_cluster), explain)["status"]
     placed = json.loads(first["controller"]["placement"])
     sites = {site["id"] for site in first["sites"]}
 
-    cluster.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
                     "--timeout=120s")
     wait_for("every pod of the first storage gone", lambda: not node.running(NAMESPACE),
              explain)
 
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=manifest)
-    again = wait_for("the storage made again Ready", lambda: ready(cluster), explain)
+    kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=manifest)
+    again = wait_for("the storage made again Ready", lambda: ready(kube_cluster), explain)
     status = again["status"]
     assert {site["id"] for site in status["sites"]} == sites  # the same sites, same data
     adopted = json.loads(status["controller"]["placement"])
     assert adopted["version"] >= placed["version"]
-    events = json.loads(cluster.kubectl(
+    events = json.loads(kube_cluster.kubectl(
         "get", "-n", NAMESPACE, "events", "-o", "json",
         "--field-selector", f"involvedObject.uid={again['metadata']['uid']}").stdout)
     reasons = {event["reason"] for event in events["items"]}

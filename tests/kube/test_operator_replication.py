@@ -174,13 +174,13 @@ def plan_of(items: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]
 
 # --- the tests, in order ------------------------------------------------------------------
 
-def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
+def test_ready_with_every_shard_placed(kube_cluster: ControlPlane, node: Kubelet,
                                        operators: Operators) -> None:
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+    kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
-    found = wait_for("3 sites ready and placed", lambda: ready_with(cluster, 3),
-                     explain=explain(cluster, operators, node))
+    found = wait_for("3 sites ready and placed", lambda: ready_with(kube_cluster, 3),
+                     explain=explain(kube_cluster, operators, node))
     status = found["status"]
     ids = set(site_of_pod(status).values())
     assert len(ids) == 3
@@ -227,38 +227,38 @@ def test_ready_with_every_shard_placed(cluster: ControlPlane, node: Kubelet,
         return all(found.get(key) == value for key, value in expected.items())
     wait_for("the controller's metrics", exported, timeout=30)
     # Every replica caught up at replication factor 3: one site may go at a time.
-    wait_for("a disruption budget of one site", lambda: budget(cluster) == (1, 1), timeout=60)
+    wait_for("a disruption budget of one site", lambda: budget(kube_cluster) == (1, 1), timeout=60)
 
 
 def test_a_deleted_pod_hands_its_leaderships_over(
-        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
     """`kubectl delete pod` of a site that leads shards: the kubelet's SIGTERM makes the
     site report `stopping` and serve on; the operator hands its leaderships to other
     replicas in its next round (no failover, which waits for missed heartbeats). The
     operator used to skip terminating pods, so the site was never heard stopping."""
-    status = storage(cluster)["status"]
+    status = storage(kube_cluster)["status"]
     pod_of = {site: pod for pod, site in site_of_pod(status).items()}
     before = every_shard(status)
     victim = next(site for site in sorted({shard["leader"] for shard in before.values()})
                   if pod_of[site] != CLIENT_POD)
     its_shards = {key for key, shard in before.items() if shard["leader"] == victim}
     old_uid = node.container(NAMESPACE, pod_of[victim]).uid
-    cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
 
     def handed_over() -> bool:
-        now = every_shard(storage(cluster)["status"])
+        now = every_shard(storage(kube_cluster)["status"])
         return all(now[key]["leader"] != victim
                    and now[key]["leaderEpoch"] > before[key]["leaderEpoch"]
                    for key in its_shards)
     # Well inside the site's cluster.handover_timeout (10 s) plus a few rounds.
     wait_for("the victim's leaderships handed over", handed_over, timeout=40,
-             explain=explain(cluster, operators, node))
+             explain=explain(kube_cluster, operators, node))
     logs = "\n".join(process.log() for process in operators.started)
     for database, shard in its_shards:
         assert f"{database}/{shard}: leader {victim} is stopping; " in logs, logs[-6000:]
         assert f"{database}/{shard}: leader {victim} is gone" not in logs, logs[-6000:]
     # Each an Event on the storage (issue 23), Normal: nothing failed.
-    handovers = [event["message"] for event in json.loads(cluster.kubectl(
+    handovers = [event["message"] for event in json.loads(kube_cluster.kubectl(
         "get", "-n", NAMESPACE, "events", "-o", "json",
         f"--field-selector=involvedObject.name={NAME},reason=LeaderHandover").stdout)["items"]
         if event["type"] == "Normal"]
@@ -267,7 +267,7 @@ def test_a_deleted_pod_hands_its_leaderships_over(
                                       f"{victim} (pod {pod_of[victim]}) -> ")
                    for message in handovers), handovers
 
-    found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
+    found = back_as_a_new_pod(kube_cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"])[pod_of[victim]] == victim
 
 
@@ -280,19 +280,19 @@ def watch_phases(kube: ControlPlane, into: Any) -> subprocess.Popen[str]:
 
 
 def test_scale_up_moves_replicas_onto_the_new_sites(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad,
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad,
         tmp_path: Any) -> None:
     load.start()
     # More entries in each shard's log than the sites keep: the new replicas bootstrap.
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
     watch_path = tmp_path / "watch.txt"
     with watch_path.open("w") as into:
-        watch = watch_phases(cluster, into)
+        watch = watch_phases(kube_cluster, into)
     try:
-        cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
-        found = wait_for("5 sites ready, rebalanced", lambda: ready_with(cluster, 5),
-                         explain=explain(cluster, operators, node))
-        names = {item["metadata"]["name"] for item in transitions(cluster)}
+        kube_cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
+        found = wait_for("5 sites ready, rebalanced", lambda: ready_with(kube_cluster, 5),
+                         explain=explain(kube_cluster, operators, node))
+        names = {item["metadata"]["name"] for item in transitions(kube_cluster)}
         wait_for("the watch to show every step Done", lambda: all(
             watched(watch_path).get(name, [""])[-1] == "Done" for name in names), timeout=30,
             explain=lambda: watch_path.read_text())
@@ -303,7 +303,7 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
     print("phases seen by kubectl get -w:", json.dumps(phases, indent=1))
     pods = site_of_pod(found["status"])
     new = {pods[f"{NAME}-3"], pods[f"{NAME}-4"]}
-    items = transitions(cluster)
+    items = transitions(kube_cluster)
     assert items, "no ReplicaTransition was made"
     assert all(item["status"]["phase"] == "Done" for item in items), items
     assert all(item["metadata"]["ownerReferences"][0]["uid"] == found["metadata"]["uid"]
@@ -327,7 +327,7 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
             assert shown == ["Pending", "Removing", "Done"], (item["metadata"]["name"], shown)
     held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
     assert held & new and all(len(shard["replicas"]) == 3 for shard in shards(found["status"]))
-    table = cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
+    table = kube_cluster.kubectl("get", "-n", NAMESPACE, "replicatransitions").stdout
     print(table)
     assert "Done" in table and "PHASE" in table
     # Followable (issue 23): each step names the pod of its site, `kubectl get` lists
@@ -339,23 +339,23 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
         assert listed == [item["metadata"]["name"] for item in sorted(
             (item for item in items if item["metadata"]["labels"]["stratamq.io/plan"] == key),
             key=lambda item: item["spec"]["step"])]
-    summary = storage(cluster)["status"]["rebalance"]
+    summary = storage(kube_cluster)["status"]["rebalance"]
     assert summary["result"] == "Done" and summary["stepsDone"] == summary["steps"], summary
     assert summary["trigger"] in ("Scale", "Failover"), summary
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
 
 
 def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
-    before = {item["metadata"]["name"] for item in transitions(cluster)}
-    departing = {n: site_of_pod(storage(cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
-    cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
+    before = {item["metadata"]["name"] for item in transitions(kube_cluster)}
+    departing = {n: site_of_pod(storage(kube_cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
+    kube_cluster.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
 
     def shrunk_too_early() -> str | None:
         """The StatefulSet (read first) without a pod whose site the newest placement
         (read after, so no older) still gives a replica."""
-        replicas = get(cluster, "statefulset", NAME)["spec"]["replicas"]
-        kept = storage(cluster)["status"]["controller"]
+        replicas = get(kube_cluster, "statefulset", NAME)["spec"]["replicas"]
+        kept = storage(kube_cluster)["status"]["controller"]
         placement = json.loads(kept["placement"])
         holders = {site for entries in placement["databases"].values() for shard in entries
                    for site in shard["replicas"]}
@@ -365,10 +365,10 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
 
     def mid_plan() -> list[dict[str, Any]] | None:
         assert shrunk_too_early() is None
-        made = plan_of(transitions(cluster), before)
+        made = plan_of(transitions(kube_cluster), before)
         phases = [item.get("status", {}).get("phase") for item in made]
         return made if "Done" in phases and "Pending" in phases else None
-    made = wait_for("the drain under way", mid_plan, explain=explain(cluster, operators, node))
+    made = wait_for("the drain under way", mid_plan, explain=explain(kube_cluster, operators, node))
     operators.current.kill()
     pending_at_kill = [item["metadata"]["name"] for item in made
                        if item["status"]["phase"] == "Pending"]
@@ -378,11 +378,11 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
 
     def drained() -> dict[str, Any] | None:
         assert shrunk_too_early() is None
-        return ready_with(cluster, 3)
+        return ready_with(kube_cluster, 3)
     found = wait_for("drained and shrunk to 3", drained,
-                     explain=explain(cluster, operators, node))
+                     explain=explain(kube_cluster, operators, node))
     assert "resuming a plan" in operators.current.log(), operators.current.log_tail()
-    after = {item["metadata"]["name"]: item for item in transitions(cluster)}
+    after = {item["metadata"]["name"]: item for item in transitions(kube_cluster)}
     # The steps pending at the kill were carried out by the next operator.
     assert all(after[name]["status"]["phase"] == "Done" for name in pending_at_kill), after
     removed = {item["spec"]["site"] for item in plan_of(list(after.values()), before)
@@ -390,18 +390,18 @@ def test_scale_down_drains_first_and_resumes_after_an_operator_restart(
     assert set(departing.values()) <= removed
     held = {site for shard in shards(found["status"]) for site in shard["replicas"]}
     assert not held & set(departing.values())
-    assert get(cluster, "statefulset", NAME)["spec"]["replicas"] == 3
+    assert get(kube_cluster, "statefulset", NAME)["spec"]["replicas"] == 3
     # Once their pods are gone, the departed sites are forgotten (and the sites told,
     # so that they adopt the sessions those owned).
     wait_for("the departed sites forgotten", lambda: set(departing.values()) <= set(
-        storage(cluster)["status"]["controller"].get("forgotten") or []),
-        explain=explain(cluster, operators, node))
+        storage(kube_cluster)["status"]["controller"].get("forgotten") or []),
+        explain=explain(kube_cluster, operators, node))
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
 
 
 def test_failover_when_a_leading_pod_dies_and_is_deleted(
-        cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
-    status = storage(cluster)["status"]
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators, load: ShardLoad) -> None:
+    status = storage(kube_cluster)["status"]
     pods = site_of_pod(status)
     pod_of = {site: pod for pod, site in pods.items()}
     # A shard of any replicated database whose leader is not the clients' pod.
@@ -418,11 +418,11 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     container.process.send_signal(signal.SIGSTOP)
 
     def failed_over() -> tuple[str, int] | None:
-        shard = every_shard(storage(cluster)["status"])[victim_shard]
+        shard = every_shard(storage(kube_cluster)["status"])[victim_shard]
         return ((shard["leader"], shard["leaderEpoch"]) if shard["leader"] != victim
                 and shard["leaderEpoch"] > epoch else None)
     leader, new_epoch = wait_for("a new leader", failed_over,
-                                 explain=explain(cluster, operators, node))
+                                 explain=explain(kube_cluster, operators, node))
     assert leader in pods.values() and new_epoch > epoch
     # An Event on the storage says so (issue 23).
     database, number = victim_shard
@@ -431,7 +431,7 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
             f"(pod {pod_of[leader]}) at epoch {new_epoch}")
 
     def failover_events() -> list[str]:
-        return [event["message"] for event in json.loads(cluster.kubectl(
+        return [event["message"] for event in json.loads(kube_cluster.kubectl(
             "get", "-n", NAMESPACE, "events", "-o", "json",
             f"--field-selector=involvedObject.name={NAME},reason=Failover").stdout)["items"]]
     wait_for("the failover's event", lambda: said in failover_events(), timeout=30,
@@ -439,21 +439,21 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
     assert more_acknowledged(load.history, 30, 60), load.history.summary()
     # With a site down, no other may go: the budget drops to 0, and an eviction (what
     # a node drain asks for) of another pod is refused.
-    wait_for("a disruption budget of no site", lambda: budget(cluster) == (0, 0),
+    wait_for("a disruption budget of no site", lambda: budget(kube_cluster) == (0, 0),
              timeout=60)
     bystander = next(pod for pod in pods if pod not in (pod_of[victim], CLIENT_POD))
-    refused = evict(cluster, bystander)
+    refused = evict(kube_cluster, bystander)
     assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused
     # Deleted (killed after a second's grace), it comes back (the StatefulSet) as the
     # same site, with its volume, and rejoins as a follower of the new epoch.
-    cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--grace-period=1",
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--grace-period=1",
                     "--wait=false")
-    found = back_as_a_new_pod(cluster, node, operators, pod_of[victim], old_uid)
+    found = back_as_a_new_pod(kube_cluster, node, operators, pod_of[victim], old_uid)
     assert site_of_pod(found["status"]) == pods
     assert all(len(shard["replicas"]) == 3 and not shard["underReplicated"]
                for shard in shards(found["status"]))
     # caught up again: one site may go
-    wait_for("a disruption budget of one site again", lambda: budget(cluster) == (1, 1),
+    wait_for("a disruption budget of one site again", lambda: budget(kube_cluster) == (1, 1),
              timeout=60)
 
     # Nothing acknowledged lost: stop, let every acknowledgement and delivery come in.
@@ -472,10 +472,10 @@ def test_failover_when_a_leading_pod_dies_and_is_deleted(
 
 
 def test_a_changed_replication_factor_is_planned(
-        cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
-    before = {item["metadata"]["name"] for item in transitions(cluster)}
+        kube_cluster: ControlPlane, node: Kubelet, operators: Operators) -> None:
+    before = {item["metadata"]["name"] for item in transitions(kube_cluster)}
     # Above the sites: the API server refuses it, saying why; nothing changes.
-    refused = cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+    refused = kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                               "-p", json.dumps({"spec": {"messages": {"replicationFactor": 4}}}),
                               check=False)
     assert refused.returncode != 0
@@ -485,7 +485,7 @@ def test_a_changed_replication_factor_is_planned(
     # until it is thawed, or the two replicas left would be its leader and a replica
     # that may lack what was committed (issue 22, defect 1). Its quota keeps it on a
     # shard of every database, so some removals must wait.
-    pods = site_of_pod(storage(cluster)["status"])
+    pods = site_of_pod(storage(kube_cluster)["status"])
     frozen_pod = max(pod for pod in pods if pod != CLIENT_POD)
     frozen = pods[frozen_pod]
     container = node.container(NAMESPACE, frozen_pod)
@@ -498,18 +498,18 @@ def test_a_changed_replication_factor_is_planned(
         # safe (a frozen leader commits nothing more) and may go. The change is asked
         # once it is gone, when every such removal must wait.
         time.sleep(GONE_AFTER)
-        cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+        kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                         "-p", json.dumps({"spec": {"messages": {"replicationFactor": 2}}}))
         waiting = wait_for("the removals that keep the frozen site waiting",
-                           lambda: removals_waiting_for(cluster, frozen, before),
-                           explain=explain(cluster, operators, node))
+                           lambda: removals_waiting_for(kube_cluster, frozen, before),
+                           explain=explain(kube_cluster, operators, node))
         waited_from = time.monotonic()
         while time.monotonic() - waited_from < FROZEN_WINDOW:
             # Asserts that no shard dropped to 2 replicas with the frozen site among
             # them. A waiting removal may leave the list without going: once the frozen
             # site is taken for gone, the shards it led fail over and the plan is made
             # again, and may then remove the frozen site itself.
-            removals_waiting_for(cluster, frozen, before)
+            removals_waiting_for(kube_cluster, frozen, before)
             time.sleep(1)
         frozen_for = time.monotonic() - frozen_at
     finally:
@@ -519,15 +519,15 @@ def test_a_changed_replication_factor_is_planned(
           f"{frozen_for:.0f}s: removals waiting for it (shard: phase): {waiting}")
 
     def at_two() -> dict[str, Any] | None:
-        found = ready_with(cluster, 3)
+        found = ready_with(kube_cluster, 3)
         if found is None:
             return None
         every = [shard for database in ("messages", "sessions", "retained")
                  for shard in shards(found["status"], database)]
         return found if all(len(shard["replicas"]) == 2 for shard in every) else None
     found = wait_for("every shard at 2 replicas", at_two,
-                     explain=explain(cluster, operators, node))
-    made = plan_of(transitions(cluster), before)
+                     explain=explain(kube_cluster, operators, node))
+    made = plan_of(transitions(kube_cluster), before)
     assert all(item["status"]["phase"] == "Done" for item in made), made
     # At least a -site for every shard of every database.
     assert {(item["spec"]["database"], item["spec"]["shard"]) for item in made
@@ -542,14 +542,14 @@ def test_a_changed_replication_factor_is_planned(
     # The replicas left hold the same content, by the digests their admin APIs give.
     ask = site_asker({site: f"http://{node.container(NAMESPACE, pod).ip}:18083"
                       for pod, site in site_of_pod(found["status"]).items()},
-                     f"Bearer {admin_token(cluster)}", wait=30)
+                     f"Bearer {admin_token(kube_cluster)}", wait=30)
     verdicts = [verify_shard(database, shard["shard"], shard["replicas"], ask)
                 for database in ("messages", "sessions", "retained")
                 for shard in shards(found["status"], database)]
     assert all(verdict.status == "same" for verdict in verdicts), verdicts
     # At replication factor 2 a shard's majority is both replicas: no site may go.
     wait_for("a disruption budget of no site at replication factor 2",
-             lambda: budget(cluster) == (0, 0), timeout=60)
+             lambda: budget(kube_cluster) == (0, 0), timeout=60)
 
 
 def removals_waiting_for(kube: ControlPlane, frozen: str, before: set[str]

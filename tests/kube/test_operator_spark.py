@@ -96,9 +96,9 @@ def arguments(command: list[str]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+def operator(kube_cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(tmp_path_factory.mktemp("operator-spark"), cluster, NAMESPACE)
+    process = OperatorProcess(tmp_path_factory.mktemp("operator-spark"), kube_cluster, NAMESPACE)
     process.start(timeout=60)
     yield process
     process.kill()
@@ -106,14 +106,14 @@ def operator(cluster: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def spark_operator_crds(cluster: ControlPlane, operator: OperatorProcess) -> Iterator[None]:
+def spark_operator_crds(kube_cluster: ControlPlane, operator: OperatorProcess) -> Iterator[None]:
     """The Spark operator's CRDs (group sparkoperator.k8s.io, v1beta2), their schemas
     cut to what the API server needs: any spec, a status subresource. Removed after the
     module (the operator first, so it never sees them go)."""
     for plural in SPARK_OPERATOR_CRDS:
         kind = {"sparkapplications": "SparkApplication",
                 "scheduledsparkapplications": "ScheduledSparkApplication"}[plural]
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             # *.k8s.io groups need it; the Spark operator's own CRDs carry this one
             "metadata": {"name": f"{plural}.sparkoperator.k8s.io", "annotations": {
@@ -126,11 +126,11 @@ def spark_operator_crds(cluster: ControlPlane, operator: OperatorProcess) -> Ite
                                    "schema": {"openAPIV3Schema": {
                                        "type": "object",
                                        "x-kubernetes-preserve-unknown-fields": True}}}]}}))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     *(f"crd/{plural}.sparkoperator.k8s.io" for plural in SPARK_OPERATOR_CRDS))
     yield
     operator.kill()
-    cluster.kubectl("delete", "crd", "--wait=false",
+    kube_cluster.kubectl("delete", "crd", "--wait=false",
                     *(f"{plural}.sparkoperator.k8s.io" for plural in SPARK_OPERATOR_CRDS))
 
 
@@ -158,17 +158,19 @@ def finish_pod_of(kube: ControlPlane, job: str, exit_code: int, log_end: str = "
 
 # --- the tests, in order --------------------------------------------------------------------
 
-def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: OperatorProcess) -> None:
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
+                                       operator: OperatorProcess) -> None:
+    kube_cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
-    gc = wait_for("the gc CronJob", lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-gc"),
+    gc = wait_for("the gc CronJob",
+                  lambda: kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-gc"),
                   timeout=TIMEOUT, explain=operator.log_tail)
     export = wait_for("the export CronJob",
-                      lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-export"),
+                      lambda: kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-export"),
                       timeout=TIMEOUT)
-    assert kubectl_json(cluster, "cronjob", f"{NAME}-spark-learn-topics") is None
-    uid = storage(cluster)["metadata"]["uid"]
+    assert kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-learn-topics") is None
+    uid = storage(kube_cluster)["metadata"]["uid"]
     for made in (gc, export):
         [reference] = made["metadata"]["ownerReferences"]
         assert (reference["kind"], reference["name"], reference["uid"],
@@ -217,25 +219,25 @@ def test_enabled_jobs_become_cron_jobs(cluster: ControlPlane, operator: Operator
         assert conf[f"{prefix}.mount.path"] == "/var/lib/stratamq-spark"
 
     # The driver's account, bound to the chart's ClusterRole in this namespace.
-    binding = kubectl_json(cluster, "rolebinding", f"{NAME}-spark")
+    binding = kubectl_json(kube_cluster, "rolebinding", f"{NAME}-spark")
     assert binding is not None
     assert binding["roleRef"]["name"] == "stratamq-spark"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{NAME}-spark",
                                     "namespace": NAMESPACE}]
-    assert kubectl_json(cluster, "serviceaccount", f"{NAME}-spark") is not None
+    assert kubectl_json(kube_cluster, "serviceaccount", f"{NAME}-spark") is not None
     # The sites mount the shared volume where the jobs read their checkpoints.
-    stateful_set = kubectl_json(cluster, "statefulset", NAME)
+    stateful_set = kubectl_json(kube_cluster, "statefulset", NAME)
     assert stateful_set is not None
     volumes = stateful_set["spec"]["template"]["spec"]["volumes"]
     assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": CLAIM}} in volumes
 
 
-def test_schedule_and_image_changes_update_the_cron_job(cluster: ControlPlane) -> None:
-    patch_spec(cluster, {"spark": {"gc": {"schedule": "30 2 * * 0"},
+def test_schedule_and_image_changes_update_the_cron_job(kube_cluster: ControlPlane) -> None:
+    patch_spec(kube_cluster, {"spark": {"gc": {"schedule": "30 2 * * 0"},
                                    "image": {"tag": "9.9.10"}}})
 
     def updated() -> dict[str, Any] | None:
-        found = kubectl_json(cluster, "cronjob", f"{NAME}-spark-gc")
+        found = kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-gc")
         return found if found and found["spec"]["schedule"] == "30 2 * * 0" else None
     found = wait_for("the new schedule", updated, timeout=TIMEOUT)
     [container] = found["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
@@ -244,32 +246,32 @@ def test_schedule_and_image_changes_update_the_cron_job(cluster: ControlPlane) -
         container["command"])
 
 
-def test_a_run_that_succeeds_then_one_that_fails_show_in_status(cluster: ControlPlane) -> None:
+def test_a_run_that_succeeds_then_one_that_fails_show_in_status(kube_cluster: ControlPlane) -> None:
     """Runs made as `kubectl create job --from=cronjob/...` makes them (the CronJob's
     own template, owned by it); their pod's end is reported as a kubelet would."""
     first = f"{NAME}-spark-gc-manual-1"
-    cluster.kubectl("create", "job", "-n", NAMESPACE, first, f"--from=cronjob/{NAME}-spark-gc")
+    kube_cluster.kubectl("create", "job", "-n", NAMESPACE, first, f"--from=cronjob/{NAME}-spark-gc")
     # (the Job controller sets the start time a moment after the Job is made)
     wait_for("the run Running, started", lambda: "startTime" in (
-        run_is(cluster, "gc", first, "Running") or {}), timeout=TIMEOUT)
-    running = last_run(cluster, "gc")
+        run_is(kube_cluster, "gc", first, "Running") or {}), timeout=TIMEOUT)
+    running = last_run(kube_cluster, "gc")
     assert "completionTime" not in running and "message" not in running, running
-    finish_pod_of(cluster, first, 0)
-    done = wait_for("the run Succeeded", lambda: run_is(cluster, "gc", first, "Succeeded"),
+    finish_pod_of(kube_cluster, first, 0)
+    done = wait_for("the run Succeeded", lambda: run_is(kube_cluster, "gc", first, "Succeeded"),
                     timeout=TIMEOUT)
-    job = kubectl_json(cluster, "job", first)
+    job = kubectl_json(kube_cluster, "job", first)
     assert job is not None
     assert done["completionTime"] == job["status"]["completionTime"]
     assert done["startTime"] == job["status"]["startTime"]
 
     second = f"{NAME}-spark-gc-manual-2"
-    cluster.kubectl("create", "job", "-n", NAMESPACE, second,
+    kube_cluster.kubectl("create", "job", "-n", NAMESPACE, second,
                     f"--from=cronjob/{NAME}-spark-gc")
-    wait_for("the second run Running", lambda: run_is(cluster, "gc", second, "Running"),
+    wait_for("the second run Running", lambda: run_is(kube_cluster, "gc", second, "Running"),
              timeout=TIMEOUT)
     why = "stratamq spark submit: the run failed: CtlError: http://mq-1: 409 Conflict"
-    finish_pod_of(cluster, second, 1, f"INFO spark-submit log\n{why}\n")
-    failed = wait_for("the second run Failed", lambda: run_is(cluster, "gc", second, "Failed"),
+    finish_pod_of(kube_cluster, second, 1, f"INFO spark-submit log\n{why}\n")
+    failed = wait_for("the second run Failed", lambda: run_is(kube_cluster, "gc", second, "Failed"),
                       timeout=TIMEOUT)
     # backoffLimit 0: the Job controller gives up on the first failed pod
     assert failed["message"].startswith("BackoffLimitExceeded"), failed
@@ -278,46 +280,47 @@ def test_a_run_that_succeeds_then_one_that_fails_show_in_status(cluster: Control
     assert "completionTime" in failed
 
 
-def test_the_cron_job_controller_starts_a_run(cluster: ControlPlane) -> None:
+def test_the_cron_job_controller_starts_a_run(kube_cluster: ControlPlane) -> None:
     """The export's `* * * * *`: the real CronJob controller makes its Job (its name is
     the CronJob's and the scheduled minute), and the status shows it."""
     def scheduled() -> dict[str, Any] | None:
-        run = last_run(cluster, "export")
+        run = last_run(kube_cluster, "export")
         return run if run.get("job", "").startswith(f"{NAME}-spark-export-") else None
     run = wait_for("a scheduled export run", scheduled, timeout=SCHEDULED_TIMEOUT)
-    job = kubectl_json(cluster, "job", run["job"])
+    job = kubectl_json(kube_cluster, "job", run["job"])
     assert job is not None
     [reference] = job["metadata"]["ownerReferences"]
     assert (reference["kind"], reference["name"]) == ("CronJob", f"{NAME}-spark-export")
 
 
-def test_turning_a_job_off_deletes_its_cron_job(cluster: ControlPlane) -> None:
-    before = last_run(cluster, "gc")
-    patch_spec(cluster, {"spark": {"gc": {"enable": False}}})
+def test_turning_a_job_off_deletes_its_cron_job(kube_cluster: ControlPlane) -> None:
+    before = last_run(kube_cluster, "gc")
+    patch_spec(kube_cluster, {"spark": {"gc": {"enable": False}}})
     wait_for("the gc CronJob deleted",
-             lambda: kubectl_json(cluster, "cronjob", f"{NAME}-spark-gc") is None,
+             lambda: kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-gc") is None,
              timeout=TIMEOUT)
-    assert kubectl_json(cluster, "cronjob", f"{NAME}-spark-export") is not None
+    assert kubectl_json(kube_cluster, "cronjob", f"{NAME}-spark-export") is not None
     # The last run stays reported after its Jobs went with their CronJob.
     wait_for("the gc Jobs collected",
-             lambda: not items(cluster, "jobs", "-l", f"{spark.JOB_LABEL}=gc"), timeout=TIMEOUT)
-    assert last_run(cluster, "gc") == before
+             lambda: not items(kube_cluster, "jobs", "-l", f"{spark.JOB_LABEL}=gc"),
+             timeout=TIMEOUT)
+    assert last_run(kube_cluster, "gc") == before
 
 
 def test_with_the_spark_operator_scheduled_spark_applications(
-        cluster: ControlPlane, operator: OperatorProcess, spark_operator_crds: None) -> None:
+        kube_cluster: ControlPlane, operator: OperatorProcess, spark_operator_crds: None) -> None:
     # Any change of the spec reconciles; the operator then finds the CRDs served.
-    patch_spec(cluster, {"spark": {"learnTopics": {"enable": True, "schedule": "@daily"}}})
+    patch_spec(kube_cluster, {"spark": {"learnTopics": {"enable": True, "schedule": "@daily"}}})
 
     def scheduled(job: str) -> dict[str, Any] | None:
-        return kubectl_json(cluster, "scheduledsparkapplication", f"{NAME}-spark-{job}")
+        return kubectl_json(kube_cluster, "scheduledsparkapplication", f"{NAME}-spark-{job}")
     learn = wait_for("the learn-topics ScheduledSparkApplication",
                      lambda: scheduled("learn-topics"), timeout=TIMEOUT,
                      explain=operator.log_tail)
     assert scheduled("export") is not None
     assert scheduled("gc") is None
     # Its CronJob went: the Spark operator runs it now.
-    wait_for("the CronJobs deleted", lambda: not items(cluster, "cronjobs"), timeout=TIMEOUT)
+    wait_for("the CronJobs deleted", lambda: not items(kube_cluster, "cronjobs"), timeout=TIMEOUT)
     [reference] = learn["metadata"]["ownerReferences"]
     assert (reference["kind"], reference["name"]) == ("DurableStorage", NAME)
     assert learn["spec"]["schedule"] == "@daily"
@@ -334,7 +337,7 @@ def test_with_the_spark_operator_scheduled_spark_applications(
     # Playing the Spark operator: a run is a SparkApplication with the scheduled one's
     # labels, owned by it; its state decides the status.
     run = f"{NAME}-spark-learn-topics-1767225600000000000"
-    cluster.kubectl("create", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+    kube_cluster.kubectl("create", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
         "metadata": {"name": run, "labels": {**learn["metadata"]["labels"],
                                              spark.SCHEDULED_APP_LABEL: learn["metadata"]["name"]},
@@ -345,31 +348,32 @@ def test_with_the_spark_operator_scheduled_spark_applications(
         "spec": template}))
 
     def set_state(state: dict[str, Any], **times: str) -> None:
-        cluster.kubectl("patch", "-n", NAMESPACE, "sparkapplication", run,
+        kube_cluster.kubectl("patch", "-n", NAMESPACE, "sparkapplication", run,
                         "--subresource=status", "--type=merge", "-p", json.dumps(
                             {"status": {"applicationState": state, **times}}))
     set_state({"state": "RUNNING"}, lastSubmissionAttemptTime="2026-01-01T00:00:00Z")
-    running = wait_for("the run Running", lambda: run_is(cluster, "learnTopics", run, "Running"),
+    running = wait_for("the run Running",
+                       lambda: run_is(kube_cluster, "learnTopics", run, "Running"),
                        timeout=TIMEOUT)
     assert running["startTime"] == "2026-01-01T00:00:00Z"
     set_state({"state": "FAILED", "errorMessage": "driver container failed with ExitCode: 1"},
               terminationTime="2026-01-01T00:05:00Z")
-    failed = wait_for("the run Failed", lambda: run_is(cluster, "learnTopics", run, "Failed"),
+    failed = wait_for("the run Failed", lambda: run_is(kube_cluster, "learnTopics", run, "Failed"),
                       timeout=TIMEOUT)
     assert failed["completionTime"] == "2026-01-01T00:05:00Z"
     assert failed["message"] == "FAILED: driver container failed with ExitCode: 1"
 
 
-def test_turning_every_job_off_removes_the_driver_account(cluster: ControlPlane,
+def test_turning_every_job_off_removes_the_driver_account(kube_cluster: ControlPlane,
                                                           spark_operator_crds: None) -> None:
-    patch_spec(cluster, {"spark": {"learnTopics": {"enable": False},
+    patch_spec(kube_cluster, {"spark": {"learnTopics": {"enable": False},
                                    "export": {"enable": False}}})
     wait_for("the ScheduledSparkApplications deleted",
-             lambda: not items(cluster, "scheduledsparkapplications"), timeout=TIMEOUT)
+             lambda: not items(kube_cluster, "scheduledsparkapplications"), timeout=TIMEOUT)
     wait_for("the driver's RoleBinding deleted",
-             lambda: kubectl_json(cluster, "rolebinding", f"{NAME}-spark") is None,
+             lambda: kubectl_json(kube_cluster, "rolebinding", f"{NAME}-spark") is None,
              timeout=TIMEOUT)
-    assert kubectl_json(cluster, "serviceaccount", f"{NAME}-spark") is None
+    assert kubectl_json(kube_cluster, "serviceaccount", f"{NAME}-spark") is None
     # What the storage's spec no longer asks for is gone; the runs' record stays.
-    assert last_run(cluster, "learnTopics")["result"] == "Failed"
+    assert last_run(kube_cluster, "learnTopics")["result"] == "Failed"
 
