@@ -204,9 +204,7 @@ class LocalBackend:
 
     async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
                        record_puts: list[tuple[bytes, bytes]]) -> None:
-        async with self._shards.shard_lock(shard_id):
-            await self._shards.run(self._shards.shards[shard_id].gc_write, generation_id,
-                                   deletes, record_puts)
+        await self._shards.gc_write(shard_id, generation_id, deletes, record_puts)
 
     async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
         await self._shards.set_topic_seed(shard_id, patterns)
