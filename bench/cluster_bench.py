@@ -150,6 +150,14 @@ class BenchCluster(Cluster):
     def cpu_seconds(self) -> float:
         return sum(p.cpu_seconds() for p in self.processes() if p.alive())
 
+    def stop(self) -> None:
+        """The whole cluster stops: no hand-over (SIGINT), as `stratamq cluster` does."""
+        for process in self.processes():
+            try:
+                process.stop(signum=signal.SIGINT)
+            except Exception:
+                process.kill()
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -578,12 +586,7 @@ def bench_cluster(workroot: Path, files: LineFiles, sizes: Sizes, results: Resul
     except Exception as error:
         print(f"  cluster FAILED: {error!r}\n{cluster.logs(1500)}", file=sys.stderr)
     finally:
-        # the whole cluster stops: no hand-over (SIGINT), as `stratamq cluster` does
-        for process in cluster.processes():
-            try:
-                process.stop(signum=signal.SIGINT)
-            except Exception:
-                process.kill()
+        cluster.stop()
 
 
 def run_fanout(site: Sequence[Endpoint], messages: int, files: LineFiles, outdir: Path,

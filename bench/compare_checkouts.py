@@ -145,11 +145,7 @@ def run_cluster(checkout: Checkout, loads: Sequence[str], messages: int, files: 
             calls = stop_profiles(cluster.sites, outs, row.received) if profile else None
             found[load] = (row.cpu_us, calls)
     finally:
-        for process in cluster.processes():
-            try:
-                process.stop(signum=signal.SIGINT)
-            except Exception:
-                process.kill()
+        cluster.stop()
     return found
 
 
