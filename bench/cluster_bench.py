@@ -10,7 +10,10 @@ site on its own loopback address, all on this machine's cores.
 
 Loads (64-byte payloads):
   1->1 QoS 1: one `mosquitto_pub -l -M 100` and one `mosquitto_sub` on the same site
-  (site 0 of the cluster). CPU us/msg is utime+stime of every process of the setup
+  (site 0 of the cluster; the publisher's client id is one of a shard site 0 leads:
+  the leaders are placed anew at each start, and a publisher whose shard is led
+  elsewhere has its writes forwarded, some 10% more CPU a message, so a fixed client
+  id measured either case by chance). CPU us/msg is utime+stime of every process of the setup
   (all sites + the controller) over the run, per delivered message. The PUBACK
   latency (p50/p99) comes from a separate paced run (`mosquitto_pub -d` under
   `stdbuf -oL`: each PUBACK line is stamped as it is read, against the time its
@@ -147,6 +150,14 @@ class BenchCluster(Cluster):
     def cpu_seconds(self) -> float:
         return sum(p.cpu_seconds() for p in self.processes() if p.alive())
 
+    def stop(self) -> None:
+        """The whole cluster stops: no hand-over (SIGINT), as `stratamq cluster` does."""
+        for process in self.processes():
+            try:
+                process.stop(signum=signal.SIGINT)
+            except Exception:
+                process.kill()
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -248,14 +259,16 @@ class Results:
 
 
 def run_1to1(where: Endpoint, setup: str, messages: int, files: LineFiles, outdir: Path,
-             idle: float, probe_messages: int) -> Row:
-    """One publisher and one subscriber on the same site, QoS 1."""
+             idle: float, probe_messages: int, publisher: str = "") -> Row:
+    """One publisher (client id `publisher`-0, by default from `setup`) and one
+    subscriber on the same site, QoS 1."""
     slug = setup.replace(" ", "-")
+    publisher = publisher or f"bench-{slug}-pub"
     topic = f"bench/{slug}/1to1"
     subs = start_subscribers([where], topic, messages, outdir, slug)
     cpu_before = where.cpu()
     started_ns = time.time_ns()
-    publish_chunks(where.port, topic, 1, WINDOW, f"bench-{slug}-pub",
+    publish_chunks(where.port, topic, 1, WINDOW, publisher,
                    files.chunks(0, messages), host=where.host)
     wait_subscribers(subs, idle)
     cpu = where.cpu() - cpu_before
@@ -551,10 +564,13 @@ def bench_cluster(workroot: Path, files: LineFiles, sizes: Sizes, results: Resul
     print(f"  cluster of 3 sites ready in {time.monotonic() - began:.1f} s", flush=True)
     try:
         site = [Endpoint(s.host, s.port, cluster.cpu_seconds) for s in cluster.sites]
+        led_here = min(shard for shard, leader in cluster.leaders().items() if leader == 0)
+        publisher = client_for_shard(led_here, f"bench-{RF3.replace(' ', '-')}-pub",
+                                     suffix="-0")
         results.rows.append(run_1to1(site[0], RF3, sizes.messages, files, outdir,
-                                     sizes.idle, sizes.probe))
+                                     sizes.idle, sizes.probe, publisher))
         progress(results.rows[-1])
-        results.count(f"bench-{RF3.replace(' ', '-')}-pub-0", sizes.messages)
+        results.count(f"{publisher}-0", sizes.messages)
         results.count("bench-probe", sizes.probe)
         row = run_fanout(site, sizes.fanout, files, outdir, sizes.idle)
         results.count("bench-fanout-pub-0", sizes.fanout)
@@ -570,12 +586,7 @@ def bench_cluster(workroot: Path, files: LineFiles, sizes: Sizes, results: Resul
     except Exception as error:
         print(f"  cluster FAILED: {error!r}\n{cluster.logs(1500)}", file=sys.stderr)
     finally:
-        # the whole cluster stops: no hand-over (SIGINT), as `stratamq cluster` does
-        for process in cluster.processes():
-            try:
-                process.stop(signum=signal.SIGINT)
-            except Exception:
-                process.kill()
+        cluster.stop()
 
 
 def run_fanout(site: Sequence[Endpoint], messages: int, files: LineFiles, outdir: Path,

@@ -8,10 +8,13 @@ flush. `LocalBackend` is the site without replication; the replicated one is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Protocol
+
+from prometheus_client import Counter
 
 from . import metrics
 from .buffer import Flush, WriteBuffer
@@ -134,28 +137,20 @@ class LocalBackend:
         self.buffers = make_buffers(shard_set, self._flush_of, abandon_behind_failure=False)
 
     def _flush_of(self, shard_id: int) -> Flush:
-        labels = (self._shards.name, str(shard_id))
-        batch_bytes = metrics.BUFFER_BYTES.labels(*labels)
+        # the lock and the labelled metric found once, not on every flush
+        return functools.partial(
+            self._flush, shard_id, self._shards.shard_lock(shard_id),
+            metrics.BUFFER_BYTES.labels(self._shards.name, str(shard_id)))
 
-        async def flush(messages: list[Message], record_puts: list[tuple[bytes, bytes]],
-                        record_deletes: list[bytes], fences: list[Fence],
-                        _forwarded: bool) -> None:
-            cooked = await self._write(shard_id, messages, record_puts, record_deletes,
-                                       fences)
-            batch_bytes.inc(cooked.payload_bytes)
-            try:
-                self._shards.feed.committed(cooked)
-            except Exception:  # a listener's bug must not stop the writer
-                log.exception("commit listener failed on shard %s", labels)
-        return flush
-
-    async def _write(self, shard_id: int, messages: list[Message],
-                     record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
-                     fences: list[Fence]) -> CookedBatch:
+    async def _flush(self, shard_id: int, lock: asyncio.Lock, batch_bytes: Counter,
+                     messages: list[Message], record_puts: list[tuple[bytes, bytes]],
+                     record_deletes: list[bytes], fences: list[Fence],
+                     _forwarded: bool) -> None:
         """Cook one batch, write it in one RocksDB write and apply it, under the
-        shard lock; FencedError (nothing written) when a fence does not hold."""
+        shard lock (FencedError, nothing written, when a fence does not hold); then
+        feed it to the commit listeners."""
         shard = self._shards.shards[shard_id]
-        async with self._shards.shard_lock(shard_id):
+        async with lock:
             if fences:  # point reads of the applied state, which this lock keeps current
                 record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
             cooked = None
@@ -168,7 +163,12 @@ class LocalBackend:
                     shard.forget(cooked)
                 raise
             shard.apply(cooked)
-        return cooked
+        batch_bytes.inc(cooked.payload_bytes)
+        try:
+            self._shards.feed.committed(cooked)
+        except Exception:  # a listener's bug must not stop the writer
+            log.exception("commit listener failed on shard %s",
+                          (self._shards.name, str(shard_id)))
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
         return (self._site_id,), self._site_id
@@ -204,9 +204,7 @@ class LocalBackend:
 
     async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
                        record_puts: list[tuple[bytes, bytes]]) -> None:
-        async with self._shards.shard_lock(shard_id):
-            await self._shards.run(self._shards.shards[shard_id].gc_write, generation_id,
-                                   deletes, record_puts)
+        await self._shards.gc_write(shard_id, generation_id, deletes, record_puts)
 
     async def set_topic_seed(self, shard_id: int, patterns: tuple[str, ...]) -> None:
         await self._shards.set_topic_seed(shard_id, patterns)

@@ -109,8 +109,10 @@ class WriteBuffer:
             raise StorageClosedError("the storage is closing; nothing more is accepted")
         done = asyncio.get_running_loop().create_future() if wait else None
         # records take buffer room like payloads do
-        size += sum(len(key) + len(value) for key, value in record_puts or ())
-        size += sum(len(key) for key in record_deletes or ())
+        if record_puts:  # most writes have none: no generator made for them
+            size += sum(len(key) + len(value) for key, value in record_puts)
+        if record_deletes:
+            size += sum(len(key) for key in record_deletes)
         now = time.monotonic()
         if not self._pending:
             self._oldest_at = now
@@ -241,15 +243,22 @@ class WriteBuffer:
     async def _flush(self, taken: list[_Pending]) -> None:
         """Commit the writes taken through the backend's flush; writers are answered
         once it is committed."""
-        messages = [message for entry in taken for message in entry.messages]
+        # One plain loop: this runs for every flush, and a generator (`any(...)`) would
+        # be resumed once per write taken.
+        messages: list[Message] = []
+        fences: list[Fence] = []
+        forwarded = False
+        for entry in taken:
+            messages += entry.messages
+            if entry.fences:
+                fences += entry.fences
+            forwarded = forwarded or entry.forwarded
         record_puts, record_deletes = _final_records(taken)
-        fences = [fence for entry in taken for fence in entry.fences]
         record_bytes = sum(len(key) + len(value) for key, value in record_puts) \
             + sum(len(key) for key in record_deletes)
         started = time.perf_counter()
         try:
-            await self._commit(messages, record_puts, record_deletes, fences,
-                               any(entry.forwarded for entry in taken))
+            await self._commit(messages, record_puts, record_deletes, fences, forwarded)
         except FencedError as exc:
             self._refuse(taken, exc)
             return

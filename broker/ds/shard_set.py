@@ -308,6 +308,24 @@ class ShardSet:
         async with self._locks[shard_id]:
             await self.run(self.shards[shard_id].set_topic_seed, patterns, applied=applied)
 
+    async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
+                       record_puts: list[tuple[bytes, bytes]],
+                       applied: int | None = None) -> None:
+        """`Shard.gc_write` under the shard lock (GenerationError, nothing written,
+        when there are deletes and the generation is gone or current). A log entry's
+        (`applied`: its offset) cannot be refused, as every replica must apply it the
+        same way: its deletes are then dropped, its records put."""
+        shard = self.shards[shard_id]
+        async with self._locks[shard_id]:
+            if applied is not None and deletes:
+                generation = shard.generations.get(generation_id)
+                if generation is None or generation.info.is_current:
+                    log.warning("%s/%d: log entry %d deletes nothing: generation %d is gone "
+                                "or current", self.name, shard_id, applied, generation_id)
+                    deletes = []
+            await self.run(shard.gc_write, generation_id, deletes, record_puts,
+                           applied=applied)
+
     async def record_applied(self, shard_id: int, applied: int) -> None:
         """Record a log offset as applied to a shard, changing nothing else."""
         async with self._locks[shard_id]:

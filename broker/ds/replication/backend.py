@@ -75,21 +75,30 @@ class ReplicatedBackend:
         placement = self.replicas[shard_id].placement
         return ((), "") if placement is None else (placement.replicas, placement.leader)
 
+    def _elsewhere(self, shard_id: int) -> RemoteReads | None:
+        """The reads at a replica elsewhere when this site reads the shard there;
+        None when it reads its own copy."""
+        if self.remote is not None and self.remote.is_remote(shard_id):
+            return self.remote
+        return None
+
     def reads_elsewhere(self, shard_id: int) -> bool:
-        return self.remote is not None and self.remote.is_remote(shard_id)
+        return self._elsewhere(shard_id) is not None
 
     def generations_of(self, shard_id: int) -> Mapping[int, GenerationView]:
-        if self.remote is not None and self.remote.is_remote(shard_id):
-            return self.remote.generations(shard_id)
+        remote = self._elsewhere(shard_id)
+        if remote is not None:
+            return remote.generations(shard_id)
         return self.shard_set.shards[shard_id].generations
 
     def generations_known(self, shard_id: int) -> bool:
-        return self.remote is None or not self.remote.is_remote(shard_id) \
-            or self.remote.loaded(shard_id)
+        remote = self._elsewhere(shard_id)
+        return remote is None or remote.loaded(shard_id)
 
     async def next(self, iterator: Iterator, batch_size: int) -> NextResult | EndOfStream:
-        if self.remote is not None and self.remote.is_remote(iterator.stream.shard):
-            return await self.remote.next(iterator, batch_size)
+        remote = self._elsewhere(iterator.stream.shard)
+        if remote is not None:
+            return await remote.next(iterator, batch_size)
         return await self.shard_set.next(iterator, batch_size)
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:

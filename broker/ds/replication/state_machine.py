@@ -36,8 +36,8 @@ class LogStateMachine:
         elif isinstance(change, entries.DropGeneration):
             await self.apply_drop_generation(shard_id, change.generation, offset)
         elif isinstance(change, entries.GcWrite):
-            await self.apply_gc_write(shard_id, change.generation, list(change.deletes),
-                                      list(change.record_puts), offset)
+            await self._shards.gc_write(shard_id, change.generation, list(change.deletes),
+                                        list(change.record_puts), applied=offset)
         elif isinstance(change, entries.SetTopicSeed):
             await self._shards.set_topic_seed(shard_id, change.patterns, applied=offset)
         else:
@@ -63,18 +63,3 @@ class LogStateMachine:
             log.warning("%s/%d: log entry %d drops no generation: %s", self._shards.name,
                         shard_id, offset, exc)
             await self._shards.record_applied(shard_id, offset)
-
-    async def apply_gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
-                             record_puts: list[tuple[bytes, bytes]], offset: int) -> None:
-        """Delete expired messages of a closed generation as a log entry says. Deletes in
-        a generation that is gone, or current, are refused the same way on every
-        replica: only the entry's records are put."""
-        shard = self._shards.shards[shard_id]
-        async with self._shards.shard_lock(shard_id):
-            generation = shard.generations.get(generation_id)
-            if deletes and (generation is None or generation.info.is_current):
-                log.warning("%s/%d: log entry %d deletes nothing: generation %d is gone or "
-                            "current", self._shards.name, shard_id, offset, generation_id)
-                deletes = []
-            await self._shards.run(shard.gc_write, generation_id, deletes, record_puts,
-                                   applied=offset)
