@@ -42,8 +42,6 @@ from stratamq.broker.ds import (
     Message,
     RetentionRules,
     Snapshot,
-    apply_gc_plan,
-    create_checkpoint,
     decode_message,
 )
 from stratamq.broker.ds.layouts import ReadStats
@@ -97,7 +95,8 @@ async def fill_generations(storage: DurableStorage, n: int, generations: int,
     per_generation = max(n // generations, 1)
     for start in range(0, n, CALL_BATCH):
         if start and start % per_generation < CALL_BATCH \
-                and len(storage.db("messages").shards[0].generations) < generations:
+                and sum(shard == 0 for shard, _generation
+                        in storage.db("messages").list_generations()) < generations:
             await storage.add_generation("messages")
         await storage.store_batch("messages", [
             Message(topic_of(i), pool[i % 64], f"gw{i % 40}", 1)
@@ -127,7 +126,7 @@ def generations_runs(counts: list[int], n: int, payload: int, repeat: int, maste
         async def prepare(storage: DurableStorage = storage, count: int = count,
                           checkpoint: Path = checkpoint) -> None:
             await fill_generations(storage, n, count, payload)
-            await create_checkpoint(storage.db("messages").shard_set, checkpoint)
+            await storage.db("messages").checkpoint(checkpoint)
             await storage.close()
 
         asyncio.run(prepare())
@@ -220,7 +219,7 @@ def run(size: int, payload: int, master: str, workdir: Path) -> Result:
 
     async def prepare() -> dict[str, object]:
         await fill(storage, size, payload)
-        return await create_checkpoint(storage.db("messages").shard_set, checkpoint)
+        return await storage.db("messages").checkpoint(checkpoint)
 
     loop = asyncio.new_event_loop()
     manifest = loop.run_until_complete(prepare())
@@ -249,7 +248,7 @@ def run(size: int, payload: int, master: str, workdir: Path) -> Result:
     finally:
         spark.stop()
     started = time.perf_counter()
-    report = loop.run_until_complete(apply_gc_plan(storage.db("messages"), plan))
+    report = loop.run_until_complete(storage.db("messages").apply_gc_plan(plan))
     apply_s = time.perf_counter() - started
     loop.run_until_complete(storage.close())
     loop.close()
@@ -322,7 +321,7 @@ def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
 
     loop.run_until_complete(first())
     learned = workdir / "fleet-learned"
-    loop.run_until_complete(create_checkpoint(storage.db("messages").shard_set, learned))
+    loop.run_until_complete(storage.db("messages").checkpoint(learned))
     spark = spark_session("stratamq-bench-learn", master, shuffle_partitions=8,
                           config={"spark.ui.enabled": "false"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -338,7 +337,7 @@ def learn_run(vehicles: int, master: str, workdir: Path) -> list[LearnResult]:
 
     loop.run_until_complete(second())
     both = workdir / "fleet-both"
-    loop.run_until_complete(create_checkpoint(storage.db("messages").shard_set, both))
+    loop.run_until_complete(storage.db("messages").checkpoint(both))
     loop.run_until_complete(storage.close())
     loop.close()
     rng = random.Random(7)

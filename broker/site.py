@@ -172,8 +172,7 @@ async def open_replication(config: Config, storage: DurableStorage) -> SiteRepli
                                cluster.log_retain_entries, cluster.checkpoint_rate,
                                cluster.zone)
     return await SiteReplication.open(shard_sets, storage.data_dir, storage.site_id,
-                                       cluster.peer_bind, cluster.advertised_peer(), settings,
-                                       shard_sets[0].executor)
+                                       cluster.peer_bind, cluster.advertised_peer(), settings)
 
 
 async def _start_parts(config: Config) -> RunningSite:

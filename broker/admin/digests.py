@@ -14,7 +14,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from ..ds import Database, digest_shard
+from ..ds import Database
 from ..errors import StorageTimeoutError
 from .http_errors import BadRequestError
 from .views import Json
@@ -33,15 +33,15 @@ class ShardDigests:
     async def answer(self, site: str, database: Database, shard: str,
                      query: dict[str, str]) -> Json:
         shard_id = _number(shard, "shard")
-        if shard_id >= len(database.shards):
+        if shard_id >= database.shard_count:
             raise BadRequestError(f"database {database.name!r} has shards 0 to "
-                                  f"{len(database.shards) - 1}, not {shard_id}")
+                                  f"{database.shard_count - 1}, not {shard_id}")
         offset = _number(query["offset"], "offset") if "offset" in query else None
         wait = min(MAX_WAIT, _seconds(query.get("wait"), DEFAULT_WAIT))
         if offset is not None:
             await _until_applied(database, shard_id, offset, wait)
         async with self._one_at_a_time:
-            found = await digest_shard(database, shard_id, self._work_dir)
+            found = await database.digest(shard_id, self._work_dir)
         return {"site": site, "db": database.name, "shard": shard_id,
                 "applied": found.applied, "digest": found.digest, "keys": found.keys}
 
@@ -49,14 +49,13 @@ class ShardDigests:
 async def _until_applied(database: Database, shard_id: int, offset: int,
                          wait: float) -> None:
     deadline = time.monotonic() + wait
-    shard = database.shards[shard_id]
-    while shard.applied_offset < offset:
+    # asked again each time: a bootstrap puts another copy of the shard in place
+    while (applied := database.applied_offset(shard_id)) < offset:
         if time.monotonic() >= deadline:
             raise StorageTimeoutError(
-                f"{database.name}/{shard_id}: applied up to offset {shard.applied_offset}, "
+                f"{database.name}/{shard_id}: applied up to offset {applied}, "
                 f"not {offset}, within {wait}s")
         await asyncio.sleep(POLL_INTERVAL)
-        shard = database.shards[shard_id]  # a bootstrap puts another Shard in place
 
 
 def _number(text: str, name: str) -> int:

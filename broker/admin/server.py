@@ -27,9 +27,6 @@ from ..ds import (
     DbDescription,
     DurableStorage,
     SiteReplication,
-    apply_gc_plan,
-    create_checkpoint,
-    describe,
 )
 from ..errors import StorageClosedError, UnknownDatabaseError, UnknownSiteError
 from ..http.guard import ConnectionGuard, GuardedListener
@@ -206,14 +203,14 @@ class AdminServer:
 
     async def _descriptions(self) -> list[DbDescription]:
         databases = self._running().storage.databases
-        return [await describe(databases[name]) for name in sorted(databases)]
+        return [await databases[name].describe() for name in sorted(databases)]
 
     async def _storages(self, _request: web.Request) -> web.Response:
         return listing([storage_summary(found) for found in await self._descriptions()])
 
     async def _storage(self, request: web.Request) -> web.Response:
         database = self._running().storage.db(request.match_info["db"])
-        return web.json_response(storage_view(await describe(database)))
+        return web.json_response(storage_view(await database.describe()))
 
     def _any_database(self, name: str) -> Database:
         """A messages or key-value database of this site, by name."""
@@ -233,7 +230,7 @@ class AdminServer:
         body = await json_body(request)
         target = checkpoint_folder(body.get("dir"), self._running().storage.data_dir,
                                    [Path(folder) for folder in self.settings.checkpoint_dirs])
-        manifest = await create_checkpoint(database.shard_set, target)
+        manifest = await database.checkpoint(target)
         log.info("checkpoint of %r made in %s", database.name, target)
         return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
 
@@ -241,7 +238,7 @@ class AdminServer:
         """Apply a generation GC plan of `stratamq spark gc` (the body): what was
         dropped or rewritten per generation, and the bytes freed."""
         database = self._running().storage.db(request.match_info["db"])
-        report = await apply_gc_plan(database, await json_body(request))
+        report = await database.apply_gc_plan(await json_body(request))
         log.info("GC plan applied to %r: %d messages deleted, %d bytes freed",
                  database.name, report["deleted_messages"], report["bytes_freed"])
         return web.json_response(report)

@@ -1,6 +1,6 @@
 """The JSON documents the admin API answers with, built from the running parts of
 a site. Plain functions of their inputs: nothing here does I/O; storage is seen
-through `ds.describe`."""
+through `Database.describe`."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class Broker:
         # On a cluster: the push of committed messages to the sites without a replica
         # of a shard, served on the peer port (`SiteReplication.add_service`).
         self.relay = None if replication is None or interest is None else \
-            Relay.of(replication, interest, self.dispatcher.shared_unsettled,
+            Relay.of(replication, messages, interest, self.dispatcher.shared_unsettled,
                      self.shared_replay.on_site_lost)
 
     @classmethod

@@ -3,13 +3,11 @@
 API: the rest of the broker imports from here, never from the modules below."""
 
 from .backend import Backend, Consistency, LocalBackend
-from .checkpoint import create_checkpoint
 from .cooked import CookedBatch
 from .database import Database
-from .describe import DbDescription, GenerationDescription, ShardDescription, describe
-from .digest import DIGEST_DIR, ShardDigest, digest_shard
+from .describe import DbDescription, GenerationDescription, ShardDescription
+from .digest import DIGEST_DIR, ShardDigest
 from .fence import Fence, FencedError
-from .gc import apply_gc_plan
 from .generation import GenerationInfo
 from .iterator import END_OF_STREAM, EndOfStream, Iterator, Rank, Stream
 from .kv import KvDatabase, kv_options
@@ -28,7 +26,7 @@ from .replication.site_replication import PeerService, SiteReplication
 from .retention import RetentionRules
 from .rocks import blob, read_blob
 from .shard import now_us
-from .shard_set import DropListener, NextResult, PreDropListener, ShardSet, shard_of
+from .shard_set import DropListener, NextResult, PreDropListener, shard_of
 from .snapshot import MANIFEST_FILE, ShardSnapshot, Snapshot
 from .storage import BackendOf, DurableStorage
 
@@ -64,17 +62,12 @@ __all__ = [
     "RetentionRules",
     "ShardDescription",
     "ShardDigest",
-    "ShardSet",
     "ShardSnapshot",
     "SiteReplication",
     "Snapshot",
     "Stream",
-    "apply_gc_plan",
     "blob",
-    "create_checkpoint",
     "decode_message",
-    "describe",
-    "digest_shard",
     "encode_message",
     "kv_options",
     "now_us",

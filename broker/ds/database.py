@@ -2,7 +2,9 @@
 storage API, built last, over this site's copy of it (`shard_set.ShardSet`) and its
 backend (`backend.py`): validation, the routing of writes to the shards' write
 buffers, streams and iterators, reads of an explicit consistency, generations and
-retention, and the commit feed's listeners."""
+retention, the commit feed's listeners, and the admin's operations (describe, digest,
+checkpoint, GC plan). No `Shard` or `ShardSet` leaves it: callers name shards by
+number."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
 
 from ..errors import (
     InvalidIteratorError,
@@ -21,12 +25,16 @@ from ..errors import (
 from ..topic import check_topic, validate_filter
 from . import metrics
 from .backend import Backend, Consistency
+from .checkpoint import create_checkpoint
+from .describe import DbDescription, describe
+from .digest import ShardDigest, digest_shard
 from .feed import CommitListener, FeedGapListener
 from .fence import Fence
+from .gc import apply_gc_plan
 from .generation import GenerationInfo, plan_retention
 from .iterator import EndOfStream, Iterator, Stream
 from .message import Message
-from .shard import Shard, now_us
+from .shard import now_us
 from .shard_set import DropListener, NextResult, PreDropListener, ShardSet, shard_of
 from .streams import StreamList
 
@@ -34,20 +42,24 @@ log = logging.getLogger(__name__)
 
 
 class Database:
+    """The facade. It is past ~300 lines because it is the one door to a database:
+    each operation is a few lines that hand the work to the module doing it, and a
+    second door would have callers reach past it to the shards again."""
+
     def __init__(self, shard_set: ShardSet, backend: Backend) -> None:
-        self.shard_set = shard_set
+        self._shard_set = shard_set
         self._backend = backend
         self.name = shard_set.name
         self.site_id = shard_set.site_id
         self.options = shard_set.options
-        self.executor = shard_set.executor
         self._feed = shard_set.feed
         self._buffers = backend.buffers
         self._store_batch_time = metrics.STORE_BATCH_TIME.labels(self.name)
 
     @property
-    def shards(self) -> list[Shard]:
-        return self.shard_set.shards
+    def shard_count(self) -> int:
+        """How many shards the database has: they are numbered from 0."""
+        return len(self._shard_set.shards)
 
     @property
     def replicated(self) -> bool:
@@ -158,7 +170,7 @@ class Database:
         starts with `prefix` and comes after `after` (None: from the first), as
         `consistency` sees them."""
         if consistency is Consistency.LOCAL:
-            return await self.shard_set.scan_records(shard_id, prefix, limit, after)
+            return await self._shard_set.scan_records(shard_id, prefix, limit, after)
         return await self._backend.read_records(shard_id, prefix, limit, after)
 
     async def get_records(self, shard_id: int, keys: list[bytes],
@@ -166,7 +178,7 @@ class Database:
         """Several records of one shard, None where there is none, as `consistency`
         sees them."""
         if consistency is Consistency.LOCAL:
-            return await self.shard_set.get_records(shard_id, keys)
+            return await self._shard_set.get_records(shard_id, keys)
         return await self._backend.get_records(shard_id, keys)
 
     async def get_record(self, shard_id: int, key: bytes,
@@ -190,6 +202,11 @@ class Database:
         """Per shard, the last timestamp fed to the commit listeners here."""
         return self._feed.fed_through()
 
+    def feed_gap(self, shard_id: int) -> None:
+        """Tell the feed gap listeners that this site may have missed committed
+        messages of the shard (the relay: a leader changed, a push was dropped)."""
+        self._feed.feed_gap(shard_id)
+
     # -- streams and iterators ----------------------------------------------------
 
     def placement_of(self, shard_id: int) -> tuple[tuple[str, ...], str]:
@@ -210,23 +227,23 @@ class Database:
     @property
     def stream_version(self) -> int:
         """Grows whenever this site learns a stream (see `get_streams_since`)."""
-        return self.shard_set.streams.version
+        return self._shard_set.streams.version
 
     def get_streams_since(self, topic_filter: str, version: int) -> tuple[int, StreamList]:
         """The streams learned after `version` that the filter reads, in rank order,
         and the version to ask with next time. Costs the new streams, not all."""
-        return self.shard_set.streams.streams_since(topic_filter, version,
-                                                    self._backend.generations_of)
+        return self._shard_set.streams.streams_since(topic_filter, version,
+                                                     self._backend.generations_of)
 
     def get_streams(self, topic_filter: str, start_time: int = 0) -> StreamList:
         """The streams that may hold messages matching the filter at or after
         `start_time` (µs), in rank order (see `StreamIndex.streams`)."""
-        return self.shard_set.streams.streams(topic_filter, start_time,
-                                              range(len(self.shards)),
-                                              self._backend.generations_of)
+        return self._shard_set.streams.streams(topic_filter, start_time,
+                                               range(self.shard_count),
+                                               self._backend.generations_of)
 
     def make_iterator(self, stream: Stream, topic_filter: str, start_time: int = 0) -> Iterator:
-        self.shard_set.shard(stream.shard)
+        self._shard_set.shard(stream.shard)
         generation = self._backend.generations_of(stream.shard).get(stream.generation)
         if generation is None:
             raise InvalidIteratorError(
@@ -238,33 +255,33 @@ class Database:
         moved past them; END_OF_STREAM once a closed generation is read out."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        self.shard_set.shard(iterator.stream.shard)
+        self._shard_set.shard(iterator.stream.shard)
         return await self._backend.next(iterator, batch_size)
 
     async def read_message(self, stream: Stream, timestamp: int) -> Message | None:
         """The message of a stream at a timestamp; None when it (or its generation)
         is not there."""
-        self.shard_set.shard(stream.shard)
+        self._shard_set.shard(stream.shard)
         return await self._backend.read_message(stream, timestamp)
 
     def reading(self, shard_id: int, generation_id: int
                 ) -> contextlib.AbstractAsyncContextManager[None]:
         """See `ShardSet.reading`."""
-        return self.shard_set.reading(shard_id, generation_id)
+        return self._shard_set.reading(shard_id, generation_id)
 
     # -- generations --------------------------------------------------------------
 
     def list_generations(self) -> dict[tuple[int, int], GenerationInfo]:
-        return {(shard.shard_id, generation_id): generation.info
-                for shard in self.shards
+        return {(shard_id, generation_id): generation.info
+                for shard_id in range(self.shard_count)
                 for generation_id, generation in sorted(
-                    self._backend.generations_of(shard.shard_id).items())}
+                    self._backend.generations_of(shard_id).items())}
 
     async def add_generation(self) -> None:
         """Start a new generation in every shard; the old ones stop taking writes.
         On a replicated site: in every shard this site leads, through its log."""
-        for shard in self.shards:
-            await self._backend.add_generation(shard.shard_id)
+        for shard_id in range(self.shard_count):
+            await self._backend.add_generation(shard_id)
 
     async def set_topic_seed(self, patterns: list[str]) -> None:
         """Seed the learned topic structure of every shard's next generation with
@@ -276,8 +293,8 @@ class Database:
             if "#" in levels:
                 raise InvalidTopicFilterError(f"seed pattern {pattern!r}: a stream pattern "
                                               "has literal and + levels only, no #")
-        for shard in self.shards:
-            await self._backend.set_topic_seed(shard.shard_id, tuple(patterns))
+        for shard_id in range(self.shard_count):
+            await self._backend.set_topic_seed(shard_id, tuple(patterns))
 
     async def gc_write(self, shard_id: int, generation_id: int, deletes: list[bytes],
                        record_puts: list[tuple[bytes, bytes]]) -> None:
@@ -288,16 +305,16 @@ class Database:
 
     async def drop_generation(self, shard_id: int, generation_id: int) -> None:
         """Delete a closed generation of one shard, once reads in flight are done."""
-        self.shard_set.shard(shard_id)
+        self._shard_set.shard(shard_id)
         await self._backend.drop_generation(shard_id, generation_id)
 
     def add_generation_pre_drop_listener(self, listener: PreDropListener) -> None:
         """See `ShardSet.add_generation_pre_drop_listener`."""
-        self.shard_set.add_generation_pre_drop_listener(listener)
+        self._shard_set.add_generation_pre_drop_listener(listener)
 
     def add_generation_drop_listener(self, listener: DropListener) -> None:
         """See `ShardSet.add_generation_drop_listener`."""
-        self.shard_set.add_generation_drop_listener(listener)
+        self._shard_set.add_generation_drop_listener(listener)
 
     async def apply_retention(self, now: int | None = None) -> tuple[bool, int]:
         """One pass of the retention rule; returns (generation added, generations
@@ -312,10 +329,38 @@ class Database:
         period = self.options.generation_period
         period_us = None if period is None else int(period * 1_000_000)
         plans = [plan_retention(infos, at, retention_us, drop_after_us, period_us)
-                 for infos in self.shard_set.local_generations()]
+                 for infos in self._shard_set.local_generations()]
         return await self._backend.retain(plans)
+
+    # -- the admin's operations ------------------------------------------------------
+
+    async def describe(self) -> DbDescription:
+        """The database as this site holds it (`describe.describe`)."""
+        return await describe(self._shard_set, self.placement_of)
+
+    def applied_offset(self, shard_id: int) -> int:
+        """The shard log offset this site's copy of the shard has applied (0 without
+        replication)."""
+        return self._shard_set.shards[shard_id].applied_offset
+
+    async def digest(self, shard_id: int, work_dir: Path) -> ShardDigest:
+        """The digest of one shard as applied now (`digest.digest_shard`)."""
+        return await digest_shard(self._shard_set, shard_id, work_dir)
+
+    async def checkpoint(self, target: str | Path) -> dict[str, Any]:
+        """Checkpoint the database into the new folder `target`; returns its manifest
+        (`checkpoint.create_checkpoint`)."""
+        return await create_checkpoint(self._shard_set, target)
+
+    async def apply_gc_plan(self, plan: Any) -> dict[str, Any]:
+        """Apply a generation GC plan of `stratamq spark gc` (`gc.apply_gc_plan`)."""
+        return await apply_gc_plan(self, self._shard_set, plan)
+
+    def disk_bytes(self) -> int:
+        """The bytes the database takes on disk here. Blocking (reads file sizes)."""
+        return sum(shard.disk_usage() for shard in list(self._shard_set.shards))
 
     async def close(self) -> None:
         """Write what the buffers hold, stop the backend, then close every shard."""
         await self._backend.close()
-        await self.shard_set.close()
+        await self._shard_set.close()

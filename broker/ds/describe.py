@@ -5,11 +5,15 @@ place outside the engine that looks at shard internals."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .database import Database
 from .shard import Shard
+from .shard_set import ShardSet
+
+# a shard's replica set and leader (`Database.placement_of`)
+PlacementOf = Callable[[int], tuple[tuple[str, ...], str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class DbDescription:
         return sum(shard.disk_bytes for shard in self.shards)
 
 
-async def describe(db: Database) -> DbDescription:
+async def describe(db: ShardSet, placement_of: PlacementOf) -> DbDescription:
     """The database as this site holds it. Reads file sizes off the event loop.
     On one site, this site is every shard's only replica and its leader; with
     replication, replicas and leader are the placement's."""
@@ -62,9 +66,9 @@ async def describe(db: Database) -> DbDescription:
     shards = []
     for shard in list(db.shards):
         # under the shard's lock, so no generation is dropped while its size is read
-        async with db.shard_set.shard_lock(shard.shard_id):
+        async with db.shard_lock(shard.shard_id):
             shards.append(await loop.run_in_executor(db.executor, _describe_shard, shard,
-                                                     db.placement_of(shard.shard_id)))
+                                                     placement_of(shard.shard_id)))
     options = db.options
     return DbDescription(db.name, db.site_id, options.key_value, options.n_shards,
                          options.layout, dict(options.layout_options),

@@ -25,10 +25,10 @@ from pathlib import Path
 from rocksdict import AccessType, Options, Rdict
 
 from .checkpoint import checkpoint_shard
-from .database import Database
 from .generation import GenerationInfo
 from .rocks import as_bytes
 from .shard import GENERATION_PREFIX
+from .shard_set import ShardSet
 
 DIGEST_DIR = "digests"
 _LENGTH = struct.Struct(">Q")
@@ -80,7 +80,7 @@ def _replicated_part(raw: bytes) -> bytes:
     return info.to_json()
 
 
-async def digest_shard(database: Database, shard_id: int, work_dir: Path) -> ShardDigest:
+async def digest_shard(database: ShardSet, shard_id: int, work_dir: Path) -> ShardDigest:
     """The digest of one shard of `database` as applied now. The caller makes one at a
     time per `work_dir` (a folder of its own: what is left there is removed)."""
     loop = asyncio.get_running_loop()
@@ -92,7 +92,7 @@ async def digest_shard(database: Database, shard_id: int, work_dir: Path) -> Sha
 
     await loop.run_in_executor(database.executor, prepare)
     try:
-        applied = await checkpoint_shard(database.shard_set, shard_id, folder)
+        applied = await checkpoint_shard(database, shard_id, folder)
         digest, keys = await loop.run_in_executor(database.executor, digest_folder, folder)
     finally:
         await loop.run_in_executor(database.executor, shutil.rmtree, folder, True)

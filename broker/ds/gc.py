@@ -31,16 +31,19 @@ import asyncio
 import struct
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptDataError, GcPlanRefusedError, GenerationError
 from .backend import Consistency
-from .database import Database
 from .layouts import ReadStats
 from .message import peek_timestamp, peek_topic
 from .retention import RetentionRules, is_expired
 from .shard import Generation, Shard
+from .shard_set import ShardSet
 from .snapshot import stream_patterns
+
+if TYPE_CHECKING:  # the database imports this module: its facade calls `apply_gc_plan`
+    from .database import Database
 
 PLAN_KIND = "stratamq-gc-plan"
 PLAN_FORMAT = 1
@@ -119,12 +122,13 @@ def check_plan(plan: Any, database: Database) -> tuple[RetentionRules, int, int]
     return rules, made_at, created_at
 
 
-async def apply_gc_plan(database: Database, plan: Any) -> dict[str, Any]:
-    """Apply a plan (see the module docstring); returns what was done per generation
-    and the bytes freed."""
+async def apply_gc_plan(database: Database, shard_set: ShardSet, plan: Any
+                        ) -> dict[str, Any]:
+    """Apply a plan (see the module docstring) to `database`, whose copy on this site
+    is `shard_set`; returns what was done per generation and the bytes freed."""
     rules, made_at, created_at = check_plan(plan, database)
     lock = _locks.setdefault(database, asyncio.Lock())
-    held = [shard.shard_id for shard in database.shards if database.holds(shard.shard_id)]
+    held = [shard.shard_id for shard in shard_set.shards if database.holds(shard.shard_id)]
     async with lock:
         for shard_id in held:
             raw = await database.get_record(shard_id, APPLIED_RECORD, Consistency.COMMITTED)
@@ -137,30 +141,30 @@ async def apply_gc_plan(database: Database, plan: Any) -> dict[str, Any]:
         # Marked first: a plan half applied (a crash) is never applied again.
         marker = [(APPLIED_RECORD, _U64.pack(created_at))]
         for shard_id in held:
-            await database.gc_write(shard_id, database.shards[shard_id].current.info.id, [],
+            await database.gc_write(shard_id, shard_set.shards[shard_id].current.info.id, [],
                                     marker)
         results = []
         for entry in plan["generations"]:
             if entry["action"] in ("drop", "rewrite"):
-                results.append(await _apply_one(database, entry, rules, made_at))
+                results.append(await _apply_one(database, shard_set, entry, rules, made_at))
     return {"db": database.name, "site": database.site_id, "generations": results,
             "bytes_freed": sum(result["bytes_freed"] for result in results),
             "deleted_messages": sum(result["deleted_messages"] for result in results)}
 
 
-async def _apply_one(database: Database, entry: dict[str, Any], rules: RetentionRules,
-                     made_at: int) -> dict[str, Any]:
+async def _apply_one(database: Database, shard_set: ShardSet, entry: dict[str, Any],
+                     rules: RetentionRules, made_at: int) -> dict[str, Any]:
     shard_id, generation_id = int(entry["shard"]), int(entry["generation"])
     result: dict[str, Any] = {"shard": shard_id, "generation": generation_id,
                               "action": entry["action"], "deleted_messages": 0,
                               "bytes_freed": 0}
-    if not 0 <= shard_id < len(database.shards):
+    if not 0 <= shard_id < len(shard_set.shards):
         return {**result, "status": "refused", "reason": f"no shard {shard_id}"}
     if not database.holds(shard_id):
         return {**result, "status": "skipped",
                 "reason": f"this site holds no replica of shard {shard_id}; a plan made on "
                           "a site that does covers it"}
-    shard = database.shards[shard_id]
+    shard = shard_set.shards[shard_id]
     generation = shard.generations.get(generation_id)
     if generation is None:
         return {**result, "status": "gone", "reason": "the generation is no longer there"}
@@ -170,9 +174,9 @@ async def _apply_one(database: Database, entry: dict[str, Any], rules: Retention
                           "plan saw"}
     loop = asyncio.get_running_loop()
     async with database.reading(shard_id, generation_id):
-        scan = await loop.run_in_executor(database.executor, scan_generation, generation,
+        scan = await loop.run_in_executor(shard_set.executor, scan_generation, generation,
                                           rules, made_at)
-        before = await loop.run_in_executor(database.executor, shard.generation_bytes,
+        before = await loop.run_in_executor(shard_set.executor, shard.generation_bytes,
                                             generation)
     if (scan.messages, scan.expired) != (entry["messages"], entry["expired_messages"]):
         return {**result, "status": "refused",
@@ -186,11 +190,12 @@ async def _apply_one(database: Database, entry: dict[str, Any], rules: Retention
         await database.drop_generation(shard_id, generation_id)
         return {**result, "status": "dropped", "deleted_messages": scan.messages,
                 "bytes_freed": before}
-    return await _rewrite(database, shard, generation_id, scan, before, result)
+    return await _rewrite(database, shard_set, shard, generation_id, scan, before, result)
 
 
-async def _rewrite(database: Database, shard: Shard, generation_id: int, scan: GenerationScan,
-                   before: int, result: dict[str, Any]) -> dict[str, Any]:
+async def _rewrite(database: Database, shard_set: ShardSet, shard: Shard, generation_id: int,
+                   scan: GenerationScan, before: int, result: dict[str, Any]
+                   ) -> dict[str, Any]:
     for deletes in _batches(scan.deletes):
         try:
             await database.gc_write(shard.shard_id, generation_id, deletes, [])
@@ -202,8 +207,9 @@ async def _rewrite(database: Database, shard: Shard, generation_id: int, scan: G
         if generation is None:
             return {**result, "status": "rewritten", "deleted_messages": scan.expired,
                     "bytes_freed": before}
-        await loop.run_in_executor(database.executor, shard.compact_generation, generation_id)
-        after = await loop.run_in_executor(database.executor, shard.generation_bytes,
+        await loop.run_in_executor(shard_set.executor, shard.compact_generation,
+                                   generation_id)
+        after = await loop.run_in_executor(shard_set.executor, shard.generation_bytes,
                                            generation)
     return {**result, "status": "rewritten", "deleted_messages": scan.expired,
             "bytes_freed": max(0, before - after)}

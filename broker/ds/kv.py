@@ -85,7 +85,7 @@ class KvDatabase:
         """Entries whose key starts with `prefix`, from one shard or all, a page of at
         most `page_size` at a time (so a caller holds one page, not the database). On a
         replicated site each page is read at a replica of its shard."""
-        shard_ids = range(len(self.database.shards)) if shard_id is None else [shard_id]
+        shard_ids = range(self.database.shard_count) if shard_id is None else [shard_id]
         for number in shard_ids:
             after: bytes | None = None
             while True:

@@ -229,8 +229,7 @@ class DurableStorage:
 
 def _measure_disk(data_dir: Path, databases: dict[str, Database]) -> None:
     for name, database in databases.items():
-        metrics.DISK_BYTES.labels(name).set(
-            sum(shard.disk_usage() for shard in list(database.shards)))
+        metrics.DISK_BYTES.labels(name).set(database.disk_bytes())
     usage = shutil.disk_usage(data_dir)
     metrics.FILESYSTEM_FREE_BYTES.set(usage.free)
     metrics.FILESYSTEM_SIZE_BYTES.set(usage.total)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import aiohttp
 from aiohttp import web
 
-from ..ds import ShardSet, now_us
+from ..ds import Database, now_us
 from ..supervise import supervise
 from ..topic import SHARE_PREFIX
 from .site_interest import INTEREST_EXPIRY, INTEREST_INTERVAL, SiteInterest
@@ -57,20 +57,21 @@ _INTEREST_TIMEOUT = aiohttp.ClientTimeout(total=INTEREST_TIMEOUT)
 
 
 class InterestExchange:
-    """`interest`: this site's and the peers' (`SiteInterest`); `unsettled`: for each
+    """`messages`: the database whose shards the relay pushes; `interest`: this
+    site's and the peers' (`SiteInterest`); `unsettled`: for each
     shared group with members here, per shard where its messages stop being settled
     here (the dispatcher's `shared_unsettled`), told to the peers; a site that left a
     shared group, or was forgotten, is told to `on_site_lost`, and a forgotten one to
     `on_forgotten` (the relay)."""
 
-    def __init__(self, site: str, advertised: str, shard_set: ShardSet,
+    def __init__(self, site: str, advertised: str, messages: Database,
                  interest: SiteInterest, placement_of: PlacementOf, peers_of: PeersOf,
                  session: aiohttp.ClientSession,
                  unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
                  on_site_lost: SiteLost, on_forgotten: Callable[[str], None]) -> None:
         self.site = site
         self.advertised = advertised
-        self.shard_set = shard_set
+        self._messages = messages
         self.interest = interest
         self._told = interest.peers  # what each peer told
         self._placement_of = placement_of
@@ -117,7 +118,7 @@ class InterestExchange:
             log.info("%s told this site nothing for %.0fs: its interest is forgotten, "
                      "nothing more is pushed to it", gone.site, INTEREST_EXPIRY)
             self._on_forgotten(gone.site)
-            until = [now_us()] * len(self.shard_set.shards)
+            until = [now_us()] * self._messages.shard_count
             for share_filter in sorted(gone.filters):
                 if not share_filter.startswith(SHARE_PREFIX):
                     continue
@@ -153,9 +154,9 @@ class InterestExchange:
             return
         if not had and filters:
             # messages it committed before it knew these filters were not pushed
-            for shard_id in range(len(self.shard_set.shards)):
+            for shard_id in range(self._messages.shard_count):
                 if self._placement_of(shard_id)[1] == site:
-                    self.shard_set.feed.feed_gap(shard_id)
+                    self._messages.feed_gap(shard_id)
 
     # -- taking the peers' ------------------------------------------------------------
 
@@ -174,7 +175,7 @@ class InterestExchange:
             if not isinstance(joined, dict) or not all(
                     isinstance(at, int) for at in joined.values()):
                 raise TypeError("joined maps filters to timestamps")
-            shards = len(self.shard_set.shards)
+            shards = self._messages.shard_count
             for name, positions in (("left", left), ("unsettled", unsettled)):
                 if not isinstance(positions, dict) or not all(
                         isinstance(stopped, list) and len(stopped) == shards
@@ -202,7 +203,7 @@ class InterestExchange:
         `left`; when it told nothing, restarted since it joined, SHARED_FEED_LAG
         before now) up to what this site was fed of each shard are read from storage
         and delivered by the sites left (later ones pick among them)."""
-        until = self.shard_set.feed.fed_through()
+        until = self._messages.fed_through()
         if stopped is None:
             stopped = [now_us() - int(SHARED_FEED_LAG * 1_000_000)] * len(until)
         self._on_site_lost(site, frozenset({share_filter}), {share_filter: joined}, stopped,

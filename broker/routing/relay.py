@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..ds import CookedBatch, Message, RemoteReads, ShardSet, SiteReplication
+from ..ds import CookedBatch, Database, Message, RemoteReads, SiteReplication
 from ..errors import CorruptDataError
 from ..supervise import supervise
 from .exchange import InterestExchange, PeersOf, PlacementOf, SiteLost
@@ -67,18 +67,19 @@ class _Outbox:
 
 
 class Relay:
-    """`interest`: what this site's and the peers' subscribers hold, exchanged with the
-    peers by an `InterestExchange` made with `unsettled` and `on_site_lost` (see
-    there)."""
+    """`messages`: the database pushed (its commit feed: what is applied here, and
+    its feed gaps); `interest`: what this site's and the peers' subscribers hold,
+    exchanged with the peers by an `InterestExchange` made with `unsettled` and
+    `on_site_lost` (see there)."""
 
-    def __init__(self, site: str, advertised: str, shard_set: ShardSet, leads: Leads,
+    def __init__(self, site: str, advertised: str, messages: Database, leads: Leads,
                  placement_of: PlacementOf, peers_of: PeersOf, remote: RemoteReads,
                  session: aiohttp.ClientSession, timeout: float, interest: SiteInterest,
                  unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
                  on_site_lost: SiteLost) -> None:
         self.site = site
         self.advertised = advertised
-        self.shard_set = shard_set
+        self._messages = messages
         self._leads = leads
         self._placement_of = placement_of
         self._peers_of = peers_of
@@ -88,22 +89,21 @@ class Relay:
         self.interest = interest
         self._told = interest.peers  # what each peer told
         self._outboxes: dict[str, _Outbox] = {}
-        self._leaders = [placement_of(shard)[1] for shard in range(len(shard_set.shards))]
-        self._replicas = [placement_of(shard)[0] for shard in range(len(shard_set.shards))]
-        self.exchange = InterestExchange(site, advertised, shard_set, interest, placement_of,
+        self._leaders = [placement_of(shard)[1] for shard in range(messages.shard_count)]
+        self._replicas = [placement_of(shard)[0] for shard in range(messages.shard_count)]
+        self.exchange = InterestExchange(site, advertised, messages, interest, placement_of,
                                          peers_of, session, unsettled, on_site_lost,
                                          self._forget)
-        shard_set.feed.add_commit_listener(self.on_commit, of_applied=True)
+        messages.add_commit_listener(self.on_commit, of_applied=True)
 
     @classmethod
-    def of(cls, replication: SiteReplication, interest: SiteInterest,
+    def of(cls, replication: SiteReplication, messages: Database, interest: SiteInterest,
            unsettled: Callable[[], Mapping[str, Mapping[int, int]]],
            on_site_lost: SiteLost) -> Relay:
-        """The relay of the first database `replication` replicates (`messages`,
-        whose streams subscribers read), over its peer port."""
-        messages = replication.messages
-        return cls(replication.site, replication.advertised, messages.shard_set,
-                   replication.leads, messages.placement_of, lambda: replication.kept.peers,
+        """The relay of `messages`, the first database `replication` replicates (whose
+        streams subscribers read), over its peer port."""
+        return cls(replication.site, replication.advertised, messages, replication.leads,
+                   replication.messages.placement_of, lambda: replication.kept.peers,
                    replication.remote, replication.peer_session, replication.peer_timeout,
                    interest, unsettled, on_site_lost)
 
@@ -137,11 +137,11 @@ class Relay:
         left the shard's replica set got neither pushes nor (once it left) applied
         batches of what was committed before this site knew; it is told of a gap, so
         its readers read those from storage."""
-        for shard_id in range(len(self.shard_set.shards)):
+        for shard_id in range(self._messages.shard_count):
             replicas, leader = self._placement_of(shard_id)
             if leader != self._leaders[shard_id]:
                 self._leaders[shard_id] = leader
-                self.shard_set.feed.feed_gap(shard_id)
+                self._messages.feed_gap(shard_id)
             left = set(self._replicas[shard_id]) - set(replicas)
             self._replicas[shard_id] = replicas
             # Named leader, not yet leading: a new leader takes over in the background
@@ -249,7 +249,7 @@ class Relay:
         return Push(first.shard, first.gap, messages)
 
     async def _send(self, site: str, address: str, push: Push) -> bool:
-        url = f"http://{address}/peer/v1/dbs/{self.shard_set.name}/{push.shard}/feed"
+        url = f"http://{address}/peer/v1/dbs/{self._messages.name}/{push.shard}/feed"
         try:
             async with self._session.post(url, data=encode_push(push), timeout=self._timeout,
                                           headers={"Content-Type": PUSH_CONTENT_TYPE}
@@ -273,8 +273,8 @@ class Relay:
         except (ValueError, CorruptDataError) as exc:
             return web.json_response({"error": "bad_request", "message": str(exc)},
                                      status=400)
-        if http.match_info["db"] != self.shard_set.name or push.shard != shard_id \
-                or not 0 <= shard_id < len(self.shard_set.shards):
+        if http.match_info["db"] != self._messages.name or push.shard != shard_id \
+                or not 0 <= shard_id < self._messages.shard_count:
             return web.json_response({"error": "unknown_shard"}, status=404)
         if push.messages:
             self._remote.pushed(shard_id, push.messages[-1][2].timestamp)
@@ -285,7 +285,7 @@ class Relay:
         await self._remote.ensure_streams(shard_id, {(generation, static) for generation,
                                                      static, _message in push.messages})
         if push.gap:
-            self.shard_set.feed.feed_gap(shard_id)
+            self._messages.feed_gap(shard_id)
         by_generation: dict[int, list[tuple[bytes, Message]]] = {}
         for generation, static, message in push.messages:
             by_generation.setdefault(generation, []).append((static, message))

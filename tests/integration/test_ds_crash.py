@@ -14,7 +14,7 @@ import pytest
 
 from stratamq.broker.ds import DurableStorage
 from tests.integration.ds_crash_writer import KV_SHARDS, OPTIONS, batch_messages, kv_entry
-from tests.support.storage import read_filter, run
+from tests.support.storage import open_with_shards, read_filter, run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,16 +69,15 @@ def test_acknowledged_batches_survive_sigkill(tmp_path: Path, plan: str) -> None
 
     async def check() -> None:
         storage = DurableStorage(tmp_path)
-        await storage.open_db("messages", OPTIONS)
+        database, shard_set = await open_with_shards(storage, "messages", OPTIONS)
         stored = await read_filter(storage, "messages", "crash/#", batch_size=500)
         payloads = {m.payload for m in stored}
         assert expected <= payloads, f"{len(expected - payloads)} acknowledged messages lost"
         # the learned structure is intact: every stored topic maps to a stream again
-        database = storage.db("messages")
         for message in stored[:200]:
             levels = message.topic.split("/")
             assert any(g.trie.lookup(levels) is not None
-                       for shard in database.shards for g in shard.generations.values())
+                       for shard in shard_set.shards for g in shard.generations.values())
         # the generation table is intact: per shard, one current generation, the
         # newest, and every closed one ends where the next begins
         generations = database.list_generations()

@@ -22,7 +22,7 @@ from stratamq.broker.ds import (
 )
 from stratamq.broker.ds.shard import Shard
 from stratamq.broker.errors import StorageBusyError
-from tests.support.storage import read_filter, run
+from tests.support.storage import open_with_shards, read_filter, run
 
 FAST = DbOptions(n_shards=2, flush_interval=0.001, wildcard_thresholds=(3, 2))
 
@@ -34,14 +34,15 @@ def test_a_batch_written_during_an_empty_read_at_a_generation_switch_is_read(
     must not take the empty read as the end of generation 1."""
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
-        database = await storage.open_db("messages", DbOptions(n_shards=1))
+        _database, shard_set = await open_with_shards(storage, "messages",
+                                                      DbOptions(n_shards=1))
         await storage.store_batch("messages", [Message("t", b"first", client_id="c")])
         (_rank, stream), = storage.get_streams("messages", "t")
         iterator = storage.make_iterator("messages", stream, "t")
         result = await storage.next("messages", iterator, 10)
         assert not isinstance(result, EndOfStream)
         iterator = result[0]
-        shard = database.shards[0]
+        shard = shard_set.shards[0]
         real_read = shard.read
         read_done = threading.Event()
         release = threading.Event()
@@ -184,9 +185,9 @@ def test_the_write_buffer_is_bounded_in_bytes_and_callers_can_wait_for_room(
 def test_a_full_buffer_holds_callers_until_its_batch_is_taken(tmp_path: Path) -> None:
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
-        database = await storage.open_db(
-            "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
-        lock = database.shard_set.shard_lock(0)
+        database, shard_set = await open_with_shards(
+            storage, "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
+        lock = shard_set.shard_lock(0)
         await lock.acquire()  # the shard is busy writing: nothing is taken
         for _ in range(10):  # one batch of 4 is taken (and waits for the lock)
             database.submit([Message("t", b"y" * 300, client_id="c")], wait=False)
@@ -222,15 +223,15 @@ def test_topic_caches_stay_under_their_byte_bound_with_huge_topics(tmp_path: Pat
 
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
-        database = await storage.open_db(
-            "messages", DbOptions(n_shards=2, wildcard_thresholds=(2, 2),
-                                  topic_cache_bytes=bound))
+        _database, shard_set = await open_with_shards(
+            storage, "messages", DbOptions(n_shards=2, wildcard_thresholds=(2, 2),
+                                           topic_cache_bytes=bound))
         big = "v" * 56_000
         for number in range(200):  # 200 topics of 56 KB: 11 MB of topic names
             await storage.store_batch("messages", [Message(
                 f"huge/{number}/{big}{number}/x", b"", client_id=f"c{number}")])
         held = 0
-        for shard in database.shards:
+        for shard in shard_set.shards:
             layout: Any = shard.current.layout
             held += _deep_size(shard.current.trie._topic_cache.entries)
             held += _deep_size(layout._index_prefixes.entries)
@@ -287,9 +288,9 @@ def test_streams_new_since_a_version_are_found_incrementally(tmp_path: Path) -> 
 def test_an_overfull_shard_refuses_messages_but_takes_records(tmp_path: Path) -> None:
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
-        database = await storage.open_db(
-            "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
-        await database.shard_set.shard_lock(0).acquire()  # the shard is busy: nothing is written
+        database, shard_set = await open_with_shards(
+            storage, "messages", DbOptions(n_shards=1, flush_interval=0.0, max_bytes=1000))
+        await shard_set.shard_lock(0).acquire()  # the shard is busy: nothing is written
         refused = 0
         for _ in range(40):
             try:
@@ -302,7 +303,7 @@ def test_an_overfull_shard_refuses_messages_but_takes_records(tmp_path: Path) ->
             database.submit([Message("t", b"z", client_id="c"),
                              Message("t", b"z", client_id="d")])
         done = database.submit([], records_of="c", record_puts=[(b"k", b"v")])
-        database.shard_set.shard_lock(0).release()
+        shard_set.shard_lock(0).release()
         await asyncio.gather(*done)
         assert await database.read_records(database.shard_of("c"), b"k",
                                            Consistency.LOCAL) == [(b"k", b"v")]

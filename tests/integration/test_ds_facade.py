@@ -1,4 +1,5 @@
-"""The storage's public face: `describe`, the site id, and the facade's exports."""
+"""The storage's public face: `Database.describe`, the site id, and the facade's
+exports."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import stratamq.broker.ds as ds
-from stratamq.broker.ds import DbOptions, DurableStorage, Message, describe
+from stratamq.broker.ds import DbOptions, DurableStorage, Message
 from stratamq.broker.errors import ConfigError, StorageClosedError
 from tests.support.storage import run
 
@@ -16,11 +17,11 @@ def test_describe_shows_shards_generations_replicas_and_positions(tmp_path: Path
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
         database = await storage.open_db("messages", DbOptions(n_shards=2))
-        before = await describe(database)
+        before = await database.describe()
         assert [shard.committed_timestamp for shard in before.shards] == [0, 0]
         await storage.store_batch("messages", [Message("a/b", b"x" * 5000, client_id="c")])
         await storage.add_generation("messages")
-        found = await describe(database)
+        found = await database.describe()
         assert found.name == "messages" and found.n_shards == 2 and not found.key_value
         assert found.site_id == storage.site_id
         written = ds.shard_of("c", 2)
@@ -60,8 +61,27 @@ def test_the_storage_creates_and_keeps_the_site_id(tmp_path: Path) -> None:
 
 
 def test_the_facade_exports_what_callers_need() -> None:
-    for name in ("KvDatabase", "describe", "encode_message", "decode_message", "Database",
-                 "DurableStorage", "Stream", "Iterator", "END_OF_STREAM"):
+    for name in ("KvDatabase", "DbDescription", "encode_message", "decode_message",
+                 "Database", "DurableStorage", "Stream", "Iterator", "END_OF_STREAM"):
         assert name in ds.__all__ and hasattr(ds, name)
+    assert "ShardSet" not in ds.__all__ and "Shard" not in ds.__all__
     message = Message("t", b"p", client_id="c", qos=1)
     assert ds.decode_message(ds.encode_message(message)).payload == b"p"
+
+
+def test_the_database_hands_out_no_shard(tmp_path: Path) -> None:
+    """Callers name shards by number: the database's attributes are its name, site and
+    options, and what they ask of a shard it answers itself."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        database = await storage.open_db("messages", DbOptions(n_shards=3))
+        assert {name for name in vars(database) if not name.startswith("_")} \
+            == {"name", "site_id", "options"}
+        for internal in ("shards", "shard_set", "executor"):
+            assert not hasattr(database, internal)
+        assert database.shard_count == 3
+        assert [database.applied_offset(shard) for shard in range(3)] == [0, 0, 0]
+        await storage.store_batch("messages", [Message("a/b", b"x" * 5000, client_id="c")])
+        assert database.disk_bytes() > 0  # RocksDB's files grow as they like: no more
+        await storage.close()
+    run(scenario())

@@ -12,19 +12,19 @@ from stratamq.broker.ds import DbOptions, DurableStorage
 from stratamq.broker.ds.replication import entries
 from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.errors import GenerationError
-from tests.support.storage import run
+from tests.support.storage import open_with_shards, run
 
 
 def test_a_local_gc_write_refuses_deletes_in_the_current_generation(tmp_path: Path) -> None:
     async def scenario() -> None:
         storage = DurableStorage(tmp_path)
-        database = await storage.open_db("messages", DbOptions(n_shards=1))
-        current = database.shards[0].current.info.id
+        database, shard_set = await open_with_shards(storage, "messages", DbOptions(n_shards=1))
+        current = shard_set.shards[0].current.info.id
         with pytest.raises(GenerationError):
             await database.gc_write(0, current, [b"key"], [(b"mark", b"1")])
-        assert database.shards[0].get_record(b"mark") is None  # nothing written
+        assert shard_set.shards[0].get_record(b"mark") is None  # nothing written
         await database.gc_write(0, current, [], [(b"mark", b"2")])  # records alone
-        assert database.shards[0].get_record(b"mark") == b"2"
+        assert shard_set.shards[0].get_record(b"mark") == b"2"
         await storage.close()
     run(scenario())
 

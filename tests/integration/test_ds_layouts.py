@@ -18,7 +18,8 @@ from stratamq.broker.ds.layouts import ReadStats
 from stratamq.broker.ds.layouts.wildcard_optimized import WildcardOptimized
 from stratamq.broker.ds.message import peek_timestamp
 from stratamq.broker.ds.shard import Shard, now_us
-from tests.support.storage import read_filter, run
+from stratamq.broker.ds.shard_set import ShardSet
+from tests.support.storage import open_with_shards, read_filter, run
 
 V2 = DbOptions(n_shards=1, flush_interval=0.0005, wildcard_thresholds=(3, 2))
 # thresholds of 1: the first value of a level is exact, all later ones go through `+`
@@ -27,9 +28,15 @@ BITFIELD = DbOptions(n_shards=1, flush_interval=0.0005, wildcard_thresholds=(1, 
 
 
 async def open_storage(path: Path, options: DbOptions) -> DurableStorage:
+    return (await open_storage_with_shards(path, options))[0]
+
+
+async def open_storage_with_shards(path: Path, options: DbOptions
+                                   ) -> tuple[DurableStorage, ShardSet]:
+    """The storage and the copy of `messages` in it, for a test that looks into a shard."""
     storage = DurableStorage(path)
-    await storage.open_db("messages", options)
-    return storage
+    _database, shard_set = await open_with_shards(storage, "messages", options)
+    return storage, shard_set
 
 
 async def wildcard_stream(storage: DurableStorage, level: str, last: str) -> Iterator:
@@ -83,9 +90,9 @@ def test_wildcard_reads_stop_at_the_open_epoch_and_exact_reads_do_not(tmp_path: 
         # epochs of 2**30 µs (~18 minutes): the epoch being written stays open
         options = DbOptions(n_shards=1, flush_interval=0.0005, wildcard_thresholds=(1, 1),
                             layout="wildcard_optimized", layout_options={"epoch_bits": 30})
-        storage = await open_storage(tmp_path, options)
+        storage, shard_set = await open_storage_with_shards(tmp_path, options)
         await storage.store_batch("messages", [Message(f"s/{n}/t", b"%d" % n) for n in range(5)])
-        shard = storage.db("messages").shards[0]
+        shard = shard_set.shards[0]
         generation = shard.current
         assert isinstance(generation.layout, WildcardOptimized)
         # thresholds of 1: the first second level is exact, the others go through `+`
@@ -142,12 +149,12 @@ def test_streams_sharing_a_topic_index_byte_never_mix(tmp_path: Path) -> None:
                             layout="wildcard_optimized",
                             layout_options={"topic_index_bytes": 1, "bits_per_topic_level": 2,
                                             "epoch_bits": 10})
-        storage = await open_storage(tmp_path, options)
+        storage, shard_set = await open_storage_with_shards(tmp_path, options)
         sent = [Message(f"{a}/{b}", b"%d" % n)
                 for n, (a, b) in enumerate((f"s{a}", f"d{b}") for a in range(120)
                                            for b in range(6))]
         await storage.store_batch("messages", sent)
-        generation = storage.db("messages").shards[0].current
+        generation = shard_set.shards[0].current
         prefixes = Counter(match.static[:1] for match in generation.trie.match(["#"]))
         assert max(prefixes.values()) > 1  # the case under test happens
         collisions = counter("hash_collisions", "wildcard_optimized")
@@ -205,10 +212,11 @@ def test_a_reader_waits_for_messages_past_the_open_epoch(tmp_path: Path) -> None
     """Timestamps may run ahead of the clock (a clash becomes last + 1): messages in
     epochs after the open one still make a wildcard reader wait, not end."""
     async def scenario() -> None:
-        storage = await open_storage(tmp_path, BITFIELD)  # epochs of 2**12 µs
+        # epochs of 2**12 µs
+        storage, shard_set = await open_storage_with_shards(tmp_path, BITFIELD)
         iterator = await wildcard_stream(storage, "p", "q")
         await storage.store_batch("messages", [Message("p/a/q", b"a")])
-        generation = storage.db("messages").shards[0].current
+        generation = shard_set.shards[0].current
         stored = generation.layout.read(generation.data, iterator.stream.static, ("+",),
                                         ["p", "+", "q"], 0, 100, ReadStats(), None)
         last = max(peek_timestamp(value) for _key, value in stored)
@@ -233,9 +241,9 @@ def test_the_horizon_never_passes_a_batch_being_cooked(tmp_path: Path) -> None:
     its end, never to read it again). It passed them between the clock read and the
     mark of the batch as unsettled: a thread switch there gave a horizon of `now`."""
     async def scenario() -> None:
-        storage = await open_storage(tmp_path, BITFIELD)
+        storage, shard_set = await open_storage_with_shards(tmp_path, BITFIELD)
         await storage.store_batch("messages", [Message("s/a/t", b"first")])
-        shard = storage.db("messages").shards[0]
+        shard = shard_set.shards[0]
         horizons: list[int] = []
 
         def every_line(frame: FrameType, event: str, _arg: object) -> Any:

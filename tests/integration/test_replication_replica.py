@@ -30,7 +30,6 @@ from stratamq.broker.ds import (
     LocalBackend,
     Message,
     RetentionRules,
-    apply_gc_plan,
 )
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
@@ -43,6 +42,7 @@ from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.shard import now_us
+from stratamq.broker.ds.shard_set import ShardSet
 from stratamq.broker.errors import GcPlanRefusedError, StorageError
 from stratamq.broker.routing.relay import Relay
 from stratamq.broker.routing.site_interest import SiteInterest
@@ -56,6 +56,7 @@ WAIT = 30.0  # generous: the machine is shared
 class Site:
     storage: DurableStorage
     database: Database
+    shard_set: ShardSet  # the database's copy here: the tests look into its shards
     replication: SiteReplication
     relay: Relay
     address: str
@@ -76,14 +77,14 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
     replication = await SiteReplication.open(
         [shard_set], storage.data_dir, storage.site_id, address, address,
         ReplicaSettings(storage.site_id, write_timeout, 0.2, log_retain_entries,
-                        checkpoint_rate), shard_set.executor)
+                        checkpoint_rate))
     database = await storage.open_db("messages", options, replication.backend)
     # no shared groups here: nothing unsettled, no share of a lost site to deliver
-    relay = Relay.of(replication, SiteInterest(storage.site_id, database.fed_through),
+    relay = Relay.of(replication, database, SiteInterest(storage.site_id, database.fed_through),
                      lambda: {}, lambda *_lost: None)
     replication.add_service(relay)
     await replication.listen()
-    return Site(storage, database, replication, relay, address)
+    return Site(storage, database, shard_set, replication, relay, address)
 
 
 async def offer(site: Site, version: int, replicas: tuple[str, ...], leader: str, epoch: int,
@@ -477,7 +478,7 @@ def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
 
             await offer(a, 2, replicas, a.id, 1, {**peers, b.id: cut_off[b.id]})
             await commit(a, b"m2")
-            m2_at = a.database.shards[0].last_timestamp
+            m2_at = a.shard_set.shards[0].last_timestamp
             await until("s fed m2", lambda: s.database.fed_through()[0] == m2_at)
             await offer(s, 2, replicas, a.id, 1,  # s reaches b only
                         {**peers, a.id: cut_off[a.id], c.id: cut_off[c.id]})
@@ -497,7 +498,7 @@ def test_a_site_without_a_replica_never_reads_a_copy_behind_what_it_was_fed(
                 assert resent is not None, "b said m2 is not there: taken for dropped"
 
             await offer(a, 3, replicas, a.id, 1, peers)  # a reaches b again
-            await until("b applied m2", lambda: b.database.shards[0].last_timestamp == m2_at)
+            await until("b applied m2", lambda: b.shard_set.shards[0].last_timestamp == m2_at)
             payloads = [m.payload for m in await read_filter(s.storage, "messages", "t")]
             assert payloads == [b"m1", b"m2"]
             resent = await s.database.read_message(stream, m2_at)
@@ -523,8 +524,8 @@ def test_a_resend_read_at_a_lagging_replica_is_read_at_one_that_has_it(
             await until("b applied m1", lambda: b_replica.applied >= leading.log.committed)
             await offer(a, 2, replicas, a.id, 1, {**peers, b.id: f"{HOST}:{free_port()}"})
             await commit(a, b"m2")
-            m2_at = a.database.shards[0].last_timestamp
-            assert b.database.shards[0].last_timestamp < m2_at
+            m2_at = a.shard_set.shards[0].last_timestamp
+            assert b.shard_set.shards[0].last_timestamp < m2_at
             stream = next(stream for _rank, stream in b.storage.get_streams("messages", "t"))
             resent = await b.database.read_message(stream, m2_at)
             assert resent is not None, "b took m2 for dropped"
@@ -562,12 +563,12 @@ def test_a_push_refused_as_a_replica_still_bounds_where_the_site_reads(
             await until("s reads the shard here", lambda: not s.replication.remote.is_remote(0))
             await commit(a, b"m1")
             await until("s fed m1 as a replica", lambda: s.database.fed_through()[0] > 0)
-            await until("b applied m1", lambda: b.database.shards[0].last_timestamp
-                        == a.database.shards[0].last_timestamp)
+            await until("b applied m1", lambda: b.shard_set.shards[0].last_timestamp
+                        == a.shard_set.shards[0].last_timestamp)
 
             await offer(a, 2, after, a.id, 1, {**peers, b.id: cut_off[b.id]})
             await commit(a, b"m2")
-            m2_at = a.database.shards[0].last_timestamp
+            m2_at = a.shard_set.shards[0].last_timestamp
             remote = s.replication.remote
             await until("a pushed m2 to s",  # private: nothing else shows a refused push
                         lambda: remote._pushed_through[0] == m2_at)
@@ -677,7 +678,7 @@ def test_a_topic_seed_set_at_a_follower_reaches_every_replica(tmp_path: Path) ->
         try:
             await c.database.set_topic_seed(["fleet/+/temp"])
             await until("every replica keeps the seed",
-                        lambda: all(site.database.shards[0].topic_seed == ("fleet/+/temp",)
+                        lambda: all(site.shard_set.shards[0].topic_seed == ("fleet/+/temp",)
                                     for site in (a, b, c)))
             for site in (a, b, c):  # b leads from now on
                 await offer(site, 2, replicas, b.id, 2, peers)
@@ -685,7 +686,7 @@ def test_a_topic_seed_set_at_a_follower_reaches_every_replica(tmp_path: Path) ->
             await b.database.add_generation()
             for site in (a, b, c):
                 await until(f"{site.id} applied what b did", caught_up(site, b))
-                shard = site.database.shards[0]
+                shard = site.shard_set.shards[0]
                 assert len(shard.generations) == 2
                 assert shard.current.trie.wildcard_paths(), \
                     f"{site.id}'s new generation is not seeded"
@@ -711,12 +712,12 @@ def test_a_gc_plan_applied_at_a_follower_changes_every_replica(tmp_path: Path) -
                     assert await outcome(a.database.submit(
                         [Message(topic, topic.encode(), "pub", 1)])[0]) == "committed"
                 await a.database.add_generation()
-            first, second = sorted(a.database.shards[0].generations)[:2]
+            first, second = sorted(a.shard_set.shards[0].generations)[:2]
             for site in (b, c):
                 await until(f"{site.id} applied what a did", caught_up(site, a))
 
             def entry(generation: int, action: str) -> dict[str, object]:
-                info = c.database.shards[0].generations[generation]
+                info = c.shard_set.shards[0].generations[generation]
                 scan = scan_generation(info, rules, made_at)
                 return {"shard": 0, "generation": generation, "action": action,
                         "until": info.info.until, "messages": scan.messages,
@@ -726,19 +727,19 @@ def test_a_gc_plan_applied_at_a_follower_changes_every_replica(tmp_path: Path) -
                     "site": c.id, "retention": rules.to_json(), "made_at": made_at,
                     "checkpoint": {"created_at": now_us()},
                     "generations": [entry(first, "drop"), entry(second, "rewrite")]}
-            report = await apply_gc_plan(c.database, plan)
+            report = await c.database.apply_gc_plan(plan)
             assert [result["status"] for result in report["generations"]] \
                 == ["dropped", "rewritten"], report
             assert report["deleted_messages"] == 4
             for site in (a, b, c):
-                shard = site.database.shards[0]
+                shard = site.shard_set.shards[0]
                 await until(f"{site.id} applied the plan", caught_up(site, a))
                 assert first not in shard.generations, f"{site.id} kept the dropped one"
                 left = scan_generation(shard.generations[second], rules, made_at)
                 assert (left.messages, left.expired) == (2, 0), \
                     f"{site.id} holds {left.messages} messages, {left.expired} expired"
             with pytest.raises(GcPlanRefusedError, match="older than the data"):
-                await apply_gc_plan(b.database, {**plan, "site": b.id})
+                await b.database.apply_gc_plan({**plan, "site": b.id})
         finally:
             for site in (a, b, c):
                 await site.storage.close()

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from stratamq.broker.ds import DurableStorage, EndOfStream, Message
+from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
+from stratamq.broker.ds.shard_set import ShardSet
 
 T = TypeVar("T")
 
@@ -14,6 +15,14 @@ T = TypeVar("T")
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run one coroutine on a fresh event loop (no plugin needed)."""
     return asyncio.run(coroutine)
+
+
+async def open_with_shards(storage: DurableStorage, name: str,
+                           options: DbOptions) -> tuple[Database, ShardSet]:
+    """A database and its copy on this site, for a test that looks into (or holds) its
+    shards: the `Database` hands out none."""
+    shard_set = await storage.open_shards(name, options)
+    return await storage.open_db(name, options), shard_set
 
 
 async def read_filter(storage: DurableStorage, db: str, topic_filter: str,

@@ -183,12 +183,14 @@ class SiteReplication:
 
     @classmethod
     async def open(cls, shard_sets: list[ShardSet], data_dir: Path, site: str,
-                   peer_bind: str, advertised: str, settings: ReplicaSettings,
-                   executor: Executor) -> SiteReplication:
+                   peer_bind: str, advertised: str, settings: ReplicaSettings
+                   ) -> SiteReplication:
         """Open the shard logs and the kept placement and build each database's
         backend over its shards (`backend`); `listen` then listens on the peer port.
         The first database is the one subscribers read streams of (`messages`): it
-        gets the remote reads of the shards that this site holds no replica of."""
+        gets the remote reads of the shards that this site holds no replica of.
+        The blocking work runs on the storage's executor, the one the shards use."""
+        executor = shard_sets[0].executor
         loop = asyncio.get_running_loop()
         logs: dict[str, list[ShardLog]] = {}
         try:
