@@ -92,7 +92,20 @@ def create(manifest: Manifest) -> bool:
     """Create the object unless one of its name exists; True when made now."""
     resource = resource_of(manifest["apiVersion"], manifest["kind"])
     try:
-        dynamic().create(resource, body=manifest, namespace=manifest["metadata"]["namespace"])
+        dynamic().create(resource, body=manifest,
+                         namespace=manifest["metadata"].get("namespace"))
+    except ConflictError:
+        return False
+    return True
+
+
+def replace(manifest: Manifest) -> bool:
+    """Write the object whole, at the resourceVersion in `manifest`'s metadata; False
+    when it changed since (nothing written)."""
+    resource = resource_of(manifest["apiVersion"], manifest["kind"])
+    try:
+        dynamic().replace(resource, body=manifest,
+                          namespace=manifest["metadata"].get("namespace"))
     except ConflictError:
         return False
     return True

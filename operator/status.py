@@ -236,7 +236,8 @@ def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]]
         "selector": site_selector(observed.name),
         "underReplicatedShards": 0 if replication is None else replication.under_replicated,
         "pendingTransitions": 0 if replication is None else replication.pending,
-        "sites": [{"id": observed.site_ids[pod.name], "pod": pod.name, "ready": pod.ready}
+        "sites": [{"id": observed.site_ids[pod.name], "pod": pod.name, "ready": pod.ready,
+                   **({} if pod.zone is None else {"zone": pod.zone})}
                   for pod in live if pod.name in observed.site_ids],
     }
     if replication is not None:

@@ -61,11 +61,15 @@ def stop_operator(namespace: str, deployment: str, timeout: float,
         sleep(POLL_INTERVAL_S)
 
 
-def release_storages(finalizer: str) -> list[str]:
-    """Take `finalizer` off every DurableStorage that still has it (all namespaces, as
-    the operator watches them); the storages it was taken off, as namespace/name."""
+def release_storages(finalizer: str, namespaces: list[str]) -> list[str]:
+    """Take `finalizer` off every DurableStorage that still has it in `namespaces` (the
+    operator's watched ones; empty: all namespaces, as it then watches them all); the
+    storages it was taken off, as namespace/name."""
     released = []
-    for storage in kube.list_labeled(API_VERSION, KIND, None):
+    scopes: list[str | None] = list(namespaces) or [None]
+    storages = [storage for namespace in scopes
+                for storage in kube.list_labeled(API_VERSION, KIND, namespace)]
+    for storage in storages:
         metadata = storage["metadata"]
         if finalizer in (metadata.get("finalizers") or []) and kube.remove_finalizer(
                 API_VERSION, KIND, metadata["namespace"], metadata["name"], finalizer):
@@ -82,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the namespace of the operator's Deployment")
     parser.add_argument("--deployment", required=True,
                         help="the operator's Deployment (<release>-stratamq-operator)")
+    parser.add_argument("--watch-namespace", action="append", default=[],
+                        metavar="NAMESPACE",
+                        help="a namespace the operator serves (its operator.watchNamespaces;"
+                             " repeat for each); none: it serves every namespace")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help="seconds to wait for the operator's pods to go "
                              f"(default {DEFAULT_TIMEOUT_S:.0f})")
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                      time.monotonic() - started)
         else:
             log.info("no operator Deployment %s/%s", args.namespace, args.deployment)
-        released = release_storages(finalizer)
+        released = release_storages(finalizer, args.watch_namespace)
     except (ApiException, ConfigException, urllib3.exceptions.HTTPError, TimeoutError,
             kube.StaleWriteError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -197,12 +197,13 @@ def format_ds_info(sites: list[dict[str, Any]], storages: list[dict[str, Any]]) 
 
 
 def format_cluster_info(sites: list[dict[str, Any]], storages: list[dict[str, Any]]) -> str:
-    """The cluster as its controller sees it: sites, then per database every shard's
-    replicas, leader, epoch, committed offset, lag per replica and pending steps."""
+    """The cluster as its controller sees it: sites (with their zones), then per
+    database every shard's replicas, leader, epoch, committed offset, lag per replica
+    and pending steps."""
     lines = ["SITES:", table(
-        ["Site", "Status", "Admin", "Peer", "Placement", "Leads", "Shards"],
-        [[s["site"], "up" if s["up"] else "down", s["admin_url"], s["peer"] or "-",
-          "-" if s["placement_version"] is None else s["placement_version"],
+        ["Site", "Status", "Zone", "Admin", "Peer", "Placement", "Leads", "Shards"],
+        [[s["site"], "up" if s["up"] else "down", s.get("zone") or "-", s["admin_url"],
+          s["peer"] or "-", "-" if s["placement_version"] is None else s["placement_version"],
           sum(1 for shard in s["shards"] if shard["role"] == "leader"), len(s["shards"])]
          for s in sites])]
     for db in storages:

@@ -34,6 +34,7 @@ def site_view(site: SiteState, placement: Placement, now: float, settings: Setti
         "up": up,
         "admin_url": site.admin_url,
         "peer": site.peer,
+        "zone": site.zone,
         "last_seen_seconds_ago": round(now - site.last_seen, 3) if site.answered else None,
         "placement_version": site.placement_version,
         "shards": shards,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.cluster import Cluster
+from harness.cluster import Cluster, ctl_ds
 from stratamq.broker.config import merge_config
 from stratamq.broker.ds.site_id import SITE_ID_FILE
 
@@ -38,5 +38,10 @@ def test_each_shard_has_a_replica_in_each_zone(tmp_path: Path) -> None:
             for shard, sites in replicas.items():
                 assert sorted(ZONES[site] for site in sites) == ["x", "y"], (
                     database, shard, sites)
+        # `ctl ds info` says each site's zone.
+        info = ctl_ds(cluster, "info")
+        for index, zone in enumerate(ZONES):
+            [row] = [line for line in info.splitlines() if line.startswith(f"{index:016X} ")]
+            assert row.split()[1:3] == ["up", zone], info
     finally:
         cluster.close()

@@ -46,7 +46,9 @@ def test_a_misspelt_value_is_refused_by_the_values_schema(tmp_path: Path) -> Non
                           "additional properties 'replica' not allowed"),
                          (["--set", "operator.replicas=-1"], "minimum"),
                          (["--set", "operator.image.pullPolicy=Sometimes"], "pullPolicy"),
-                         (["--set", "serviceMonitor.interval=often"], "interval")):
+                         (["--set", "serviceMonitor.interval=often"], "interval"),
+                         (["--set", "operator.watchNamespaces={Fleet_1}"], "watchNamespaces"),
+                         (["--set", "operator.logLevel=loud"], "logLevel")):
         result = run_tool("helm", ["template", "mq", str(CHART), *values], tool_env(tmp_path),
                           check=False)
         assert result.returncode != 0, values
@@ -74,6 +76,81 @@ def test_the_operators_pods_take_placement_values(tmp_path: Path) -> None:
         deployment["spec"]["template"]["spec"])
     # (by default only the preference for two nodes, see below)
     assert set(deployment["spec"]["template"]["spec"]["affinity"]) == {"podAntiAffinity"}
+
+
+def test_the_operator_takes_its_account_log_level_and_intervals(tmp_path: Path) -> None:
+    docs = render(tmp_path, "--set", "operator.serviceAccount.name=ops",
+                  "--set", "operator.serviceAccount.annotations.team=mq",
+                  "--set", "operator.logLevel=debug",
+                  "--set-json", "operator.heartbeatInterval=1.5",
+                  "--set", "operator.reapplyInterval=60",
+                  "--set", "operator.securityContext.readOnlyRootFilesystem=false")
+    [account] = [doc for doc in docs if doc["kind"] == "ServiceAccount"]
+    assert account["metadata"]["name"] == "ops"
+    assert account["metadata"]["annotations"] == {"team": "mq"}
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    [job] = [doc for doc in docs if doc["kind"] == "Job"]
+    for pod in (deployment["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        assert pod["serviceAccountName"] == "ops"
+        [container] = pod["containers"]
+        # a value changed, the rest of the restricted defaults kept
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": False,
+            "capabilities": {"drop": ["ALL"]}}
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--verbose" in container["command"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL"] == "1.5"
+    assert env["STRATAMQ_OPERATOR_REAPPLY_INTERVAL"] == "60"
+    bindings = [doc for doc in docs if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert bindings and all(binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ops", "namespace": "brokers"}]
+        for binding in bindings)
+    # an account of the user's: bound, not made
+    docs = render(tmp_path, "--set", "operator.serviceAccount.create=false",
+                  "--set", "operator.serviceAccount.name=ops", "--set", "operator.logLevel=warning")
+    assert "ServiceAccount" not in {doc["kind"] for doc in docs}
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert "--quiet" in deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_watch_namespaces_grants_rights_in_those_namespaces_only(tmp_path: Path) -> None:
+    """Serving some namespaces, the operator's rights on what lives in one are a Role in
+    each of them; its ClusterRole keeps only what is cluster-scoped (Nodes, CRDs). The
+    real API server's view of the same rights: tests/kube/test_operator_rbac.py."""
+    every = render(tmp_path)
+    [cluster_role] = [doc for doc in every if doc["kind"] == "ClusterRole"
+                      and doc["metadata"]["name"] == "mq-stratamq-operator"]
+    namespaced = [rule for rule in cluster_role["rules"]
+                  if rule["resources"] not in (["customresourcedefinitions"], ["nodes"],
+                                               ["clusterkopfpeerings"], ["namespaces"])]
+    docs = render(tmp_path, "--set", "operator.watchNamespaces={iot,fleet}")
+    [cluster_role] = [doc for doc in docs if doc["kind"] == "ClusterRole"
+                      and doc["metadata"]["name"] == "mq-stratamq-operator"]
+    assert sorted(rule["resources"][0] for rule in cluster_role["rules"]) == [
+        "customresourcedefinitions", "nodes"]
+    roles = {doc["metadata"]["namespace"]: doc for doc in docs if doc["kind"] == "Role"
+             and doc["metadata"]["name"] == "mq-stratamq-operator"}
+    assert set(roles) == {"iot", "fleet"}
+    for role in roles.values():
+        assert role["rules"] == [{"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
+                                  "verbs": ["get", "list", "watch", "patch"]}, *namespaced]
+    bound = {(doc["metadata"]["namespace"], doc["roleRef"]["name"]) for doc in docs
+             if doc["kind"] == "RoleBinding"}
+    assert bound == {("iot", "mq-stratamq-operator"), ("fleet", "mq-stratamq-operator"),
+                     ("brokers", "mq-stratamq-operator-uninstall")}
+    assert {(doc["kind"], doc["metadata"].get("namespace")) for doc in docs
+            if doc["kind"].endswith("KopfPeering")} == {("KopfPeering", "iot"),
+                                                         ("KopfPeering", "fleet")}
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--all-namespaces" not in command
+    assert [arg for arg in command if arg.startswith("--namespace")] == [
+        "--namespace=iot", "--namespace=fleet"]
+    [job] = [doc for doc in docs if doc["kind"] == "Job"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert [arg for arg in command if arg.startswith("--watch-namespace")] == [
+        "--watch-namespace=iot", "--watch-namespace=fleet"]
 
 
 def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:

@@ -1,9 +1,12 @@
-"""The chart's operator ServiceAccount and ClusterRole suffice: helm installs the chart,
-the operator runs as a real process with a token of that ServiceAccount (all
-namespaces, the chart's ClusterKopfPeering), and a DurableStorage comes up Ready
+"""The chart's operator ServiceAccount and its rights suffice, serving every namespace
+(a ClusterRole) or only those of `operator.watchNamespaces` (a Role in each): helm
+installs the chart, the operator runs as a real process with a token of that
+ServiceAccount (the chart's peering object), and a DurableStorage comes up Ready
 through it, its budget is deleted when turned off, its Spark job's CronJob and driver
 account are made and deleted, a second site's ReplicaTransitions are made and reach
-Done; nothing it does is forbidden.
+Done; nothing it does is forbidden. Serving one namespace, it can read no Secret
+elsewhere, and the chart's uninstall hook, as the same account, takes the finalizer
+off the storages of that namespace.
 
 The chart's Deployment runs 0 replicas here: the test node cannot give a pod its
 in-cluster credentials (absolute paths under /var/run/secrets), so this process
@@ -12,8 +15,12 @@ stands in for the operator's pod, with the same account."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import kopf
+import pytest
 import yaml
 
 from harness.processes import REPO
@@ -24,6 +31,8 @@ from tests.support.operator_process import OperatorProcess
 
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "operator-rbac"
+# Where the storage is when the operator serves only the namespaces it is given.
+WATCHED = "operator-rbac-iot"
 RELEASE = "rbac"
 ACCOUNT = f"{RELEASE}-stratamq-operator"
 # A storage Ready (or gone) on the stand-in kubelet, on a loaded 2-core machine.
@@ -44,12 +53,40 @@ def token_kubeconfig(kube: ControlPlane, path: Path, token: str, account: str = 
     return path
 
 
-def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
+def can_i(kube: ControlPlane, *args: str) -> bool:
+    """Whether the operator's account may do `args` (kubectl auth can-i's arguments)."""
+    answer = kube.kubectl("auth", "can-i", *args,
+                          f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
+                          check=False).stdout.strip()
+    assert answer in ("yes", "no"), answer
+    return answer == "yes"
+
+
+def run_uninstall_hook(kube: ControlPlane, kubeconfig: Path) -> str:
+    """Run the command of the chart's pre-delete hook Job, as rendered for the release,
+    as a process with the operator's credentials; its log."""
+    hooks = yaml.safe_load_all(kube.helm("get", "hooks", RELEASE, "-n", NAMESPACE).stdout)
+    job, = (hook for hook in hooks if hook and hook["kind"] == "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "python", command
+    hook = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
+                          timeout=120, env={**kube.env(), "KUBECONFIG": str(kubeconfig)})
+    assert hook.returncode == 0, hook.stderr
+    return hook.stderr
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["all-namespaces", "watched-namespace"])
+def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: bool) -> None:
     kube = crds
     kube.kubectl("create", "namespace", NAMESPACE)
+    storage_ns = WATCHED if watched else NAMESPACE
+    scope = []
+    if watched:
+        kube.kubectl("create", "namespace", WATCHED)
+        scope = ["--set", f"operator.watchNamespaces={{{WATCHED}}}"]
     try:
         kube.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                  "--set", "operator.replicas=0", "--set", "dashboards.enabled=false")
+                  "--set", "operator.replicas=0", "--set", "dashboards.enabled=false", *scope)
         token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE,
                              "--duration=1h").stdout.strip()
         kubeconfig = token_kubeconfig(kube, tmp_path / "operator.kubeconfig", token)
@@ -58,36 +95,38 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         # lets Spark drivers make.
         for verb, what in (("list", "secrets"), ("list", "nodes"), ("delete", "statefulsets"),
                            ("create", "pods")):
-            allowed = kube.kubectl("auth", "can-i", verb, what, "-n", NAMESPACE,
-                                   f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
-                                   check=False).stdout.strip()
-            assert allowed == "no", (verb, what)
+            assert not can_i(kube, verb, what, "-n", storage_ns), (verb, what)
+        if watched:
+            # Serving one namespace, it may do nothing of the kind anywhere else.
+            assert can_i(kube, "get", "secrets", "-n", WATCHED)
+            for namespace in ("default", "kube-system", NAMESPACE):
+                for verb, what in (("get", "secrets"), ("create", "statefulsets"),
+                                   ("list", "durablestorages.stratamq.io")):
+                    assert not can_i(kube, verb, what, "-n", namespace), \
+                        (verb, what, namespace)
+            assert not can_i(kube, "list", "durablestorages.stratamq.io", "--all-namespaces")
         # Its objects name the storage as owner with blockOwnerDeletion, which a cluster
         # running the OwnerReferencesPermissionEnforcement admission plugin (OpenShift,
         # for one) allows only to who may update the owner's finalizers.
-        allowed = kube.kubectl("auth", "can-i", "update", "durablestorages.stratamq.io",
-                               "--subresource=finalizers", "-n", NAMESPACE,
-                               f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
-                               check=False).stdout.strip()
-        assert allowed == "yes"
+        assert can_i(kube, "update", "durablestorages.stratamq.io", "--subresource=finalizers",
+                     "-n", storage_ns)
         # ... and may do what it needs that this test does not reach: delete the
         # ReplicaTransitions of old plans (spec.transitionHistoryLimit).
-        assert kube.kubectl("auth", "can-i", "delete", "replicatransitions", "-n", NAMESPACE,
-                            f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
-                            check=False).stdout.strip() == "yes"
+        assert can_i(kube, "delete", "replicatransitions", "-n", storage_ns)
         # An operator of all namespaces would take on the storages other tests left
         # behind in namespaces being deleted: wait until they are gone.
         wait_for("no DurableStorage in other namespaces", lambda: not [
             line for line in kube.kubectl("get", "durablestorages", "-A", "-o", "name")
             .stdout.splitlines() if line], timeout=TIMEOUT)
 
-        with running_kubelet(kube, tmp_path / "node", {NAMESPACE}) as node:
-            operator = OperatorProcess(tmp_path / "operator", kube, None, kubeconfig=kubeconfig,
+        with running_kubelet(kube, tmp_path / "node", {storage_ns}) as node:
+            operator = OperatorProcess(tmp_path / "operator", kube,
+                                       WATCHED if watched else None, kubeconfig=kubeconfig,
                                        peering=ACCOUNT,
                                        spark_driver_role=f"{RELEASE}-stratamq-spark")
             operator.start(timeout=60)
             try:
-                kube.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump({
+                kube.kubectl("apply", "-n", storage_ns, "-f", "-", input=yaml.safe_dump({
                     "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
                     "metadata": {"name": "mq"},
                     "spec": {"sites": 1, "messages": {"nShards": 2, "replicationFactor": 1},
@@ -97,54 +136,62 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
 
                 def ready() -> bool:
                     status = json.loads(kube.kubectl(
-                        "get", "-n", NAMESPACE, "durablestorage", "mq", "-o", "json").stdout
+                        "get", "-n", storage_ns, "durablestorage", "mq", "-o", "json").stdout
                     ).get("status", {})
                     return status.get("phase") == "Ready" and len(status.get("sites", [])) == 1
                 wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
                          + f"\nkubelet errors: {node.errors}", timeout=TIMEOUT)
 
-                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                kube.kubectl("patch", "-n", storage_ns, "durablestorage", "mq", "--type=merge",
                              "-p", '{"spec": {"podDisruptionBudget": {"enable": false}}}')
                 wait_for("the budget deleted", lambda: kube.kubectl(
-                    "get", "-n", NAMESPACE, "pdb", "mq", check=False).returncode != 0,
+                    "get", "-n", storage_ns, "pdb", "mq", check=False).returncode != 0,
                     explain=operator.log_tail, timeout=TIMEOUT)
                 # The Spark job: its CronJob, and the driver's account bound to the
                 # chart's ClusterRole (the operator may bind that one role, nothing
                 # more); turned off, all three go.
-                binding = json.loads(kube.kubectl("get", "-n", NAMESPACE, "rolebinding",
+                binding = json.loads(kube.kubectl("get", "-n", storage_ns, "rolebinding",
                                                   "mq-spark", "-o", "json").stdout)
                 assert binding["roleRef"]["name"] == f"{RELEASE}-stratamq-spark"
-                kube.kubectl("get", "-n", NAMESPACE, "cronjob", "mq-spark-gc")
-                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                kube.kubectl("get", "-n", storage_ns, "cronjob", "mq-spark-gc")
+                kube.kubectl("patch", "-n", storage_ns, "durablestorage", "mq", "--type=merge",
                              "-p", '{"spec": {"spark": {"gc": {"enable": false}}}}')
                 wait_for("the Spark objects deleted", lambda: all(kube.kubectl(
-                    "get", "-n", NAMESPACE, kind, name, check=False).returncode != 0
+                    "get", "-n", storage_ns, kind, name, check=False).returncode != 0
                     for kind, name in (("cronjob", "mq-spark-gc"), ("rolebinding", "mq-spark"),
                                        ("serviceaccount", "mq-spark"))),
                     explain=operator.log_tail, timeout=TIMEOUT)
                 # A second site: the rebalance (a shard of each database moves to it)
                 # makes ReplicaTransitions and moves them along to Done under the
                 # chart's account too.
-                kube.kubectl("patch", "-n", NAMESPACE, "durablestorage", "mq", "--type=merge",
+                kube.kubectl("patch", "-n", storage_ns, "durablestorage", "mq", "--type=merge",
                              "-p", '{"spec": {"sites": 2}}')
 
                 def rebalanced() -> bool:
                     found = json.loads(kube.kubectl(
-                        "get", "-n", NAMESPACE, "replicatransitions", "-o", "json").stdout
+                        "get", "-n", storage_ns, "replicatransitions", "-o", "json").stdout
                     )["items"]
                     status = json.loads(kube.kubectl(
-                        "get", "-n", NAMESPACE, "durablestorage", "mq", "-o", "json").stdout
+                        "get", "-n", storage_ns, "durablestorage", "mq", "-o", "json").stdout
                     ).get("status", {})
                     return bool(found) and all(
                         item.get("status", {}).get("phase") == "Done" for item in found) \
                         and status.get("phase") == "Ready" and len(status.get("sites", [])) == 2
                 wait_for("the second site's transitions Done", rebalanced, timeout=TIMEOUT,
                          explain=lambda: operator.log_tail() + f"\nkubelet errors: {node.errors}")
-                events = json.loads(kube.kubectl("get", "-n", NAMESPACE, "events", "-o",
+                events = json.loads(kube.kubectl("get", "-n", storage_ns, "events", "-o",
                                                  "json").stdout)["items"]
                 assert "Reconciled" in {event["reason"] for event in events}
-                kube.kubectl("delete", "-n", NAMESPACE, "durablestorage", "mq", "--wait=true",
-                             timeout=120)
+                if watched:
+                    # The uninstall hook, as the chart renders it: it stops the operator
+                    # and takes Kopf's finalizer off the storages of the namespaces the
+                    # operator served (a killed operator's exit never does).
+                    operator.kill()
+                    hook_log = run_uninstall_hook(kube, kubeconfig)
+                    finalizer = kopf.OperatorSettings().persistence.finalizer
+                    assert f"{WATCHED}/mq: finalizer {finalizer} removed" in hook_log, hook_log
+                kube.kubectl("delete", "-n", storage_ns, "durablestorage", "mq",
+                             "--wait=true", timeout=120)
             finally:
                 operator.kill()
             log = operator.log()
@@ -155,3 +202,5 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path) -> None:
         # what it runs; tests/realnode the hook itself).
         kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--no-hooks", check=False)
         kube.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+        if watched:
+            kube.kubectl("delete", "namespace", WATCHED, "--wait=false")

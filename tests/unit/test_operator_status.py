@@ -190,6 +190,14 @@ def test_terminating_pods_are_not_sites() -> None:
     assert [site["pod"] for site in status["sites"]] == ["mq-0", "mq-1", "mq-2"]
 
 
+def test_each_site_says_the_zone_of_its_node_where_known() -> None:
+    made = [PodView("mq-0", "i", True, False, zone="a"), PodView("mq-1", "i", True, False)]
+    status = compute_status(observed(2, made, stateful_set(2), ids={"mq-0": "A", "mq-1": "B"}),
+                            [], T0)
+    assert status["sites"] == [{"id": "A", "pod": "mq-0", "ready": True, "zone": "a"},
+                               {"id": "B", "pod": "mq-1", "ready": True}]
+
+
 def test_transition_times_change_only_with_the_status() -> None:
     first = compute_status(observed(3, pods(3), stateful_set(3)), [], T0)
     again = compute_status(observed(3, pods(3), stateful_set(3)), first["conditions"], T1)

@@ -49,18 +49,11 @@ dnsPolicy: ClusterFirstWithHostNet
 {{- end -}}
 
 {{- define "stratamq.operatorPodSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
-seccompProfile:
-  type: RuntimeDefault
+{{ toYaml .Values.operator.podSecurityContext }}
 {{- end -}}
 
 {{- define "stratamq.operatorContainerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities:
-  drop: [ALL]
+{{ toYaml .Values.operator.securityContext }}
 {{- end -}}
 
 {{/* The root filesystem is read-only; the Kubernetes client keeps its discovery cache
@@ -69,4 +62,113 @@ capabilities:
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- end -}}
+
+{{/* The operator's rights on what lives in a namespace: granted in every namespace (a
+     ClusterRole) or, with operator.watchNamespaces, in those only (a Role each). Each
+     rule is one the operator uses (operator/README.md), nothing more. */}}
+{{- define "stratamq.operatorNamespacedRules" -}}
+# Kopf's events about the storages (and the operator's own).
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create]
+# The resource it reconciles: its handlers' bookkeeping is in annotations (patch),
+# what it reports in status.
+- apiGroups: [stratamq.io]
+  resources: [durablestorages]
+  verbs: [get, list, watch, patch]
+- apiGroups: [stratamq.io]
+  resources: [durablestorages/status]
+  verbs: [get, patch]
+# Its objects name their storage as owner with blockOwnerDeletion: where the
+# OwnerReferencesPermissionEnforcement admission plugin runs, that takes this.
+- apiGroups: [stratamq.io]
+  resources: [durablestorages/finalizers]
+  verbs: [update]
+# The replication controller: a ReplicaTransition per planned step, its phase in
+# status; listed at an operator start, to know the phases already written; those
+# of plans older than spec.transitionHistoryLimit deleted.
+- apiGroups: [stratamq.io]
+  resources: [replicatransitions]
+  verbs: [list, create, delete]
+- apiGroups: [stratamq.io]
+  resources: [replicatransitions/status]
+  verbs: [patch]
+# What a storage is made of: server-side apply is a patch that may create.
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [get, create, patch]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [servicemonitors]
+  verbs: [get, create, patch]
+# The admin token Secret: made once, read to call the sites' admin API.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+# The sites: their pods (readiness, address) and volume claims (expansion).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [list, patch]
+# The Spark jobs (spec.spark): a CronJob per enabled job (a ScheduledSparkApplication
+# where the Spark operator is installed), deleted when the job is turned off; the
+# runs they make are watched for status.spark.
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, create, patch, delete]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [list, watch]
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [scheduledsparkapplications]
+  verbs: [get, create, patch, delete]
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications]
+  verbs: [list, watch]
+# The Spark driver's account in the storage's namespace, bound to the ClusterRole
+# below: `bind` on that one ClusterRole lets the operator grant it without holding
+# its rights (it never makes pods itself).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [bind]
+  resourceNames: [{{ include "stratamq.sparkDriverRole" . }}]
+{{- end -}}
+
+{{/* The operator's ServiceAccount: the values' name, else the operator's name. */}}
+{{- define "stratamq.operatorServiceAccount" -}}
+{{ .Values.operator.serviceAccount.name | default (include "stratamq.operatorName" .) }}
+{{- end -}}
+
+{{/* Where the operator's pods run, shared by its hooks' pods (they must run wherever
+     it does, and pull its image the same way). */}}
+{{- define "stratamq.operatorPodPlacement" -}}
+{{- with .Values.operator.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.operator.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.operator.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
