@@ -264,3 +264,34 @@ def run_promtool_test(tmp_path: Path, series: list[tuple[str, str]],
     path.write_text(yaml.safe_dump(tests))
     result = promtool("test", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_keep_the_namespace_and_storage_of_their_sites(tmp_path: Path) -> None:
+    """Two storages named alike in two namespaces (the operator's ServiceMonitor gives
+    each site's series `namespace` and `storage`, and names its instance after its
+    pod): an alert that sums over sites stays apart per storage and carries both, for
+    Alertmanager to group and route by."""
+    def site(namespace: str, pod: str) -> str:
+        return (f'namespace="{namespace}", storage="mq", instance="{namespace}/{pod}", '
+                f'job="mq", db="messages", shard="1"')
+
+    series = [
+        # shard 1 of iot/mq loses its leader at minute 10; fleet/mq keeps its
+        (f"stratamq_ds_replica_leader{{{site('iot', 'mq-0')}}}", "1+0x9 0+0x50"),
+        (f"stratamq_ds_replica_leader{{{site('iot', 'mq-1')}}}", "0+0x60"),
+        (f"stratamq_ds_replica_leader{{{site('fleet', 'mq-0')}}}", "1+0x60"),
+        (f"stratamq_ds_replica_leader{{{site('fleet', 'mq-1')}}}", "0+0x60"),
+        # a flush fails on fleet's mq-1 from minute 10
+        (f"stratamq_ds_buffer_batches_failed_total{{{site('fleet', 'mq-1')}}}",
+         "0+0x9 1+1x50"),
+    ]
+    run_promtool_test(tmp_path, series, {"20m": {
+        "StratamqShardWithoutLeader": [alert(
+            "StratamqShardWithoutLeader", "stratamq shard messages/1: no leader",
+            severity="critical", namespace="iot", storage="mq", job="mq", db="messages",
+            shard="1")],
+        "StratamqStorageWritesFailing": [alert(
+            "StratamqStorageWritesFailing", "stratamq site fleet/mq-1: writes to messages fail",
+            severity="critical", namespace="fleet", storage="mq", instance="fleet/mq-1",
+            db="messages")],
+    }})
