@@ -2,15 +2,19 @@
 the program the operator's Spark driver runs (`spark-submit ... spark-main.py launch
 ...`, or a SparkApplication's `mainApplicationFile`).
 
-For each site in turn: a checkpoint through the site's admin API into the shared work
-folder (a volume every site and every Spark pod mounts at the same path), the job on
-that checkpoint in this driver's SparkSession, the result applied through the same
-admin API (`gc`: the plan; `export` leaves its Parquet in the folder), then the
-checkpoint is removed (its results stay). Every site, because a site's checkpoint
-holds only the shards it has a replica of (what it applies goes through each shard's
-log, to every replica). `learn-topics` takes every site's checkpoint first and learns
-one seed from all of them (each shard counted once, from its newest copy), which it
-then gives every site: a seed learned per site would leave the last site's.
+Each shard is read once: the sites are asked which shards they hold and lead, and each
+shard's copy is checkpointed at its leader (else at the first site holding a replica;
+sites without replication each hold their own shards, and each reads its own:
+`shards_to_read`). For each site in turn: a checkpoint of its shards through its admin
+API into the shared work folder (a volume every site and every Spark pod mounts at the
+same path; the checkpoint's manifest stays as `checkpoint.json`), the job on that
+checkpoint in this driver's SparkSession, the result applied through the same admin
+API (`gc`: the plan, which goes through each shard's log to every replica; `export`
+leaves its Parquet in the folder), then the checkpoint is removed (its results stay).
+A site that does not answer fails the run after the others are done; its replicated
+shards are read at another replica. `learn-topics` takes the checkpoints first and
+learns one seed from all of them, which it then gives every site: a seed learned per
+site would leave the last site's.
 
 The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
 writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run
@@ -93,20 +97,66 @@ def thresholds(arguments: argparse.Namespace) -> list[int] | None:
     return [int(part) for part in text.split(",")] if text else None
 
 
+def shards_to_read(views: list[tuple[str, dict[str, Any]]]) -> list[list[int]]:
+    """For each site (its id and its view of the database, `GET
+    /api/v1/ds/storages/DB`), the shards to checkpoint there: each shard's copy once,
+    at its leader where that is one of the sites, else at the first site that holds a
+    replica. A shard is one per replica set: sites without replication each hold
+    their own data under the same shard ids, and each reads its own. Pure."""
+    chosen: dict[tuple[int, tuple[str, ...]], int] = {}
+    for index, (site, view) in enumerate(views):
+        for shard in view["shards"]:
+            replicas = tuple(sorted(shard["replicas"]))
+            if site not in replicas:
+                continue  # a shard this site holds no replica of: nothing of it to read
+            key = (int(shard["id"]), replicas)
+            if key not in chosen or shard["leader"] == site:
+                chosen[key] = index
+    return [sorted(shard_id for (shard_id, _), index in chosen.items() if index == site)
+            for site in range(len(views))]
+
+
+def checkpoint_plan(sites: list[AdminClient], database: str
+                    ) -> tuple[list[list[int] | None], CtlError | None]:
+    """Which shards each site checkpoints for this run (`shards_to_read`), asked of
+    the sites; None for a site that does not answer (a replicated shard is then read
+    at another of its replicas), with the first such error."""
+    views, answered, failed = [], [], None
+    for index, site in enumerate(sites):
+        try:
+            [own] = site.get("/api/v1/ds/sites")["data"]
+            views.append((str(own["site"]), site.get(f"/api/v1/ds/storages/{database}")))
+            answered.append(index)
+        except CtlError as exc:
+            failed = failed or exc
+    chosen = dict(zip(answered, shards_to_read(views), strict=True))
+    return [chosen.get(index) for index in range(len(sites))], failed
+
+
 def client(url: str) -> AdminClient:
     token = os.environ.get(TOKEN_ENV)
     # A checkpoint of a large database takes a while.
     return AdminClient(url, f"Bearer {token}" if token else None, timeout=600.0)
 
 
+def take_checkpoint(site: AdminClient, database: str, folder: Path,
+                    shards: list[int]) -> None:
+    """A checkpoint of `shards` of the site's `database` in `folder/checkpoint`; its
+    manifest is kept beside it (`checkpoint.json`: what the run read there)."""
+    folder.mkdir(parents=True)
+    made = site.post(f"/api/v1/ds/storages/{database}/checkpoints",
+                     {"dir": str(folder / "checkpoint"), "shards": shards})
+    (folder / "checkpoint.json").write_text(json.dumps(made["manifest"], indent=2) + "\n",
+                                            encoding="utf-8")
+
+
 def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
-             folder: Path) -> dict[str, Any] | None:
-    """Checkpoint, job, apply for one site (`gc`, `export`); the site's answer to the
-    apply (None for export)."""
+             folder: Path, shards: list[int]) -> dict[str, Any] | None:
+    """Checkpoint `shards`, job, apply for one site (`gc`, `export`); the site's answer
+    to the apply (None for export)."""
     database = urllib.parse.quote(arguments.db, safe="")
     checkpoint = folder / "checkpoint"
-    folder.mkdir(parents=True)
-    site.post(f"/api/v1/ds/storages/{database}/checkpoints", {"dir": str(checkpoint)})
+    take_checkpoint(site, database, folder, shards)
     try:
         if arguments.job == "gc":
             from .gc import make_plan
@@ -138,14 +188,18 @@ def learn_topics(spark: Any, arguments: argparse.Namespace, run_folder: Path) ->
     database = urllib.parse.quote(arguments.db, safe="")
     sites = [client(url) for url in arguments.site]
     folders = [run_folder / f"site-{index}" for index in range(len(sites))]
+    # each shard read once; a site with nothing to read takes no checkpoint
+    plan, failed = checkpoint_plan(sites, database)
+    if failed is not None:  # one seed from every site's data, or none
+        raise failed
+    reading = [(site, folder, shards) for site, folder, shards
+               in zip(sites, folders, plan, strict=True) if shards]
     try:
-        for site, folder in zip(sites, folders, strict=True):
-            folder.mkdir(parents=True)
-            site.post(f"/api/v1/ds/storages/{database}/checkpoints",
-                      {"dir": str(folder / "checkpoint")})
+        for site, folder, shards in reading:
+            take_checkpoint(site, database, folder, shards)
         hot_share = (DEFAULT_HOT_SHARE if arguments.hot_share is None
                      else arguments.hot_share)
-        seed = make_seed(spark, [str(folder / "checkpoint") for folder in folders],
+        seed = make_seed(spark, [str(folder / "checkpoint") for _, folder, _ in reading],
                          thresholds(arguments), hot_share)
     finally:
         for folder in folders:
@@ -179,12 +233,22 @@ def launch(arguments: argparse.Namespace) -> list[SiteRun]:
             if arguments.job == "learn-topics":
                 done += learn_topics(spark, arguments, run_folder)
             else:
-                for index, url in enumerate(arguments.site):
+                sites = [client(url) for url in arguments.site]
+                database = urllib.parse.quote(arguments.db, safe="")
+                # each shard read once, at one site; the sites that answer are done
+                # before the run fails for one that does not
+                plan, failed = checkpoint_plan(sites, database)
+                for index, (url, site, shards) in enumerate(
+                        zip(arguments.site, sites, plan, strict=True)):
+                    if not shards:
+                        continue
                     folder = run_folder / f"site-{index}"
-                    answer = run_site(spark, arguments, client(url), folder)
+                    answer = run_site(spark, arguments, site, folder, shards)
                     done.append(SiteRun(site=url, folder=folder, applied=answer))
                     print(f"stratamq spark launch {arguments.job}: {url} done in {folder}",
                           file=sys.stderr)
+                if failed is not None:
+                    raise failed
         finally:
             spark.stop()
     except BaseException as exc:

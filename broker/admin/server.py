@@ -225,12 +225,21 @@ class AdminServer:
     async def _checkpoint(self, request: web.Request) -> web.Response:
         """Make a checkpoint of a database: body `{"dir": FOLDER}`, a new folder on
         the site's machine; relative folders are taken under `<data dir>/checkpoints`,
-        absolute ones must lie there or in one of `admin.checkpoint_dirs`."""
+        absolute ones must lie there or in one of `admin.checkpoint_dirs`. With
+        `"shards": [ids]`, of those shards only (a Spark run reads each shard's copy
+        at one site)."""
         database = self._any_database(request.match_info["db"])
         body = await json_body(request)
         target = checkpoint_folder(body.get("dir"), self._running().storage.data_dir,
                                    [Path(folder) for folder in self.settings.checkpoint_dirs])
-        manifest = await database.checkpoint(target)
+        shards = body.get("shards")
+        if shards is not None and not (
+                isinstance(shards, list)
+                and all(isinstance(shard, int) and not isinstance(shard, bool)
+                        and 0 <= shard < database.shard_count for shard in shards)):
+            raise BadRequestError(f'give "shards" as a list of shard ids from 0 to '
+                                  f'{database.shard_count - 1}')
+        manifest = await database.checkpoint(target, shards)
         log.info("checkpoint of %r made in %s", database.name, target)
         return web.json_response({"dir": str(target), "manifest": manifest}, status=201)
 

@@ -2,8 +2,9 @@
 Spark data pipeline) and for bootstrapping replicas.
 
 A checkpoint folder looks like the database's own folder (`db.json`, one RocksDB per
-shard in `0/`, `1/`, ...) plus `manifest.json`: the site, the shards, their committed
-positions and generations with time ranges and layouts, and the time it was made.
+shard in `0/`, `1/`, ...: every shard, or those asked for) plus `manifest.json`: the
+site, the shards it holds, their committed positions and generations with time ranges
+and layouts, and the time it was made.
 It is built under a temporary name and renamed when complete, so a folder with a
 manifest is always a whole checkpoint."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +26,25 @@ from .snapshot import MANIFEST_FILE, Snapshot, describe_snapshot
 _PARTIAL_SUFFIX = ".partial"
 
 
-async def create_checkpoint(database: ShardSet, target: str | Path) -> dict[str, Any]:
-    """Checkpoint every shard of `database` into the new folder `target` and return
-    its manifest. Each shard is copied under its lock, so no batch and no generation
-    change lands halfway; the RocksDB work runs on the storage's executor."""
+async def create_checkpoint(database: ShardSet, target: str | Path,
+                            shards: Collection[int] | None = None) -> dict[str, Any]:
+    """Checkpoint the shards `shards` of `database` (None: every one) into the new
+    folder `target` and return its manifest, which lists the shards it holds. Each
+    shard is copied under its lock, so no batch and no generation change lands halfway;
+    the RocksDB work runs on the storage's executor."""
+    wanted = sorted(set(range(len(database.shards)) if shards is None else shards))
+    unknown = [shard_id for shard_id in wanted
+               if not 0 <= shard_id < len(database.shards)]
+    if unknown:
+        raise ValueError(f"no shard {', '.join(map(str, unknown))} in database "
+                         f"{database.name!r} ({len(database.shards)} shards)")
     final = Path(target)
     partial = final.with_name(final.name + _PARTIAL_SUFFIX)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(database.executor, _prepare, final, partial)
     try:
-        for shard in database.shards:
-            await checkpoint_shard(database, shard.shard_id, partial / str(shard.shard_id))
+        for shard_id in wanted:
+            await checkpoint_shard(database, shard_id, partial / str(shard_id))
         return await loop.run_in_executor(
             database.executor, _finish, database, partial, final, now_us())
     except BaseException:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -347,10 +348,11 @@ class Database:
         """The digest of one shard as applied now (`digest.digest_shard`)."""
         return await digest_shard(self._shard_set, shard_id, work_dir)
 
-    async def checkpoint(self, target: str | Path) -> dict[str, Any]:
-        """Checkpoint the database into the new folder `target`; returns its manifest
-        (`checkpoint.create_checkpoint`)."""
-        return await create_checkpoint(self._shard_set, target)
+    async def checkpoint(self, target: str | Path,
+                         shards: Collection[int] | None = None) -> dict[str, Any]:
+        """Checkpoint the shards `shards` (None: all) into the new folder `target`;
+        returns its manifest (`checkpoint.create_checkpoint`)."""
+        return await create_checkpoint(self._shard_set, target, shards)
 
     async def apply_gc_plan(self, plan: Any) -> dict[str, Any]:
         """Apply a generation GC plan of `stratamq spark gc` (`gc.apply_gc_plan`)."""

@@ -243,8 +243,15 @@ class Snapshot:
     def is_checkpoint(self) -> bool:
         return (self.path / MANIFEST_FILE).is_file()
 
+    @property
+    def shard_ids(self) -> list[int]:
+        """The shards the folder has: every one of a site's folder; a checkpoint may
+        hold some only (`create_checkpoint`'s `shards`)."""
+        return [shard_id for shard_id in range(self.n_shards)
+                if (self.path / str(shard_id)).is_dir()]
+
     def shard(self, shard_id: int) -> ShardSnapshot:
-        if not 0 <= shard_id < self.n_shards:
+        if not 0 <= shard_id < self.n_shards or not (self.path / str(shard_id)).is_dir():
             raise InvalidIteratorError(f"{self.path} has no shard {shard_id}")
         opened = self._shards.get(shard_id)
         if opened is None:
@@ -280,7 +287,7 @@ def describe_snapshot(snapshot: Snapshot, site: str | None, db: str,
                       created_at: int | None) -> dict[str, Any]:
     """The manifest document of a database folder, read from its shards."""
     shards = []
-    for shard_id in range(snapshot.n_shards):
+    for shard_id in snapshot.shard_ids:
         shard = snapshot.shard(shard_id)
         shards.append({
             "id": shard_id,

@@ -74,6 +74,33 @@ def test_checkpoint_holds_every_shard_and_reads_back(broker: BrokerProcess,
         assert len(read_everything(snapshot)) == len(MESSAGES)
 
 
+def test_a_checkpoint_of_some_shards_holds_those_only(broker: BrokerProcess,
+                                                      tmp_path: Path) -> None:
+    """What a Spark run takes at each site (spark/launch.py): each shard's copy once."""
+    publish_all(broker, MESSAGES)
+    folder = tmp_path / "checkpoints" / "some"
+    status, answer = admin_post(broker, "/api/v1/ds/storages/messages/checkpoints",
+                                {"dir": str(folder), "shards": [3, 1]})
+    assert status == 201, answer
+    manifest = answer["manifest"]
+    assert [shard["id"] for shard in manifest["shards"]] == [1, 3]
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["1", "3"]
+    with Snapshot(folder) as snapshot:
+        assert snapshot.shard_ids == [1, 3] and snapshot.manifest() == manifest
+        found = read_everything(snapshot)
+    whole = make_checkpoint(broker, tmp_path / "checkpoints" / "all")
+    with Snapshot(tmp_path / "checkpoints" / "all") as snapshot:
+        in_those = [row for row in read_everything(snapshot)
+                    if row in found]
+    assert found and sorted(found) == sorted(in_those)
+    assert len(found) < len(MESSAGES) and whole["n_shards"] == 4
+    for bad in ([4], [-1], ["1"], 2, [True]):
+        status, answer = admin_post(broker, "/api/v1/ds/storages/messages/checkpoints",
+                                    {"dir": str(tmp_path / "bad"), "shards": bad})
+        assert status == 400 and "shard ids from 0 to 3" in answer["message"], (bad, answer)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_checkpoint_errors_are_clear(broker: BrokerProcess, tmp_path: Path) -> None:
     status, answer = admin_post(broker, "/api/v1/ds/storages/nope/checkpoints",
                                 {"dir": str(tmp_path / "a")})

@@ -69,7 +69,11 @@ def test_launch_plans_and_applies_gc_on_every_site(tmp_path: Path) -> None:
 
         for index, site in enumerate((first, second)):
             folder = work / "run-1" / f"site-{index}"
-            assert sorted(path.name for path in folder.iterdir()) == ["gc-plan.json"]
+            # the plan stays, and what the run read (each site its own one shard)
+            assert sorted(path.name for path in folder.iterdir()) == ["checkpoint.json",
+                                                                      "gc-plan.json"]
+            read = json.loads((folder / "checkpoint.json").read_text())
+            assert [shard["id"] for shard in read["shards"]] == [0]
             plan = json.loads((folder / "gc-plan.json").read_text())
             [site_view] = admin_get(site, "/api/v1/ds/sites")["data"]
             assert plan["site"] == site_view["site"]

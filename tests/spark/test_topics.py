@@ -222,13 +222,15 @@ def test_newest_copies_counts_each_shard_once() -> None:
 @pytest.mark.timeout(900)  # JVMs of Spark local on a shared 2-core machine
 def test_learn_topics_merges_every_sites_checkpoint(tmp_path: Path) -> None:
     """`stratamq spark launch learn-topics` (the operator's scheduled run) on a
-    two-site cluster whose sites each hold some of the shards: one seed from both
-    checkpoints, each message counted once, given to both sites (issue 28: a seed per
-    site kept the last site's, learned from half the population)."""
+    two-site cluster whose sites both hold every shard and each lead some: each shard
+    is checkpointed once, at its leader (issue 23: once per replica before), one seed
+    from both checkpoints counts each message once, given to both sites (issue 28: a
+    seed per site kept the last site's, learned from half the population)."""
     cluster = Cluster(tmp_path / "cluster", sites=2, n_shards=N_SHARDS,
-                      replication_factor=1).start()
+                      replication_factor=2).start()
     try:
-        assert {sites[0] for sites in cluster.replicas().values()} == {0, 1}
+        leaders = cluster.leaders("messages")
+        assert set(leaders.values()) == {0, 1}, leaders
         publish_all(cluster.sites[0], workload("one"))
         done = subprocess.run(
             [sys.executable, "-m", "stratamq.broker", "spark", "launch", "learn-topics",
@@ -249,3 +251,8 @@ def test_learn_topics_merges_every_sites_checkpoint(tmp_path: Path) -> None:
     assert [site["applied"]["patterns"] for site in result["sites_done"]] \
         == [len(seed["patterns"])] * 2
     assert not list((tmp_path / "work" / "r1").glob("site-*/checkpoint"))
+    read = {index: [shard["id"] for shard in json.loads(
+        (tmp_path / "work" / "r1" / f"site-{index}" / "checkpoint.json").read_text())["shards"]]
+        for index in (0, 1)}
+    assert read == {index: sorted(shard for shard, leader in leaders.items()
+                                  if leader == index) for index in (0, 1)}

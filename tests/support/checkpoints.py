@@ -73,7 +73,7 @@ def snapshot_messages(snapshot: Snapshot, topic_filter: str = "#",
     stream, through the snapshot's own iterators."""
     picked = generations if generations is not None else {
         shard_id: list(snapshot.shard(shard_id).generations)
-        for shard_id in range(snapshot.n_shards)}
+        for shard_id in snapshot.shard_ids}
     for shard_id, generation_ids in picked.items():
         shard = snapshot.shard(shard_id)
         for generation_id in generation_ids:
