@@ -175,7 +175,7 @@ def test_helm_template_renders(tmp_path: Path) -> None:
         ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev"),
         ("CustomResourceDefinition", "kopfpeerings.kopf.dev"),
         ("CustomResourceDefinition", "replicatransitions.stratamq.io"),
-        ("DurableStorage", "mq")]
+        ("DurableStorage", "mq-mq")]
     assert docs[:4] == [doc for path in sorted(CRDS.glob("*.yaml"))
                         for doc in yaml.safe_load_all(path.read_text())]
     storage = docs[4]
@@ -241,21 +241,31 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
 
 
 def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:
-    installed = crds.helm("install", "mq", str(CHART), "--namespace", namespace,
-                          "--set", "durableStorage.create=true",
-                          "--set", "durableStorage.spec.sites=1",
-                          "--set", "durableStorage.spec.messages.replicationFactor=1",
-                          "--set", "durableStorage.spec.listeners.tcp.port=1884")
-    # The notes say how to connect and where the admin token is.
+    values = ["--set", "durableStorage.create=true", "--set", "durableStorage.spec.sites=1",
+              "--set", "durableStorage.spec.messages.replicationFactor=1",
+              "--set", "durableStorage.spec.listeners.tcp.port=1884"]
+    installed = crds.helm("install", "mq", str(CHART), "--namespace", namespace, *values)
+    # Named apart from the release's own objects; the notes say how to connect and
+    # where the admin token is.
     notes = installed.stdout
-    assert f"kubectl port-forward -n {namespace} svc/mq 1884:1884" in notes, notes
-    assert f"kubectl get secret -n {namespace} mq-admin -o jsonpath='{{.data.token}}'" \
+    assert f"kubectl port-forward -n {namespace} svc/mq-mq 1884:1884" in notes, notes
+    assert f"kubectl get secret -n {namespace} mq-mq-admin -o jsonpath='{{.data.token}}'" \
         in notes, notes
-    storage = json.loads(crds.kubectl("get", "-n", namespace, "durablestorage", "mq",
+    storage = json.loads(crds.kubectl("get", "-n", namespace, "durablestorage", "mq-mq",
                                       "-o", "json").stdout)
     assert storage["spec"]["sites"] == 1
     assert storage["spec"]["messages"]["nShards"] == 16  # the CRD's default
     assert storage["metadata"]["annotations"]["meta.helm.sh/release-name"] == "mq"
+
+    # A storage an older chart made under the release's name (its default then) keeps
+    # it through an upgrade: a new name would be a new storage, the old one deleted.
+    crds.helm("install", "old", str(CHART), "--namespace", namespace, *values,
+              "--set", "durableStorage.name=old")
+    crds.helm("upgrade", "old", str(CHART), "--namespace", namespace, *values)
+    assert crds.kubectl("get", "-n", namespace, "durablestorages", "-o", "name"
+                        ).stdout.split() == ["durablestorage.stratamq.io/mq-mq",
+                                             "durablestorage.stratamq.io/old"]
+    crds.helm("uninstall", "old", "--namespace", namespace, "--wait", "--no-hooks")
 
     # Values that break the schema fail the install with the API server's message.
     result = crds.helm("install", "bad", str(CHART), "--namespace", namespace,

@@ -34,6 +34,7 @@ from tests.support.operator_process import OperatorProcess
 
 CHART = REPO / "charts" / "stratamq"
 RELEASE = "mq"
+STORAGE = f"{RELEASE}-mq"  # the chart's default name
 ACCOUNT = f"{RELEASE}-stratamq-operator"
 FINALIZER = kopf.OperatorSettings().persistence.finalizer
 # A storage Ready (or its sites gone) on the stand-in kubelet, on a loaded 2-core machine.
@@ -57,7 +58,7 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
               "--set", "durableStorage.spec.storage.size=1Gi")
 
     def storage() -> dict[str, object] | None:
-        result = kube.kubectl("get", "-n", namespace, "durablestorage", RELEASE, "-o", "json",
+        result = kube.kubectl("get", "-n", namespace, "durablestorage", STORAGE, "-o", "json",
                               check=False)
         return json.loads(result.stdout) if result.returncode == 0 else None
 
@@ -90,7 +91,7 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
             env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True,
             text=True, timeout=120)
         assert hook.returncode == 0, hook.stdout + hook.stderr
-        assert f"{namespace}/{RELEASE}: finalizer {FINALIZER} removed" in hook.stderr, \
+        assert f"{namespace}/{STORAGE}: finalizer {FINALIZER} removed" in hook.stderr, \
             hook.stderr
         assert json.loads(kube.kubectl("get", "deployment", "-n", namespace, ACCOUNT,
                                        "-o", "json").stdout)["spec"]["replicas"] == 0

@@ -1,6 +1,6 @@
 """The chart as a user installs it, on real nodes (tests/support/realnode.py): `helm
-install` with the chart's own storage (`durableStorage.create`, named after the
-release) runs the operator as a pod of the built image; the storage's three sites,
+install` with the chart's own storage (`durableStorage.create`, named
+`<release>-mq`) runs the operator as a pod of the built image; the storage's three sites,
 each a container of the same image on its own node, become Ready; MQTT
 publish/subscribe works through a site; `helm uninstall` takes the operator and the
 storage away together and completes.
@@ -34,7 +34,7 @@ from tests.support.realnode import RealKubeCluster
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-chart"
 RELEASE = "mq"
-STORAGE = "mq"
+STORAGE = f"{RELEASE}-mq"  # the chart's default name
 SITES = 3
 # Far above what each step takes on a loaded 2-core machine (install seconds, Ready
 # tens of seconds), far below forever.

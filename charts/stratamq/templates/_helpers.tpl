@@ -172,3 +172,20 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The DurableStorage the chart makes (durableStorage.create): the values' name, else
+     <release>-mq, apart from the release's own objects. A storage an older chart made
+     under the release's name (its default then) keeps that name: a rename would be a
+     new storage, the old one and its sites deleted. */}}
+{{- define "stratamq.storageName" -}}
+{{- if .Values.durableStorage.name -}}
+{{ .Values.durableStorage.name }}
+{{- else -}}
+{{- $made := lookup "stratamq.io/v1alpha1" "DurableStorage" .Release.Namespace .Release.Name -}}
+{{- if and $made (eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $made) .Release.Name) -}}
+{{ .Release.Name }}
+{{- else -}}
+{{ .Release.Name }}-mq
+{{- end -}}
+{{- end -}}
+{{- end -}}
