@@ -85,11 +85,12 @@ def test_the_operator_takes_its_account_log_level_and_intervals(tmp_path: Path) 
                   "--set-json", "operator.heartbeatInterval=1.5",
                   "--set", "operator.reapplyInterval=60",
                   "--set", "operator.securityContext.readOnlyRootFilesystem=false")
-    [account] = [doc for doc in docs if doc["kind"] == "ServiceAccount"]
+    [account] = [doc for doc in docs if doc["kind"] == "ServiceAccount"
+                 and doc["metadata"]["name"] == "ops"]
     assert account["metadata"]["name"] == "ops"
     assert account["metadata"]["annotations"] == {"team": "mq"}
     [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
-    [job] = [doc for doc in docs if doc["kind"] == "Job"]
+    job = uninstall_hook(docs)
     for pod in (deployment["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
         assert pod["serviceAccountName"] == "ops"
         [container] = pod["containers"]
@@ -102,14 +103,16 @@ def test_the_operator_takes_its_account_log_level_and_intervals(tmp_path: Path) 
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL"] == "1.5"
     assert env["STRATAMQ_OPERATOR_REAPPLY_INTERVAL"] == "60"
-    bindings = [doc for doc in docs if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    bindings = [doc for doc in docs if doc["kind"] in ("ClusterRoleBinding", "RoleBinding")
+                and not doc["roleRef"]["name"].endswith("-crds")]  # the hook's own account
     assert bindings and all(binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "ops", "namespace": "brokers"}]
         for binding in bindings)
     # an account of the user's: bound, not made
     docs = render(tmp_path, "--set", "operator.serviceAccount.create=false",
                   "--set", "operator.serviceAccount.name=ops", "--set", "operator.logLevel=warning")
-    assert "ServiceAccount" not in {doc["kind"] for doc in docs}
+    assert [doc["metadata"]["name"] for doc in docs if doc["kind"] == "ServiceAccount"] == [
+        "mq-stratamq-operator-crds"]  # the CRD upgrade hook's own
     [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
     assert "--quiet" in deployment["spec"]["template"]["spec"]["containers"][0]["command"]
 
@@ -147,10 +150,17 @@ def test_watch_namespaces_grants_rights_in_those_namespaces_only(tmp_path: Path)
     assert "--all-namespaces" not in command
     assert [arg for arg in command if arg.startswith("--namespace")] == [
         "--namespace=iot", "--namespace=fleet"]
-    [job] = [doc for doc in docs if doc["kind"] == "Job"]
+    job = uninstall_hook(docs)
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert [arg for arg in command if arg.startswith("--watch-namespace")] == [
         "--watch-namespace=iot", "--watch-namespace=fleet"]
+
+
+def uninstall_hook(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pre-delete hook's Job among rendered documents."""
+    [job] = [doc for doc in docs if doc["kind"] == "Job"
+             and doc["metadata"]["name"].endswith("-operator-uninstall")]
+    return job
 
 
 def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
@@ -164,9 +174,12 @@ def test_helm_template_renders(tmp_path: Path) -> None:
     assert [doc["kind"] for doc in render(tmp_path)] == [
         "PriorityClass", "PodDisruptionBudget", "ServiceAccount", "ConfigMap", "ConfigMap",
         "ConfigMap", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "Service", "Deployment", "ClusterKopfPeering", "Job"]
+        "Service", "Deployment", "ClusterKopfPeering",
+        # the hooks: the pre-upgrade hook's (crd-upgrade-hook.yaml) and its Job, the
+        # pre-delete hook's Job
+        "ServiceAccount", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Job", "Job"]
     docs = render(tmp_path, "--include-crds", "--set", "dashboards.enabled=false",
-                  "--set", "operator.enabled=false",
+                  "--set", "operator.enabled=false", "--set", "crds.upgrade=false",
                   "--set", "durableStorage.create=true",
                   "--set", "durableStorage.spec.sites=5",
                   "--set-json", 'durableStorage.spec.messages={"nShards": 8}')
@@ -187,7 +200,7 @@ def test_helm_template_renders(tmp_path: Path) -> None:
 
 def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> None:
     docs = render(tmp_path, "--set", "dashboards.annotations.grafana_folder=stratamq",
-                  "--set", "operator.enabled=false")
+                  "--set", "operator.enabled=false", "--set", "crds.upgrade=false")
     files = sorted((CHART / "dashboards").glob("*.json"))
     assert [path.name for path in files] == ["stratamq-broker.json", "stratamq-replication.json",
                                              "stratamq-storage.json"]
@@ -207,12 +220,12 @@ def test_dashboards_are_config_maps_for_the_grafana_sidecar(tmp_path: Path) -> N
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
             assert panel["targets"] and all(target["expr"] for target in panel["targets"])
     assert render(tmp_path, "--set", "dashboards.enabled=false",
-                  "--set", "operator.enabled=false") == []
+                  "--set", "operator.enabled=false", "--set", "crds.upgrade=false") == []
 
 
 def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Path) -> None:
     assert render(tmp_path, "--set", "dashboards.enabled=false",
-                  "--set", "operator.enabled=false") == []
+                  "--set", "operator.enabled=false", "--set", "crds.upgrade=false") == []
     docs = render(tmp_path, "--set", "dashboards.enabled=false", "--set", "operator.enabled=false",
                   "--set", "prometheusRule.labels.release=kube-prometheus-stack",
                   "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
@@ -440,7 +453,7 @@ def test_uninstall_stops_the_operator_first_as_its_own_account(tmp_path: Path) -
     Deployment, no other."""
     docs = render(tmp_path, "--set", "operator.hostNetwork=true", "--set-json",
                   'operator.env=[{"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"}]')
-    [hook] = [doc for doc in docs if doc["kind"] == "Job"]
+    hook = uninstall_hook(docs)
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     spec = hook["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "mq-stratamq-operator"
@@ -496,7 +509,7 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
         {"name": "data", "persistentVolumeClaim": {"claimName": "data-mq-0"}})
     [gc_job] = [made for made in spark.spark_objects(owner, spec, spark_operator=False)
                 if made["kind"] == "CronJob"]
-    [hook] = [doc for doc in render(tmp_path) if doc["kind"] == "Job"]
+    hook = uninstall_hook(render(tmp_path))
     pods = [as_pod("operator", operator_pod_template(tmp_path)),
             as_pod("operator-uninstall", hook["spec"]["template"]),
             as_pod("site", site_template),
