@@ -482,14 +482,14 @@ def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
 
 def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace: str,
                                                   tmp_path: Path) -> None:
-    """The operator's (and its uninstall hook's), the sites' and the Spark jobs' pods,
+    """The operator's (and its hooks'), the sites' and the Spark jobs' pods,
     created (server-side dry run)
     in a namespace that enforces Pod Security "restricted": the API server's PodSecurity
     admission refused all three (no seccompProfile)."""
     crds.kubectl("label", "namespace", namespace,
                  "pod-security.kubernetes.io/enforce=restricted")
     # The accounts the pods name must exist (the ServiceAccount admission checks that).
-    for account in ("mq-stratamq-operator", "mq-spark"):
+    for account in ("mq-stratamq-operator", "mq-stratamq-operator-crds", "mq-spark"):
         crds.kubectl("create", "serviceaccount", "-n", namespace, account)
     # ... and so must the operator's PriorityClass (the Priority admission checks it):
     # the chart's own, created for real beside the dry runs (cluster-wide, so removed
@@ -509,9 +509,13 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
         {"name": "data", "persistentVolumeClaim": {"claimName": "data-mq-0"}})
     [gc_job] = [made for made in spark.spark_objects(owner, spec, spark_operator=False)
                 if made["kind"] == "CronJob"]
-    hook = uninstall_hook(render(tmp_path))
+    rendered = render(tmp_path)
+    hook = uninstall_hook(rendered)
+    [crd_hook] = [doc for doc in rendered if doc["kind"] == "Job"
+                  and doc["metadata"]["name"].endswith("-operator-crds")]
     pods = [as_pod("operator", operator_pod_template(tmp_path)),
             as_pod("operator-uninstall", hook["spec"]["template"]),
+            as_pod("crd-upgrade", crd_hook["spec"]["template"]),
             as_pod("site", site_template),
             as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
     try:
