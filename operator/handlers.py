@@ -68,6 +68,11 @@ HEARTBEAT_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_HEARTBEAT_INTERVAL"
 # Seconds between re-applying every object, which repairs drift (an object deleted or
 # edited by hand) without waiting for the next change of the spec.
 REAPPLY_INTERVAL = float(os.environ.get("STRATAMQ_OPERATOR_REAPPLY_INTERVAL", "300"))
+# "off" where the operator serves namespaces it is given (`--namespace`) with rights in
+# those only: Kopf then neither lists namespaces nor watches CRDs, which it may not
+# (it would retry, log errors and fall back to the same); the CRDs are read once at
+# start.
+SCANNING = os.environ.get("STRATAMQ_OPERATOR_SCANNING", "on")
 
 @dataclass
 class Applied:
@@ -150,6 +155,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.INFO
+    settings.scanning.disabled = SCANNING == "off"
     # Peering (--peering): the operator with the highest priority acts and the others
     # pause; replicas with equal priorities would all pause, so each replica that was
     # not given a --priority draws its own.

@@ -53,20 +53,22 @@ def token_kubeconfig(kube: ControlPlane, path: Path, token: str, account: str = 
     return path
 
 
-def can_i(kube: ControlPlane, *args: str) -> bool:
-    """Whether the operator's account may do `args` (kubectl auth can-i's arguments)."""
+def can_i(kube: ControlPlane, release_ns: str, *args: str) -> bool:
+    """Whether the operator's account (of the release in `release_ns`) may do `args`
+    (kubectl auth can-i's arguments)."""
     answer = kube.kubectl("auth", "can-i", *args,
-                          f"--as=system:serviceaccount:{NAMESPACE}:{ACCOUNT}",
+                          f"--as=system:serviceaccount:{release_ns}:{ACCOUNT}",
                           check=False).stdout.strip()
     assert answer in ("yes", "no"), answer
     return answer == "yes"
 
 
-def run_uninstall_hook(kube: ControlPlane, kubeconfig: Path) -> str:
+def run_uninstall_hook(kube: ControlPlane, release_ns: str, kubeconfig: Path) -> str:
     """Run the command of the chart's pre-delete hook Job, as rendered for the release,
     as a process with the operator's credentials; its log."""
-    hooks = yaml.safe_load_all(kube.helm("get", "hooks", RELEASE, "-n", NAMESPACE).stdout)
-    job, = (hook for hook in hooks if hook and hook["kind"] == "Job")
+    hooks = yaml.safe_load_all(kube.helm("get", "hooks", RELEASE, "-n", release_ns).stdout)
+    job, = (hook for hook in hooks if hook and hook["kind"] == "Job"
+            and hook["metadata"]["name"].endswith("-uninstall"))
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "python", command
     hook = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True,
@@ -78,16 +80,18 @@ def run_uninstall_hook(kube: ControlPlane, kubeconfig: Path) -> str:
 @pytest.mark.parametrize("watched", [False, True], ids=["all-namespaces", "watched-namespace"])
 def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: bool) -> None:
     kube = crds
-    kube.kubectl("create", "namespace", NAMESPACE)
-    storage_ns = WATCHED if watched else NAMESPACE
+    # Each mode in namespaces of its own: the other's may still be terminating.
+    release_ns = f"{NAMESPACE}-ops" if watched else NAMESPACE
+    kube.kubectl("create", "namespace", release_ns)
+    storage_ns = WATCHED if watched else release_ns
     scope = []
     if watched:
         kube.kubectl("create", "namespace", WATCHED)
         scope = ["--set", f"operator.watchNamespaces={{{WATCHED}}}"]
     try:
-        kube.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        kube.helm("install", RELEASE, str(CHART), "--namespace", release_ns,
                   "--set", "operator.replicas=0", "--set", "dashboards.enabled=false", *scope)
-        token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE,
+        token = kube.kubectl("create", "token", ACCOUNT, "-n", release_ns,
                              "--duration=1h").stdout.strip()
         kubeconfig = token_kubeconfig(kube, tmp_path / "operator.kubeconfig", token)
         # The account really is limited: it may not read Secrets' list or list Nodes
@@ -95,24 +99,25 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
         # lets Spark drivers make.
         for verb, what in (("list", "secrets"), ("list", "nodes"), ("delete", "statefulsets"),
                            ("create", "pods")):
-            assert not can_i(kube, verb, what, "-n", storage_ns), (verb, what)
+            assert not can_i(kube, release_ns, verb, what, "-n", storage_ns), (verb, what)
         if watched:
             # Serving one namespace, it may do nothing of the kind anywhere else.
-            assert can_i(kube, "get", "secrets", "-n", WATCHED)
-            for namespace in ("default", "kube-system", NAMESPACE):
+            assert can_i(kube, release_ns, "get", "secrets", "-n", WATCHED)
+            for namespace in ("default", "kube-system", release_ns):
                 for verb, what in (("get", "secrets"), ("create", "statefulsets"),
                                    ("list", "durablestorages.stratamq.io")):
-                    assert not can_i(kube, verb, what, "-n", namespace), \
+                    assert not can_i(kube, release_ns, verb, what, "-n", namespace), \
                         (verb, what, namespace)
-            assert not can_i(kube, "list", "durablestorages.stratamq.io", "--all-namespaces")
+            assert not can_i(kube, release_ns, "list", "durablestorages.stratamq.io",
+                             "--all-namespaces")
         # Its objects name the storage as owner with blockOwnerDeletion, which a cluster
         # running the OwnerReferencesPermissionEnforcement admission plugin (OpenShift,
         # for one) allows only to who may update the owner's finalizers.
-        assert can_i(kube, "update", "durablestorages.stratamq.io", "--subresource=finalizers",
-                     "-n", storage_ns)
+        assert can_i(kube, release_ns, "update", "durablestorages.stratamq.io",
+                     "--subresource=finalizers", "-n", storage_ns)
         # ... and may do what it needs that this test does not reach: delete the
         # ReplicaTransitions of old plans (spec.transitionHistoryLimit).
-        assert can_i(kube, "delete", "replicatransitions", "-n", storage_ns)
+        assert can_i(kube, release_ns, "delete", "replicatransitions", "-n", storage_ns)
         # An operator of all namespaces would take on the storages other tests left
         # behind in namespaces being deleted: wait until they are gone.
         wait_for("no DurableStorage in other namespaces", lambda: not [
@@ -123,7 +128,8 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
             operator = OperatorProcess(tmp_path / "operator", kube,
                                        WATCHED if watched else None, kubeconfig=kubeconfig,
                                        peering=ACCOUNT,
-                                       spark_driver_role=f"{RELEASE}-stratamq-spark")
+                                       spark_driver_role=f"{RELEASE}-stratamq-spark",
+                                       scanning=not watched)  # as the chart's Deployment
             operator.start(timeout=60)
             try:
                 kube.kubectl("apply", "-n", storage_ns, "-f", "-", input=yaml.safe_dump({
@@ -187,7 +193,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
                     # and takes Kopf's finalizer off the storages of the namespaces the
                     # operator served (a killed operator's exit never does).
                     operator.kill()
-                    hook_log = run_uninstall_hook(kube, kubeconfig)
+                    hook_log = run_uninstall_hook(kube, release_ns, kubeconfig)
                     finalizer = kopf.OperatorSettings().persistence.finalizer
                     assert f"{WATCHED}/mq: finalizer {finalizer} removed" in hook_log, hook_log
                 kube.kubectl("delete", "-n", storage_ns, "durablestorage", "mq",
@@ -200,7 +206,7 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
     finally:
         # No node runs the pre-delete hook's pod here (test_chart_uninstall.py runs
         # what it runs; tests/realnode the hook itself).
-        kube.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--no-hooks", check=False)
-        kube.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+        kube.helm("uninstall", RELEASE, "--namespace", release_ns, "--no-hooks", check=False)
+        kube.kubectl("delete", "namespace", release_ns, "--wait=false")
         if watched:
             kube.kubectl("delete", "namespace", WATCHED, "--wait=false")

@@ -24,11 +24,12 @@ class OperatorProcess(ManagedProcess):
                  priority: int | None = None, status_interval: float = 1.0,
                  reapply_interval: float = 300.0,
                  kubeconfig: Path | None = None, peering: str = PEERING,
-                 spark_driver_role: str = "stratamq-spark") -> None:
+                 spark_driver_role: str = "stratamq-spark", scanning: bool = True) -> None:
         """`namespace` None: all namespaces (a ClusterKopfPeering `peering`), else that
         one (a KopfPeering there); `kubeconfig`: whose credentials (the admin's by
         default); `spark_driver_role`: the ClusterRole the Spark drivers' accounts are
-        bound to (the chart's Deployment names its own)."""
+        bound to (the chart's Deployment names its own); `scanning` False: Kopf lists no
+        namespaces and watches no CRDs (the chart's `operator.watchNamespaces`)."""
         super().__init__(workdir)  # self.port: the liveness endpoint
         self.log_path = workdir / "operator.log"
         self.kube = kube
@@ -40,6 +41,7 @@ class OperatorProcess(ManagedProcess):
         self.reapply_interval = reapply_interval
         self.metrics_port = free_port()
         self.spark_driver_role = spark_driver_role
+        self.scanning = scanning
 
     def ports(self) -> list[int]:
         return [self.port, self.metrics_port]
@@ -49,7 +51,8 @@ class OperatorProcess(ManagedProcess):
                 "STRATAMQ_OPERATOR_STATUS_INTERVAL": str(self.status_interval),
                 "STRATAMQ_OPERATOR_REAPPLY_INTERVAL": str(self.reapply_interval),
                 "STRATAMQ_OPERATOR_METRICS_BIND": f"{HOST}:{self.metrics_port}",
-                "STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE": self.spark_driver_role}
+                "STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE": self.spark_driver_role,
+                "STRATAMQ_OPERATOR_SCANNING": "on" if self.scanning else "off"}
 
     def command(self) -> list[str]:
         kopf = str(Path(sys.executable).parent / "kopf")
