@@ -1,6 +1,6 @@
 """The chart as a user installs it, on real nodes (tests/support/realnode.py): `helm
-install` with the chart's own storage (`durableStorage.create`, named
-`<release>-mq`) runs the operator as a pod of the built image; the storage's three sites,
+install` with the chart's own storage (`durableStorage.create`, named after the
+release) runs the operator as a pod of the built image; the storage's three sites,
 each a container of the same image on its own node, become Ready; MQTT
 publish/subscribe works through a site; `helm uninstall` takes the operator and the
 storage away together and completes.
@@ -34,7 +34,8 @@ from tests.support.realnode import RealKubeCluster
 CHART = REPO / "charts" / "stratamq"
 NAMESPACE = "realnode-chart"
 RELEASE = "mq"
-STORAGE = f"{RELEASE}-mq"  # the chart's default name
+# Named after the release (the chart's default is <release>-mq): see below.
+STORAGE = RELEASE
 SITES = 3
 # Far above what each step takes on a loaded 2-core machine (install seconds, Ready
 # tens of seconds), far below forever.
@@ -77,10 +78,12 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_kube_cluster: RealK
     kubectl = cluster.plane.kubectl
     cluster.add_volumes(SITES)
     started = time.monotonic()
-    # The storage named after the release, as the chart's own: the operator's pod and
-    # the sites' then share the release's name and instance labels.
+    # The storage named after the release (as the chart's own was by default before
+    # <release>-mq): the operator's pod and the sites' then share the release's name
+    # and instance labels, which once made the operator count itself a site.
     cluster.install_chart(
         CHART, RELEASE, NAMESPACE, "--set", "durableStorage.create=true",
+        "--set", f"durableStorage.name={STORAGE}",
         "--set-json", "durableStorage.spec=" + json.dumps({
             "sites": SITES, "hostNetwork": True, "image": {"pullPolicy": "Never"},
             "messages": {"nShards": 4, "replicationFactor": 3},
