@@ -345,10 +345,13 @@ def test_rendered_manifests_validate_on_the_api_server(crds: ControlPlane, names
     out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", namespace,
                             "--set", "durableStorage.create=true",
                             "--set", "durableStorage.spec.sites=3"], tool_env(tmp_path)).stdout
+    # The accounts the pods name must exist (the ServiceAccount admission checks a Pod's,
+    # here `helm test`'s; a dry run makes nothing): made for real first.
+    crds.kubectl("create", "serviceaccount", "-n", namespace, "mq-stratamq-operator")
     result = crds.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", namespace,
                           "-f", "-", input=out)
     kinds = [line.split()[0].split("/")[0] for line in result.stdout.splitlines()]
-    assert "service" in kinds and "deployment.apps" in kinds, result.stdout
+    assert "service" in kinds and "deployment.apps" in kinds and "pod" in kinds, result.stdout
 
 
 def operator_pod_template(tmp_path: Path) -> dict[str, Any]:
@@ -518,13 +521,15 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
         {"name": "data", "persistentVolumeClaim": {"claimName": "data-mq-0"}})
     [gc_job] = [made for made in spark.spark_objects(owner, spec, spark_operator=False)
                 if made["kind"] == "CronJob"]
-    rendered = render(tmp_path)
+    rendered = render(tmp_path, "--set", "durableStorage.create=true")
     hook = uninstall_hook(rendered)
     [crd_hook] = [doc for doc in rendered if doc["kind"] == "Job"
                   and doc["metadata"]["name"].endswith("-operator-crds")]
+    [test_pod] = [doc for doc in rendered if doc["kind"] == "Pod"]  # `helm test`
     pods = [as_pod("operator", operator_pod_template(tmp_path)),
             as_pod("operator-uninstall", hook["spec"]["template"]),
             as_pod("crd-upgrade", crd_hook["spec"]["template"]),
+            as_pod("helm-test", {"metadata": test_pod["metadata"], "spec": test_pod["spec"]}),
             as_pod("site", site_template),
             as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
     try:

@@ -7,6 +7,8 @@ operator, stopping after its rights were gone, could not take the finalizer off:
 storage stayed Terminating, its pods running, `helm uninstall --wait` hanging (seen on
 real pods: tests/realnode/test_chart_on_real_nodes.py). The chart's pre-delete hook
 now runs `python -m stratamq.operator.uninstall` as the operator's account first.
+Before that, with the storage Ready, the chart's `helm test` (its test pod's command)
+round-trips an MQTT message through the storage.
 
 The test node cannot run the hook's pod nor give a pod its in-cluster credentials (see
 test_operator_rbac.py): the operator runs as a process, the hook's module as a process
@@ -73,6 +75,30 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
                 return status.get("phase") == "Ready"
             wait_for("the storage Ready", ready, explain=lambda: operator.log_tail()
                      + f"\nkubelet errors: {node.errors}", timeout=TIMEOUT)
+            # `helm test`: the chart's test pod's command, as the operator's account
+            # (the pod's), the way the pod runs it.
+            token = kube.kubectl("create", "token", ACCOUNT, "-n", namespace,
+                                 "--duration=1h").stdout.strip()
+            kubeconfig = token_kubeconfig(kube, tmp_path / "account.kubeconfig", token,
+                                          ACCOUNT)
+            [test_pod] = [hook for hook in yaml.safe_load_all(kube.helm(
+                "get", "hooks", RELEASE, "-n", namespace).stdout)
+                if hook and hook["metadata"]["annotations"]["helm.sh/hook"] == "test"]
+            command = test_pod["spec"]["containers"][0]["command"]
+            assert command[0] == "python", command
+            tested = subprocess.run([sys.executable, *command[1:]], capture_output=True,
+                                    text=True, timeout=120,
+                                    env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+            assert tested.returncode == 0, tested.stdout + tested.stderr
+            missing = subprocess.run(
+                [sys.executable, *command[1:], "--storage=nope", "--timeout=1"],
+                capture_output=True, text=True, timeout=120,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+            assert missing.returncode == 1 and "no DurableStorage" in missing.stderr, \
+                missing.stderr
+            assert f"DurableStorage {namespace}/{STORAGE} Ready; a QoS 1 message " \
+                f"published at {STORAGE}-0 reached a subscriber at {STORAGE}-0" \
+                in tested.stdout, tested.stdout
         finally:
             operator.kill()  # a crash: no cleanup at its exit
         log = operator.log()
@@ -82,9 +108,6 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
         assert FINALIZER in (meta.get("finalizers") or []), meta
 
         # The hook's module, as the operator's account (what the chart grants it).
-        token = kube.kubectl("create", "token", ACCOUNT, "-n", namespace,
-                             "--duration=1h").stdout.strip()
-        kubeconfig = token_kubeconfig(kube, tmp_path / "hook.kubeconfig", token, ACCOUNT)
         hook = subprocess.run(
             [sys.executable, "-m", "stratamq.operator.uninstall", f"--namespace={namespace}",
              f"--deployment={ACCOUNT}", "--timeout=30"],
