@@ -2,8 +2,8 @@
 install` with the chart's own storage (`durableStorage.create`, named after the
 release) runs the operator as a pod of the built image; the storage's three sites,
 each a container of the same image on its own node, become Ready; MQTT
-publish/subscribe works through a site; `helm uninstall` takes the operator and the
-storage away together and completes.
+publish/subscribe works through a site, and so does the chart's `helm test`; `helm
+uninstall` takes the operator and the storage away together and completes.
 
 Issue 21's defects 1, 2 and 4 were seen in this very install: the operator's pod
 carried the sites' labels and was counted as a site (never Ready); the operator
@@ -128,6 +128,16 @@ def test_helm_install_a_storage_and_mqtt_through_a_site(real_kube_cluster: RealK
     finally:
         publisher.stop()
         subscriber.stop()
+
+    # `helm test`: the chart's test pod, a real container on a node, round-trips a
+    # message through the storage's sites (it exits 0 only then; Helm deletes it once
+    # it passed, so its log is not asked for).
+    started = time.monotonic()
+    tested = cluster.plane.helm("test", RELEASE, "--namespace", NAMESPACE,
+                                "--timeout=180s", check=False, timeout=210)
+    assert tested.returncode == 0, tested.stdout + tested.stderr + explain(cluster)
+    assert re.search(r"Phase:\s+Succeeded", tested.stdout), tested.stdout
+    print(f"helm test passed in {time.monotonic() - started:.1f} s")
 
     # The acting operator's pod deleted (a drain, a roll): the other one acts on, and
     # a spec change is still followed.
