@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from . import kube
-from .resources import API_VERSION, KIND, site_selector
+from .resources import API_VERSION, KIND, Owner
 
 POLL_INTERVAL_S = 2.0
 DEFAULT_TIMEOUT_S = 300.0
@@ -57,16 +57,12 @@ def wait_ready(namespace: str, name: str, timeout: float) -> dict[str, Any]:
         time.sleep(POLL_INTERVAL_S)
 
 
-def site_addresses(namespace: str, name: str) -> list[tuple[str, str]]:
-    """(pod, address) of each ready site, by pod name."""
-    found = []
-    for pod in kube.list_labeled("v1", "Pod", namespace, site_selector(name)):
-        status = pod.get("status") or {}
-        ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
-                    for condition in status.get("conditions") or [])
-        if ready and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
-            found.append((pod["metadata"]["name"], status["podIP"]))
-    return sorted(found)
+def site_addresses(storage: dict[str, Any]) -> list[tuple[str, str]]:
+    """(pod, address) of each ready site of `storage`, by pod name."""
+    metadata = storage["metadata"]
+    owner = Owner(name=metadata["name"], namespace=metadata["namespace"], uid=metadata["uid"])
+    return [(pod.name, pod.ip) for pod in kube.site_pods(owner, None)
+            if pod.ready and pod.ip and not pod.terminating]
 
 
 async def round_trip(subscriber_host: str, publisher_host: str, port: int) -> float:
@@ -96,7 +92,7 @@ def run(namespace: str, name: str, timeout: float) -> str:
                             "anonymous clients (accessControl.allowAnonymous: false): "
                             "this test has no credentials to connect with")
     port = int((spec.get("listeners") or {}).get("tcp", {}).get("port", DEFAULT_MQTT_PORT))
-    sites = site_addresses(namespace, name)
+    sites = site_addresses(storage)
     if not sites:
         raise HelmTestError(f"DurableStorage {namespace}/{name} is Ready but no site pod "
                             "is ready")

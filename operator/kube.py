@@ -228,8 +228,9 @@ class PodView:
     zone: str | None = None
 
 
-def site_pods(owner: Owner, zones: NodeZones) -> list[PodView]:
-    """The storage's site pods, each in the zone of its node (read through `zones`)."""
+def site_pods(owner: Owner, zones: NodeZones | None) -> list[PodView]:
+    """The storage's site pods, each in the zone of its node (read through `zones`;
+    None: zones not asked for)."""
     found = []
     for pod in list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name)):
         status = pod.get("status") or {}
@@ -239,7 +240,7 @@ def site_pods(owner: Owner, zones: NodeZones) -> list[PodView]:
         found.append(PodView(name=pod["metadata"]["name"], ip=status.get("podIP"),
                              ready=ready,
                              terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                             zone=zones.of(node) if node else None))
+                             zone=zones.of(node) if node and zones else None))
     return sorted(found, key=lambda pod: pod.name)
 
 

@@ -251,10 +251,11 @@ class Snapshot:
                 if (self.path / str(shard_id)).is_dir()]
 
     def shard(self, shard_id: int) -> ShardSnapshot:
-        if not 0 <= shard_id < self.n_shards or not (self.path / str(shard_id)).is_dir():
-            raise InvalidIteratorError(f"{self.path} has no shard {shard_id}")
         opened = self._shards.get(shard_id)
         if opened is None:
+            # (a checkpoint may hold some shards only)
+            if not 0 <= shard_id < self.n_shards or not (self.path / str(shard_id)).is_dir():
+                raise InvalidIteratorError(f"{self.path} has no shard {shard_id}")
             opened = self._shards[shard_id] = ShardSnapshot(self.path / str(shard_id), shard_id)
         return opened
 
