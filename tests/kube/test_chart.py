@@ -451,7 +451,10 @@ def test_rendered_manifests_validate_on_the_api_server(crds: ControlPlane, names
     strict field validation: an unknown or misplaced field fails)."""
     out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", namespace,
                             "--set", "durableStorage.create=true",
-                            "--set", "durableStorage.spec.sites=3"], tool_env(tmp_path)).stdout
+                            "--set", "durableStorage.spec.sites=3",
+                            # `helm test`'s credentials, from a Secret
+                            "--set", "durableStorage.testCredentialsSecret=mq-helm-test"],
+                  tool_env(tmp_path)).stdout
     # The accounts the pods name must exist (the ServiceAccount admission checks a Pod's,
     # here `helm test`'s; a dry run makes nothing): made for real first.
     crds.kubectl("create", "serviceaccount", "-n", namespace, "mq-stratamq-operator")
