@@ -1,5 +1,5 @@
 """`stratamq spark JOB --checkpoint DIR ...`: the data pipeline's jobs. Locally Spark
-runs in `local[*]` with its progress bar; under `spark-submit --master k8s://...`
+runs in `local[*]` and says only its errors; under `spark-submit --master k8s://...`
 give `--master ""` to keep spark-submit's master. Paths are whatever the job's
 machine sees (a volume in Kubernetes): nothing here assumes a local folder.
 
@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     for job in (gc, learn, export):
         job.add_argument("--master", default="local[*]",
                          help='Spark master (default local[*]; "" keeps spark-submit\'s)')
+    # Listed for --help only: `spark_main` hands them their arguments before parsing.
+    jobs.add_parser("launch", add_help=False,
+                    help="a scheduled run: checkpoint every site, run a job, apply its "
+                         "result (the operator's runs; launch --help)")
+    jobs.add_parser("submit", add_help=False,
+                    help="run spark-submit, then fail unless the run's result file says "
+                         "Succeeded (submit --help)")
     return parser
 
 
