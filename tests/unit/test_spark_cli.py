@@ -75,3 +75,17 @@ def test_a_plan_is_told_per_rule_for_a_person() -> None:
     assert summary_line(plan, None) == (
         "dry run, nothing written: the plan would drop 2 generations (4.1 KiB), rewrite 1, "
         "keep 2; 8 expired messages go, 6 stay (3 live, 3 expired in kept generations).")
+
+
+def test_a_sites_data_folder_points_to_its_databases(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A user gives the site's data folder (`data_dir`): the error names the database
+    folders in it, which are what a job reads."""
+    for db in ("messages", "sessions"):
+        (tmp_path / db).mkdir()
+        (tmp_path / db / "db.json").write_text('{"n_shards": 1}')
+    assert spark_main(["gc", "--checkpoint", str(tmp_path), "--dry-run"]) == 1
+    error = capsys.readouterr().err
+    assert len(error.splitlines()) == 1, error
+    assert f"a site's data folder: give a database's, such as {tmp_path / 'messages'}" \
+        in error, error
