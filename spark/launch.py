@@ -281,16 +281,6 @@ def launch_main(argv: list[str]) -> int:
     return 0
 
 
-def _submit_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stratamq spark submit", usage="%(prog)s [-h] --result FILE -- spark-submit ...",
-        description="Run spark-submit (the command after --), then exit non-zero unless it "
-                    "succeeded and the run's result file says Succeeded.")
-    parser.add_argument("--result", required=True, metavar="FILE",
-                        help="the run's result.json, which `stratamq spark launch` writes")
-    return parser
-
-
 def submit_main(argv: list[str]) -> int:
     """`stratamq spark submit --result FILE -- spark-submit ...`: run spark-submit, then
     fail unless the run's result file says Succeeded. spark-submit in Kubernetes
@@ -326,3 +316,13 @@ def submit_main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratamq spark submit", usage="%(prog)s [-h] --result FILE -- spark-submit ...",
+        description="Run spark-submit (the command after --), then exit non-zero unless it "
+                    "succeeded and the run's result file says Succeeded.")
+    parser.add_argument("--result", required=True, metavar="FILE",
+                        help="the run's result.json, which `stratamq spark launch` writes")
+    return parser
