@@ -181,6 +181,15 @@ class Etcd(ManagedProcess):
                 "--unsafe-no-fsync=true"]
 
 
+# What the API server's audit log records: who listed or watched pods (the operator
+# reads its sites' pods from a watch, not a list every round), nothing else.
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                "omitStages": ["RequestReceived", "ResponseStarted"],
+                "rules": [{"level": "Metadata", "verbs": ["list", "watch"],
+                           "resources": [{"group": "", "resources": ["pods"]}]},
+                          {"level": "None"}]}
+
+
 class KubeApiServer(ManagedProcess):
     name = "kube-apiserver"
 
@@ -189,6 +198,9 @@ class KubeApiServer(ManagedProcess):
         self.log_path = workdir / "kube-apiserver.log"
         self.etcd_url = etcd_url
         self.pki = pki
+        self.audit_policy = workdir / "audit-policy.yaml"
+        self.audit_policy.write_text(json.dumps(AUDIT_POLICY))
+        self.audit_log = workdir / "audit.log"
 
     @property
     def url(self) -> str:
@@ -212,7 +224,22 @@ class KubeApiServer(ManagedProcess):
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # The `kubernetes` Service's endpoint would be this loopback address,
                 # which Endpoints validation refuses; nothing in the tests dials it.
-                "--endpoint-reconciler-type=none"]
+                "--endpoint-reconciler-type=none",
+                f"--audit-policy-file={self.audit_policy}",
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+                "--audit-log-maxsize=20", "--audit-log-maxbackup=1"]
+
+    def audited(self, user: str, verb: str) -> int:
+        """How many `verb` (list, watch) requests of pods `user` made, as the audit
+        log has them (AUDIT_POLICY)."""
+        if not self.audit_log.exists():
+            return 0
+        count = 0
+        for line in self.audit_log.read_text(errors="replace").splitlines():
+            event = json.loads(line)
+            if event.get("verb") == verb and event.get("user", {}).get("username") == user:
+                count += 1
+        return count
 
 
 class KubeControllerManager(ManagedProcess):
