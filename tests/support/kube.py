@@ -182,9 +182,11 @@ class Etcd(ManagedProcess):
 
 
 # What the API server's audit log records: who listed or watched pods (the operator
-# reads its sites' pods from a watch, not a list every round), nothing else.
+# reads its sites' pods from a watch, not a list every round), nothing else. A list
+# is recorded once (ResponseComplete), a watch as it starts (ResponseStarted: it is
+# complete only when it ends) and again when it ends.
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-                "omitStages": ["RequestReceived", "ResponseStarted"],
+                "omitStages": ["RequestReceived"],
                 "rules": [{"level": "Metadata", "verbs": ["list", "watch"],
                            "resources": [{"group": "", "resources": ["pods"]}]},
                           {"level": "None"}]}
@@ -231,13 +233,16 @@ class KubeApiServer(ManagedProcess):
 
     def audited(self, user: str, verb: str) -> int:
         """How many `verb` (list, watch) requests of pods `user` made, as the audit
-        log has them (AUDIT_POLICY)."""
+        log has them (AUDIT_POLICY; a watch counted as it started)."""
         if not self.audit_log.exists():
             return 0
+        # a watch's second record, as it ends, is not another request
+        counted_stage = "ResponseStarted" if verb == "watch" else "ResponseComplete"
         count = 0
         for line in self.audit_log.read_text(errors="replace").splitlines():
             event = json.loads(line)
-            if event.get("verb") == verb and event.get("user", {}).get("username") == user:
+            if (event.get("verb"), event.get("stage"),
+                    event.get("user", {}).get("username")) == (verb, counted_stage, user):
                 count += 1
         return count
 
