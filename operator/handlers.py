@@ -41,9 +41,11 @@ from .phases import EventReason, Reason, StoragePhase
 from .resources import (
     API_VERSION,
     GROUP,
+    INSTANCE_LABEL,
     KIND,
     MANAGED_BY,
     PLURAL,
+    SITE_POD_LABELS,
     VERSION,
     Manifest,
     Owner,
@@ -156,6 +158,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.INFO
     settings.scanning.disabled = SCANNING == "off"
+    # The sites' pods are watched for an index (site_pod_index) with a selector the API
+    # server applies: the operator is sent no other pod of the cluster.
+    settings.watching.label_selectors[SITE_PODS] = SITE_POD_SELECTOR
     # Peering (--peering): the operator with the highest priority acts and the others
     # pause; replicas with equal priorities would all pause, so each replica that was
     # not given a --priority draws its own.
@@ -187,6 +192,33 @@ async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
     listener: GuardedListener | None = memo.pop("metrics_listener", None)
     if listener is not None:
         await listener.stop()
+
+
+# --- the sites' pods ------------------------------------------------------------------
+
+# Every storage's site pods (the index key carries the storage's name).
+SITE_PODS = ("", "v1", "pods")
+SITE_POD_SELECTOR = ",".join(f"{key}={value}" for key, value in SITE_POD_LABELS.items())
+SitePods = kopf.Index[tuple[str, str], kube.SitePod]
+
+
+@kopf.index(*SITE_PODS, labels=SITE_POD_LABELS)
+def site_pod_index(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
+                   **_: Any) -> dict[tuple[str, str], kube.SitePod]:
+    """The sites' pods by (namespace, storage), kept up to date by a watch: the
+    controller's rounds (every 2 s per storage) and the status refreshes read them here
+    instead of listing the pods each time."""
+    storage = labels.get(INSTANCE_LABEL)
+    if not storage:
+        return {}
+    return {(namespace or "", storage): kube.site_pod(plain(body))}
+
+
+def pods_of(index: SitePods | None, owner: Owner) -> list[kube.SitePod]:
+    """The storage's pods as the index has them (none before the index has any)."""
+    if index is None:
+        return []
+    return list(index.get((owner.namespace, owner.name), []))
 
 
 # --- reconcile --------------------------------------------------------------------------
@@ -273,7 +305,7 @@ def apply_spark(owner: Owner, spec: dict[str, Any]) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
               status: kopf.Status, body: kopf.Body, patch: kopf.Patch, reason: str,
-              memo: kopf.Memo, **_: Any) -> None:
+              memo: kopf.Memo, site_pod_index: SitePods | None = None, **_: Any) -> None:
     assert namespace is not None  # DurableStorage is namespaced
     owner = Owner(name=name, namespace=namespace, uid=uid)
     problems = config_problems(plain(spec))
@@ -304,7 +336,8 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
                   message=f"objects applied for generation {generation} ({reason})")
     current = plain(status)
     refresh(owner, current_spec, parsed, applied_generation(memo, current), current, body,
-            patch, controllers_of(memo), node_zones_of(memo))
+            patch, controllers_of(memo),
+            kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
@@ -344,10 +377,9 @@ def ask_sites(owner: Owner, port: int, pods: list[kube.PodView]) -> dict[str, st
 
 def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation: int,
             status: dict[str, Any], body: kopf.Body, patch: kopf.Patch,
-            controllers: controller.Controllers, zones: kube.NodeZones) -> None:
+            controllers: controller.Controllers, pods: list[kube.PodView]) -> None:
     """`spec`, as `parsed`; `generation`: the one whose objects were last applied
-    (observedGeneration)."""
-    pods = kube.site_pods(owner, zones)
+    (observedGeneration); `pods`: the site pods, each in its node's zone."""
     running = controllers.existing(owner.uid)
     sites = parsed.sites
     kept = sites if running is None else running.kept_pods(sites)
@@ -376,7 +408,8 @@ def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation:
 @kopf.timer(GROUP, VERSION, PLURAL, interval=STATUS_INTERVAL)
 def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
                    status: kopf.Status, body: kopf.Body, patch: kopf.Patch,
-                   memo: kopf.Memo, **_: Any) -> None:
+                   memo: kopf.Memo, site_pod_index: SitePods | None = None,
+                   **_: Any) -> None:
     assert namespace is not None
     current = plain(status)
     current_spec = plain(spec)
@@ -385,9 +418,10 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
     try:
         # The generation the objects were last applied for: a spec change the
         # reconcile has not handled yet is not "observed".
-        refresh(Owner(name=name, namespace=namespace, uid=uid), current_spec,
-                parse_spec(current_spec), applied_generation(memo, current), current, body,
-                patch, controllers_of(memo), node_zones_of(memo))
+        owner = Owner(name=name, namespace=namespace, uid=uid)
+        refresh(owner, current_spec, parse_spec(current_spec),
+                applied_generation(memo, current), current, body, patch, controllers_of(memo),
+                kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)))
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -398,7 +432,8 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=HEARTBEAT_INTERVAL)
 def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
-            body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            body: kopf.Body, memo: kopf.Memo, site_pod_index: SitePods | None = None,
+            **_: Any) -> None:
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
@@ -412,7 +447,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     if token is None or running is None:
         return
     running.round(parsed, int(meta.get("generation", 0)),
-                  kube.site_pods(owner, node_zones_of(memo)), token)
+                  kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)), token)
     for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(parsed.sites)

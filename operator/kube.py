@@ -11,7 +11,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,20 +228,44 @@ class PodView:
     zone: str | None = None
 
 
-def site_pods(owner: Owner, zones: NodeZones | None) -> list[PodView]:
-    """The storage's site pods, each in the zone of its node (read through `zones`;
+@dataclass(frozen=True, slots=True)
+class SitePod:
+    """One site's pod as the operator's index of them keeps it (handlers.site_pod_index,
+    fed by a watch of the sites' pods, so that a round lists none): a PodView without
+    its zone, and the node it runs on."""
+
+    name: str
+    ip: str | None
+    ready: bool
+    terminating: bool
+    node: str | None
+
+
+def site_pod(pod: Mapping[str, Any]) -> SitePod:
+    """What the operator keeps of a pod (a body as the API server gives it)."""
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
+                for condition in status.get("conditions") or [])
+    return SitePod(name=metadata["name"], ip=status.get("podIP"), ready=ready,
+                   terminating=bool(metadata.get("deletionTimestamp")),
+                   node=(pod.get("spec") or {}).get("nodeName"))
+
+
+def pod_views(pods: Iterable[SitePod], zones: NodeZones | None) -> list[PodView]:
+    """The pods in name order, each in the zone of its node (read through `zones`;
     None: zones not asked for)."""
-    found = []
-    for pod in list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name)):
-        status = pod.get("status") or {}
-        ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
-                    for condition in status.get("conditions") or [])
-        node = (pod.get("spec") or {}).get("nodeName")
-        found.append(PodView(name=pod["metadata"]["name"], ip=status.get("podIP"),
-                             ready=ready,
-                             terminating=bool(pod["metadata"].get("deletionTimestamp")),
-                             zone=zones.of(node) if node and zones else None))
-    return sorted(found, key=lambda pod: pod.name)
+    return sorted((PodView(name=pod.name, ip=pod.ip, ready=pod.ready,
+                           terminating=pod.terminating,
+                           zone=zones.of(pod.node) if pod.node and zones else None)
+                   for pod in pods), key=lambda pod: pod.name)
+
+
+def site_pods(owner: Owner, zones: NodeZones | None) -> list[PodView]:
+    """The storage's site pods listed now, each in the zone of its node: for those
+    that run outside the operator (`helm test`); the operator's rounds read its index."""
+    return pod_views((site_pod(pod) for pod in list_labeled(
+        "v1", "Pod", owner.namespace, site_selector(owner.name))), zones)
 
 
 ZONE_LABEL = "topology.kubernetes.io/zone"

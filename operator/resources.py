@@ -101,13 +101,20 @@ def admin_secret_name(name: str) -> str:
     return f"{name}-admin"
 
 
+# The label naming a storage's objects after it.
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+# What the site pods of every storage carry (site_selector_labels adds the storage's
+# name): the operator watches the pods that have them.
+SITE_POD_LABELS = {"app.kubernetes.io/name": "stratamq", "app.kubernetes.io/component": "broker"}
+
+
 def selector_labels(name: str) -> dict[str, str]:
     """The StatefulSet's selector, which its volume claims carry too. A StatefulSet's
     selector is immutable, so this stays as first released; it also matches the chart's
     operator pod when a storage is named after the release (`durableStorage.create`),
     so whatever looks for the sites' pods uses `site_selector_labels` instead (the
     StatefulSet itself never adopts that pod: a ReplicaSet owns it)."""
-    return {"app.kubernetes.io/name": "stratamq", "app.kubernetes.io/instance": name}
+    return {"app.kubernetes.io/name": "stratamq", INSTANCE_LABEL: name}
 
 
 def selector(name: str) -> str:
@@ -118,7 +125,7 @@ def selector(name: str) -> str:
 def site_selector_labels(name: str) -> dict[str, str]:
     """What selects the sites' pods and nothing else: Services, the disruption budget,
     the operator's pod listing and the scale subresource's selector."""
-    return {**selector_labels(name), "app.kubernetes.io/component": "broker"}
+    return {**selector_labels(name), **SITE_POD_LABELS}
 
 
 def site_selector(name: str) -> str:

@@ -185,6 +185,15 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
                         and status.get("phase") == "Ready" and len(status.get("sites", [])) == 2
                 wait_for("the second site's transitions Done", rebalanced, timeout=TIMEOUT,
                          explain=lambda: operator.log_tail() + f"\nkubelet errors: {node.errors}")
+                # The sites' pods come from a watch (the operator's index of them), not
+                # from a list in every round of the controller (every 2 s) and every
+                # status refresh: the API server's audit log has the account's lists of
+                # pods at the watch's start only.
+                user = f"system:serviceaccount:{release_ns}:{ACCOUNT}"
+                lists, watches = (kube.apiserver.audited(user, verb)
+                                  for verb in ("list", "watch"))
+                print(f"\npods listed {lists} times, watched {watches} times by the operator")
+                assert watches >= 1 and lists <= 3, (lists, watches)
                 events = json.loads(kube.kubectl("get", "-n", storage_ns, "events", "-o",
                                                  "json").stdout)["items"]
                 assert "Reconciled" in {event["reason"] for event in events}

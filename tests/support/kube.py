@@ -181,6 +181,17 @@ class Etcd(ManagedProcess):
                 "--unsafe-no-fsync=true"]
 
 
+# What the API server's audit log records: who listed or watched pods (the operator
+# reads its sites' pods from a watch, not a list every round), nothing else. A list
+# is recorded once (ResponseComplete), a watch as it starts (ResponseStarted: it is
+# complete only when it ends) and again when it ends.
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                "omitStages": ["RequestReceived"],
+                "rules": [{"level": "Metadata", "verbs": ["list", "watch"],
+                           "resources": [{"group": "", "resources": ["pods"]}]},
+                          {"level": "None"}]}
+
+
 class KubeApiServer(ManagedProcess):
     name = "kube-apiserver"
 
@@ -189,6 +200,9 @@ class KubeApiServer(ManagedProcess):
         self.log_path = workdir / "kube-apiserver.log"
         self.etcd_url = etcd_url
         self.pki = pki
+        self.audit_policy = workdir / "audit-policy.yaml"
+        self.audit_policy.write_text(json.dumps(AUDIT_POLICY))
+        self.audit_log = workdir / "audit.log"
 
     @property
     def url(self) -> str:
@@ -212,7 +226,25 @@ class KubeApiServer(ManagedProcess):
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # The `kubernetes` Service's endpoint would be this loopback address,
                 # which Endpoints validation refuses; nothing in the tests dials it.
-                "--endpoint-reconciler-type=none"]
+                "--endpoint-reconciler-type=none",
+                f"--audit-policy-file={self.audit_policy}",
+                f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+                "--audit-log-maxsize=20", "--audit-log-maxbackup=1"]
+
+    def audited(self, user: str, verb: str) -> int:
+        """How many `verb` (list, watch) requests of pods `user` made, as the audit
+        log has them (AUDIT_POLICY; a watch counted as it started)."""
+        if not self.audit_log.exists():
+            return 0
+        # a watch's second record, as it ends, is not another request
+        counted_stage = "ResponseStarted" if verb == "watch" else "ResponseComplete"
+        count = 0
+        for line in self.audit_log.read_text(errors="replace").splitlines():
+            event = json.loads(line)
+            if (event.get("verb"), event.get("stage"),
+                    event.get("user", {}).get("username")) == (verb, counted_stage, user):
+                count += 1
+        return count
 
 
 class KubeControllerManager(ManagedProcess):

@@ -143,10 +143,11 @@ dnsPolicy: ClusterFirstWithHostNet
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
-# The sites: their pods (readiness, address) and volume claims (expansion).
+# The sites: their pods (readiness, address: watched for the operator's index of them)
+# and volume claims (expansion).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [list, patch]
