@@ -7,7 +7,10 @@ operator last read or wrote."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +21,7 @@ from stratamq.broker.controller.sites import SiteState
 from stratamq.broker.controller.store import KeepRefused, Kept
 from stratamq.broker.ds.replication import Placement, Plan
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm, parse_term
+from stratamq.broker.errors import PlacementError
 
 from . import kube
 from .resources import API_VERSION, KIND, Owner
@@ -25,6 +29,32 @@ from .resources import API_VERSION, KIND, Owner
 log = logging.getLogger(__name__)
 
 KEEP_TRIES = 5  # conditional writes of status.controller refused by other writers' changes
+# The placement and the plan grow with shards x databases x replicas (106 KB for three
+# databases of 256 shards on 9 sites, against etcd's 1.5 MiB per object); above this
+# size each is kept compressed, about 27 times smaller (4 KB there). Below it, as most
+# storages are, they stay readable JSON, which older operators read too.
+COMPRESS_ABOVE = 16 * 1024
+COMPRESSED = "zlib+base64:"
+
+
+def stored_text(text: str) -> str:
+    """`text` (a placement's or plan's JSON) as status.controller keeps it."""
+    if len(text) <= COMPRESS_ABOVE:
+        return text
+    return COMPRESSED + base64.b64encode(zlib.compress(text.encode(), 9)).decode()
+
+
+def read_text(kept: str) -> str:
+    """The inverse of `stored_text`; raises PlacementError when a compressed one is
+    damaged (as a damaged JSON one does when parsed)."""
+    if not kept.startswith(COMPRESSED):
+        return kept
+    try:
+        return zlib.decompress(base64.b64decode(kept[len(COMPRESSED):],
+                                                validate=True)).decode()
+    except (binascii.Error, zlib.error, UnicodeDecodeError) as error:
+        raise PlacementError(f"status.controller: a compressed document is damaged: "
+                             f"{error}") from error
 
 
 @dataclass(frozen=True)
@@ -43,13 +73,15 @@ class StatusRecord:
 
 def kept_document(record: StatusRecord) -> dict[str, Any]:
     """`status.controller`: the placement and plan as the local controller keeps them
-    in its files (strings: their own checked formats), the goals, the sites known
+    in its files (strings: their own checked formats, compressed when large:
+    `stored_text`), the goals, the sites known
     (with their pods and peer addresses), the sites forgotten and the term."""
     state, term = record.state, record.term
     return {
         "term": {"number": term.number, "controller": term.controller},
-        "placement": state.placement.to_json() if state.placement.version > 0 else "",
-        "plan": "" if state.plan is None else state.plan.to_json(),
+        "placement": (stored_text(state.placement.to_json()) if state.placement.version > 0
+                      else ""),
+        "plan": "" if state.plan is None else stored_text(state.plan.to_json()),
         "goals": {database: list(goal) for database, goal in sorted(state.goals.items())},
         "sites": [{"id": site, "pod": record.pods.get(site, ""),
                    "peer": record.sites[site] or ""} for site in sorted(record.sites)],
@@ -60,9 +92,9 @@ def kept_document(record: StatusRecord) -> dict[str, Any]:
 def record_of(document: Mapping[str, Any]) -> StatusRecord:
     """The inverse of `kept_document`; the term is term 0 when none is kept (an
     operator before terms)."""
-    placement = (Placement.from_json(document["placement"]) if document.get("placement")
-                 else Placement.empty())
-    plan = Plan.from_json(document["plan"]) if document.get("plan") else None
+    placement = (Placement.from_json(read_text(document["placement"]))
+                 if document.get("placement") else Placement.empty())
+    plan = Plan.from_json(read_text(document["plan"])) if document.get("plan") else None
     goals = {database: tuple(goal) for database, goal in (document.get("goals") or {}).items()}
     catch_ups = () if plan is None else decisions.resumed_catch_ups(plan, placement)
     entries = document.get("sites") or []

@@ -55,6 +55,7 @@ import pytest
 from harness.processes import REPO
 from harness.waiting import wait_for
 from stratamq.operator import resources
+from stratamq.operator.kept_state import read_text
 from tests.support.clients import PahoClient
 from tests.support.kube import kube_binary
 from tests.support.realnode import RealKubeCluster
@@ -239,7 +240,7 @@ def zones_shown(cluster: RealKubeCluster) -> dict[str, str] | None:
 def placed_replicas(status: dict[str, Any]) -> dict[tuple[str, int], list[str]]:
     """(database, shard) -> its replicas in the placement the operator's controller
     keeps (status.controller)."""
-    placement = json.loads(status["controller"]["placement"])
+    placement = json.loads(read_text(status["controller"]["placement"]))
     return {(database, entry["shard"]): entry["replicas"]
             for database, entries in placement["databases"].items() for entry in entries}
 

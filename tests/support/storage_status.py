@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from stratamq.operator.kept_state import read_text
+
 DATABASES = ("messages", "sessions", "retained")
 
 
@@ -31,7 +33,7 @@ def placed_shards(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any
     controller keeps in `status.controller` (written every round, so it shows a new
     leader at once; `status.databases` follows at the next status refresh, which is
     10 s apart by default)."""
-    placement = json.loads((status.get("controller") or {}).get("placement") or "{}")
+    placement = json.loads(read_text((status.get("controller") or {}).get("placement") or "{}"))
     return {(database, entry["shard"]): {"leader": entry["leader"],
                                          "leaderEpoch": entry["epoch"]}
             for database, entries in placement.get("databases", {}).items()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from stratamq.broker.controller.decisions import CatchUp, ClusterState, LeaderMove
 from stratamq.broker.controller.sites import SiteState, parse_report
 from stratamq.broker.ds.replication import (
@@ -20,6 +22,7 @@ from stratamq.broker.ds.replication import (
 )
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.waves import in_waves
+from stratamq.broker.errors import PlacementError
 from stratamq.operator.controller import (
     GoalFollowed,
     StorageController,
@@ -95,6 +98,27 @@ def test_the_kept_state_comes_back_whole() -> None:
     empty = record_of(kept_document(StatusRecord()))
     assert empty.state.placement.version == 0 and empty.state.plan is None
     assert not empty.sites and not empty.pods and not empty.forgotten
+
+
+def test_a_large_placement_and_plan_are_kept_small() -> None:
+    """Issue 23: status.controller grew with shards x databases (106 KB at 256 shards of
+    three databases on 9 sites). Large ones are kept compressed and read back whole; a
+    small one stays the JSON older operators read; a damaged one is refused."""
+    sites = [PlannedSite(f"{n:X}" * 16) for n in range(1, 10)]
+    large = plan(sites, ["messages", "sessions", "retained"], 256, 3)
+    moving = plan([*sites[:8], PlannedSite(sites[8].id, draining=True)],
+                  ["messages", "sessions", "retained"], 256, 3, large.target)
+    state = ClusterState(placement=large.target, plan=moving)
+    document = kept_document(StatusRecord(state))
+    assert len(large.target.to_json()) > 100_000
+    assert len(document["placement"]) < 8_000 and len(document["plan"]) < 16_000
+    loaded = record_of(document).state
+    assert (loaded.placement, loaded.plan) == (large.target, moving)
+    small = kept_document(StatusRecord(ClusterState(placement=first_placement([A, B, C]))))
+    assert Placement.from_json(small["placement"]) == first_placement([A, B, C])
+    damaged = {**document, "placement": document["placement"][:-40]}
+    with pytest.raises(PlacementError, match="damaged"):
+        record_of(damaged)
 
 
 def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
