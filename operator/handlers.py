@@ -49,10 +49,15 @@ from .resources import (
     VERSION,
     Manifest,
     Owner,
+    config_map_name,
+    config_maps_named,
     desired_objects,
     held_pods,
     image,
     pod_disruption_budget,
+    selector,
+    site_selector,
+    stale_config_maps,
 )
 from .sites import SiteUnreachableError, site_id
 from .spec import StorageSpec, parse_spec
@@ -264,11 +269,33 @@ def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
         kube.delete_owned("policy/v1", "PodDisruptionBudget", owner, owner.name)
     if not parsed.network_policy:
         kube.delete_owned("networking.k8s.io/v1", "NetworkPolicy", owner, owner.name)
+    prune_config_maps(owner, config_map_name(owner.name, spec))
     patched = kube.expand_volumes(owner, parsed.storage_size)
     if patched:
         log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
                  ", ".join(patched))
     apply_spark(owner, spec)
+
+
+def prune_config_maps(owner: Owner, current: str) -> None:
+    """Delete the storage's config ConfigMaps that nothing needs any more: neither its
+    template now (`current`) nor any of its pods nor any revision of its StatefulSet
+    (a pod the roll holds back is recreated from its revision) names them."""
+    found = [item["metadata"]["name"] for item in kube.list_labeled(
+        "v1", "ConfigMap", owner.namespace, selector(owner.name))
+        if any(reference.get("uid") == owner.uid
+               for reference in item["metadata"].get("ownerReferences") or [])]
+    pods = kube.list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name))
+    revisions = kube.list_labeled("apps/v1", "ControllerRevision", owner.namespace,
+                                  selector(owner.name))
+    named = config_maps_named(
+        [pod.get("spec") or {} for pod in pods]
+        + [((revision.get("data") or {}).get("spec") or {}).get("template", {}).get("spec")
+           or {} for revision in revisions])
+    for name in stale_config_maps(owner.name, found, named, current):
+        if kube.delete("v1", "ConfigMap", owner.namespace, name):
+            log.info("%s/%s: ConfigMap %s deleted: no pod or revision names it any more",
+                     owner.namespace, owner.name, name)
 
 
 def spark_operator_served() -> bool:

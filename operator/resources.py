@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import re
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,8 @@ SPARK_WORK_VOLUME = "spark-work"
 TOKEN_KEY = "token"
 TOKEN_ENV = "STRATAMQ__ADMIN__TOKEN"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# Hex digits of the config's hash in its ConfigMap's name.
+CONFIG_NAME_HASH = 10
 SERVICE_LABEL = f"{GROUP}/service"
 # The operator's own image, which the chart sets (see operator_image).
 OPERATOR_IMAGE_ENV = "STRATAMQ_OPERATOR_IMAGE"
@@ -89,8 +93,36 @@ class Owner:
 
 # --- names and labels -----------------------------------------------------------------
 
-def config_map_name(name: str) -> str:
-    return f"{name}-config"
+def config_map_name(name: str, spec: dict[str, Any]) -> str:
+    """`<storage>-config-<hash>`: a ConfigMap per rendered config, immutable, named by
+    the pod template. A pod the roll has not reached (the roll paused, or held at a
+    partition) and then recreated comes back on its own template's config, not on the
+    new one; older ones go once no pod or revision of the StatefulSet names them
+    (`stale_config_maps`)."""
+    return f"{name}-config-{config_hash(spec)[:CONFIG_NAME_HASH]}"
+
+
+def is_config_map_of(name: str, storage: str) -> bool:
+    """Whether `name` is one of `storage`'s config ConfigMaps (`<storage>-config`, the
+    one an operator before per-config names made, included)."""
+    return re.fullmatch(rf"{re.escape(storage)}-config(-[0-9a-f]{{{CONFIG_NAME_HASH}}})?",
+                        name) is not None
+
+
+def config_maps_named(pod_specs: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The ConfigMaps that pod specs (pods', or the pod templates of a StatefulSet's
+    revisions) mount."""
+    return {volume["configMap"]["name"] for pod_spec in pod_specs
+            for volume in pod_spec.get("volumes") or [] if "configMap" in volume}
+
+
+def stale_config_maps(storage: str, found: Iterable[str], named: Collection[str],
+                      current: str) -> list[str]:
+    """`storage`'s config ConfigMaps among `found` that neither `current` (the one its
+    template names now) nor anything `named` (by its pods and its StatefulSet's
+    revisions) still needs."""
+    return sorted(name for name in found if is_config_map_of(name, storage)
+                  and name != current and name not in named)
 
 
 def peer_service_name(name: str) -> str:
@@ -215,8 +247,8 @@ def rendered_config(spec: dict[str, Any]) -> str:
 
 def config_map(owner: Owner, spec: dict[str, Any]) -> Manifest:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(owner, config_map_name(owner.name)),
-            "data": {CONFIG_FILE: rendered_config(spec)}}
+            "metadata": metadata(owner, config_map_name(owner.name, spec)),
+            "immutable": True, "data": {CONFIG_FILE: rendered_config(spec)}}
 
 
 def admin_secret(owner: Owner, token: str) -> Manifest:
@@ -421,7 +453,7 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
     """`replicas`: the pods to keep, which is more than spec.sites while departing
     pods still hold replicas (the operator drains them before it shrinks the set)."""
     volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": config_map_name(owner.name)}}]
+        {"name": "config", "configMap": {"name": config_map_name(owner.name, spec)}}]
     volumes += [{"name": volume, "secret": {"secretName": secret}}
                 for volume, secret, _ in _secret_volumes(spec)]
     claim = spark_claim(spec)
@@ -439,6 +471,10 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
             "serviceName": peer_service_name(owner.name),
             # Sites start independently; nothing is gained by starting them in order.
             "podManagementPolicy": "Parallel",
+            # No revisions kept beyond those a roll needs (the current and the update
+            # one, which a held roll's pods come back from): each names its config's
+            # ConfigMap, which stays while one does.
+            "revisionHistoryLimit": 0,
             "updateStrategy": update_strategy(spec, count),
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain",
                                                      "whenScaled": "Retain"},

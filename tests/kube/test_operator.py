@@ -42,8 +42,25 @@ SPEC: dict[str, Any] = {
     "messages": {"nShards": 2, "replicationFactor": 3},
     "storage": {"size": "1Gi"},
 }
-OWNED = [("configmap", f"{NAME}-config"), ("service", NAME), ("service", f"{NAME}-peers"),
-         ("statefulset", NAME), ("poddisruptionbudget", NAME), ("secret", f"{NAME}-admin")]
+OWNED = [("service", NAME), ("service", f"{NAME}-peers"), ("statefulset", NAME),
+         ("poddisruptionbudget", NAME), ("secret", f"{NAME}-admin")]
+
+
+def config_map_now(kube: ControlPlane) -> dict[str, Any]:
+    """The ConfigMap the StatefulSet's pod template names now (one per config)."""
+    stateful_set = get(kube, "statefulset", NAME)
+    assert stateful_set is not None
+    [name] = [volume["configMap"]["name"] for volume in stateful_set["spec"]["template"][
+        "spec"]["volumes"] if volume["name"] == "config"]
+    found = get(kube, "configmap", name)
+    assert found is not None
+    return found
+
+
+def config_maps(kube: ControlPlane) -> list[str]:
+    listed = get(kube, "configmaps", "-l", "app.kubernetes.io/instance=mq")
+    assert listed is not None
+    return sorted(item["metadata"]["name"] for item in listed["items"])
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = TIMEOUT,
@@ -160,8 +177,8 @@ def test_storage_becomes_ready_with_three_sites(kube_cluster: ControlPlane, node
     table = kube_cluster.kubectl("get", "-n", NAMESPACE, "durablestorage", NAME).stdout
     assert table.splitlines()[1].split()[:4] == [NAME, "3", "3", "2"], table
     # The broker config the pods run with is the spec's.
-    config_map = get(kube_cluster, "configmap", f"{NAME}-config")
-    assert config_map is not None
+    config_map = config_map_now(kube_cluster)
+    assert config_map["immutable"] is True
     config = yaml.safe_load(config_map["data"]["stratamq.yaml"])
     assert config["durable_storage"]["messages"]["n_shards"] == 2
     events = kube_cluster.kubectl("get", "-n", NAMESPACE, "events", "--field-selector",
@@ -250,12 +267,30 @@ def test_spec_change_rolls_into_the_config_and_the_pods(
         "message"], found["status"]
     assert all(node.running(NAMESPACE)[f"{NAME}-{n}"].uid == old_pods[f"{NAME}-{n}"]
                for n in range(3))
+    # A held pod deleted meanwhile comes back on its own template's config, not the
+    # canary's (one ConfigMap per config: the held template names the old one).
+    kube_cluster.kubectl("delete", "-n", NAMESPACE, "pod", f"{NAME}-1", "--wait=false")
+
+    def back_held() -> dict[str, Any] | None:
+        found = ready_with(kube_cluster, 4)
+        running = node.running(NAMESPACE)
+        back = running.get(f"{NAME}-1")
+        if found is None or back is None or back.uid == old_pods[f"{NAME}-1"]:
+            return None
+        return found
+    wait_for("the held pod back", back_held, explain=explain(kube_cluster, operators, node))
+    held_config = yaml.safe_load((node.running(NAMESPACE)[f"{NAME}-1"].cwd
+                                  / "etc/stratamq/stratamq.yaml").read_text())
+    canary_config = yaml.safe_load((node.running(NAMESPACE)[f"{NAME}-3"].cwd
+                                    / "etc/stratamq/stratamq.yaml").read_text())
+    assert held_config["mqtt"]["max_inflight"] != 7, held_config["mqtt"]
+    assert canary_config["mqtt"]["max_inflight"] == 7, canary_config["mqtt"]
+    assert len(config_maps(kube_cluster)) == 2  # the held pods' and the canary's
     kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"updateStrategy": {"partition": 0}}}))
 
     def config_has_it() -> bool:
-        made = get(kube_cluster, "configmap", f"{NAME}-config")
-        assert made is not None
+        made = config_map_now(kube_cluster)
         return bool(yaml.safe_load(made["data"]["stratamq.yaml"])["mqtt"]["max_inflight"] == 7)
     wait_for("the new config", config_has_it)
 
@@ -279,8 +314,7 @@ def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
     """The schema lets mqtt.maxPacketSize above 256MiB through; the operator checks the
     config with the broker's own model, applies nothing, and says why. Nor does the
     periodic re-apply apply it."""
-    config_before = get(kube_cluster, "configmap", f"{NAME}-config")
-    assert config_before is not None
+    config_before = config_map_now(kube_cluster)
     pods_before = {name: c.uid for name, c in node.running(NAMESPACE).items()}
     kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
                     "-p", json.dumps({"spec": {"mqtt": {"maxPacketSize": "512MiB"}}}))
@@ -297,8 +331,8 @@ def test_a_spec_the_broker_would_refuse_fails_and_touches_nothing(
     wait_for("two more runs of the periodic re-apply",
              lambda: operators.current.log().count(reapplied) >= runs + 2,
              explain=operators.current.log_tail)
-    config_after = get(kube_cluster, "configmap", f"{NAME}-config")
-    assert config_after is not None and config_after["data"] == config_before["data"]
+    config_after = config_map_now(kube_cluster)
+    assert config_after["data"] == config_before["data"]
     assert {name: c.uid for name, c in node.running(NAMESPACE).items()} == pods_before
 
     kube_cluster.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
@@ -319,6 +353,8 @@ def test_operator_restart_resumes(kube_cluster: ControlPlane, node: Kubelet,
     wait_for("3 sites ready again", lambda: ready_with(kube_cluster, 3),
              explain=explain(kube_cluster, operators, node))
     labels = "app.kubernetes.io/instance=mq"
+    # One ConfigMap: the config the pods run; those of the configs before went (the
+    # roll is over, no revision names them).
     for kind, count in (("configmaps", 1), ("services", 2), ("statefulsets", 1),
                         ("poddisruptionbudgets", 1), ("secrets", 1)):
         listed = get(kube_cluster, kind, "-l", labels)
@@ -388,6 +424,7 @@ def test_delete_garbage_collects(kube_cluster: ControlPlane, node: Kubelet) -> N
         pods = get(kube_cluster, "pods")
         assert pods is not None
         left += [("pod", pod["metadata"]["name"]) for pod in pods["items"]]
+        left += [("configmap", name) for name in config_maps(kube_cluster)]
         return left
     wait_for("the owned objects collected", lambda: not collected(),
              explain=lambda: str(collected()))

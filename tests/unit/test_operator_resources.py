@@ -157,8 +157,8 @@ def test_stateful_set() -> None:
     assert found["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert found["env"][:1] == [{"name": "STRATAMQ__ADMIN__TOKEN", "valueFrom": {
         "secretKeyRef": {"name": "mq-admin", "key": "token"}}}]
-    assert template["spec"]["volumes"][0] == {"name": "config",
-                                              "configMap": {"name": "mq-config"}}
+    assert template["spec"]["volumes"][0] == {
+        "name": "config", "configMap": {"name": resources.config_map_name("mq", spec)}}
     [claim] = made["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data"
     # More pods than spec.sites while departing ones hold replicas (the operator says).
@@ -459,3 +459,26 @@ def test_the_image_left_out_is_the_operators_own(monkeypatch: Any) -> None:
     assert resources.image(spec) == f"stratamq/stratamq:{version}"
     assert resources.split_image("stratamq") == ("stratamq", "latest")
     assert resources.split_image("host:5000/stratamq") == ("host:5000/stratamq", "latest")
+
+
+def test_each_config_has_its_own_config_map_and_the_old_ones_go_when_unnamed() -> None:
+    """updateStrategy.paused held the pods but not their ConfigMap: a held pod recreated
+    (or any site restarting) came back on the new config. Each rendered config is now a
+    ConfigMap of its own, immutable, which the pod template names; one goes once no pod
+    and no revision of the StatefulSet names it."""
+    spec: dict[str, Any] = {"sites": 3}
+    changed = {**spec, "mqtt": {"maxInflight": 7}}
+    first, second = (resources.config_map(OWNER, given) for given in (spec, changed))
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert first["metadata"]["name"].startswith("mq-config-") and first["immutable"] is True
+    assert resources.config_map(OWNER, dict(spec))["metadata"]["name"] \
+        == first["metadata"]["name"]  # the same config, the same name
+    template = resources.stateful_set(OWNER, changed)["spec"]["template"]["spec"]
+    assert resources.config_maps_named([template]) == {second["metadata"]["name"]}
+    assert resources.stateful_set(OWNER, changed)["spec"]["revisionHistoryLimit"] == 0
+    old, new = first["metadata"]["name"], second["metadata"]["name"]
+    found = [old, new, "mq-config", "mq-config-abc", "mq-configs", "mq-config-x-config-0123456789",
+             "other-config-0123456789", "mq-spark-executor"]
+    # A held pod (or a revision) names the old one: it stays; the legacy name goes.
+    assert resources.stale_config_maps("mq", found, {old}, new) == ["mq-config"]
+    assert resources.stale_config_maps("mq", found, set(), new) == ["mq-config", old]

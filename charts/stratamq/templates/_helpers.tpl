@@ -130,6 +130,15 @@ dnsPolicy: ClusterFirstWithHostNet
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, create, patch]
+# A ConfigMap per config, which the pod template names: the older ones deleted once
+# none of the sites' pods nor of the StatefulSet's revisions (a held roll's pods come
+# back from theirs) names them.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [list, delete]
+- apiGroups: [apps]
+  resources: [controllerrevisions]
+  verbs: [list]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch, delete]
