@@ -283,9 +283,11 @@ def launch_main(argv: list[str]) -> int:
 
 def submit_main(argv: list[str]) -> int:
     """`stratamq spark submit --result FILE -- spark-submit ...`: run spark-submit, then
-    fail unless the run's result file says Succeeded. spark-submit in Kubernetes
-    cluster mode exits 0 whatever the driver did (Spark 4.x), so the launching Job's
-    own outcome (status.spark) comes from the file the driver writes (`launch`)."""
+    fail unless it exited 0 and the run's result file says Succeeded. In client mode
+    (the operator's Jobs) spark-submit exits with the driver's code; in Kubernetes
+    cluster mode it exits 0 whatever the driver did (Spark 4.x). Either way the file
+    the driver writes (`launch`) says why a run failed, so the launching Job's own
+    outcome and message (status.spark) come from both."""
     if "--" not in argv:
         print("usage: stratamq spark submit --result FILE -- spark-submit ...",
               file=sys.stderr)
@@ -301,16 +303,21 @@ def submit_main(argv: list[str]) -> int:
         print("stratamq spark submit: no command after --", file=sys.stderr)
         return 2
     code = subprocess.run(command, check=False).returncode  # its output is the pod's log
-    if code != 0:
-        print(f"stratamq spark submit: {command[0]} exited with {code}", file=sys.stderr)
-        return code
     try:
         result = json.loads(Path(arguments.result).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        print(f"stratamq spark submit: the driver left no result ({exc}): it stopped "
-              f"before the end; see the driver pod's log", file=sys.stderr)
+        result = {"result": None, "message": f"the driver left no result ({exc}): it "
+                                             f"stopped before the end; see its log"}
+    failed = result.get("result") != "Succeeded"
+    if code != 0:  # the last line of the log: the Job's message (FallbackToLogsOnError)
+        why = f": {result.get('message')}" if failed and result.get("message") else ""
+        print(f"stratamq spark submit: {command[0]} exited with {code}{why}",
+              file=sys.stderr)
+        return code
+    if result.get("result") is None:
+        print(f"stratamq spark submit: {result['message']}", file=sys.stderr)
         return 1
-    if result.get("result") != "Succeeded":
+    if failed:
         print(f"stratamq spark submit: the run failed: {result.get('message')}",
               file=sys.stderr)
         return 1

@@ -185,16 +185,17 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     assert pod["serviceAccountName"] == f"{NAME}-spark"
     [container] = pod["containers"]
     assert container["image"] == "stratamq/stratamq-spark:9.9.9"
-    # spark-submit in cluster mode on the cluster's own API server, the application
-    # `stratamq spark launch gc` over every site's admin API; under `stratamq spark
-    # submit`, which fails the Job unless the driver's result file says Succeeded
+    # spark-submit in client mode (this pod is the driver) on the cluster's own API
+    # server, the application `stratamq spark launch gc` over every site's admin API;
+    # under `stratamq spark submit`, which fails the Job unless the driver exited 0 and
+    # its result file says Succeeded
     wrapper = container["command"][:container["command"].index("--") + 1]
     assert wrapper == ["stratamq", "spark", "submit", "--result",
                        "/var/lib/stratamq-spark/mq/gc/$(STRATAMQ_SPARK_RUN)/result.json", "--"]
     command = container["command"][len(wrapper):]
     assert command[:5] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc",
-                           "--deploy-mode", "cluster"]
-    assert container["volumeMounts"] == [{"name": "spark-work", "readOnly": True,
+                           "--deploy-mode", "client"]
+    assert container["volumeMounts"] == [{"name": "spark-work",
                                           "mountPath": "/var/lib/stratamq-spark"}]
     assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": CLAIM}} in (
         pod["volumes"])
@@ -210,13 +211,12 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     conf = dict(value.split("=", 1) for value in arguments(command[:application])["--conf"])
     assert conf["spark.kubernetes.namespace"] == NAMESPACE
     assert conf["spark.kubernetes.container.image"] == "stratamq/stratamq-spark:9.9.9"
-    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == f"{NAME}-spark"
-    assert conf["spark.kubernetes.driver.secretKeyRef.STRATAMQ_ADMIN_TOKEN"] == (
-        f"{NAME}-admin:token")
-    for role in ("driver", "executor"):
-        prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.spark-work"
-        assert conf[f"{prefix}.options.claimName"] == CLAIM
-        assert conf[f"{prefix}.mount.path"] == "/var/lib/stratamq-spark"
+    assert conf["spark.kubernetes.driver.pod.name"] == "$(STRATAMQ_SPARK_POD)"
+    token = {"secretKeyRef": {"name": f"{NAME}-admin", "key": "token"}}
+    assert {"name": "STRATAMQ_ADMIN_TOKEN", "valueFrom": token} in container["env"]
+    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-work"
+    assert conf[f"{prefix}.options.claimName"] == CLAIM
+    assert conf[f"{prefix}.mount.path"] == "/var/lib/stratamq-spark"
 
     # The driver's account, bound to the chart's ClusterRole in this namespace.
     binding = kubectl_json(kube_cluster, "rolebinding", f"{NAME}-spark")

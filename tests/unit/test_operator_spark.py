@@ -63,6 +63,65 @@ def test_the_jobs_pull_the_image_with_the_sites_pull_secrets() -> None:
         "spec"]
 
 
+def job_container(spec: dict[str, Any], job: str = "gc") -> dict[str, Any]:
+    pod = spark.cron_job(OWNER, spec, job)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    return dict(container)
+
+
+def conf_of(command: list[str]) -> dict[str, str]:
+    return dict(command[i + 1].split("=", 1) for i, part in enumerate(command)
+                if part == "--conf")
+
+
+def test_the_driver_runs_in_the_jobs_pod() -> None:
+    """Client mode: the Job's pod is the driver, named to Spark (its executors are then
+    owned by it and go with it) and reached at its IP on fixed ports."""
+    container = job_container(with_spark(gc={"enable": True}))
+    command = container["command"]
+    assert command[command.index("--deploy-mode") + 1] == "client"
+    conf = conf_of(command)
+    env = {variable["name"]: variable["valueFrom"] for variable in container["env"]}
+    assert conf["spark.kubernetes.driver.pod.name"] == "$(STRATAMQ_SPARK_POD)"
+    assert env["STRATAMQ_SPARK_POD"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert conf["spark.driver.host"] == "$(STRATAMQ_SPARK_POD_IP)"
+    assert env["STRATAMQ_SPARK_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    ports = {port["containerPort"] for port in container["ports"]}
+    assert {int(conf["spark.driver.port"]), int(conf["spark.driver.blockManager.port"])} == ports
+    # The kubelet expands only the container's own env: every $(...) must be one.
+    for part in command:
+        for name in part.split("$(")[1:]:
+            assert name.split(")")[0] in env, part
+    # The driver's token and volume are the container's own; the cluster-mode settings
+    # of a driver pod Spark would make are gone.
+    assert env["STRATAMQ_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "mq-admin", "key": "token"}}
+    assert container["volumeMounts"] == [{"name": "spark-work",
+                                          "mountPath": "/var/lib/stratamq-spark"}]
+    assert not [key for key in conf if key.startswith("spark.kubernetes.driver.")
+                and key != "spark.kubernetes.driver.pod.name"]
+    assert "spark.kubernetes.authenticate.driver.serviceAccountName" not in conf
+    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-work"
+    assert conf[f"{prefix}.options.claimName"] == "shared"
+    assert conf[f"spark.kubernetes.executor.label.{spark.JOB_LABEL}"] == "gc"
+    # The Spark operator's path keeps cluster mode and its driver pod.
+    application = spark.scheduled_spark_application(OWNER, with_spark(gc={"enable": True}),
+                                                     "gc")["spec"]["template"]
+    assert application["mode"] == "cluster"
+    assert application["sparkConf"][
+        "spark.kubernetes.driver.secretKeyRef.STRATAMQ_ADMIN_TOKEN"] == "mq-admin:token"
+
+
+def test_the_jobs_pod_is_sized_for_the_driver() -> None:
+    """Spark's own sizing of a Python driver pod: the heap and 40 % (at least 384 MiB)."""
+    assert job_container(with_spark())["resources"] == {
+        "requests": {"cpu": "1", "memory": "1434Mi"}, "limits": {"memory": "1434Mi"}}
+    spec = with_spark()
+    spec["spark"]["resources"] = {"driver": {"cores": 2, "memory": "512m"}}
+    assert job_container(spec)["resources"]["requests"] == {"cpu": "2", "memory": "896Mi"}
+    assert spark.driver_pod_memory("2g") == "2868Mi"
+    assert spark.driver_pod_memory("1048576k") == "1434Mi"
+
+
 def test_launch_arguments_carry_the_storages_rules() -> None:
     spec = with_spark()
     spec["sites"] = 3

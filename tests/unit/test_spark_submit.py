@@ -35,3 +35,15 @@ def test_a_failing_command_fails_with_its_code(tmp_path: Path) -> None:
     assert spark_main(["submit", "--result", str(result), "--", sys.executable, "-c",
                        "raise SystemExit(3)"]) == 3
     assert spark_main(["submit", "--result", str(result)]) == 2
+
+
+def test_a_failed_driver_in_client_mode_says_why(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """In client mode spark-submit exits with the driver's code; the Job's message (the
+    log's last line) is still the run's reason from the result file."""
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"result": "Failed", "message": "CtlError: 409 Conflict"}))
+    assert spark_main(["submit", "--result", str(result), "--", sys.executable, "-c",
+                       "raise SystemExit(1)"]) == 1
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line.endswith("exited with 1: CtlError: 409 Conflict"), last_line
