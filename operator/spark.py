@@ -80,6 +80,8 @@ RUN_FIELDS = ("job", "startTime", "completionTime", "result", "message")
 # A run that misses its time by more than this (operator or controller down) is
 # skipped rather than started late.
 STARTING_DEADLINE_SECONDS = 600
+# spec.spark.<job>.activeDeadlineSeconds' default (the CRD's): the longest a run takes.
+DEFAULT_DEADLINE_SECONDS = 7200
 
 
 def name_of(owner_name: str, job: str) -> str:
@@ -316,6 +318,10 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                     # A failed run waits for the next schedule: its folder exists, a
                     # retry would take a new checkpoint anyway.
                     "backoffLimit": 0,
+                    # With Forbid a hung run would hold back every later one; the
+                    # driver is the Job's pod, so its executors go with it.
+                    "activeDeadlineSeconds": int(spec["spark"][key].get(
+                        "activeDeadlineSeconds", DEFAULT_DEADLINE_SECONDS)),
                     "template": {
                         "metadata": {"labels": pod_labels},
                         "spec": {

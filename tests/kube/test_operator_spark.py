@@ -181,6 +181,7 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
 
     template = gc["spec"]["jobTemplate"]
     assert template["metadata"]["labels"][spark.JOB_LABEL] == "gc"
+    assert template["spec"]["activeDeadlineSeconds"] == 7200  # the CRD's default
     pod = template["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == f"{NAME}-spark"
     [container] = pod["containers"]

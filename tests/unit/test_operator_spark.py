@@ -122,6 +122,16 @@ def test_the_jobs_pod_is_sized_for_the_driver() -> None:
     assert spark.driver_pod_memory("1048576k") == "1434Mi"
 
 
+def test_a_run_has_a_deadline() -> None:
+    """2 h unless the job says otherwise; one run at a time stays."""
+    spec = with_spark(gc={"enable": True}, export={"enable": True,
+                                                   "activeDeadlineSeconds": 600})
+    gc, export = (spark.cron_job(OWNER, spec, job) for job in ("gc", "export"))
+    assert gc["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 7200
+    assert export["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 600
+    assert gc["spec"]["concurrencyPolicy"] == "Forbid"
+
+
 def test_launch_arguments_carry_the_storages_rules() -> None:
     spec = with_spark()
     spec["sites"] = 3
