@@ -31,6 +31,8 @@ import math
 import os
 from typing import Any
 
+import yaml
+
 from .config import SPARK_WORK_MOUNT
 from .resources import (
     MANAGED_BY,
@@ -64,6 +66,17 @@ POD_NAME_ENV, POD_IP_ENV = "STRATAMQ_SPARK_POD", "STRATAMQ_SPARK_POD_IP"
 # The driver's fixed ports (Spark's own in its driver pods), which the executors
 # connect to.
 DRIVER_PORT, BLOCK_MANAGER_PORT = 7078, 7079
+# The executors' pod template (a ConfigMap, mounted in the Job's pod, where the
+# driver reads it): the restricted security context and the pull secrets, which
+# Spark 4.x has no `--conf` for (but allowPrivilegeEscalation).
+POD_TEMPLATE_VOLUME = "executor-pod-template"
+POD_TEMPLATE_MOUNT = "/etc/stratamq-spark"
+POD_TEMPLATE_KEY = "executor-pod.yaml"
+EXECUTOR_CONTAINER = "executor"
+# The Job's and the executors' containers (with RESTRICTED_POD_SECURITY on the pod:
+# Pod Security "restricted").
+CONTAINER_SECURITY: dict[str, Any] = {"allowPrivilegeEscalation": False,
+                                      "capabilities": {"drop": ["ALL"]}}
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # The ClusterRole of Spark drivers (the chart's, named by the chart in the operator's
 # environment).
@@ -240,11 +253,37 @@ def client_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
         "spark.driver.host": f"$({POD_IP_ENV})",
         "spark.driver.port": str(DRIVER_PORT),
         "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.kubernetes.executor.podTemplateFile":
+            f"{POD_TEMPLATE_MOUNT}/{POD_TEMPLATE_KEY}",
+        "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
     }
-    secrets = image_pull_secrets(spec)
-    if secrets:  # the executor pods pull the sites' image
-        conf["spark.kubernetes.container.image.pullSecrets"] = ",".join(secrets)
     return conf
+
+
+def pod_template_name(owner_name: str) -> str:
+    """The ConfigMap of the executors' pod template."""
+    return f"{owner_name}-spark-executor"
+
+
+def executor_pod_template(spec: dict[str, Any]) -> Manifest:
+    """What Spark starts each executor pod from (it adds the image, command, env,
+    resources, volumes and labels): Pod Security "restricted", the sites' pull
+    secrets, and no API token (an executor never calls the API server)."""
+    secrets = image_pull_secrets(spec)
+    return {"apiVersion": "v1", "kind": "Pod", "spec": {
+        "securityContext": RESTRICTED_POD_SECURITY,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **({"imagePullSecrets": [{"name": name} for name in secrets]} if secrets else {}),
+        "containers": [{"name": EXECUTOR_CONTAINER, "securityContext": CONTAINER_SECURITY}],
+    }}
+
+
+def pod_template_config_map(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(owner, pod_template_name(owner.name)),
+            "data": {POD_TEMPLATE_KEY: yaml.safe_dump(executor_pod_template(spec),
+                                                      sort_keys=False)}}
 
 
 def submit_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
@@ -299,8 +338,10 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
     key = SPEC_KEY[job]
     pod_labels = labels(owner.name, job)
     claim = spark_claim(spec)
-    volumes = ([{"name": SPARK_WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
-               if claim else [])
+    work_volume = ([{"name": SPARK_WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
+                   if claim else [])
+    volumes = [*work_volume, {"name": POD_TEMPLATE_VOLUME,
+                              "configMap": {"name": pod_template_name(owner.name)}}]
     return {
         "apiVersion": "batch/v1", "kind": "CronJob",
         "metadata": _metadata(owner, name_of(owner.name, job), job),
@@ -343,15 +384,16 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                                           {"name": "block-manager",
                                            "containerPort": BLOCK_MANAGER_PORT}],
                                 # the driver writes the run's results there
-                                "volumeMounts": [{"name": volume["name"],
-                                                  "mountPath": SPARK_WORK_MOUNT}
-                                                 for volume in volumes],
+                                "volumeMounts": [
+                                    *({"name": SPARK_WORK_VOLUME,
+                                       "mountPath": SPARK_WORK_MOUNT} for _ in work_volume),
+                                    {"name": POD_TEMPLATE_VOLUME,
+                                     "mountPath": POD_TEMPLATE_MOUNT, "readOnly": True}],
                                 # the end of the log, where `stratamq spark submit`
                                 # says why
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
                                 "resources": driver_container_resources(spec),
-                                "securityContext": {"allowPrivilegeEscalation": False,
-                                                    "capabilities": {"drop": ["ALL"]}},
+                                "securityContext": CONTAINER_SECURITY,
                             }],
                             "volumes": volumes,
                         },
@@ -431,9 +473,11 @@ def spark_objects(owner: Owner, spec: dict[str, Any], *,
     jobs = enabled_jobs(spec)
     if not jobs:
         return []
-    schedule = scheduled_spark_application if spark_operator else cron_job
-    return [service_account(owner), role_binding(owner),
-            *(schedule(owner, spec, job) for job in jobs)]
+    if spark_operator:
+        return [service_account(owner), role_binding(owner),
+                *(scheduled_spark_application(owner, spec, job) for job in jobs)]
+    return [service_account(owner), role_binding(owner), pod_template_config_map(owner, spec),
+            *(cron_job(owner, spec, job) for job in jobs)]
 
 
 # --- the last run ------------------------------------------------------------------------

@@ -196,8 +196,8 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     command = container["command"][len(wrapper):]
     assert command[:5] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc",
                            "--deploy-mode", "client"]
-    assert container["volumeMounts"] == [{"name": "spark-work",
-                                          "mountPath": "/var/lib/stratamq-spark"}]
+    assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
+        container["volumeMounts"])
     assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": CLAIM}} in (
         pod["volumes"])
     application = command.index(spark.APPLICATION)
@@ -226,6 +226,12 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{NAME}-spark",
                                     "namespace": NAMESPACE}]
     assert kubectl_json(kube_cluster, "serviceaccount", f"{NAME}-spark") is not None
+    # The executors' pod template, mounted in the Job's pod.
+    config_map = kubectl_json(kube_cluster, "configmap", f"{NAME}-spark-executor")
+    assert config_map is not None
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert {"name": "executor-pod-template", "configMap": {
+        "name": f"{NAME}-spark-executor", "defaultMode": 420}} in pod["volumes"]
     # The sites mount the shared volume where the jobs read their checkpoints.
     stateful_set = kubectl_json(kube_cluster, "statefulset", NAME)
     assert stateful_set is not None
@@ -320,8 +326,10 @@ def test_with_the_spark_operator_scheduled_spark_applications(
                      explain=operator.log_tail)
     assert scheduled("export") is not None
     assert scheduled("gc") is None
-    # Its CronJob went: the Spark operator runs it now.
+    # Its CronJob went: the Spark operator runs it now (and the CronJobs' pod template).
     wait_for("the CronJobs deleted", lambda: not items(kube_cluster, "cronjobs"), timeout=TIMEOUT)
+    wait_for("the executors' pod template deleted", lambda: kubectl_json(
+        kube_cluster, "configmap", f"{NAME}-spark-executor") is None, timeout=TIMEOUT)
     [reference] = learn["metadata"]["ownerReferences"]
     assert (reference["kind"], reference["name"]) == ("DurableStorage", NAME)
     assert learn["spec"]["schedule"] == "@daily"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from harness.processes import REPO
 from stratamq.operator import resources, spark
 from stratamq.operator.config import broker_config
@@ -36,13 +38,15 @@ def test_each_enabled_job_gets_its_scheduler() -> None:
     made = spark.spark_objects(OWNER, spec, spark_operator=False)
     assert [(m["kind"], m["metadata"]["name"]) for m in made] == [
         ("ServiceAccount", "mq-spark"), ("RoleBinding", "mq-spark"),
+        ("ConfigMap", "mq-spark-executor"),
         ("CronJob", "mq-spark-gc"), ("CronJob", "mq-spark-export")]
-    assert [m["spec"]["schedule"] for m in made[2:]] == ["0 3 * * *", "@hourly"]
+    assert [m["spec"]["schedule"] for m in made[3:]] == ["0 3 * * *", "@hourly"]
+    # (the executors' pod template is the CronJobs' alone)
     scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)
     assert [m["kind"] for m in scheduled[2:]] == ["ScheduledSparkApplication"] * 2
     # No Spark pod carries the sites' selector (it would count as a site).
     site_selector = resources.selector_labels("mq").items()
-    for manifest in made[2:]:
+    for manifest in made[3:]:
         template = manifest["spec"]["jobTemplate"]["spec"]["template"]
         assert not site_selector <= template["metadata"]["labels"].items()
 
@@ -53,7 +57,11 @@ def test_the_jobs_pull_the_image_with_the_sites_pull_secrets() -> None:
     cron = spark.spark_objects(OWNER, spec, spark_operator=False)[-1]
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
-    # the driver and executor pods spark-submit makes
+    # the executor pods (their pod template), and on the Spark operator's path the
+    # driver and executor pods spark-submit makes
+    assert spark.executor_pod_template(spec)["spec"]["imagePullSecrets"] == [
+        {"name": "registry"}, {"name": "mirror"}]
+    assert "spark.kubernetes.container.image.pullSecrets" not in spark.client_conf(OWNER, spec)
     assert spark.spark_conf(OWNER, spec)["spark.kubernetes.container.image.pullSecrets"] \
         == "registry,mirror"
     scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)[-1]
@@ -95,8 +103,8 @@ def test_the_driver_runs_in_the_jobs_pod() -> None:
     # The driver's token and volume are the container's own; the cluster-mode settings
     # of a driver pod Spark would make are gone.
     assert env["STRATAMQ_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "mq-admin", "key": "token"}}
-    assert container["volumeMounts"] == [{"name": "spark-work",
-                                          "mountPath": "/var/lib/stratamq-spark"}]
+    assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
+        container["volumeMounts"])
     assert not [key for key in conf if key.startswith("spark.kubernetes.driver.")
                 and key != "spark.kubernetes.driver.pod.name"]
     assert "spark.kubernetes.authenticate.driver.serviceAccountName" not in conf
@@ -130,6 +138,36 @@ def test_a_run_has_a_deadline() -> None:
     assert gc["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 7200
     assert export["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 600
     assert gc["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_executors_start_from_a_restricted_pod_template() -> None:
+    """A ConfigMap owned by the storage, mounted in the Job's pod where the driver reads
+    it as spark.kubernetes.executor.podTemplateFile."""
+    spec = with_spark(gc={"enable": True})
+    [config_map] = [made for made in spark.spark_objects(OWNER, spec, spark_operator=False)
+                    if made["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["ownerReferences"] == [OWNER.reference()]
+    template = yaml.safe_load(config_map["data"]["executor-pod.yaml"])
+    assert template == spark.executor_pod_template(spec)
+    pod = template["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
+                                      "runAsGroup": 10001,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["automountServiceAccountToken"] is False
+    assert "imagePullSecrets" not in pod
+    [container] = pod["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
+    job_pod = spark.cron_job(OWNER, spec, "gc")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]
+    [volume] = [volume for volume in job_pod["volumes"] if "configMap" in volume]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    [mount] = [mount for mount in job_pod["containers"][0]["volumeMounts"]
+               if mount["name"] == volume["name"]]
+    conf = conf_of(job_pod["containers"][0]["command"])
+    assert conf["spark.kubernetes.executor.podTemplateFile"] == (
+        f"{mount['mountPath']}/executor-pod.yaml")
+    assert conf["spark.kubernetes.executor.podTemplateContainerName"] == container["name"]
 
 
 def test_launch_arguments_carry_the_storages_rules() -> None:
