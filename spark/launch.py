@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -281,6 +282,20 @@ def launch_main(argv: list[str]) -> int:
     return 0
 
 
+def run_forwarding_sigterm(command: list[str]) -> int:
+    """Run `command`, passing a SIGTERM on to it; its exit code. The Job's pod is
+    stopped with SIGTERM (its deadline, a deletion): spark-submit's driver then stops
+    its executors itself. (As the pod's first process, this one would otherwise
+    ignore the signal until the kubelet's SIGKILL.)"""
+    child = subprocess.Popen(command)
+    before = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        code = child.wait()
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell says
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def submit_main(argv: list[str]) -> int:
     """`stratamq spark submit --result FILE -- spark-submit ...`: run spark-submit, then
     fail unless it exited 0 and the run's result file says Succeeded. In client mode
@@ -302,7 +317,7 @@ def submit_main(argv: list[str]) -> int:
     if not command:
         print("stratamq spark submit: no command after --", file=sys.stderr)
         return 2
-    code = subprocess.run(command, check=False).returncode  # its output is the pod's log
+    code = run_forwarding_sigterm(command)  # its output is the pod's log
     try:
         result = json.loads(Path(arguments.result).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
