@@ -206,6 +206,29 @@ def test_spark_image_entrypoint_starts_an_executor(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_spark_image_entrypoint_runs_a_driver(tmp_path: Path) -> None:
+    """`driver ARGS` (a driver pod of the Spark operator's cluster mode): spark-submit
+    in client mode, bound where the pod's env says, runs the application."""
+    final = parse(IMAGES / "spark" / "Dockerfile")[-1]
+    script = in_repository(final, exec_form(final, "ENTRYPOINT")[0])
+    import pyspark
+
+    application = tmp_path / "application.py"
+    application.write_text("from pyspark.sql import SparkSession\n"
+                           "spark = SparkSession.builder.getOrCreate()\n"
+                           "print('driver at', spark.conf.get('spark.driver.bindAddress'),"
+                           " spark.range(4).count())\n")
+    result = subprocess.run(
+        ["bash", str(script), "driver", "--master", "local[1]", "--conf",
+         "spark.ui.enabled=false", str(application)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent),
+             "SPARK_DRIVER_BIND_ADDRESS": HOST, "PYSPARK_PYTHON": sys.executable,
+             "PYSPARK_DRIVER_PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"driver at {HOST} 4" in result.stdout, result.stdout[-3000:]
+
+
 def test_the_operator_runs_from_the_broker_image() -> None:
     """The chart's operator Deployment runs `kopf run -m MODULE` in the broker image:
     the image installs the operator extra, so kopf and the module must be there."""
