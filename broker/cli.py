@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(`cluster controller`: the controller alone)", add_help=False)
     cluster.add_argument("rest", nargs=argparse.REMAINDER,
                          help="options of `stratamq cluster` (--help for them)")
-    spark = commands.add_parser("spark", help="the data pipeline's Spark jobs (gc); needs the "
-                                              "spark extra (PySpark) and Java",
+    spark = commands.add_parser("spark", help="the data pipeline's Spark jobs (gc, learn-topics, "
+                                              "export); needs the spark extra (PySpark) "
+                                              "and Java",
                                 add_help=False)
     spark.add_argument("rest", nargs=argparse.REMAINDER, help="the job and its arguments")
     return parser

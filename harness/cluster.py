@@ -120,7 +120,8 @@ class ControllerProcess(ManagedProcess):
 
     def __init__(self, workdir: Path, host: str, sites: list[SiteProcess], *,
                  replication_factor: int, n_shards: int, heartbeat_interval: float,
-                 wrapper: tuple[str, ...] = (), bind_host: str | None = None) -> None:
+                 wrapper: tuple[str, ...] = (), bind_host: str | None = None,
+                 max_concurrent_moves: int = 1) -> None:
         super().__init__(workdir)
         self.host = host
         self.bind_host = bind_host = bind_host or host
@@ -133,6 +134,7 @@ class ControllerProcess(ManagedProcess):
             "--token-file", str(self.token_file),
             "--replication-factor", str(replication_factor), "--n-shards", str(n_shards),
             "--heartbeat-interval", f"{int(heartbeat_interval * 1000)}ms",
+            "--max-concurrent-moves", str(max_concurrent_moves),
             *[argument for site in sites
               for argument in ("--site", site.controller_url or site.admin_url)]]
 
@@ -157,7 +159,8 @@ class Cluster:
     def __init__(self, workdir: Path, sites: int = 3, *, n_shards: int = 4,
                  replication_factor: int = 3, heartbeat_interval: float = 0.5,
                  network: Network | None = None,
-                 site_config: dict[str, Any] | None = None) -> None:
+                 site_config: dict[str, Any] | None = None,
+                 max_concurrent_moves: int = 1) -> None:
         self.n_shards = n_shards
         self.network = network
         binds: list[str | None] = [None for _ in range(sites + 1)]
@@ -195,7 +198,7 @@ class Cluster:
             workdir / "controller", hosts[sites], self.sites,
             replication_factor=replication_factor, n_shards=n_shards,
             heartbeat_interval=heartbeat_interval, wrapper=wrappers[sites],
-            bind_host=binds[sites])
+            bind_host=binds[sites], max_concurrent_moves=max_concurrent_moves)
         if isinstance(network, NetnsNetwork):
             for port in self.controller.ports():
                 network.reach(sites, port)

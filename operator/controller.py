@@ -101,7 +101,8 @@ def ordinal(pod: str) -> int:
 def settings_of(spec: StorageSpec, heartbeat: float) -> Settings:
     return Settings(replication_factor=spec.replication_factor, n_shards=spec.n_shards,
                     heartbeat_interval=heartbeat, databases=DATABASES,
-                    expected_sites=spec.sites)
+                    expected_sites=spec.sites,
+                    max_concurrent_moves=spec.max_concurrent_moves)
 
 
 def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> SiteState:

@@ -64,11 +64,11 @@ def record_of(document: Mapping[str, Any]) -> StatusRecord:
                  else Placement.empty())
     plan = Plan.from_json(document["plan"]) if document.get("plan") else None
     goals = {database: tuple(goal) for database, goal in (document.get("goals") or {}).items()}
-    catch_up = None if plan is None else decisions.resumed_catch_up(plan, placement)
+    catch_ups = () if plan is None else decisions.resumed_catch_ups(plan, placement)
     entries = document.get("sites") or []
     kept_term = document.get("term") or {}
     return StatusRecord(
-        state=ClusterState(placement=placement, plan=plan, goals=goals, catch_up=catch_up),
+        state=ClusterState(placement=placement, plan=plan, goals=goals, catch_ups=catch_ups),
         sites={entry["id"]: entry.get("peer") or None for entry in entries},
         pods={entry["id"]: entry["pod"] for entry in entries if entry.get("pod")},
         forgotten=frozenset(document.get("forgotten") or []),

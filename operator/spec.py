@@ -17,6 +17,7 @@ DEFAULT_SITES = 3
 DEFAULT_REPLICATION_FACTOR = 3
 DEFAULT_N_SHARDS = 16
 DEFAULT_HISTORY_LIMIT = 3
+DEFAULT_MAX_CONCURRENT_MOVES = 1
 DEFAULT_ADMIN_PORT = 18083
 DEFAULT_STORAGE_SIZE = "10Gi"
 
@@ -28,6 +29,8 @@ class StorageSpec:
     n_shards: int  # spec.messages.nShards
     # spec.transitionHistoryLimit: the plans whose ReplicaTransitions are kept (at least 1)
     history_limit: int
+    # spec.maxConcurrentMoves: the shards a plan moves at once (at least 1)
+    max_concurrent_moves: int
     admin_port: int  # spec.admin.port: the sites' admin API (and /metrics)
     storage_size: str  # spec.storage.size: each site's volume
     disruption_budget: bool  # spec.podDisruptionBudget.enable
@@ -46,6 +49,8 @@ def parse_spec(spec: Mapping[str, Any]) -> StorageSpec:
         replication_factor=int(messages.get("replicationFactor", DEFAULT_REPLICATION_FACTOR)),
         n_shards=int(messages.get("nShards", DEFAULT_N_SHARDS)),
         history_limit=max(1, int(spec.get("transitionHistoryLimit", DEFAULT_HISTORY_LIMIT))),
+        max_concurrent_moves=max(1, int(spec.get("maxConcurrentMoves",
+                                                  DEFAULT_MAX_CONCURRENT_MOVES))),
         admin_port=int(spec.get("admin", {}).get("port", DEFAULT_ADMIN_PORT)),
         storage_size=str(spec.get("storage", {}).get("size", DEFAULT_STORAGE_SIZE)),
         disruption_budget=bool(budget.get("enable", True)),

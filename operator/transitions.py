@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from stratamq.broker.controller.decisions import ClusterState
+from stratamq.broker.controller.decisions import CatchUp, ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.errors import PlanError
 
@@ -85,40 +85,56 @@ def transition_manifest(owner: Owner, plan: Plan, step: int, transition: Transit
             "spec": spec}
 
 
+def catching_up_steps(plan: Plan, state: ClusterState) -> dict[int, CatchUp]:
+    """The taken `+site` steps whose replica is still catching up (by step number):
+    for each of `state`'s catch-ups, the last step taken that added its site to its
+    shard."""
+    done = taken_steps(plan, state.placement) or 0
+    found: dict[int, CatchUp] = {}
+    for catch_up in state.catch_ups:
+        numbers = [number for number, step in enumerate(plan.transitions[:done])
+                   if step.action == "add" and step.shard_id == catch_up.shard
+                   and step.site == catch_up.site]
+        if numbers:
+            found[numbers[-1]] = catch_up
+    return found
+
+
 def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | None],
-                bootstrapping: bool = False) -> list[TransitionPhase]:
+                bootstrapping: Collection[int] = ()) -> list[TransitionPhase]:
     """The phase of each step of `plan` (the pending one) at `state`: the steps taken
-    are Done, except the last one while it is under way (a `+site` Pending until its
-    site took the placement, then bootstrapping from a checkpoint while the site says
-    so, catching up, and Joined once caught up; a `-site` Removing until every site
-    that answers took it); the rest Pending. `versions`: the placement version each
-    site that answers has taken."""
-    try:
-        done = len(plan.transitions) - len(plan.remaining(state.placement))
-    except PlanError:
+    are Done, except those still under way, from the first whose replica is catching
+    up (several shards may move at once) or else the last one taken: a `+site` Pending
+    until its site took the placement, then bootstrapping from a checkpoint while the
+    site says so (`bootstrapping`: those steps' numbers), catching up, and Joined once
+    caught up; a `-site` Removing until every site that answers took it. The rest
+    Pending. `versions`: the placement version each site that answers has taken."""
+    done = taken_steps(plan, state.placement)
+    if done is None:
         return [TransitionPhase.PENDING] * len(plan.transitions)
+    catching = catching_up_steps(plan, state)
+    under_way = min([done - 1, *catching])
     phases = []
     for number, step in enumerate(plan.transitions):
         if number >= done:
             phases.append(TransitionPhase.PENDING)
-        elif number < done - 1:
+        elif number < under_way:
             phases.append(TransitionPhase.DONE)
         elif step.action == "add":
-            if state.catch_up is None:
+            catch_up = catching.get(number)
+            if catch_up is None:
                 phases.append(TransitionPhase.JOINED)
-            elif (versions.get(step.site) or 0) < state.catch_up.version:
+            elif (versions.get(step.site) or 0) < catch_up.version:
                 # its site has not taken the placement yet
                 phases.append(TransitionPhase.PENDING)
             else:
-                phases.append(TransitionPhase.BOOTSTRAPPING if bootstrapping
+                phases.append(TransitionPhase.BOOTSTRAPPING if number in bootstrapping
                               else TransitionPhase.CATCHING_UP)
         else:
             behind = any(version is None or version < state.placement.version
                          for version in versions.values())
             phases.append(TransitionPhase.REMOVING if behind else TransitionPhase.DONE)
     return phases
-
-
 def phase_path(action: str, current: str, target: TransitionPhase,
                bootstrapped: bool) -> list[TransitionPhase]:
     """The phases a step shows on its way from `current` to `target` (a round may
@@ -292,14 +308,15 @@ class Transitions:
                 self._write_phase(self._run_names[number], TransitionPhase.PENDING)
         self._publish_run()
 
-    def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> bool:
+    def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> set[int]:
         """Note which taken `+site` steps bootstrapped their site from a checkpoint (it
         says `bootstrapping` for the shard, or installed a checkpoint of it since the
-        step was taken); whether the step under way is bootstrapping now."""
+        step was taken); the steps catching up that are bootstrapping now."""
         taken = taken_steps(plan, state.placement)
         if taken is None:
-            return False
-        now = False
+            return set()
+        catching = catching_up_steps(plan, state)
+        now = set()
         for number, step in enumerate(plan.transitions[:taken]):
             boots = self._boots.get(step.site)
             if step.action != "add" or boots is None:
@@ -307,10 +324,11 @@ class Transitions:
             name = transition_name(self.owner.name, plan, number)
             count = boots.installed.get(step.shard_id, 0)
             base = self._boot_base.setdefault(name, count)
-            running = step.shard_id in boots.running and number == taken - 1
+            running = step.shard_id in boots.running and number in catching
             if running or count > base:
                 self._bootstrapped.add(name)
-            now |= running and state.catch_up is not None
+            if running:
+                now.add(number)
         return now
 
     def _set_phase(self, name: str, action: str, phase: TransitionPhase,

@@ -1,5 +1,5 @@
 """`stratamq spark JOB --checkpoint DIR ...`: the data pipeline's jobs. Locally Spark
-runs in `local[*]` with its progress bar; under `spark-submit --master k8s://...`
+runs in `local[*]` and says only its errors; under `spark-submit --master k8s://...`
 give `--master ""` to keep spark-submit's master. Paths are whatever the job's
 machine sees (a volume in Kubernetes): nothing here assumes a local folder.
 
@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from stratamq.broker.admin.ctl import human_bytes
 from stratamq.broker.config import load_config, parse_duration
 from stratamq.broker.ds import RetentionRules, Snapshot
+from stratamq.broker.ds.gc import ACTIONS
 from stratamq.broker.errors import StratamqError
 
 JOBS = ("gc", "learn-topics", "export")
@@ -46,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--now", type=int, help="the plan's time in µs (default: now)")
     gc.add_argument("--plan", help="write the plan to this file")
     gc.add_argument("--dry-run", action="store_true",
-                    help="print the plan and write nothing")
+                    help="say what the plan would do, per rule, and write nothing")
+    gc.add_argument("--json", action="store_true",
+                    help="print the plan's JSON (what goes and stays per rule goes to "
+                         "stderr then)")
     learn = jobs.add_parser("learn-topics", help="a seed topic structure for the next "
                                                  "generation, from the whole topic population")
     learn.add_argument("--checkpoint", required=True, action="append",
@@ -68,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     for job in (gc, learn, export):
         job.add_argument("--master", default="local[*]",
                          help='Spark master (default local[*]; "" keeps spark-submit\'s)')
+    # Listed for --help only: `spark_main` hands them their arguments before parsing.
+    jobs.add_parser("launch", add_help=False,
+                    help="a scheduled run: checkpoint every site, run a job, apply its "
+                         "result (the operator's runs; launch --help)")
+    jobs.add_parser("submit", add_help=False,
+                    help="run spark-submit, then fail unless the run's result file says "
+                         "Succeeded (submit --help)")
     return parser
 
 
@@ -105,12 +117,13 @@ def _gc(arguments: argparse.Namespace) -> int:
     finally:
         spark.stop()
     text = json.dumps(plan, indent=2)
-    if arguments.dry_run:
-        print(text)  # the plan, for a program; what it does, for a person:
-        print(_summary_line(plan, None), file=sys.stderr)
-    else:
+    if arguments.plan and not arguments.dry_run:
         Path(arguments.plan).write_text(text + "\n", encoding="utf-8")
-        print(_summary_line(plan, arguments.plan), file=sys.stderr)
+    if arguments.json:
+        print(text)  # the plan, for a program; what it does, for a person, beside it
+    print(plan_report(plan), file=sys.stderr if arguments.json else sys.stdout)
+    print(summary_line(plan, None if arguments.dry_run else arguments.plan),
+          file=sys.stderr if arguments.json else sys.stdout)
     return 0
 
 
@@ -158,14 +171,83 @@ def _export(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def _summary_line(plan: dict[str, Any], path: str | None) -> str:
+def plan_report(plan: dict[str, Any]) -> str:
+    """What a GC plan does, for a person: per rule, the generations of each action
+    holding its messages (drop/rewrite/keep), its messages, those that go and those
+    that stay, and their payload bytes; then the generations holding no message.
+    Expired messages of a kept generation stay (the current one is never touched)."""
+    retention = plan["retention"]
+    rows: dict[str, dict[str, Any]] = {}
+    for entry in plan["generations"]:
+        for rule, counts in entry["by_rule"].items():
+            row = rows.setdefault(rule, {"actions": dict.fromkeys(ACTIONS, 0), "messages": 0,
+                                         "go": 0, "bytes_go": 0, "bytes": 0})
+            row["actions"][entry["action"]] += 1
+            row["messages"] += counts["messages"]
+            row["bytes"] += counts["payload_bytes"]
+            if entry["action"] != "keep":
+                row["go"] += counts["expired_messages"]
+                row["bytes_go"] += counts["expired_payload_bytes"]
+    total_actions = {action: sum(1 for g in plan["generations"] if g["action"] == action)
+                     for action in ACTIONS}
+    table: list[tuple[str, ...]] = [
+        ("rule", "retention", "generations", "messages", "go", "stay", "bytes go",
+         "bytes stay"),
+        ("", "", "drop/rewrite/keep", "", "", "", "(payload)", "(payload)")]
+    for rule, row in sorted(rows.items(), key=lambda item: -item[1]["messages"]):
+        seconds = retention["rules"].get(rule, retention["default"])
+        table.append(_report_row(rule, _duration(seconds), row["actions"], row))
+    empty = {action: sum(1 for g in plan["generations"]
+                         if g["action"] == action and not g["messages"])
+             for action in ACTIONS}
+    totals = {key: sum(row[key] for row in rows.values())
+              for key in ("messages", "go", "bytes_go", "bytes")}
+    if any(empty.values()):  # no rule's: else the total's generations do not add up
+        table.append(_report_row("(no messages)", "", empty, dict.fromkeys(totals, 0)))
+    table.append(_report_row("total", "", total_actions, totals))
+    widths = [max(len(line[column]) for line in table) for column in range(len(table[0]))]
+    made = plan["made_at"]
+    lines = [f"GC plan of {plan['db']} on site {plan['site']} from checkpoint "
+             f"{plan['checkpoint']['dir']} ({_utc(plan['checkpoint']['created_at'])}), "
+             f"expiry judged at {_utc(made)}:"]
+    for line in table:
+        lines.append("  ".join(cell.ljust(width) if column < 2 else cell.rjust(width)
+                               for column, (cell, width) in enumerate(zip(line, widths,
+                                                                          strict=True)))
+                     .rstrip())
+    return "\n".join(lines)
+
+
+def _report_row(rule: str, retention: str, actions: dict[str, int],
+                row: dict[str, int]) -> tuple[str, ...]:
+    return (rule, retention, "/".join(str(actions[action]) for action in ACTIONS),
+            str(row["messages"]), str(row["go"]), str(row["messages"] - row["go"]),
+            human_bytes(row["bytes_go"]), human_bytes(row["bytes"] - row["bytes_go"]))
+
+
+def _duration(seconds: float) -> str:
+    """7d, 1h, 90s: the largest unit that takes it whole."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _utc(microseconds: int) -> str:
+    moment = datetime.fromtimestamp(microseconds / 1_000_000, UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def summary_line(plan: dict[str, Any], path: str | None) -> str:
     """What the plan does, in a line: written to `path`, or a dry run's (None)."""
     summary = plan["summary"]
+    stay = sum(g["messages"] for g in plan["generations"]) - summary["expired_messages"]
+    kept_expired = stay - summary["live_messages"]
     what = (f"drop {summary['drop_generations']} generations "
             f"({human_bytes(summary['stored_bytes_dropped'])}), rewrite "
             f"{summary['rewrite_generations']}, keep {summary['keep_generations']}; "
-            f"{summary['expired_messages']} expired messages go, "
-            f"{summary['live_messages']} live stay")
+            f"{summary['expired_messages']} expired messages go, {stay} stay "
+            f"({summary['live_messages']} live, {kept_expired} expired in kept generations)")
     if path is None:
         return f"dry run, nothing written: the plan would {what}."
     return (f"plan written to {path}: {what}. Apply it with: stratamq ctl ds apply-gc "

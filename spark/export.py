@@ -127,11 +127,18 @@ def usage_figure(rows: list[Any], patterns: list[str]) -> Figure:
         below = [low + height for low, height in zip(below, heights, strict=True)]
     if hours:
         axes.set_xlim(hours[0] - timedelta(minutes=30), hours[-1] + timedelta(minutes=90))
+    # Ticks on whole hours only, a dozen at most: matplotlib's own put several ticks
+    # in one hour, each labelled with that hour.
+    span = (hours[-1] - hours[0]) // timedelta(hours=1) + 1 if hours else 1
+    hour_ticks = dates.HourLocator(interval=-(-span // 12))  # type: ignore[no-untyped-call]
+    axes.xaxis.set_major_locator(hour_ticks)
     hourly = dates.DateFormatter("%Y-%m-%d %H:00")  # type: ignore[no-untyped-call]
     axes.xaxis.set_major_formatter(hourly)
     axes.set_xlabel("hour (UTC)")
     axes.set_ylabel("messages")
     axes.set_title("messages per hour, top topic patterns")
-    axes.legend(loc="upper left", fontsize="small")
+    # beside the bars, not over them
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     figure.autofmt_xdate()
+    figure.tight_layout()  # the slanted labels and the axis title inside the picture
     return figure

@@ -304,14 +304,15 @@ def submit_main(argv: list[str]) -> int:
     the driver writes (`launch`) says why a run failed, so the launching Job's own
     outcome and message (status.spark) come from both."""
     if "--" not in argv:
+        if {"-h", "--help"} & set(argv):
+            _submit_parser().print_help()
+            return 0
         print("usage: stratamq spark submit --result FILE -- spark-submit ...",
               file=sys.stderr)
         return 2
     own, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    submit = argparse.ArgumentParser(prog="stratamq spark submit")
-    submit.add_argument("--result", required=True, help="the run's result.json")
     try:
-        arguments = submit.parse_args(own)
+        arguments = _submit_parser().parse_args(own)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
     if not command:
@@ -337,3 +338,13 @@ def submit_main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratamq spark submit", usage="%(prog)s [-h] --result FILE -- spark-submit ...",
+        description="Run spark-submit (the command after --), then exit non-zero unless it "
+                    "succeeded and the run's result file says Succeeded.")
+    parser.add_argument("--result", required=True, metavar="FILE",
+                        help="the run's result.json, which `stratamq spark launch` writes")
+    return parser

@@ -211,14 +211,15 @@ class Channel:
         self.will_on_close = False
         raise ConnectionClosed()
 
-    def disconnect(self, reason_code: int) -> None:
-        """Tell the client why (MQTT 5 only; 3.1.1 just closes) and stop reading."""
+    def disconnect(self, reason_code: int, detail: str = "") -> None:
+        """Tell the client why (MQTT 5 only; 3.1.1 just closes) and stop reading.
+        `detail` goes to the log line of a client fault (the limit it broke)."""
         if self.closing:
             return
         if reason_code in _CLIENT_FAULTS:
-            log.info("client %s (%s) disconnected: %s (0x%02X)", self.client_id or "?",
+            log.info("client %s (%s) disconnected: %s (0x%02X)%s", self.client_id or "?",
                      self.peer, ReasonCode(reason_code).name.lower().replace("_", " "),
-                     reason_code)
+                     reason_code, f": {detail}" if detail else "")
         if self.level == MQTT_5 and self.session is not None:
             self.send(Disconnect(reason_code))
         elif self.level == MQTT_5 and reason_code >= ReasonCode.UNSPECIFIED_ERROR \

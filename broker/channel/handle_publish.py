@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _fail(channel: Channel, reason_code: int) -> ConnectionClosed:
-    channel.disconnect(reason_code)
+def _fail(channel: Channel, reason_code: int, detail: str = "") -> ConnectionClosed:
+    channel.disconnect(reason_code, detail)
     return ConnectionClosed()
 
 
@@ -60,7 +60,9 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         return
     if packet.qos > 0 and channel.level == MQTT_5 \
             and channel.inbound_qos_pending >= channel.limits.receive_maximum:
-        raise _fail(channel, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+        raise _fail(channel, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                    f"more than {channel.limits.receive_maximum} QoS 1/2 PUBLISH "
+                    f"unacknowledged (mqtt.receive_maximum, told in CONNACK)")
     if not channel.access.authorize_publish(channel.client_id, channel.username, topic,
                                             levels):
         MESSAGES_DROPPED.labels("not_authorized").inc()

@@ -64,6 +64,7 @@ def cluster_parser() -> argparse.ArgumentParser:
                         help="each site's failure zone (cluster.zone), in site order, "
                              "separated by commas (e.g. a,a,b,b): the controller keeps a "
                              "shard's replicas in distinct zones (default: none known)")
+    _add_moves(parser)
     return parser
 
 
@@ -86,7 +87,14 @@ def controller_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n-shards", type=_positive, default=16,
                         help="shards of the messages database; must be the sites' n_shards")
     parser.add_argument("--heartbeat-interval", type=_duration, default=1.0)
+    _add_moves(parser)
     return parser
+
+
+def _add_moves(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-concurrent-moves", type=_positive, default=1,
+                        help="how many shards a replica plan moves at once; each joining "
+                             "replica copies its shard from the leader (1)")
 
 
 def cluster_main(argv: list[str]) -> int:
@@ -106,7 +114,8 @@ def cluster_main(argv: list[str]) -> int:
         settings = Settings(replication_factor=arguments.replication_factor,
                             n_shards=arguments.n_shards,
                             heartbeat_interval=arguments.heartbeat_interval,
-                            expected_sites=len(urls))
+                            expected_sites=len(urls),
+                            max_concurrent_moves=arguments.max_concurrent_moves)
         config = ControllerConfig(data_dir=arguments.data_dir, bind=arguments.bind,
                                   site_urls=urls, token=token, settings=settings)
         import uvloop
@@ -130,4 +139,4 @@ def cluster_main(argv: list[str]) -> int:
         sites=arguments.sites, data_dir=arguments.data_dir, replication_factor=factor,
         n_shards=arguments.n_shards, heartbeat_interval=arguments.heartbeat_interval,
         ports_from=arguments.ports_from, site_config=arguments.site_config,
-        zones=arguments.zones or ()))
+        zones=arguments.zones or (), max_concurrent_moves=arguments.max_concurrent_moves))

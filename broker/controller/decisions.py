@@ -26,6 +26,7 @@ from ..ds.replication import (
     failover,
     plan,
 )
+from ..ds.replication.waves import in_waves
 from ..errors import (
     ClusterNotReadyError,
     NoMajorityError,
@@ -60,6 +61,10 @@ class Settings:
     databases: tuple[str, ...] = REPLICATED_DATABASES
     missed_heartbeats: int = MISSED_HEARTBEATS
     expected_sites: int = 0
+    # How many shards a plan moves at once: the steps taken in one round plus the
+    # replicas still catching up (each joiner bootstraps from a checkpoint of its
+    # leader, so more at once means more copying at once).
+    max_concurrent_moves: int = 1
 
     @property
     def gone_after(self) -> float:
@@ -86,12 +91,12 @@ class CatchUp:
 class ClusterState:
     """What the controller decides on and keeps: the placement (empty before the first
     one), the pending plan, the sites each database should live on (`goals`), and the
-    replica the plan waits for."""
+    replicas that joined and are still catching up (at most one per shard)."""
 
     placement: Placement = field(default_factory=Placement.empty)
     plan: Plan | None = None
     goals: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    catch_up: CatchUp | None = None
+    catch_ups: tuple[CatchUp, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -390,7 +395,8 @@ def plan_goals(placement: Placement, goals: Mapping[str, Sequence[str]],
                     result.target)
         result = Plan(start=result.start, target=step.target,
                       transitions=result.transitions + step.transitions)
-    return result
+    return replace(result, transitions=in_waves(result.transitions,
+                                                settings.max_concurrent_moves))
 
 
 # --- a controller behind the sites --------------------------------------------------
@@ -433,7 +439,7 @@ def adopt(state: ClusterState, held: Mapping[str, Placement]) -> Decision:
     if state.plan is not None:
         notes.append("pending plan dropped: it was made from a placement the sites do not "
                      "hold; ask for the change again")
-    return Decision(ClusterState(placement=chosen, plan=None, goals=goals, catch_up=None),
+    return Decision(ClusterState(placement=chosen, plan=None, goals=goals, catch_ups=()),
                     tuple(notes))
 
 
@@ -441,30 +447,44 @@ def adopt(state: ClusterState, held: Mapping[str, Placement]) -> Decision:
 
 def advance(state: ClusterState, sites: Mapping[str, SiteState], now: float,
             settings: Settings, notes: list[str]) -> ClusterState:
-    """Take the next step of the pending plan when it may go: a replica that joined
-    has caught up, a new leader has what its predecessor committed, a joining site is
-    up. One step per round."""
+    """Take the next steps of the pending plan that may go: in plan order, each on a
+    shard of its own this round and with no replica of it still catching up, as many
+    as `max_concurrent_moves` leaves room for beside the replicas catching up; the
+    first that may not go (`_blocked`: a new leader must have what its predecessor
+    committed, a joining site must be up) stops the round's steps. A replica that
+    joined holds its shard's next step until it has caught up."""
     assert state.plan is not None
-    catch_up = state.catch_up
-    if catch_up is not None:
-        catch_up = check_catch_up(catch_up, state.placement, sites, now, settings)
-        if catch_up is not None:
-            notes.append(f"waiting: {catch_up}")
-            return replace(state, catch_up=catch_up)
+    catch_ups = []
+    for catch_up in state.catch_ups:
+        still = check_catch_up(catch_up, state.placement, sites, now, settings)
+        if still is not None:
+            notes.append(f"waiting: {still}")
+            catch_ups.append(still)
     remaining = state.plan.remaining(state.placement)
     if not remaining:
+        if catch_ups:
+            return replace(state, catch_ups=tuple(catch_ups))
         notes.append(f"plan done at placement version {state.placement.version}")
-        return replace(state, plan=None, catch_up=None)
-    step = remaining[0]
-    waiting = _blocked(step, state.placement, sites, now, settings)
-    if waiting is not None:
-        notes.append(f"waiting: {step}: {waiting}")
-        return replace(state, catch_up=None)
-    placement = apply_transition(state.placement, step)
-    notes.append(f"step {step} (placement version {placement.version})")
-    if step.action == "add":
-        catch_up = CatchUp(shard=step.shard_id, site=step.site, version=placement.version)
-    return replace(state, placement=placement, catch_up=catch_up)
+        return replace(state, plan=None, catch_ups=())
+    # Each step is checked against the placement the sites were given before this
+    # round: the steps of one round are on distinct shards, so none depends on another.
+    given = state.placement.version
+    placement = state.placement
+    moving = {catch_up.shard for catch_up in catch_ups}
+    for step in remaining:
+        if len(moving) >= settings.max_concurrent_moves or step.shard_id in moving:
+            break
+        waiting = _blocked(step, placement, sites, now, settings, given)
+        if waiting is not None:
+            notes.append(f"waiting: {step}: {waiting}")
+            break
+        placement = apply_transition(placement, step)
+        moving.add(step.shard_id)
+        notes.append(f"step {step} (placement version {placement.version})")
+        if step.action == "add":
+            catch_ups.append(CatchUp(shard=step.shard_id, site=step.site,
+                                     version=placement.version))
+    return replace(state, placement=placement, catch_ups=tuple(catch_ups))
 
 
 def check_catch_up(catch_up: CatchUp, placement: Placement, sites: Mapping[str, SiteState],
@@ -493,11 +513,11 @@ def check_catch_up(catch_up: CatchUp, placement: Placement, sites: Mapping[str, 
 
 
 def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteState],
-             now: float, settings: Settings) -> str | None:
+             now: float, settings: Settings, given: int) -> str | None:
     """Why `step` may not go now, or None. Every step waits until the shard's leader
-    has taken the placement it follows (`_leader_behind`); a step that takes a replica
-    away waits until a majority of the replicas it leaves hold what the leader
-    committed (`_short_of_majority`)."""
+    has taken placement version `given`, the last the sites were given
+    (`_leader_behind`); a step that takes a replica away waits until a majority of the
+    replicas it leaves hold what the leader committed (`_short_of_majority`)."""
     shard = placement.shard(step.database, step.shard)
     if step.action == "add":
         joiner = sites.get(step.site)
@@ -513,7 +533,7 @@ def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteSta
             # replicas, one of them dead) gets one back by this add; a leader that is
             # gone commits nothing meanwhile that the new set could outvote.
             return None
-        return _leader_behind(shard, placement.version, sites, now, settings)
+        return _leader_behind(shard, given, sites, now, settings)
     if step.leader is not None:
         # A handover: the successor must hold what the leader committed, or the new
         # epoch would start without acknowledged writes.
@@ -529,7 +549,7 @@ def _blocked(step: Transition, placement: Placement, sites: Mapping[str, SiteSta
         if successor_report.applied < leader_report.committed:
             return (f"{step.leader} has applied {successor_report.applied} of "
                     f"{leader_report.committed} committed")
-    behind = _leader_behind(shard, placement.version, sites, now, settings)
+    behind = _leader_behind(shard, given, sites, now, settings)
     if behind is not None:
         return behind
     remaining = tuple(site for site in shard.replicas if site != step.site)
@@ -587,21 +607,26 @@ def _short_of_majority(shard: ShardPlacement, remaining: Sequence[str],
             f"committed by {shard.leader}; {needed} must")
 
 
-def resumed_catch_up(plan_: Plan, placement: Placement) -> CatchUp | None:
-    """After a restart: when the last step the sites have is a `+site`, that replica
-    must still be seen catching up (its target: the leader's committed offset now,
-    which is no less than when it joined)."""
+def resumed_catch_ups(plan_: Plan, placement: Placement) -> tuple[CatchUp, ...]:
+    """After a restart: the replicas that may still be catching up, seen again (their
+    target: the leader's committed offset now, which is no less than when they
+    joined). Which of them had caught up before the restart is not kept, so every
+    `+site` taken whose shard has a step left, and the last step taken if it is a
+    `+site`, is watched again: one that has caught up passes in a round."""
     try:
-        plan_.remaining(placement)
+        remaining = plan_.remaining(placement)
     except PlanError:
-        return None
-    done = placement.version - plan_.start.version
+        return ()
+    done = len(plan_.transitions) - len(remaining)
     if done <= 0:
-        return None
-    last = plan_.transitions[done - 1]
-    if last.action != "add":
-        return None
-    return CatchUp(shard=last.shard_id, site=last.site, version=placement.version)
+        return ()
+    left = {step.shard_id for step in remaining}
+    latest: dict[ShardId, CatchUp | None] = {}
+    for number, step in enumerate(plan_.transitions[:done]):
+        joined = step.action == "add" and (step.shard_id in left or number == done - 1)
+        latest[step.shard_id] = (CatchUp(shard=step.shard_id, site=step.site,
+                                         version=placement.version) if joined else None)
+    return tuple(catch_up for catch_up in latest.values() if catch_up is not None)
 
 
 # --- requests ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ..ds.replication.placement import check_database, check_site_id
 from ..ds.replication.term import NO_TERM, ControllerTerm, parse_term
 from ..errors import CorruptDataError, PlacementError, StratamqError
 from ..files import write_atomically
-from .decisions import ClusterState, resumed_catch_up
+from .decisions import ClusterState, resumed_catch_ups
 from .store import Kept
 
 PLAN_FILE = "plan.json"
@@ -102,13 +102,13 @@ class StateFiles:
 
     def load(self) -> FolderRecord:
         """What the folder keeps; a pending plan that the kept placement is a step of
-        resumes (waiting on a replica that joined last)."""
+        resumes (waiting on the replicas that joined last)."""
         placement = self.placements.current or Placement.empty()
         plan = self._load_plan()
         sites, goals, forgotten, term = self._load_cluster()
-        catch_up = None if plan is None else resumed_catch_up(plan, placement)
+        catch_ups = () if plan is None else resumed_catch_ups(plan, placement)
         return FolderRecord(ClusterState(placement=placement, plan=plan, goals=goals,
-                                         catch_up=catch_up), tuple(sites), forgotten, term)
+                                         catch_ups=catch_ups), tuple(sites), forgotten, term)
 
     def keep(self, record: FolderRecord) -> Kept:
         """Write `record`. The placement goes first: it is the one document sites may

@@ -79,6 +79,7 @@ class ClusterOptions:
     site_config: Path | None = None
     # each site's `cluster.zone`, by index; empty: none known
     zones: tuple[str, ...] = ()
+    max_concurrent_moves: int = 1  # the shards a replica plan moves at once
 
 
 def site_host(index: int) -> str:
@@ -129,7 +130,8 @@ def controller_command(options: ClusterOptions, bind: str, sites: list[SiteLayou
                "--token-file", str(token_file),
                "--replication-factor", str(options.replication_factor),
                "--n-shards", str(options.n_shards),
-               "--heartbeat-interval", str(options.heartbeat_interval)]
+               "--heartbeat-interval", str(options.heartbeat_interval),
+               "--max-concurrent-moves", str(options.max_concurrent_moves)]
     for site in sites:
         command += ["--site", site.admin_url]
     return command

@@ -59,8 +59,8 @@ def _pending(state: ClusterState, shard: ShardPlacement) -> list[str]:
     """The shard's steps still to do, `+site` / `-site`, the one catching up first."""
     steps = [step for step in _remaining(state) if step.shard_id == shard.id]
     found = [("+" if step.action == "add" else "-") + step.site for step in steps]
-    if state.catch_up is not None and state.catch_up.shard == shard.id:
-        found.insert(0, f"+{state.catch_up.site} (catching up)")
+    found[:0] = [f"+{catch_up.site} (catching up)" for catch_up in state.catch_ups
+                 if catch_up.shard == shard.id]
     return found
 
 

@@ -207,9 +207,16 @@ class Snapshot:
         self.path = Path(path)
         meta_path = self.path / DB_META_FILE
         if not meta_path.is_file():
+            # a site's data folder (`data_dir`) holds its databases' folders
+            databases = sorted(meta.parent.name for meta in self.path.glob(f"*/{DB_META_FILE}"))
+            hint = ""
+            if databases:
+                example = "messages" if "messages" in databases else databases[0]
+                hint = (f": a site's data folder: give a database's, such as "
+                        f"{self.path / example} ({', '.join(databases)} here)")
             raise UnknownDatabaseError(
                 f"{self.path} is not a stratamq database folder or checkpoint (no "
-                f"{DB_META_FILE})")
+                f"{DB_META_FILE}){hint}")
         meta = json.loads(meta_path.read_text())
         self.n_shards = int(meta["n_shards"])
         self.key_value = bool(meta.get("key_value", False))

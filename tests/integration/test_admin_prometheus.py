@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -17,6 +17,7 @@ from paho.mqtt.properties import Properties
 
 from harness.cluster import Cluster
 from harness.processes import REPO, BrokerProcess
+from harness.waiting import wait_until
 from tests.support.clients import PahoClient
 from tests.support.prometheus import query, running_prometheus
 
@@ -281,3 +282,29 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
             assert leaderless_counts() == {"messages": len(orphaned), **orphaned_elsewhere}
     finally:
         cluster.close()
+
+
+def test_the_restarts_panel_counts_a_site_started_again(
+        broker_factory: Callable[..., BrokerProcess], tmp_path: Path) -> None:
+    """Issue 23: pod restarts on the dashboards, from each site's own
+    process_start_time_seconds (no kube-state-metrics needed): a site stopped and
+    started again on its port counts one restart; the volume panel shows bytes used
+    no larger than the volume."""
+    site = broker_factory()
+    [(_source, _title, restarts)] = [
+        query_ for query_ in dashboard_queries([DASHBOARDS / "stratamq-broker.json"])
+        if query_[1] == "Restarts"]
+    [used, size] = [expr for _source, title, expr in
+                    dashboard_queries([DASHBOARDS / "stratamq-storage.json"])
+                    if title == "Volume used"]
+    with running_prometheus(tmp_path, [f"127.0.0.1:{site.admin_port}"]) as prometheus:
+
+        def value(promql: str) -> float | None:
+            result = query(prometheus, promql)
+            return float(result[0]["value"][1]) if result else None
+
+        assert wait_until(lambda: value(restarts) == 0.0, 30), value(restarts)
+        assert 0 < (value(used) or 0) <= (value(size) or 0)
+        site.stop()
+        site.start()
+        assert wait_until(lambda: value(restarts) == 1.0, 30), value(restarts)

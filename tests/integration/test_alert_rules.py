@@ -17,6 +17,10 @@ RULES = REPO / "charts" / "stratamq" / "rules" / "stratamq.rules.yaml"
 SITE = 'instance="site-0:18083", job="stratamq"'
 HEALTHY = 'instance="site-1:18083", job="stratamq"'
 GiB = 2**30
+# The job of the operator's metrics: the chart's ServiceMonitor takes it from a label of
+# the operator's Service (its jobLabel), whatever the chart's objects are called
+# (tests/kube/test_chart.py checks the rendered chart against this).
+OPERATOR_JOB = "stratamq-operator"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -142,8 +146,10 @@ def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> N
         # site-0 refused a cut of shard 4 at minute 20
         (f"stratamq_ds_log_cuts_refused_total{{{shard(SITE, 4)}}}", "0+0x19 1+0x40"),
         (f"stratamq_ds_log_cuts_refused_total{{{shard(HEALTHY, 4)}}}", "0+0x60"),
-        # the operator is scraped up until minute 10, then gone (its pod deleted)
-        ('up{instance="10.0.0.9:8081", job="mq-stratamq-operator-metrics"}', "1+0x9"),
+        # the operator is scraped up until minute 10, then gone (its pod deleted); the
+        # sites stay up, which must not hide it
+        (f'up{{instance="10.0.0.9:8081", job="{OPERATOR_JOB}"}}', "1+0x9"),
+        (f"up{{{SITE}}}", "1+0x60"),
     ]
     names = ["StratamqShardUnderReplicated", "StratamqReplicaLagHigh",
              "StratamqShardWithoutLeader", "StratamqFrequentLeaderChanges",
@@ -189,7 +195,7 @@ def test_each_replication_alert_fires_on_its_condition_only(tmp_path: Path) -> N
 def test_each_storage_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
     """From the operator's metrics per storage (iot/mq goes wrong from minute 10,
     iot/ok stays well) and a site's disk filling at a steady pace."""
-    operator = 'instance="10.0.0.9:8081", job="mq-stratamq-operator-metrics"'
+    operator = f'instance="10.0.0.9:8081", job="{OPERATOR_JOB}"'
     wrong = f'{operator}, namespace="iot", name="mq"'
     well = f'{operator}, namespace="iot", name="ok"'
     series = [
@@ -212,7 +218,7 @@ def test_each_storage_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
     ]
     names = ["StratamqSitesNotReady", "StratamqStorageDegraded",
              "StratamqOperatorReconcileErrors", "StratamqDiskFillingUp"]
-    labels = {"instance": "10.0.0.9:8081", "job": "mq-stratamq-operator-metrics",
+    labels = {"instance": "10.0.0.9:8081", "job": OPERATOR_JOB,
               "namespace": "iot", "name": "mq"}
     expected_at: dict[str, dict[str, list[dict[str, Any]]]] = {
         "8m": {name: [] for name in names},
@@ -228,8 +234,7 @@ def test_each_storage_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
                 "The operator has failed to apply a storage's objects or to refresh its "
                 "status for 10 minutes (15 failures in the last 15). Its log names the "
                 "storage and the API error (often RBAC or an admission webhook).",
-                severity="warning", instance="10.0.0.9:8081",
-                job="mq-stratamq-operator-metrics")],
+                severity="warning", instance="10.0.0.9:8081", job=OPERATOR_JOB)],
             "StratamqDiskFillingUp": [],
         },
         "35m": {

@@ -104,3 +104,5 @@ def test_mqtt5_client_over_receive_maximum_is_disconnected(broker: BrokerProcess
         broker.log_tail()
     line = next(line for line in broker.log().splitlines() if "(0x93)" in line)
     assert "flow5" in line, line
+    # with the limit it broke: the figure to compare with the client's settings
+    assert f"more than {RECEIVE_MAXIMUM} QoS 1/2 PUBLISH unacknowledged" in line, line

@@ -13,6 +13,7 @@ import yaml
 from harness.processes import REPO
 from stratamq.operator import resources, spark
 from stratamq.operator.resources import Owner
+from tests.integration.test_alert_rules import OPERATOR_JOB
 from tests.support.kube import ControlPlane, run_tool, tool_env
 from tests.unit.test_operator_resources import crd_defaults
 from tests.unit.test_operator_spark import with_spark
@@ -32,7 +33,8 @@ def test_chart_carries_the_crds_unchanged() -> None:
 
 
 def test_helm_lint_is_clean(tmp_path: Path) -> None:
-    for values in ([], ["--set", "durableStorage.create=true"]):
+    for values in ([], ["--set", "durableStorage.create=true"],
+                   ["--set", "nameOverride=queue", "--set", "fullnameOverride=broker"]):
         result = run_tool("helm", ["lint", "--strict", str(CHART), *values], tool_env(tmp_path))
         assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
         assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, (
@@ -48,7 +50,9 @@ def test_a_misspelt_value_is_refused_by_the_values_schema(tmp_path: Path) -> Non
                          (["--set", "operator.image.pullPolicy=Sometimes"], "pullPolicy"),
                          (["--set", "serviceMonitor.interval=often"], "interval"),
                          (["--set", "operator.watchNamespaces={Fleet_1}"], "watchNamespaces"),
-                         (["--set", "operator.logLevel=loud"], "logLevel")):
+                         (["--set", "operator.logLevel=loud"], "logLevel"),
+                         (["--set", "fullnameOverride=Broker"], "fullnameOverride"),
+                         (["--set", f"fullnameOverride={'b' * 45}"], "fullnameOverride")):
         result = run_tool("helm", ["template", "mq", str(CHART), *values], tool_env(tmp_path),
                           check=False)
         assert result.returncode != 0, values
@@ -169,6 +173,109 @@ def render(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
     out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", "brokers", *args],
                    tool_env(tmp_path)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+# Everything the chart can make at once: its storage (and `helm test`), the
+# Prometheus operator's kinds, the hooks and dashboards (the default).
+EVERYTHING = ("--set", "durableStorage.create=true",
+              "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor",
+              "--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "PriorityClass"}
+# DNS labels: a Service's, a Job's (its pods' job-name label) name
+LABEL_NAMED = {"Service", "Job"}
+
+
+def object_key(doc: dict[str, Any]) -> tuple[str, str | None, str]:
+    metadata = doc["metadata"]
+    return doc["kind"], metadata.get("namespace"), metadata["name"]
+
+
+def references(docs: list[dict[str, Any]]) -> set[tuple[str, str | None, str]]:
+    """The objects that rendered objects name by name: accounts, roles, the priority
+    class, the peering, the Deployment the uninstall hook scales, ConfigMaps mounted,
+    the Spark drivers' ClusterRole, the storage `helm test` tests."""
+    named: set[tuple[str, str | None, str]] = set()
+    for doc in docs:
+        namespace = doc["metadata"].get("namespace")
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            ref = doc["roleRef"]
+            named.add((ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"]))
+            named |= {("ServiceAccount", subject["namespace"], subject["name"])
+                      for subject in doc["subjects"]}
+        if doc["kind"] in ("ClusterRole", "Role"):
+            named |= {("ClusterRole", None, name) for rule in doc["rules"]
+                      if rule["resources"] == ["clusterroles"]
+                      for name in rule.get("resourceNames", [])}
+            named |= {("Deployment", namespace, name) for rule in doc["rules"]
+                      if rule["resources"] == ["deployments"]
+                      for name in rule.get("resourceNames", [])}
+        template = doc.get("spec", {}).get("template", doc.get("spec", {}).get("jobTemplate"))
+        pod = (template or {}).get("spec") if doc["kind"] != "Pod" else doc["spec"]
+        if not isinstance(pod, dict) or "containers" not in pod:
+            continue
+        named.add(("ServiceAccount", namespace, pod["serviceAccountName"]))
+        if "priorityClassName" in pod:
+            named.add(("PriorityClass", None, pod["priorityClassName"]))
+        named |= {("ConfigMap", namespace, volume["configMap"]["name"])
+                  for volume in pod.get("volumes", []) if "configMap" in volume}
+        for container in pod["containers"]:
+            for arg in container.get("command", []):
+                key, _, value = arg.partition("=")
+                if key == "--peering":
+                    named.add(("ClusterKopfPeering", None, value))
+                elif key == "--deployment":
+                    named.add(("Deployment", namespace, value))
+                elif key == "--storage":
+                    named.add(("DurableStorage", namespace, value))
+            named |= {("ClusterRole", None, variable["value"])
+                      for variable in container.get("env", [])
+                      if variable["name"] == "STRATAMQ_OPERATOR_SPARK_DRIVER_ROLE"}
+    return named
+
+
+def test_name_overrides_name_every_object(tmp_path: Path) -> None:
+    """nameOverride replaces the chart's name in the name of every object the chart
+    makes, cluster-scoped ones included; fullnameOverride the whole <release>-stratamq.
+    No two objects share a name, every name an object refers to is one rendered, and
+    the storage keeps its own name (a storage renamed would be a new one)."""
+    default = render(tmp_path, *EVERYTHING)
+    renamed = render(tmp_path, *EVERYTHING, "--set", "nameOverride=queue")
+    full = render(tmp_path, *EVERYTHING, "--set", "fullnameOverride=broker")
+    long_name = "b" * 44  # the longest the schema allows
+    longest = render(tmp_path, *EVERYTHING, "--set", f"fullnameOverride={long_name}")
+    for docs, prefix in ((default, "mq-stratamq"), (renamed, "mq-queue"), (full, "broker"),
+                         (longest, long_name)):
+        keys = [object_key(doc) for doc in docs]
+        assert len(keys) == len(set(keys)), f"{prefix}: names collide: {sorted(keys)}"
+        assert ("DurableStorage", "brokers", "mq-mq") in keys
+        made = [key for key in keys if key[0] != "DurableStorage"]
+        assert len(made) == 23  # every object, the hooks and `helm test` included
+        assert [key for key in made if not key[2].startswith(prefix)] == []
+        if prefix != "mq-stratamq":
+            assert [key for key in made if "stratamq" in key[2]] == []
+        assert {kind for kind, namespace, _ in made if namespace is None} == CLUSTER_SCOPED
+        assert references(docs) <= set(keys), references(docs) - set(keys)
+        assert [key for key in keys if key[0] in LABEL_NAMED and len(key[2]) > 63] == []
+    # Serving some namespaces: the Roles and peerings there follow too.
+    docs = render(tmp_path, "--set", "fullnameOverride=broker",
+                  "--set", "operator.watchNamespaces={iot}")
+    watched = {object_key(doc) for doc in docs}
+    assert {("Role", "iot", "broker-operator"), ("RoleBinding", "iot", "broker-operator"),
+            ("KopfPeering", "iot", "broker-operator")} <= watched
+    assert [key for key in watched if not key[2].startswith("broker-")] == []
+    # Two releases, one overridden, side by side: no cluster-scoped name in common.
+    assert not {object_key(doc) for doc in default if object_key(doc)[1] is None} & {
+        object_key(doc) for doc in full if object_key(doc)[1] is None}
+    # The alert for a stopped operator selects the job the ServiceMonitor gives it,
+    # whatever the objects are called: a label of the metrics Service, not its name.
+    for docs in (default, full):
+        [service] = [doc for doc in docs if doc["kind"] == "Service"]
+        [monitor] = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
+        [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+        assert service["metadata"]["labels"][monitor["spec"]["jobLabel"]] == OPERATOR_JOB
+        [down] = [alert for group in rule["spec"]["groups"] for alert in group["rules"]
+                  if alert["alert"] == "StratamqOperatorDown"]
+        assert f'up{{job="{OPERATOR_JOB}"}}' in down["expr"]
 
 
 def test_helm_template_renders(tmp_path: Path) -> None:
@@ -344,7 +451,10 @@ def test_rendered_manifests_validate_on_the_api_server(crds: ControlPlane, names
     strict field validation: an unknown or misplaced field fails)."""
     out = run_tool("helm", ["template", "mq", str(CHART), "--namespace", namespace,
                             "--set", "durableStorage.create=true",
-                            "--set", "durableStorage.spec.sites=3"], tool_env(tmp_path)).stdout
+                            "--set", "durableStorage.spec.sites=3",
+                            # `helm test`'s credentials, from a Secret
+                            "--set", "durableStorage.testCredentialsSecret=mq-helm-test"],
+                  tool_env(tmp_path)).stdout
     # The accounts the pods name must exist (the ServiceAccount admission checks a Pod's,
     # here `helm test`'s; a dry run makes nothing): made for real first.
     crds.kubectl("create", "serviceaccount", "-n", namespace, "mq-stratamq-operator")

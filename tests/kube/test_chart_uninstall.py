@@ -8,7 +8,9 @@ storage stayed Terminating, its pods running, `helm uninstall --wait` hanging (s
 real pods: tests/realnode/test_chart_on_real_nodes.py). The chart's pre-delete hook
 now runs `python -m stratamq.operator.uninstall` as the operator's account first.
 Before that, with the storage Ready, the chart's `helm test` (its test pod's command)
-round-trips an MQTT message through the storage.
+round-trips an MQTT message through the storage, which refuses anonymous clients: as
+the user of the Secret `durableStorage.testCredentialsSecret` names, and without it
+the test says it has no credentials.
 
 The test node cannot run the hook's pod nor give a pod its in-cluster credentials (see
 test_operator_rbac.py): the operator runs as a process, the hook's module as a process
@@ -17,18 +19,21 @@ crashes (SIGKILL), so its exit never takes the finalizer off: the module must.""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import kopf
 import yaml
 
 from harness.processes import REPO
 from harness.waiting import wait_for
+from stratamq.broker.auth import set_password
 from tests.kube.test_operator_rbac import token_kubeconfig
 from tests.support.kube import ControlPlane
 from tests.support.kubelet import running_kubelet
@@ -44,6 +49,21 @@ TIMEOUT = 180.0
 # Far above what the uninstall takes once nothing holds the storage (seconds), far
 # below forever.
 UNINSTALL_TIMEOUT_S = 60
+# The user `helm test` connects as (the storage refuses anonymous clients).
+TEST_USER = "helm-test"
+
+
+def secret_env(kube: ControlPlane, namespace: str,
+               container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment variables from Secrets, as the kubelet sets them."""
+    found = {}
+    for variable in container.get("env", []):
+        ref = variable.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            data = json.loads(kube.kubectl("get", "secret", "-n", namespace, ref["name"],
+                                           "-o", "json").stdout)["data"]
+            found[variable["name"]] = base64.b64decode(data[ref["key"]]).decode()
+    return found
 
 
 def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
@@ -52,12 +72,23 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
     kube = crds
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "stratamq"}}))
+    # The storage's one user (few hash iterations: a loaded 2-core machine), and the
+    # Secret `helm test` takes its credentials from.
+    set_password(tmp_path / "passwd", TEST_USER, "s3cret", iterations=1000)
+    kube.kubectl("create", "secret", "generic", "-n", namespace, "mq-users",
+                 f"--from-file=passwd={tmp_path / 'passwd'}")
+    kube.kubectl("create", "secret", "generic", "-n", namespace, "mq-helm-test",
+                 "--type=kubernetes.io/basic-auth", f"--from-literal=username={TEST_USER}",
+                 "--from-literal=password=s3cret")
     kube.helm("install", RELEASE, str(CHART), "--namespace", namespace,
               "--set", "operator.replicas=0", "--set", "dashboards.enabled=false",
               "--set", "durableStorage.create=true", "--set", "durableStorage.spec.sites=1",
               "--set", "durableStorage.spec.messages.nShards=2",
               "--set", "durableStorage.spec.messages.replicationFactor=1",
-              "--set", "durableStorage.spec.storage.size=1Gi")
+              "--set", "durableStorage.spec.storage.size=1Gi",
+              "--set", "durableStorage.spec.accessControl.allowAnonymous=false",
+              "--set", "durableStorage.spec.accessControl.passwordSecret.name=mq-users",
+              "--set", "durableStorage.testCredentialsSecret=mq-helm-test")
 
     def storage() -> dict[str, object] | None:
         result = kube.kubectl("get", "-n", namespace, "durablestorage", STORAGE, "-o", "json",
@@ -84,21 +115,33 @@ def test_helm_uninstall_completes_after_the_operator_crashed(crds: ControlPlane,
             [test_pod] = [hook for hook in yaml.safe_load_all(kube.helm(
                 "get", "hooks", RELEASE, "-n", namespace).stdout)
                 if hook and hook["metadata"]["annotations"]["helm.sh/hook"] == "test"]
-            command = test_pod["spec"]["containers"][0]["command"]
+            [container] = test_pod["spec"]["containers"]
+            command = container["command"]
             assert command[0] == "python", command
-            tested = subprocess.run([sys.executable, *command[1:]], capture_output=True,
-                                    text=True, timeout=120,
-                                    env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+            credentials = secret_env(kube, namespace, container)
+            assert credentials["STRATAMQ_HELM_TEST_USERNAME"] == TEST_USER
+
+            def helm_test(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run(
+                    [sys.executable, *command[1:], *args], capture_output=True, text=True,
+                    timeout=120, env={**os.environ, "KUBECONFIG": str(kubeconfig), **env})
+
+            tested = helm_test(**credentials)
             assert tested.returncode == 0, tested.stdout + tested.stderr
-            missing = subprocess.run(
-                [sys.executable, *command[1:], "--storage=nope", "--timeout=1"],
-                capture_output=True, text=True, timeout=120,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)})
-            assert missing.returncode == 1 and "no DurableStorage" in missing.stderr, \
-                missing.stderr
             assert f"DurableStorage {namespace}/{STORAGE} Ready; a QoS 1 message " \
                 f"published at {STORAGE}-0 reached a subscriber at {STORAGE}-0" \
-                in tested.stdout, tested.stdout
+                in tested.stdout and f"(user {TEST_USER})" in tested.stdout, tested.stdout
+            # Without credentials: said at once; with a wrong password: the sites refuse.
+            anonymous = helm_test()
+            assert anonymous.returncode == 1 and "refuses anonymous clients" in \
+                anonymous.stderr and "durableStorage.testCredentialsSecret" in \
+                anonymous.stderr, anonymous.stderr
+            wrong = helm_test(**{**credentials, "STRATAMQ_HELM_TEST_PASSWORD": "guess"})
+            assert wrong.returncode == 1 and "no MQTT round trip" in wrong.stderr, \
+                wrong.stderr
+            missing = helm_test("--storage=nope", "--timeout=1")
+            assert missing.returncode == 1 and "no DurableStorage" in missing.stderr, \
+                missing.stderr
         finally:
             operator.kill()  # a crash: no cleanup at its exit
         log = operator.log()

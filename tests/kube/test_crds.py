@@ -63,6 +63,7 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
                                "handoverTimeout": "10s"}
     assert spec["podDisruptionBudget"] == {"enable": True}
     assert spec["transitionHistoryLimit"] == 3
+    assert spec["maxConcurrentMoves"] == 1
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *",
                                    "activeDeadlineSeconds": 7200}
     # the repository and tag come from the operator's image when it applies the objects
@@ -262,6 +263,8 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
     "no-transition-history": ({"transitionHistoryLimit": 0},
                               "spec.transitionHistoryLimit in body should be greater than or "
                               "equal to 1"),
+    "no-moves": ({"maxConcurrentMoves": 0},
+                 "spec.maxConcurrentMoves in body should be greater than or equal to 1"),
     # kubectl asks for strict field validation: a typo is not silently pruned.
     "misspelt-key": ({"messages": {"nShard": 8}}, 'unknown field "spec.messages.nShard"'),
 }

@@ -58,7 +58,13 @@ from tests.support.recorder import (
     stop_and_drain,
     wait_delivered,
 )
-from tests.support.storage_status import every_shard, shards, site_of_pod, watched
+from tests.support.storage_status import (
+    every_shard,
+    most_under_way,
+    shards,
+    site_of_pod,
+    watched,
+)
 
 NAMESPACE = "operator-replication"
 NAME = "rq"
@@ -68,9 +74,11 @@ TIMEOUT = 240.0  # generous: five brokers, an operator and a control plane on 2 
 # a checkpoint of its leader (ReplicaTransition phase Bootstrapping).
 # Every plan's ReplicaTransitions kept (transitionHistoryLimit): a test reads all the
 # steps of the plans made since it began (a failover makes a plan again).
+# Two shards moved at once (spec.maxConcurrentMoves): every plan below runs its shards'
+# steps side by side, through the same checks.
 SPEC: dict[str, Any] = {"sites": 3, "messages": {"nShards": N_SHARDS, "replicationFactor": 3},
                         "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"},
-                        "transitionHistoryLimit": 100}
+                        "transitionHistoryLimit": 100, "maxConcurrentMoves": 2}
 CLIENT_POD = f"{NAME}-0"  # stays for the whole module
 # Seconds between two messages of a publisher: the module runs for minutes, and a
 # publisher stops at MAX_PER_PUBLISHER messages.
@@ -301,6 +309,9 @@ def test_scale_up_moves_replicas_onto_the_new_sites(
         watch.wait(10)
     phases = watched(watch_path)
     print("phases seen by kubectl get -w:", json.dumps(phases, indent=1))
+    # Two shards moved at once (spec.maxConcurrentMoves 2): two steps under way
+    # together, never more (one at a time, a step is Done before the next starts).
+    assert most_under_way(watch_path) == 2, watch_path.read_text()
     pods = site_of_pod(found["status"])
     new = {pods[f"{NAME}-3"], pods[f"{NAME}-4"]}
     items = transitions(kube_cluster)

@@ -15,11 +15,16 @@ The nodes a site's pod could move to are cordoned whenever the storage is at 3 s
 (a pod binds its node's address, so a pod that moved would change its clients'
 address; the sites themselves follow it through the operator).
 
-1. Ready: every shard of every database placed on 3 replicas;
+The five nodes are in three zones (`topology.kubernetes.io/zone`: two, two and one
+node), which the operator reads off each site's node.
+
+1. Ready: every shard of every database placed on 3 replicas; each site's zone in
+   status;
 2. `kubectl delete pod` of a site leading shards: its leaderships are handed over
    while it stops (no failover), it comes back as the same site;
 3. scale 3 -> 5 under load: ReplicaTransitions to Done, seen by
-   `kubectl get replicatransitions -w`;
+   `kubectl get replicatransitions -w`; every shard's three replicas in three zones
+   (the only site of the third zone holds a replica of each);
 4. scale 5 -> 3 with the operator's container killed (-9) mid-plan: the restarted
    operator resumes the plan; the StatefulSet shrinks once the departing sites hold
    nothing;
@@ -78,6 +83,9 @@ SPEC: dict[str, Any] = {
     "cluster": {"logRetainEntries": 5}, "storage": {"size": "1Gi"}}
 # The acknowledgements of a connection that stays may pause no longer during a roll.
 ROLL_PAUSE_LIMIT = 1.0
+# Each node's zone: node-0 and node-1 in zone-a, node-2 and node-3 in zone-b, node-4
+# alone in zone-c.
+ZONES = ("zone-a", "zone-a", "zone-b", "zone-b", "zone-c")
 # What the operator logs when it fails a shard over (broker/controller/decisions.py).
 FAILOVER = re.compile(r"leader \S+ (is gone|has heard from no majority)")
 
@@ -190,8 +198,15 @@ def cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
     # (test_chart_on_real_nodes.py runs the default two).
     real_kube_cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1")
     try:
+        for kubelet, zone in zip(real_kube_cluster.kubelets, ZONES, strict=True):
+            kubectl(real_kube_cluster, "label", "node", kubelet.node,
+                    f"{resources.ZONE_KEY}={zone}")
         yield real_kube_cluster
     finally:
+        # The nodes serve the other modules' storages after this one: zones off again.
+        for kubelet in real_kube_cluster.kubelets:
+            kubectl(real_kube_cluster, "label", "node", kubelet.node, f"{resources.ZONE_KEY}-",
+                    check=False)
         unpin_sites(real_kube_cluster, check=False)
         kubectl(real_kube_cluster, "delete", "namespace", NAMESPACE, "--wait=true",
                 "--timeout=120s", check=False,
@@ -204,6 +219,29 @@ def load(cluster: RealKubeCluster) -> Iterator[ShardLoad]:
     made = ShardLoad("rs", host, N_SHARDS, (1, 2), 2, PACE)
     yield made
     made.close()
+
+
+def zone_of_node(cluster: RealKubeCluster) -> dict[str, str]:
+    return {kubelet.node: zone for kubelet, zone in zip(cluster.kubelets, ZONES, strict=True)}
+
+
+def zones_shown(cluster: RealKubeCluster) -> dict[str, str] | None:
+    """Site -> its zone as status.sites shows it, once every site's is its node's."""
+    node_of = {name: pod["spec"]["nodeName"] for name, pod in pods(cluster).items()}
+    sites = storage(cluster).get("status", {}).get("sites", [])
+    expected = zone_of_node(cluster)
+    if sites and all(site.get("zone") == expected.get(node_of.get(site["pod"], ""))
+                     for site in sites):
+        return {site["id"]: site["zone"] for site in sites}
+    return None
+
+
+def placed_replicas(status: dict[str, Any]) -> dict[tuple[str, int], list[str]]:
+    """(database, shard) -> its replicas in the placement the operator's controller
+    keeps (status.controller)."""
+    placement = json.loads(status["controller"]["placement"])
+    return {(database, entry["shard"]): entry["replicas"]
+            for database, entries in placement["databases"].items() for entry in entries}
 
 
 def leaders_moved(cluster: RealKubeCluster, before: dict[tuple[str, int], dict[str, Any]],
@@ -263,6 +301,9 @@ def test_ready_with_every_shard_placed(cluster: RealKubeCluster) -> None:
     assert len(ids) == 3
     for shard in every_shard(status).values():
         assert set(shard["replicas"]) == ids and shard["leader"] in ids
+    # Each site in its node's zone (status.sites is refreshed every 10 s).
+    zones = wait(cluster, "each site's zone in status", lambda: zones_shown(cluster), timeout=60)
+    print(f"sites' zones: {zones}")
     pin_sites(cluster)
 
 
@@ -335,6 +376,13 @@ def test_scale_up_under_load(cluster: RealKubeCluster, load: ShardLoad, tmp_path
     held = {site for shard in every_shard(found["status"]).values()
             for site in shard["replicas"]}
     assert held & new
+    # Five sites in three zones: every shard's three replicas in three zones, though
+    # the balance alone would take some off the one site of zone-c (issue 23).
+    zones = wait(cluster, "each site's zone in status", lambda: zones_shown(cluster), timeout=60)
+    placed = placed_replicas(storage(cluster)["status"])
+    assert len(set(zones.values())) == 3, zones
+    assert all(len({zones[site] for site in replicas}) == 3 for replicas in placed.values()), \
+        (zones, placed)
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
     print(f"\n3 -> 5 sites with {len(items)} ReplicaTransitions done in {took:.1f} s")
 

@@ -92,6 +92,15 @@ def test_the_usage_plot_of_one_hour_spans_that_hour() -> None:
     low, high = figure.axes[0].get_xlim()
     assert high - low < 0.1  # days: the two hours around it
     assert figure.axes[0].get_ylim()[1] >= 10
+    # a tick per hour, each labelled once (not "10:00" at 10:00, 10:15, 10:30, ...)
+    figure.canvas.draw()
+    labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
+    assert labels and len(labels) == len(set(labels)), labels
+    assert "2026-11-27 10:00" in labels, labels
+    # and the axis title is inside the picture
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    label_box = figure.axes[0].xaxis.label.get_window_extent(renderer)
+    assert label_box.y0 >= 0, label_box
     plt.close(figure)
 
 

@@ -38,6 +38,23 @@ def placed_shards(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any
             for entry in entries}
 
 
+UNDER_WAY = ("Bootstrapping", "CatchingUp", "Joined", "Removing")
+
+
+def most_under_way(path: Path) -> int:
+    """The most ReplicaTransitions under way (Bootstrapping, CatchingUp, Joined or
+    Removing) at one time, by the order in which `kubectl get -w` (`watched`'s input)
+    showed their phases."""
+    current: dict[str, str] = {}
+    most = 0
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] != "<none>":
+            current[parts[0]] = parts[1]
+            most = max(most, sum(phase in UNDER_WAY for phase in current.values()))
+    return most
+
+
 def watched(path: Path) -> dict[str, list[str]]:
     """The phases each ReplicaTransition went through, in order, from the output of
     `kubectl get replicatransitions -w -o custom-columns=NAME:...,PHASE:...`."""

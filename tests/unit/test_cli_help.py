@@ -3,10 +3,13 @@ command's own usage; arguments parse the same wherever the options come."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from stratamq.broker import cli
 from stratamq.broker.admin import ctl
+from stratamq.spark import cli as spark_cli
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -16,12 +19,46 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     return (code if isinstance(code, int) else 2), capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["-h"], ["broker", "-h"], ["ctl", "-h"], ["cluster", "-h"],
-                                  ["spark", "-h"], ["spark", "--help"], ["spark", "gc", "-h"]])
-def test_help_of_every_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run_main(argv, capsys)
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands a parser offers (its subparsers), by name, in order."""
+    return {name: sub for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for name, sub in action.choices.items()}
+
+
+def every_command() -> list[list[str]]:
+    """Every `stratamq` command and subcommand, found in the parsers themselves, so a
+    command added later is walked too. `ctl`'s commands are the choices of its first
+    argument; `cluster controller` is the one subcommand no parser lists."""
+    top = cli.build_parser()
+    commands = subcommands(top)
+    found: list[list[str]] = [[], *([name] for name in commands)]
+    ctl_command = next(action for action in commands["ctl"]._actions
+                       if action.dest == "ctl_command")
+    found += [["ctl", name] for name in ctl_command.choices or ()]
+    found += [["ctl", "ds", action] for action in subcommands(ctl._parser("ds"))]
+    found += [["cluster", "controller"]]
+    found += [["spark", job] for job in subcommands(spark_cli._parser())]
+    found += [["spark", "launch", job] for job in spark_cli.JOBS]
+    return found
+
+
+def test_the_walk_finds_the_commands_users_run() -> None:
+    walked = {" ".join(argv) for argv in every_command()}
+    assert {"ctl passwd", "ctl ds checkpoint", "cluster controller", "spark gc",
+            "spark launch", "spark submit", "spark launch export"} <= walked, walked
+
+
+@pytest.mark.parametrize("argv", every_command(), ids=" ".join)
+@pytest.mark.parametrize("option", ["-h", "--help"])
+def test_help_works_on_every_command(argv: list[str], option: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A user's first try: `-h` and `--help` answer with the command's own usage and
+    exit 0 (a launch job's help is launch's: the job is one of its arguments)."""
+    code, out = run_main([*argv, option], capsys)
     assert code == 0, out
-    assert out.startswith("usage: "), out
+    command = argv[:2] if argv[:2] == ["spark", "launch"] else argv
+    assert out.startswith(" ".join(["usage: stratamq", *command])), out
 
 
 @pytest.mark.parametrize("action", list(ctl.DS_ACTIONS))

@@ -6,6 +6,7 @@ and a plan resumed from the controller's files after a restart."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ from stratamq.broker.controller.state import (
     SiteAddress,
     StateFiles,
 )
-from stratamq.broker.ds.replication import Placement, ShardPlacement
+from stratamq.broker.ds.replication import Placement, ShardId, ShardPlacement
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.errors import (
     ClusterNotReadyError,
@@ -520,7 +521,7 @@ def test_the_next_step_waits_until_the_joined_replica_has_caught_up() -> None:
     state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state
     added = state.placement
     assert added.version == first.version + 1
-    assert state.catch_up is not None and state.catch_up.site == "D"
+    assert [catch_up.site for catch_up in state.catch_ups] == ["D"]
 
     def round_with(applied_by_d: int, d_version: int) -> ClusterState:
         others = [site(name, 101.0, added, committed=40, applied=40) for name in "ABC"]
@@ -530,15 +531,103 @@ def test_the_next_step_waits_until_the_joined_replica_has_caught_up() -> None:
 
     # D has not got the placement yet: no target, no step.
     waiting = round_with(applied_by_d=0, d_version=first.version)
-    assert waiting.placement == added and waiting.catch_up == state.catch_up
+    assert waiting.placement == added and waiting.catch_ups == state.catch_ups
     # D has it: the target is the leader's committed offset; not reached, no step.
     state = round_with(applied_by_d=39, d_version=added.version)
     assert state.placement == added
-    assert state.catch_up is not None and state.catch_up.target == 40
+    assert [catch_up.target for catch_up in state.catch_ups] == [40]
     # Reached: the next step (a removal) goes.
     state = round_with(applied_by_d=40, d_version=added.version)
     assert state.placement.version == added.version + 1
-    assert state.catch_up is None
+    assert state.catch_ups == ()
+
+
+def test_several_shards_move_at_once_up_to_max_concurrent_moves() -> None:
+    """With `max_concurrent_moves` 3 a join takes the first steps of three shards in
+    one round, each on a shard of its own, never more, never below the replication
+    factor, and ends where the one-at-a-time plan ends, in fewer rounds."""
+    one_at_a_time: dict[int, tuple[ClusterState, list[Placement]]] = {}
+    for width in (1, 3):
+        settings_ = replace(SETTINGS, max_concurrent_moves=width)
+        state = placed("ABC")
+        sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+        state = decisions.join(state, DB, "D", sites, 100.0, settings_)
+        one_at_a_time[width] = run_plan(state, "ABCD", settings_)
+    (single, single_seen), (wide, wide_seen) = one_at_a_time[1], one_at_a_time[3]
+    assert wide.placement.shards == single.placement.shards
+    assert len(wide_seen) < len(single_seen)
+    jumps = []
+    for before, after in itertools.pairwise(wide_seen):
+        changed = [shard.id for shard in after.shards if shard != before.shard(*shard.id)]
+        jumps.append(after.version - before.version)
+        # one step per shard changed in a round, each shard moved once a round
+        assert len(changed) == after.version - before.version <= 3, (before, after)
+        assert all(len(shard.replicas) >= 3 for shard in after.shards)
+    assert max(jumps) == 3, jumps
+    assert all(jump == 1 for jump in [after.version - before.version for before, after
+                                      in itertools.pairwise(single_seen)])
+
+
+def test_each_shard_waits_for_its_own_joiner_and_the_moves_stay_bounded() -> None:
+    """Two shards joined at once: the removal on the shard whose joiner caught up goes;
+    the other shard's waits for its own joiner; and while that one catches up, one more
+    shard may start (two in flight), not two."""
+    settings_ = replace(SETTINGS, max_concurrent_moves=2)
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, settings_)
+    assert state.plan is not None
+    steps = state.plan.transitions
+    # Waves of two: +D on two shards, then their removals, then the third shard.
+    assert [(step.action, step.site) for step in steps[:2]] == [("add", "D")] * 2
+    assert [step.action for step in steps[2:4]] == ["remove"] * 2
+    first, second = steps[0].shard_id, steps[1].shard_id
+    assert first != second and {steps[2].shard_id, steps[3].shard_id} == {first, second}
+    state = decisions.decide(state, sites, 100.0, 0.0, settings_).state
+    added = state.placement
+    assert added.version == placed("ABC").placement.version + 2
+    assert sorted(catch_up.shard for catch_up in state.catch_ups) == sorted([first, second])
+
+    def round_with(applied: dict[ShardId, int], now: float) -> decisions.Decision:
+        others = [site(name, now, state.placement, committed=40, applied=40)
+                  for name in "ABC"]
+        joiner = site("D", now, state.placement, committed=0)
+        joiner = replace(joiner, shards={
+            shard: replace(report, applied=applied.get(shard, 0))
+            for shard, report in joiner.shards.items()})
+        return decisions.decide(state, sites_of(*others, joiner), now, 0.0, settings_)
+
+    # Neither has caught up: no step.
+    decision = round_with({}, 101.0)
+    state = decision.state
+    assert state.placement == added
+    assert sum(note.startswith("waiting: messages/") for note in decision.notes) == 2
+    # The joiner of the second shard caught up: its removal is not at the head of
+    # the plan (the first shard's is), so nothing goes.
+    state = round_with({second: 40}, 102.0).state
+    assert state.placement == added
+    assert [catch_up.shard for catch_up in state.catch_ups] == [first]
+    # The first one too: both removals go (two shards moved in the round).
+    state = round_with({first: 40, second: 40}, 103.0).state
+    assert state.placement.version == added.version + 2
+    assert state.catch_ups == ()
+    assert all(len(shard.replicas) == 3 for shard in state.placement.shards)
+
+
+def test_a_restart_watches_every_replica_still_joining(tmp_path: Path) -> None:
+    settings_ = replace(SETTINGS, max_concurrent_moves=2)
+    state = placed("ABC")
+    sites = sites_of(*(site(name, 100.0, state.placement) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, settings_)
+    state = decisions.decide(state, sites, 100.0, 0.0, settings_).state  # two +D
+    assert len(state.catch_ups) == 2
+    files = StateFiles(tmp_path)
+    files.keep(FolderRecord(state, ()))
+    loaded = StateFiles(tmp_path).load().state
+    assert sorted(catch_up.shard for catch_up in loaded.catch_ups) \
+        == sorted(catch_up.shard for catch_up in state.catch_ups)
+    final, _ = run_plan(loaded, "ABCD", settings_)
+    assert state.plan is not None and final.placement == state.plan.target
 
 
 def test_a_failover_during_a_plan_plans_again_and_still_reaches_the_goal() -> None:
@@ -577,7 +666,7 @@ def test_a_restart_resumes_the_plan_from_the_files(tmp_path: Path) -> None:
     assert loaded.plan == state.plan
     assert loaded.goals == state.goals
     # The replica that joined last is waited for again after the restart.
-    assert loaded.catch_up is not None and loaded.catch_up.site == "D"
+    assert [catch_up.site for catch_up in loaded.catch_ups] == ["D"]
     final, _ = run_plan(loaded, "ABCD")
     assert state.plan is not None
     assert final.placement == state.plan.target
@@ -695,7 +784,7 @@ def test_a_controller_behind_the_sites_adopts_their_newest_placement() -> None:
     assert decisions.behind(state, reports)
     decision = decisions.adopt(state, {"A": newer, "B": older, "C": newer})
     assert decision.state.placement == newer
-    assert decision.state.plan is None and decision.state.catch_up is None
+    assert decision.state.plan is None and decision.state.catch_ups == ()
     assert decision.state.goals == {DB: ("A", "B", "C", "D")}
     assert "version 7, on A, C" in decision.notes[0]
     assert "pending plan dropped" in decision.notes[1]

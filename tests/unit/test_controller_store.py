@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq.broker.controller.decisions import ClusterState, resumed_catch_up
+from stratamq.broker.controller.decisions import ClusterState, resumed_catch_ups
 from stratamq.broker.controller.state import FolderRecord, SiteAddress, StateFiles
 from stratamq.broker.controller.store import Kept
 from stratamq.broker.ds.replication import Placement, PlannedSite, plan
@@ -43,7 +43,7 @@ def states(draw: st.DrawFn, version: int) -> ClusterState:
     moving = plan([*(PlannedSite(site) for site in goal), *leaving], ["messages"], 2, 3, placement)
     return ClusterState(placement=placement, plan=moving,
                         goals={"messages": tuple(sorted(goal))},
-                        catch_up=resumed_catch_up(moving, placement))
+                        catch_ups=resumed_catch_ups(moving, placement))
 
 
 terms = st.one_of(st.just(NO_TERM), st.builds(ControllerTerm, st.integers(1, 10),

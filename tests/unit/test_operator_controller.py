@@ -11,8 +11,15 @@ from typing import Any
 
 from stratamq.broker.controller.decisions import CatchUp, ClusterState, LeaderMove
 from stratamq.broker.controller.sites import SiteState, parse_report
-from stratamq.broker.ds.replication import Placement, PlannedSite, apply_transition, plan
+from stratamq.broker.ds.replication import (
+    Placement,
+    PlannedSite,
+    apply_transition,
+    apply_transitions,
+    plan,
+)
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
+from stratamq.broker.ds.replication.waves import in_waves
 from stratamq.operator.controller import (
     GoalFollowed,
     StorageController,
@@ -100,7 +107,7 @@ def test_a_restart_after_a_join_waits_for_its_catch_up() -> None:
     state = ClusterState(placement=apply_transition(placement, first), plan=moving,
                          goals={"messages": (A, B, D)})
     loaded = record_of(kept_document(StatusRecord(state, peers(A, B, C, D)))).state
-    assert loaded.catch_up is not None and loaded.catch_up.site == first.site
+    assert [catch_up.site for catch_up in loaded.catch_ups] == [first.site]
 
 
 def test_departing_pods_are_kept_while_they_hold_replicas() -> None:
@@ -171,14 +178,14 @@ def test_step_phases_follow_the_plan() -> None:
     assert step_phases(moving, state, versions) == ["Pending"] * len(steps)
     joined = apply_transition(placement, steps[0])
     catching = replace(state, placement=joined,
-                       catch_up=CatchUp(steps[0].shard_id, steps[0].site, joined.version))
+                       catch_ups=(CatchUp(steps[0].shard_id, steps[0].site, joined.version),))
     # Pending until the joining site took the placement.
     assert step_phases(moving, catching, versions)[:2] == ["Pending", "Pending"]
     versions[steps[0].site] = joined.version
     assert step_phases(moving, catching, versions)[:2] == ["CatchingUp", "Pending"]
-    assert step_phases(moving, catching, versions, bootstrapping=True)[:2] == [
+    assert step_phases(moving, catching, versions, bootstrapping={0})[:2] == [
         "Bootstrapping", "Pending"]
-    caught = replace(catching, catch_up=None)
+    caught = replace(catching, catch_ups=())
     assert step_phases(moving, caught, versions)[:2] == ["Joined", "Pending"]
     removed = apply_transition(joined, steps[1])
     left = replace(caught, placement=removed)
@@ -187,6 +194,32 @@ def test_step_phases_follow_the_plan() -> None:
     # A placement the plan does not pass through (a failover): nothing taken.
     assert step_phases(moving, replace(state, placement=first_placement([A, B, D])),
                        versions) == ["Pending"] * len(steps)
+
+
+def test_step_phases_of_shards_moving_at_once() -> None:
+    """Two `+site` steps taken in one round (max_concurrent_moves 2): each shows its
+    own joiner's progress; one caught up is Done (through Joined, phase_path) once a
+    step after it is under way."""
+    placement = first_placement([A, B, C])
+    single = plan([PlannedSite(A), PlannedSite(B), PlannedSite(C, draining=True),
+                   PlannedSite(D)], ["messages"], 2, 3, placement)
+    moving = replace(single, transitions=in_waves(single.transitions, 2))
+    steps = moving.transitions
+    assert [step.action for step in steps[:3]] == ["add", "add", "remove"]
+    taken = apply_transitions(placement, steps[:2])
+    catching = ClusterState(placement=taken, plan=moving, catch_ups=tuple(
+        CatchUp(step.shard_id, step.site, taken.version) for step in steps[:2]))
+    versions: dict[str, int | None] = {A: taken.version, B: taken.version,
+                                       C: taken.version, D: taken.version}
+    assert step_phases(moving, catching, versions, bootstrapping={1})[:3] == [
+        "CatchingUp", "Bootstrapping", "Pending"]
+    one_left = replace(catching, catch_ups=catching.catch_ups[1:])
+    assert step_phases(moving, one_left, versions)[:3] == ["Done", "CatchingUp", "Pending"]
+    removed = apply_transition(taken, steps[2])
+    later = replace(one_left, placement=removed)
+    assert step_phases(moving, later, versions)[:3] == ["Done", "CatchingUp", "Removing"]
+    done = replace(later, catch_ups=())
+    assert step_phases(moving, done, {D: removed.version})[:3] == ["Done", "Done", "Done"]
 
 
 def test_transition_objects_are_named_per_plan_and_owned() -> None:

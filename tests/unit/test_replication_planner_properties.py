@@ -22,6 +22,7 @@ from stratamq.broker.ds.replication import (
     failover,
     plan,
 )
+from stratamq.broker.ds.replication.waves import in_waves, moves_of
 from stratamq.broker.errors import NoMajorityError
 
 PROPERTIES = settings(max_examples=300, deadline=None)
@@ -417,3 +418,30 @@ def test_with_zones_the_target_is_balanced_where_the_zones_leave_room(
     result = plan(sites, databases, n_shards, factor, None if first else current)
     check_plan(result, sites, databases, factor)
     assert meets_zone_rule(result.target, sites, databases, factor)
+
+
+@PROPERTIES
+@given(random_placements(), st.integers(1, 6))
+def test_plans_laid_out_in_waves_keep_every_rule_and_reach_the_same_target(
+        request: tuple[list[PlannedSite], list[str], int, int, Placement], width: int) -> None:
+    """`in_waves` (several shards moving at once) reorders a plan's steps only across
+    shards: the same steps, each shard's in its order, the same target, every rule of
+    a plan kept; its head holds the first steps of up to `width` distinct shards."""
+    sites, databases, n_shards, factor, current = request
+    result = plan(sites, databases, n_shards, factor, current)
+    steps = in_waves(result.transitions, width)
+    assert Counter(steps) == Counter(result.transitions)
+    for shard in {step.shard_id for step in steps}:
+        assert [step for step in steps if step.shard_id == shard] \
+            == [step for step in result.transitions if step.shard_id == shard]
+    check_plan(Plan(start=result.start, target=result.target, transitions=steps),
+               sites, databases, factor)
+    if width == 1:
+        assert steps == result.transitions
+    leading: list[tuple[str, int]] = []
+    for move in moves_of(result.transitions):
+        if len(leading) == width or move[0].shard_id in leading:
+            break
+        leading.append(move[0].shard_id)
+    assert [step.shard_id for step in steps[:len(leading)]] == leading
+    event(f"{len(leading)} shards at once")

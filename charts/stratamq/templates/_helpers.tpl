@@ -7,15 +7,44 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The operator's name: its ServiceAccount, ClusterRole(Binding), Deployment and
-     peering object are all called this. */}}
+{{/* The chart's name in the names of its objects: nameOverride, else the chart's. Only
+     names follow it: the labels keep the chart's name (the Deployment's selector cannot
+     change, and the operator's NetworkPolicies admit its pods by
+     app.kubernetes.io/name: stratamq, operator/resources.py OPERATOR_POD_LABELS). */}}
+{{- define "stratamq.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The prefix of every object's name: fullnameOverride, else <release>-<name>. Cut to
+     44 characters, so that the longest name made from it (<prefix>-operator-uninstall,
+     a Job's) stays a 63-character DNS label. Unlike Helm's scaffold, a release name
+     that contains the chart's name is not used alone: the names of installs made
+     before these overrides existed stay as they were. */}}
+{{- define "stratamq.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 44 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "stratamq.name" .) | trunc 44 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's name: its ServiceAccount, ClusterRole(Binding), Deployment,
+     PriorityClass, disruption budget and peering object are all called this, and the
+     hooks' objects after it. */}}
 {{- define "stratamq.operatorName" -}}
-{{ .Release.Name }}-stratamq-operator
+{{ include "stratamq.fullname" . }}-operator
 {{- end -}}
 
 {{/* The ClusterRole the operator binds each storage's Spark driver account to. */}}
 {{- define "stratamq.sparkDriverRole" -}}
-{{ .Release.Name }}-stratamq-spark
+{{ include "stratamq.fullname" . }}-spark
+{{- end -}}
+
+{{/* The job name Prometheus gives the operator's metrics, whatever the objects are
+     called: the ServiceMonitor takes it from this label of the Service (its jobLabel),
+     and the StratamqOperatorDown alert (rules/stratamq.rules.yaml) selects it. */}}
+{{- define "stratamq.operatorMetricsJobLabel" -}}
+stratamq.io/metrics-job
 {{- end -}}
 
 {{- define "stratamq.operatorSelector" -}}
