@@ -6,6 +6,11 @@
 #                  unchanged, on a local Debian bookworm base with Python 3.11
 #   pause.tar      local/pause:3.10                        the Kubernetes pause
 #                  container, built from pause.c of the pinned k8s.io/kubernetes module
+# and with --spark also
+#   spark.tar      stratamq/stratamq-spark:<chart appVersion>   images/spark/Dockerfile,
+#                  unchanged, on the same base (Spark from the pyspark wheel)
+#
+#   images/build-local.sh [--spark] [CACHE]
 # The base is made with `debootstrap --variant=minbase bookworm` from the Debian mirror
 # apt already uses; packages (apt, PyPI) are the only downloads. Users building for a
 # registry keep the Dockerfile's default base (python:3.11-slim-bookworm).
@@ -20,9 +25,12 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+with_spark=""
+if [ "${1:-}" = --spark ]; then with_spark=1; shift; fi
 cache="$(mkdir -p "${1:-$repo/.cache/images}" && cd "${1:-$repo/.cache/images}" && pwd -P)"
 tag="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$repo/charts/stratamq/Chart.yaml")"
 image="stratamq/stratamq:$tag"
+spark_image="stratamq/stratamq-spark:$tag"
 minbase="local/debian-python:bookworm-minbase"
 base="local/python:3.11-bookworm"
 pause_image="local/pause:3.10"
@@ -36,18 +44,25 @@ for command in debootstrap gcc docker dockerd go; do
 done
 
 # The inputs of an archive, as one checksum.
-stratamq_pin="$(cd "$repo" && {
-  find images/stratamq broker operator spark config pyproject.toml README.md -type f \
-    -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum
-  sha256sum images/build-local.sh
-} | sha256sum | cut -d' ' -f1)"
+pin_of() {  # pin_of IMAGE_FOLDER
+  (cd "$repo" && {
+    find "$1" broker operator spark config pyproject.toml README.md -type f \
+      -not -path '*/__pycache__/*' -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum
+    sha256sum images/build-local.sh
+  } | sha256sum | cut -d' ' -f1)
+}
+stratamq_pin="$(pin_of images/stratamq)"
+spark_pin="$(pin_of images/spark)"
 pause_source="$(cd "$repo/tools/kube/kubernetes" \
   && go list -mod=readonly -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
 pause_pin="$(cat "$pause_source" "$repo/images/build-local.sh" | sha256sum | cut -d' ' -f1)"
 up_to_date() {  # up_to_date NAME PIN
   [ -s "$cache/$1.tar" ] && [ "$(cat "$cache/.$1.pin" 2>/dev/null)" = "$2" ]
 }
-if up_to_date stratamq "$stratamq_pin" && up_to_date pause "$pause_pin"; then
+spark_wanted() {  # asked for and not up to date
+  [ -n "$with_spark" ] && ! up_to_date spark "$spark_pin"
+}
+if up_to_date stratamq "$stratamq_pin" && up_to_date pause "$pause_pin" && ! spark_wanted; then
   say "images are up to date in $cache"
   exit 0
 fi
@@ -90,8 +105,7 @@ fi
 # The classic builder: it needs no buildx plugin.
 export DOCKER_BUILDKIT=0
 
-if ! up_to_date stratamq "$stratamq_pin"; then
-  start=$SECONDS
+make_base() {  # the local base of both Python images, as $base
   if ! docker image inspect "$minbase" >/dev/null 2>&1; then
     mirror="$(sed -n 's/^URIs: *\(.*debian\)\/\{0,1\}$/\1/p' /etc/apt/sources.list.d/*.sources \
       2>/dev/null | grep -v security | head -1)"
@@ -120,6 +134,12 @@ if ! up_to_date stratamq "$stratamq_pin"; then
   docker build --network host -t "$base" "$context" >"$cache/base-build.log" 2>&1 || {
     tail -20 "$cache/base-build.log" >&2; exit 1; }
   rm -rf "$context"
+}
+base_made=""
+
+if ! up_to_date stratamq "$stratamq_pin"; then
+  start=$SECONDS
+  make_base && base_made=1
   say "building $image"
   (cd "$repo" && nice docker build --network host --build-arg "PYTHON_IMAGE=$base" \
     -f images/stratamq/Dockerfile -t "$image" . >"$cache/stratamq-build.log" 2>&1) || {
@@ -128,6 +148,19 @@ if ! up_to_date stratamq "$stratamq_pin"; then
   mv "$cache/stratamq.tar.part" "$cache/stratamq.tar"
   echo "$stratamq_pin" >"$cache/.stratamq.pin"
   say "built $image in $((SECONDS - start)) s"
+fi
+
+if spark_wanted; then
+  start=$SECONDS
+  [ -n "$base_made" ] || make_base
+  say "building $spark_image"
+  (cd "$repo" && nice docker build --network host --build-arg "PYTHON_IMAGE=$base" \
+    -f images/spark/Dockerfile -t "$spark_image" . >"$cache/spark-build.log" 2>&1) || {
+      tail -30 "$cache/spark-build.log" >&2; exit 1; }
+  docker save "$spark_image" >"$cache/spark.tar.part"
+  mv "$cache/spark.tar.part" "$cache/spark.tar"
+  echo "$spark_pin" >"$cache/.spark.pin"
+  say "built $spark_image in $((SECONDS - start)) s ($(du -h "$cache/spark.tar" | cut -f1))"
 fi
 
 if ! up_to_date pause "$pause_pin"; then

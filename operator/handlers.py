@@ -321,6 +321,8 @@ def apply_spark(owner: Owner, spec: dict[str, Any]) -> None:
                     api_version, kind, owner, spark.name_of(owner.name, job)):
                 log.info("%s/%s: %s of Spark job %s deleted", owner.namespace, owner.name,
                          kind, job)
+    if not enabled or served:  # the executors' pod template is the CronJobs' alone
+        kube.delete_owned("v1", "ConfigMap", owner, spark.pod_template_name(owner.name))
     if not enabled:
         name = spark.service_account_name(owner.name)
         kube.delete_owned("rbac.authorization.k8s.io/v1", "RoleBinding", owner, name)

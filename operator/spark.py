@@ -4,9 +4,10 @@ and the status of their last run: pure functions, no API calls.
 Per enabled job one scheduler object, owned by the storage:
 
 - a CronJob whose Job runs `spark-submit --master k8s://https://kubernetes.default.svc
-  --deploy-mode cluster` in the Spark image (the Job's pod is spark-submit's client;
-  the driver and the executors are pods of their own), under `stratamq spark submit`,
-  which gives the Job the driver's outcome (spark-submit exits 0 either way), or
+  --deploy-mode client` in the Spark image: the Job's pod is the driver, and Spark
+  makes the executor pods owned by it, so a Job that ends (or is killed at its
+  deadline) takes its executors along; under `stratamq spark submit`, which gives the
+  Job the run's outcome (spark-submit's exit and the run's result file), or
 - a ScheduledSparkApplication where the Spark operator's CRDs are served (the Spark
   operator then runs the same application on the schedule).
 
@@ -14,8 +15,10 @@ Either way the driver runs `stratamq spark launch JOB` (stratamq.spark.launch): 
 every site a checkpoint through its admin API (each site's own address through the
 headless Service, the token from the storage's admin Secret) into the shared volume
 `spec.spark.volume`, the job on it, and the result applied through the same API.
-Spark's own configuration (`--conf`) carries the volume and the token to the driver
-and the executors, so both paths need nothing of the Spark operator's webhook.
+In the Job's pod the token is an env of the container and the volume is mounted;
+Spark's own configuration (`--conf`) carries the volume to the executors (and, on
+the Spark operator's path, the volume and the token to the driver pod), so neither
+path needs anything of the Spark operator's webhook.
 
 The driver creates executor pods as the storage's ServiceAccount `<name>-spark`,
 bound (RoleBinding in the storage's namespace) to the chart's ClusterRole for Spark
@@ -24,8 +27,11 @@ drivers; the operator itself holds only `bind` on that ClusterRole.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
+
+import yaml
 
 from .config import SPARK_WORK_MOUNT
 from .resources import (
@@ -55,6 +61,22 @@ APPLICATION = "local:///opt/stratamq/spark-main.py"
 SPARK_VERSION = "4.3.0"  # the Spark of images/spark/Dockerfile
 TOKEN_ENV = "STRATAMQ_ADMIN_TOKEN"  # what `stratamq ctl` and the launch read
 RUN_ENV = "STRATAMQ_SPARK_RUN"
+# The Job's pod, which is the driver in client mode: its name and IP (downward API).
+POD_NAME_ENV, POD_IP_ENV = "STRATAMQ_SPARK_POD", "STRATAMQ_SPARK_POD_IP"
+# The driver's fixed ports (Spark's own in its driver pods), which the executors
+# connect to.
+DRIVER_PORT, BLOCK_MANAGER_PORT = 7078, 7079
+# The executors' pod template (a ConfigMap, mounted in the Job's pod, where the
+# driver reads it): the restricted security context and the pull secrets, which
+# Spark 4.x has no `--conf` for (but allowPrivilegeEscalation).
+POD_TEMPLATE_VOLUME = "executor-pod-template"
+POD_TEMPLATE_MOUNT = "/etc/stratamq-spark"
+POD_TEMPLATE_KEY = "executor-pod.yaml"
+EXECUTOR_CONTAINER = "executor"
+# The Job's and the executors' containers (with RESTRICTED_POD_SECURITY on the pod:
+# Pod Security "restricted").
+CONTAINER_SECURITY: dict[str, Any] = {"allowPrivilegeEscalation": False,
+                                      "capabilities": {"drop": ["ALL"]}}
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # The ClusterRole of Spark drivers (the chart's, named by the chart in the operator's
 # environment).
@@ -71,6 +93,8 @@ RUN_FIELDS = ("job", "startTime", "completionTime", "result", "message")
 # A run that misses its time by more than this (operator or controller down) is
 # skipped rather than started late.
 STARTING_DEADLINE_SECONDS = 600
+# spec.spark.<job>.activeDeadlineSeconds' default (the CRD's): the longest a run takes.
+DEFAULT_DEADLINE_SECONDS = 7200
 
 
 def name_of(owner_name: str, job: str) -> str:
@@ -161,6 +185,9 @@ def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
 
 # spec.spark.resources' defaults: Spark's own.
 DEFAULT_CORES, DEFAULT_MEMORY = 1, "1g"
+# Spark's memory overhead of a non-JVM (Python) driver on Kubernetes.
+OVERHEAD_FACTOR, MIN_OVERHEAD_MIB = 0.4, 384
+_MEBIBYTES = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
 def pod_resources(spec: dict[str, Any]) -> dict[str, tuple[int, str]]:
@@ -172,19 +199,37 @@ def pod_resources(spec: dict[str, Any]) -> dict[str, tuple[int, str]]:
             for role in ("driver", "executor")}
 
 
-def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
-    """Spark's configuration of a run: the image, the driver's account, the shared
-    volume on the driver and the executors, the admin token into the driver."""
+def _common_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
+    """Spark's configuration of a run on either path: the namespace, the executors'
+    image, count and resources, and the shared volume on the executors."""
     conf = {
         "spark.kubernetes.namespace": owner.namespace,
         "spark.kubernetes.container.image": image(spec),
         "spark.kubernetes.container.image.pullPolicy": pull_policy(spec),
-        "spark.kubernetes.authenticate.driver.serviceAccountName":
-            service_account_name(owner.name),
         "spark.executor.instances": str(spec.get("spark", {}).get("executors", 2)),
         **{f"spark.{role}.{key}": str(value)
            for role, (cores, memory) in pod_resources(spec).items()
            for key, value in (("cores", cores), ("memory", memory))},
+    }
+    claim = spark_claim(spec)
+    if claim is not None:
+        conf.update(_volume_conf("executor", claim))
+    return conf
+
+
+def _volume_conf(role: str, claim: str) -> dict[str, str]:
+    prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.{SPARK_WORK_VOLUME}"
+    return {f"{prefix}.options.claimName": claim, f"{prefix}.mount.path": SPARK_WORK_MOUNT}
+
+
+def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
+    """Spark's configuration of a cluster-mode run (the Spark operator's path): the
+    driver is a pod Spark makes, with the storage's account, the shared volume and
+    the admin token."""
+    conf = {
+        **_common_conf(owner, spec),
+        "spark.kubernetes.authenticate.driver.serviceAccountName":
+            service_account_name(owner.name),
         f"spark.kubernetes.driver.secretKeyRef.{TOKEN_ENV}":
             f"{admin_secret_name(owner.name)}:{TOKEN_KEY}",
     }
@@ -193,43 +238,110 @@ def spark_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
         conf["spark.kubernetes.container.image.pullSecrets"] = ",".join(secrets)
     claim = spark_claim(spec)
     if claim is not None:
-        for role in ("driver", "executor"):
-            prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.{SPARK_WORK_VOLUME}"
-            conf[f"{prefix}.options.claimName"] = claim
-            conf[f"{prefix}.mount.path"] = SPARK_WORK_MOUNT
+        conf.update(_volume_conf("driver", claim))
     return conf
 
 
+def client_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
+    """Spark's configuration of a client-mode run (the CronJob's): the driver is the
+    Job's own pod, named to Spark so that it makes the executors owned by that pod
+    (they go when it goes, as when the Job is killed), and reached by the executors
+    at its IP on fixed ports. The kubelet expands `$(...)` from the container's env."""
+    conf = {
+        **_common_conf(owner, spec),
+        "spark.kubernetes.driver.pod.name": f"$({POD_NAME_ENV})",
+        "spark.driver.host": f"$({POD_IP_ENV})",
+        "spark.driver.port": str(DRIVER_PORT),
+        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        "spark.kubernetes.executor.podTemplateFile":
+            f"{POD_TEMPLATE_MOUNT}/{POD_TEMPLATE_KEY}",
+        "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
+    }
+    return conf
+
+
+def pod_template_name(owner_name: str) -> str:
+    """The ConfigMap of the executors' pod template."""
+    return f"{owner_name}-spark-executor"
+
+
+def executor_pod_template(spec: dict[str, Any]) -> Manifest:
+    """What Spark starts each executor pod from (it adds the image, command, env,
+    resources, volumes and labels): Pod Security "restricted", the sites' pull
+    secrets, and no API token (an executor never calls the API server)."""
+    secrets = image_pull_secrets(spec)
+    return {"apiVersion": "v1", "kind": "Pod", "spec": {
+        "securityContext": RESTRICTED_POD_SECURITY,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        **({"imagePullSecrets": [{"name": name} for name in secrets]} if secrets else {}),
+        "containers": [{"name": EXECUTOR_CONTAINER, "securityContext": CONTAINER_SECURITY}],
+    }}
+
+
+def pod_template_config_map(owner: Owner, spec: dict[str, Any]) -> Manifest:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(owner, pod_template_name(owner.name)),
+            "data": {POD_TEMPLATE_KEY: yaml.safe_dump(executor_pod_template(spec),
+                                                      sort_keys=False)}}
+
+
 def submit_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
-    """The CronJob's container: spark-submit in cluster mode against the cluster's own
-    API server. `$(STRATAMQ_SPARK_RUN)` is expanded by the kubelet to the Job's name,
-    the run's folder."""
-    command = ["spark-submit", "--master", K8S_MASTER, "--deploy-mode", "cluster",
+    """The CronJob's container: spark-submit in client mode (the driver runs in this
+    container) against the cluster's own API server. `$(STRATAMQ_SPARK_RUN)` is
+    expanded by the kubelet to the Job's name, the run's folder."""
+    command = ["spark-submit", "--master", K8S_MASTER, "--deploy-mode", "client",
                "--name", name_of(owner.name, job)]
-    for key, value in spark_conf(owner, spec).items():
+    for key, value in client_conf(owner, spec).items():
         command += ["--conf", f"{key}={value}"]
     for key, value in labels(owner.name, job).items():
-        command += ["--conf", f"spark.kubernetes.driver.label.{key}={value}",
-                    "--conf", f"spark.kubernetes.executor.label.{key}={value}"]
+        command += ["--conf", f"spark.kubernetes.executor.label.{key}={value}"]
     return [*command, APPLICATION, *launch_arguments(owner, spec, job),
             "--run", f"$({RUN_ENV})"]
 
 
 def job_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
-    """spark-submit under `stratamq spark submit`, which fails the Job unless the run's
-    result file (written by the driver on the shared volume) says Succeeded:
-    spark-submit itself exits 0 whatever the driver did."""
+    """spark-submit under `stratamq spark submit`, which fails the Job unless
+    spark-submit (in client mode: the driver's exit code) exited 0 and the run's
+    result file (written by the driver on the shared volume) says Succeeded."""
     result = f"{work_folder(owner, job)}/$({RUN_ENV})/result.json"
     return ["stratamq", "spark", "submit", "--result", result, "--",
             *submit_command(owner, spec, job)]
+
+
+def driver_pod_memory(memory: str) -> str:
+    """The Job pod's memory for a driver of `memory` (Spark's units): the heap and
+    Spark's overhead for a Python application on Kubernetes (40 %, at least 384 MiB),
+    as Spark would size a driver pod of its own."""
+    mebibytes = math.ceil(int(memory[:-1]) * _MEBIBYTES[memory[-1]])
+    return f"{mebibytes + max(MIN_OVERHEAD_MIB, math.ceil(OVERHEAD_FACTOR * mebibytes))}Mi"
+
+
+def driver_container_resources(spec: dict[str, Any]) -> dict[str, Any]:
+    cores, memory = pod_resources(spec)["driver"]
+    size = driver_pod_memory(memory)
+    return {"requests": {"cpu": str(cores), "memory": size}, "limits": {"memory": size}}
+
+
+def driver_env(owner: Owner) -> list[dict[str, Any]]:
+    """The Job container's env: the run's name, the pod's name and IP for Spark, and
+    the admin token for the driver (`stratamq spark launch`)."""
+    def field(name: str, path: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+    return [field(RUN_ENV, f"metadata.labels['{JOB_NAME_LABEL}']"),
+            field(POD_NAME_ENV, "metadata.name"), field(POD_IP_ENV, "status.podIP"),
+            {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+                "name": admin_secret_name(owner.name), "key": TOKEN_KEY}}}]
 
 
 def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
     key = SPEC_KEY[job]
     pod_labels = labels(owner.name, job)
     claim = spark_claim(spec)
-    volumes = ([{"name": SPARK_WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
-               if claim else [])
+    work_volume = ([{"name": SPARK_WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim}}]
+                   if claim else [])
+    volumes = [*work_volume, {"name": POD_TEMPLATE_VOLUME,
+                              "configMap": {"name": pod_template_name(owner.name)}}]
     return {
         "apiVersion": "batch/v1", "kind": "CronJob",
         "metadata": _metadata(owner, name_of(owner.name, job), job),
@@ -247,6 +359,10 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                     # A failed run waits for the next schedule: its folder exists, a
                     # retry would take a new checkpoint anyway.
                     "backoffLimit": 0,
+                    # With Forbid a hung run would hold back every later one; the
+                    # driver is the Job's pod, so its executors go with it.
+                    "activeDeadlineSeconds": int(spec["spark"][key].get(
+                        "activeDeadlineSeconds", DEFAULT_DEADLINE_SECONDS)),
                     "template": {
                         "metadata": {"labels": pod_labels},
                         "spec": {
@@ -263,16 +379,21 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                                 "image": image(spec),
                                 "imagePullPolicy": pull_policy(spec),
                                 "command": job_command(owner, spec, job),
-                                "env": [{"name": RUN_ENV, "valueFrom": {"fieldRef": {
-                                    "fieldPath": f"metadata.labels['{JOB_NAME_LABEL}']"}}}],
-                                "volumeMounts": [{"name": volume["name"],
-                                                  "mountPath": SPARK_WORK_MOUNT,
-                                                  "readOnly": True} for volume in volumes],
-                                # the end of the log, where spark-submit says why
+                                "env": driver_env(owner),
+                                "ports": [{"name": "driver", "containerPort": DRIVER_PORT},
+                                          {"name": "block-manager",
+                                           "containerPort": BLOCK_MANAGER_PORT}],
+                                # the driver writes the run's results there
+                                "volumeMounts": [
+                                    *({"name": SPARK_WORK_VOLUME,
+                                       "mountPath": SPARK_WORK_MOUNT} for _ in work_volume),
+                                    {"name": POD_TEMPLATE_VOLUME,
+                                     "mountPath": POD_TEMPLATE_MOUNT, "readOnly": True}],
+                                # the end of the log, where `stratamq spark submit`
+                                # says why
                                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                                "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}},
-                                "securityContext": {"allowPrivilegeEscalation": False,
-                                                    "capabilities": {"drop": ["ALL"]}},
+                                "resources": driver_container_resources(spec),
+                                "securityContext": CONTAINER_SECURITY,
                             }],
                             "volumes": volumes,
                         },
@@ -352,9 +473,11 @@ def spark_objects(owner: Owner, spec: dict[str, Any], *,
     jobs = enabled_jobs(spec)
     if not jobs:
         return []
-    schedule = scheduled_spark_application if spark_operator else cron_job
-    return [service_account(owner), role_binding(owner),
-            *(schedule(owner, spec, job) for job in jobs)]
+    if spark_operator:
+        return [service_account(owner), role_binding(owner),
+                *(scheduled_spark_application(owner, spec, job) for job in jobs)]
+    return [service_account(owner), role_binding(owner), pod_template_config_map(owner, spec),
+            *(cron_job(owner, spec, job) for job in jobs)]
 
 
 # --- the last run ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -281,11 +282,27 @@ def launch_main(argv: list[str]) -> int:
     return 0
 
 
+def run_forwarding_sigterm(command: list[str]) -> int:
+    """Run `command`, passing a SIGTERM on to it; its exit code. The Job's pod is
+    stopped with SIGTERM (its deadline, a deletion): spark-submit's driver then stops
+    its executors itself. (As the pod's first process, this one would otherwise
+    ignore the signal until the kubelet's SIGKILL.)"""
+    child = subprocess.Popen(command)
+    before = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        code = child.wait()
+        return 128 - code if code < 0 else code  # killed by a signal: as a shell says
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def submit_main(argv: list[str]) -> int:
     """`stratamq spark submit --result FILE -- spark-submit ...`: run spark-submit, then
-    fail unless the run's result file says Succeeded. spark-submit in Kubernetes
-    cluster mode exits 0 whatever the driver did (Spark 4.x), so the launching Job's
-    own outcome (status.spark) comes from the file the driver writes (`launch`)."""
+    fail unless it exited 0 and the run's result file says Succeeded. In client mode
+    (the operator's Jobs) spark-submit exits with the driver's code; in Kubernetes
+    cluster mode it exits 0 whatever the driver did (Spark 4.x). Either way the file
+    the driver writes (`launch`) says why a run failed, so the launching Job's own
+    outcome and message (status.spark) come from both."""
     if "--" not in argv:
         if {"-h", "--help"} & set(argv):
             _submit_parser().print_help()
@@ -301,17 +318,22 @@ def submit_main(argv: list[str]) -> int:
     if not command:
         print("stratamq spark submit: no command after --", file=sys.stderr)
         return 2
-    code = subprocess.run(command, check=False).returncode  # its output is the pod's log
-    if code != 0:
-        print(f"stratamq spark submit: {command[0]} exited with {code}", file=sys.stderr)
-        return code
+    code = run_forwarding_sigterm(command)  # its output is the pod's log
     try:
         result = json.loads(Path(arguments.result).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        print(f"stratamq spark submit: the driver left no result ({exc}): it stopped "
-              f"before the end; see the driver pod's log", file=sys.stderr)
+        result = {"result": None, "message": f"the driver left no result ({exc}): it "
+                                             f"stopped before the end; see its log"}
+    failed = result.get("result") != "Succeeded"
+    if code != 0:  # the last line of the log: the Job's message (FallbackToLogsOnError)
+        why = f": {result.get('message')}" if failed and result.get("message") else ""
+        print(f"stratamq spark submit: {command[0]} exited with {code}{why}",
+              file=sys.stderr)
+        return code
+    if result.get("result") is None:
+        print(f"stratamq spark submit: {result['message']}", file=sys.stderr)
         return 1
-    if result.get("result") != "Succeeded":
+    if failed:
         print(f"stratamq spark submit: the run failed: {result.get('message')}",
               file=sys.stderr)
         return 1

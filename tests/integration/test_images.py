@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,6 +166,67 @@ def test_spark_image_default_command_runs() -> None:
     result = subprocess.run([str(STRATAMQ), *command[1:]], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_spark_image_entrypoint_starts_an_executor(tmp_path: Path) -> None:
+    """images/spark/entrypoint.sh `executor`, with the env Spark's driver gives an
+    executor pod, on the pyspark wheel's Spark (as the image's SPARK_HOME): the JVM
+    starts Spark's Kubernetes executor with its arguments and options, and it reaches
+    for the driver (none listens here: it fails on the connection, not before)."""
+    final = parse(IMAGES / "spark" / "Dockerfile")[-1]
+    [entrypoint] = exec_form(final, "ENTRYPOINT")
+    script = in_repository(final, entrypoint)
+    import pyspark
+
+    port = free_port()
+    java = Path(subprocess.run(["readlink", "-f", shutil.which("java") or "java"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    environment = {
+        "PATH": os.environ["PATH"], "SPARK_HOME": str(Path(pyspark.__file__).parent),
+        "JAVA_HOME": str(java.parent.parent), "SPARK_CONF_DIR": str(tmp_path),
+        "SPARK_DRIVER_URL": f"spark://CoarseGrainedScheduler@{HOST}:{port}",
+        "SPARK_EXECUTOR_ID": "1", "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_EXECUTOR_MEMORY": "256m", "SPARK_APPLICATION_ID": "spark-test",
+        "SPARK_EXECUTOR_POD_IP": HOST, "SPARK_EXECUTOR_POD_NAME": "mq-spark-gc-exec-1",
+        "SPARK_RESOURCE_PROFILE_ID": "0",
+        # out of order on purpose: the JVM gets them by their number
+        "SPARK_JAVA_OPT_1": f"-Dspark.driver.port={port}",
+        "SPARK_JAVA_OPT_0": "-Dspark.stratamq.test=entrypoint"}
+    result = subprocess.run(["bash", str(script), "executor"], capture_output=True,
+                            text=True, timeout=120, env=environment, cwd=tmp_path)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0, log
+    assert "Usage" not in log and "ClassNotFoundException" not in log, log[-3000:]
+    assert "KubernetesExecutorBackend: Started daemon" in log, log[-3000:]
+    assert f"Failed to connect to /{HOST}:{port}" in log, log[-3000:]
+    # anything else runs as given: the image's default command
+    command = exec_form(final, "CMD")
+    result = subprocess.run(["bash", str(script), str(STRATAMQ), *command[1:]],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_spark_image_entrypoint_runs_a_driver(tmp_path: Path) -> None:
+    """`driver ARGS` (a driver pod of the Spark operator's cluster mode): spark-submit
+    in client mode, bound where the pod's env says, runs the application."""
+    final = parse(IMAGES / "spark" / "Dockerfile")[-1]
+    script = in_repository(final, exec_form(final, "ENTRYPOINT")[0])
+    import pyspark
+
+    application = tmp_path / "application.py"
+    application.write_text("from pyspark.sql import SparkSession\n"
+                           "spark = SparkSession.builder.getOrCreate()\n"
+                           "print('driver at', spark.conf.get('spark.driver.bindAddress'),"
+                           " spark.range(4).count())\n")
+    result = subprocess.run(
+        ["bash", str(script), "driver", "--master", "local[1]", "--conf",
+         "spark.ui.enabled=false", str(application)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent),
+             "SPARK_DRIVER_BIND_ADDRESS": HOST, "PYSPARK_PYTHON": sys.executable,
+             "PYSPARK_DRIVER_PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"driver at {HOST} 4" in result.stdout, result.stdout[-3000:]
 
 
 def test_the_operator_runs_from_the_broker_image() -> None:

@@ -602,6 +602,22 @@ def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
             "spec": template["spec"]}
 
 
+def spark_executor(spec: dict[str, Any]) -> dict[str, Any]:
+    """An executor pod as Spark's driver makes it from the pod template: what Spark
+    adds (image, arguments, ports, its scratch and the shared volume) in a real one."""
+    template = spark.executor_pod_template(spec)
+    [container] = template["spec"]["containers"]
+    container.update({"image": "stratamq/stratamq-spark:0.1.0", "args": ["executor"],
+                      "ports": [{"name": "blockmanager", "containerPort": 7079}],
+                      "volumeMounts": [{"name": "spark-local-dir-1", "mountPath": "/var/data"},
+                                       {"name": "spark-work",
+                                        "mountPath": "/var/lib/stratamq-spark"}]})
+    template["spec"].update({"restartPolicy": "Never", "volumes": [
+        {"name": "spark-local-dir-1", "emptyDir": {}},
+        {"name": "spark-work", "persistentVolumeClaim": {"claimName": "shared"}}]})
+    return {**template, "metadata": {"name": "spark-gc-exec-1"}}
+
+
 def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace: str,
                                                   tmp_path: Path) -> None:
     """The operator's (and its hooks'), the sites' and the Spark jobs' pods,
@@ -641,7 +657,8 @@ def test_every_pod_passes_pod_security_restricted(crds: ControlPlane, namespace:
             as_pod("crd-upgrade", crd_hook["spec"]["template"]),
             as_pod("helm-test", {"metadata": test_pod["metadata"], "spec": test_pod["spec"]}),
             as_pod("site", site_template),
-            as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"])]
+            as_pod("spark-gc", gc_job["spec"]["jobTemplate"]["spec"]["template"]),
+            spark_executor(spec)]
     try:
         for pod in pods:
             result = crds.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",

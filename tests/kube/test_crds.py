@@ -64,7 +64,8 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["podDisruptionBudget"] == {"enable": True}
     assert spec["transitionHistoryLimit"] == 3
     assert spec["maxConcurrentMoves"] == 1
-    assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *"}
+    assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *",
+                                   "activeDeadlineSeconds": 7200}
     # the repository and tag come from the operator's image when it applies the objects
     assert spec["image"] == {"pullPolicy": "IfNotPresent"}
 

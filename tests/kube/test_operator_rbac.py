@@ -153,19 +153,21 @@ def test_the_charts_rbac_suffices(crds: ControlPlane, tmp_path: Path, watched: b
                 wait_for("the budget deleted", lambda: kube.kubectl(
                     "get", "-n", storage_ns, "pdb", "mq", check=False).returncode != 0,
                     explain=operator.log_tail, timeout=TIMEOUT)
-                # The Spark job: its CronJob, and the driver's account bound to the
-                # chart's ClusterRole (the operator may bind that one role, nothing
-                # more); turned off, all three go.
+                # The Spark job: its CronJob, the executors' pod template, and the
+                # driver's account bound to the chart's ClusterRole (the operator may
+                # bind that one role, nothing more); turned off, all four go.
                 binding = json.loads(kube.kubectl("get", "-n", storage_ns, "rolebinding",
                                                   "mq-spark", "-o", "json").stdout)
                 assert binding["roleRef"]["name"] == f"{RELEASE}-stratamq-spark"
                 kube.kubectl("get", "-n", storage_ns, "cronjob", "mq-spark-gc")
+                kube.kubectl("get", "-n", storage_ns, "configmap", "mq-spark-executor")
                 kube.kubectl("patch", "-n", storage_ns, "durablestorage", "mq", "--type=merge",
                              "-p", '{"spec": {"spark": {"gc": {"enable": false}}}}')
                 wait_for("the Spark objects deleted", lambda: all(kube.kubectl(
                     "get", "-n", storage_ns, kind, name, check=False).returncode != 0
                     for kind, name in (("cronjob", "mq-spark-gc"), ("rolebinding", "mq-spark"),
-                                       ("serviceaccount", "mq-spark"))),
+                                       ("serviceaccount", "mq-spark"),
+                                       ("configmap", "mq-spark-executor"))),
                     explain=operator.log_tail, timeout=TIMEOUT)
                 # A second site: the rebalance (a shard of each database moves to it)
                 # makes ReplicaTransitions and moves them along to Done under the

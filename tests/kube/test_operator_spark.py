@@ -181,21 +181,23 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
 
     template = gc["spec"]["jobTemplate"]
     assert template["metadata"]["labels"][spark.JOB_LABEL] == "gc"
+    assert template["spec"]["activeDeadlineSeconds"] == 7200  # the CRD's default
     pod = template["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == f"{NAME}-spark"
     [container] = pod["containers"]
     assert container["image"] == "stratamq/stratamq-spark:9.9.9"
-    # spark-submit in cluster mode on the cluster's own API server, the application
-    # `stratamq spark launch gc` over every site's admin API; under `stratamq spark
-    # submit`, which fails the Job unless the driver's result file says Succeeded
+    # spark-submit in client mode (this pod is the driver) on the cluster's own API
+    # server, the application `stratamq spark launch gc` over every site's admin API;
+    # under `stratamq spark submit`, which fails the Job unless the driver exited 0 and
+    # its result file says Succeeded
     wrapper = container["command"][:container["command"].index("--") + 1]
     assert wrapper == ["stratamq", "spark", "submit", "--result",
                        "/var/lib/stratamq-spark/mq/gc/$(STRATAMQ_SPARK_RUN)/result.json", "--"]
     command = container["command"][len(wrapper):]
     assert command[:5] == ["spark-submit", "--master", "k8s://https://kubernetes.default.svc",
-                           "--deploy-mode", "cluster"]
-    assert container["volumeMounts"] == [{"name": "spark-work", "readOnly": True,
-                                          "mountPath": "/var/lib/stratamq-spark"}]
+                           "--deploy-mode", "client"]
+    assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
+        container["volumeMounts"])
     assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": CLAIM}} in (
         pod["volumes"])
     application = command.index(spark.APPLICATION)
@@ -210,13 +212,12 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     conf = dict(value.split("=", 1) for value in arguments(command[:application])["--conf"])
     assert conf["spark.kubernetes.namespace"] == NAMESPACE
     assert conf["spark.kubernetes.container.image"] == "stratamq/stratamq-spark:9.9.9"
-    assert conf["spark.kubernetes.authenticate.driver.serviceAccountName"] == f"{NAME}-spark"
-    assert conf["spark.kubernetes.driver.secretKeyRef.STRATAMQ_ADMIN_TOKEN"] == (
-        f"{NAME}-admin:token")
-    for role in ("driver", "executor"):
-        prefix = f"spark.kubernetes.{role}.volumes.persistentVolumeClaim.spark-work"
-        assert conf[f"{prefix}.options.claimName"] == CLAIM
-        assert conf[f"{prefix}.mount.path"] == "/var/lib/stratamq-spark"
+    assert conf["spark.kubernetes.driver.pod.name"] == "$(STRATAMQ_SPARK_POD)"
+    token = {"secretKeyRef": {"name": f"{NAME}-admin", "key": "token"}}
+    assert {"name": "STRATAMQ_ADMIN_TOKEN", "valueFrom": token} in container["env"]
+    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-work"
+    assert conf[f"{prefix}.options.claimName"] == CLAIM
+    assert conf[f"{prefix}.mount.path"] == "/var/lib/stratamq-spark"
 
     # The driver's account, bound to the chart's ClusterRole in this namespace.
     binding = kubectl_json(kube_cluster, "rolebinding", f"{NAME}-spark")
@@ -225,6 +226,12 @@ def test_enabled_jobs_become_cron_jobs(kube_cluster: ControlPlane,
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{NAME}-spark",
                                     "namespace": NAMESPACE}]
     assert kubectl_json(kube_cluster, "serviceaccount", f"{NAME}-spark") is not None
+    # The executors' pod template, mounted in the Job's pod.
+    config_map = kubectl_json(kube_cluster, "configmap", f"{NAME}-spark-executor")
+    assert config_map is not None
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert {"name": "executor-pod-template", "configMap": {
+        "name": f"{NAME}-spark-executor", "defaultMode": 420}} in pod["volumes"]
     # The sites mount the shared volume where the jobs read their checkpoints.
     stateful_set = kubectl_json(kube_cluster, "statefulset", NAME)
     assert stateful_set is not None
@@ -319,8 +326,10 @@ def test_with_the_spark_operator_scheduled_spark_applications(
                      explain=operator.log_tail)
     assert scheduled("export") is not None
     assert scheduled("gc") is None
-    # Its CronJob went: the Spark operator runs it now.
+    # Its CronJob went: the Spark operator runs it now (and the CronJobs' pod template).
     wait_for("the CronJobs deleted", lambda: not items(kube_cluster, "cronjobs"), timeout=TIMEOUT)
+    wait_for("the executors' pod template deleted", lambda: kubectl_json(
+        kube_cluster, "configmap", f"{NAME}-spark-executor") is None, timeout=TIMEOUT)
     [reference] = learn["metadata"]["ownerReferences"]
     assert (reference["kind"], reference["name"]) == ("DurableStorage", NAME)
     assert learn["spec"]["schedule"] == "@daily"

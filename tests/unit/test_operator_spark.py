@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from harness.processes import REPO
 from stratamq.operator import resources, spark
 from stratamq.operator.config import broker_config
@@ -36,13 +38,15 @@ def test_each_enabled_job_gets_its_scheduler() -> None:
     made = spark.spark_objects(OWNER, spec, spark_operator=False)
     assert [(m["kind"], m["metadata"]["name"]) for m in made] == [
         ("ServiceAccount", "mq-spark"), ("RoleBinding", "mq-spark"),
+        ("ConfigMap", "mq-spark-executor"),
         ("CronJob", "mq-spark-gc"), ("CronJob", "mq-spark-export")]
-    assert [m["spec"]["schedule"] for m in made[2:]] == ["0 3 * * *", "@hourly"]
+    assert [m["spec"]["schedule"] for m in made[3:]] == ["0 3 * * *", "@hourly"]
+    # (the executors' pod template is the CronJobs' alone)
     scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)
     assert [m["kind"] for m in scheduled[2:]] == ["ScheduledSparkApplication"] * 2
     # No Spark pod carries the sites' selector (it would count as a site).
     site_selector = resources.selector_labels("mq").items()
-    for manifest in made[2:]:
+    for manifest in made[3:]:
         template = manifest["spec"]["jobTemplate"]["spec"]["template"]
         assert not site_selector <= template["metadata"]["labels"].items()
 
@@ -53,7 +57,11 @@ def test_the_jobs_pull_the_image_with_the_sites_pull_secrets() -> None:
     cron = spark.spark_objects(OWNER, spec, spark_operator=False)[-1]
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
-    # the driver and executor pods spark-submit makes
+    # the executor pods (their pod template), and on the Spark operator's path the
+    # driver and executor pods spark-submit makes
+    assert spark.executor_pod_template(spec)["spec"]["imagePullSecrets"] == [
+        {"name": "registry"}, {"name": "mirror"}]
+    assert "spark.kubernetes.container.image.pullSecrets" not in spark.client_conf(OWNER, spec)
     assert spark.spark_conf(OWNER, spec)["spark.kubernetes.container.image.pullSecrets"] \
         == "registry,mirror"
     scheduled = spark.spark_objects(OWNER, spec, spark_operator=True)[-1]
@@ -61,6 +69,105 @@ def test_the_jobs_pull_the_image_with_the_sites_pull_secrets() -> None:
     plain = spark.spark_objects(OWNER, with_spark(gc={"enable": True}), spark_operator=False)
     assert "imagePullSecrets" not in plain[-1]["spec"]["jobTemplate"]["spec"]["template"][
         "spec"]
+
+
+def job_container(spec: dict[str, Any], job: str = "gc") -> dict[str, Any]:
+    pod = spark.cron_job(OWNER, spec, job)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    return dict(container)
+
+
+def conf_of(command: list[str]) -> dict[str, str]:
+    return dict(command[i + 1].split("=", 1) for i, part in enumerate(command)
+                if part == "--conf")
+
+
+def test_the_driver_runs_in_the_jobs_pod() -> None:
+    """Client mode: the Job's pod is the driver, named to Spark (its executors are then
+    owned by it and go with it) and reached at its IP on fixed ports."""
+    container = job_container(with_spark(gc={"enable": True}))
+    command = container["command"]
+    assert command[command.index("--deploy-mode") + 1] == "client"
+    conf = conf_of(command)
+    env = {variable["name"]: variable["valueFrom"] for variable in container["env"]}
+    assert conf["spark.kubernetes.driver.pod.name"] == "$(STRATAMQ_SPARK_POD)"
+    assert env["STRATAMQ_SPARK_POD"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert conf["spark.driver.host"] == "$(STRATAMQ_SPARK_POD_IP)"
+    assert env["STRATAMQ_SPARK_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    ports = {port["containerPort"] for port in container["ports"]}
+    assert {int(conf["spark.driver.port"]), int(conf["spark.driver.blockManager.port"])} == ports
+    # The kubelet expands only the container's own env: every $(...) must be one.
+    for part in command:
+        for name in part.split("$(")[1:]:
+            assert name.split(")")[0] in env, part
+    # The driver's token and volume are the container's own; the cluster-mode settings
+    # of a driver pod Spark would make are gone.
+    assert env["STRATAMQ_ADMIN_TOKEN"] == {"secretKeyRef": {"name": "mq-admin", "key": "token"}}
+    assert {"name": "spark-work", "mountPath": "/var/lib/stratamq-spark"} in (
+        container["volumeMounts"])
+    assert not [key for key in conf if key.startswith("spark.kubernetes.driver.")
+                and key != "spark.kubernetes.driver.pod.name"]
+    assert "spark.kubernetes.authenticate.driver.serviceAccountName" not in conf
+    prefix = "spark.kubernetes.executor.volumes.persistentVolumeClaim.spark-work"
+    assert conf[f"{prefix}.options.claimName"] == "shared"
+    assert conf[f"spark.kubernetes.executor.label.{spark.JOB_LABEL}"] == "gc"
+    # The Spark operator's path keeps cluster mode and its driver pod.
+    application = spark.scheduled_spark_application(OWNER, with_spark(gc={"enable": True}),
+                                                     "gc")["spec"]["template"]
+    assert application["mode"] == "cluster"
+    assert application["sparkConf"][
+        "spark.kubernetes.driver.secretKeyRef.STRATAMQ_ADMIN_TOKEN"] == "mq-admin:token"
+
+
+def test_the_jobs_pod_is_sized_for_the_driver() -> None:
+    """Spark's own sizing of a Python driver pod: the heap and 40 % (at least 384 MiB)."""
+    assert job_container(with_spark())["resources"] == {
+        "requests": {"cpu": "1", "memory": "1434Mi"}, "limits": {"memory": "1434Mi"}}
+    spec = with_spark()
+    spec["spark"]["resources"] = {"driver": {"cores": 2, "memory": "512m"}}
+    assert job_container(spec)["resources"]["requests"] == {"cpu": "2", "memory": "896Mi"}
+    assert spark.driver_pod_memory("2g") == "2868Mi"
+    assert spark.driver_pod_memory("1048576k") == "1434Mi"
+
+
+def test_a_run_has_a_deadline() -> None:
+    """2 h unless the job says otherwise; one run at a time stays."""
+    spec = with_spark(gc={"enable": True}, export={"enable": True,
+                                                   "activeDeadlineSeconds": 600})
+    gc, export = (spark.cron_job(OWNER, spec, job) for job in ("gc", "export"))
+    assert gc["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 7200
+    assert export["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == 600
+    assert gc["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_executors_start_from_a_restricted_pod_template() -> None:
+    """A ConfigMap owned by the storage, mounted in the Job's pod where the driver reads
+    it as spark.kubernetes.executor.podTemplateFile."""
+    spec = with_spark(gc={"enable": True})
+    [config_map] = [made for made in spark.spark_objects(OWNER, spec, spark_operator=False)
+                    if made["kind"] == "ConfigMap"]
+    assert config_map["metadata"]["ownerReferences"] == [OWNER.reference()]
+    template = yaml.safe_load(config_map["data"]["executor-pod.yaml"])
+    assert template == spark.executor_pod_template(spec)
+    pod = template["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001,
+                                      "runAsGroup": 10001,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["automountServiceAccountToken"] is False
+    assert "imagePullSecrets" not in pod
+    [container] = pod["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "capabilities": {"drop": ["ALL"]}}
+    job_pod = spark.cron_job(OWNER, spec, "gc")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]
+    [volume] = [volume for volume in job_pod["volumes"] if "configMap" in volume]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    [mount] = [mount for mount in job_pod["containers"][0]["volumeMounts"]
+               if mount["name"] == volume["name"]]
+    conf = conf_of(job_pod["containers"][0]["command"])
+    assert conf["spark.kubernetes.executor.podTemplateFile"] == (
+        f"{mount['mountPath']}/executor-pod.yaml")
+    assert conf["spark.kubernetes.executor.podTemplateContainerName"] == container["name"]
 
 
 def test_launch_arguments_carry_the_storages_rules() -> None:

@@ -166,6 +166,10 @@ dnsPolicy: ClusterFirstWithHostNet
 - apiGroups: [batch]
   resources: [cronjobs]
   verbs: [get, create, patch, delete]
+# ... and the executors' pod template of their runs (a ConfigMap), deleted with them.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [delete]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [list, watch]
