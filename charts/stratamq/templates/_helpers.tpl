@@ -132,7 +132,8 @@ dnsPolicy: ClusterFirstWithHostNet
   verbs: [get, create, patch]
 # A ConfigMap per config, which the pod template names: the older ones deleted once
 # none of the sites' pods nor of the StatefulSet's revisions (a held roll's pods come
-# back from theirs) names them.
+# back from theirs) names them; and the Spark executors' pod template (a ConfigMap)
+# once no Spark job is enabled.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [list, delete]
@@ -166,10 +167,6 @@ dnsPolicy: ClusterFirstWithHostNet
 - apiGroups: [batch]
   resources: [cronjobs]
   verbs: [get, create, patch, delete]
-# ... and the executors' pod template of their runs (a ConfigMap), deleted with them.
-- apiGroups: [""]
-  resources: [configmaps]
-  verbs: [delete]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [list, watch]
