@@ -41,8 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.broker_peers import Mosquitto  # noqa: E402
-from harness.processes import HOST, BrokerProcess, ManagedProcess  # noqa: E402
+from bench.broker_peers import Mosquitto
+from harness.processes import HOST, BrokerProcess, ManagedProcess
 
 KEEPALIVE = 300
 DURABLE_EXPIRY = 86_400
