@@ -228,12 +228,13 @@ def print_trace(kind: str, before: tracemalloc.Snapshot, after: tracemalloc.Snap
         frame = difference.traceback[0]
         print(f"{difference.size_diff / count:8.0f} {difference.count_diff / count:9.2f}  "
               f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}")
-    print("by the deepest broker frame:")
+    print("by the innermost line of the broker's own code under it:")
     grouped: dict[str, int] = {}
     for difference in after.compare_to(before, "traceback"):
+        # a traceback runs from the outermost frame to the one that allocated
         frames = [frame for frame in difference.traceback
                   if "/broker/" in frame.filename and "site-packages" not in frame.filename]
-        where = f"{frames[0].filename.split('/broker/')[-1]}:{frames[0].lineno}" \
+        where = f"{frames[-1].filename.split('/broker/')[-1]}:{frames[-1].lineno}" \
             if frames else "(outside the broker)"
         grouped[where] = grouped.get(where, 0) + difference.size_diff
     for where, size in sorted(grouped.items(), key=lambda item: -item[1])[:top]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..ds import Message, Stream
+from ..flag import Flag
 from ..metrics import MESSAGES_DROPPED
 from ..supervise import RESTART_PAUSE, note_failure
 from .expiry import is_expired
@@ -113,7 +114,7 @@ class Outbox:
         self.resends = Resends()
         # set when the queue falls under the replay's mark (or the connection goes):
         # wakes deliveries that wait for room instead of being dropped (wait_for_room)
-        self._room = asyncio.Event()
+        self._room = Flag()
 
     # -- the saved form -------------------------------------------------------------
 

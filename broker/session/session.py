@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 from ..ds import Message
+from ..flag import Flag
 from ..supervise import RESTART_PAUSE, note_failure
 from .inbound_qos2 import InboundQos2
 from .model import SessionRecord, StoredParts, Subscription, WillRecord
@@ -57,7 +58,7 @@ class Session:
         self.outbox = Outbox(max_queued, save=self.persist_now,
                              request_save=self.request_persist, finished=self._finished,
                              durable=self._is_durable)
-        wake = asyncio.Event()  # there may be something to read: the replay waits on it
+        wake = Flag()  # there may be something to read: the replay waits on it
         self.streams = Streams(client_id, storage=storage, messages_db=messages_db,
                                outbox=self.outbox, subscriptions=lambda: self.subscriptions,
                                durable=self._is_durable, request_save=self.request_persist,
