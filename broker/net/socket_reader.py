@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 Serve = Callable[["SocketReader"], Coroutine[Any, Any, None]]
 
@@ -37,8 +37,8 @@ class SocketReader(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a uvloop transport (the site's loop) is one without being a subclass
+        self.transport = cast(asyncio.Transport, transport)
         self._task = asyncio.get_running_loop().create_task(self._serve(self))
         self._task.add_done_callback(self._served)
 

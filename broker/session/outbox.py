@@ -78,6 +78,12 @@ class _InFlight:
     released: bool = False  # outbound QoS 2 past PUBREC: only PUBREL is resent
 
 
+# The queue of every outbox that has had no delivery yet: shared, so it must stay
+# empty (only `enqueue` adds, and it makes the outbox a queue of its own first);
+# maxlen 0 makes a slip lose the delivery rather than hand it to another session.
+_NO_QUEUE: deque[Delivery] = deque(maxlen=0)
+
+
 class Outbox:
     """The queue and the in-flight window of one session. `save` writes the session
     (a no-op for one that is not durable), `request_save` asks for a write soon,
@@ -100,7 +106,9 @@ class Outbox:
         self._request_save = request_save
         self._finished = finished
         self._durable = durable
-        self._queue: deque[Delivery] = deque()
+        # made at the first delivery: an idle connection's would be an empty deque,
+        # which holds a block of 64 slots (~760 bytes) from the start
+        self._queue: deque[Delivery] = _NO_QUEUE
         # by packet identifier, in first-sent order; released ones in PUBREC order
         self._in_flight: dict[int, _InFlight] = {}
         self._next_packet_id = 1
@@ -232,6 +240,8 @@ class Outbox:
                 and not self.make_room():
             MESSAGES_DROPPED.labels("queue_full").inc()
             return
+        if self._queue is _NO_QUEUE:
+            self._queue = deque()
         self._queue.append(delivery)
         self.pump()
 

@@ -1,14 +1,27 @@
 """broker/net/socket_reader.py over real loopback sockets: what arrives is read in
 order, the end of the connection is told, and a reader that falls behind stops the
-socket being read until it catches up."""
+socket being read until it catches up. On asyncio's own loop and on uvloop (the
+site's), whose transports are not asyncio.Transport subclasses."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
 
 from stratamq.broker.net.socket_reader import Serve, SocketReader
+
+Run = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
 async def _serve_one(serve: Serve, pause_above: int) -> tuple[asyncio.Server, int]:
@@ -18,7 +31,7 @@ async def _serve_one(serve: Serve, pause_above: int) -> tuple[asyncio.Server, in
     return server, server.sockets[0].getsockname()[1]
 
 
-def test_reads_what_arrives_in_order_then_the_end() -> None:
+def test_reads_what_arrives_in_order_then_the_end(run: Run) -> None:
     async def scenario() -> None:
         received: list[bytes] = []
         done = asyncio.get_running_loop().create_future()
@@ -37,10 +50,10 @@ def test_reads_what_arrives_in_order_then_the_end() -> None:
         await asyncio.wait_for(done, 5)
         assert b"".join(received) == b"one two three"
         server.close()
-    asyncio.run(scenario())
+    run(scenario())
 
 
-def test_a_reset_connection_raises_its_error() -> None:
+def test_a_reset_connection_raises_its_error(run: Run) -> None:
     async def scenario() -> None:
         outcome = asyncio.get_running_loop().create_future()
 
@@ -59,10 +72,10 @@ def test_a_reset_connection_raises_its_error() -> None:
         client.close()  # linger 0: RST
         assert await asyncio.wait_for(outcome, 5) == "ConnectionResetError"
         server.close()
-    asyncio.run(scenario())
+    run(scenario())
 
 
-def test_reading_pauses_past_the_limit_and_resumes_once_read() -> None:
+def test_reading_pauses_past_the_limit_and_resumes_once_read(run: Run) -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
         reader_ready: asyncio.Future[SocketReader] = loop.create_future()
@@ -92,4 +105,4 @@ def test_reading_pauses_past_the_limit_and_resumes_once_read() -> None:
         writer.close()
         assert await asyncio.wait_for(read_total, 10) == sent
         server.close()
-    asyncio.run(scenario())
+    run(scenario())
