@@ -122,5 +122,9 @@ async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReade
                     await pending
             if packets:
                 deadline.progressed()
+                del packet, pending
+            # not kept while the next read waits: an idle connection would hold its
+            # CONNECT, with its properties and bytes, for as long as it stays
+            del data, packets
     finally:
         deadline.stop()
