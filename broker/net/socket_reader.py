@@ -22,6 +22,10 @@ class SocketReader(asyncio.Protocol):
     of them the socket is not read until they are (as a StreamReader with a limit
     does), so a client that sends faster than its packets are handled waits."""
 
+    # one per connection: no __dict__ each
+    __slots__ = ("_chunks", "_eof", "_error", "_pause_above", "_paused", "_serve", "_size",
+                 "_task", "_waiter", "transport")
+
     def __init__(self, serve: Serve, pause_above: int) -> None:
         self._serve = serve
         self._pause_above = pause_above

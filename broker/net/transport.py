@@ -23,6 +23,8 @@ class StreamTransport:
     """Packets written during one turn of the event loop leave in one `send()`: a
     PUBACK per message would otherwise cost a system call each."""
 
+    __slots__ = ("_corked", "_corked_bytes", "_writer")  # one per connection
+
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self._writer = transport  # the socket's own transport: no StreamWriter
         self._corked: list[bytes] = []
