@@ -8,8 +8,10 @@ the growth of the server's RSS per connection, and the time the N took to connec
 Each kind of client gets a fresh server: its RSS is read once it has started and a
 few clients have come and gone (what the first connection loads is not the
 connections'), then after each count of clients is connected and the RSS has settled.
-KB/conn is (RSS after - RSS before) / N. RSS is what the process holds in user space:
-the kernel's socket buffers are in neither broker's figure.
+KB/conn is (RSS after - RSS before) / N; "add s" the seconds the clients added at
+that count (N less the count before) took to connect, CONNACK received, at most
+256 handshakes under way at once. RSS is what the process holds in user space: the
+kernel's socket buffers are in neither broker's figure.
 
 Kinds: MQTT 3.1.1 or 5, clean (a session that ends with the connection) or durable
 (3.1.1 clean session 0; 5 with a session expiry of a day), keep alive 300 s.
@@ -242,7 +244,7 @@ def print_trace(kind: str, before: tracemalloc.Snapshot, after: tracemalloc.Snap
 
 
 def print_table(rows: Sequence[Row]) -> None:
-    print(f"\n{'broker':<10} {'kind':<12} {'clients':>7} {'connect s':>9} "
+    print(f"\n{'broker':<10} {'kind':<12} {'clients':>7} {'add s':>9} "
           f"{'RSS before MB':>13} {'RSS after MB':>12} {'KB/conn':>8} {'refused':>7}")
     for row in rows:
         print(f"{row.broker:<10} {row.kind:<12} {row.count:>7} {row.connect_seconds:>9.2f} "

@@ -53,7 +53,7 @@ class Session:
         # write whose outcome is not): a save writes only what differs from them.
         # Kept by the registry, which saves; a new session has none stored.
         self.stored_parts: StoredParts | None = StoredParts()
-        self.inbound_qos2 = InboundQos2()
+        self._inbound_qos2: InboundQos2 | None = None  # see inbound_qos2
         self.routes = Routes(client_id)
         self.outbox = Outbox(max_queued, save=self.persist_now,
                              request_save=self.request_persist, finished=self._finished,
@@ -70,6 +70,14 @@ class Session:
 
     def _is_durable(self) -> bool:
         return self.durable
+
+    @property
+    def inbound_qos2(self) -> InboundQos2:
+        """Made when first asked for: most clients never publish at QoS 2, and its two
+        empty sets and a dict cost ~600 bytes per connection."""
+        if self._inbound_qos2 is None:
+            self._inbound_qos2 = InboundQos2()
+        return self._inbound_qos2
 
     # -- persisted form -----------------------------------------------------------
 
