@@ -17,6 +17,7 @@ from ..auth import AccessControl
 from ..core.broker import Broker
 from ..ds import FencedError
 from ..errors import StratamqError
+from ..flag import Flag
 from ..metrics import BYTES_SENT, MESSAGES_DROPPED, messages_delivered, packets_sent
 from ..mqtt import (
     MQTT_3_1_1,
@@ -136,7 +137,7 @@ class Channel:
         self.inbound_aliases: dict[int, str] = {}
         self.client_alias_maximum = 0
         self.inbound_qos_pending = 0
-        self.inbound_slot_freed = asyncio.Event()  # set as inbound_qos_pending falls
+        self.inbound_slot_freed = Flag()  # set as inbound_qos_pending falls
         # The store of this client's latest QoS 1/2 message: once it has failed, nothing
         # more is stored from this connection (see handle_publish).
         self.last_store: asyncio.Future[None] | None = None
@@ -147,7 +148,7 @@ class Channel:
         self._reader = PacketReader(limits.max_packet_size,
                                     max_connect_size=limits.max_connect_packet_size)
         self._outbound_aliases: dict[str, int] = {}
-        self._kicked = asyncio.Event()
+        self._kicked = Flag()
 
     # -- the connection's life ----------------------------------------------------
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -52,7 +51,9 @@ class RetainedSender:
         self._pending: dict[str, _Job] = {}  # by subscription key, in the order asked
         self._job: _Job | None = None  # the one being sent
         self._pages: AsyncGenerator[list[Message], None] | None = None  # ... its pages
-        self._page: deque[Message] = deque()  # ... what is read and not offered yet
+        # ... what is read and not offered yet, last first (popped from the end): an
+        # empty list is 56 bytes, an empty deque holds a block of 64 slots (~760)
+        self._page: list[Message] = []
         self._task: asyncio.Task[None] | None = None
 
     def add(self, session: Session, subscription: Subscription, asked_us: int) -> None:
@@ -127,7 +128,7 @@ class RetainedSender:
         if page is None:
             await self._end_job()
         else:
-            self._page.extend(page)
+            self._page = page[::-1] + self._page  # after what is left of the last
 
     def _offer(self) -> None:
         """Queue what the session has room for of the page read."""
@@ -137,7 +138,7 @@ class RetainedSender:
         subscription = job.subscription
         identifiers = (subscription.identifier,) if subscription.identifier else ()
         while self._page and job.session.outbox.has_room_for_backlog:
-            message = self._page.popleft()
+            message = self._page.pop()
             job.session.offer(Delivery(message, min(message.qos, subscription.qos), True,
                                        identifiers))
 

@@ -1,6 +1,6 @@
-"""Listeners: MQTT over TCP and TLS (asyncio streams) and over WebSocket (aiohttp).
-Each accepted connection becomes an `Endpoint` (made by the caller) fed with the
-bytes it receives."""
+"""Listeners: MQTT over TCP and TLS (an asyncio protocol, net/socket_reader.py) and
+over WebSocket (aiohttp). Each accepted connection becomes an `Endpoint` (made by the
+caller) fed with the bytes it receives."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aiohttp import WSMsgType, web
 from ..metrics import CONNECTIONS
 from ..mqtt import ReasonCode
 from .address import format_peer, listening, split_bind
+from .socket_reader import SocketReader
 from .transport import StreamTransport, Transport, WebSocketTransport
 
 log = logging.getLogger(__name__)
@@ -63,26 +64,30 @@ async def start_stream_listener(name: str, bind: str,
                                 connections: set[EndpointT], max_connections: int,
                                 ssl_context: ssl.SSLContext | None = None,
                                 backlog: int = 4096) -> asyncio.Server:
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = format_peer(writer.get_extra_info("peername"))
+    async def serve(socket: SocketReader) -> None:
+        transport = socket.transport
+        assert transport is not None
+        peer = format_peer(transport.get_extra_info("peername"))
         if len(connections) >= max_connections:
-            writer.close()  # over the limit: refused before a byte is read
+            transport.close()  # over the limit: refused before a byte is read
             return
-        connection = make(StreamTransport(writer), name, peer)
+        connection = make(StreamTransport(transport), name, peer)
         connections.add(connection)
         CONNECTIONS.labels(name).inc()
         try:
-            await connection.run(lambda: reader.read(READ_CHUNK))
+            await connection.run(socket.read)
         finally:
             connections.discard(connection)
             CONNECTIONS.labels(name).dec()
-            writer.close()
+            transport.close()
 
     host, port = split_bind(bind)
+    loop = asyncio.get_running_loop()
     with listening(f"listeners.{name}.bind", bind):
-        server = await asyncio.start_server(serve, host, port, ssl=ssl_context,
-                                            limit=READ_CHUNK, reuse_address=True,
-                                            backlog=backlog)
+        # past twice the chunk unread the socket waits, as asyncio's streams did
+        server = await loop.create_server(lambda: SocketReader(serve, 2 * READ_CHUNK),
+                                          host, port, ssl=ssl_context,
+                                          reuse_address=True, backlog=backlog)
     log.info("listening for MQTT%s on %s", "/TLS" if ssl_context else "", bind)
     return server
 

@@ -45,6 +45,9 @@ class ReadDeadline:
     tells why. While the handler works on a packet nothing is read and the deadline
     waits: the time the broker takes is not the peer's."""
 
+    __slots__ = ("_handler", "_loop", "_progress_at", "_reading", "_task", "_timeout",
+                 "_timer", "expired")  # one per connection
+
     def __init__(self, handler: PacketHandler) -> None:
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
@@ -122,5 +125,9 @@ async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReade
                     await pending
             if packets:
                 deadline.progressed()
+                del packet, pending
+            # not kept while the next read waits: an idle connection would hold its
+            # CONNECT, with its properties and bytes, for as long as it stays
+            del data, packets
     finally:
         deadline.stop()

@@ -23,8 +23,10 @@ class StreamTransport:
     """Packets written during one turn of the event loop leave in one `send()`: a
     PUBACK per message would otherwise cost a system call each."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
+    __slots__ = ("_corked", "_corked_bytes", "_writer")  # one per connection
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self._writer = transport  # the socket's own transport: no StreamWriter
         self._corked: list[bytes] = []
         self._corked_bytes = 0
 
@@ -47,7 +49,7 @@ class StreamTransport:
         self._writer.close()
 
     def buffered(self) -> int:
-        return self._writer.transport.get_write_buffer_size() + self._corked_bytes
+        return self._writer.get_write_buffer_size() + self._corked_bytes
 
 
 class WebSocketTransport:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..ds import Message, Stream
+from ..flag import Flag
 from ..metrics import MESSAGES_DROPPED
 from ..supervise import RESTART_PAUSE, note_failure
 from .expiry import is_expired
@@ -77,6 +78,12 @@ class _InFlight:
     released: bool = False  # outbound QoS 2 past PUBREC: only PUBREL is resent
 
 
+# The queue of every outbox that has had no delivery yet: shared, so it must stay
+# empty (only `enqueue` adds, and it makes the outbox a queue of its own first);
+# maxlen 0 makes a slip lose the delivery rather than hand it to another session.
+_NO_QUEUE: deque[Delivery] = deque(maxlen=0)
+
+
 class Outbox:
     """The queue and the in-flight window of one session. `save` writes the session
     (a no-op for one that is not durable), `request_save` asks for a write soon,
@@ -99,7 +106,9 @@ class Outbox:
         self._request_save = request_save
         self._finished = finished
         self._durable = durable
-        self._queue: deque[Delivery] = deque()
+        # made at the first delivery: an idle connection's would be an empty deque,
+        # which holds a block of 64 slots (~760 bytes) from the start
+        self._queue: deque[Delivery] = _NO_QUEUE
         # by packet identifier, in first-sent order; released ones in PUBREC order
         self._in_flight: dict[int, _InFlight] = {}
         self._next_packet_id = 1
@@ -113,7 +122,7 @@ class Outbox:
         self.resends = Resends()
         # set when the queue falls under the replay's mark (or the connection goes):
         # wakes deliveries that wait for room instead of being dropped (wait_for_room)
-        self._room = asyncio.Event()
+        self._room = Flag()
 
     # -- the saved form -------------------------------------------------------------
 
@@ -231,6 +240,8 @@ class Outbox:
                 and not self.make_room():
             MESSAGES_DROPPED.labels("queue_full").inc()
             return
+        if self._queue is _NO_QUEUE:
+            self._queue = deque()
         self._queue.append(delivery)
         self.pump()
 

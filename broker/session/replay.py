@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
+from ..flag import Flag
 from ..supervise import RESTART_PAUSE, note_failure
 from .cursors import Cursor
 from .model import CursorState, Subscription, cursor_key
@@ -42,7 +43,7 @@ class Replay:
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  batch_size: int, idle_poll_interval: float, streams: Streams,
                  routes: Routes, outbox: Outbox, offer: Callable[[Delivery], None],
-                 durable: Callable[[], bool], wake: asyncio.Event) -> None:
+                 durable: Callable[[], bool], wake: Flag) -> None:
         self._client_id = client_id
         self._storage = storage
         self._db = messages_db

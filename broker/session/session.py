@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 from ..ds import Message
+from ..flag import Flag
 from ..supervise import RESTART_PAUSE, note_failure
 from .inbound_qos2 import InboundQos2
 from .model import SessionRecord, StoredParts, Subscription, WillRecord
@@ -52,12 +53,12 @@ class Session:
         # write whose outcome is not): a save writes only what differs from them.
         # Kept by the registry, which saves; a new session has none stored.
         self.stored_parts: StoredParts | None = StoredParts()
-        self.inbound_qos2 = InboundQos2()
+        self._inbound_qos2: InboundQos2 | None = None  # see inbound_qos2
         self.routes = Routes(client_id)
         self.outbox = Outbox(max_queued, save=self.persist_now,
                              request_save=self.request_persist, finished=self._finished,
                              durable=self._is_durable)
-        wake = asyncio.Event()  # there may be something to read: the replay waits on it
+        wake = Flag()  # there may be something to read: the replay waits on it
         self.streams = Streams(client_id, storage=storage, messages_db=messages_db,
                                outbox=self.outbox, subscriptions=lambda: self.subscriptions,
                                durable=self._is_durable, request_save=self.request_persist,
@@ -69,6 +70,14 @@ class Session:
 
     def _is_durable(self) -> bool:
         return self.durable
+
+    @property
+    def inbound_qos2(self) -> InboundQos2:
+        """Made when first asked for: most clients never publish at QoS 2, and its two
+        empty sets and a dict cost ~600 bytes per connection."""
+        if self._inbound_qos2 is None:
+            self._inbound_qos2 = InboundQos2()
+        return self._inbound_qos2
 
     # -- persisted form -----------------------------------------------------------
 

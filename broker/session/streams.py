@@ -9,12 +9,12 @@ last look, periodically)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from ..ds import EndOfStream, Stream
 from ..errors import InvalidIteratorError
+from ..flag import Flag
 from ..metrics import SESSION_MESSAGES_EXPIRED
 from .cursors import Cursor, CursorTable
 from .model import CursorState, Subscription, cursor_key, parse_cursor_key
@@ -34,7 +34,7 @@ class Streams:
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  outbox: Outbox, subscriptions: Callable[[], Mapping[str, Subscription]],
                  durable: Callable[[], bool], request_save: Callable[[], None],
-                 wake: asyncio.Event) -> None:
+                 wake: Flag) -> None:
         self._client_id = client_id
         self._storage = storage
         self._db = messages_db

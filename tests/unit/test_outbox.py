@@ -125,3 +125,19 @@ def test_a_full_queue_drops_live_qos0_first_and_counts_room_for_the_replay() -> 
             [bytes([n]) for n in (1, 3, 4, 5, 0)]
 
     run(main())
+
+
+
+def test_outboxes_that_never_queued_share_nothing_once_they_do() -> None:
+    """Idle outboxes start on one shared empty queue (no deque each): the first
+    delivery gives an outbox a queue of its own, and the others stay empty."""
+    async def main() -> None:
+        (first, _), (second, _), (idle, _) = (an_outbox(Writes(), durable=False)
+                                              for _ in range(3))
+        first.enqueue(delivery(1, 1))  # no connection: they stay queued
+        second.enqueue(delivery(2, 1))
+        second.enqueue(delivery(3, 1))
+        assert [d.message.timestamp for d in first.pending()] == [2]
+        assert [d.message.timestamp for d in second.pending()] == [3, 4]
+        assert idle.queued_count == 0 and list(idle.pending()) == []
+    run(main())
