@@ -7,13 +7,16 @@ that checkpoint return."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +25,7 @@ from pyspark.sql import functions as F
 
 from harness.processes import BrokerProcess, running_broker
 from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
+from stratamq.spark.source import StratamqDataSource
 from tests.support.checkpoints import Published, make_checkpoint, publish_all
 from tests.support.clients import generations
 
@@ -220,6 +224,41 @@ def test_key_columns_alone_and_no_payload_by_default(spark: SparkSession, checkp
     sizes = default.where("topic = 'misc/one'").select("payload_size").collect()
     assert sorted(r.payload_size for r in sizes) == sorted(
         len(row[7]) for row in replay.rows("misc/one", 0, 2**63 - 1))
+
+
+def test_partitions_are_read_as_bounded_arrow_batches(spark: SparkSession, checkpoint: Path,
+                                                     replay: Replay) -> None:
+    """A partition's rows go to Spark as record batches of the frame's schema, each
+    ending with the storage batch that brings it to its rows or stored bytes, every
+    stream's rows in the storage's order."""
+    frame = source(spark, checkpoint)
+    data_source = StratamqDataSource({"path": str(checkpoint), "payload": "true"})
+    by_rows = dataclasses.replace(data_source.reader(frame.schema).plan, batch_size=16,
+                                  batch_rows=40)
+    for bounds, most in ((by_rows, 40 + 15), (dataclasses.replace(by_rows, batch_bytes=1), 16)):
+        reader = data_source.reader(frame.schema)
+        reader.plan = bounds
+        batches = [batch for partition in reader.partitions() for batch in reader.read(partition)]
+        assert all(isinstance(batch, pa.RecordBatch) and batch.schema.names == frame.columns
+                   and 0 < batch.num_rows <= most for batch in batches)
+        read = [(r["shard"], r["generation"], r["stream"], r["topic"], r["timestamp"],
+                 r["publisher"], r["qos"], r["payload"])
+                for batch in batches for r in batch.to_pylist()]
+        assert per_stream(read) == per_stream(replay.rows("#", 0, 2**63 - 1))
+    keys = spark.read.format("stratamq").schema("topic string, timestamp bigint").load(
+        str(checkpoint))
+    reader = StratamqDataSource({"path": str(checkpoint)}).reader(keys.schema)
+    assert sorted((r["topic"], r["timestamp"]) for partition in reader.partitions()
+                  for batch in reader.read(partition) for r in batch.to_pylist()) \
+        == sorted((row[3], row[4]) for row in replay.rows("#", 0, 2**63 - 1))
+
+
+def per_stream(rows: list[Row]) -> dict[tuple[int, int, str], list[Row]]:
+    """The rows of each (shard, generation, stream), in the order read."""
+    found: dict[tuple[int, int, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        found[row[:3]].append(row)
+    return dict(found)
 
 
 def test_a_reused_frame_or_view_answers_each_query_for_itself(spark: SparkSession,
