@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from harness.processes import BrokerProcess, running_broker
-from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
+from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Message, MessageProperties
 from stratamq.spark.source import StratamqDataSource
 from tests.support.checkpoints import Published, make_checkpoint, publish_all
 from tests.support.clients import generations
@@ -251,6 +251,36 @@ def test_partitions_are_read_as_bounded_arrow_batches(spark: SparkSession, check
     assert sorted((r["topic"], r["timestamp"]) for partition in reader.partitions()
                   for batch in reader.read(partition) for r in batch.to_pylist()) \
         == sorted((row[3], row[4]) for row in replay.rows("#", 0, 2**63 - 1))
+
+
+def test_every_column_of_stored_messages(spark: SparkSession, tmp_path: Path) -> None:
+    """Every column through Spark, MQTT 5 properties too (the test site publishes
+    none): a message with each property, one with none."""
+    properties = MessageProperties(1, 60, "text/plain", "replies/1", b"\x00id",
+                                   (("a", "1"), ("é", "")))
+    stored = [Message("logs/é", b"\x00\xff", "dev-1", 1, True, properties),
+              Message("logs/plain", b"", "dev-2", 2)]
+
+    async def checkpoint() -> None:
+        storage = DurableStorage(tmp_path / "data")
+        await storage.open_db("messages", DbOptions(n_shards=1))
+        await storage.store_batch("messages", stored)
+        await storage.db("messages").checkpoint(tmp_path / "checkpoint")
+        await storage.close()
+
+    asyncio.run(checkpoint())
+    rows = source(spark, tmp_path / "checkpoint").orderBy("topic").collect()
+    assert [(r.shard, r.generation, r.topic, r.publisher, r.qos, r.retain, r.payload_size,
+             bytes(r.payload)) for r in rows] == [
+        (0, 1, "logs/plain", "dev-2", 2, False, 0, b""),
+        (0, 1, "logs/é", "dev-1", 1, True, 2, b"\x00\xff")]
+    assert rows[0].properties is None
+    found = rows[1].properties
+    assert (found.payload_format_indicator, found.message_expiry_interval, found.content_type,
+            found.response_topic, bytes(found.correlation_data),
+            [(p.name, p.value) for p in found.user_properties]) \
+        == (1, 60, "text/plain", "replies/1", b"\x00id", [("a", "1"), ("é", "")])
+    assert all(r.stream and r.timestamp > 0 for r in rows)
 
 
 def per_stream(rows: list[Row]) -> dict[tuple[int, int, str], list[Row]]:
