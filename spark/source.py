@@ -361,8 +361,8 @@ def _whole_stream(shard: ShardSnapshot, stream: Stream, pattern: tuple[str, ...]
 
 def _before(shard: ShardSnapshot, piece: Slice,
             entries: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The entries before the slice's end (entries are in timestamp order; a batch
-    ends before it but at the slice's last)."""
+    """The entries before the slice's end. Entries are in timestamp order, and most
+    batches end before the slice does: only the one it cuts is searched."""
     if not entries or peek_timestamp(entries[-1][1]) < piece.end_time:
         return entries
     return entries[:bisect_left(entries, piece.end_time,
