@@ -20,6 +20,13 @@ Payloads are read only with the option `payload` (default false). With a schema 
 only `shard`, `generation`, `stream`, `topic` and `timestamp`, stored messages are not
 decoded at all (the topic is peeked, the timestamp is in the key).
 
+A partition's rows go to Spark as Arrow record batches, built a column at a time from
+each storage batch: yielded as tuples, each row cost a Python tuple here and a
+per-value conversion in PySpark's worker. A record batch ends after the storage batch
+that brings it to `BATCH_ROWS` rows or `BATCH_BYTES` of stored messages, so a
+partition's memory stays bounded. (PySpark's read worker imports pyarrow whatever the
+source yields: there is no tuple path to fall back to.)
+
 The source pushes no `where` filter into the read (Spark applies them all): PySpark
 4.1 to 4.3 keep the read a filter pushdown planned on the data source a frame was
 loaded from, and reuse it for that frame's next query that has no filter to push, so
@@ -29,13 +36,16 @@ from __future__ import annotations
 
 import math
 import os
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from stratamq.broker.ds import (
@@ -58,6 +68,11 @@ NO_END = 2**63 - 1
 # opens every generation's column families, which at tens of generations cost more
 # than reading a partition (issue 28: 96% of the read time).
 OPEN_SHARDS = 8
+# A record batch's rows and stored bytes (each at most one storage batch more): Spark's
+# own batches of a tuple-yielding source hold 10,000 rows; the bytes keep batches of
+# large payloads small (and under Arrow's 2 GiB per binary column).
+BATCH_ROWS = 10_000
+BATCH_BYTES = 64 * 1024 * 1024
 
 PROPERTIES_TYPE = (
     "struct<payload_format_indicator: int, message_expiry_interval: bigint, "
@@ -128,6 +143,8 @@ class ReadPlan:
     batch_size: int = DEFAULT_BATCH
     split_bytes: int = DEFAULT_SPLIT_BYTES
     columns: tuple[str, ...] = field(default_factory=tuple)
+    batch_rows: int = BATCH_ROWS
+    batch_bytes: int = BATCH_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +182,7 @@ class StratamqDataSource(DataSource):
         unknown = [name for name in columns if name not in known]
         if unknown:
             raise ValueError(f"unknown columns {unknown}; the source has {sorted(known)}")
-        return StratamqReader(ReadPlan(
+        return StratamqReader(schema, ReadPlan(
             path=path, topic_filter=topic_filter, all_topics=all_topics,
             start_time=int(options.get("start_time", 0)),
             end_time=int(options.get("end_time", NO_END)),
@@ -176,8 +193,10 @@ class StratamqDataSource(DataSource):
 
 
 class StratamqReader(DataSourceReader):
-    def __init__(self, plan: ReadPlan) -> None:
+    def __init__(self, schema: StructType, plan: ReadPlan) -> None:
         self.plan = plan
+        # as PySpark's read worker expects the batches (it checks they are equal)
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     # -- planning (driver) -------------------------------------------------------------
 
@@ -208,15 +227,15 @@ class StratamqReader(DataSourceReader):
 
     # -- reading (executors) -----------------------------------------------------------
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         pieces = partition.value
         if pieces is None:
             return
         shard = _opened_shard(self.plan.path, pieces[0].shard)
-        for piece in pieces:
-            assert isinstance(piece, Slice)
-            if piece.generation in shard.generations:
-                yield from read_slice(shard, piece, self.plan)
+        chunks = (chunk for piece in pieces if piece.generation in shard.generations
+                  for chunk in read_slice(shard, piece, self.plan))
+        yield from record_batches(chunks, self.arrow_schema, self.plan.batch_rows,
+                                  self.plan.batch_bytes)
 
 
 # This worker's open shards, least recently read first; see OPEN_SHARDS.
@@ -240,36 +259,67 @@ def _opened_shard(path: str, shard_id: int) -> ShardSnapshot:
     return found[1]
 
 
-def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[tuple[Any, ...]]:
-    """The rows of one slice: each stream the filter needs, in stream order, each
-    read with the storage's iterators from the slice's start until its end."""
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """The columns (in the plan's order) of one storage batch's rows."""
+
+    rows: int
+    stored_bytes: int
+    columns: list[list[Any]]
+
+
+def read_slice(shard: ShardSnapshot, piece: Slice, plan: ReadPlan) -> Iterator[Chunk]:
+    """The rows of one slice, a storage batch at a time: each stream the filter needs,
+    in stream order, each read with the storage's iterators from the slice's start
+    until its end."""
     columns = plan.columns
     decode = not KEY_COLUMNS.issuperset(columns)
     for stream, batches in _stream_batches(shard, piece, plan):
-        stream_hex = stream.static.hex()
-        pattern = shard.topic_pattern(stream) if "pattern" in columns else ""
+        constants = {"shard": piece.shard, "generation": piece.generation,
+                     "stream": stream.static.hex(),
+                     "pattern": shard.topic_pattern(stream) if "pattern" in columns else ""}
         for entries in batches:
-            for _key, value in entries:
-                timestamp = peek_timestamp(value)
-                message = decode_message(value) if decode else None
-                row: list[Any] = []
-                for name in columns:
-                    if name == "shard":
-                        row.append(piece.shard)
-                    elif name == "generation":
-                        row.append(piece.generation)
-                    elif name == "stream":
-                        row.append(stream_hex)
-                    elif name == "pattern":
-                        row.append(pattern)
-                    elif name == "topic":
-                        row.append(message.topic if message is not None else peek_topic(value))
-                    elif name == "timestamp":
-                        row.append(timestamp)
-                    else:
-                        assert message is not None
-                        row.append(_COLUMNS[name](message))
-                yield tuple(row)
+            values = [value for _key, value in entries]
+            messages = [decode_message(value) for value in values] if decode else []
+            found: list[list[Any]] = []
+            for name in columns:
+                if name in constants:
+                    found.append([constants[name]] * len(values))
+                elif name == "timestamp":
+                    found.append([peek_timestamp(value) for value in values])
+                elif name == "topic":
+                    found.append([message.topic for message in messages] if decode
+                                 else [peek_topic(value) for value in values])
+                else:
+                    column = _COLUMNS[name]
+                    found.append([column(message) for message in messages])
+            yield Chunk(len(values), sum(map(len, values)), found)
+
+
+def record_batches(chunks: Iterable[Chunk], schema: pa.Schema, max_rows: int,
+                   max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """The chunks' rows in order as record batches of `schema`, each ending with the
+    chunk that brings it to `max_rows` rows or `max_bytes` stored bytes."""
+    pending: list[list[Any]] = [[] for _field in schema]
+    rows = stored_bytes = 0
+    for chunk in chunks:
+        for column, values in zip(pending, chunk.columns, strict=True):
+            column += values
+        rows += chunk.rows
+        stored_bytes += chunk.stored_bytes
+        if rows >= max_rows or stored_bytes >= max_bytes:
+            yield _record_batch(pending, schema)
+            pending = [[] for _field in schema]
+            rows = stored_bytes = 0
+    if rows:
+        yield _record_batch(pending, schema)
+
+
+def _record_batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(values, type=column.type) for values, column in zip(columns, schema,
+                                                                        strict=True)],
+        schema=schema)
 
 
 Batches = Iterator[list[tuple[bytes, bytes]]]
@@ -311,11 +361,12 @@ def _whole_stream(shard: ShardSnapshot, stream: Stream, pattern: tuple[str, ...]
 
 def _before(shard: ShardSnapshot, piece: Slice,
             entries: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The entries before the slice's end (entries are in timestamp order)."""
-    for position, (_key, value) in enumerate(entries):
-        if peek_timestamp(value) >= piece.end_time:
-            return entries[:position]
-    return entries
+    """The entries before the slice's end. Entries are in timestamp order, and most
+    batches end before the slice does: only the one it cuts is searched."""
+    if not entries or peek_timestamp(entries[-1][1]) < piece.end_time:
+        return entries
+    return entries[:bisect_left(entries, piece.end_time,
+                                key=lambda entry: peek_timestamp(entry[1]))]
 
 
 def _packed(sliced: list[tuple[list[Slice], int]], split_bytes: int) -> list[list[Slice]]:

@@ -7,13 +7,16 @@ that checkpoint return."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from harness.processes import BrokerProcess, running_broker
-from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream
+from stratamq.broker.ds import DbOptions, DurableStorage, EndOfStream, Message, MessageProperties
+from stratamq.spark.source import StratamqDataSource
 from tests.support.checkpoints import Published, make_checkpoint, publish_all
 from tests.support.clients import generations
 
@@ -220,6 +224,71 @@ def test_key_columns_alone_and_no_payload_by_default(spark: SparkSession, checkp
     sizes = default.where("topic = 'misc/one'").select("payload_size").collect()
     assert sorted(r.payload_size for r in sizes) == sorted(
         len(row[7]) for row in replay.rows("misc/one", 0, 2**63 - 1))
+
+
+def test_partitions_are_read_as_bounded_arrow_batches(spark: SparkSession, checkpoint: Path,
+                                                     replay: Replay) -> None:
+    """A partition's rows go to Spark as record batches of the frame's schema, each
+    ending with the storage batch that brings it to its rows or stored bytes, every
+    stream's rows in the storage's order."""
+    frame = source(spark, checkpoint)
+    data_source = StratamqDataSource({"path": str(checkpoint), "payload": "true"})
+    by_rows = dataclasses.replace(data_source.reader(frame.schema).plan, batch_size=16,
+                                  batch_rows=40)
+    for bounds, most in ((by_rows, 40 + 15), (dataclasses.replace(by_rows, batch_bytes=1), 16)):
+        reader = data_source.reader(frame.schema)
+        reader.plan = bounds
+        batches = [batch for partition in reader.partitions() for batch in reader.read(partition)]
+        assert all(isinstance(batch, pa.RecordBatch) and batch.schema.names == frame.columns
+                   and 0 < batch.num_rows <= most for batch in batches)
+        read = [(r["shard"], r["generation"], r["stream"], r["topic"], r["timestamp"],
+                 r["publisher"], r["qos"], r["payload"])
+                for batch in batches for r in batch.to_pylist()]
+        assert per_stream(read) == per_stream(replay.rows("#", 0, 2**63 - 1))
+    keys = spark.read.format("stratamq").schema("topic string, timestamp bigint").load(
+        str(checkpoint))
+    reader = StratamqDataSource({"path": str(checkpoint)}).reader(keys.schema)
+    assert sorted((r["topic"], r["timestamp"]) for partition in reader.partitions()
+                  for batch in reader.read(partition) for r in batch.to_pylist()) \
+        == sorted((row[3], row[4]) for row in replay.rows("#", 0, 2**63 - 1))
+
+
+def test_every_column_of_stored_messages(spark: SparkSession, tmp_path: Path) -> None:
+    """Every column through Spark, MQTT 5 properties too (the test site publishes
+    none): a message with each property, one with none."""
+    properties = MessageProperties(1, 60, "text/plain", "replies/1", b"\x00id",
+                                   (("a", "1"), ("é", "")))
+    stored = [Message("logs/é", b"\x00\xff", "dev-1", 1, True, properties),
+              Message("logs/plain", b"", "dev-2", 2)]
+
+    async def checkpoint() -> None:
+        storage = DurableStorage(tmp_path / "data")
+        await storage.open_db("messages", DbOptions(n_shards=1))
+        await storage.store_batch("messages", stored)
+        await storage.db("messages").checkpoint(tmp_path / "checkpoint")
+        await storage.close()
+
+    asyncio.run(checkpoint())
+    rows = source(spark, tmp_path / "checkpoint").orderBy("topic").collect()
+    assert [(r.shard, r.generation, r.topic, r.publisher, r.qos, r.retain, r.payload_size,
+             bytes(r.payload)) for r in rows] == [
+        (0, 1, "logs/plain", "dev-2", 2, False, 0, b""),
+        (0, 1, "logs/é", "dev-1", 1, True, 2, b"\x00\xff")]
+    assert rows[0].properties is None
+    found = rows[1].properties
+    assert (found.payload_format_indicator, found.message_expiry_interval, found.content_type,
+            found.response_topic, bytes(found.correlation_data),
+            [(p.name, p.value) for p in found.user_properties]) \
+        == (1, 60, "text/plain", "replies/1", b"\x00id", [("a", "1"), ("é", "")])
+    assert all(r.stream and r.timestamp > 0 for r in rows)
+
+
+def per_stream(rows: list[Row]) -> dict[tuple[int, int, str], list[Row]]:
+    """The rows of each (shard, generation, stream), in the order read."""
+    found: dict[tuple[int, int, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        found[row[:3]].append(row)
+    return dict(found)
 
 
 def test_a_reused_frame_or_view_answers_each_query_for_itself(spark: SparkSession,
