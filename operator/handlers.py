@@ -56,7 +56,6 @@ from .resources import (
     image,
     pod_disruption_budget,
     selector,
-    site_selector,
     stale_config_maps,
 )
 from .sites import SiteUnreachableError, site_id
@@ -279,22 +278,22 @@ def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
 
 def prune_config_maps(owner: Owner, current: str) -> None:
     """Delete the storage's config ConfigMaps that nothing needs any more: neither its
-    template now (`current`) nor any of its pods nor any revision of its StatefulSet
-    (a pod the roll holds back is recreated from its revision) names them."""
+    template now (`current`) nor any revision of its StatefulSet names them. The
+    StatefulSet controller keeps every revision a pod runs (besides the current and
+    the update one), and a pod the roll holds back is recreated from its revision, so
+    the revisions name every config a pod may run."""
     found = [item["metadata"]["name"] for item in kube.list_labeled(
         "v1", "ConfigMap", owner.namespace, selector(owner.name))
         if any(reference.get("uid") == owner.uid
                for reference in item["metadata"].get("ownerReferences") or [])]
-    pods = kube.list_labeled("v1", "Pod", owner.namespace, site_selector(owner.name))
     revisions = kube.list_labeled("apps/v1", "ControllerRevision", owner.namespace,
                                   selector(owner.name))
     named = config_maps_named(
-        [pod.get("spec") or {} for pod in pods]
-        + [((revision.get("data") or {}).get("spec") or {}).get("template", {}).get("spec")
-           or {} for revision in revisions])
+        [((revision.get("data") or {}).get("spec") or {}).get("template", {}).get("spec")
+         or {} for revision in revisions])
     for name in stale_config_maps(owner.name, found, named, current):
         if kube.delete("v1", "ConfigMap", owner.namespace, name):
-            log.info("%s/%s: ConfigMap %s deleted: no pod or revision names it any more",
+            log.info("%s/%s: ConfigMap %s deleted: no revision names it any more",
                      owner.namespace, owner.name, name)
 
 

@@ -131,9 +131,9 @@ dnsPolicy: ClusterFirstWithHostNet
   resources: [statefulsets]
   verbs: [get, create, patch]
 # A ConfigMap per config, which the pod template names: the older ones deleted once
-# none of the sites' pods nor of the StatefulSet's revisions (a held roll's pods come
-# back from theirs) names them; and the Spark executors' pod template (a ConfigMap)
-# once no Spark job is enabled.
+# no revision of the StatefulSet (a held roll's pods come back from theirs) names
+# them; and the Spark executors' pod template (a ConfigMap) once no Spark job is
+# enabled.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [list, delete]
