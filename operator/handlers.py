@@ -54,6 +54,7 @@ from .resources import (
     desired_objects,
     held_pods,
     image,
+    label_selector,
     pod_disruption_budget,
     selector,
     stale_config_maps,
@@ -202,7 +203,7 @@ async def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
 
 # Every storage's site pods (the index key carries the storage's name).
 SITE_PODS = ("", "v1", "pods")
-SITE_POD_SELECTOR = ",".join(f"{key}={value}" for key, value in SITE_POD_LABELS.items())
+SITE_POD_SELECTOR = label_selector(SITE_POD_LABELS)
 SitePods = kopf.Index[tuple[str, str], kube.SitePod]
 
 
@@ -218,11 +219,11 @@ def site_pod_index(namespace: str | None, labels: kopf.Labels, body: kopf.Body,
     return {(namespace or "", storage): kube.site_pod(plain(body))}
 
 
-def pods_of(index: SitePods | None, owner: Owner) -> list[kube.SitePod]:
-    """The storage's pods as the index has them (none before the index has any)."""
-    if index is None:
-        return []
-    return list(index.get((owner.namespace, owner.name), []))
+def site_pods_of(index: SitePods | None, owner: Owner, memo: kopf.Memo) -> list[kube.PodView]:
+    """The storage's pods as the index has them (none before the index has any), each
+    in its node's zone."""
+    found = [] if index is None else list(index.get((owner.namespace, owner.name), []))
+    return kube.pod_views(found, node_zones_of(memo))
 
 
 # --- reconcile --------------------------------------------------------------------------
@@ -365,7 +366,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
     current = plain(status)
     refresh(owner, current_spec, parsed, applied_generation(memo, current), current, body,
             patch, controllers_of(memo),
-            kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)))
+            site_pods_of(site_pod_index, owner, memo))
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
@@ -449,7 +450,7 @@ def refresh_status(name: str, namespace: str | None, uid: str, spec: kopf.Spec,
         owner = Owner(name=name, namespace=namespace, uid=uid)
         refresh(owner, current_spec, parse_spec(current_spec),
                 applied_generation(memo, current), current, body, patch, controllers_of(memo),
-                kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)))
+                site_pods_of(site_pod_index, owner, memo))
     except Exception:
         metrics.STATUS_REFRESHES.labels("error").inc()
         raise
@@ -475,7 +476,7 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     if token is None or running is None:
         return
     running.round(parsed, int(meta.get("generation", 0)),
-                  kube.pod_views(pods_of(site_pod_index, owner), node_zones_of(memo)), token)
+                  site_pods_of(site_pod_index, owner, memo), token)
     for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(parsed.sites)

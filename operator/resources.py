@@ -97,7 +97,7 @@ def config_map_name(name: str, spec: dict[str, Any]) -> str:
     """`<storage>-config-<hash>`: a ConfigMap per rendered config, immutable, named by
     the pod template. A pod the roll has not reached (the roll paused, or held at a
     partition) and then recreated comes back on its own template's config, not on the
-    new one; older ones go once no pod or revision of the StatefulSet names them
+    new one; older ones go once no revision of the StatefulSet names them
     (`stale_config_maps`)."""
     return f"{name}-config-{config_hash(spec)[:CONFIG_NAME_HASH]}"
 
@@ -119,8 +119,8 @@ def config_maps_named(pod_specs: Iterable[Mapping[str, Any]]) -> set[str]:
 def stale_config_maps(storage: str, found: Iterable[str], named: Collection[str],
                       current: str) -> list[str]:
     """`storage`'s config ConfigMaps among `found` that neither `current` (the one its
-    template names now) nor anything `named` (by its pods and its StatefulSet's
-    revisions) still needs."""
+    template names now) nor anything `named` (by its StatefulSet's revisions) still
+    needs."""
     return sorted(name for name in found if is_config_map_of(name, storage)
                   and name != current and name not in named)
 
@@ -149,9 +149,14 @@ def selector_labels(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "stratamq", INSTANCE_LABEL: name}
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """`labels` as a label selector string (`key=value,...`)."""
+    return ",".join(f"{key}={value}" for key, value in labels.items())
+
+
 def selector(name: str) -> str:
     """`selector_labels` as a string: finds the sites' volume claims."""
-    return ",".join(f"{key}={value}" for key, value in selector_labels(name).items())
+    return label_selector(selector_labels(name))
 
 
 def site_selector_labels(name: str) -> dict[str, str]:
@@ -162,7 +167,7 @@ def site_selector_labels(name: str) -> dict[str, str]:
 
 def site_selector(name: str) -> str:
     """`site_selector_labels` as a string (status.selector, the pod listing)."""
-    return ",".join(f"{key}={value}" for key, value in site_selector_labels(name).items())
+    return label_selector(site_selector_labels(name))
 
 
 def labels(name: str) -> dict[str, str]:

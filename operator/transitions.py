@@ -135,6 +135,8 @@ def step_phases(plan: Plan, state: ClusterState, versions: Mapping[str, int | No
                          for version in versions.values())
             phases.append(TransitionPhase.REMOVING if behind else TransitionPhase.DONE)
     return phases
+
+
 def phase_path(action: str, current: str, target: TransitionPhase,
                bootstrapped: bool) -> list[TransitionPhase]:
     """The phases a step shows on its way from `current` to `target` (a round may

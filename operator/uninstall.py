@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from . import kube
-from .resources import API_VERSION, KIND
+from .resources import API_VERSION, KIND, label_selector
 
 log = logging.getLogger("stratamq.operator.uninstall")
 
@@ -47,7 +47,7 @@ def stop_operator(namespace: str, deployment: str, timeout: float,
         return False
     kube.scale("Deployment", namespace, deployment, 0)
     labels: dict[str, str] = found["spec"]["selector"].get("matchLabels") or {}
-    selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    selector = label_selector(dict(sorted(labels.items())))
     deadline = time.monotonic() + timeout
     while True:
         pods = sorted(pod["metadata"]["name"]
