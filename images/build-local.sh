@@ -136,31 +136,22 @@ make_base() {  # the local base of both Python images, as $base
   rm -rf "$context"
 }
 base_made=""
-
-if ! up_to_date stratamq "$stratamq_pin"; then
-  start=$SECONDS
-  make_base && base_made=1
-  say "building $image"
+build_image() {  # build_image NAME TAG PIN: images/NAME/Dockerfile on the base, as NAME.tar
+  local name=$1 tag=$2 pin=$3 start=$SECONDS
+  [ -n "$base_made" ] || { make_base; base_made=1; }
+  say "building $tag"
   (cd "$repo" && nice docker build --network host --build-arg "PYTHON_IMAGE=$base" \
-    -f images/stratamq/Dockerfile -t "$image" . >"$cache/stratamq-build.log" 2>&1) || {
-      tail -30 "$cache/stratamq-build.log" >&2; exit 1; }
-  docker save "$image" >"$cache/stratamq.tar.part"
-  mv "$cache/stratamq.tar.part" "$cache/stratamq.tar"
-  echo "$stratamq_pin" >"$cache/.stratamq.pin"
-  say "built $image in $((SECONDS - start)) s"
-fi
+    -f "images/$name/Dockerfile" -t "$tag" . >"$cache/$name-build.log" 2>&1) || {
+      tail -30 "$cache/$name-build.log" >&2; exit 1; }
+  docker save "$tag" >"$cache/$name.tar.part"
+  mv "$cache/$name.tar.part" "$cache/$name.tar"
+  echo "$pin" >"$cache/.$name.pin"
+  say "built $tag in $((SECONDS - start)) s ($(du -h "$cache/$name.tar" | cut -f1))"
+}
 
+up_to_date stratamq "$stratamq_pin" || build_image stratamq "$image" "$stratamq_pin"
 if spark_wanted; then
-  start=$SECONDS
-  [ -n "$base_made" ] || make_base
-  say "building $spark_image"
-  (cd "$repo" && nice docker build --network host --build-arg "PYTHON_IMAGE=$base" \
-    -f images/spark/Dockerfile -t "$spark_image" . >"$cache/spark-build.log" 2>&1) || {
-      tail -30 "$cache/spark-build.log" >&2; exit 1; }
-  docker save "$spark_image" >"$cache/spark.tar.part"
-  mv "$cache/spark.tar.part" "$cache/spark.tar"
-  echo "$spark_pin" >"$cache/.spark.pin"
-  say "built $spark_image in $((SECONDS - start)) s ($(du -h "$cache/spark.tar" | cut -f1))"
+  build_image spark "$spark_image" "$spark_pin"
 fi
 
 if ! up_to_date pause "$pause_pin"; then
