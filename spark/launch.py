@@ -167,11 +167,14 @@ def pod_ips(pods: list[str], namespace: str, api_server: str) -> dict[str, str |
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
+    configuration = kube_client.Configuration()
     try:
-        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+        # Without the token's refresh hook, which would set the host back to
+        # $KUBERNETES_SERVICE_HOST (read once: the run asks only at its start).
+        kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration, try_refresh_token=False)
     except ConfigException as exc:
         raise StratamqError(f"--site-pod needs a pod's service account: {exc}") from exc
-    configuration = kube_client.Configuration.get_default_copy()
     configuration.host = api_server
     if not namespace:
         namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text(encoding="utf-8").strip()
