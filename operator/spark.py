@@ -4,7 +4,8 @@ and the status of their last run: pure functions, no API calls.
 Per enabled job one scheduler object, owned by the storage:
 
 - a CronJob whose Job runs `spark-submit --master k8s://https://kubernetes.default.svc
-  --deploy-mode client` in the Spark image: the Job's pod is the driver, and Spark
+  --deploy-mode client` in the Spark image (`spec.spark.apiServer` names another
+  address of the API server): the Job's pod is the driver, and Spark
   makes the executor pods owned by it, so a Job that ends (or is killed at its
   deadline) takes its executors along; under `stratamq spark submit`, which gives the
   Job the run's outcome (spark-submit's exit and the run's result file), or
@@ -13,7 +14,8 @@ Per enabled job one scheduler object, owned by the storage:
 
 Either way the driver runs `stratamq spark launch JOB` (stratamq.spark.launch): for
 every site a checkpoint through its admin API (each site's own address through the
-headless Service, the token from the storage's admin Secret) into the shared volume
+headless Service, or with `spec.spark.siteAddresses: PodIP` its pod's IP read from the
+API server; the token from the storage's admin Secret) into the shared volume
 `spec.spark.volume`, the job on it, and the result applied through the same API.
 In the Job's pod the token is an env of the container and the volume is mounted;
 Spark's own configuration (`--conf`) carries the volume to the executors (and, on
@@ -23,6 +25,10 @@ path needs anything of the Spark operator's webhook.
 The driver creates executor pods as the storage's ServiceAccount `<name>-spark`,
 bound (RoleBinding in the storage's namespace) to the chart's ClusterRole for Spark
 drivers; the operator itself holds only `bind` on that ClusterRole.
+
+For clusters whose pod network or DNS a Spark pod cannot use (`spec.spark.hostNetwork`,
+`apiServer`, `siteAddresses`), the driver and executors run on their nodes' network,
+reach the API server at a given address and the sites at their pod IPs.
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ from .spec import parse_spec
 JOBS = {"gc": "gc", "learnTopics": "learn-topics", "export": "export"}
 SPEC_KEY = {job: key for key, job in JOBS.items()}
 
-K8S_MASTER = "k8s://https://kubernetes.default.svc"
+# spec.spark.apiServer's default: the API server through cluster DNS.
+DEFAULT_API_SERVER = "https://kubernetes.default.svc"
+K8S_MASTER = f"k8s://{DEFAULT_API_SERVER}"
 # Where images/spark/Dockerfile puts spark/main.py.
 APPLICATION = "local:///opt/stratamq/spark-main.py"
 SPARK_VERSION = "4.3.0"  # the Spark of images/spark/Dockerfile
@@ -150,6 +158,26 @@ def pull_policy(spec: dict[str, Any]) -> str:
     return policy
 
 
+def host_network(spec: dict[str, Any]) -> bool:
+    """spec.spark.hostNetwork: the Job's pod (the driver) and the executors run in
+    their node's network namespace."""
+    return bool(spec.get("spark", {}).get("hostNetwork", False))
+
+
+def api_server(spec: dict[str, Any]) -> str:
+    """spec.spark.apiServer: where the driver reaches the API server (Spark's master,
+    and the launch's reads of the sites' pods)."""
+    address: str = spec.get("spark", {}).get("apiServer", DEFAULT_API_SERVER)
+    return address
+
+
+def sites_by_pod_ip(spec: dict[str, Any]) -> bool:
+    """spec.spark.siteAddresses: PodIP: the driver reaches each site at its pod's IP,
+    read from the API server when the run starts, instead of its DNS name."""
+    addresses: str = spec.get("spark", {}).get("siteAddresses", "DNS")
+    return addresses == "PodIP"
+
+
 def site_urls(owner: Owner, spec: dict[str, Any]) -> list[str]:
     """Each site's admin API through the headless Service (one DNS name per pod):
     until replication is built every site holds its own data, so each is checkpointed
@@ -168,9 +196,14 @@ def work_folder(owner: Owner, job: str) -> str:
 def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     """The arguments of `spark-main.py` (= `stratamq spark`): `launch JOB ...`, with the
     rules the job needs from the storage's config (so the driver needs no ConfigMap)."""
-    arguments = ["launch", job, *(part for url in site_urls(owner, spec)
-                                  for part in ("--site", url)),
-                 "--workdir", work_folder(owner, job)]
+    if sites_by_pod_ip(spec):
+        sites = [*(part for index in range(parse_spec(spec).sites)
+                   for part in ("--site-pod", f"{owner.name}-{index}")),
+                 "--admin-port", str(parse_spec(spec).admin_port),
+                 "--namespace", owner.namespace, "--api-server", api_server(spec)]
+    else:
+        sites = [part for url in site_urls(owner, spec) for part in ("--site", url)]
+    arguments = ["launch", job, *sites, "--workdir", work_folder(owner, job)]
     if job == "gc":
         sessions = spec.get("durableSessions", {})
         arguments += ["--default", str(sessions.get("messageRetentionPeriod", "1d"))]
@@ -246,13 +279,15 @@ def client_conf(owner: Owner, spec: dict[str, Any]) -> dict[str, str]:
     """Spark's configuration of a client-mode run (the CronJob's): the driver is the
     Job's own pod, named to Spark so that it makes the executors owned by that pod
     (they go when it goes, as when the Job is killed), and reached by the executors
-    at its IP on fixed ports. The kubelet expands `$(...)` from the container's env."""
+    at its IP on fixed ports (on the host network Spark's own free ones: two drivers
+    may share a node). The kubelet expands `$(...)` from the container's env."""
     conf = {
         **_common_conf(owner, spec),
         "spark.kubernetes.driver.pod.name": f"$({POD_NAME_ENV})",
         "spark.driver.host": f"$({POD_IP_ENV})",
-        "spark.driver.port": str(DRIVER_PORT),
-        "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT),
+        **({} if host_network(spec) else {
+            "spark.driver.port": str(DRIVER_PORT),
+            "spark.driver.blockManager.port": str(BLOCK_MANAGER_PORT)}),
         "spark.kubernetes.executor.podTemplateFile":
             f"{POD_TEMPLATE_MOUNT}/{POD_TEMPLATE_KEY}",
         "spark.kubernetes.executor.podTemplateContainerName": EXECUTOR_CONTAINER,
@@ -271,12 +306,19 @@ def executor_pod_template(spec: dict[str, Any]) -> Manifest:
     secrets, and no API token (an executor never calls the API server)."""
     secrets = image_pull_secrets(spec)
     return {"apiVersion": "v1", "kind": "Pod", "spec": {
+        **host_network_fields(spec),
         "securityContext": RESTRICTED_POD_SECURITY,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         **({"imagePullSecrets": [{"name": name} for name in secrets]} if secrets else {}),
         "containers": [{"name": EXECUTOR_CONTAINER, "securityContext": CONTAINER_SECURITY}],
     }}
+
+
+def host_network_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """A Spark pod's fields for spec.spark.hostNetwork (cluster DNS still first)."""
+    return ({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+            if host_network(spec) else {})
 
 
 def pod_template_config_map(owner: Owner, spec: dict[str, Any]) -> Manifest:
@@ -290,7 +332,7 @@ def submit_command(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     """The CronJob's container: spark-submit in client mode (the driver runs in this
     container) against the cluster's own API server. `$(STRATAMQ_SPARK_RUN)` is
     expanded by the kubelet to the Job's name, the run's folder."""
-    command = ["spark-submit", "--master", K8S_MASTER, "--deploy-mode", "client",
+    command = ["spark-submit", "--master", f"k8s://{api_server(spec)}", "--deploy-mode", "client",
                "--name", name_of(owner.name, job)]
     for key, value in client_conf(owner, spec).items():
         command += ["--conf", f"{key}={value}"]
@@ -373,6 +415,7 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                                if image_pull_secrets(spec) else {}),
                             "restartPolicy": "Never",
                             "enableServiceLinks": False,
+                            **host_network_fields(spec),
                             "securityContext": RESTRICTED_POD_SECURITY,
                             "containers": [{
                                 "name": "spark-submit",
@@ -380,9 +423,11 @@ def cron_job(owner: Owner, spec: dict[str, Any], job: str) -> Manifest:
                                 "imagePullPolicy": pull_policy(spec),
                                 "command": job_command(owner, spec, job),
                                 "env": driver_env(owner),
-                                "ports": [{"name": "driver", "containerPort": DRIVER_PORT},
-                                          {"name": "block-manager",
-                                           "containerPort": BLOCK_MANAGER_PORT}],
+                                # (on the host network a port would be a host port)
+                                **({} if host_network(spec) else {"ports": [
+                                    {"name": "driver", "containerPort": DRIVER_PORT},
+                                    {"name": "block-manager",
+                                     "containerPort": BLOCK_MANAGER_PORT}]}),
                                 # the driver writes the run's results there
                                 "volumeMounts": [
                                     *({"name": SPARK_WORK_VOLUME,
@@ -443,9 +488,11 @@ def scheduled_spark_application(owner: Owner, spec: dict[str, Any], job: str) ->
                 "restartPolicy": {"type": "Never"},
                 "driver": {"serviceAccount": service_account_name(owner.name),
                            "cores": driver_cores, "memory": driver_memory,
-                           "labels": pod_labels},
+                           "labels": pod_labels,
+                           **({"hostNetwork": True} if host_network(spec) else {})},
                 "executor": {"instances": executors, "cores": executor_cores,
-                             "memory": executor_memory, "labels": pod_labels},
+                             "memory": executor_memory, "labels": pod_labels,
+                             **({"hostNetwork": True} if host_network(spec) else {})},
             },
         },
     }

@@ -1,4 +1,5 @@
-"""`stratamq spark launch JOB --site URL ... --workdir DIR`: one scheduled run of a job,
+"""`stratamq spark launch JOB --site URL ... --workdir DIR` (or `--site-pod POD ...`): one
+scheduled run of a job,
 the program the operator's Spark driver runs (`spark-submit ... spark-main.py launch
 ...`, or a SparkApplication's `mainApplicationFile`).
 
@@ -15,6 +16,11 @@ A site that does not answer fails the run after the others are done; its replica
 shards are read at another replica. `learn-topics` takes the checkpoints first and
 learns one seed from all of them, which it then gives every site: a seed learned per
 site would leave the last site's.
+
+A site is given by its admin API's URL (`--site`) or, where cluster DNS does not
+reach the sites, by its pod (`--site-pod`): the run then starts by reading each pod's IP
+from the API server (`--api-server`, with the pod's service account token; a pod
+without an IP fails the run before anything is read).
 
 The admin token comes from $STRATAMQ_ADMIN_TOKEN (the storage's admin Secret). A run
 writes under `DIR/RUN/site-N/`; RUN is the launching Job's name (`--run`), so a run
@@ -44,6 +50,8 @@ from stratamq.broker.ds import RetentionRules
 from stratamq.broker.errors import StratamqError
 
 DATABASE = "messages"
+# Where the kubelet puts a pod's own namespace (beside its service account token).
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # The outcome of a run, in its folder.
 RESULT_FILE = "result.json"
 
@@ -61,8 +69,19 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stratamq spark launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job", choices=["gc", "learn-topics", "export"])
-    parser.add_argument("--site", action="append", required=True, metavar="URL",
-                        help="a site's admin API base URL (repeatable: every site)")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--site", action="append", metavar="URL",
+                       help="a site's admin API base URL (repeatable: every site)")
+    given.add_argument("--site-pod", action="append", metavar="POD",
+                       help="a site's pod (repeatable: every site), reached at its pod "
+                            "IP on --admin-port, read from the API server at the start")
+    parser.add_argument("--admin-port", type=int, default=18083,
+                        help="with --site-pod: the sites' admin port (default 18083)")
+    parser.add_argument("--namespace", default="",
+                        help="with --site-pod: the pods' namespace (default: this pod's)")
+    parser.add_argument("--api-server", default="https://kubernetes.default.svc",
+                        help="with --site-pod: the API server's address (default "
+                             "https://kubernetes.default.svc)")
     parser.add_argument("--workdir", required=True,
                         help="the shared folder (same path on the sites and here)")
     parser.add_argument("--run", default="", help="this run's name (default: the time)")
@@ -134,6 +153,58 @@ def checkpoint_plan(sites: list[AdminClient], database: str
     return [chosen.get(index) for index in range(len(sites))], failed
 
 
+def admin_url(pod_ip: str, port: int) -> str:
+    """A site's admin API at its pod's IP (an IPv6 address in brackets)."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{port}"
+
+
+def pod_ips(pods: list[str], namespace: str, api_server: str) -> dict[str, str | None]:
+    """Each pod's IP (None while it has none), read from the API server as this pod's
+    service account (its token and CA, mounted by the kubelet)."""
+    from kubernetes import client as kube_client
+    from kubernetes import config as kube_config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    configuration = kube_client.Configuration()
+    try:
+        # Without the token's refresh hook, which would set the host back to
+        # $KUBERNETES_SERVICE_HOST (read once: the run asks only at its start).
+        kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration, try_refresh_token=False)
+    except ConfigException as exc:
+        raise StratamqError(f"--site-pod needs a pod's service account: {exc}") from exc
+    configuration.host = api_server
+    if not namespace:
+        namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text(encoding="utf-8").strip()
+    found: dict[str, str | None] = {}
+    with kube_client.ApiClient(configuration) as api:
+        core = kube_client.CoreV1Api(api)
+        for pod in pods:
+            try:
+                status = core.read_namespaced_pod(pod, namespace).status
+                found[pod] = status.pod_ip if status else None
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise StratamqError(f"pod {namespace}/{pod}: {exc.status} "
+                                        f"{exc.reason} from {api_server}") from exc
+                found[pod] = None
+    return found
+
+
+def site_urls(arguments: argparse.Namespace) -> list[str]:
+    """The sites' admin URLs: as given (`--site`), or at their pods' IPs."""
+    if arguments.site:
+        return list(arguments.site)
+    ips = pod_ips(arguments.site_pod, arguments.namespace, arguments.api_server)
+    missing = [pod for pod, ip in ips.items() if not ip]
+    if missing:
+        raise StratamqError(f"site pods without an IP (not scheduled or gone): "
+                            f"{', '.join(missing)}")
+    return [admin_url(ip, arguments.admin_port) for ip in ips.values() if ip]
+
+
 def client(url: str) -> AdminClient:
     token = os.environ.get(TOKEN_ENV)
     # A checkpoint of a large database takes a while.
@@ -181,13 +252,14 @@ def run_site(spark: Any, arguments: argparse.Namespace, site: AdminClient,
         shutil.rmtree(checkpoint, ignore_errors=True)
 
 
-def learn_topics(spark: Any, arguments: argparse.Namespace, run_folder: Path) -> list[SiteRun]:
+def learn_topics(spark: Any, arguments: argparse.Namespace, urls: list[str],
+                 run_folder: Path) -> list[SiteRun]:
     """Every site's checkpoint, one seed from all of them, the seed given to every
     site; the checkpoints are removed, `seed.json` stays in the run's folder."""
     from .topics import DEFAULT_HOT_SHARE, make_seed
 
     database = urllib.parse.quote(arguments.db, safe="")
-    sites = [client(url) for url in arguments.site]
+    sites = [client(url) for url in urls]
     folders = [run_folder / f"site-{index}" for index in range(len(sites))]
     # each shard read once; a site with nothing to read takes no checkpoint
     plan, failed = checkpoint_plan(sites, database)
@@ -208,7 +280,7 @@ def learn_topics(spark: Any, arguments: argparse.Namespace, run_folder: Path) ->
     (run_folder / "seed.json").write_text(json.dumps(seed, indent=2) + "\n",
                                           encoding="utf-8")
     done = []
-    for url, site, folder in zip(arguments.site, sites, folders, strict=True):
+    for url, site, folder in zip(urls, sites, folders, strict=True):
         answer = site.put(f"/api/v1/ds/storages/{database}/topic-structure",
                           {"patterns": seed["patterns"]})
         done.append(SiteRun(site=url, folder=folder, applied=answer))
@@ -229,18 +301,19 @@ def launch(arguments: argparse.Namespace) -> list[SiteRun]:
     run_folder.mkdir(parents=True)
     done: list[SiteRun] = []
     try:
+        urls = site_urls(arguments)  # before Spark starts
         spark = spark_session(f"stratamq-{arguments.job}", arguments.master or None)
         try:
             if arguments.job == "learn-topics":
-                done += learn_topics(spark, arguments, run_folder)
+                done += learn_topics(spark, arguments, urls, run_folder)
             else:
-                sites = [client(url) for url in arguments.site]
+                sites = [client(url) for url in urls]
                 database = urllib.parse.quote(arguments.db, safe="")
                 # each shard read once, at one site; the sites that answer are done
                 # before the run fails for one that does not
                 plan, failed = checkpoint_plan(sites, database)
                 for index, (url, site, shards) in enumerate(
-                        zip(arguments.site, sites, plan, strict=True)):
+                        zip(urls, sites, plan, strict=True)):
                     if not shards:
                         continue
                     folder = run_folder / f"site-{index}"

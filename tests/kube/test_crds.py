@@ -66,6 +66,8 @@ def test_good_storage_gets_defaults(crds: ControlPlane, namespace: str) -> None:
     assert spec["maxConcurrentMoves"] == 1
     assert spec["spark"]["gc"] == {"enable": False, "schedule": "0 3 * * *",
                                    "activeDeadlineSeconds": 7200}
+    assert (spec["spark"]["hostNetwork"], spec["spark"]["apiServer"],
+            spec["spark"]["siteAddresses"]) == (False, "https://kubernetes.default.svc", "DNS")
     # the repository and tag come from the operator's image when it applies the objects
     assert spec["image"] == {"pullPolicy": "IfNotPresent"}
 
@@ -257,6 +259,10 @@ BAD_SPECS: dict[str, tuple[dict[str, Any], str]] = {
                                  "service.nodePorts needs service.type NodePort or LoadBalancer"),
     "spark-memory-unit": ({"spark": {"resources": {"driver": {"memory": "2GiB"}}}},
                           "must be a size in Spark's units, such as 512m or 2g"),
+    "spark-api-server-path": ({"spark": {"apiServer": "https://10.0.0.1:6443/api"}},
+                              "must be an https:// address without a path"),
+    "spark-site-addresses": ({"spark": {"siteAddresses": "Hostname"}},
+                             'spec.spark.siteAddresses: Unsupported value: "Hostname"'),
     "negative-partition": ({"updateStrategy": {"partition": -1}},
                            "spec.updateStrategy.partition in body should be greater than or "
                            "equal to 0"),

@@ -153,10 +153,10 @@ state = "{workdir / 'state'}"
     def command(self) -> list[str]:
         return ["nice", "-n", "5", "containerd", "--config", str(self.config)]
 
-    def ctr(self, *args: str, input: bytes | None = None,
-            check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    def ctr(self, *args: str, input: bytes | None = None, check: bool = True,
+            timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
         return run("ctr", "--address", str(self.socket), "-n", "k8s.io", *args,
-                   input=input, check=check, timeout=300)
+                   input=input, check=check, timeout=timeout)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -369,15 +369,7 @@ class RealKubeCluster:
         self.scheduler.start()
         for runtime in self.runtimes:
             runtime.start()
-        archives = [path.read_bytes() for path in self.images]
-
-        def import_images(runtime: Containerd) -> None:
-            runtime.wait_ready()
-            for archive in archives:
-                runtime.ctr("images", "import", "-", input=archive)
-        # Each node's containerd unpacks its own copy: side by side, not one by one.
-        with ThreadPoolExecutor(len(self.runtimes)) as pool:
-            list(pool.map(import_images, self.runtimes))
+        self.import_images(self.images)
         for kubelet in self.kubelets:
             kubelet.start()
         for kubelet in self.kubelets:
@@ -386,6 +378,17 @@ class RealKubeCluster:
                            f"--timeout={max(1, int(deadline - time.monotonic()))}s",
                            timeout=timeout)
         return self
+
+    def import_images(self, archives: list[Path]) -> None:
+        """Docker archives imported into every node's containerd (as a registry's pull
+        would put them there)."""
+        def import_into(runtime: Containerd) -> None:
+            runtime.wait_ready()
+            for archive in archives:  # (the Spark image: 1.5 GB)
+                runtime.ctr("images", "import", str(archive), timeout=900)
+        # Each node's containerd unpacks its own copy: side by side, not one by one.
+        with ThreadPoolExecutor(len(self.runtimes)) as pool:
+            list(pool.map(import_into, self.runtimes))
 
     def _initialize(self, kubelet: Kubelet, deadline: float) -> None:
         """What a cloud controller does for a node: its address, and the taint off."""

@@ -186,6 +186,43 @@ def test_launch_arguments_carry_the_storages_rules() -> None:
     assert "--rule" not in learn
 
 
+def test_spark_pods_on_the_host_network_without_cluster_dns() -> None:
+    """spec.spark.hostNetwork, apiServer and siteAddresses: the Job's pod and the
+    executors on their node's network with Spark's own free ports (two drivers may share
+    a node), Spark's master at the given address, and the sites by their pods (the
+    launch reads their IPs from the same address)."""
+    spec = with_spark(gc={"enable": True})
+    spec["sites"] = 2
+    default_pod = spark.cron_job(OWNER, spec, "gc")["spec"]["jobTemplate"]["spec"][
+        "template"]["spec"]
+    assert "hostNetwork" not in default_pod
+    assert spark.launch_arguments(OWNER, spec, "gc").count("--site") == 2
+    assert "--site-pod" not in spark.launch_arguments(OWNER, spec, "gc")
+
+    spec["spark"].update(hostNetwork=True, apiServer="https://127.0.0.1:6443",
+                         siteAddresses="PodIP")
+    pod = spark.cron_job(OWNER, spec, "gc")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    [container] = pod["containers"]
+    assert "ports" not in container  # on the host network: host ports
+    command = container["command"]
+    assert command[command.index("--master") + 1] == "k8s://https://127.0.0.1:6443"
+    conf = conf_of(command)
+    assert "spark.driver.port" not in conf and "spark.driver.blockManager.port" not in conf
+    template = spark.executor_pod_template(spec)["spec"]
+    assert (template["hostNetwork"], template["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    launch = spark.launch_arguments(OWNER, spec, "gc")
+    assert "--site" not in launch
+    assert [launch[i + 1] for i, part in enumerate(launch) if part == "--site-pod"] == [
+        "mq-0", "mq-1"]
+    assert launch[launch.index("--admin-port") + 1] == "18083"
+    assert launch[launch.index("--namespace") + 1] == "brokers"
+    assert launch[launch.index("--api-server") + 1] == "https://127.0.0.1:6443"
+    application = spark.scheduled_spark_application(OWNER, spec, "gc")["spec"]["template"]
+    assert application["driver"]["hostNetwork"] and application["executor"]["hostNetwork"]
+    assert "--site-pod" in application["arguments"]
+
+
 def test_the_sites_mount_the_shared_volume() -> None:
     pod = resources.stateful_set(OWNER, with_spark())["spec"]["template"]["spec"]
     assert {"name": "spark-work", "persistentVolumeClaim": {"claimName": "shared"}} in (

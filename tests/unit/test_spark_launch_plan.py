@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stratamq.spark.launch import shards_to_read
+from stratamq.spark.launch import admin_url, parser, shards_to_read, site_urls
 
 
 def view(*shards: tuple[int, list[str], str]) -> dict[str, Any]:
@@ -53,3 +54,20 @@ def test_every_held_shard_is_read_exactly_once(case: tuple[int, list[Any], set[i
             assert readers == [leader]
         elif holders_asked:
             assert readers == holders_asked[:1]
+
+
+def test_a_site_is_given_by_its_url_or_by_its_pod() -> None:
+    """--site and --site-pod exclude each other; a pod's site is at its IP."""
+    given = parser().parse_args(["gc", "--site", "http://a:1", "--site", "http://b:1",
+                                 "--workdir", "/w"])
+    assert site_urls(given) == ["http://a:1", "http://b:1"]
+    by_pod = parser().parse_args(["gc", "--site-pod", "mq-0", "--site-pod", "mq-1",
+                                  "--admin-port", "18099", "--workdir", "/w"])
+    assert (by_pod.site_pod, by_pod.admin_port, by_pod.site) == (["mq-0", "mq-1"], 18099, None)
+    assert admin_url("10.1.2.3", 18083) == "http://10.1.2.3:18083"
+    assert admin_url("fd00::5", 18083) == "http://[fd00::5]:18083"
+    for argv in (["gc", "--workdir", "/w"],
+                 ["gc", "--site", "http://a:1", "--site-pod", "mq-0", "--workdir", "/w"]):
+        with pytest.raises(SystemExit) as exited:
+            parser().parse_args(argv)
+        assert exited.value.code == 2

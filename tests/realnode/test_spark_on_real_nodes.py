@@ -1,0 +1,172 @@
+"""A scheduled Spark job on real nodes (tests/support/realnode.py): the chart's operator
+makes the storage's export CronJob; a run of it (`kubectl create job --from=cronjob`)
+is the driver in the Job's own pod, a container of the Spark image
+(images/build-local.sh --spark, imported on every node) that asks the API server for
+an executor pod, a second container of that image on a node; the driver takes the
+site's checkpoint through its admin API into a ReadWriteMany volume (a hostPath
+PersistentVolume: one machine), the executor reads it there, and the usage Parquet it
+leaves counts every message published (issue 23).
+
+These nodes' pod network reaches nothing and there is no cluster DNS or kube-proxy, so
+the storage says so (`spec.spark.hostNetwork`, `apiServer`: the API server's loopback
+address, `siteAddresses: PodIP`): the Spark pods run on their nodes' network and the
+driver finds the site at its pod's IP. The stand-in kubelet's
+tests/kube/test_spark_client_mode.py covers the restricted executor template and the
+executors' going with the driver's pod."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow.parquet as parquet
+import pytest
+
+from harness.processes import REPO
+from harness.waiting import wait_for
+from stratamq.operator import resources, spark
+from tests.support.clients import PahoClient
+from tests.support.realnode import RealKubeCluster
+
+CHART = REPO / "charts" / "stratamq"
+IMAGES = REPO / ".cache" / "images"
+NAMESPACE = "realnode-spark"
+RELEASE = "sp-op"
+NAME = "sp"
+CLAIM = "spark-work"
+RUN = f"{NAME}-export-1"
+MESSAGES = 200
+# Generous: a Spark driver and executor JVM on nodes of one loaded 2-core machine.
+RUN_TIMEOUT_S = 900.0
+
+
+def kubectl(cluster: RealKubeCluster, *arguments: str, check: bool = True,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return cluster.plane.kubectl(*arguments, check=check, input=input)
+
+
+def get(cluster: RealKubeCluster, *what: str) -> Any:
+    return json.loads(kubectl(cluster, "get", "-n", NAMESPACE, "-o", "json", *what).stdout)
+
+
+def explain(cluster: RealKubeCluster) -> str:
+    pods = kubectl(cluster, "get", "pods", "-A", "-o", "wide", check=False).stdout
+    driver = kubectl(cluster, "logs", "-n", NAMESPACE, f"job/{RUN}", "--tail=60",
+                     check=False)
+    jobs = kubectl(cluster, "get", "jobs", "-n", NAMESPACE, "-o", "yaml", check=False).stdout
+    return f"pods:\n{pods}\njobs:\n{jobs[-3000:]}\ndriver log:\n{driver.stdout}{driver.stderr}"
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
+    """The nodes with the Spark image imported, a shared volume, and the chart's operator
+    with a one-site storage whose export job runs on the host network; the release
+    uninstalled and its pods gone after (the next module needs the nodes)."""
+    cluster = real_kube_cluster
+    started = time.monotonic()
+    subprocess.run([str(REPO / "images" / "build-local.sh"), "--spark", str(IMAGES)],
+                   check=True, timeout=1800)
+    built = time.monotonic() - started
+    cluster.import_images([IMAGES / "spark.tar"])
+    print(f"\nSpark image: built {built:.0f} s, imported on every node "
+          f"{time.monotonic() - started - built:.0f} s")
+    shared = cluster.workdir / "spark-work"
+    shared.mkdir()
+    os.chown(shared, 10001, 10001)  # the images' user, in the sites and the Spark pods
+    kubectl(cluster, "create", "namespace", NAMESPACE)
+    kubectl(cluster, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": [{
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": CLAIM},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "claimRef": {"namespace": NAMESPACE, "name": CLAIM},
+                 "hostPath": {"path": str(shared), "type": "Directory"}}}, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": CLAIM, "namespace": NAMESPACE},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "volumeName": CLAIM, "resources": {"requests": {"storage": "1Gi"}}}}]}))
+    cluster.add_volumes(1)  # the site's data
+    spec = {
+        "sites": 1, "hostNetwork": True, "image": {"pullPolicy": "Never"},
+        "messages": {"nShards": 2, "replicationFactor": 1}, "storage": {"size": "1Gi"},
+        "spark": {
+            "hostNetwork": True, "siteAddresses": "PodIP",
+            "apiServer": f"https://127.0.0.1:{cluster.plane.apiserver.port}",
+            "image": {"pullPolicy": "Never"}, "volume": {"claimName": CLAIM},
+            "executors": 1, "resources": {"driver": {"memory": "512m"},
+                                          "executor": {"memory": "512m"}},
+            # run by the test, not by the schedule
+            "export": {"enable": True, "schedule": "0 0 1 1 *"}}}
+    try:
+        cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "durableStorage.create=true",
+                              "--set", f"durableStorage.name={NAME}",
+                              "--set-json", "durableStorage.spec=" + json.dumps(spec))
+        yield cluster
+    finally:
+        cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
+                           "--timeout=120s", check=False, timeout=150)
+        kubectl(cluster, "delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        wait_for("the module's pods gone", lambda: not json.loads(kubectl(
+            cluster, "get", "pods", "-n", NAMESPACE, "-o", "json", check=False).stdout
+            or '{"items": []}')["items"], timeout=180)
+        kubectl(cluster, "delete", "persistentvolume", CLAIM, "--wait=false", check=False)
+
+
+@pytest.mark.timeout(2400)  # with the Spark image's first build (minutes)
+def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -> None:
+    cluster = spark_cluster
+    wait_for("the storage Ready", lambda: get(cluster, "durablestorage", NAME).get(
+        "status", {}).get("phase") == "Ready", timeout=300, explain=lambda: explain(cluster))
+    [site] = get(cluster, "pods", "-l", resources.site_selector(NAME))["items"]
+    publisher = PahoClient(1883, "spark-pub", host=site["status"]["podIP"])
+    try:
+        assert publisher.connect().reason_code == 0
+        for number in range(MESSAGES):
+            assert publisher.publish(f"fleet/{number % 20}/speed", b"%d" % number, qos=1) == 0
+    finally:
+        publisher.stop()
+
+    started = time.monotonic()
+    kubectl(cluster, "create", "job", "-n", NAMESPACE, RUN,
+            f"--from=cronjob/{spark.name_of(NAME, 'export')}")
+    executors: dict[str, dict[str, Any]] = {}
+
+    def ended() -> str | None:
+        # the executor pods while they live (the driver deletes them at its end)
+        for pod in get(cluster, "pods", "-l", "spark-role=executor")["items"]:
+            executors.setdefault(pod["metadata"]["name"], pod)
+        for condition in get(cluster, "job", RUN).get("status", {}).get("conditions") or []:
+            if condition["status"] == "True" and condition["type"] in ("Complete", "Failed"):
+                return str(condition["type"])
+        return None
+
+    outcome = wait_for("the run's end", ended, timeout=RUN_TIMEOUT_S, every=1.0,
+                       explain=lambda: explain(cluster))
+    assert outcome == "Complete", explain(cluster)
+    print(f"export run: {time.monotonic() - started:.0f} s, executors {sorted(executors)}")
+
+    # The executor: a pod of the Spark image the driver asked for, owned by the Job's
+    # pod, on its node's network.
+    [driver] = get(cluster, "pods", "-l", f"{spark.JOB_NAME_LABEL}={RUN}")["items"]
+    assert driver["spec"]["hostNetwork"] is True
+    assert len(executors) == 1, executors
+    [executor] = executors.values()
+    assert executor["spec"]["hostNetwork"] is True
+    assert [owner["name"] for owner in executor["metadata"]["ownerReferences"]] == [
+        driver["metadata"]["name"]]
+    assert executor["spec"]["containers"][0]["image"] == driver["spec"]["containers"][0]["image"]
+
+    # What the run left on the shared volume: its outcome and the usage it counted.
+    folder = cluster.workdir / "spark-work" / NAME / "export" / RUN
+    result = json.loads((folder / "result.json").read_text())
+    assert (result["result"], len(result["sites_done"])) == ("Succeeded", 1), result
+    usage = parquet.read_table(folder / "site-0" / "usage.parquet").to_pylist()
+    assert sum(row["messages"] for row in usage) == MESSAGES, usage
+    # The operator's record of the run.
+    wait_for("the run in status.spark", lambda: get(cluster, "durablestorage", NAME).get(
+        "status", {}).get("spark", {}).get("export", {}).get("result") == "Succeeded",
+        timeout=60, explain=lambda: explain(cluster))
