@@ -23,6 +23,7 @@ from .ds import (
     kv_options,
 )
 from .errors import ConfigError
+from .net.deadlines import ReadDeadlines
 from .net.listeners import (
     ListenerSet,
     start_stream_listener,
@@ -210,9 +211,10 @@ async def _start_parts(config: Config) -> RunningSite:
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
     connections: set[Channel] = set()
+    deadlines = ReadDeadlines()
 
     def make(transport: Transport, listener: str, peer: str) -> Channel:
-        return Channel(broker, access, transport, limits, listener, peer)
+        return Channel(broker, access, transport, limits, listener, peer, deadlines)
 
     listeners = config.listeners
     max_connections = config.mqtt.max_connections

@@ -41,6 +41,7 @@ from ..mqtt import (
     encode_publish,
 )
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
+from ..net.deadlines import ReadDeadlines
 from ..net.read_loop import ConnectionClosed, read_packets
 from ..net.transport import Transport
 from ..session.outbox import Delivery
@@ -119,7 +120,8 @@ _HANDLERS: dict[type[Packet], Handler] = {
 
 class Channel:
     def __init__(self, broker: Broker, access: AccessControl, transport: Transport,
-                 limits: ChannelLimits, listener: str, peer: str) -> None:
+                 limits: ChannelLimits, listener: str, peer: str,
+                 deadlines: ReadDeadlines) -> None:
         self.broker = broker
         self.access = access
         self.transport = transport
@@ -149,13 +151,14 @@ class Channel:
                                     max_connect_size=limits.max_connect_packet_size)
         self._outbound_aliases: dict[str, int] = {}
         self._kicked = Flag()
+        self._deadlines = deadlines  # the site's, for every connection's read deadline
 
     # -- the connection's life ----------------------------------------------------
 
     async def run(self, read: Callable[[], Awaitable[bytes]]) -> None:
         """Serve the connection until it ends; never raises."""
         try:
-            await read_packets(read, self._reader, self)
+            await read_packets(read, self._reader, self, self._deadlines)
         except ConnectionClosed:
             pass
         except UnsupportedProtocolVersionError:

@@ -7,6 +7,7 @@ import gc
 from collections.abc import Awaitable
 
 from stratamq.broker.mqtt import Packet, PacketReader
+from stratamq.broker.net.deadlines import ReadDeadlines
 from stratamq.broker.net.read_loop import read_packets
 
 # MQTT 3.1.1 CONNECT, clean session, keep alive 60, client id "a"
@@ -39,7 +40,8 @@ def test_an_idle_connection_keeps_neither_its_last_packet_nor_its_bytes() -> Non
             return reads.pop() if reads else await idle
 
         handler = Handler()
-        loop_task = asyncio.create_task(read_packets(read, PacketReader(1 << 20), handler))
+        loop_task = asyncio.create_task(read_packets(read, PacketReader(1 << 20), handler,
+                                                     ReadDeadlines()))
         for _ in range(5):
             await asyncio.sleep(0)
         assert len(handler.handled) == 1
@@ -48,4 +50,38 @@ def test_an_idle_connection_keeps_neither_its_last_packet_nor_its_bytes() -> Non
         # neither the packet nor the list it came in
         assert gc.get_referrers(handler.handled[0]) == [handler.handled]
         loop_task.cancel()
+    asyncio.run(scenario())
+
+
+class KeepAliveHandler(Handler):
+    def read_timeout(self) -> float | None:
+        return 90.0  # keep alive 60 s
+
+
+def test_idle_connections_share_one_timer_for_their_keep_alive() -> None:
+    """Issue 25: a timer of its own (TimerHandle, bound method, context) held 0.6 KB of
+    an idle connection; the site's ReadDeadlines has one for them all."""
+    async def scenario() -> None:
+        idle = asyncio.get_running_loop().create_future()
+
+        async def read() -> bytes:
+            return await idle
+
+        def timers() -> int:
+            gc.collect()
+            return sum(isinstance(found, asyncio.TimerHandle) for found in gc.get_objects())
+
+        before = timers()
+        deadlines = ReadDeadlines()
+        loops = [asyncio.create_task(read_packets(read, PacketReader(1 << 20),
+                                                  KeepAliveHandler(), deadlines))
+                 for _ in range(50)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(deadlines) == 50
+        assert timers() - before <= 1
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        assert len(deadlines) == 0
     asyncio.run(scenario())
