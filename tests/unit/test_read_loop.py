@@ -62,7 +62,7 @@ def test_idle_connections_share_one_timer_for_their_keep_alive() -> None:
     """Issue 25: a timer of its own (TimerHandle, bound method, context) held 0.6 KB of
     an idle connection; the site's ReadDeadlines has one for them all."""
     async def scenario() -> None:
-        idle = asyncio.get_running_loop().create_future()
+        idle: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
         async def read() -> bytes:
             return await idle
