@@ -416,11 +416,13 @@ class Resends:
 
     def __init__(self) -> None:
         self._by_key: dict[ResendKey, int] = {}
-        self._reserved: set[int] = set()
+        # a dict used as a set: an idle session holds it empty, and an empty dict holds
+        # no table where an empty set holds 216 bytes (issue 25)
+        self._reserved: dict[int, None] = {}
 
     def replace(self, resends: dict[ResendKey, int]) -> None:
         self._by_key = dict(resends)
-        self._reserved = set(self._by_key.values())
+        self._reserved = dict.fromkeys(self._by_key.values())
 
     def in_order(self) -> list[ResendKey]:
         """What is still to be resent, in first-sent order."""
@@ -442,11 +444,11 @@ class Resends:
 
     def release(self, packet_id: int) -> None:
         """A resend taken has gone out, or will not: its identifier is free again."""
-        self._reserved.discard(packet_id)
+        self._reserved.pop(packet_id, None)
 
     def drop(self, key: ResendKey) -> None:
         """A resend that will not go out (its message is gone)."""
-        self._reserved.discard(self._by_key.pop(key))
+        self._reserved.pop(self._by_key.pop(key), None)
 
     def forget(self, doomed: Callable[[str], bool]) -> int:
         """Drop the resends of the cursors whose key is `doomed`; how many."""

@@ -11,6 +11,8 @@ being hidden by the poll."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -1138,3 +1140,27 @@ def test_a_stream_catching_up_is_not_starved_by_streams_on_the_live_feed() -> No
         await session.detach()
 
     run(main())
+
+
+def test_an_idle_session_holds_little() -> None:
+    """Issue 25: an idle connection's memory, about half of it its session's. The
+    session's empty sets held 216 bytes each (an empty dict, used as a set, none):
+    3.9 KB of Python allocations per idle session then, 3.5 KB now."""
+    async def scenario() -> None:
+        storage, saved = FakeStorage(), SavedSessions()
+        for durable in (False, True):
+            make_session(storage, durable=durable, client_id="first", saved=saved)
+            gc.collect()
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                sessions = [make_session(storage, durable=durable, client_id=f"c{n:05d}",
+                                         saved=saved) for n in range(200)]
+                gc.collect()
+                grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(
+                    before, "filename"))
+            finally:
+                tracemalloc.stop()
+            assert len(sessions) == 200
+            assert grown / 200 <= 3700, (durable, grown / 200)
+    asyncio.run(scenario())
