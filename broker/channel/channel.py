@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from ..auth import AccessControl
 from ..core.broker import Broker
+from ..deadlines import Deadlines
 from ..ds import FencedError
 from ..errors import StratamqError
 from ..flag import Flag
@@ -41,7 +42,6 @@ from ..mqtt import (
     encode_publish,
 )
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
-from ..net.deadlines import ReadDeadlines
 from ..net.read_loop import ConnectionClosed, read_packets
 from ..net.transport import Transport
 from ..session.outbox import Delivery
@@ -121,7 +121,7 @@ _HANDLERS: dict[type[Packet], Handler] = {
 class Channel:
     def __init__(self, broker: Broker, access: AccessControl, transport: Transport,
                  limits: ChannelLimits, listener: str, peer: str,
-                 deadlines: ReadDeadlines) -> None:
+                 deadlines: Deadlines) -> None:
         self.broker = broker
         self.access = access
         self.transport = transport
