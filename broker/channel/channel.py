@@ -119,6 +119,13 @@ _HANDLERS: dict[type[Packet], Handler] = {
 
 
 class Channel:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_deadlines", "_kicked", "_outbound_aliases", "_reader", "access", "broker",
+                 "client_alias_maximum", "client_id", "client_max_packet", "closing",
+                 "connected_at", "inbound_aliases", "inbound_qos_pending", "inbound_slot_freed",
+                 "keepalive", "last_store", "level", "limits", "listener", "peer",
+                 "receive_maximum", "retained", "session", "transport", "username", "will_on_close")
+
     def __init__(self, broker: Broker, access: AccessControl, transport: Transport,
                  limits: ChannelLimits, listener: str, peer: str,
                  deadlines: Deadlines) -> None:

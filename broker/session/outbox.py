@@ -94,6 +94,12 @@ class Outbox:
     together on every send and acknowledgement (the resend order, `Resends`, is
     already apart)."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_durable", "_finished", "_held", "_in_flight", "_next_packet_id",
+                 "_pubrel_sender", "_pubrel_waiting", "_queue", "_releaser", "_request_save",
+                 "_room", "_save", "max_queued", "outlet", "replay_room", "resends")
+
+
     def __init__(self, max_queued: int, *, save: Callable[[], Awaitable[None]],
                  request_save: Callable[[], None], finished: Callable[[Delivery], None],
                  durable: Callable[[], bool]) -> None:
@@ -413,6 +419,10 @@ class Resends:
     """Durable deliveries sent on an earlier connection and not acknowledged, in
     first-sent order: (cursor key, message timestamp) -> packet identifier. An
     identifier stays reserved until its message goes out again, or is given up."""
+
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_by_key", "_reserved")
+
 
     def __init__(self) -> None:
         self._by_key: dict[ResendKey, int] = {}

@@ -41,6 +41,12 @@ class Replay:
     """`offer` hands a delivery to the session (which asks the ACL once more);
     `wake` is shared with `streams`: set when there may be something to read."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_batch_size", "_client_id", "_cursors", "_db", "_durable", "_idle_poll_interval",
+                 "_offer", "_outbox", "_polls", "_reader", "_routes", "_storage", "_streams",
+                 "_turn", "_waiting_for_room", "_wake")
+
+
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  batch_size: int, idle_poll_interval: float, streams: Streams,
                  routes: Routes, outbox: Outbox, offer: Callable[[Delivery], None],

@@ -34,6 +34,12 @@ from .streams import Streams
 
 
 class Session:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_inbound_qos2", "_on_shared_loss", "_persist", "_persist_pending",
+                 "_persist_task", "client_id", "durable", "expiry_interval", "outbox",
+                 "owner_epoch", "persist_lock", "replay", "routes", "stored_parts", "streams",
+                 "username", "will")
+
     def __init__(self, client_id: str, *, durable: bool, expiry_interval: int,
                  storage: MessageReader, messages_db: str, max_queued: int, batch_size: int,
                  idle_poll_interval: float,

@@ -31,6 +31,12 @@ class Streams:
     """`wake` is set whenever there may be something new to read (the replay waits
     on it); `request_save` asks for the session to be written soon."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_client_id", "_db", "_done", "_durable", "_going", "_outbox", "_parked",
+                 "_request_save", "_storage", "_stream_version", "_subscriptions", "_wake",
+                 "cursors")
+
+
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  outbox: Outbox, subscriptions: Callable[[], Mapping[str, Subscription]],
                  durable: Callable[[], bool], request_save: Callable[[], None],
