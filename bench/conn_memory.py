@@ -20,10 +20,12 @@ Kinds: MQTT 3.1.1 or 5, clean (a session that ends with the connection) or durab
 largest count, what was allocated between before and after per connection, by the
 line of the broker's code that allocated it.
 
-The clients come from this process (asyncio), so `ulimit -n` is raised to its hard
-limit here and in the servers it starts: a count above about half the hard limit
-cannot be run (each connection is a socket on either side). Traffic stays on
-127.0.0.1."""
+The clients come from this process (asyncio), so the open-file limit is raised here
+and in the servers it starts: to what the largest count needs where this process may
+(root), else to the hard limit, and a count the limit does not allow is refused. One
+source address gives at most the kernel's ephemeral ports (about 28k) of connections to
+one server port, so the clients connect from 127.0.0.2 to 127.0.0.9 in turn. Traffic
+stays on 127.0.0.0/8."""
 
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ from harness.processes import HOST, BrokerProcess, ManagedProcess
 KEEPALIVE = 300
 DURABLE_EXPIRY = 86_400
 CONCURRENT_CONNECTS = 256  # handshakes under way at once, like a reconnect storm
+# The clients' source addresses, taken in turn (see the docstring).
+SOURCE_ADDRESSES = [f"127.0.0.{last}" for last in range(2, 10)]
 WARMUP_CLIENTS = 20
 SETTLE_SECONDS = 2.0
 KINDS = ("311-clean", "311-durable", "5-clean", "5-durable")
@@ -104,7 +108,9 @@ async def connect_clients(port: int, kind: str, first: int, count: int,
     async def one(number: int) -> None:
         async with gate:
             try:
-                reader, writer = await asyncio.open_connection(HOST, port)
+                reader, writer = await asyncio.open_connection(
+                    HOST, port,
+                    local_addr=(SOURCE_ADDRESSES[number % len(SOURCE_ADDRESSES)], 0))
                 writer.write(connect_packet(kind, f"idle-{kind}-{number}"))
                 head = await asyncio.wait_for(reader.readexactly(4), 60)
             except (OSError, asyncio.IncompleteReadError, TimeoutError):
@@ -252,8 +258,16 @@ def print_table(rows: Sequence[Row]) -> None:
               f"{row.kb_per_connection:>8.2f} {row.refused:>7}")
 
 
-def raise_file_limit() -> int:
+def raise_file_limit(wanted: int) -> int:
+    """The open-file limit raised to `wanted` (root may pass the hard limit), else to
+    the hard limit; the limit now."""
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if wanted > hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted
+        except (ValueError, OSError):
+            pass  # not root: the hard limit it is
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
 
@@ -269,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="stratamq under tracemalloc: what the connections hold")
     args = parser.parse_args(argv)
     counts = sorted(int(count) for count in args.counts.split(","))
-    limit = raise_file_limit()
+    limit = raise_file_limit(counts[-1] + 1024)
     if counts[-1] + 200 > limit:
         parser.error(f"{counts[-1]} connections need more than the open-file limit "
                      f"{limit} allows")

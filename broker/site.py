@@ -13,6 +13,7 @@ from .channel.channel import Channel, ChannelLimits
 from .config import Config, MessagesDbConfig
 from .core.broker import RETAINED_DB, SESSIONS_DB, Broker
 from .core.registry import SessionLimits
+from .deadlines import Deadlines
 from .ds import (
     BackendOf,
     DbOptions,
@@ -23,7 +24,6 @@ from .ds import (
     kv_options,
 )
 from .errors import ConfigError
-from .net.deadlines import ReadDeadlines
 from .net.listeners import (
     ListenerSet,
     start_stream_listener,
@@ -211,7 +211,7 @@ async def _start_parts(config: Config) -> RunningSite:
     access = AccessControl.from_config(config.access_control)
     limits = connection_limits(config)
     connections: set[Channel] = set()
-    deadlines = ReadDeadlines()
+    deadlines = Deadlines()
 
     def make(transport: Transport, listener: str, peer: str) -> Channel:
         return Channel(broker, access, transport, limits, listener, peer, deadlines)

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from ..auth import AccessControl
 from ..core.broker import Broker
+from ..deadlines import Deadlines
 from ..ds import FencedError
 from ..errors import StratamqError
 from ..flag import Flag
@@ -41,7 +42,6 @@ from ..mqtt import (
     encode_publish,
 )
 from ..mqtt.errors import MqttCodecError, UnsupportedProtocolVersionError
-from ..net.deadlines import ReadDeadlines
 from ..net.read_loop import ConnectionClosed, read_packets
 from ..net.transport import Transport
 from ..session.outbox import Delivery
@@ -119,9 +119,16 @@ _HANDLERS: dict[type[Packet], Handler] = {
 
 
 class Channel:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_deadlines", "_kicked", "_outbound_aliases", "_reader", "access", "broker",
+                 "client_alias_maximum", "client_id", "client_max_packet", "closing",
+                 "connected_at", "inbound_aliases", "inbound_qos_pending", "inbound_slot_freed",
+                 "keepalive", "last_store", "level", "limits", "listener", "peer",
+                 "receive_maximum", "retained", "session", "transport", "username", "will_on_close")
+
     def __init__(self, broker: Broker, access: AccessControl, transport: Transport,
                  limits: ChannelLimits, listener: str, peer: str,
-                 deadlines: ReadDeadlines) -> None:
+                 deadlines: Deadlines) -> None:
         self.broker = broker
         self.access = access
         self.transport = transport

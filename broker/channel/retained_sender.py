@@ -46,6 +46,9 @@ class _Job:
 
 
 class RetainedSender:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_job", "_page", "_pages", "_pending", "_store", "_task")
+
     def __init__(self, store: RetainedStore) -> None:
         self._store = store
         self._pending: dict[str, _Job] = {}  # by subscription key, in the order asked

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..deadlines import Deadlines
 from ..ds import DurableStorage, FencedError
 from ..errors import StratamqError
 from ..metrics import IN_FLIGHT, SESSIONS
@@ -81,6 +82,8 @@ class SessionRegistry:
         self._store = store
         self._dispatcher = dispatcher
         self.limits = limits
+        # every session's safety-net poll on one timer (an idle session waits on it)
+        self._polls = Deadlines()
         self.sessions: dict[str, Session] = {}
         self.connections: dict[str, Owner] = {}
         self._locks = ClientLocks()
@@ -143,7 +146,8 @@ class SessionRegistry:
                        storage=self._storage, messages_db=self._messages_db,
                        max_queued=self.limits.max_queued, batch_size=self.limits.batch_size,
                        idle_poll_interval=self.limits.idle_poll_interval,
-                       persist=self.persist, on_shared_loss=self._dispatcher.on_shared_loss)
+                       persist=self.persist, on_shared_loss=self._dispatcher.on_shared_loss,
+                       polls=self._polls)
 
     async def open_session(self, connection: Owner, clean_start: bool, expiry_interval: int,
                            username: str | None,

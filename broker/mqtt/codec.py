@@ -441,6 +441,10 @@ class PacketReader:
     of them has been acknowledged, so a client sends them again).
     """
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_pending", "max_connect_size", "max_packet_size", "protocol_level")
+
+
     def __init__(self, max_packet_size: int, protocol_level: int | None = None, *,
                  max_connect_size: int | None = None) -> None:
         if protocol_level is not None:

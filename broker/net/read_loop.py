@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from ..deadlines import Deadlines
 from ..metrics import BYTES_RECEIVED, packets_received
 from ..mqtt import Packet, PacketReader
-from .deadlines import ReadDeadlines
 
 
 class ConnectionClosed(Exception):
@@ -42,7 +42,7 @@ class ReadDeadline:
 
     Armed once per timeout period instead of once per read (a busy connection reads
     thousands of times a second), on the site's one timer for every connection's
-    deadline (`ReadDeadlines`: a timer of its own held 0.6 KB). A read under
+    deadline (`Deadlines`: a timer of its own held 0.6 KB). A read under
     way when the deadline passes is cancelled (as asyncio.timeout does), and `expired`
     tells why. While the handler works on a packet nothing is read and the deadline
     waits: the time the broker takes is not the peer's."""
@@ -50,7 +50,7 @@ class ReadDeadline:
     __slots__ = ("_deadlines", "_handler", "_loop", "_progress_at", "_reading", "_task",
                  "_tick", "_timeout", "expired")  # one per connection
 
-    def __init__(self, handler: PacketHandler, deadlines: ReadDeadlines) -> None:
+    def __init__(self, handler: PacketHandler, deadlines: Deadlines) -> None:
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None, "read_packets runs in a task"
@@ -104,7 +104,7 @@ class ReadDeadline:
 
 
 async def read_packets(read: Callable[[], Awaitable[bytes]], reader: PacketReader,
-                       handler: PacketHandler, deadlines: ReadDeadlines) -> None:
+                       handler: PacketHandler, deadlines: Deadlines) -> None:
     """Hand the handler packets until the peer closes or the handler is closing; raises
     ConnectionClosed, codec errors and the transport's errors."""
     deadline = ReadDeadline(handler, deadlines)

@@ -79,6 +79,10 @@ class CursorTable:
     """The cursors of a session by key, indexed by lane and generation. Every change
     goes through `add`, `remove`, `clear` and `end`, which keep the index."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_by_key", "_lanes", "_open")
+
+
     def __init__(self) -> None:
         self._by_key: dict[str, Cursor] = {}
         # lane -> generation -> cursors (by key) of that generation in the lane

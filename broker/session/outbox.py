@@ -94,6 +94,12 @@ class Outbox:
     together on every send and acknowledgement (the resend order, `Resends`, is
     already apart)."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_durable", "_finished", "_held", "_in_flight", "_next_packet_id",
+                 "_pubrel_sender", "_pubrel_waiting", "_queue", "_releaser", "_request_save",
+                 "_room", "_save", "max_queued", "outlet", "replay_room", "resends")
+
+
     def __init__(self, max_queued: int, *, save: Callable[[], Awaitable[None]],
                  request_save: Callable[[], None], finished: Callable[[Delivery], None],
                  durable: Callable[[], bool]) -> None:
@@ -414,13 +420,19 @@ class Resends:
     first-sent order: (cursor key, message timestamp) -> packet identifier. An
     identifier stays reserved until its message goes out again, or is given up."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_by_key", "_reserved")
+
+
     def __init__(self) -> None:
         self._by_key: dict[ResendKey, int] = {}
-        self._reserved: set[int] = set()
+        # a dict used as a set: an idle session holds it empty, and an empty dict holds
+        # no table where an empty set holds 216 bytes (issue 25)
+        self._reserved: dict[int, None] = {}
 
     def replace(self, resends: dict[ResendKey, int]) -> None:
         self._by_key = dict(resends)
-        self._reserved = set(self._by_key.values())
+        self._reserved = dict.fromkeys(self._by_key.values())
 
     def in_order(self) -> list[ResendKey]:
         """What is still to be resent, in first-sent order."""
@@ -442,11 +454,11 @@ class Resends:
 
     def release(self, packet_id: int) -> None:
         """A resend taken has gone out, or will not: its identifier is free again."""
-        self._reserved.discard(packet_id)
+        self._reserved.pop(packet_id, None)
 
     def drop(self, key: ResendKey) -> None:
         """A resend that will not go out (its message is gone)."""
-        self._reserved.discard(self._by_key.pop(key))
+        self._reserved.pop(self._by_key.pop(key), None)
 
     def forget(self, doomed: Callable[[str], bool]) -> int:
         """Drop the resends of the cursors whose key is `doomed`; how many."""

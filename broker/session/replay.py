@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from ..deadlines import Deadlines
 from ..ds import EndOfStream, Message, Stream
 from ..errors import InvalidIteratorError, StorageError
 from ..flag import Flag
@@ -40,10 +41,16 @@ class Replay:
     """`offer` hands a delivery to the session (which asks the ACL once more);
     `wake` is shared with `streams`: set when there may be something to read."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_batch_size", "_client_id", "_cursors", "_db", "_durable", "_idle_poll_interval",
+                 "_offer", "_outbox", "_polls", "_reader", "_routes", "_storage", "_streams",
+                 "_turn", "_waiting_for_room", "_wake")
+
+
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  batch_size: int, idle_poll_interval: float, streams: Streams,
                  routes: Routes, outbox: Outbox, offer: Callable[[Delivery], None],
-                 durable: Callable[[], bool], wake: Flag) -> None:
+                 durable: Callable[[], bool], wake: Flag, polls: Deadlines) -> None:
         self._client_id = client_id
         self._storage = storage
         self._db = messages_db
@@ -56,6 +63,7 @@ class Replay:
         self._offer = offer
         self._durable = durable
         self._wake = wake
+        self._polls = polls  # the site's sessions' safety-net polls, on one timer
         self._reader: asyncio.Task[None] | None = None
         # Set while the replay has streams to read and the queue has no room for them:
         # the live feed then queues nothing more either (its cursors read storage in
@@ -184,11 +192,19 @@ class Replay:
                 else:
                     progressed = True
             if not progressed:
-                # Woken by the feed, acks and new streams; the timeout is a safety net
-                # should a wake-up ever be missed.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self._idle_poll_interval):
-                        await self._wake.wait()
+                # Woken by the feed, acks and new streams; the poll is a safety net
+                # should a wake-up ever be missed (on the registry's one timer: an
+                # idle session's own held 0.8 KB).
+                tick = self._polls.add(self, asyncio.get_running_loop().time()
+                                       + self._idle_poll_interval)
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._polls.discard(self, tick)
+
+    def expire(self) -> None:
+        """The safety-net poll's time (`polls`): read again."""
+        self._wake.set()
 
     # -- the live feed -------------------------------------------------------------
 

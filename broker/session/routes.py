@@ -20,6 +20,10 @@ ROUTE_CACHE_SIZE = 256
 
 
 class Routes:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_client_id", "_decided_for", "_filter_allowed", "_routes", "_subscriptions",
+                 "_topic_allowed")
+
     def __init__(self, client_id: str) -> None:
         self._client_id = client_id
         self._subscriptions: dict[str, Subscription] = {}

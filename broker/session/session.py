@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
+from ..deadlines import Deadlines
 from ..ds import Message
 from ..flag import Flag
 from ..supervise import RESTART_PAUSE, note_failure
@@ -33,11 +34,17 @@ from .streams import Streams
 
 
 class Session:
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_inbound_qos2", "_on_shared_loss", "_persist", "_persist_pending",
+                 "_persist_task", "client_id", "durable", "expiry_interval", "outbox",
+                 "owner_epoch", "persist_lock", "replay", "routes", "stored_parts", "streams",
+                 "username", "will")
+
     def __init__(self, client_id: str, *, durable: bool, expiry_interval: int,
                  storage: MessageReader, messages_db: str, max_queued: int, batch_size: int,
                  idle_poll_interval: float,
                  persist: Callable[[Session], Awaitable[None]],
-                 on_shared_loss: Callable[[Delivery], None]) -> None:
+                 on_shared_loss: Callable[[Delivery], None], polls: Deadlines) -> None:
         self.client_id = client_id
         self.durable = durable
         self.expiry_interval = expiry_interval
@@ -66,7 +73,8 @@ class Session:
         self.replay = Replay(client_id, storage=storage, messages_db=messages_db,
                              batch_size=batch_size, idle_poll_interval=idle_poll_interval,
                              streams=self.streams, routes=self.routes, outbox=self.outbox,
-                             offer=self.offer, durable=self._is_durable, wake=wake)
+                             offer=self.offer, durable=self._is_durable, wake=wake,
+                             polls=polls)
 
     def _is_durable(self) -> bool:
         return self.durable

@@ -31,6 +31,12 @@ class Streams:
     """`wake` is set whenever there may be something new to read (the replay waits
     on it); `request_save` asks for the session to be written soon."""
 
+    # one per connection (or session): no __dict__ each (issue 25)
+    __slots__ = ("_client_id", "_db", "_done", "_durable", "_going", "_outbox", "_parked",
+                 "_request_save", "_storage", "_stream_version", "_subscriptions", "_wake",
+                 "cursors")
+
+
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  outbox: Outbox, subscriptions: Callable[[], Mapping[str, Subscription]],
                  durable: Callable[[], bool], request_save: Callable[[], None],
@@ -46,13 +52,15 @@ class Streams:
         self.cursors = CursorTable()
         # cursor progress of streams not being read right now (offline, or restored)
         self._parked: dict[str, CursorState] = {}
-        # cursors complete in their closed generation (see `forget_if_complete`)
-        self._done: set[str] = set()
+        # cursors complete in their closed generation (see `forget_if_complete`); this
+        # and `_going` are dicts used as sets: an idle session holds them empty, and an
+        # empty dict holds no table where an empty set holds 216 bytes (issue 25)
+        self._done: dict[str, None] = {}
         # the storage's stream version at the last look for streams (see renew_*)
         self._stream_version = 0
         # (shard, generation)s retention is about to drop, their loss already counted:
         # nothing more of them is read or sent (see `before_generation_drop`)
-        self._going: set[tuple[int, int]] = set()
+        self._going: dict[tuple[int, int], None] = {}
 
     # -- the saved form --------------------------------------------------------------
 
@@ -70,7 +78,7 @@ class Streams:
         # copies: the cursors move on from them, and the record's are the stored parts
         self._parked = {key: CursorState(state.position, list(state.done_above))
                         for key, state in states.items()}
-        self._done = set(done)
+        self._done = dict.fromkeys(done)
 
     def park(self) -> None:
         """Stop reading: reading resumes after the last done message of each cursor."""
@@ -157,7 +165,7 @@ class Streams:
         if cursor.ended and not cursor.in_flight and self.cursors.get(cursor.key) is cursor:
             # A closed generation's streams keep coming back from get_streams: the
             # mark stops a later look from reading this one again from the start.
-            self._done.add(cursor.key)
+            self._done[cursor.key] = None
             self.cursors.remove(cursor.key)
             self._request_save()
             self._wake.set()
@@ -176,8 +184,9 @@ class Streams:
         parked = [k for k in self._parked if doomed(k)]
         for key in parked:
             del self._parked[key]
-        done = {k for k in self._done if doomed(k)}
-        self._done -= done
+        done = [k for k in self._done if doomed(k)]
+        for key in done:
+            del self._done[key]
         resends = self._outbox.resends.forget(doomed)
         return len(states) + len(parked) + len(done), resends
 
@@ -189,7 +198,7 @@ class Streams:
         now on it reads and resends nothing more of it, so what is counted is what is
         lost. Sent messages awaiting an acknowledgement are not counted: the client
         has them (should they be resent later, the resend counts its loss)."""
-        self._going.add((shard, generation))
+        self._going[shard, generation] = None
         if not self._durable():
             return
         resends: dict[str, set[int]] = {}
@@ -238,7 +247,7 @@ class Streams:
         """A generation is gone: forget every trace of it, and look for streams
         again (newer generations may have waited on cursors into it)."""
         counted = (shard, generation) in self._going
-        self._going.discard((shard, generation))
+        self._going.pop((shard, generation), None)
         states, resends = self.forget(lambda key: _in_generation(key, shard, generation))
         if not counted:  # this session came into memory after the count
             self.report_loss(resends, f"{shard}/{generation}")

@@ -6,8 +6,8 @@ import asyncio
 import gc
 from collections.abc import Awaitable
 
+from stratamq.broker.deadlines import Deadlines
 from stratamq.broker.mqtt import Packet, PacketReader
-from stratamq.broker.net.deadlines import ReadDeadlines
 from stratamq.broker.net.read_loop import read_packets
 
 # MQTT 3.1.1 CONNECT, clean session, keep alive 60, client id "a"
@@ -41,7 +41,7 @@ def test_an_idle_connection_keeps_neither_its_last_packet_nor_its_bytes() -> Non
 
         handler = Handler()
         loop_task = asyncio.create_task(read_packets(read, PacketReader(1 << 20), handler,
-                                                     ReadDeadlines()))
+                                                     Deadlines()))
         for _ in range(5):
             await asyncio.sleep(0)
         assert len(handler.handled) == 1
@@ -60,7 +60,7 @@ class KeepAliveHandler(Handler):
 
 def test_idle_connections_share_one_timer_for_their_keep_alive() -> None:
     """Issue 25: a timer of its own (TimerHandle, bound method, context) held 0.6 KB of
-    an idle connection; the site's ReadDeadlines has one for them all."""
+    an idle connection; the site's Deadlines has one for them all."""
     async def scenario() -> None:
         idle: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
@@ -72,7 +72,7 @@ def test_idle_connections_share_one_timer_for_their_keep_alive() -> None:
             return sum(isinstance(found, asyncio.TimerHandle) for found in gc.get_objects())
 
         before = timers()
-        deadlines = ReadDeadlines()
+        deadlines = Deadlines()
         loops = [asyncio.create_task(read_packets(read, PacketReader(1 << 20),
                                                   KeepAliveHandler(), deadlines))
                  for _ in range(50)]

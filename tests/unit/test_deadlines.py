@@ -1,11 +1,11 @@
-"""broker/net/deadlines.py: every connection's read deadline on one timer, called back
+"""broker/deadlines.py: every connection's read deadline on one timer, called back
 not before its time and at most two ticks after it, never once discarded."""
 
 from __future__ import annotations
 
 import asyncio
 
-from stratamq.broker.net.deadlines import ReadDeadlines
+from stratamq.broker.deadlines import Deadlines
 
 TICK = 0.02
 
@@ -22,7 +22,7 @@ class Recorded:
 def test_deadlines_are_called_back_in_time_and_never_once_discarded() -> None:
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        deadlines = ReadDeadlines(TICK)
+        deadlines = Deadlines(TICK)
         log: list[tuple[Recorded, float]] = []
         now = loop.time()
         # in the past, now, soon, later; two discarded
@@ -47,7 +47,7 @@ def test_a_deadline_added_again_from_its_call_back_waits_for_its_new_time() -> N
     """As a connection that read a packet since arms its deadline again."""
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        deadlines = ReadDeadlines(TICK)
+        deadlines = Deadlines(TICK)
         calls: list[float] = []
 
         class Again:

@@ -1,11 +1,12 @@
-"""The read deadlines of all of a site's connections on one timer (issue 25: an idle
-connection's own timer, a TimerHandle with its bound method and context, held about
-0.6 KB of the 9 KB an idle connection costs).
+"""`Deadlines`: many deadlines on one timer (issue 25). An idle connection held a timer
+of its own for its keep alive (broker/net/read_loop.py), and an idle durable session
+one more for its replay's safety-net poll (broker/session/replay.py): a TimerHandle
+with its bound method and context, 0.6-0.8 KB of the 9-13 KB an idle connection cost.
 
 Time is cut into ticks; a deadline waits in the set of its tick (its time rounded up)
 and one timer, armed while any deadline waits, wakes once a tick and calls back every
 deadline of the ticks that have passed. A deadline is called back at most about two
-ticks late, which a keep alive of seconds does not notice."""
+ticks late, which a keep alive or a poll of seconds does not notice."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import asyncio
 import math
 from typing import Protocol
 
-# Seconds per tick: ten wakes a second while connections are open; a deadline is late
-# by at most two ticks.
+# Seconds per tick: ten wakes a second while any deadline waits; a deadline is late by
+# at most two ticks.
 TICK = 0.1
 
 
@@ -24,7 +25,7 @@ class Expiring(Protocol):
         ...
 
 
-class ReadDeadlines:
+class Deadlines:
     """Deadlines to call back, by tick, with one timer for all of them."""
 
     __slots__ = ("_done_until", "_due", "_tick", "_timer", "_waiting")
