@@ -1,8 +1,9 @@
 """A scheduled Spark job on real nodes (tests/support/realnode.py): the chart's operator
 makes the storage's export CronJob; a run of it (`kubectl create job --from=cronjob`)
 is the driver in the Job's own pod, a container of the Spark image
-(images/build-local.sh --spark, imported on every node) that asks the API server for
-an executor pod, a second container of that image on a node; the driver takes the
+(images/build-local.sh --spark, imported on one node, the others cordoned while the
+run's pods are placed) that asks the API server for an executor pod, a second
+container of that image; the driver takes the
 site's checkpoint through its admin API into a ReadWriteMany volume (a hostPath
 PersistentVolume: one machine), the executor reads it there, and the usage Parquet it
 leaves counts every message published (issue 23).
@@ -40,6 +41,8 @@ NAME = "sp"
 CLAIM = "spark-work"
 RUN = f"{NAME}-export-1"
 MESSAGES = 200
+# The one node with the Spark image, where the site and the Spark pods run.
+SPARK_NODE = 0
 # Generous: a Spark driver and executor JVM on nodes of one loaded 2-core machine.
 RUN_TIMEOUT_S = 900.0
 
@@ -63,17 +66,40 @@ def explain(cluster: RealKubeCluster) -> str:
 
 @pytest.fixture(scope="module")
 def spark_cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
-    """The nodes with the Spark image imported, a shared volume, and the chart's operator
-    with a one-site storage whose export job runs on the host network; the release
-    uninstalled and its pods gone after (the next module needs the nodes)."""
+    """The Spark image imported on one node only (1.6 GB: its copies on every node
+    filled a CI machine's disk), a shared volume, and the chart's operator with a
+    one-site storage whose export job runs on the host network, both on other nodes;
+    after, the release uninstalled, its pods gone, every node schedulable and the image
+    removed (the next module needs the nodes and the disk)."""
     cluster = real_kube_cluster
     started = time.monotonic()
     subprocess.run([str(REPO / "images" / "build-local.sh"), "--spark", str(IMAGES)],
                    check=True, timeout=1800)
     built = time.monotonic() - started
-    cluster.import_images([IMAGES / "spark.tar"])
-    print(f"\nSpark image: built {built:.0f} s, imported on every node "
-          f"{time.monotonic() - started - built:.0f} s")
+    images_before = cluster.image_names(SPARK_NODE)
+    try:
+        cluster.import_images([IMAGES / "spark.tar"], nodes=[SPARK_NODE])
+        print(f"\nSpark image: built {built:.0f} s, imported "
+              f"{time.monotonic() - started - built:.0f} s")
+        # the operator and the site elsewhere: the Spark pods take the node's 2 cores
+        schedulable_only(cluster, [kubelet.node for index, kubelet
+                                   in enumerate(cluster.kubelets) if index != SPARK_NODE])
+        yield from _storage_with_spark(cluster)
+    finally:
+        schedulable_only(cluster, [kubelet.node for kubelet in cluster.kubelets],
+                         check=False)
+        cluster.remove_images(sorted(cluster.image_names(SPARK_NODE) - images_before),
+                              nodes=[SPARK_NODE])
+
+
+def schedulable_only(cluster: RealKubeCluster, nodes: list[str], check: bool = True) -> None:
+    """New pods go to `nodes` only: the others are cordoned."""
+    for kubelet in cluster.kubelets:
+        kubectl(cluster, "uncordon" if kubelet.node in nodes else "cordon", kubelet.node,
+                check=check)
+
+
+def _storage_with_spark(cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
     shared = cluster.workdir / "spark-work"
     shared.mkdir()
     os.chown(shared, 10001, 10001)  # the images' user, in the sites and the Spark pods
@@ -102,7 +128,9 @@ def spark_cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluste
             # run by the test, not by the schedule
             "export": {"enable": True, "schedule": "0 0 1 1 *"}}}
     try:
-        cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "durableStorage.create=true",
+        # One operator: a second, on the host network, would need another node's ports.
+        cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1",
+                              "--set", "durableStorage.create=true",
                               "--set", f"durableStorage.name={NAME}",
                               "--set-json", "durableStorage.spec=" + json.dumps(spec))
         yield cluster
@@ -130,6 +158,8 @@ def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -
     finally:
         publisher.stop()
 
+    # the run's pods (a driver and an executor of a core each) where the image is
+    schedulable_only(cluster, [cluster.kubelets[SPARK_NODE].node])
     started = time.monotonic()
     kubectl(cluster, "create", "job", "-n", NAMESPACE, RUN,
             f"--from=cronjob/{spark.name_of(NAME, 'export')}")

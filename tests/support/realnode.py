@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,12 @@ POD_NETWORK_LINK = "stratamq-pods0"
 POD_NETWORK_PEER = "stratamq-pods1"
 POD_NETWORK_SUBNET = "127.0.200.0/24"
 NETNS_MOUNTS = Path("/run/netns")
+# The kubelets evict (and taint their node) when the host disk's free space falls
+# under this share of it; importing an image checks there is room above it first.
+EVICTION_FREE_PERCENT = 1
+FREE_MARGIN_BYTES = 2 << 30
+# How many copies of an imported archive's layers a node keeps (content store, snapshot).
+IMPORTED_COPIES = 2
 
 
 def missing_prerequisites() -> str | None:
@@ -201,8 +208,9 @@ class Kubelet(ManagedProcess):
             # The images are imported, never pulled: never collect them, and evict
             # nothing for a host disk the other tests share.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%"},
+            "evictionHard": {"memory.available": "100Mi",
+                             "nodefs.available": f"{EVICTION_FREE_PERCENT}%",
+                             "imagefs.available": f"{EVICTION_FREE_PERCENT}%"},
             "registerNode": True, "clusterDomain": "cluster.local",
             # Status often enough for tests that wait on it.
             "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
@@ -379,16 +387,48 @@ class RealKubeCluster:
                            timeout=timeout)
         return self
 
-    def import_images(self, archives: list[Path]) -> None:
-        """Docker archives imported into every node's containerd (as a registry's pull
-        would put them there)."""
+    def import_images(self, archives: list[Path], nodes: Sequence[int] | None = None
+                      ) -> None:
+        """Docker archives imported into the containerd of `nodes` (their indexes; every
+        node by default), as a registry's pull would put them there. Refused first, with
+        the figures, where the disk cannot hold them: a disk filled by an import puts
+        every node under disk pressure, and no pod is scheduled for minutes after."""
+        runtimes = self.runtimes if nodes is None else [self.runtimes[n] for n in nodes]
+        self._check_room(archives, len(runtimes))
+
         def import_into(runtime: Containerd) -> None:
             runtime.wait_ready()
-            for archive in archives:  # (the Spark image: 1.5 GB)
+            for archive in archives:  # (the Spark image: 1.6 GB)
                 runtime.ctr("images", "import", str(archive), timeout=900)
         # Each node's containerd unpacks its own copy: side by side, not one by one.
-        with ThreadPoolExecutor(len(self.runtimes)) as pool:
-            list(pool.map(import_into, self.runtimes))
+        with ThreadPoolExecutor(len(runtimes)) as pool:
+            list(pool.map(import_into, runtimes))
+
+    def image_names(self, node: int) -> set[str]:
+        """The names of the images in the containerd of node `node` (its index)."""
+        return set(self.runtimes[node].ctr("images", "ls", "-q").stdout.decode().split())
+
+    def remove_images(self, names: list[str], nodes: Sequence[int] | None = None) -> None:
+        """The images `names` (as `ctr images ls` names them) removed from the containerd
+        of `nodes` (every node by default), their layers' space given back before this
+        returns (the next tests share the disk)."""
+        for index in range(len(self.runtimes)) if nodes is None else nodes:
+            self.runtimes[index].ctr("images", "rm", "--sync", *names, timeout=300)
+
+    def _check_room(self, archives: list[Path], nodes: int) -> None:
+        size = sum(archive.stat().st_size for archive in archives)
+        # A node keeps an archive's layers twice: in its content store and unpacked.
+        needed = IMPORTED_COPIES * size * nodes
+        disk = shutil.disk_usage(self.workdir)
+        # What the kubelets' eviction threshold keeps free, and a margin for the tests.
+        keep = disk.total * EVICTION_FREE_PERCENT / 100 + FREE_MARGIN_BYTES
+        if disk.free - needed < keep:
+            gib = 1 << 30
+            raise RuntimeError(
+                f"importing {', '.join(archive.name for archive in archives)} "
+                f"({size / gib:.1f} GiB) into {nodes} node(s) needs {needed / gib:.1f} GiB "
+                f"and {keep / gib:.1f} GiB left free; {self.workdir} has "
+                f"{disk.free / gib:.1f} GiB free")
 
     def _initialize(self, kubelet: Kubelet, deadline: float) -> None:
         """What a cloud controller does for a node: its address, and the taint off."""
