@@ -129,6 +129,11 @@ class WriteBuffer:
             self._room.clear()
         return done
 
+    @property
+    def holds_writes(self) -> bool:
+        """Whether writes are queued here, not yet taken by a flush."""
+        return bool(self._pending)
+
     def refuse_forwarded(self, error: ForwardRefusedError) -> None:
         """This site stopped leading the shard: the forwarded writes queued here fail
         now, unwritten (their sites write them again at the next leader), rather

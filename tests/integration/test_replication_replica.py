@@ -33,7 +33,7 @@ from stratamq.broker.ds import (
 )
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
-from stratamq.broker.ds.replication.log import START, ShardLog
+from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
 from stratamq.broker.ds.replication.replica import ShardReplica
 from stratamq.broker.ds.replication.replica_context import ReplicaContext, ReplicaSettings
@@ -68,7 +68,7 @@ class Site:
 
 async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
                      log_retain_entries: int = 10_000,
-                     checkpoint_rate: int | None = None) -> Site:
+                     checkpoint_rate: int | None = None, heartbeat: float = 0.2) -> Site:
     storage = DurableStorage(path)
     # max_items=1: each write is a flush of its own, so a test knows what is in flight
     options = DbOptions(n_shards=1, max_items=max_items)
@@ -76,7 +76,7 @@ async def start_site(path: Path, write_timeout: float = 2.0, max_items: int = 1,
     address = f"{HOST}:{free_port()}"
     replication = await SiteReplication.open(
         [shard_set], storage.data_dir, storage.site_id, address, address,
-        ReplicaSettings(storage.site_id, write_timeout, 0.2, log_retain_entries,
+        ReplicaSettings(storage.site_id, write_timeout, heartbeat, log_retain_entries,
                         checkpoint_rate))
     database = await storage.open_db("messages", options, replication.backend)
     # no shared groups here: nothing unsettled, no share of a lost site to deliver
@@ -120,12 +120,12 @@ def addresses(sites: tuple[Site, ...]) -> tuple[dict[str, str], dict[str, str]]:
             {site.id: f"{HOST}:{free_port()}" for site in sites})
 
 
-async def start_three_led_by_a(tmp_path: Path
+async def start_three_led_by_a(tmp_path: Path, heartbeat: float = 0.2
                                ) -> tuple[tuple[Site, Site, Site], tuple[str, ...],
                                           dict[str, str]]:
     """Sites a, b, c holding the shard, a leading it at epoch 1 (placement version
     1); their replica set and peer addresses, for the placements that follow."""
-    a, b, c = [await start_site(tmp_path / name) for name in "abc"]
+    a, b, c = [await start_site(tmp_path / name, heartbeat=heartbeat) for name in "abc"]
     replicas = tuple(sorted(site.id for site in (a, b, c)))
     peers, _ = addresses((a, b, c))
     for site in (a, b, c):
@@ -224,6 +224,41 @@ def test_a_leader_named_on_stale_positions_takes_the_committed_tail_over(
         finally:
             for site in running:
                 await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes queued one behind the other (a leader under load): a follower learns
+    each one's commit with the next one's append, not by an append of no entries of
+    its own (that doubled the requests of a replicated write), and the last one's
+    soon after though no heartbeat is due (`senders.COMMIT_LINGER`)."""
+    appends: list[tuple[ShardLog, int]] = []
+    append_from_leader = ShardLog.append_from_leader
+
+    def counted(log: ShardLog, epoch: int, previous: Position, entries: list[Entry],
+                committed: int) -> AppendResult:
+        appends.append((log, len(entries)))
+        return append_from_leader(log, epoch, previous, entries, committed)
+    monkeypatch.setattr(ShardLog, "append_from_leader", counted)
+
+    async def scenario() -> None:
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path, heartbeat=3600.0)
+        try:
+            await until("b caught up", caught_up(b, a))
+            appends.clear()
+            # queued at once, each a flush of its own (max_items=1), taken in turn
+            written = [a.database.submit([Message("t", b"%d" % number, "pub", 1)])[0]
+                       for number in range(WRITES)]
+            assert [await outcome(write) for write in written] == ["committed"] * WRITES
+            await until("b told the last commit", caught_up(b, a))
+            at_b = [entries for log, entries in appends if log is replica_of(b).log]
+            assert sum(at_b) >= WRITES  # (and the entries a leader appends itself)
+            assert at_b.count(0) <= 2, at_b  # the last write's, told alone
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    WRITES = 20
     asyncio.run(scenario())
 
 

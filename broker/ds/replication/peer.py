@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -36,11 +37,14 @@ from .log import (
     ShardLog,
     StaleEpochError,
 )
+from .peer_stream import FAILED, Refused, StreamClient, StreamServer, StreamUnavailable
 from .wire import decode_request, decode_result, encode_request, encode_result
 
 CONTENT_TYPE = "application/vnd.stratamq.append"
 # An append carries at most the leader's max_bytes of entries (4 MiB) plus framing.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 LogsOf = Callable[[str, int], ShardLog]
 # Told (db, shard) after an append was taken: the site applies what became committed.
@@ -57,6 +61,10 @@ DEADLINE_HEADER = "X-Stratamq-Deadline"
 # The error code of a site asked to append to, fence or bootstrap a shard it is no
 # replica of (HTTP 403): the leader tries again later, it does not step down.
 NOT_A_REPLICA = "not_a_replica"
+# An append's refusals (`Refused.code`, over HTTP or the stream) and the HTTP status
+# of each.
+REFUSAL_STATUS = {"unknown_shard": 404, NOT_A_REPLICA: 403, "bad_request": 400,
+                  "stale_epoch": 409, FAILED: 500}
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
 Barrier = Callable[[str, int], Awaitable[int]]
@@ -103,6 +111,7 @@ class PeerServer:
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._listener: GuardedListener | None = None
+        self._streams = StreamServer(self.take_append)
         # more endpoints (checkpoints for bootstraps, reads of shards held here, the
         # services beside replication, the broker's requests between sites): each
         # adds its routes
@@ -130,6 +139,7 @@ class PeerServer:
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/barrier", self._read_barrier)
         app.router.add_get("/peer/v1/dbs/{db}/{shard}/records", self._records)
         app.router.add_post("/peer/v1/dbs/{db}/{shard}/change", self._change)
+        self._streams.add_routes(app)
         for add_routes in self.extra_routes:
             add_routes(app)
         return app
@@ -142,6 +152,7 @@ class PeerServer:
         self._listener = listener
 
     async def stop(self) -> None:
+        await self._streams.close()
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
@@ -155,13 +166,13 @@ class PeerServer:
             return _error(404, "unknown_shard", f"no replica of {db}/{http.match_info['shard']} "
                                                 f"on this site")
 
-    def _not_a_replica(self, db: str, shard: int) -> web.Response | None:
+    def _not_a_replica(self, db: str, shard: int) -> Refused | None:
         """The refusal for a site the placement took off `db/shard`, or None. Called
         under the shard's log lock: a placement taken later drops the log after."""
         if self._holds is None or self._holds(db, shard):
             return None
-        return _error(403, NOT_A_REPLICA, f"this site is no replica of {db}/{shard} under "
-                                          f"the placement it holds")
+        return Refused(NOT_A_REPLICA, f"this site is no replica of {db}/{shard} under "
+                                      f"the placement it holds")
 
     async def _fence(self, http: web.Request) -> web.Response:
         """A new leader taking over: refuse older leaders' appends from now on, and
@@ -178,7 +189,7 @@ class PeerServer:
         async with self.lock(db, shard):
             refused = self._not_a_replica(db, shard)
             if refused is not None:
-                return refused
+                return _error(403, refused.code, refused.message)
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.observe_epoch, epoch)
@@ -209,31 +220,46 @@ class PeerServer:
         return web.Response(body=encode_request(request), content_type=CONTENT_TYPE)
 
     async def _append(self, http: web.Request) -> web.Response:
-        asked = self._log_asked(http)
-        if isinstance(asked, web.Response):
-            return asked
-        db, shard, log = asked
         try:
-            request = decode_request(await http.read())
+            shard = int(http.match_info["shard"])
+        except ValueError:
+            return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
+        try:
+            result = await self.take_append(http.match_info["db"], shard, await http.read())
+        except Refused as refusal:
+            return _error(REFUSAL_STATUS[refusal.code], refusal.code, refusal.message)
+        return web.Response(body=result, content_type=CONTENT_TYPE)
+
+    async def take_append(self, db: str, shard: int, body: bytes) -> bytes:
+        """Append what a leader sent (`wire.encode_request`) to this site's replica of
+        `db/shard`, over HTTP or the peer stream; the encoded result. Refused (with
+        one of REFUSAL_STATUS's codes) when it is not taken."""
+        try:
+            shard_log = self._logs_of(db, shard)
+        except KeyError as error:
+            raise Refused("unknown_shard", f"no replica of {db}/{shard} on this site") \
+                from error
+        try:
+            request = decode_request(body)
         except CorruptDataError as error:
-            return _error(400, "bad_request", str(error))
+            raise Refused("bad_request", str(error)) from error
         async with self.lock(db, shard):
             refused = self._not_a_replica(db, shard)
             if refused is not None:
-                return refused
+                raise refused
             try:
                 result = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, log.append_from_leader, request.epoch, request.previous,
+                    self._executor, shard_log.append_from_leader, request.epoch, request.previous,
                     request.entries, request.committed)
             except StaleEpochError as error:
-                return _error(409, "stale_epoch", str(error))
+                raise Refused("stale_epoch", str(error)) from error
             except (LogGapError, CorruptDataError) as error:
-                return _error(400, "bad_request", str(error))
+                raise Refused("bad_request", str(error)) from error
             if result.accepted:
-                log.leader_trims_before = request.trim_before
+                shard_log.leader_trims_before = request.trim_before
         if self._on_append is not None:
             self._on_append(db, shard)
-        return web.Response(body=encode_result(result), content_type=CONTENT_TYPE)
+        return encode_result(result)
 
     async def _submit_write(self, http: web.Request) -> web.Response:
         if self._submit is None:
@@ -321,6 +347,7 @@ class PeerClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self.clocks = clocks or ClockOffsets()
+        self._streams = StreamClient(session)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -328,24 +355,37 @@ class PeerClient:
 
     async def append(self, address: str, db: str, shard: int,
                      request: AppendRequest) -> AppendResult:
-        """Send an append to the site at `address` (host:port of its peer port).
-        Raises StaleEpochError when that site knows a newer leader, PeerError when
-        it cannot be reached or refuses."""
+        """Send an append to the site at `address` (host:port of its peer port): on the
+        peer stream, or over HTTP to a site that does not speak it. Raises
+        StaleEpochError when that site knows a newer leader, PeerError when it cannot
+        be reached or refuses."""
+        body = encode_request(request)
+        if self._streams.speaks_stream(address):
+            try:
+                answer = await self._streams.append(address, db, shard, body,
+                                                    self._timeout.total or 5.0)
+            except StreamUnavailable as error:
+                logger.info("appends to %s go over HTTP: %s", address, error.message)
+            except StorageError as error:
+                raise PeerError(f"{address} did not take an append to {db}/{shard}: "
+                                f"{error.message}") from error
+            else:
+                if isinstance(answer, Refused):
+                    if answer.code == "stale_epoch":
+                        raise StaleEpochError(f"{address}: {answer.message}")
+                    raise PeerError(f"{address} refused an append to {db}/{shard} "
+                                    f"({REFUSAL_STATUS.get(answer.code, 500)} "
+                                    f"{answer.code}): {answer.message}")
+                return self._result(address, db, shard, answer)
         url = f"http://{address}/peer/v1/logs/{db}/{shard}/append"
         try:
-            async with self._session.post(url, data=encode_request(request),
+            async with self._session.post(url, data=body,
                                           headers={"Content-Type": CONTENT_TYPE},
                                           timeout=self._timeout) as response:
-                body = await response.read()
+                answered = await response.read()
                 if response.status == 200:
-                    # Another version of the peer protocol, or a body cut off: an
-                    # answer to retry later like a refusal (the sender goes on).
-                    try:
-                        return decode_result(body)
-                    except CorruptDataError as error:
-                        raise PeerError(f"{address} answered an append to {db}/{shard} "
-                                        f"with no append result: {error}") from error
-                reason = body.decode("utf-8", "replace")
+                    return self._result(address, db, shard, answered)
+                reason = answered.decode("utf-8", "replace")
                 if response.status == 409:
                     raise StaleEpochError(f"{address}: {reason}")
                 raise PeerError(f"{address} refused an append to {db}/{shard} "
@@ -353,6 +393,20 @@ class PeerClient:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise PeerError(f"{address} did not take an append to {db}/{shard}: "
                             f"{error!r}") from error
+
+    @staticmethod
+    def _result(address: str, db: str, shard: int, body: bytes) -> AppendResult:
+        # Another version of the peer protocol, or a body cut off: an answer to retry
+        # later like a refusal (the sender goes on).
+        try:
+            return decode_result(body)
+        except CorruptDataError as error:
+            raise PeerError(f"{address} answered an append to {db}/{shard} with no "
+                            f"append result: {error}") from error
+
+    async def close(self) -> None:
+        """Close the peer streams (before the session)."""
+        await self._streams.close()
 
     async def fence(self, address: str, db: str, shard: int, epoch: int,
                     within: float) -> Position:

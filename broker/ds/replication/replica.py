@@ -77,7 +77,8 @@ class ShardReplica:
         # to lead, inherited entries included) is applied.
         self._tell_leading_at: int | None = None
         self._applier = Applier(context, self, self._tell_leading)
-        self._senders = Senders(context, self, self._applier.committed_moved)
+        self._senders = Senders(context, self, self._applier.committed_moved,
+                                lambda: self._writes.append_coming)
         self._writes = Writes(context, self, self._applier, self._appended)
         self._reads = Reads(context, self, self._senders, self._applier)
         self._takeover = Takeover(context, self)

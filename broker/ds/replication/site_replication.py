@@ -345,6 +345,7 @@ class SiteReplication:
             for service in self._services:
                 await service.close()
             await self.remote.close()
+            await self.client.close()
             await self._session.close()
 
     async def close(self) -> None:
@@ -356,6 +357,7 @@ class SiteReplication:
             if replicated.shard_set.name in self._open:
                 await replicated.close()
         await self._server.stop()
+        await self.client.close()
         if not self._session.closed:
             await self._session.close()
 

@@ -46,6 +46,14 @@ class Writes:
         # The offset of this leader's first entry of its epoch: writes wait until it
         # is applied (every entry it inherited is applied by then).
         self._ready_at: int | None = None
+        # writes of this leader on their way to its log (cooked, or waiting to be)
+        self._to_append = 0
+
+    @property
+    def append_coming(self) -> bool:
+        """Whether this leader will append soon: a write is queued in the shard's
+        buffer or on its way to the log."""
+        return self._to_append > 0 or self._context.buffer.holds_writes
 
     async def open_epoch(self) -> None:
         """As a new leader: append the first entry of its epoch, which commits
@@ -115,22 +123,26 @@ class Writes:
                                record_puts: list[tuple[bytes, bytes]],
                                record_deletes: list[bytes], deadline: float,
                                fences: list[Fence]) -> None:
-        async with self._append_lock:
-            # cook against the applied state: this site's earlier entries first
-            await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
-                                             deadline)
-            shard = self._context.shard
-            if fences:
-                # the applied state is current here (one write in flight): a fence that
-                # holds now holds when the entry applies
-                record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
-            cooked = shard.prepare(messages, record_puts, record_deletes)
-            try:
-                offset = await self._append(entries.encode_batch(cooked.to_bytes()))
-            except BaseException:
-                shard.forget(cooked)
-                raise
-            self._applier.keep_own(offset, cooked)
+        self._to_append += 1
+        try:
+            async with self._append_lock:
+                # cook against the applied state: this site's earlier entries first
+                await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
+                                                 deadline)
+                shard = self._context.shard
+                if fences:
+                    # the applied state is current here (one write in flight): a fence
+                    # that holds now holds when the entry applies
+                    record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
+                cooked = shard.prepare(messages, record_puts, record_deletes)
+                try:
+                    offset = await self._append(entries.encode_batch(cooked.to_bytes()))
+                except BaseException:
+                    shard.forget(cooked)
+                    raise
+                self._applier.keep_own(offset, cooked)
+        finally:
+            self._to_append -= 1
         await self._applier.wait_applied(offset, deadline)
 
     async def propose(self, change: entries.Change) -> bool:

@@ -1,0 +1,361 @@
+"""Log shipping on one long-lived connection per peer: a leader's appends to a
+follower, every shard's, as binary WebSocket messages on the peer port
+(`/peer/v1/stream`), each answered by request id, in any order across shards and in
+order within one. An append over HTTP (a POST per append per follower, `peer.py`)
+cost the two sites most of a replicated write's CPU; over the stream it costs a
+message each way. The HTTP route stays for peers that do not speak the stream (a
+site of an older version, during a roll).
+
+WebSocket (aiohttp's, on the guarded peer listener) gives the framing, the size
+limit, the subprotocol handshake that versions this protocol, and the heartbeat
+(a ping each `STREAM_HEARTBEAT`, the connection closed without its pong) that tells
+a dead peer from a slow one.
+
+A message, big-endian:
+  append  kind 1, request id (4), database name length (1), name, shard (4),
+          `wire.encode_request` body
+  result  kind 2, request id (4), `wire.encode_result` body
+  refusal kind 3, request id (4), code length (1), code, message (UTF-8)
+A message that does not decode closes the connection (the peer runs other code)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from ...errors import CorruptDataError, StorageError
+
+log = logging.getLogger(__name__)
+
+PATH = "/peer/v1/stream"
+# The subprotocol both ends must name: its version is this protocol's.
+PROTOCOL = "stratamq.append.v1"
+# An append carries at most the leader's max_bytes of entries (4 MiB) plus framing.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A ping this often; a connection whose pong does not come within half of it is
+# closed, and its appends in flight fail (the sender retries on a new one).
+STREAM_HEARTBEAT = 5.0
+# Appends one connection may have in flight at the follower: past this it reads no
+# more until some are answered (the leader's socket then fills: flow control).
+MAX_IN_FLIGHT = 256
+# How long a site that refused the stream (an older version) is sent appends over
+# HTTP before the stream is tried again.
+FALLBACK_INTERVAL = 60.0
+
+APPEND, RESULT, REFUSAL = 1, 2, 3
+# The refusal of an append that failed at the follower (an error writing its log).
+FAILED = "failed"
+_KIND_ID = struct.Struct(">BI")
+_LENGTH = struct.Struct(">B")
+_SHARD = struct.Struct(">I")
+
+# Takes an append (db, shard, encoded request); returns the encoded result or raises
+# `Refused`.
+TakeAppend = Callable[[str, int, bytes], Awaitable[bytes]]
+
+
+class Refused(Exception):
+    """An append the follower did not take, with the code the HTTP route answers
+    with (`peer.REFUSAL_STATUS`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class StreamUnavailable(StorageError):
+    """The peer does not speak the stream (it answered the handshake with an HTTP
+    error): send over HTTP."""
+
+    recoverable = True
+
+
+class StreamError(StorageError):
+    """The connection failed or closed with the append in flight, or the answer did
+    not come in time: try again later."""
+
+    recoverable = True
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    request_id: int
+    db: str
+    shard: int
+    body: bytes
+
+
+def encode_append(request_id: int, db: str, shard: int, body: bytes) -> bytes:
+    name = db.encode()
+    return b"".join((_KIND_ID.pack(APPEND, request_id), _LENGTH.pack(len(name)), name,
+                     _SHARD.pack(shard), body))
+
+
+def decode_append(raw: bytes) -> Append:
+    try:
+        kind, request_id = _KIND_ID.unpack_from(raw)
+        if kind != APPEND:
+            raise ValueError(f"message kind {kind}, expected an append")
+        (length,) = _LENGTH.unpack_from(raw, _KIND_ID.size)
+        start = _KIND_ID.size + _LENGTH.size
+        db = raw[start:start + length].decode()
+        (shard,) = _SHARD.unpack_from(raw, start + length)
+    except (struct.error, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CorruptDataError(f"stream append does not decode: {exc}") from exc
+    return Append(request_id, db, shard, raw[start + length + _SHARD.size:])
+
+
+def encode_result(request_id: int, body: bytes) -> bytes:
+    return _KIND_ID.pack(RESULT, request_id) + body
+
+
+def encode_refusal(request_id: int, code: str, message: str) -> bytes:
+    name = code.encode()
+    return b"".join((_KIND_ID.pack(REFUSAL, request_id), _LENGTH.pack(len(name)), name,
+                     message.encode()))
+
+
+def decode_answer(raw: bytes) -> tuple[int, bytes | Refused]:
+    """(request id, the result's body or the refusal)."""
+    try:
+        kind, request_id = _KIND_ID.unpack_from(raw)
+        if kind == RESULT:
+            return request_id, raw[_KIND_ID.size:]
+        if kind != REFUSAL:
+            raise ValueError(f"message kind {kind}, expected an answer")
+        (length,) = _LENGTH.unpack_from(raw, _KIND_ID.size)
+        start = _KIND_ID.size + _LENGTH.size
+        if len(raw) < start + length:
+            raise ValueError("refusal code cut off")
+        code = raw[start:start + length].decode()
+        return request_id, Refused(code, raw[start + length:].decode("utf-8", "replace"))
+    except (struct.error, ValueError) as exc:
+        raise CorruptDataError(f"stream answer does not decode: {exc}") from exc
+
+
+# --- the follower's end ---------------------------------------------------------------
+
+class StreamServer:
+    """Serves `/peer/v1/stream` on the peer port: each connection's appends taken by
+    `take`, in order per shard, concurrently across shards."""
+
+    def __init__(self, take: TakeAppend) -> None:
+        self._take = take
+        self._open: set[web.WebSocketResponse] = set()
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(PATH, self.serve)
+
+    async def close(self) -> None:
+        """Close every connection (the site stops serving the peer port)."""
+        for connection in list(self._open):
+            await connection.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+
+    async def serve(self, http: web.Request) -> web.StreamResponse:
+        connection = web.WebSocketResponse(protocols=(PROTOCOL,), heartbeat=STREAM_HEARTBEAT,
+                                           max_msg_size=MAX_MESSAGE_BYTES)
+        await connection.prepare(http)
+        if connection.ws_protocol != PROTOCOL:
+            await connection.close(code=aiohttp.WSCloseCode.PROTOCOL_ERROR,
+                                   message=f"speaks only {PROTOCOL}".encode())
+            return connection
+        self._open.add(connection)
+        # the last append of each shard taken from this connection: the next waits
+        # for it (a leader's appends to one log land in the order it sent them)
+        last: dict[tuple[str, int], asyncio.Task[None]] = {}
+        pending: set[asyncio.Task[None]] = set()
+        in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        try:
+            async for message in connection:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    break  # an error, or text: not this protocol
+                try:
+                    append = decode_append(message.data)
+                except CorruptDataError as exc:
+                    log.warning("closing a peer stream from %s: %s", http.remote, exc)
+                    break
+                await in_flight.acquire()
+                key = (append.db, append.shard)
+                task = asyncio.create_task(self._answer(connection, append, last.get(key)))
+                last[key] = task
+                pending.add(task)
+
+                def answered(done: asyncio.Task[None], key: tuple[str, int] = key) -> None:
+                    in_flight.release()
+                    pending.discard(done)
+                    if last.get(key) is done:
+                        del last[key]
+                task.add_done_callback(answered)
+        finally:
+            self._open.discard(connection)
+            await connection.close()
+            # Appends under way finish (not cancelled: one holds its log's lock while
+            # its write runs in the executor); their answers go nowhere.
+            if pending:
+                await asyncio.wait(pending)
+        return connection
+
+    async def _answer(self, connection: web.WebSocketResponse, append: Append,
+                      after: asyncio.Task[None] | None) -> None:
+        if after is not None:
+            await asyncio.wait([after])
+        try:
+            answer = encode_result(append.request_id,
+                                   await self._take(append.db, append.shard, append.body))
+        except Refused as refusal:
+            answer = encode_refusal(append.request_id, refusal.code, refusal.message)
+        except Exception as exc:  # the HTTP route's 500: the leader tries again later
+            log.exception("an append to %s/%s from a peer stream failed", append.db,
+                          append.shard)
+            answer = encode_refusal(append.request_id, FAILED, repr(exc))
+        if not connection.closed:
+            with contextlib.suppress(ConnectionError):
+                await connection.send_bytes(answer)
+
+
+# --- the leader's end -----------------------------------------------------------------
+
+class StreamConnection:
+    """One connection to a peer's stream: appends sent as they come, their answers
+    matched by request id."""
+
+    def __init__(self, address: str, connection: aiohttp.ClientWebSocketResponse) -> None:
+        self.address = address
+        self._connection = connection
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[bytes | Refused]] = {}
+        self._reader = asyncio.create_task(self._read(), name=f"peer-stream-{address}")
+
+    @property
+    def closed(self) -> bool:
+        return self._reader.done()
+
+    async def append(self, db: str, shard: int, body: bytes, within: float
+                     ) -> bytes | Refused:
+        """Send an append; its answer. StreamError when the connection fails or the
+        answer does not come within `within` seconds."""
+        if self.closed:
+            raise StreamError(f"the stream to {self.address} is closed")
+        request_id = next(self._ids) & 0xFFFFFFFF
+        answer: asyncio.Future[bytes | Refused] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        try:
+            if self.closed:  # it ended while the future was made: no answer will come
+                raise StreamError(f"the stream to {self.address} is closed")
+            await self._connection.send_bytes(encode_append(request_id, db, shard, body))
+            return await asyncio.wait_for(answer, within)
+        except TimeoutError as exc:
+            raise StreamError(f"{self.address} did not answer an append to {db}/{shard} "
+                              f"within {within:.1f} s") from exc
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            raise StreamError(f"the stream to {self.address} failed: {exc!r}") from exc
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def close(self) -> None:
+        await self._connection.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+    async def _read(self) -> None:
+        why = "closed by the peer"
+        try:
+            async for message in self._connection:
+                if message.type != aiohttp.WSMsgType.BINARY:
+                    why = f"a {message.type.name} message"
+                    break
+                try:
+                    request_id, answer = decode_answer(message.data)
+                except CorruptDataError as exc:
+                    why = str(exc)
+                    break
+                waiting = self._waiting.pop(request_id, None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(answer)
+            else:
+                exception = self._connection.exception()
+                if exception is not None:
+                    why = repr(exception)
+        finally:
+            for waiting in self._waiting.values():
+                if not waiting.done():
+                    waiting.set_exception(StreamError(
+                        f"the stream to {self.address} ended with the append in flight: "
+                        f"{why}"))
+            self._waiting.clear()
+            if not self._connection.closed:
+                await self._connection.close()
+
+
+class StreamClient:
+    """The leader's streams, one per peer address, opened at the first append and
+    opened again after a failure; a peer that refuses the stream is sent its appends
+    over HTTP for a while (`FALLBACK_INTERVAL`)."""
+
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        self._streams: dict[str, StreamConnection] = {}
+        self._opening: dict[str, asyncio.Future[StreamConnection]] = {}
+        self._http_until: dict[str, float] = {}
+
+    def speaks_stream(self, address: str) -> bool:
+        return time.monotonic() >= self._http_until.get(address, 0.0)
+
+    async def append(self, address: str, db: str, shard: int, body: bytes, within: float
+                     ) -> bytes | Refused:
+        """The answer of the site at `address` to an append. StreamUnavailable when it
+        does not speak the stream, StreamError when it cannot be reached or does not
+        answer within `within` seconds."""
+        stream = await self._stream(address, within)
+        return await stream.append(db, shard, body, within)
+
+    async def close(self) -> None:
+        for opening in self._opening.values():
+            opening.cancel()
+        for stream in list(self._streams.values()):
+            await stream.close()
+        self._streams.clear()
+
+    async def _stream(self, address: str, within: float) -> StreamConnection:
+        stream = self._streams.get(address)
+        if stream is not None and not stream.closed:
+            return stream
+        # One handshake per peer at a time: the shards' senders that find no stream
+        # wait for the same one.
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = asyncio.ensure_future(self._open(address, within))
+            self._opening[address] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(address, None))
+        return await asyncio.shield(opening)
+
+    async def _open(self, address: str, within: float) -> StreamConnection:
+        try:
+            connection = await asyncio.wait_for(self._session.ws_connect(
+                f"http://{address}{PATH}", protocols=(PROTOCOL,), heartbeat=STREAM_HEARTBEAT,
+                max_msg_size=MAX_MESSAGE_BYTES,
+                timeout=aiohttp.ClientWSTimeout(ws_close=within)), within)
+        except aiohttp.WSServerHandshakeError as exc:
+            self._http_until[address] = time.monotonic() + FALLBACK_INTERVAL
+            raise StreamUnavailable(f"{address} does not speak the peer stream "
+                                    f"({exc.status})") from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise StreamError(f"{address} did not open a peer stream: {exc!r}") from exc
+        if connection.protocol != PROTOCOL:
+            await connection.close()
+            self._http_until[address] = time.monotonic() + FALLBACK_INTERVAL
+            raise StreamUnavailable(f"{address} speaks {connection.protocol!r} on the peer "
+                                    f"stream, not {PROTOCOL}")
+        stream = StreamConnection(address, connection)
+        self._streams[address] = stream
+        return stream

@@ -1,0 +1,257 @@
+"""The peer stream (`peer_stream.py`): a leader's appends to a follower, every shard's,
+on one WebSocket connection of the peer port. Real aiohttp servers on loopback, real
+shard logs. (Over HTTP and in running sites: test_replication_peer.py,
+test_replication_site.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+from random import Random
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from harness.processes import HOST, free_port
+from stratamq.broker.ds.replication import Position, ShardLog, StaleEpochError
+from stratamq.broker.ds.replication.leader import AppendRequest
+from stratamq.broker.ds.replication.log import Entry
+from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
+from stratamq.broker.ds.replication.peer_stream import (
+    PATH,
+    PROTOCOL,
+    Refused,
+    StreamClient,
+    StreamError,
+    StreamServer,
+    decode_answer,
+    decode_append,
+    encode_append,
+    encode_refusal,
+    encode_result,
+)
+
+SHARDS = 4
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def request_at(offset: int, epoch: int = 1) -> AppendRequest:
+    """The append of entry `offset` (epoch `epoch`) after entry offset - 1."""
+    return AppendRequest(epoch, Position(epoch if offset > 1 else 0, offset - 1),
+                         [Entry(Position(epoch, offset), b"entry %d" % offset)], offset, 0)
+
+
+def content(log: ShardLog) -> list[tuple[Position, bytes]]:
+    return [(entry.position, entry.batch) for entry in log.read(1, 10_000)]
+
+
+@asynccontextmanager
+async def follower(tmp_path: Path, port: int | None = None
+                   ) -> AsyncIterator[tuple[str, PeerServer, dict[int, ShardLog]]]:
+    """A site's peer server holding SHARDS shard logs of `messages`; its address."""
+    executor = ThreadPoolExecutor(2)
+    logs = {shard: ShardLog(tmp_path / f"shard-{shard}") for shard in range(SHARDS)}
+    server = PeerServer(lambda db, shard: {"messages": logs}[db][shard], executor)
+    port = port or free_port()
+    await server.start(HOST, port)
+    try:
+        yield f"{HOST}:{port}", server, logs
+    finally:
+        await server.stop()
+        executor.shutdown()
+        for log in logs.values():
+            log.close()
+
+
+@asynccontextmanager
+async def app_serving(add: Callable[[web.Application], None]) -> AsyncIterator[str]:
+    app = web.Application()
+    add(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, HOST, port).start()
+    try:
+        yield f"{HOST}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def test_messages_round_trip() -> None:
+    raw = encode_append(7, "messages", 3, b"body")
+    append = decode_append(raw)
+    assert (append.request_id, append.db, append.shard, append.body) == (7, "messages", 3,
+                                                                         b"body")
+    assert decode_answer(encode_result(9, b"result")) == (9, b"result")
+    request_id, refusal = decode_answer(encode_refusal(4, "stale_epoch", "épocha 3"))
+    assert request_id == 4 and isinstance(refusal, Refused)
+    assert (refusal.code, refusal.message) == ("stale_epoch", "épocha 3")
+
+
+def test_every_shards_appends_share_one_connection(tmp_path: Path) -> None:
+    """Appends of four shards sent at once, 25 each, each shard's one after the other
+    without waiting for answers: all taken (an append overtaking its predecessor would
+    be refused for the gap), on one connection."""
+    async def scenario() -> None:
+        async with follower(tmp_path) as (address, server, logs), \
+                aiohttp.ClientSession() as session:
+            client = PeerClient(session, timeout=5)
+            results = await asyncio.gather(*(
+                client.append(address, "messages", shard, request_at(offset))
+                for offset in range(1, 26) for shard in range(SHARDS)))
+            assert all(result.accepted for result in results)
+            for log in logs.values():
+                assert content(log) == [(Position(1, offset), b"entry %d" % offset)
+                                        for offset in range(1, 26)]
+            assert len(server._streams._open) == 1
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_refusals_come_back_as_the_http_route_would_say_them(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with follower(tmp_path) as (address, _server, logs), \
+                aiohttp.ClientSession() as session:
+            client = PeerClient(session, timeout=5)
+            assert (await client.append(address, "messages", 0, request_at(1))).accepted
+            logs[0].observe_epoch(2)
+            with pytest.raises(StaleEpochError):
+                await client.append(address, "messages", 0, request_at(2))
+            with pytest.raises(PeerError, match="404 unknown_shard"):
+                await client.append(address, "messages", SHARDS, request_at(1))
+            with pytest.raises(PeerError, match="404 unknown_shard"):
+                await client.append(address, "sessions", 0, request_at(1))
+            # the connection outlives refusals
+            assert (await client.append(address, "messages", 1, request_at(1))).accepted
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_a_follower_that_does_not_speak_the_stream_is_sent_appends_over_http(
+        tmp_path: Path) -> None:
+    """A site of a version before the stream (no such route: the handshake gets 404),
+    or one that speaks another version of it, gets its appends over HTTP."""
+    async def scenario() -> None:
+        async with follower(tmp_path) as (address, server, logs):
+            posted: list[str] = []
+
+            async def forward(request: web.Request) -> web.StreamResponse:
+                posted.append(request.path)
+                async with aiohttp.ClientSession() as session, session.post(
+                        f"http://{address}{request.path}", data=await request.read()) as got:
+                    return web.Response(status=got.status, body=await got.read())
+
+            async def other_version(request: web.Request) -> web.StreamResponse:
+                connection = web.WebSocketResponse(protocols=("stratamq.append.v9",))
+                await connection.prepare(request)
+                await connection.receive()
+                return connection
+
+            for shard, stream in enumerate((None, other_version)):
+                def routes(app: web.Application, stream: Handler | None = stream) -> None:
+                    app.router.add_post("/peer/v1/logs/{db}/{shard}/append", forward)
+                    if stream is not None:
+                        app.router.add_get(PATH, stream)
+                async with app_serving(routes) as old_site, \
+                        aiohttp.ClientSession() as session:
+                    posted.clear()
+                    client = PeerClient(session, timeout=5)
+                    for offset in (1, 2):
+                        assert (await client.append(old_site, "messages", shard,
+                                                    request_at(offset))).accepted
+                    assert posted == [f"/peer/v1/logs/messages/{shard}/append"] * 2
+                    assert len(content(logs[shard])) == 2
+                    await client.close()
+            assert not server._streams._open
+    asyncio.run(scenario())
+
+
+def test_a_restarted_follower_is_reached_on_a_new_connection(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        port = free_port()
+        # the session's own total timeout does not end a stream that lives longer
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+            client = PeerClient(session, timeout=2)
+            async with follower(tmp_path, port) as (address, _server, _logs):
+                assert (await client.append(address, "messages", 0, request_at(1))).accepted
+                await asyncio.sleep(1.5)
+                assert (await client.append(address, "messages", 0, request_at(2))).accepted
+            with pytest.raises(PeerError, match="did not take an append"):
+                await client.append(address, "messages", 0, request_at(3))
+            async with follower(tmp_path, port) as (address, _server, logs):
+                assert (await client.append(address, "messages", 0, request_at(3))).accepted
+                assert len(content(logs[0])) == 3
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_each_shards_appends_are_taken_in_the_order_sent() -> None:
+    """Taking an append takes a while, more for some than others; those of one shard
+    are still taken one after the other, in the order sent."""
+    async def scenario() -> None:
+        taken: dict[int, list[bytes]] = {shard: [] for shard in range(SHARDS)}
+        random = Random(7)
+
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            await asyncio.sleep(random.random() / 200)
+            taken[shard].append(body)
+            return body
+
+        async with app_serving(StreamServer(take).add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            client = StreamClient(session)
+            await asyncio.gather(*(client.append(address, "messages", shard, b"%d" % number,
+                                                 within=5)
+                                   for number in range(30) for shard in range(SHARDS)))
+            assert taken == {shard: [b"%d" % number for number in range(30)]
+                             for shard in range(SHARDS)}
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_an_answer_that_does_not_come_fails_the_append_not_the_connection() -> None:
+    """A follower slow to answer one append: that append fails in time (the sender
+    retries), and the connection serves the others meanwhile."""
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            if shard == 0:
+                await release.wait()
+            return b"taken %d" % shard
+
+        async with app_serving(StreamServer(take).add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            client = StreamClient(session)
+            with pytest.raises(StreamError, match="did not answer"):
+                await client.append(address, "messages", 0, b"", within=0.3)
+            assert await client.append(address, "messages", 1, b"", within=2) == b"taken 1"
+            release.set()
+            # the late answer to the first is dropped; the next of shard 0 is answered
+            assert await client.append(address, "messages", 0, b"", within=2) == b"taken 0"
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_a_message_that_does_not_decode_closes_the_connection() -> None:
+    async def scenario() -> None:
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            return b""
+
+        async with app_serving(StreamServer(take).add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"http://{address}{PATH}",
+                                          protocols=(PROTOCOL,)) as connection:
+                await connection.send_bytes(b"\x02garbage")
+                message = await connection.receive(timeout=5)
+                assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            async with session.ws_connect(f"http://{address}{PATH}",
+                                          protocols=("stratamq.append.v0",)) as connection:
+                message = await connection.receive(timeout=5)
+                assert message.type == aiohttp.WSMsgType.CLOSE
+                assert message.data == aiohttp.WSCloseCode.PROTOCOL_ERROR
+    asyncio.run(scenario())
