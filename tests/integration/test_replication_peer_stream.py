@@ -18,12 +18,14 @@ from aiohttp import web
 
 from harness.processes import HOST, free_port
 from stratamq.broker.ds.replication import Position, ShardLog, StaleEpochError
+from stratamq.broker.ds.replication.clock import ClockOffsets
 from stratamq.broker.ds.replication.leader import AppendRequest
 from stratamq.broker.ds.replication.log import Entry
 from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
 from stratamq.broker.ds.replication.peer_stream import (
     PATH,
     PROTOCOL,
+    Answer,
     Refused,
     StreamClient,
     StreamError,
@@ -86,10 +88,11 @@ def test_messages_round_trip() -> None:
     append = decode_append(raw)
     assert (append.request_id, append.db, append.shard, append.body) == (7, "messages", 3,
                                                                          b"body")
-    assert decode_answer(encode_result(9, b"result")) == (9, b"result")
-    request_id, refusal = decode_answer(encode_refusal(4, "stale_epoch", "épocha 3"))
-    assert request_id == 4 and isinstance(refusal, Refused)
-    assert (refusal.code, refusal.message) == ("stale_epoch", "épocha 3")
+    assert decode_answer(encode_result(9, b"result", 1.5)) == Answer(9, 1.5, b"result")
+    answer = decode_answer(encode_refusal(4, "stale_epoch", "épocha 3", 2.25))
+    assert (answer.request_id, answer.peer_time) == (4, 2.25)
+    assert isinstance(answer.outcome, Refused)
+    assert (answer.outcome.code, answer.outcome.message) == ("stale_epoch", "épocha 3")
 
 
 def test_every_shards_appends_share_one_connection(tmp_path: Path) -> None:
@@ -108,6 +111,10 @@ def test_every_shards_appends_share_one_connection(tmp_path: Path) -> None:
                 assert content(log) == [(Position(1, offset), b"entry %d" % offset)
                                         for offset in range(1, 26)]
             assert len(server._streams._open) == 1
+            # each answer tells the follower's clock, as an HTTP answer's header did
+            # (forwarded writes state their deadlines in it): the same machine's here
+            [(estimated, clock)] = client.clocks.status().items()
+            assert estimated == address and abs(clock["offset"]) <= clock["uncertainty"]
             await client.close()
     asyncio.run(scenario())
 
@@ -203,7 +210,7 @@ def test_each_shards_appends_are_taken_in_the_order_sent() -> None:
 
         async with app_serving(StreamServer(take).add_routes) as address, \
                 aiohttp.ClientSession() as session:
-            client = StreamClient(session)
+            client = StreamClient(session, ClockOffsets())
             await asyncio.gather(*(client.append(address, "messages", shard, b"%d" % number,
                                                  within=5)
                                    for number in range(30) for shard in range(SHARDS)))
@@ -226,7 +233,7 @@ def test_an_answer_that_does_not_come_fails_the_append_not_the_connection() -> N
 
         async with app_serving(StreamServer(take).add_routes) as address, \
                 aiohttp.ClientSession() as session:
-            client = StreamClient(session)
+            client = StreamClient(session, ClockOffsets())
             with pytest.raises(StreamError, match="did not answer"):
                 await client.append(address, "messages", 0, b"", within=0.3)
             assert await client.append(address, "messages", 1, b"", within=2) == b"taken 1"

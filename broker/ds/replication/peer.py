@@ -347,7 +347,7 @@ class PeerClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self.clocks = clocks or ClockOffsets()
-        self._streams = StreamClient(session)
+        self._streams = StreamClient(session, self.clocks)
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -14,8 +14,13 @@ a dead peer from a slow one.
 A message, big-endian:
   append  kind 1, request id (4), database name length (1), name, shard (4),
           `wire.encode_request` body
-  result  kind 2, request id (4), `wire.encode_result` body
-  refusal kind 3, request id (4), code length (1), code, message (UTF-8)
+  result  kind 2, request id (4), the follower's wall clock (8, a double: seconds),
+          `wire.encode_result` body
+  refusal kind 3, request id (4), the follower's wall clock (8), code length (1),
+          code, message (UTF-8)
+The follower's clock in each answer is what the `X-Stratamq-Time` header of an HTTP
+answer is: the leader estimates the peer's clock offset from it (`clock.py`), as
+forwarded writes state their deadlines in the peer's clock.
 A message that does not decode closes the connection (the peer runs other code)."""
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from ...errors import CorruptDataError, StorageError
+from .clock import ClockOffsets, estimate
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ APPEND, RESULT, REFUSAL = 1, 2, 3
 # The refusal of an append that failed at the follower (an error writing its log).
 FAILED = "failed"
 _KIND_ID = struct.Struct(">BI")
+_ANSWER = struct.Struct(">BId")  # kind, request id, the follower's wall clock
 _LENGTH = struct.Struct(">B")
 _SHARD = struct.Struct(">I")
 
@@ -115,30 +122,37 @@ def decode_append(raw: bytes) -> Append:
     return Append(request_id, db, shard, raw[start + length + _SHARD.size:])
 
 
-def encode_result(request_id: int, body: bytes) -> bytes:
-    return _KIND_ID.pack(RESULT, request_id) + body
+def encode_result(request_id: int, body: bytes, now: float) -> bytes:
+    return _ANSWER.pack(RESULT, request_id, now) + body
 
 
-def encode_refusal(request_id: int, code: str, message: str) -> bytes:
+def encode_refusal(request_id: int, code: str, message: str, now: float) -> bytes:
     name = code.encode()
-    return b"".join((_KIND_ID.pack(REFUSAL, request_id), _LENGTH.pack(len(name)), name,
+    return b"".join((_ANSWER.pack(REFUSAL, request_id, now), _LENGTH.pack(len(name)), name,
                      message.encode()))
 
 
-def decode_answer(raw: bytes) -> tuple[int, bytes | Refused]:
-    """(request id, the result's body or the refusal)."""
+@dataclass(frozen=True, slots=True)
+class Answer:
+    request_id: int
+    peer_time: float  # the follower's wall clock when it answered
+    outcome: bytes | Refused  # the result's body, or the refusal
+
+
+def decode_answer(raw: bytes) -> Answer:
     try:
-        kind, request_id = _KIND_ID.unpack_from(raw)
+        kind, request_id, peer_time = _ANSWER.unpack_from(raw)
         if kind == RESULT:
-            return request_id, raw[_KIND_ID.size:]
+            return Answer(request_id, peer_time, raw[_ANSWER.size:])
         if kind != REFUSAL:
             raise ValueError(f"message kind {kind}, expected an answer")
-        (length,) = _LENGTH.unpack_from(raw, _KIND_ID.size)
-        start = _KIND_ID.size + _LENGTH.size
+        (length,) = _LENGTH.unpack_from(raw, _ANSWER.size)
+        start = _ANSWER.size + _LENGTH.size
         if len(raw) < start + length:
             raise ValueError("refusal code cut off")
         code = raw[start:start + length].decode()
-        return request_id, Refused(code, raw[start + length:].decode("utf-8", "replace"))
+        return Answer(request_id, peer_time,
+                      Refused(code, raw[start + length:].decode("utf-8", "replace")))
     except (struct.error, ValueError) as exc:
         raise CorruptDataError(f"stream answer does not decode: {exc}") from exc
 
@@ -210,14 +224,15 @@ class StreamServer:
         if after is not None:
             await asyncio.wait([after])
         try:
-            answer = encode_result(append.request_id,
-                                   await self._take(append.db, append.shard, append.body))
+            taken = await self._take(append.db, append.shard, append.body)
+            answer = encode_result(append.request_id, taken, time.time())
         except Refused as refusal:
-            answer = encode_refusal(append.request_id, refusal.code, refusal.message)
+            answer = encode_refusal(append.request_id, refusal.code, refusal.message,
+                                    time.time())
         except Exception as exc:  # the HTTP route's 500: the leader tries again later
             log.exception("an append to %s/%s from a peer stream failed", append.db,
                           append.shard)
-            answer = encode_refusal(append.request_id, FAILED, repr(exc))
+            answer = encode_refusal(append.request_id, FAILED, repr(exc), time.time())
         if not connection.closed:
             with contextlib.suppress(ConnectionError):
                 await connection.send_bytes(answer)
@@ -229,11 +244,13 @@ class StreamConnection:
     """One connection to a peer's stream: appends sent as they come, their answers
     matched by request id."""
 
-    def __init__(self, address: str, connection: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(self, address: str, connection: aiohttp.ClientWebSocketResponse,
+                 clocks: ClockOffsets) -> None:
         self.address = address
         self._connection = connection
+        self._clocks = clocks
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[bytes | Refused]] = {}
+        self._waiting: dict[int, asyncio.Future[Answer]] = {}
         self._reader = asyncio.create_task(self._read(), name=f"peer-stream-{address}")
 
     @property
@@ -247,13 +264,19 @@ class StreamConnection:
         if self.closed:
             raise StreamError(f"the stream to {self.address} is closed")
         request_id = next(self._ids) & 0xFFFFFFFF
-        answer: asyncio.Future[bytes | Refused] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = answer
+        answered: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answered
         try:
             if self.closed:  # it ended while the future was made: no answer will come
                 raise StreamError(f"the stream to {self.address} is closed")
+            sent, sent_monotonic = time.time(), time.monotonic()
             await self._connection.send_bytes(encode_append(request_id, db, shard, body))
-            return await asyncio.wait_for(answer, within)
+            answer = await asyncio.wait_for(answered, within)
+            received, received_monotonic = time.time(), time.monotonic()
+            self._clocks.observe(self.address, estimate(
+                sent, answer.peer_time, received, received_monotonic - sent_monotonic,
+                received_monotonic))
+            return answer.outcome
         except TimeoutError as exc:
             raise StreamError(f"{self.address} did not answer an append to {db}/{shard} "
                               f"within {within:.1f} s") from exc
@@ -275,11 +298,11 @@ class StreamConnection:
                     why = f"a {message.type.name} message"
                     break
                 try:
-                    request_id, answer = decode_answer(message.data)
+                    answer = decode_answer(message.data)
                 except CorruptDataError as exc:
                     why = str(exc)
                     break
-                waiting = self._waiting.pop(request_id, None)
+                waiting = self._waiting.pop(answer.request_id, None)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(answer)
             else:
@@ -302,8 +325,10 @@ class StreamClient:
     opened again after a failure; a peer that refuses the stream is sent its appends
     over HTTP for a while (`FALLBACK_INTERVAL`)."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(self, session: aiohttp.ClientSession, clocks: ClockOffsets) -> None:
+        """`clocks`: the peers' clock offsets, estimated from every answer."""
         self._session = session
+        self._clocks = clocks
         self._streams: dict[str, StreamConnection] = {}
         self._opening: dict[str, asyncio.Future[StreamConnection]] = {}
         self._http_until: dict[str, float] = {}
@@ -356,6 +381,6 @@ class StreamClient:
             self._http_until[address] = time.monotonic() + FALLBACK_INTERVAL
             raise StreamUnavailable(f"{address} speaks {connection.protocol!r} on the peer "
                                     f"stream, not {PROTOCOL}")
-        stream = StreamConnection(address, connection)
+        stream = StreamConnection(address, connection, self._clocks)
         self._streams[address] = stream
         return stream
