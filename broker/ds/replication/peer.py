@@ -189,7 +189,7 @@ class PeerServer:
         async with self.lock(db, shard):
             refused = self._not_a_replica(db, shard)
             if refused is not None:
-                return _error(403, refused.code, refused.message)
+                return _error(REFUSAL_STATUS[refused.code], refused.code, refused.message)
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.observe_epoch, epoch)

@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from ...errors import CorruptDataError, StorageError
-from .clock import ClockOffsets, estimate
+from .clock import ClockOffsets
 
 log = logging.getLogger(__name__)
 
@@ -272,10 +272,8 @@ class StreamConnection:
             sent, sent_monotonic = time.time(), time.monotonic()
             await self._connection.send_bytes(encode_append(request_id, db, shard, body))
             answer = await asyncio.wait_for(answered, within)
-            received, received_monotonic = time.time(), time.monotonic()
-            self._clocks.observe(self.address, estimate(
-                sent, answer.peer_time, received, received_monotonic - sent_monotonic,
-                received_monotonic))
+            self._clocks.answered(self.address, sent, sent_monotonic, answer.peer_time,
+                                  time.time(), time.monotonic())
             return answer.outcome
         except TimeoutError as exc:
             raise StreamError(f"{self.address} did not answer an append to {db}/{shard} "
