@@ -244,6 +244,39 @@ def test_an_answer_that_does_not_come_fails_the_append_not_the_connection() -> N
     asyncio.run(scenario())
 
 
+def test_a_follower_reads_no_more_than_its_byte_bound_ahead() -> None:
+    """Appends read and not yet answered hold the follower's memory: past
+    `max_in_flight_bytes` of them it reads no more until some are answered, however
+    many the leader sends; then every one is taken."""
+    async def scenario() -> None:
+        release, three_started = asyncio.Event(), asyncio.Event()
+        started: list[int] = []
+
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            started.append(shard)
+            if len(started) == 3:
+                three_started.set()
+            await release.wait()
+            return b"taken"
+
+        server = StreamServer(take, max_in_flight_bytes=1_000_000)
+        async with app_serving(server.add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            client = StreamClient(session, ClockOffsets())
+            # ten appends of ~300 kB to ten shards (nothing orders them): three fit
+            sends = [asyncio.ensure_future(client.append(address, "messages", shard,
+                                                         bytes(300_000), within=10))
+                     for shard in range(10)]
+            await asyncio.wait_for(three_started.wait(), 5)
+            await asyncio.sleep(0.3)  # time for more to be read, were they allowed
+            assert len(started) == 3, started
+            release.set()
+            assert await asyncio.gather(*sends) == [b"taken"] * 10
+            assert sorted(started) == list(range(10))
+            await client.close()
+    asyncio.run(scenario())
+
+
 def test_a_message_that_does_not_decode_closes_the_connection() -> None:
     async def scenario() -> None:
         async def take(db: str, shard: int, body: bytes) -> bytes:

@@ -50,9 +50,13 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # A ping this often; a connection whose pong does not come within half of it is
 # closed, and its appends in flight fail (the sender retries on a new one).
 STREAM_HEARTBEAT = 5.0
-# Appends one connection may have in flight at the follower: past this it reads no
-# more until some are answered (the leader's socket then fills: flow control).
+# Appends one connection may have in flight at the follower (read, not yet answered),
+# and their bytes: past either it reads no more until some are answered (the leader's
+# socket then fills: flow control). The bytes bound the follower's memory per leader
+# (appends are up to the leader's max_bytes, 4 MiB, each); one bigger append alone
+# still passes.
 MAX_IN_FLIGHT = 256
+MAX_IN_FLIGHT_BYTES = 32 * 1024 * 1024
 # How long a site that refused the stream (an older version) is sent appends over
 # HTTP before the stream is tried again.
 FALLBACK_INTERVAL = 60.0
@@ -159,12 +163,41 @@ def decode_answer(raw: bytes) -> Answer:
 
 # --- the follower's end ---------------------------------------------------------------
 
+class InFlight:
+    """The appends one connection has in flight: `admit` waits while `max_count` of
+    them, or `max_bytes`, are (an append bigger than `max_bytes` waits for none)."""
+
+    def __init__(self, max_count: int, max_bytes: int) -> None:
+        self._max_count = max_count
+        self._max_bytes = max_bytes
+        self.count = 0
+        self.bytes = 0
+        self._freed = asyncio.Event()
+
+    async def admit(self, size: int) -> None:
+        while self.count and (self.count >= self._max_count
+                              or self.bytes + size > self._max_bytes):
+            self._freed.clear()
+            await self._freed.wait()
+        self.count += 1
+        self.bytes += size
+
+    def release(self, size: int) -> None:
+        self.count -= 1
+        self.bytes -= size
+        self._freed.set()
+
+
 class StreamServer:
     """Serves `/peer/v1/stream` on the peer port: each connection's appends taken by
     `take`, in order per shard, concurrently across shards."""
 
-    def __init__(self, take: TakeAppend) -> None:
+    def __init__(self, take: TakeAppend, max_in_flight: int = MAX_IN_FLIGHT,
+                 max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES) -> None:
+        """`max_in_flight`, `max_in_flight_bytes`: a connection's bound (`InFlight`)."""
         self._take = take
+        self._max_in_flight = max_in_flight
+        self._max_in_flight_bytes = max_in_flight_bytes
         self._open: set[web.WebSocketResponse] = set()
 
     def add_routes(self, app: web.Application) -> None:
@@ -188,7 +221,7 @@ class StreamServer:
         # for it (a leader's appends to one log land in the order it sent them)
         last: dict[tuple[str, int], asyncio.Task[None]] = {}
         pending: set[asyncio.Task[None]] = set()
-        in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        in_flight = InFlight(self._max_in_flight, self._max_in_flight_bytes)
         try:
             async for message in connection:
                 if message.type != aiohttp.WSMsgType.BINARY:
@@ -198,14 +231,16 @@ class StreamServer:
                 except CorruptDataError as exc:
                     log.warning("closing a peer stream from %s: %s", http.remote, exc)
                     break
-                await in_flight.acquire()
+                size = len(message.data)
+                await in_flight.admit(size)
                 key = (append.db, append.shard)
                 task = asyncio.create_task(self._answer(connection, append, last.get(key)))
                 last[key] = task
                 pending.add(task)
 
-                def answered(done: asyncio.Task[None], key: tuple[str, int] = key) -> None:
-                    in_flight.release()
+                def answered(done: asyncio.Task[None], key: tuple[str, int] = key,
+                             size: int = size) -> None:
+                    in_flight.release(size)
                     pending.discard(done)
                     if last.get(key) is done:
                         del last[key]
