@@ -262,6 +262,44 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
     asyncio.run(scenario())
 
 
+def test_the_followers_append_an_entry_while_the_leader_syncs_its_own_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader ships an entry before its own fsync, not after: while its sync of
+    the entry is under way, both followers hold it on disk; the write commits, and
+    every replica's log holds the same entries."""
+    followers: list[ShardLog] = []
+    leader_logs: list[ShardLog] = []
+    seen_during_sync: list[bool] = []
+    sync = ShardLog.sync
+
+    def watched(log: ShardLog) -> None:
+        if log in leader_logs:
+            offset, deadline = log.last.offset, time.monotonic() + WAIT
+            while any(follower.durable < offset for follower in followers) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen_during_sync.append(all(f.durable >= offset for f in followers))
+        sync(log)
+    monkeypatch.setattr(ShardLog, "sync", watched)
+
+    async def scenario() -> None:
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path)
+        try:
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            followers.extend(replica_of(site).log for site in (b, c))
+            leader_logs.append(replica_of(a).log)
+            await commit(a, b"shipped before synced")
+            assert seen_during_sync == [True]
+            await until("b and c told the commit",
+                        lambda: caught_up(b, a)() and caught_up(c, a)())
+            logs = [replica_of(site).log for site in (a, b, c)]
+            assert len({tuple(log.read(1, 10_000)) for log in logs}) == 1
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
 def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
     """A client's write fails because its shard's leader steps down; its next write,
     queued behind in the write buffer meanwhile, must not be committed (through the new

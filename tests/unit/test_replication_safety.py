@@ -1,6 +1,9 @@
 """Safety of the replicated shard log under leader changes, checked on real shard logs
 (RocksDB in a temporary folder) driven by a model of the protocol: leaders append and
-ship entries to followers, commit by the commit rule, and the controller's failover
+ship entries to followers while they sync their own copies (a leader counts itself
+towards a majority once synced), sites lose power (what they had not synced is
+gone, and they forget what they knew committed), commit by the commit rule, and the
+controller's failover
 fences a majority with a new epoch and picks among it the highest (epoch, offset),
 or names any site, which fences a majority itself and first appends the tail of
 the most advanced of them (a leader chosen on positions gone stale: the takeover of
@@ -63,7 +66,25 @@ class Cluster:
         if leadership is None:
             return
         self.writes += 1
-        self.acknowledge(leadership, lambda: leadership.append([b"w%d" % self.writes]))
+        self.acknowledge(leadership, lambda: leadership.append([b"w%d" % self.writes],
+                                                               sync=False))
+
+    def sync(self, site: str) -> None:
+        """A leader's sync of its own appends ends."""
+        leadership = self.leadership(site)
+        if leadership is None:
+            return
+        self.acknowledge(leadership, lambda: (leadership.log.sync(), leadership.advance()))
+
+    def power_loss(self, site: str) -> None:
+        """The site's machine stops: its log comes back with what was on disk only,
+        and the site remembers no leadership or commit offset."""
+        log = self.logs[site]
+        durable = log.durable
+        log.close()
+        self.logs[site] = log = ShardLog(log.path)
+        log.truncate_after(durable)
+        self.leaders.pop(site, None)
 
     def replicate(self, site: str, follower: str) -> None:
         leadership = self.leadership(site)
@@ -154,6 +175,8 @@ class Cluster:
 operation = st.one_of(
     st.tuples(st.just("write"), st.integers(0, 2)),
     st.tuples(st.just("replicate"), st.integers(0, 2), st.sampled_from(SITES)),
+    st.tuples(st.just("sync"), st.integers(0, 2)),
+    st.tuples(st.just("power_loss"), st.sampled_from(SITES)),
     st.tuples(st.just("failover"), st.sets(st.sampled_from(SITES), min_size=3)),
     # the hardest majority: the least advanced sites (the others are cut off)
     st.tuples(st.just("failover"), st.just("laggards")),
@@ -170,9 +193,14 @@ def test_no_acknowledged_entry_is_ever_lost(operations: list[tuple]) -> None:  #
         cluster = Cluster(Path(folder))
         try:
             for kind, *args in operations:
-                if not cluster.leaders and kind not in ("failover", "take_over"):
+                if not cluster.leaders and kind not in ("failover", "take_over",
+                                                        "power_loss"):
                     continue  # every leader learnt it was replaced: wait for a failover
-                if kind == "take_over":
+                if kind == "power_loss":
+                    cluster.power_loss(args[0])
+                elif kind == "sync":
+                    cluster.sync(cluster.leader(args[0]))
+                elif kind == "take_over":
                     cluster.take_over(args[0], set(args[1]))
                 elif kind == "write":
                     cluster.write(cluster.leader(args[0]))
