@@ -205,7 +205,7 @@ def decode_answer(raw: bytes) -> Answer:
         raise CorruptDataError(f"stream answer does not decode: {exc}") from exc
 
 
-# --- the follower's end ---------------------------------------------------------------
+# --- the receiving end (a follower; a leader for forwarded writes) --------------------
 
 class InFlight:
     """The appends one connection has in flight: `admit` waits while `max_count` of
@@ -344,7 +344,7 @@ async def _send(connection: web.WebSocketResponse, answer: bytes) -> None:
             await connection.send_bytes(answer)
 
 
-# --- the leader's end -----------------------------------------------------------------
+# --- the sending end (a leader; a site forwarding writes) -----------------------------
 
 class StreamConnection:
     """One connection to a peer's stream: appends and forwarded writes sent as they
@@ -441,9 +441,9 @@ class StreamConnection:
 
 
 class StreamClient:
-    """The leader's streams, one per peer address, opened at the first append and
-    opened again after a failure; a peer that refuses the stream is sent its appends
-    over HTTP for a while (`FALLBACK_INTERVAL`)."""
+    """A site's streams, one per peer address, opened at the first append or
+    forwarded write and opened again after a failure; a peer that refuses the stream
+    is sent both over HTTP for a while (`FALLBACK_INTERVAL`)."""
 
     def __init__(self, session: aiohttp.ClientSession, clocks: ClockOffsets) -> None:
         """`clocks`: the peers' clock offsets, estimated from every answer."""
