@@ -152,8 +152,10 @@ def test_a_site_that_speaks_stream_v1_is_sent_forwarded_writes_over_http() -> No
                 await connection.send_bytes(encode_result(append.request_id, b"v1", 0.0))
             return connection
 
-        async with app_serving(lambda app: app.router.add_get(PATH, version_1)) as address, \
-                aiohttp.ClientSession() as session:
+        def routes(app: web.Application) -> None:
+            app.router.add_get(PATH, version_1)
+
+        async with app_serving(routes) as address, aiohttp.ClientSession() as session:
             client = StreamClient(session, ClockOffsets())
             assert await client.append(address, "messages", 0, b"", within=5) == b"v1"
             with pytest.raises(StreamUnavailable, match=PROTOCOL_V1):
