@@ -132,6 +132,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python bench/ds_bench.py
 	$(BIN)/python bench/broker_bench.py
 	$(BIN)/python bench/cluster_bench.py
+	$(BIN)/python bench/scale_bench.py
 
 # Keeps .cache/bin: rebuilding the Kubernetes binaries takes long (`rm -rf .cache` does it).
 clean:

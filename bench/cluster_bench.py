@@ -132,15 +132,16 @@ class BenchSite(SiteProcess):
 class BenchCluster(Cluster):
     """Sites on 127.0.0.(k+1) and a controller on 127.0.0.1, free ports."""
 
-    def __init__(self, workdir: Path, sites: int, replication_factor: int) -> None:
-        self.n_shards = N_SHARDS
+    def __init__(self, workdir: Path, sites: int, replication_factor: int,
+                 n_shards: int = N_SHARDS) -> None:
+        self.n_shards = n_shards
         self.network = None
         self.workdir = workdir
-        self.sites = [BenchSite(workdir / f"site-{k}", k, f"127.0.0.{k + 1}", n_shards=N_SHARDS,
+        self.sites = [BenchSite(workdir / f"site-{k}", k, f"127.0.0.{k + 1}", n_shards=n_shards,
                                 heartbeat_interval=HEARTBEAT) for k in range(sites)]
         self.controller = ControllerProcess(
             workdir / "controller", "127.0.0.1", self.sites,
-            replication_factor=replication_factor, n_shards=N_SHARDS,
+            replication_factor=replication_factor, n_shards=n_shards,
             heartbeat_interval=HEARTBEAT)
         self.site_ids = []
 
@@ -172,11 +173,12 @@ def endpoint(process: ManagedProcess, cpu: Callable[[], float] | None = None) ->
     return Endpoint(process.host, process.port, cpu or process.cpu_seconds)
 
 
-def client_for_shard(shard: int, prefix: str, suffix: str = "") -> str:
-    """A client id (`suffix` added) whose messages go to `shard` of messages; returned
-    without the suffix."""
+def client_for_shard(shard: int, prefix: str, suffix: str = "",
+                     n_shards: int = N_SHARDS) -> str:
+    """A client id (`suffix` added) whose messages go to `shard` of `n_shards` shards
+    of messages; returned without the suffix."""
     for k in range(100_000):
-        if shard_of(f"{prefix}-{k}{suffix}", N_SHARDS) == shard:
+        if shard_of(f"{prefix}-{k}{suffix}", n_shards) == shard:
             return f"{prefix}-{k}"
     raise AssertionError("unreachable: crc32 spreads client ids")
 

@@ -60,6 +60,7 @@ from stratamq.broker.controller import decisions, disruption
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
 from stratamq.broker.controller.metrics import Snapshot
 from stratamq.broker.controller.sites import (
+    Refused,
     Report,
     SiteState,
 )
@@ -363,6 +364,12 @@ class StorageController:
         forgotten = set(self.forgotten)
         boots: dict[str, Bootstraps] = {}
         for pod, probed in reports:
+            if isinstance(probed, Refused):
+                # nothing listens at the pod's address: its site is down now
+                for site, name in site_pods.items():
+                    if name == pod.name and site in sites:
+                        sites[site] = replace(sites[site], refused=True)
+                continue
             if probed is None:
                 continue
             report, boots[report.site] = probed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -16,8 +17,11 @@ from typing import Any
 from stratamq.broker.controller.probing import probe_in_threads
 from stratamq.broker.controller.sites import (
     PLACEMENT_PATH,
+    REFUSAL_RECHECK,
+    REFUSED,
     REPLICATION_PATH,
     BadReportError,
+    Refused,
     Report,
     parse_held,
     parse_report,
@@ -87,17 +91,32 @@ def bootstraps_of(document: Mapping[str, Any]) -> Bootstraps:
     return Bootstraps(frozenset(running), installed)
 
 
-def probe(url: str, token: str) -> tuple[Report, Bootstraps] | None:
-    try:
-        document = _call("GET", url + REPLICATION_PATH, token)
-        return parse_report(document), bootstraps_of(document)
-    except (urllib.error.URLError, OSError, ValueError, BadReportError) as error:
-        log.debug("site at %s does not answer: %s", url, error)
-        return None
+def probe(url: str, token: str) -> tuple[Report, Bootstraps] | Refused | None:
+    """The site's report; REFUSED when nothing listens at `url` (twice,
+    `REFUSAL_RECHECK` apart: its process is down); None when it does not answer as it
+    should."""
+    for attempt in range(2):
+        try:
+            document = _call("GET", url + REPLICATION_PATH, token)
+            return parse_report(document), bootstraps_of(document)
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError):
+                log.debug("site at %s does not answer: %s", url, error)
+                return None
+            if attempt == 0:
+                time.sleep(REFUSAL_RECHECK)
+        except ConnectionRefusedError:
+            if attempt == 0:
+                time.sleep(REFUSAL_RECHECK)
+        except (OSError, ValueError, BadReportError) as error:
+            log.debug("site at %s does not answer: %s", url, error)
+            return None
+    log.debug("site at %s refuses connections", url)
+    return REFUSED
 
 
 def probe_all(urls: Sequence[str], token: str, deadline: float = PROBE_TIMEOUT
-              ) -> list[tuple[Report, Bootstraps] | None]:
+              ) -> list[tuple[Report, Bootstraps] | Refused | None]:
     """`probe` of every site at once, in threads: a round waits at most `deadline`
     seconds (broker/controller/probing.py)."""
     return probe_in_threads(urls, lambda url: probe(url, token), deadline,

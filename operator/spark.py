@@ -197,9 +197,10 @@ def launch_arguments(owner: Owner, spec: dict[str, Any], job: str) -> list[str]:
     """The arguments of `spark-main.py` (= `stratamq spark`): `launch JOB ...`, with the
     rules the job needs from the storage's config (so the driver needs no ConfigMap)."""
     if sites_by_pod_ip(spec):
-        sites = [*(part for index in range(parse_spec(spec).sites)
+        parsed = parse_spec(spec)
+        sites = [*(part for index in range(parsed.sites)
                    for part in ("--site-pod", f"{owner.name}-{index}")),
-                 "--admin-port", str(parse_spec(spec).admin_port),
+                 "--admin-port", str(parsed.admin_port),
                  "--namespace", owner.namespace, "--api-server", api_server(spec)]
     else:
         sites = [part for url in site_urls(owner, spec) for part in ("--site", url)]

@@ -64,7 +64,7 @@ import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ from .metrics import Snapshot
 from .probing import probe_concurrently
 from .pushes import Fenced, peers_of, push_answer, push_body, push_targets
 from .site_client import SiteClient
-from .sites import Report, SiteState
+from .sites import Refused, Report, SiteState
 from .state import FolderLock, FolderRecord, SiteAddress, StateFiles
 from .term_holder import TermHolder
 from .terms import TermKeeper, TermRule
@@ -205,13 +205,13 @@ class Controller:
     async def round(self) -> None:
         """Probe every site, decide, keep, push."""
         urls = list(self.urls)
-        reports = await probe_concurrently(urls, self._site_client.probe,
-                                           self._timeout + PROBE_GRACE)
+        reports: list[Report | Refused | None] = await probe_concurrently(
+            urls, self._site_client.probe, self._timeout + PROBE_GRACE)
         now = time.monotonic()
         async with self._lock:
             sites_changed = self._take_reports(urls, reports, now)
             answered = {report.site for report in reports
-                        if report is not None and report.site in self.sites}
+                        if isinstance(report, Report) and report.site in self.sites}
             if not await self._hold_term(answered):
                 if sites_changed:
                     await self._save(self.state)
@@ -233,10 +233,16 @@ class Controller:
             self.leader_changes += decisions.leader_changes(before.placement, self.state.placement)
         await self._push(self.state.placement, everyone=changed)
 
-    def _take_reports(self, urls: list[str], reports: list[Report | None], now: float) -> bool:
+    def _take_reports(self, urls: list[str], reports: list[Report | Refused | None],
+                      now: float) -> bool:
         """Record the answers; True when a site is new or moved (to keep on disk)."""
         changed = False
         for url, report in zip(urls, reports, strict=True):
+            if isinstance(report, Refused):
+                for site in list(self.sites.values()):
+                    if site.admin_url == url:
+                        self.sites[site.id] = replace(site, refused=True)
+                continue
             if report is None or report.site in self.forgotten:
                 continue
             known = self.sites.get(report.site)

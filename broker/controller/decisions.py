@@ -123,8 +123,10 @@ class Decision:
 # --- sites ------------------------------------------------------------------------------
 
 def is_gone(site: SiteState, now: float, settings: Settings) -> bool:
-    """Missed `missed_heartbeats` heartbeats in a row."""
-    return now - site.last_seen > settings.gone_after
+    """Missed `missed_heartbeats` heartbeats in a row, or found down at once: its
+    address refused the last probe after it had answered since the controller started
+    (one not up yet at the controller's start keeps the grace of `last_seen`)."""
+    return (site.refused and site.answered) or now - site.last_seen > settings.gone_after
 
 
 def alive_sites(sites: Mapping[str, SiteState], now: float, settings: Settings) -> set[str]:

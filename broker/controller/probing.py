@@ -22,7 +22,7 @@ Answer = TypeVar("Answer")
 
 
 async def probe_concurrently(addresses: Sequence[str],
-                             probe: Callable[[str], Awaitable[Answer | None]],
+                             probe: Callable[[str], Awaitable[Answer]],
                              deadline: float) -> list[Answer | None]:
     """`probe` of every address at once on the running event loop; one not done by
     `deadline` is cancelled."""
@@ -37,7 +37,7 @@ async def probe_concurrently(addresses: Sequence[str],
             task.cancel()  # nothing where done: the late ones, or all when cancelled
 
 
-def probe_in_threads(addresses: Sequence[str], probe: Callable[[str], Answer | None],
+def probe_in_threads(addresses: Sequence[str], probe: Callable[[str], Answer],
                      deadline: float, max_parallel: int) -> list[Answer | None]:
     """`probe` of every address at once, in up to `max_parallel` threads; a probe not
     done by `deadline` is not waited for (its thread ends with its socket timeout)."""

@@ -6,6 +6,7 @@ read; what an answer means for the term and the placement is the controller's.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import urllib.parse
 from collections.abc import Mapping
@@ -18,9 +19,12 @@ from ..ds.replication import Placement
 from ..ds.replication.term import ControllerTerm
 from .sites import (
     PLACEMENT_PATH,
+    REFUSAL_RECHECK,
+    REFUSED,
     REPLICATION_PATH,
     TERM_PATH,
     BadReportError,
+    Refused,
     Report,
     SiteState,
     parse_held,
@@ -48,23 +52,41 @@ class SiteClient:
         self._unreachable: dict[str, str] = {}
         self._unreadable: set[str] = set()  # sites whose kept placement could not be read
 
-    async def probe(self, url: str) -> Report | None:
-        """The heartbeat report of the site at `url`; None when it does not answer as
-        it should."""
-        try:
-            async with self._http.get(url + REPLICATION_PATH, headers=self._headers) as answer:
-                if answer.status != 200:
-                    raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
-                report = parse_report(await answer.json())
-        except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
-            problem = str(exc) or type(exc).__name__
-            if self._unreachable.get(url) is None:
-                log.warning("site at %s does not answer: %s", url, problem)
-            self._unreachable[url] = problem
-            return None
+    async def probe(self, url: str) -> Report | Refused | None:
+        """The heartbeat report of the site at `url`; REFUSED when nothing listens
+        there (twice, `REFUSAL_RECHECK` apart); None when it does not answer as it
+        should."""
+        for attempt in range(2):
+            try:
+                return await self._probe(url)
+            except aiohttp.ClientConnectorError as exc:
+                if not isinstance(exc.os_error, ConnectionRefusedError):
+                    self._no_answer(url, exc)
+                    return None
+                if attempt == 0:
+                    await asyncio.sleep(REFUSAL_RECHECK)
+                    continue
+                self._no_answer(url, exc)
+            except (aiohttp.ClientError, OSError, ValueError, BadReportError) as exc:
+                self._no_answer(url, exc)
+                return None
+        return REFUSED
+
+    async def _probe(self, url: str) -> Report:
+        async with self._http.get(url + REPLICATION_PATH, headers=self._headers) as answer:
+            if answer.status != 200:
+                raise BadReportError(f"HTTP {answer.status}: {await answer.text()}")
+            report = parse_report(await answer.json())
         if self._unreachable.pop(url, None) is not None:
             log.info("site at %s answers", url)
         return report
+
+    def _no_answer(self, url: str, exc: Exception) -> None:
+        """Said once, not every round, until it answers again."""
+        problem = str(exc) or type(exc).__name__
+        if self._unreachable.get(url) is None:
+            log.warning("site at %s does not answer: %s", url, problem)
+        self._unreachable[url] = problem
 
     async def fetch_held(self, site: SiteState) -> tuple[Placement, frozenset[str]] | None:
         """The placement `site` keeps and the sites it was told are forgotten; None

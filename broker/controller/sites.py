@@ -62,6 +62,21 @@ class Report:
     zone: str | None = None
 
 
+class Refused:
+    """A probe's answer where nothing listened at the site's address: the connection
+    was refused, twice (`REFUSAL_RECHECK` apart). Its process is down (killed,
+    crashed, restarting), not slow: a loaded or cut-off site times out instead."""
+
+    def __repr__(self) -> str:
+        return "REFUSED"
+
+
+REFUSED = Refused()
+# A refused probe is tried again once after this: a listener that is being replaced
+# in a running process is not a site down.
+REFUSAL_RECHECK = 0.1
+
+
 @dataclass(frozen=True)
 class SiteState:
     """A site the controller knows. `last_seen` is the controller's monotonic clock
@@ -72,7 +87,8 @@ class SiteState:
     `heartbeat_interval`, `term`) is not known: None or empty. `zone`: the site's
     failure zone, which the planner keeps a shard's replicas apart by: as the site
     reports it (`cluster.zone`), or as the operator reads it from the site's node;
-    None when not known."""
+    None when not known. `refused`: its last probe found nothing listening at its
+    address (`REFUSED`): down now, not in `gone_after`."""
 
     id: str
     admin_url: str
@@ -85,6 +101,7 @@ class SiteState:
     heartbeat_interval: float | None = None
     term: ControllerTerm | None = None
     zone: str | None = None
+    refused: bool = False
 
     def seen(self, report: Report, now: float) -> SiteState:
         return SiteState(id=self.id, admin_url=self.admin_url, last_seen=now, answered=True,

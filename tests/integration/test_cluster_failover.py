@@ -159,6 +159,31 @@ def test_acknowledged_messages_survive_sigkills_of_the_leader_site(tmp_path: Pat
     assert delivered
 
 
+def test_a_killed_leader_is_found_down_at_the_next_probe(tmp_path: Path) -> None:
+    """A site whose process is killed refuses the controller's next probe (nothing
+    listens at its address): its shards fail over then, not after three missed
+    heartbeats. Heartbeats 4 s apart here: taken for gone by the misses, the leaders
+    would move 12 s after the kill; found down, within a probe interval and a round."""
+    heartbeat = 4.0
+    cluster = Cluster(tmp_path, SITES, n_shards=N_SHARDS, heartbeat_interval=heartbeat)
+    try:
+        cluster.start()
+        victim = cluster.busiest_leader()
+        led = [shard for shard, leader in cluster.leaders().items() if leader == victim]
+        killed_at = time.monotonic()
+        cluster.sites[victim].kill()
+        moved = cluster.wait_leaders_moved(victim, led, 3 * heartbeat)
+        moved_after = time.monotonic() - killed_at
+        print(f"site-{victim} killed: its shards {led} had new leaders after "
+              f"{moved_after:.2f} s")
+        assert moved, f"leaders did not move off site-{victim}:\n{cluster.describe()}"
+        # the misses would have taken 3 heartbeats; a probe interval, a round's
+        # probes (their timeout: one heartbeat) and a push are well within 2
+        assert moved_after < 2 * heartbeat, f"{moved_after:.2f} s\n{cluster.describe()}"
+    finally:
+        cluster.close()
+
+
 def led_by(cluster: Cluster, site_id: str) -> list[str]:
     """The shards (`db/n`) the controller has `site_id` lead, every database."""
     return [f"{db}/{shard['id']}" for db in DATABASES

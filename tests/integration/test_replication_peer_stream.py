@@ -25,20 +25,29 @@ from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServe
 from stratamq.broker.ds.replication.peer_stream import (
     PATH,
     PROTOCOL,
+    PROTOCOL_V1,
     Answer,
+    Forward,
     Refused,
     StreamClient,
     StreamError,
     StreamServer,
+    StreamUnavailable,
     decode_answer,
     decode_append,
+    decode_request,
     encode_append,
+    encode_forward,
     encode_refusal,
     encode_result,
 )
 
 SHARDS = 4
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def no_forwards(db: str, shard: int, body: bytes, deadline: float) -> None:
+    raise Refused("unknown_shard", "this test's site takes no forwarded writes")
 
 
 def request_at(offset: int, epoch: int = 1) -> AppendRequest:
@@ -93,6 +102,67 @@ def test_messages_round_trip() -> None:
     assert (answer.request_id, answer.peer_time) == (4, 2.25)
     assert isinstance(answer.outcome, Refused)
     assert (answer.outcome.code, answer.outcome.message) == ("stale_epoch", "épocha 3")
+    assert decode_request(encode_forward(5, 1.25, "messages", 2, b"write")) == Forward(
+        5, 1.25, "messages", 2, b"write")
+
+
+def test_a_forwarded_write_goes_on_the_stream_and_is_answered_once_committed() -> None:
+    """A write forwarded to a shard's leader: its deadline and body as sent; the
+    answer once the leader has committed it, or its refusal (a fenced write's with the
+    JSON the HTTP route answers with); appends share the connection meanwhile."""
+    async def scenario() -> None:
+        taken: list[tuple[str, int, bytes, float]] = []
+        commit = asyncio.Event()
+
+        async def forward(db: str, shard: int, body: bytes, deadline: float) -> None:
+            if body == b"fenced":
+                raise Refused("fenced", '{"error": "fenced", "keys": ["6b"]}')
+            taken.append((db, shard, body, deadline))
+            await commit.wait()
+
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            return b"appended"
+
+        async with app_serving(StreamServer(take, forward).add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            client = StreamClient(session, ClockOffsets())
+            write = asyncio.ensure_future(client.forward(address, "messages", 1, b"write",
+                                                         123.5, within=5))
+            # the write waits for its commit; an append is answered meanwhile
+            assert await client.append(address, "messages", 1, b"", within=5) == b"appended"
+            assert not write.done()
+            commit.set()
+            assert await write == b""
+            assert taken == [("messages", 1, b"write", 123.5)]
+            refused = await client.forward(address, "messages", 0, b"fenced", 0.0, within=5)
+            assert isinstance(refused, Refused) and refused.code == "fenced"
+            await client.close()
+    asyncio.run(scenario())
+
+
+def test_a_site_that_speaks_stream_v1_is_sent_forwarded_writes_over_http() -> None:
+    """A site of the version before forwarded writes went on the stream takes v1:
+    appends go on the stream, forwarded writes are StreamUnavailable (over HTTP)."""
+    async def scenario() -> None:
+        async def version_1(request: web.Request) -> web.StreamResponse:
+            connection = web.WebSocketResponse(protocols=(PROTOCOL_V1,))
+            await connection.prepare(request)
+            async for message in connection:
+                append = decode_append(message.data)
+                await connection.send_bytes(encode_result(append.request_id, b"v1", 0.0))
+            return connection
+
+        def routes(app: web.Application) -> None:
+            app.router.add_get(PATH, version_1)
+
+        async with app_serving(routes) as address, aiohttp.ClientSession() as session:
+            client = StreamClient(session, ClockOffsets())
+            assert await client.append(address, "messages", 0, b"", within=5) == b"v1"
+            with pytest.raises(StreamUnavailable, match=PROTOCOL_V1):
+                await client.forward(address, "messages", 0, b"", 0.0, within=5)
+            assert client.speaks_stream(address)  # its appends stay on the stream
+            await client.close()
+    asyncio.run(scenario())
 
 
 def test_every_shards_appends_share_one_connection(tmp_path: Path) -> None:
@@ -208,7 +278,7 @@ def test_each_shards_appends_are_taken_in_the_order_sent() -> None:
             taken[shard].append(body)
             return body
 
-        async with app_serving(StreamServer(take).add_routes) as address, \
+        async with app_serving(StreamServer(take, no_forwards).add_routes) as address, \
                 aiohttp.ClientSession() as session:
             client = StreamClient(session, ClockOffsets())
             await asyncio.gather(*(client.append(address, "messages", shard, b"%d" % number,
@@ -231,7 +301,7 @@ def test_an_answer_that_does_not_come_fails_the_append_not_the_connection() -> N
                 await release.wait()
             return b"taken %d" % shard
 
-        async with app_serving(StreamServer(take).add_routes) as address, \
+        async with app_serving(StreamServer(take, no_forwards).add_routes) as address, \
                 aiohttp.ClientSession() as session:
             client = StreamClient(session, ClockOffsets())
             with pytest.raises(StreamError, match="did not answer"):
@@ -244,12 +314,45 @@ def test_an_answer_that_does_not_come_fails_the_append_not_the_connection() -> N
     asyncio.run(scenario())
 
 
+def test_a_follower_reads_no_more_than_its_byte_bound_ahead() -> None:
+    """Appends read and not yet answered hold the follower's memory: past
+    `max_in_flight_bytes` of them it reads no more until some are answered, however
+    many the leader sends; then every one is taken."""
+    async def scenario() -> None:
+        release, three_started = asyncio.Event(), asyncio.Event()
+        started: list[int] = []
+
+        async def take(db: str, shard: int, body: bytes) -> bytes:
+            started.append(shard)
+            if len(started) == 3:
+                three_started.set()
+            await release.wait()
+            return b"taken"
+
+        server = StreamServer(take, no_forwards, max_in_flight_bytes=1_000_000)
+        async with app_serving(server.add_routes) as address, \
+                aiohttp.ClientSession() as session:
+            client = StreamClient(session, ClockOffsets())
+            # ten appends of ~300 kB to ten shards (nothing orders them): three fit
+            sends = [asyncio.ensure_future(client.append(address, "messages", shard,
+                                                         bytes(300_000), within=10))
+                     for shard in range(10)]
+            await asyncio.wait_for(three_started.wait(), 5)
+            await asyncio.sleep(0.3)  # time for more to be read, were they allowed
+            assert len(started) == 3, started
+            release.set()
+            assert await asyncio.gather(*sends) == [b"taken"] * 10
+            assert sorted(started) == list(range(10))
+            await client.close()
+    asyncio.run(scenario())
+
+
 def test_a_message_that_does_not_decode_closes_the_connection() -> None:
     async def scenario() -> None:
         async def take(db: str, shard: int, body: bytes) -> bytes:
             return b""
 
-        async with app_serving(StreamServer(take).add_routes) as address, \
+        async with app_serving(StreamServer(take, no_forwards).add_routes) as address, \
                 aiohttp.ClientSession() as session:
             async with session.ws_connect(f"http://{address}{PATH}",
                                           protocols=(PROTOCOL,)) as connection:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from harness.processes import HOST, free_port
 from stratamq.broker.ds import (
@@ -34,7 +35,7 @@ from stratamq.broker.ds import (
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
-from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient
+from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
 from stratamq.broker.ds.replication.replica import ShardReplica
 from stratamq.broker.ds.replication.replica_context import ReplicaContext, ReplicaSettings
 from stratamq.broker.ds.replication.site_replication import SiteReplication
@@ -262,6 +263,44 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
     asyncio.run(scenario())
 
 
+def test_the_followers_append_an_entry_while_the_leader_syncs_its_own_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader ships an entry before its own fsync, not after: while its sync of
+    the entry is under way, both followers hold it on disk; the write commits, and
+    every replica's log holds the same entries."""
+    followers: list[ShardLog] = []
+    leader_logs: list[ShardLog] = []
+    seen_during_sync: list[bool] = []
+    sync = ShardLog.sync
+
+    def watched(log: ShardLog) -> None:
+        if log in leader_logs:
+            offset, deadline = log.last.offset, time.monotonic() + WAIT
+            while any(follower.durable < offset for follower in followers) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen_during_sync.append(all(f.durable >= offset for f in followers))
+        sync(log)
+    monkeypatch.setattr(ShardLog, "sync", watched)
+
+    async def scenario() -> None:
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path)
+        try:
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            followers.extend(replica_of(site).log for site in (b, c))
+            leader_logs.append(replica_of(a).log)
+            await commit(a, b"shipped before synced")
+            assert seen_during_sync == [True]
+            await until("b and c told the commit",
+                        lambda: caught_up(b, a)() and caught_up(c, a)())
+            logs = [replica_of(site).log for site in (a, b, c)]
+            assert len({tuple(log.read(1, 10_000)) for log in logs}) == 1
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
 def test_writes_queued_behind_a_failed_one_fail_too(tmp_path: Path) -> None:
     """A client's write fails because its shard's leader steps down; its next write,
     queued behind in the write buffer meanwhile, must not be committed (through the new
@@ -331,6 +370,31 @@ def test_qos2_packet_ids_are_read_past_a_barrier_never_from_a_lagging_replica(
             assert not await stores[b.id].qos2_stored("pub", 6)
         finally:
             for site in (a, b, c, d):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_write_at_a_site_that_does_not_lead_its_shard_goes_on_the_peer_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower forwards a write to the shard's leader on the peer stream, not as an
+    HTTP request: it commits with the submit route out of service."""
+    async def refuse(_server: PeerServer, _http: web.Request) -> web.Response:
+        raise AssertionError("a forwarded write went over HTTP")
+    monkeypatch.setattr(PeerServer, "_submit_write", refuse)
+
+    async def scenario() -> None:
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path)
+        try:
+            await until("b caught up", caught_up(b, a))
+            await commit(b, b"forwarded")
+            await until("b applied it", caught_up(b, a))
+            (_rank, stream), = b.storage.get_streams("messages", "t")
+            result = await b.storage.next("messages", b.storage.make_iterator(
+                "messages", stream, "t"), 10)
+            assert not isinstance(result, EndOfStream)
+            assert [message.payload for _key, message in result[1]] == [b"forwarded"]
+        finally:
+            for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())
 

@@ -47,20 +47,12 @@ SPARK_NODE = 0
 RUN_TIMEOUT_S = 900.0
 
 
-def kubectl(cluster: RealKubeCluster, *arguments: str, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return cluster.plane.kubectl(*arguments, check=check, input=input)
-
-
-def get(cluster: RealKubeCluster, *what: str) -> Any:
-    return json.loads(kubectl(cluster, "get", "-n", NAMESPACE, "-o", "json", *what).stdout)
-
 
 def explain(cluster: RealKubeCluster) -> str:
-    pods = kubectl(cluster, "get", "pods", "-A", "-o", "wide", check=False).stdout
-    driver = kubectl(cluster, "logs", "-n", NAMESPACE, f"job/{RUN}", "--tail=60",
-                     check=False)
-    jobs = kubectl(cluster, "get", "jobs", "-n", NAMESPACE, "-o", "yaml", check=False).stdout
+    pods = cluster.plane.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    driver = cluster.plane.kubectl("logs", "-n", NAMESPACE, f"job/{RUN}", "--tail=60",
+                                   check=False)
+    jobs = cluster.plane.kubectl("get", "jobs", "-n", NAMESPACE, "-o", "yaml", check=False).stdout
     return f"pods:\n{pods}\njobs:\n{jobs[-3000:]}\ndriver log:\n{driver.stdout}{driver.stderr}"
 
 
@@ -95,16 +87,16 @@ def spark_cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluste
 def schedulable_only(cluster: RealKubeCluster, nodes: list[str], check: bool = True) -> None:
     """New pods go to `nodes` only: the others are cordoned."""
     for kubelet in cluster.kubelets:
-        kubectl(cluster, "uncordon" if kubelet.node in nodes else "cordon", kubelet.node,
-                check=check)
+        cluster.plane.kubectl("uncordon" if kubelet.node in nodes else "cordon", kubelet.node,
+                              check=check)
 
 
 def _storage_with_spark(cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
     shared = cluster.workdir / "spark-work"
     shared.mkdir()
     os.chown(shared, 10001, 10001)  # the images' user, in the sites and the Spark pods
-    kubectl(cluster, "create", "namespace", NAMESPACE)
-    kubectl(cluster, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+    cluster.plane.kubectl("create", "namespace", NAMESPACE)
+    cluster.plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                           "items": [{
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": CLAIM},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
@@ -137,19 +129,19 @@ def _storage_with_spark(cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
     finally:
         cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
                            "--timeout=120s", check=False, timeout=150)
-        kubectl(cluster, "delete", "namespace", NAMESPACE, "--wait=false", check=False)
-        wait_for("the module's pods gone", lambda: not json.loads(kubectl(
-            cluster, "get", "pods", "-n", NAMESPACE, "-o", "json", check=False).stdout
+        cluster.plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+        wait_for("the module's pods gone", lambda: not json.loads(cluster.plane.kubectl(
+            "get", "pods", "-n", NAMESPACE, "-o", "json", check=False).stdout
             or '{"items": []}')["items"], timeout=180)
-        kubectl(cluster, "delete", "persistentvolume", CLAIM, "--wait=false", check=False)
+        cluster.plane.kubectl("delete", "persistentvolume", CLAIM, "--wait=false", check=False)
 
 
 @pytest.mark.timeout(2400)  # with the Spark image's first build (minutes)
 def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -> None:
     cluster = spark_cluster
-    wait_for("the storage Ready", lambda: get(cluster, "durablestorage", NAME).get(
+    wait_for("the storage Ready", lambda: cluster.get_json(NAMESPACE, "durablestorage", NAME).get(
         "status", {}).get("phase") == "Ready", timeout=300, explain=lambda: explain(cluster))
-    [site] = get(cluster, "pods", "-l", resources.site_selector(NAME))["items"]
+    [site] = cluster.get_json(NAMESPACE, "pods", "-l", resources.site_selector(NAME))["items"]
     publisher = PahoClient(1883, "spark-pub", host=site["status"]["podIP"])
     try:
         assert publisher.connect().reason_code == 0
@@ -161,15 +153,16 @@ def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -
     # the run's pods (a driver and an executor of a core each) where the image is
     schedulable_only(cluster, [cluster.kubelets[SPARK_NODE].node])
     started = time.monotonic()
-    kubectl(cluster, "create", "job", "-n", NAMESPACE, RUN,
-            f"--from=cronjob/{spark.name_of(NAME, 'export')}")
+    cluster.plane.kubectl("create", "job", "-n", NAMESPACE, RUN,
+                          f"--from=cronjob/{spark.name_of(NAME, 'export')}")
     executors: dict[str, dict[str, Any]] = {}
 
     def ended() -> str | None:
         # the executor pods while they live (the driver deletes them at its end)
-        for pod in get(cluster, "pods", "-l", "spark-role=executor")["items"]:
+        for pod in cluster.get_json(NAMESPACE, "pods", "-l", "spark-role=executor")["items"]:
             executors.setdefault(pod["metadata"]["name"], pod)
-        for condition in get(cluster, "job", RUN).get("status", {}).get("conditions") or []:
+        job = cluster.get_json(NAMESPACE, "job", RUN)
+        for condition in job.get("status", {}).get("conditions") or []:
             if condition["status"] == "True" and condition["type"] in ("Complete", "Failed"):
                 return str(condition["type"])
         return None
@@ -181,7 +174,7 @@ def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -
 
     # The executor: a pod of the Spark image the driver asked for, owned by the Job's
     # pod, on its node's network.
-    [driver] = get(cluster, "pods", "-l", f"{spark.JOB_NAME_LABEL}={RUN}")["items"]
+    [driver] = cluster.get_json(NAMESPACE, "pods", "-l", f"{spark.JOB_NAME_LABEL}={RUN}")["items"]
     assert driver["spec"]["hostNetwork"] is True
     assert len(executors) == 1, executors
     [executor] = executors.values()
@@ -197,6 +190,7 @@ def test_a_scheduled_export_runs_on_spark_pods(spark_cluster: RealKubeCluster) -
     usage = parquet.read_table(folder / "site-0" / "usage.parquet").to_pylist()
     assert sum(row["messages"] for row in usage) == MESSAGES, usage
     # The operator's record of the run.
-    wait_for("the run in status.spark", lambda: get(cluster, "durablestorage", NAME).get(
-        "status", {}).get("spark", {}).get("export", {}).get("result") == "Succeeded",
+    wait_for("the run in status.spark", lambda: cluster.get_json(
+        NAMESPACE, "durablestorage", NAME).get("status", {}).get("spark", {}).get(
+            "export", {}).get("result") == "Succeeded",
         timeout=60, explain=lambda: explain(cluster))

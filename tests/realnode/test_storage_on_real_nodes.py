@@ -97,29 +97,21 @@ ZONES = ("zone-a", "zone-a", "zone-b", "zone-b", "zone-c")
 FAILOVER = re.compile(r"leader \S+ (is gone|has heard from no majority)")
 
 
-def kubectl(cluster: RealKubeCluster, *arguments: str, check: bool = True,
-            input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return cluster.plane.kubectl(*arguments, check=check, input=input, timeout=timeout)
-
-
-def get(cluster: RealKubeCluster, *what: str) -> Any:
-    return json.loads(kubectl(cluster, "get", "-n", NAMESPACE, "-o", "json", *what).stdout)
-
 
 def storage(cluster: RealKubeCluster) -> dict[str, Any]:
-    found: dict[str, Any] = get(cluster, "durablestorage", NAME)
+    found: dict[str, Any] = cluster.get_json(NAMESPACE, "durablestorage", NAME)
     return found
 
 
 def pods(cluster: RealKubeCluster) -> dict[str, dict[str, Any]]:
     """The sites' pods by name."""
-    return {pod["metadata"]["name"]: pod for pod in get(
-        cluster, "pods", "-l", resources.site_selector(NAME))["items"]}
+    return {pod["metadata"]["name"]: pod for pod in cluster.get_json(
+        NAMESPACE, "pods", "-l", resources.site_selector(NAME))["items"]}
 
 
 def operator_pod(cluster: RealKubeCluster) -> dict[str, Any]:
-    [found] = [pod for pod in get(cluster, "pods", "-l",
-                                  "app.kubernetes.io/component=operator")["items"]
+    [found] = [pod for pod in cluster.get_json(NAMESPACE, "pods", "-l",
+                                               "app.kubernetes.io/component=operator")["items"]
                if not pod["metadata"].get("deletionTimestamp")]
     return found  # type: ignore[no-any-return]
 
@@ -127,8 +119,8 @@ def operator_pod(cluster: RealKubeCluster) -> dict[str, Any]:
 def operator_log(cluster: RealKubeCluster, check: bool = True) -> str:
     """The log of the operator's running container (`kubectl logs`, through its
     node's kubelet)."""
-    result = kubectl(cluster, "logs", "-n", NAMESPACE,
-                     operator_pod(cluster)["metadata"]["name"], check=check)
+    result = cluster.plane.kubectl("logs", "-n", NAMESPACE,
+                                   operator_pod(cluster)["metadata"]["name"], check=check)
     return result.stdout + result.stderr
 
 
@@ -163,8 +155,8 @@ class Phases:
 
 def warnings(cluster: RealKubeCluster) -> list[str]:
     """The storage's Warning events, as `uid reason: message`."""
-    found = get(cluster, "events", "--field-selector",
-                f"type=Warning,involvedObject.kind=DurableStorage,involvedObject.name={NAME}")
+    found = cluster.get_json(NAMESPACE, "events", "--field-selector",
+                             f"type=Warning,involvedObject.kind=DurableStorage,involvedObject.name={NAME}")
     return [f"{event['metadata']['uid']} {event['reason']}: {event['message']}"
             for event in found["items"]]
 
@@ -173,8 +165,8 @@ def explainer(cluster: RealKubeCluster) -> Callable[[], str]:
     def text() -> str:
         status = {key: value for key, value in storage(cluster).get("status", {}).items()
                   if key != "controller"}
-        table = kubectl(cluster, "get", "-n", NAMESPACE, "pods,replicatransitions", "-o",
-                        "wide", check=False).stdout
+        table = cluster.plane.kubectl("get", "-n", NAMESPACE, "pods,replicatransitions", "-o",
+                                      "wide", check=False).stdout
         return (f"status: {json.dumps(status, indent=1)}\n{table}\n"
                 f"operator log:\n{operator_log(cluster, check=False)[-4000:]}")
     return text
@@ -190,12 +182,12 @@ def pin_sites(cluster: RealKubeCluster) -> None:
     its own node, at its own address."""
     used = {pod["spec"]["nodeName"] for pod in pods(cluster).values()}
     for kubelet in cluster.kubelets:
-        kubectl(cluster, "uncordon" if kubelet.node in used else "cordon", kubelet.node)
+        cluster.plane.kubectl("uncordon" if kubelet.node in used else "cordon", kubelet.node)
 
 
 def unpin_sites(cluster: RealKubeCluster, check: bool = True) -> None:
     for kubelet in cluster.kubelets:
-        kubectl(cluster, "uncordon", kubelet.node, check=check)
+        cluster.plane.kubectl("uncordon", kubelet.node, check=check)
 
 
 @pytest.fixture(scope="module")
@@ -206,18 +198,18 @@ def cluster(real_kube_cluster: RealKubeCluster) -> Iterator[RealKubeCluster]:
     real_kube_cluster.install_chart(CHART, RELEASE, NAMESPACE, "--set", "operator.replicas=1")
     try:
         for kubelet, zone in zip(real_kube_cluster.kubelets, ZONES, strict=True):
-            kubectl(real_kube_cluster, "label", "node", kubelet.node,
-                    f"{resources.ZONE_KEY}={zone}")
+            real_kube_cluster.plane.kubectl("label", "node", kubelet.node,
+                                            f"{resources.ZONE_KEY}={zone}")
         yield real_kube_cluster
     finally:
         # The nodes serve the other modules' storages after this one: zones off again.
         for kubelet in real_kube_cluster.kubelets:
-            kubectl(real_kube_cluster, "label", "node", kubelet.node, f"{resources.ZONE_KEY}-",
-                    check=False)
+            real_kube_cluster.plane.kubectl("label", "node", kubelet.node, f"{resources.ZONE_KEY}-",
+                                            check=False)
         unpin_sites(real_kube_cluster, check=False)
-        kubectl(real_kube_cluster, "delete", "namespace", NAMESPACE, "--wait=true",
-                "--timeout=120s", check=False,
-                timeout=150)
+        real_kube_cluster.plane.kubectl("delete", "namespace", NAMESPACE, "--wait=true",
+                                        "--timeout=120s", check=False,
+                                        timeout=150)
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +290,7 @@ def leading_victim(status: dict[str, Any]) -> tuple[
 @pytest.mark.timeout(1800)  # the first test of the session starts the nodes
 def test_ready_with_every_shard_placed(cluster: RealKubeCluster) -> None:
     started = time.monotonic()
-    kubectl(cluster, "apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
+    cluster.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
     found = wait(cluster, "3 sites ready and placed", lambda: ready_with(cluster, 3))
@@ -326,7 +318,7 @@ def test_a_deleted_pod_hands_its_leaderships_over(cluster: RealKubeCluster) -> N
     assert its_shards, placed
     old_uid = pods(cluster)[pod_of[victim]]["metadata"]["uid"]
     started = time.monotonic()
-    kubectl(cluster, "delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
+    cluster.plane.kubectl("delete", "-n", NAMESPACE, "pod", pod_of[victim], "--wait=false")
     # The controller's placement shows the handover at once (status.databases only
     # at the next status refresh).
     wait(cluster, "the victim's leaderships handed over",
@@ -358,10 +350,10 @@ def test_scale_up_under_load(cluster: RealKubeCluster, load: ShardLoad, tmp_path
     try:
         started = time.monotonic()
         phases = Phases(cluster)
-        kubectl(cluster, "scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
+        cluster.plane.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=5")
         found = wait(cluster, "5 sites ready, rebalanced", lambda: phases.ready(5))
         took = time.monotonic() - started
-        items = get(cluster, "replicatransitions")["items"]
+        items = cluster.get_json(NAMESPACE, "replicatransitions")["items"]
         names = {item["metadata"]["name"] for item in items}
         wait_for("the watch to show every step Done", lambda: all(
             watched(watch_path).get(name, [""])[-1] == "Done" for name in names),
@@ -397,13 +389,14 @@ def test_scale_up_under_load(cluster: RealKubeCluster, load: ShardLoad, tmp_path
 @pytest.mark.timeout(900)
 def test_scale_down_resumes_after_the_operator_is_killed(
         cluster: RealKubeCluster, load: ShardLoad) -> None:
-    before = {item["metadata"]["name"] for item in get(cluster, "replicatransitions")["items"]}
+    before = {item["metadata"]["name"]
+              for item in cluster.get_json(NAMESPACE, "replicatransitions")["items"]}
     departing = {site_of_pod(storage(cluster)["status"])[f"{NAME}-{n}"] for n in (3, 4)}
     started = time.monotonic()
-    kubectl(cluster, "scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
+    cluster.plane.kubectl("scale", "-n", NAMESPACE, "durablestorage", NAME, "--replicas=3")
 
     def mid_plan() -> list[dict[str, Any]] | None:
-        made = [item for item in get(cluster, "replicatransitions")["items"]
+        made = [item for item in cluster.get_json(NAMESPACE, "replicatransitions")["items"]
                 if item["metadata"]["name"] not in before]
         phases = [item.get("status", {}).get("phase") for item in made]
         return made if "Done" in phases and "Pending" in phases else None
@@ -422,13 +415,13 @@ def test_scale_down_resumes_after_the_operator_is_killed(
     found = wait(cluster, "drained and shrunk to 3", lambda: ready_with(cluster, 3))
     took = time.monotonic() - started
     assert "resuming a plan" in operator_log(cluster), operator_log(cluster)[-6000:]
-    after = {item["metadata"]["name"]: item for item in get(cluster, "replicatransitions")[
-        "items"]}
+    after = {item["metadata"]["name"]: item
+             for item in cluster.get_json(NAMESPACE, "replicatransitions")["items"]}
     assert all(after[name]["status"]["phase"] == "Done" for name in pending), after
     held = {site for shard in every_shard(found["status"]).values()
             for site in shard["replicas"]}
     assert not held & departing
-    assert get(cluster, "statefulset", NAME)["spec"]["replicas"] == 3
+    assert cluster.get_json(NAMESPACE, "statefulset", NAME)["spec"]["replicas"] == 3
     pin_sites(cluster)
     assert more_acknowledged(load.history, 50, 60), load.history.summary()
     print(f"\n5 -> 3 sites, the operator killed mid-plan, done in {took:.1f} s")
@@ -441,8 +434,8 @@ def test_a_config_change_rolls_the_sites_without_failover(
     log_before = len(operator_log(cluster))
     phases = Phases(cluster)
     started = time.monotonic()
-    kubectl(cluster, "patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
-            "-p", json.dumps({"spec": {"cluster": {"handoverTimeout": "15s"}}}))
+    cluster.plane.kubectl("patch", "-n", NAMESPACE, "durablestorage", NAME, "--type=merge",
+                          "-p", json.dumps({"spec": {"cluster": {"handoverTimeout": "15s"}}}))
 
     def rolled() -> dict[str, Any] | None:
         now = pods(cluster)
@@ -535,18 +528,18 @@ def test_recreated_over_its_volumes_it_comes_back_with_its_data(
     finally:
         writer.stop()
     started = time.monotonic()
-    kubectl(cluster, "delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
-            "--timeout=120s", timeout=150)
+    cluster.plane.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
+                          "--timeout=120s", timeout=150)
     wait(cluster, "the sites' pods gone", lambda: not pods(cluster), timeout=120)
     print(f"\nthe storage deleted and its pods gone in {time.monotonic() - started:.1f} s")
     started = time.monotonic()
-    kubectl(cluster, "apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
+    cluster.plane.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
     wait(cluster, "Ready again over the volumes", lambda: ready_with(cluster, 3))
     took = time.monotonic() - started
-    events = kubectl(cluster, "get", "events", "-n", NAMESPACE, "--field-selector",
-                     "reason=PlacementAdopted", "-o", "json").stdout
+    events = cluster.plane.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                                   "reason=PlacementAdopted", "-o", "json").stdout
     assert json.loads(events)["items"], "no PlacementAdopted event"
     host = pods(cluster)[CLIENT_POD]["status"]["podIP"]
     reader = PahoClient(1883, "rs-reader", host=host)
@@ -562,9 +555,10 @@ def test_recreated_over_its_volumes_it_comes_back_with_its_data(
 
 @pytest.mark.timeout(300)
 def test_helm_uninstall_completes(cluster: RealKubeCluster) -> None:
-    kubectl(cluster, "delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
-            "--timeout=120s", timeout=150)
+    cluster.plane.kubectl("delete", "-n", NAMESPACE, "durablestorage", NAME, "--wait=true",
+                          "--timeout=120s", timeout=150)
     result = cluster.plane.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait",
                                 "--timeout=120s", check=False, timeout=150)
     assert result.returncode == 0, result.stderr
-    wait(cluster, "every pod gone", lambda: not get(cluster, "pods")["items"], timeout=120)
+    wait(cluster, "every pod gone", lambda: not cluster.get_json(NAMESPACE, "pods")["items"],
+         timeout=120)

@@ -370,6 +370,11 @@ class RealKubeCluster:
         self.volumes = workdir / "volumes"
         self.problems: list[str] = []
 
+    def get_json(self, namespace: str, *what: str) -> Any:
+        """`kubectl get -o json` of `what` in `namespace`, parsed."""
+        return json.loads(self.plane.kubectl("get", "-n", namespace, "-o", "json",
+                                             *what).stdout)
+
     def start(self, timeout: float = 300) -> RealKubeCluster:
         deadline = time.monotonic() + timeout
         make_pod_network_link()

@@ -22,6 +22,7 @@ from stratamq.broker.controller import decisions
 from stratamq.broker.controller.decisions import ClusterState, Settings
 from stratamq.broker.controller.sites import (
     BadReportError,
+    Report,
     ShardReport,
     SiteState,
     parse_held,
@@ -98,6 +99,30 @@ def test_a_site_is_gone_after_three_missed_heartbeats() -> None:
     assert decisions.is_gone(state, 103.01, SETTINGS)
     slow = replace(SETTINGS, heartbeat_interval=0.5)
     assert decisions.is_gone(state, 101.6, slow)
+
+
+def test_a_site_whose_address_refuses_the_probe_is_gone_at_once() -> None:
+    """Nothing listening where a site answered before: its process is down, its
+    shards fail over this round, not three heartbeats later. One that has not
+    answered since the controller started (sites starting together) keeps the grace
+    of its `last_seen`; one that answers again is back."""
+    state = replace(site("A", now=100.0), refused=True)
+    assert decisions.is_gone(state, 100.5, SETTINGS)
+    assert not decisions.is_gone(replace(state, answered=False), 100.5, SETTINGS)
+    assert decisions.is_gone(replace(state, answered=False), 103.01, SETTINGS)
+
+    cluster = placed("ABCD")
+    placement = cluster.placement
+    led = [shard.id for shard in placement.shards if shard.leader == "A"]
+    assert led
+    sites = sites_of(replace(site("A", placement=placement), refused=True),
+                     *(site(name, placement=placement) for name in "BCD"))
+    decision = decisions.decide(cluster, sites, 100.5, started=0.0, settings=SETTINGS)
+    assert all(decision.state.placement.shard(*shard).leader != "A" for shard in led)
+    assert {move.old_leader for move in decision.leader_moves} == {"A"}
+    back = site("A", placement=placement).seen(
+        Report("A", "A:1", placement.version, {}, False, 1.0, NO_TERM), 100.6)
+    assert not back.refused
 
 
 def test_reports_are_checked() -> None:

@@ -20,6 +20,7 @@ import aiohttp
 
 from stratamq.broker.controller.probing import probe_concurrently
 from stratamq.broker.controller.site_client import SiteClient
+from stratamq.broker.controller.sites import REFUSED, Report
 from stratamq.operator.sites import probe_all
 
 TOKEN = "secret"
@@ -75,7 +76,7 @@ def test_a_hung_site_costs_a_round_one_deadline_not_one_per_site() -> None:
         took = time.monotonic() - started
     # one after the other, the two hung sites alone took a socket timeout (2 s) each
     assert took < 1.9, took
-    answered = [None if result is None else result[0].site for result in found]
+    answered = [result[0].site if isinstance(result, tuple) else result for result in found]
     assert answered == ["SITEA", None, None, "SITEB"]
 
 
@@ -89,7 +90,7 @@ def test_on_the_event_loop_a_hung_site_costs_one_deadline_too() -> None:
     async def probe(urls: list[str]) -> list[str | None]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
             found = await probe_concurrently(urls, SiteClient(http, TOKEN).probe, deadline=1.0)
-        return [None if report is None else report.site for report in found]
+        return [report.site if isinstance(report, Report) else None for report in found]
 
     with answering_site("SITEA") as first, hung_site() as hung, hung_site() as hung_too, \
             answering_site("SITEB") as second:
@@ -99,3 +100,28 @@ def test_on_the_event_loop_a_hung_site_costs_one_deadline_too() -> None:
     assert took < 1.9, took
     assert answered == ["SITEA", None, None, "SITEB"]
     assert asyncio.run(probe([])) == []
+
+
+def closed_address() -> str:
+    """An address on loopback where nothing listens (a site whose process is down)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{unused.getsockname()[1]}"
+
+
+def test_an_address_where_nothing_listens_is_refused_not_unanswered() -> None:
+    """Both controllers tell a site whose process is down (its address refuses the
+    connection: it fails over at once) from one that does not answer in time (a
+    loaded or cut-off site: three missed heartbeats)."""
+
+    async def on_the_loop(urls: list[str]) -> list[object]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
+            found = await probe_concurrently(urls, SiteClient(http, TOKEN).probe, deadline=1.0)
+        return [report.site if isinstance(report, Report) else report for report in found]
+
+    with answering_site("SITEA") as answering, hung_site() as hung:
+        urls = [answering, hung, closed_address()]
+        in_threads = [result[0].site if isinstance(result, tuple) else result
+                      for result in probe_all(urls, TOKEN, deadline=1.0)]
+        assert in_threads == ["SITEA", None, REFUSED]
+        assert asyncio.run(on_the_loop(urls)) == ["SITEA", None, REFUSED]

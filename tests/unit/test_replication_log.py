@@ -138,6 +138,56 @@ def test_leadership_of_one_replica_commits_at_once_and_steps_down_when_fenced(
         leadership.append(batches("z"))
 
 
+def test_a_leader_counts_its_own_copy_towards_a_majority_once_synced(
+        tmp_path: Path) -> None:
+    """The leader ships an entry while it syncs its own copy: until synced, that copy
+    is not one of the majority (a power loss would take it); the followers' are, as
+    they answer only once theirs are on disk."""
+    log, b, c = (ShardLog(tmp_path / name) for name in "abc")
+    leadership = Leadership.begin("a", 1, log, ("a", "b", "c"))
+    assert leadership.append(batches("x"), sync=False) == [Position(1, 1)]
+    assert (log.last.offset, log.durable) == (1, 0)
+    request = leadership.request_for("b")
+    leadership.on_result("b", b.append_from_leader(request.epoch, request.previous,
+                                                   request.entries))
+    assert leadership.committed == 0  # b's copy and an unsynced one: not two on disk
+    log.sync()
+    assert log.durable == 1 and leadership.advance() == 1
+    # or the two followers' copies, the leader's still unsynced
+    leadership.append(batches("y"), sync=False)
+    for follower, follower_log in (("b", b), ("c", c)):
+        request = leadership.request_for(follower)
+        leadership.on_result(follower, follower_log.append_from_leader(
+            request.epoch, request.previous, request.entries))
+    assert (leadership.committed, log.durable) == (2, 1)
+
+
+def test_an_unsynced_append_of_a_former_leader_is_synced_before_it_counts(
+        tmp_path: Path) -> None:
+    """A leader's own append, written but not synced when it stepped down, is held
+    already when the next leader sends the same entry: the answer that counts it is
+    given once it is on disk."""
+    log = ShardLog(tmp_path / "a")
+    log.append_as_leader(1, batches("x"), sync=False)
+    assert log.durable == 0
+    result = log.append_from_leader(2, START, [Entry(Position(1, 1), b"x")])
+    assert result.accepted and result.matched == 1
+    assert log.durable == 1
+
+
+def test_a_synced_write_puts_what_was_written_before_it_on_disk(tmp_path: Path) -> None:
+    """A cut of the tail (synced) makes the unsynced entries it keeps durable; a sync
+    reaches what was written before it."""
+    log = ShardLog(tmp_path / "a")
+    log.append_as_leader(1, batches("x", "y", "z"), sync=False)
+    log.truncate_after(1)  # synced: all before it on disk, the tail cut
+    assert (log.last.offset, log.durable) == (1, 1)
+    log.append_as_leader(1, batches("y2"), sync=False)
+    assert log.durable == 1
+    log.sync()
+    assert log.durable == 2
+
+
 def test_leadership_sends_followers_what_they_lack(tmp_path: Path) -> None:
     leader_log, follower_log = ShardLog(tmp_path / "a"), ShardLog(tmp_path / "b")
     follower_log.append_as_leader(1, batches("a", "stale"))  # it led epoch 1 once

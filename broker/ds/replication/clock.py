@@ -116,6 +116,15 @@ class ClockOffsets:
             log.info("the clock of peer %s is within %.3fs of this site's again", address,
                      abs(kept.offset) + kept.uncertainty)
 
+    def answered(self, address: str, sent: float, sent_monotonic: float, peer_time: float,
+                 received: float, received_monotonic: float) -> None:
+        """A request to `address` sent at `sent` (wall clock; `sent_monotonic`) was
+        answered at `received` with the peer's wall clock `peer_time`: one more
+        estimate of its offset."""
+        self.observe(address, estimate(sent, peer_time, received,
+                                       received_monotonic - sent_monotonic,
+                                       received_monotonic))
+
     def trace_config(self) -> aiohttp.TraceConfig:
         """Hooks that make an estimate from every answer that carries the header."""
         trace = aiohttp.TraceConfig()
@@ -136,10 +145,8 @@ class ClockOffsets:
                 peer_time = float(raw)
             except ValueError:
                 return
-            self.observe(f"{params.url.host}:{params.url.port}",
-                         estimate(sent, peer_time, received,
-                                  received_monotonic - context.sent_monotonic,
-                                  received_monotonic))
+            self.answered(f"{params.url.host}:{params.url.port}", sent,
+                          context.sent_monotonic, peer_time, received, received_monotonic)
 
         trace.on_request_start.append(started)
         trace.on_request_end.append(ended)

@@ -73,18 +73,20 @@ class Leadership:
         """False once this site's log has seen a newer epoch: it must step down."""
         return self.log.epoch == self.epoch
 
-    def append(self, batches: list[bytes]) -> list[Position]:
-        """Append cooked batches; they are committed once `committed` reaches them."""
+    def append(self, batches: list[bytes], sync: bool = True) -> list[Position]:
+        """Append cooked batches; they are committed once `committed` reaches them.
+        `sync=False`: this copy counts once synced (`ShardLog.sync`, then `advance`)."""
         if not self.current:
             raise StaleEpochError(f"leader of epoch {self.epoch} was replaced "
                                   f"(epoch {self.log.epoch} seen)")
-        positions = self.log.append_as_leader(self.epoch, batches)
+        positions = self.log.append_as_leader(self.epoch, batches, sync)
         self._advance()  # a replica set of one commits at once
         return positions
 
     def advance(self) -> int:
-        """Recount the commit offset after this site appended to its own log outside
-        `append` (a site appends off the event loop, then counts on it); returns it."""
+        """Recount the commit offset after this site appended to, or synced, its own
+        log outside `append` (a site writes off the event loop, then counts on it);
+        returns it."""
         return self._advance()
 
     def request_for(self, follower: str, max_entries: int = 1000,
@@ -141,7 +143,9 @@ class Leadership:
         return max(0.0, now - latest[needed - 1])
 
     def _advance(self) -> int:
-        matched = {**self.matched, self.site: self.log.last.offset}
+        # this leader counts itself as far as its own copy is on disk: it ships an
+        # entry to its followers while it syncs it (`ShardLog.sync`)
+        matched = {**self.matched, self.site: self.log.durable}
         self.committed = commit_offset(self.epoch, self.replica_set, matched,
                                        self.log.epoch_at, self.committed)
         self.log.commit_to(self.committed)

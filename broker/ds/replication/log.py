@@ -7,7 +7,10 @@ shard's data only once committed (held durably by a majority of the replica set,
 log without anything to undo. Like Raft's log, minus elections: the controller picks
 leaders and bumps epochs (docs/replication.md, "The shard log").
 
-On disk: one raw-mode RocksDB per shard log, every write synced. Keys are the offsets
+On disk: one raw-mode RocksDB per shard log, every write synced but the leader's own
+appends, which it ships to its followers while it syncs them (`sync`; `durable` says
+how far the log is on disk, and the leader counts itself towards a majority only that
+far). Keys are the offsets
 (8 bytes, big-endian, so RocksDB keeps them in order); values are the entry's epoch
 (8 bytes) and the cooked batch's bytes. Offsets start at 1; offset 0 at epoch 0 is the
 empty log's position. Entries below `first_offset` have been trimmed (every replica
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -113,12 +117,20 @@ class ShardLog:
         self._db = Rdict(str(path), raw_options())
         self._synced = WriteOptions()
         self._synced.sync = True
+        self._unsynced = WriteOptions()
         self._epoch = self._read_u64(_EPOCH_KEY)
         trimmed = self._db.get(_FIRST_KEY)
         # the first offset held, and the position of the trimmed entry just before it
         self._before_first = START if trimmed is None else Position(
             *_POSITION.unpack(as_bytes(trimmed)))
         self._last = self._find_last()
+        # The offset up to which this log is on disk: its end, but for a leader's
+        # appends written unsynced and not synced yet. `_cuts` counts the writes that
+        # cut the log's tail: a sync that a cut overtook claims nothing.
+        self._durable = self._last.offset
+        self._cuts = 0
+        self._marking = threading.Lock()  # `sync` runs beside the log's other writes
+        self._closed = False
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
         self._committed = self._before_first.offset
@@ -141,6 +153,11 @@ class ShardLog:
     @property
     def last(self) -> Position:
         return self._last
+
+    @property
+    def durable(self) -> int:
+        """The offset up to which this log's entries are on disk (synced)."""
+        return self._durable
 
     @property
     def committed(self) -> int:
@@ -203,9 +220,12 @@ class ShardLog:
         if epoch > self._epoch:
             self._db.put(_EPOCH_KEY, _U64.pack(epoch), self._synced)
             self._epoch = epoch
+            self._synced_to_end()
 
-    def append_as_leader(self, epoch: int, batches: list[bytes]) -> list[Position]:
-        """The leader's own append: each batch at the next offset, under `epoch`."""
+    def append_as_leader(self, epoch: int, batches: list[bytes], sync: bool = True
+                         ) -> list[Position]:
+        """The leader's own append: each batch at the next offset, under `epoch`.
+        `sync=False`: written, not yet on disk (`durable` stays) until `sync`."""
         self.observe_epoch(epoch)
         if self._last.epoch > epoch:
             raise StaleEpochError(f"the log ends at epoch {self._last.epoch}, "
@@ -217,10 +237,33 @@ class ShardLog:
             offset += 1
             write.put(_entry_key(offset), _U64.pack(epoch) + batch)
             positions.append(Position(epoch, offset))
-        self._db.write(write, self._synced)
+        self._db.write(write, self._synced if sync else self._unsynced)
         if positions:
             self._last = positions[-1]
+        if sync:
+            self._synced_to_end()
         return positions
+
+    def sync(self) -> None:
+        """Put every entry written so far on disk (`durable` then reaches them). Safe
+        beside the other writes: a cut of the tail made meanwhile was synced itself.
+        Nothing once closed (a leader's sync that its site's stop overtook)."""
+        if self._closed:
+            return
+        with self._marking:
+            through, cuts = self._last.offset, self._cuts
+        self._db.flush_wal(True)
+        with self._marking:
+            if cuts == self._cuts:
+                self._durable = max(self._durable, through)
+
+    def _synced_to_end(self, cut: bool = False) -> None:
+        """A synced write is done: it put everything written before it on disk.
+        `cut`: it cut the log's tail, so a sync under way claims nothing."""
+        with self._marking:
+            self._durable = self._last.offset
+            if cut:
+                self._cuts += 1
 
     def append_from_leader(self, epoch: int, previous: Position, entries: list[Entry],
                            committed: int = 0) -> AppendResult:
@@ -258,7 +301,13 @@ class ShardLog:
                 write.put(_entry_key(entry.position.offset),
                           _U64.pack(entry.position.epoch) + entry.batch)
             self._db.write(write, self._synced)
+            cut = new[0].position.offset <= self._last.offset
             self._last = new[-1].position
+            self._synced_to_end(cut)
+        if matched > self._durable:
+            # held already, but written as this site's own append when it led and
+            # not synced yet: the leader counts the answer as on disk
+            self.sync()
         self._committed = max(self._committed, min(committed, matched))
         if matched >= committed:
             self.caught_up = True
@@ -278,6 +327,7 @@ class ShardLog:
         write.delete_range(_entry_key(offset + 1), _LAST_KEY)
         self._db.write(write, self._synced)
         self._last = Position(epoch, offset)
+        self._synced_to_end(cut=True)
 
     def trim_before(self, offset: int, max_entries: int | None = None) -> None:
         """Forget entries before `offset`: every replica has applied them. With
@@ -293,6 +343,7 @@ class ShardLog:
         write.put(_FIRST_KEY, _POSITION.pack(*before))
         self._db.write(write, self._synced)
         self._before_first = before
+        self._synced_to_end()
 
     def reset_to(self, position: Position) -> None:
         """Forget every entry: this log now starts after `position`, where a
@@ -307,10 +358,12 @@ class ShardLog:
         self._epoch = max(self._epoch, position.epoch)
         self._before_first = position
         self._last = position
+        self._synced_to_end(cut=True)
         self._committed = position.offset
 
     def close(self) -> None:
         self._db.close()
+        self._closed = True
 
     # -- helpers ------------------------------------------------------------------
 

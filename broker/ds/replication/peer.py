@@ -65,6 +65,12 @@ NOT_A_REPLICA = "not_a_replica"
 # of each.
 REFUSAL_STATUS = {"unknown_shard": 404, NOT_A_REPLICA: 403, "bad_request": 400,
                   "stale_epoch": 409, FAILED: 500}
+# A forwarded write's refusals and the HTTP status of each. FENCED's message is the
+# JSON the HTTP route answers with (the fenced keys in it); UNAVAILABLE: not the
+# leader any more, no majority in time: the sender may try again.
+FENCED, UNAVAILABLE, EXPIRED = "fenced", "unavailable", "expired"
+FORWARD_REFUSAL_STATUS = {"unknown_shard": 404, "bad_request": 400, EXPIRED: 503,
+                          FENCED: 409, UNAVAILABLE: 503, FAILED: 500}
 # As the shard's leader: the offset a read barrier waits for (db, shard); raises a
 # recoverable StorageError elsewhere.
 Barrier = Callable[[str, int], Awaitable[int]]
@@ -111,7 +117,7 @@ class PeerServer:
         # one append at a time per shard log: each checks and moves the log's end
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._listener: GuardedListener | None = None
-        self._streams = StreamServer(self.take_append)
+        self._streams = StreamServer(self.take_append, self.take_forward)
         # more endpoints (checkpoints for bootstraps, reads of shards held here, the
         # services beside replication, the broker's requests between sites): each
         # adds its routes
@@ -189,7 +195,7 @@ class PeerServer:
         async with self.lock(db, shard):
             refused = self._not_a_replica(db, shard)
             if refused is not None:
-                return _error(403, refused.code, refused.message)
+                return _error(REFUSAL_STATUS[refused.code], refused.code, refused.message)
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     self._executor, log.observe_epoch, epoch)
@@ -262,31 +268,43 @@ class PeerServer:
         return encode_result(result)
 
     async def _submit_write(self, http: web.Request) -> web.Response:
-        if self._submit is None:
-            return _error(404, "unknown_shard", "this site takes no forwarded writes")
-        db = http.match_info["db"]
         try:
             shard = int(http.match_info["shard"])
         except ValueError:
             return _error(404, "unknown_shard", f"no shard {http.match_info['shard']}")
-        if time.time() > _deadline(http):
+        try:
+            await self.take_forward(http.match_info["db"], shard, await http.read(),
+                                    _deadline(http))
+        except Refused as refusal:
+            if refusal.code == FENCED:
+                return web.Response(text=refusal.message, status=409,
+                                    content_type="application/json")
+            return _error(FORWARD_REFUSAL_STATUS[refusal.code], refusal.code,
+                          refusal.message)
+        return web.json_response({"committed": True})
+
+    async def take_forward(self, db: str, shard: int, body: bytes, deadline: float) -> None:
+        """Write what another site forwarded to this site as the shard's leader
+        (`wire.encode_submit`), over HTTP or the peer stream; returns once committed.
+        Refused (with one of FORWARD_REFUSAL_STATUS's codes) otherwise."""
+        if self._submit is None:
+            raise Refused("unknown_shard", "this site takes no forwarded writes")
+        if time.time() > deadline:
             # The sender gave up on it (a request held up in a partition, delivered
             # by TCP after the healing): taken now, it would land after the writes
             # the sender's clients have resent since.
-            return _error(503, "expired", "the forwarded write arrived after its deadline")
+            raise Refused(EXPIRED, "the forwarded write arrived after its deadline")
         try:
-            await self._submit(db, shard, await http.read())
+            await self._submit(db, shard, body)
         except CorruptDataError as error:
-            return _error(400, "bad_request", str(error))
+            raise Refused("bad_request", str(error)) from error
         except FencedError as error:
-            return web.json_response({"error": "fenced", "message": error.message,
-                                      "keys": sorted(key.hex() for key in error.keys)},
-                                     status=409)
+            raise Refused(FENCED, json.dumps({
+                "error": FENCED, "message": error.message,
+                "keys": sorted(key.hex() for key in error.keys)})) from error
         except StorageError as error:
-            # not the leader (any more), no majority in time: the sender may retry
-            return _error(503 if error.recoverable else 500, type(error).__name__,
-                          error.message)
-        return web.json_response({"committed": True})
+            raise Refused(UNAVAILABLE if error.recoverable else FAILED,
+                          f"{type(error).__name__}: {error.message}") from error
 
 
     async def _change(self, http: web.Request) -> web.Response:
@@ -460,8 +478,27 @@ class PeerClient:
                      within: float) -> None:
         """Forward a write (`wire.encode_submit`) to the shard's leader at `address`;
         returns once it is committed. PeerError (recoverable) otherwise."""
-        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
         deadline = self.clocks.peer_time(address, time.time() + within)
+        if self._streams.speaks_stream(address):
+            try:
+                answer = await self._streams.forward(address, db, shard, body, deadline,
+                                                     within)
+            except StreamUnavailable:
+                pass  # a site of an older version: over HTTP
+            except StorageError as error:
+                raise PeerError(f"the leader of {db}/{shard} at {address} did not answer a "
+                                f"forwarded write: {error.message}") from error
+            else:
+                if isinstance(answer, Refused):
+                    if answer.code == FENCED:
+                        raise FencedError(f"the leader of {db}/{shard} at {address} refused "
+                                          f"a fenced write: {answer.message}",
+                                          _fenced_keys(answer.message.encode()))
+                    raise PeerError(f"the leader of {db}/{shard} at {address} did not "
+                                    f"commit a forwarded write ({answer.code}): "
+                                    f"{answer.message}")
+                return
+        url = f"http://{address}/peer/v1/dbs/{db}/{shard}/submit"
         try:
             async with self._session.post(url, data=body,
                                           headers={"Content-Type": SUBMIT_CONTENT_TYPE,

@@ -79,7 +79,7 @@ class ShardReplica:
         self._applier = Applier(context, self, self._tell_leading)
         self._senders = Senders(context, self, self._applier.committed_moved,
                                 lambda: self._writes.append_coming)
-        self._writes = Writes(context, self, self._applier, self._appended)
+        self._writes = Writes(context, self, self._applier, self._appended, self._synced)
         self._reads = Reads(context, self, self._senders, self._applier)
         self._takeover = Takeover(context, self)
         self._installer = Installer(context, self, self._applier)
@@ -307,13 +307,22 @@ class ShardReplica:
         self._advance()
         self._senders.send_now()
 
-    def _advance(self) -> None:
+    def _synced(self) -> None:
+        """This leader's own copy of its entries is on disk: it counts towards their
+        commit, which the followers learn too (the commit may have waited for it)."""
+        if self._advance():
+            self._senders.tell_commit()
+
+    def _advance(self) -> bool:
+        """Recount the commit offset; whether it moved."""
         leadership = self.leadership
         if leadership is not None:
             before = leadership.committed
             leadership.advance()
             if leadership.committed != before:
                 self._applier.committed_moved()
+                return True
+        return False
 
     def step_down_for_newer_epoch(self) -> None:
         """An append of a newer leader reached this site's log."""

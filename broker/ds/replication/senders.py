@@ -20,7 +20,7 @@ from .replica_context import RETRY_INTERVAL, ReplicaContext, ReplicaRole
 log = logging.getLogger(__name__)
 
 # The longest a new commit offset waits for the append it was to ride on (one coming
-# is waited for, `Senders._tell_commit`) before the followers are sent it alone.
+# is waited for, `Senders.tell_commit`) before the followers are sent it alone.
 COMMIT_LINGER = 0.05
 
 
@@ -39,7 +39,7 @@ class Senders:
         self._send_now: dict[str, asyncio.Event] = {}
         # set (and replaced) each time a follower answers this leader
         self._answered = asyncio.Event()
-        # set while a new commit offset waits for an append to ride on (`_tell_commit`)
+        # set while a new commit offset waits for an append to ride on (`tell_commit`)
         self._commit_timer: asyncio.TimerHandle | None = None
 
     def start(self, leadership: Leadership) -> None:
@@ -70,7 +70,7 @@ class Senders:
         for event in self._send_now.values():
             event.set()
 
-    def _tell_commit(self) -> None:
+    def tell_commit(self) -> None:
         """The commit offset moved: the followers learn it at once, or with this
         leader's next append where one is coming (a write queued or on its way to the
         log: under load there always is), which saves each follower a request of no
@@ -99,7 +99,7 @@ class Senders:
         shard_log, settings = self._context.log, self._context.settings
         while self._role.leadership is leadership and leadership.current:
             behind = leadership.next_offset.get(follower, 0) <= shard_log.last.offset
-            # (a new commit offset alone waits for the append `_tell_commit` expects)
+            # (a new commit offset alone waits for the append `tell_commit` expects)
             if not behind and (told_committed >= leadership.committed
                                or self._commit_timer is not None):
                 with contextlib.suppress(TimeoutError):
@@ -143,7 +143,7 @@ class Senders:
             leadership.on_result(follower, result)
             if leadership.committed != before:
                 self._on_committed()
-                self._tell_commit()
+                self.tell_commit()
 
     async def _bootstrap_follower(self, leadership: Leadership, follower: str, address: str,
                                   why: str) -> None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ...errors import ForwardRefusedError, StorageTimeoutError
+from ..cooked import CookedBatch
 from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
@@ -31,15 +32,17 @@ log = logging.getLogger(__name__)
 
 class Writes:
     """The writes of one shard replica: appended here while this site leads (the
-    `applier` applies them; `on_appended` is told of each, to commit and ship it),
-    forwarded to the leader else."""
+    `applier` applies them; `on_appended` is told of each, to ship it, and
+    `on_durable` once it is on disk here, to count this site's copy towards its
+    commit), forwarded to the leader else."""
 
     def __init__(self, context: ReplicaContext, role: ReplicaRole, applier: Applier,
-                 on_appended: Callable[[], None]) -> None:
+                 on_appended: Callable[[], None], on_durable: Callable[[], None]) -> None:
         self._context = context
         self._role = role
         self._applier = applier
         self._on_appended = on_appended
+        self._on_durable = on_durable
         self._append_lock = asyncio.Lock()
         # The last offset this site appended as leader: the next write waits for it.
         self._last_own = 0
@@ -59,6 +62,7 @@ class Writes:
         """As a new leader: append the first entry of its epoch, which commits
         everything inherited before it; writes wait until it is applied."""
         self._ready_at = await self._append(entries.encode(entries.Noop()))
+        await self._sync_own(self._ready_at)
 
     def stopped_leading(self, why: str) -> None:
         """This site stopped leading: entries appended but not applied may be cut by
@@ -136,13 +140,14 @@ class Writes:
                     record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
                 cooked = shard.prepare(messages, record_puts, record_deletes)
                 try:
-                    offset = await self._append(entries.encode_batch(cooked.to_bytes()))
+                    offset = await self._append(entries.encode_batch(cooked.to_bytes()),
+                                                cooked)
                 except BaseException:
                     shard.forget(cooked)
                     raise
-                self._applier.keep_own(offset, cooked)
         finally:
             self._to_append -= 1
+        await self._sync_own(offset)
         await self._applier.wait_applied(offset, deadline)
 
     async def propose(self, change: entries.Change) -> bool:
@@ -155,6 +160,7 @@ class Writes:
             await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
                                              deadline)
             offset = await self._append(entries.encode(change))
+        await self._sync_own(offset)
         await self._applier.wait_applied(offset, deadline)
         return True
 
@@ -201,23 +207,43 @@ class Writes:
         at = max(now_us(), shard.last_timestamp + 1)
         return await self.propose(entries.AddGeneration(at, shard.topic_seed))
 
-    async def _append(self, raw: bytes) -> int:
-        """Append one entry as leader; its offset."""
+    async def _append(self, raw: bytes, own: CookedBatch | None = None) -> int:
+        """Append one entry as leader and ship it; its offset. `own`: the batch as
+        cooked, applied from memory. With followers the entry is written unsynced:
+        `_sync_own` puts it on disk while they append theirs (a replicated write
+        waits for one fsync's time, not the leader's and then the followers'), and
+        it commits once a majority holds it on disk, this site counted once synced."""
         leadership = self._role.leadership
         if leadership is None or not leadership.current:
             raise NotLeaderError(f"{self._context.label}: this site does not lead the shard")
+        alone = len(leadership.replica_set) == 1
+        shard_log = self._context.log
         try:
             async with self._context.log_lock:
-                positions = await self._context.run(self._context.log.append_as_leader,
-                                                    leadership.epoch, [raw])
+                positions = await self._context.run(shard_log.append_as_leader,
+                                                    leadership.epoch, [raw], alone)
         except StaleEpochError as exc:
             self._role.step_down(str(exc))
             raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
         offset = positions[0].offset
         self._last_own = offset
+        if own is not None:  # before it is shipped: it may be applied from then on
+            self._applier.keep_own(offset, own)
         if self._role.leadership is leadership:
             self._on_appended()
         return offset
+
+    async def _sync_own(self, offset: int) -> None:
+        """Put this leader's entries through `offset` on disk, while its followers
+        append theirs (`_append` shipped them); its copy counts towards their commit
+        from then on. Under the log lock, as every write of the log: the site closes
+        its logs only once it holds that lock."""
+        shard_log = self._context.log
+        if shard_log.durable >= offset:
+            return  # synced already: appended alone, or by a later entry's sync
+        async with self._context.log_lock:
+            await self._context.run(shard_log.sync)
+        self._on_durable()
 
     async def _forward(self, leader: str, messages: list[Message],
                        record_puts: list[tuple[bytes, bytes]], record_deletes: list[bytes],
