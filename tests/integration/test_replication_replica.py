@@ -140,6 +140,15 @@ def caught_up(site: Site, leader: Site) -> Callable[[], bool]:
     return lambda: replica_of(site).applied >= replica_of(leader).log.committed
 
 
+async def payloads_on_t(site: Site) -> list[bytes]:
+    """The payloads of the messages on topic t, as the site reads them (up to 10)."""
+    (_rank, stream), = site.storage.get_streams("messages", "t")
+    result = await site.storage.next("messages", site.storage.make_iterator(
+        "messages", stream, "t"), 10)
+    assert not isinstance(result, EndOfStream)
+    return [message.payload for _key, message in result[1]]
+
+
 async def commit(leader: Site, payload: bytes) -> None:
     """Write one message on topic t at the leader; it must be committed."""
     assert await outcome(leader.database.submit([Message("t", payload, "pub", 1)])[0]) \
@@ -388,11 +397,7 @@ def test_a_write_at_a_site_that_does_not_lead_its_shard_goes_on_the_peer_stream(
             await until("b caught up", caught_up(b, a))
             await commit(b, b"forwarded")
             await until("b applied it", caught_up(b, a))
-            (_rank, stream), = b.storage.get_streams("messages", "t")
-            result = await b.storage.next("messages", b.storage.make_iterator(
-                "messages", stream, "t"), 10)
-            assert not isinstance(result, EndOfStream)
-            assert [message.payload for _key, message in result[1]] == [b"forwarded"]
+            assert await payloads_on_t(b) == [b"forwarded"]
         finally:
             for site in (a, b, c):
                 await site.storage.close()
@@ -421,11 +426,7 @@ def test_a_forwarded_write_that_arrives_after_its_sender_gave_up_is_refused(
             # read here once its replica is known caught up (read from peers before)
             await until("a reads its own replica",
                         lambda: not a.replication.remote.is_remote(0))
-            (_rank, stream), = a.storage.get_streams("messages", "t")
-            result = await a.storage.next("messages", a.storage.make_iterator(
-                "messages", stream, "t"), 10)
-            assert not isinstance(result, EndOfStream)
-            assert [message.payload for _key, message in result[1]] == [b"ok"]
+            assert await payloads_on_t(a) == [b"ok"]
         finally:
             await a.storage.close()
     asyncio.run(scenario())
