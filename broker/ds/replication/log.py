@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -125,11 +124,8 @@ class ShardLog:
             *_POSITION.unpack(as_bytes(trimmed)))
         self._last = self._find_last()
         # The offset up to which this log is on disk: its end, but for a leader's
-        # appends written unsynced and not synced yet. `_cuts` counts the writes that
-        # cut the log's tail: a sync that a cut overtook claims nothing.
+        # appends written unsynced and not synced yet.
         self._durable = self._last.offset
-        self._cuts = 0
-        self._marking = threading.Lock()  # `sync` runs beside the log's other writes
         self._closed = False
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
@@ -245,25 +241,17 @@ class ShardLog:
         return positions
 
     def sync(self) -> None:
-        """Put every entry written so far on disk (`durable` then reaches them). Safe
-        beside the other writes: a cut of the tail made meanwhile was synced itself.
-        Nothing once closed (a leader's sync that its site's stop overtook)."""
+        """Put every entry written so far on disk (`durable` then reaches them). Like
+        every write of the log, under its lock (`PeerServer.lock`). Nothing once
+        closed (a leader's sync that its site's stop overtook)."""
         if self._closed:
             return
-        with self._marking:
-            through, cuts = self._last.offset, self._cuts
         self._db.flush_wal(True)
-        with self._marking:
-            if cuts == self._cuts:
-                self._durable = max(self._durable, through)
+        self._durable = self._last.offset
 
-    def _synced_to_end(self, cut: bool = False) -> None:
-        """A synced write is done: it put everything written before it on disk.
-        `cut`: it cut the log's tail, so a sync under way claims nothing."""
-        with self._marking:
-            self._durable = self._last.offset
-            if cut:
-                self._cuts += 1
+    def _synced_to_end(self) -> None:
+        """A synced write is done: it put everything written before it on disk."""
+        self._durable = self._last.offset
 
     def append_from_leader(self, epoch: int, previous: Position, entries: list[Entry],
                            committed: int = 0) -> AppendResult:
@@ -301,9 +289,8 @@ class ShardLog:
                 write.put(_entry_key(entry.position.offset),
                           _U64.pack(entry.position.epoch) + entry.batch)
             self._db.write(write, self._synced)
-            cut = new[0].position.offset <= self._last.offset
             self._last = new[-1].position
-            self._synced_to_end(cut)
+            self._synced_to_end()
         if matched > self._durable:
             # held already, but written as this site's own append when it led and
             # not synced yet: the leader counts the answer as on disk
@@ -327,7 +314,7 @@ class ShardLog:
         write.delete_range(_entry_key(offset + 1), _LAST_KEY)
         self._db.write(write, self._synced)
         self._last = Position(epoch, offset)
-        self._synced_to_end(cut=True)
+        self._synced_to_end()
 
     def trim_before(self, offset: int, max_entries: int | None = None) -> None:
         """Forget entries before `offset`: every replica has applied them. With
@@ -358,7 +345,7 @@ class ShardLog:
         self._epoch = max(self._epoch, position.epoch)
         self._before_first = position
         self._last = position
-        self._synced_to_end(cut=True)
+        self._synced_to_end()
         self._committed = position.offset
 
     def close(self) -> None:
