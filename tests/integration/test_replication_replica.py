@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from stratamq.broker.ds import (
 )
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
+from stratamq.broker.ds.replication.applier import Applier
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
 from stratamq.broker.ds.replication.replica import ShardReplica
@@ -305,6 +307,63 @@ def test_the_followers_append_an_entry_while_the_leader_syncs_its_own_copy(
             logs = [replica_of(site).log for site in (a, b, c)]
             assert len({tuple(log.read(1, 10_000)) for log in logs}) == 1
         finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("step_down_fails_writers", [True, False])
+def test_a_write_whose_entry_a_newer_leader_replaced_is_not_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_down_fails_writers: bool) -> None:
+    """a, cut off from b and c, still leads epoch 1 as far as it knows; b leads
+    epoch 2 with c. a appends m1 at offset n; while a syncs it, a reaches b and c
+    again, they refuse (a newer epoch) and a steps down. b's first entry is at offset
+    n too; once it reaches a, a applies it at n. m1's writer, waiting for offset n
+    to be applied, was told "committed" (a frozen leader acknowledged messages that
+    no replica holds, test_cluster_faults.py). It waits for its own entry, (1, n):
+    failed at the step-down, or else when another entry is applied at n."""
+    if not step_down_fails_writers:
+        monkeypatch.setattr(Applier, "fail_waiters", lambda _self, _error: None)
+    a_logs: list[ShardLog] = []
+    syncing, go_on = threading.Event(), threading.Event()
+    sync = ShardLog.sync
+
+    def held(log: ShardLog) -> None:
+        if log in a_logs and not go_on.is_set():
+            syncing.set()
+            go_on.wait(WAIT)
+        sync(log)
+    monkeypatch.setattr(ShardLog, "sync", held)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        a_replica = replica_of(a)
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            end = a_replica.log.last.offset
+            _, nowhere = addresses((a, b, c))
+            await offer(a, 2, replicas, a.id, 1, {**nowhere, a.id: a.address})
+            for site in (b, c):
+                await offer(site, 3, replicas, b.id, 2, {**peers, a.id: nowhere[a.id]})
+            await until("b leads", lambda: replica_of(b).leadership is not None)
+            await until("b's first entry", lambda: replica_of(b).log.last.offset > end)
+            a_logs.append(a_replica.log)
+            m1 = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
+            await until("a syncs m1", syncing.is_set)
+            assert a_replica.log.last.offset == end + 1
+            await offer(a, 4, replicas, a.id, 1, peers)  # a reaches b and c again
+            await until("a steps down", lambda: a_replica.leadership is None)
+            for site in (b, c):  # and b reaches a
+                await offer(site, 5, replicas, b.id, 2, peers)
+            go_on.set()
+            assert await outcome(asyncio.wait_for(m1, WAIT)) == "failed: NotLeaderError"
+            await until("a applied b's entries", caught_up(a, b))
+            assert a_replica.log.epoch_at(end + 1) == 2
+            for site in (a, b, c):
+                assert b"m1" not in await payloads_on_t(site)
+        finally:
+            go_on.set()
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from ...errors import StorageError, StorageTimeoutError
 from ..cooked import CookedBatch
 from . import entries
-from .replica_context import RETRY_INTERVAL, ReplicaContext, ReplicaRole, remaining
+from .log import Position
+from .replica_context import RETRY_INTERVAL, NotLeaderError, ReplicaContext, ReplicaRole, remaining
 from .trim import follower_trim_point, leader_trim_point
 
 log = logging.getLogger(__name__)
@@ -36,10 +37,13 @@ class Applier:
         self._role = role
         self._log = context.log
         self._on_applied = on_applied
-        # Applied offsets that writers wait for, and this site's own cooked batches by
-        # offset (applied from memory: the leader's copy carries the messages).
-        self._applied_waiters: dict[int, list[asyncio.Future[None]]] = {}
-        self._own: dict[int, CookedBatch] = {}
+        # Per offset, who waits for it to be applied: a writer for its own entry (its
+        # epoch with it: a newer leader may put another entry at that offset), a
+        # reader for whatever entry is there (None). And this site's own cooked
+        # batches by offset, with their epoch (applied from memory: the leader's copy
+        # carries the messages).
+        self._applied_waiters: dict[int, list[tuple[int | None, asyncio.Future[None]]]] = {}
+        self._own: dict[int, tuple[int, CookedBatch]] = {}
         self._committed_moved = asyncio.Event()
         # Held while committed entries are applied, and while a checkpoint replaces
         # the shard's data (so no entry of the old log lands on the new data).
@@ -58,40 +62,56 @@ class Applier:
         """The log's commit offset may have grown."""
         self._committed_moved.set()
 
-    def keep_own(self, offset: int, cooked: CookedBatch) -> None:
-        """This leader's batch at `offset`: applied from memory, as it was cooked."""
-        self._own[offset] = cooked
+    def keep_own(self, position: Position, cooked: CookedBatch) -> None:
+        """This leader's batch at `position`: applied from memory, as it was cooked,
+        if the entry applied at its offset is still this one."""
+        self._own[position.offset] = (position.epoch, cooked)
 
     def forget_own(self) -> None:
         """This site stopped leading: entries appended but not applied may be cut by
         the new leader, so what their cooking learned in memory goes."""
         shard = self._context.shard
-        for cooked in self._own.values():
+        for _epoch, cooked in self._own.values():
             shard.forget(cooked)
         self._own.clear()
 
-    async def wait_applied(self, offset: int, deadline: float) -> None:
-        if offset <= self.applied:
-            return
+    def expect(self, position: Position) -> asyncio.Future[None]:
+        """A future for the writer of the entry at `position`, this leader's own,
+        taken before the entry is shipped (so before it can be applied, and before a
+        step-down can pass it by): done once that entry is applied; failed with
+        NotLeaderError when another entry is applied at its offset (a newer leader's:
+        this one was cut) or the site steps down first (`fail_waiters`). Wait for it
+        with `wait_for`."""
         waiter = asyncio.get_running_loop().create_future()
-        self._applied_waiters.setdefault(offset, []).append(waiter)
+        self._applied_waiters.setdefault(position.offset, []).append((position.epoch, waiter))
+        return waiter
+
+    async def wait_for(self, expected: asyncio.Future[None], offset: int,
+                       deadline: float) -> None:
+        """Wait until `expected` (from `expect`, for the entry at `offset`) is done."""
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), remaining(deadline))
+            await asyncio.wait_for(asyncio.shield(expected), remaining(deadline))
         except TimeoutError:
             raise StorageTimeoutError(
                 f"{self._context.label}: entry {offset} not committed within "
                 f"{self._context.settings.write_timeout}s (no majority of replicas "
                 f"reached)") from None
         finally:
-            # given up on: a step-down must not fail it with nobody left to hear it
-            # (asyncio would log "Future exception was never retrieved")
-            if not waiter.done():
-                waiter.cancel()
+            give_up(expected)
+
+    async def wait_applied(self, offset: int, deadline: float) -> None:
+        """Wait until whatever entry is at `offset` is applied (a read barrier, or a
+        write's turn after this leader's earlier entries)."""
+        if offset <= self.applied:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._applied_waiters.setdefault(offset, []).append((None, waiter))
+        await self.wait_for(waiter, offset, deadline)
 
     def fail_waiters(self, error: StorageError) -> None:
         """Fail every writer waiting for an entry to be applied."""
         for waiters in self._applied_waiters.values():
-            for waiter in waiters:
+            for _epoch, waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(error)
         self._applied_waiters.clear()
@@ -144,9 +164,22 @@ class Applier:
                     break
                 await self._context.state_machine.apply(
                     self._context.shard_id, offset, entries.decode(entry.batch),
-                    self._own.pop(offset, None))
-                self._wake_writers()
+                    self._own_at(entry.position))
+                self._wake_writers(entry.position)
         await self._trim()
+
+    def _own_at(self, position: Position) -> CookedBatch | None:
+        """This site's cooked batch for the entry at `position`, if that entry is the
+        one it appended there (a newer leader's replaced it otherwise: what its
+        cooking learned in memory goes, before the newer entry's is learnt)."""
+        kept = self._own.pop(position.offset, None)
+        if kept is None:
+            return None
+        epoch, cooked = kept
+        if epoch == position.epoch:
+            return cooked
+        self._context.shard.forget(cooked)
+        return None
 
     async def _trim(self) -> None:
         """Forget log entries no replica needs any more, keeping the configured tail
@@ -177,11 +210,31 @@ class Applier:
             return point
         return follower_trim_point(self._log.leader_trims_before, applied)
 
-    def _wake_writers(self) -> None:
-        applied = self.applied
-        for offset in [offset for offset in self._applied_waiters if offset <= applied]:
-            for waiter in self._applied_waiters.pop(offset):
-                if not waiter.done():
+    def _wake_writers(self, applied: Position) -> None:
+        """The entry at `applied` is applied: its waiters go on, and so do those of
+        any entry at offsets before it. A writer whose own entry is not the one
+        applied at its offset fails: a newer leader's replaced it (or a checkpoint
+        jumped past it, and nobody can tell), so its writes were not committed."""
+        for offset in [offset for offset in self._applied_waiters if offset <= applied.offset]:
+            for epoch, waiter in self._applied_waiters.pop(offset):
+                if waiter.done():
+                    continue
+                if epoch is None or (offset == applied.offset and epoch == applied.epoch):
                     waiter.set_result(None)
+                else:
+                    waiter.set_exception(NotLeaderError(
+                        f"{self._context.label}: the entry of epoch {epoch} at offset "
+                        f"{offset} was replaced by a newer leader's before it was "
+                        f"committed"))
         self._on_applied()
+
+
+def give_up(waiter: asyncio.Future[None]) -> None:
+    """Nobody waits for `waiter` any more: cancelled if pending (a step-down must not
+    fail it with nobody to hear it: asyncio would log "Future exception was never
+    retrieved"), its exception read if it has one."""
+    if not waiter.done():
+        waiter.cancel()
+    elif not waiter.cancelled():
+        waiter.exception()
 

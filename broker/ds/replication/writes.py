@@ -21,8 +21,8 @@ from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
 from . import entries
-from .applier import Applier
-from .log import StaleEpochError
+from .applier import Applier, give_up
+from .log import Position, StaleEpochError
 from .peer import PeerError
 from .replica_context import RETRY_INTERVAL, NotLeaderError, ReplicaContext, ReplicaRole, remaining
 from .wire import encode_submit
@@ -61,8 +61,10 @@ class Writes:
     async def open_epoch(self) -> None:
         """As a new leader: append the first entry of its epoch, which commits
         everything inherited before it; writes wait until it is applied."""
-        self._ready_at = await self._append(entries.encode(entries.Noop()))
-        await self._sync_own(self._ready_at)
+        position, applied = await self._append(entries.encode(entries.Noop()))
+        give_up(applied)  # writes wait for `_ready_at` to be applied instead
+        self._ready_at = position.offset
+        await self._sync_own(position.offset)
 
     def stopped_leading(self, why: str) -> None:
         """This site stopped leading: entries appended but not applied may be cut by
@@ -140,15 +142,14 @@ class Writes:
                     record_puts = [*record_puts, *check_fences(fences, shard.get_record)]
                 cooked = shard.prepare(messages, record_puts, record_deletes)
                 try:
-                    offset = await self._append(entries.encode_batch(cooked.to_bytes()),
-                                                cooked)
+                    position, applied = await self._append(
+                        entries.encode_batch(cooked.to_bytes()), cooked)
                 except BaseException:
                     shard.forget(cooked)
                     raise
         finally:
             self._to_append -= 1
-        await self._sync_own(offset)
-        await self._applier.wait_applied(offset, deadline)
+        await self._until_applied(position, applied, deadline)
 
     async def propose(self, change: entries.Change) -> bool:
         """Append a generation change as the shard's leader and wait until it is
@@ -159,9 +160,8 @@ class Writes:
         async with self._append_lock:
             await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
                                              deadline)
-            offset = await self._append(entries.encode(change))
-        await self._sync_own(offset)
-        await self._applier.wait_applied(offset, deadline)
+            position, applied = await self._append(entries.encode(change))
+        await self._until_applied(position, applied, deadline)
         return True
 
     async def change(self, change: entries.Change,
@@ -207,9 +207,11 @@ class Writes:
         at = max(now_us(), shard.last_timestamp + 1)
         return await self.propose(entries.AddGeneration(at, shard.topic_seed))
 
-    async def _append(self, raw: bytes, own: CookedBatch | None = None) -> int:
-        """Append one entry as leader and ship it; its offset. `own`: the batch as
-        cooked, applied from memory. With followers the entry is written unsynced:
+    async def _append(self, raw: bytes, own: CookedBatch | None = None
+                      ) -> tuple[Position, asyncio.Future[None]]:
+        """Append one entry as leader and ship it; its position, and the future of
+        its writers (`Applier.expect`: taken before it is shipped). `own`: the batch
+        as cooked, applied from memory. With followers the entry is written unsynced:
         `_sync_own` puts it on disk while they append theirs (a replicated write
         waits for one fsync's time, not the leader's and then the followers'), and
         it commits once a majority holds it on disk, this site counted once synced."""
@@ -225,13 +227,31 @@ class Writes:
         except StaleEpochError as exc:
             self._role.step_down(str(exc))
             raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
-        offset = positions[0].offset
-        self._last_own = offset
-        if own is not None:  # before it is shipped: it may be applied from then on
-            self._applier.keep_own(offset, own)
-        if self._role.leadership is leadership:
-            self._on_appended()
-        return offset
+        position = positions[0]
+        self._last_own = position.offset
+        if self._role.leadership is not leadership:
+            # It stepped down while the entry was written (a newer leader's follower
+            # refused an append): that leader may cut it. Its writers fail, and may
+            # retry; the step-down failed the writers it knew of already.
+            raise NotLeaderError(f"{self._context.label}: this site stopped leading the "
+                                 f"shard while it appended an entry")
+        # before it is shipped: it may be applied from then on
+        applied = self._applier.expect(position)
+        if own is not None:
+            self._applier.keep_own(position, own)
+        self._on_appended()
+        return position, applied
+
+    async def _until_applied(self, position: Position, applied: asyncio.Future[None],
+                             deadline: float) -> None:
+        """This leader's entry at `position` on disk here, then committed and applied
+        (`applied`, from `_append`): its writers are answered then. NotLeaderError
+        when a newer leader's entry is applied at its offset instead."""
+        try:
+            await self._sync_own(position.offset)
+            await self._applier.wait_for(applied, position.offset, deadline)
+        finally:
+            give_up(applied)
 
     async def _sync_own(self, offset: int) -> None:
         """Put this leader's entries through `offset` on disk, while its followers
