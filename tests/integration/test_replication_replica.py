@@ -34,7 +34,13 @@ from stratamq.broker.ds import (
     RetentionRules,
 )
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
-from stratamq.broker.ds.replication import AppendRequest, Placement, ShardPlacement, bootstrap
+from stratamq.broker.ds.replication import (
+    AppendRequest,
+    Placement,
+    ShardPlacement,
+    bootstrap,
+    senders,
+)
 from stratamq.broker.ds.replication.applier import Applier
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
@@ -244,7 +250,12 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
     """Writes queued one behind the other (a leader under load): a follower learns
     each one's commit with the next one's append, not by an append of no entries of
     its own (that doubled the requests of a replicated write), and the last one's
-    soon after though no heartbeat is due (`senders.COMMIT_LINGER`)."""
+    soon after though no heartbeat is due. An append that does not come in
+    `senders.COMMIT_LINGER` is not waited for; here it is (a loaded machine may take
+    longer than 50 ms between two writes' appends), so what is counted is what the
+    leader decides, not how fast the machine is. (This test failed 1 run in 7: b's
+    and c's read barriers at the start, which make a confirm that it leads.)"""
+    monkeypatch.setattr(senders, "COMMIT_LINGER", WAIT)
     appends: list[tuple[ShardLog, int]] = []
     append_from_leader = ShardLog.append_from_leader
 
@@ -258,6 +269,10 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
         (a, b, c), _, _ = await start_three_led_by_a(tmp_path, heartbeat=3600.0)
         try:
             await until("b caught up", caught_up(b, a))
+            # b and c read their copies once caught up, after a read barrier at a,
+            # which sends its followers appends of no entries (a confirms it leads)
+            await until("b and c read their own copies", lambda: not any(
+                site.replication.databases["messages"].reads_elsewhere(0) for site in (b, c)))
             appends.clear()
             # queued at once, each a flush of its own (max_items=1), taken in turn
             written = [a.database.submit([Message("t", b"%d" % number, "pub", 1)])[0]
@@ -266,7 +281,7 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
             await until("b told the last commit", caught_up(b, a))
             at_b = [entries for log, entries in appends if log is replica_of(b).log]
             assert sum(at_b) >= WRITES  # (and the entries a leader appends itself)
-            assert at_b.count(0) <= 2, at_b  # the last write's, told alone
+            assert at_b.count(0) <= 1, str(at_b)  # the last write's, told alone
         finally:
             for site in (a, b, c):
                 await site.storage.close()
