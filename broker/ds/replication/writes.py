@@ -228,13 +228,13 @@ class Writes:
             self._role.step_down(str(exc))
             raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
         position = positions[0]
-        self._last_own = position.offset
         if self._role.leadership is not leadership:
             # It stepped down while the entry was written (a newer leader's follower
             # refused an append): that leader may cut it. Its writers fail, and may
             # retry; the step-down failed the writers it knew of already.
             raise NotLeaderError(f"{self._context.label}: this site stopped leading the "
                                  f"shard while it appended an entry")
+        self._last_own = position.offset
         # before it is shipped: it may be applied from then on
         applied = self._applier.expect(position)
         if own is not None:
