@@ -309,11 +309,14 @@ class Shard:
                            [RECORD_PREFIX + key for key in record_deletes], cooked_messages)
 
     def forget(self, cooked: CookedBatch) -> None:
-        """Undo what `prepare` learned, after its write failed."""
+        """Undo what `prepare` learned, after its write failed (or its log entry was
+        cut). Topics may map to other keys without those edges: the layout's
+        per-topic cache goes with the trie's."""
         self._unsettled_from = None
         generation = self.generations.get(cooked.generation)
-        if generation is not None:
+        if generation is not None and cooked.edges:
             generation.trie.remove_edges(cooked.edges)
+            generation.layout.clear_cache()
 
     def write(self, cooked: CookedBatch, *, no_stall: bool = False,
               applied: int | None = None) -> None:

@@ -427,3 +427,31 @@ def test_cooked_batch_with_records_round_trips(tmp_path: Path) -> None:
     cooked = shard.prepare([Message("a", b"1")], [(b"k", b"v")], [b"gone"])
     assert CookedBatch.from_bytes(cooked.to_bytes()) == cooked
     shard.close()
+
+
+@pytest.mark.parametrize("layout", ["wildcard_optimized", "wildcard_optimized_v2"])
+def test_a_topic_cooked_again_after_its_learnt_edge_was_forgotten_is_read(
+        tmp_path: Path, layout: str) -> None:
+    """A leader cooks s/r (an exact edge learnt), its entry is cut (`forget`), and
+    a newer leader's batches, which it applies, make the level a `+`. Cooked again,
+    s/r goes through the `+` edge: the layout's per-topic cache still held the
+    exact edge's key parts (no varying level), and a read of s/r found nothing on
+    any copy (found by reading: `Shard.forget` cleared the trie's cache only)."""
+    from stratamq.broker.ds.layouts import ReadStats
+    leader = Shard(tmp_path / "leader", 0, layout, {}, (2,), False)
+    newer = Shard(tmp_path / "newer", 0, layout, {}, (2,), False)
+    leader.forget(leader.prepare([Message("s/r", b"cut")]))
+    shipped = newer.prepare([Message(f"s/{level}", b"newer") for level in ("a", "b", "c")])
+    newer.commit(shipped)
+    leader.commit(CookedBatch.from_bytes(shipped.to_bytes()))
+    again = leader.prepare([Message("s/r", b"again")])
+    leader.commit(again)
+    newer.commit(CookedBatch.from_bytes(again.to_bytes()))
+    for shard in (leader, newer):
+        rows: list[tuple[bytes, bytes]] = []
+        for match in shard.current.trie.match(["s", "r"]):
+            rows += shard.read(1, match.static, match.pattern, ["s", "r"], 0, 100,
+                               ReadStats()) or []
+        assert [b"again" in value for _key, value in rows] == [True], (shard.path, rows)
+    leader.close()
+    newer.close()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -33,6 +34,7 @@ from stratamq.broker.ds import (
     Message,
     RetentionRules,
 )
+from stratamq.broker.ds.cooked import CookedBatch
 from stratamq.broker.ds.gc import PLAN_FORMAT, PLAN_KIND, scan_generation
 from stratamq.broker.ds.replication import (
     AppendRequest,
@@ -50,7 +52,7 @@ from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
-from stratamq.broker.ds.shard import now_us
+from stratamq.broker.ds.shard import Shard, now_us
 from stratamq.broker.ds.shard_set import ShardSet
 from stratamq.broker.errors import GcPlanRefusedError, StorageError
 from stratamq.broker.routing.relay import Relay
@@ -379,6 +381,100 @@ def test_a_write_whose_entry_a_newer_leader_replaced_is_not_acknowledged(
                 assert b"m1" not in await payloads_on_t(site)
         finally:
             go_on.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_new_leader_cooks_no_write_before_it_applied_what_it_inherited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b is named leader while a write waits at b for a leader, and b has not applied
+    the tail it inherits (its applier is held here). The write was woken by b's
+    leading and cooked before b had appended the first entry of its epoch, which it
+    waits for, so against a shard without that tail: a fence checked against old
+    records, topics learnt anew, a generation not added yet (found by reading). It
+    is cooked only once the tail is applied."""
+    cooked_at: list[tuple[int, int]] = []  # (applied offset, log end) when b cooked
+    b_shards: list[Shard] = []
+    prepare = Shard.prepare
+
+    def watched(shard: Shard, *args: Any, **kwargs: Any) -> CookedBatch:
+        if shard in b_shards:
+            cooked_at.append((shard.applied_offset, b_log[0].last.offset))
+        return prepare(shard, *args, **kwargs)
+    monkeypatch.setattr(Shard, "prepare", watched)
+    b_log: list[ShardLog] = []
+    append_as_leader = ShardLog.append_as_leader
+
+    def slow(log: ShardLog, epoch: int, batches: list[bytes], sync: bool = True
+             ) -> list[Position]:
+        if log in b_log:
+            time.sleep(0.2)  # b's first entry of its epoch: the write's chance to cook
+        return append_as_leader(log, epoch, batches, sync)
+    monkeypatch.setattr(ShardLog, "append_as_leader", slow)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            b_shards.append(b.shard_set.shards[0])
+            b_log.append(replica_of(b).log)
+            async with replica_of(b)._applier.paused():  # private: b applies nothing
+                await commit(a, b"m1")  # b holds it, not applied
+                inherited = replica_of(b).log.last.offset
+                await offer(b, 2, replicas, b.id, 2, peers)  # b takes over, meanwhile:
+                write = b.database.submit([Message("t", b"m2", "pub", 1)])[0]
+                assert replica_of(b).leadership is None
+                for site in (a, c):
+                    await offer(site, 2, replicas, b.id, 2, peers)
+                await until("b leads", lambda: replica_of(b).leadership is not None)
+                await asyncio.sleep(0.3)  # time to cook, were it allowed
+                assert cooked_at == [], (inherited, cooked_at)
+            assert await outcome(asyncio.wait_for(write, WAIT)) == "committed"
+            (applied, end), = cooked_at
+            assert applied > inherited and end > inherited, (inherited, cooked_at)
+            assert await payloads_on_t(b) == [b"m0", b"m1", b"m2"]
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_new_replica_set_while_the_leader_appends_keeps_its_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller takes c off the shard (a new replica set, same leader and
+    epoch) while a's append of a write runs: a's Leadership is replaced by one for
+    a and b. The write is still a's at its epoch: it commits, and a leads on (a
+    check of the Leadership object, not of the epoch, failed it, and would have
+    stepped a new leader down had it hit the first entry of its epoch)."""
+    a_log: list[ShardLog] = []
+    appending = threading.Event()
+    append_as_leader = ShardLog.append_as_leader
+
+    def slow(log: ShardLog, epoch: int, batches: list[bytes], sync: bool = True
+             ) -> list[Position]:
+        if log in a_log and any(b"m1" in batch for batch in batches):
+            appending.set()
+            time.sleep(0.3)  # the placement comes meanwhile
+        return append_as_leader(log, epoch, batches, sync)
+    monkeypatch.setattr(ShardLog, "append_as_leader", slow)
+
+    async def scenario() -> None:
+        (a, b, c), _, peers = await start_three_led_by_a(tmp_path)
+        try:
+            await commit(a, b"m0")
+            a_log.append(replica_of(a).log)
+            write = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
+            await until("a appends m1", appending.is_set)
+            for site in (a, b, c):
+                await offer(site, 2, tuple(sorted((a.id, b.id))), a.id, 1, peers)
+            assert await outcome(asyncio.wait_for(write, WAIT)) == "committed"
+            leading = replica_of(a).leadership
+            assert leading is not None
+            assert leading.replica_set == tuple(sorted((a.id, b.id)))
+            assert await payloads_on_t(a) == [b"m0", b"m1"]
+        finally:
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())

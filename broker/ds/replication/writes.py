@@ -60,11 +60,24 @@ class Writes:
 
     async def open_epoch(self) -> None:
         """As a new leader: append the first entry of its epoch, which commits
-        everything inherited before it; writes wait until it is applied."""
-        position, applied = await self._append(entries.encode(entries.Noop()))
-        give_up(applied)  # writes wait for `_ready_at` to be applied instead
-        self._ready_at = position.offset
+        everything inherited before it; writes wait until it is applied. Under the
+        append lock: a write woken by this site's leading must not cook before
+        `_ready_at` is known, against a shard that has not applied the tail it
+        inherited (its fences checked against old records, its topics learnt again,
+        the trie of a generation it has not seen added yet)."""
+        async with self._append_lock:
+            position, applied = await self._append(entries.encode(entries.Noop()))
+            give_up(applied)  # writes wait for `_ready_at` to be applied instead
+            self._ready_at = position.offset
         await self._sync_own(position.offset)
+
+    def _check_ready(self) -> int:
+        """The offset of this leader's first entry, which a write waits for (with the
+        append lock held); NotLeaderError when its epoch did not open."""
+        if self._ready_at is None:
+            raise NotLeaderError(f"{self._context.label}: this site's epoch as the shard's "
+                                 f"leader has not opened")
+        return self._ready_at
 
     def stopped_leading(self, why: str) -> None:
         """This site stopped leading: entries appended but not applied may be cut by
@@ -133,7 +146,7 @@ class Writes:
         try:
             async with self._append_lock:
                 # cook against the applied state: this site's earlier entries first
-                await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
+                await self._applier.wait_applied(max(self._last_own, self._check_ready()),
                                                  deadline)
                 shard = self._context.shard
                 if fences:
@@ -158,7 +171,7 @@ class Writes:
             return False
         deadline = time.monotonic() + self._context.settings.write_timeout
         async with self._append_lock:
-            await self._applier.wait_applied(max(self._last_own, self._ready_at or 0),
+            await self._applier.wait_applied(max(self._last_own, self._check_ready()),
                                              deadline)
             position, applied = await self._append(entries.encode(change))
         await self._until_applied(position, applied, deadline)
@@ -228,10 +241,13 @@ class Writes:
             self._role.step_down(str(exc))
             raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
         position = positions[0]
-        if self._role.leadership is not leadership:
+        now = self._role.leadership
+        if now is None or now.epoch != leadership.epoch or not now.current:
             # It stepped down while the entry was written (a newer leader's follower
             # refused an append): that leader may cut it. Its writers fail, and may
-            # retry; the step-down failed the writers it knew of already.
+            # retry; the step-down failed the writers it knew of already. (A new
+            # replica set at the same epoch replaces the Leadership, not the leader:
+            # its senders ship the entry.)
             raise NotLeaderError(f"{self._context.label}: this site stopped leading the "
                                  f"shard while it appended an entry")
         self._last_own = position.offset
