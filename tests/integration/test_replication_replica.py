@@ -44,6 +44,7 @@ from stratamq.broker.ds.replication import (
     senders,
 )
 from stratamq.broker.ds.replication.applier import Applier
+from stratamq.broker.ds.replication.leader import Leadership
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
 from stratamq.broker.ds.replication.replica import ShardReplica
@@ -474,6 +475,49 @@ def test_a_new_replica_set_while_the_leader_appends_keeps_its_write(
             assert leading is not None
             assert leading.replica_set == tuple(sorted((a.id, b.id)))
             assert await payloads_on_t(a) == [b"m0", b"m1"]
+        finally:
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_replica_set_pushed_while_a_site_takes_the_lead_is_the_one_it_leads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b is named leader of a, b, c at epoch 2; while b begins to lead (its log is
+    fenced, in the executor), the controller takes a off the shard (same leader and
+    epoch). The push found no leadership to change then, and b led a, b and c until
+    another replica set came (a replica added then never got an append: a wedged
+    move; found by reading). b leads b and c."""
+    b_logs: list[ShardLog] = []
+    beginning = threading.Event()
+    begin = Leadership.begin  # bound to the class: `cls` below is Leadership too
+
+    def slow(cls: type[Leadership], site: str, epoch: int, log: ShardLog,
+             replica_set: tuple[str, ...], committed: int = 0, now: float = 0.0
+             ) -> Leadership:
+        if log in b_logs:
+            beginning.set()
+            time.sleep(0.3)  # the push comes meanwhile
+        return begin(site, epoch, log, replica_set, committed, now)
+    monkeypatch.setattr(Leadership, "begin", classmethod(slow))
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        try:
+            await commit(a, b"m0")
+            b_logs.append(replica_of(b).log)
+            for site in (a, b, c):
+                await offer(site, 2, replicas, b.id, 2, peers)
+            await until("b begins to lead", beginning.is_set)
+            without_a = tuple(sorted((b.id, c.id)))
+            for site in (a, b, c):
+                await offer(site, 3, without_a, b.id, 2, peers)
+            await until("b leads", lambda: replica_of(b).leadership is not None)
+            leading = replica_of(b).leadership
+            assert leading is not None and leading.replica_set == without_a
+            await commit(b, b"m1")
+            await until("c applied m1", caught_up(c, b))
+            assert await payloads_on_t(c) == [b"m0", b"m1"]
         finally:
             for site in (a, b, c):
                 await site.storage.close()

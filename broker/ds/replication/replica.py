@@ -271,6 +271,12 @@ class ShardReplica:
         log.info("%s: leading at epoch %d, replicas %s", self._label, placement.epoch,
                  ", ".join(placement.replicas))
         self._senders.start(leadership)
+        current = self.placement
+        if current is not None and current.leader == site and current.epoch == leadership.epoch \
+                and current.replicas != leadership.replica_set:
+            # a new replica set pushed while this site took the lead (`take` found no
+            # leadership to change then): lead that one
+            self._change_replica_set(current)
         self._tell_leading_at = self.log.committed
         self._tell_leading()
         # writers waiting for this site to lead go on
