@@ -480,7 +480,8 @@ def advance(state: ClusterState, sites: Mapping[str, SiteState], now: float,
         if waiting is not None:
             notes.append(f"waiting: {step}: {waiting}")
             break
-        placement = apply_transition(placement, step)
+        placement = apply_transition(placement, step,
+                                     above=reported_epoch(sites, step.shard_id))
         moving.add(step.shard_id)
         notes.append(f"step {step} (placement version {placement.version})")
         if step.action == "add":

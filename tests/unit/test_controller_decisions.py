@@ -1004,3 +1004,32 @@ def test_whatever_lags_every_committed_entry_stays_on_enough_replicas(
         # every majority meets the holders: more holders than non-majority seats
         assert len(holders) > len(replicas) - (len(replicas) // 2 + 1), \
             (replicas, ends, committed, taken.version)
+
+
+def test_a_plan_step_that_hands_leadership_over_goes_above_every_epoch_reported() -> None:
+    """A plan removes the leader A: the step names a successor at a new epoch. The
+    controller's placement says epoch 1, but B has seen epoch 7 (a placement the
+    controller does not know: one adopted from part of the sites, or another
+    controller's). The step's epoch was the placement's plus one, an epoch in use:
+    a second leader at one epoch, or a successor refused by every replica that saw
+    the newer one, with no failover to follow (found by reading). Like a failover's,
+    it goes above what the sites report."""
+    placement = one_shard("ABCD", "A", version=5)
+    ends = dict.fromkeys("ABCD", 20)
+    state = decisions.set_replicas(ClusterState(placement=placement, goals={DB: tuple("ABCD")}),
+                                   DB, "BCD", reports(placement, 100.0, ends, ends), 100.0,
+                                   ONE_SHARD)
+    assert state.plan is not None
+    assert [(step.action, step.site) for step in state.plan.transitions] == [("remove", "A")]
+    sites = reports(state.placement, 101.0, ends, ends)
+    sites["B"] = replace(sites["B"], shards={
+        (DB, 0): replace(sites["B"].shards[(DB, 0)], epoch=7)})
+    after = decisions.decide(state, sites, 101.0, 0.0, ONE_SHARD).state
+    shard = after.placement.shard(DB, 0)
+    assert "A" not in shard.replicas and shard.leader != "A", after.placement
+    assert shard.epoch == 8
+    # the plan's own arithmetic said epoch 2: it is planned again, and ends
+    ends = dict.fromkeys("BCD", 20)
+    done = decisions.decide(after, reports(after.placement, 102.0, ends, ends), 102.0, 0.0,
+                            ONE_SHARD).state
+    assert done.plan is None and done.placement == after.placement
