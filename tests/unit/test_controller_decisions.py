@@ -1033,3 +1033,30 @@ def test_a_plan_step_that_hands_leadership_over_goes_above_every_epoch_reported(
     done = decisions.decide(after, reports(after.placement, 102.0, ends, ends), 102.0, 0.0,
                             ONE_SHARD).state
     assert done.plan is None and done.placement == after.placement
+
+
+def test_a_joiner_that_died_before_it_caught_up_can_be_made_to_leave() -> None:
+    """D joins and dies before it has caught up: its catch-up holds every step of
+    every shard (max_concurrent_moves), which is right while D may come back. The
+    operator makes D leave: the new plan's removal of D was held by D's own catch-up
+    too, and only a controller restart cleared it (found by reading). A step that
+    removes the joiner ends its catch-up, so it goes."""
+    state = placed("ABC")
+    first = state.placement
+    sites = sites_of(*(site(name, 100.0, first) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state
+    added = state.placement
+    assert [catch_up.site for catch_up in state.catch_ups] == ["D"]
+    now = 200.0  # D answered last at 100: gone
+    sites = sites_of(*(site(name, now, added, committed=40, applied=40) for name in "ABC"),
+                     site("D", 100.0, added))
+    state = decisions.decide(state, sites, now, 0.0, SETTINGS).state
+    assert state.placement == added  # waiting on D, which may come back
+    state = decisions.leave(state, DB, "D", sites, now, SETTINGS)
+    final = state
+    for _ in range(5):
+        final = decisions.decide(final, sites, now, 0.0, SETTINGS).state
+    assert not any("D" in shard.replicas for shard in final.placement.shards), \
+        final.placement
+    assert final.plan is None and final.catch_ups == ()
