@@ -15,13 +15,14 @@ if TYPE_CHECKING:
 def handle_pubrel(channel: Channel, packet: Pubrel) -> None:
     session = channel.attached_session()
     packet_id = packet.packet_id
-    if not session.inbound_qos2.pending(packet_id):
+    if not session.inbound_qos2.to_release(packet_id):
         channel.send(Pubcomp(packet_id, ReasonCode.SUCCESS if channel.level < MQTT_5
                              else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
         return
-    session.inbound_qos2.released(packet_id)
     released = asyncio.gather(*channel.broker.publisher.release_qos2(
         channel.client_id, packet_id, session.owner_epoch))
+    # first: the session knows the outcome before the client hears it
+    session.inbound_qos2.releasing(packet_id, released)
     released.add_done_callback(lambda future: _released(channel, packet_id, future))
 
 

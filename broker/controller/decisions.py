@@ -473,14 +473,21 @@ def advance(state: ClusterState, sites: Mapping[str, SiteState], now: float,
     given = state.placement.version
     placement = state.placement
     moving = {catch_up.shard for catch_up in catch_ups}
+    joining = {(catch_up.shard, catch_up.site) for catch_up in catch_ups}
     for step in remaining:
-        if len(moving) >= settings.max_concurrent_moves or step.shard_id in moving:
+        # A step that takes a joiner off again ends its catch-up rather than waits
+        # for it: a joiner that died before it caught up would hold every step of
+        # every shard, the plan that makes it leave included.
+        ends_catch_up = step.action == "remove" and (step.shard_id, step.site) in joining
+        if not ends_catch_up and (len(moving) >= settings.max_concurrent_moves
+                                  or step.shard_id in moving):
             break
         waiting = _blocked(step, placement, sites, now, settings, given)
         if waiting is not None:
             notes.append(f"waiting: {step}: {waiting}")
             break
-        placement = apply_transition(placement, step)
+        placement = apply_transition(placement, step,
+                                     above=reported_epoch(sites, step.shard_id))
         moving.add(step.shard_id)
         notes.append(f"step {step} (placement version {placement.version})")
         if step.action == "add":

@@ -72,6 +72,14 @@ class SessionCollector:
                     removed += await self._collect(client_id, now)
                 except FencedError:  # taken by another site meanwhile: it is that one's
                     continue
+                except StratamqError as exc:
+                    if not exc.recoverable:
+                        raise
+                    # its will or record not written (a shard out of reach): the next
+                    # pass tries it again; the others go on now
+                    log.warning("session of %r not collected yet: %s", client_id,
+                                exc.message)
+                    continue
         return removed
 
     async def _collect(self, client_id: str, now: float) -> int:
@@ -95,7 +103,10 @@ class SessionCollector:
             stored = await self._store.save(record, stored)
         if record.will is not None and record.disconnected_at + min(
                 record.will.delay, record.expiry_interval) <= now:
-            self._publisher.publish_will(record.will.to_message(record.client_id))
+            # stored before the session lets go of it: a failed write fails the
+            # pass, and a later one publishes the will again
+            await asyncio.gather(*self._publisher.publish_will(
+                record.will.to_message(record.client_id)))
             record.will = None
             stored = await self._store.save(record, stored)
         if not record.expired(now):

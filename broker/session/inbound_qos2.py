@@ -22,6 +22,8 @@ class InboundQos2:
         # stepped down or timed out after the entry reached a majority), so a resend
         # asks the storage instead of storing again
         self._unknown: set[int] = set()
+        # whose release (a PUBREL's durable delete of the id) is under way
+        self._releasing: dict[int, asyncio.Future[Any]] = {}
 
     def load(self, packet_ids: set[int]) -> None:
         self._received = packet_ids
@@ -63,6 +65,29 @@ class InboundQos2:
         while self._storing:
             await asyncio.wait(list(self._storing.values()))
 
-    def released(self, packet_id: int) -> None:
+    def to_release(self, packet_id: int) -> bool:
+        """Whether a PUBREL of this packet id forgets it (durably, then PUBCOMP): it
+        is stored, or its store's or release's outcome is not known, or a release is
+        under way (a PUBREL resent on a new connection meanwhile releases it again,
+        and is answered once that release is done). Else the PUBREL is answered at
+        once: the exchange ended before."""
+        return packet_id in self._received or packet_id in self._unknown \
+            or packet_id in self._releasing
+
+    def releasing(self, packet_id: int, release: asyncio.Future[Any]) -> None:
+        """A PUBREL: `release` forgets the packet id durably. The id is free once it
+        succeeds. If it fails, the id's record may still be stored (to be loaded
+        with the session again, a new message with the id taken for a resend): the
+        id is unknown, and a resent PUBREL releases it again; the client reuses it
+        only after a PUBCOMP."""
         self._received.discard(packet_id)
         self._unknown.discard(packet_id)
+        self._releasing[packet_id] = release
+        release.add_done_callback(lambda done: self._released(packet_id, done))
+
+    def _released(self, packet_id: int, release: asyncio.Future[Any]) -> None:
+        if self._releasing.get(packet_id) is release:
+            del self._releasing[packet_id]
+        if (release.cancelled() or release.exception() is not None) \
+                and packet_id not in self._releasing and packet_id not in self._received:
+            self._unknown.add(packet_id)

@@ -10,13 +10,16 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
 from prometheus_client import REGISTRY
 
 from stratamq.broker.core.broker import Broker
+from stratamq.broker.core.publish import Publisher
 from stratamq.broker.core.registry import SessionLimits
-from stratamq.broker.ds import DbOptions, DurableStorage
-from stratamq.broker.session.model import SessionRecord
-from tests.support.storage import run
+from stratamq.broker.ds import DbOptions, DurableStorage, Message, MessageProperties
+from stratamq.broker.errors import StorageTimeoutError
+from stratamq.broker.session.model import SessionRecord, WillRecord
+from tests.support.storage import read_filter, run
 
 TIMEOUT = 30.0
 
@@ -63,6 +66,49 @@ def test_session_gc_goes_on_after_a_pass_that_raises(tmp_path: Path) -> None:
             # the loop still runs
             assert [task.get_name() for task in broker.registry._tasks
                     if not task.done()].count("session-gc") == 1
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())
+
+
+def test_a_will_the_session_gc_could_not_store_is_stored_by_a_later_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expired session's will is published by the GC pass; its write fails (the
+    shard's leader out of reach, say). The pass cleared the will and deleted the
+    session without waiting for the write: the will was lost (found by reading).
+    Now the pass fails, the session keeps its will, and a later pass stores it."""
+    real_publish_will = Publisher.publish_will
+    calls: list[str] = []
+
+    def failing_once(publisher: Publisher, message: Message) -> list[asyncio.Future[None]]:
+        calls.append(message.topic)
+        if len(calls) == 1:
+            failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            failed.set_exception(StorageTimeoutError("no majority of replicas in time"))
+            return [failed]
+        return real_publish_will(publisher, message)
+    monkeypatch.setattr(Publisher, "publish_will", failing_once)
+
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        sessions_db = await storage.open_kv_db("sessions", 2)
+        will = WillRecord("gc/will", b"gone", 1, False, MessageProperties(), 0)
+        expired = SessionRecord("expired-client", expiry_interval=1,
+                                disconnected_at=time.time() - 10, will=will)
+        await sessions_db.write("expired-client",
+                                puts=[(b"s/expired-client", expired.head_to_json())])
+        broker = await Broker.assemble(storage, messages, 2, False,
+                                       SessionLimits(session_gc_interval=0.1))
+        await broker.start()
+        try:
+            async def collected() -> bool:
+                return await sessions_db.get("expired-client", b"s/expired-client") is None
+            await wait_until("the expired session to be collected", collected)
+            assert len(calls) >= 2, calls
+            stored = await read_filter(storage, "messages", "gc/will")
+            assert [message.payload for message in stored] == [b"gone"]
         finally:
             await broker.stop()
             await storage.close()

@@ -1004,3 +1004,59 @@ def test_whatever_lags_every_committed_entry_stays_on_enough_replicas(
         # every majority meets the holders: more holders than non-majority seats
         assert len(holders) > len(replicas) - (len(replicas) // 2 + 1), \
             (replicas, ends, committed, taken.version)
+
+
+def test_a_plan_step_that_hands_leadership_over_goes_above_every_epoch_reported() -> None:
+    """A plan removes the leader A: the step names a successor at a new epoch. The
+    controller's placement says epoch 1, but B has seen epoch 7 (a placement the
+    controller does not know: one adopted from part of the sites, or another
+    controller's). The step's epoch was the placement's plus one, an epoch in use:
+    a second leader at one epoch, or a successor refused by every replica that saw
+    the newer one, with no failover to follow (found by reading). Like a failover's,
+    it goes above what the sites report."""
+    placement = one_shard("ABCD", "A", version=5)
+    ends = dict.fromkeys("ABCD", 20)
+    state = decisions.set_replicas(ClusterState(placement=placement, goals={DB: tuple("ABCD")}),
+                                   DB, "BCD", reports(placement, 100.0, ends, ends), 100.0,
+                                   ONE_SHARD)
+    assert state.plan is not None
+    assert [(step.action, step.site) for step in state.plan.transitions] == [("remove", "A")]
+    sites = reports(state.placement, 101.0, ends, ends)
+    sites["B"] = replace(sites["B"], shards={
+        (DB, 0): replace(sites["B"].shards[(DB, 0)], epoch=7)})
+    after = decisions.decide(state, sites, 101.0, 0.0, ONE_SHARD).state
+    shard = after.placement.shard(DB, 0)
+    assert "A" not in shard.replicas and shard.leader != "A", after.placement
+    assert shard.epoch == 8
+    # the plan's own arithmetic said epoch 2: it is planned again, and ends
+    ends = dict.fromkeys("BCD", 20)
+    done = decisions.decide(after, reports(after.placement, 102.0, ends, ends), 102.0, 0.0,
+                            ONE_SHARD).state
+    assert done.plan is None and done.placement == after.placement
+
+
+def test_a_joiner_that_died_before_it_caught_up_can_be_made_to_leave() -> None:
+    """D joins and dies before it has caught up: its catch-up holds every step of
+    every shard (max_concurrent_moves), which is right while D may come back. The
+    operator makes D leave: the new plan's removal of D was held by D's own catch-up
+    too, and only a controller restart cleared it (found by reading). A step that
+    removes the joiner ends its catch-up, so it goes."""
+    state = placed("ABC")
+    first = state.placement
+    sites = sites_of(*(site(name, 100.0, first) for name in "ABCD"))
+    state = decisions.join(state, DB, "D", sites, 100.0, SETTINGS)
+    state = decisions.decide(state, sites, 100.0, 0.0, SETTINGS).state
+    added = state.placement
+    assert [catch_up.site for catch_up in state.catch_ups] == ["D"]
+    now = 200.0  # D answered last at 100: gone
+    sites = sites_of(*(site(name, now, added, committed=40, applied=40) for name in "ABC"),
+                     site("D", 100.0, added))
+    state = decisions.decide(state, sites, now, 0.0, SETTINGS).state
+    assert state.placement == added  # waiting on D, which may come back
+    state = decisions.leave(state, DB, "D", sites, now, SETTINGS)
+    final = state
+    for _ in range(5):
+        final = decisions.decide(final, sites, now, 0.0, SETTINGS).state
+    assert not any("D" in shard.replicas for shard in final.placement.shards), \
+        final.placement
+    assert final.plan is None and final.catch_ups == ()

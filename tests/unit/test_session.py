@@ -328,8 +328,42 @@ def test_an_inbound_qos2_store_that_failed_leaves_its_packet_id_unknown_not_free
         session.inbound_qos2.known(7, stored=True)
         assert (session.inbound_qos2.pending(7), session.inbound_qos2.unknown(7)) \
             == (True, False)
-        session.inbound_qos2.released(7)
+        released = loop.create_future()
+        session.inbound_qos2.releasing(7, released)
+        released.set_result(None)
+        await asyncio.sleep(0)
         assert not session.inbound_qos2.pending(7)
+        assert not session.inbound_qos2.to_release(7)
+
+    run(main())
+
+
+def test_a_packet_id_whose_release_failed_is_released_again_not_free() -> None:
+    """PUBREL's durable delete of the id failed (a write queued behind a failed one):
+    the id's record may still be stored, and comes back when the session is loaded
+    again. It was free at once, so a PUBREL resent on a new connection was answered
+    "not found", the client reused the id, and a new message with it was taken for a
+    resend: acknowledged, never stored (found by reading). Now it is unknown until a
+    release succeeds, and a PUBREL resent while one is under way releases it again."""
+    async def main() -> None:
+        session = make_session(FakeStorage(), durable=True)
+        loop = asyncio.get_running_loop()
+        stored = loop.create_future()
+        session.inbound_qos2.storing(7, stored)
+        stored.set_result(None)
+        await asyncio.sleep(0)
+        first, again = loop.create_future(), loop.create_future()
+        session.inbound_qos2.releasing(7, first)
+        assert session.inbound_qos2.to_release(7)  # a resend meets the release under way
+        first.set_exception(StorageTimeoutError("an earlier write failed"))
+        await asyncio.sleep(0)
+        assert (session.inbound_qos2.pending(7), session.inbound_qos2.unknown(7),
+                session.inbound_qos2.to_release(7)) == (False, True, True)
+        session.inbound_qos2.releasing(7, again)
+        again.set_result(None)
+        await asyncio.sleep(0)
+        assert (session.inbound_qos2.unknown(7), session.inbound_qos2.to_release(7)) \
+            == (False, False)
 
     run(main())
 

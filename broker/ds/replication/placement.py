@@ -126,8 +126,9 @@ class Transition:
     def shard_id(self) -> ShardId:
         return (self.database, self.shard)
 
-    def apply_to(self, shard: ShardPlacement) -> ShardPlacement:
-        """`shard` after this step (see `apply_transition`)."""
+    def apply_to(self, shard: ShardPlacement, above: int = 0) -> ShardPlacement:
+        """`shard` after this step (see `apply_transition`); a new epoch goes above
+        `above` too."""
         replicas = set(shard.replicas)
         leader, epoch = shard.leader, shard.epoch
         if self.action == "add":
@@ -150,7 +151,7 @@ class Transition:
                 if self.leader not in replicas:
                     raise PlacementError(f"{self}: the new leader {self.leader} is not one "
                                          f"of the remaining replicas {sorted(replicas)}")
-                leader, epoch = self.leader, epoch + 1
+                leader, epoch = self.leader, max(epoch, above) + 1
             elif self.leader is not None:
                 raise PlacementError(f"{self}: {self.site} is not the leader ({leader}), "
                                      f"so the step cannot hand leadership over")
@@ -340,13 +341,17 @@ def _shard_from_dict(database: str, entry: object, where: str) -> ShardPlacement
 
 # --- changes ---------------------------------------------------------------------------
 
-def apply_transition(placement: Placement, transition: Transition) -> Placement:
+def apply_transition(placement: Placement, transition: Transition,
+                     above: int = 0) -> Placement:
     """`placement` after one step, one version newer. A removal of the leader hands
-    leadership to the step's `leader` and starts a new epoch. A step that does not
-    fit the placement (adding a replica it has, removing one it lacks, removing the
-    leader without a successor, removing the last replica) raises."""
+    leadership to the step's `leader` and starts a new epoch, above the placement's
+    and above `above` (an epoch some replica reports having seen: the controller's
+    placement may lag the sites', and an epoch must never be handed out twice). A
+    step that does not fit the placement (adding a replica it has, removing one it
+    lacks, removing the leader without a successor, removing the last replica)
+    raises."""
     shard = placement.shard(transition.database, transition.shard)
-    return placement.replace_shards([transition.apply_to(shard)])
+    return placement.replace_shards([transition.apply_to(shard, above)])
 
 
 def apply_transitions(placement: Placement, transitions: Iterable[Transition]) -> Placement:
