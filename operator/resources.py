@@ -525,13 +525,17 @@ def disruption_budget(spec: dict[str, Any], tolerated: int | None) -> int:
 
 def pod_disruption_budget(owner: Owner, spec: dict[str, Any],
                           tolerated: int | None = None) -> Manifest | None:
-    """None when the spec turns it off. `tolerated`: see disruption_budget."""
+    """None when the spec turns it off. `tolerated`: see disruption_budget. A site
+    that is not Ready (crash-looping, or still catching up) may always be evicted:
+    it keeps no shard's quorum (it is not counted in `tolerated`), and with the
+    default policy a budget of 0 would keep its node from ever draining."""
     if not parse_spec(spec).disruption_budget:
         return None
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": metadata(owner, owner.name),
             "spec": {"maxUnavailable": disruption_budget(spec, tolerated),
-                     "selector": {"matchLabels": site_selector_labels(owner.name)}}}
+                     "selector": {"matchLabels": site_selector_labels(owner.name)},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
 def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:

@@ -301,6 +301,8 @@ def test_pod_disruption_budget_and_service_monitor() -> None:
     for tolerated, allowed in ((None, 0), (0, 0), (1, 1), (2, 2)):
         budget = resources.pod_disruption_budget(OWNER, spec, tolerated)
         assert budget is not None and budget["spec"]["maxUnavailable"] == allowed
+        # a site not Ready keeps no quorum: a budget of 0 must not hold its node
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     spec["podDisruptionBudget"] = {"enable": True, "maxUnavailable": 1}
     for tolerated, allowed in ((None, 0), (0, 0), (1, 1), (2, 1)):
         budget = resources.pod_disruption_budget(OWNER, spec, tolerated)
