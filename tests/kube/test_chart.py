@@ -366,7 +366,8 @@ def test_alerts_are_a_prometheus_rule_where_the_operator_crd_exists(tmp_path: Pa
 def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace: str) -> None:
     values = ["--set", "durableStorage.create=true", "--set", "durableStorage.spec.sites=1",
               "--set", "durableStorage.spec.messages.replicationFactor=1",
-              "--set", "durableStorage.spec.listeners.tcp.port=1884"]
+              "--set", "durableStorage.spec.listeners.tcp.port=1884",
+              "--set", "durableStorage.spec.admin.port=18090"]
     installed = crds.helm("install", "mq", str(CHART), "--namespace", namespace, *values)
     # Named apart from the release's own objects; the notes say how to connect and
     # where the admin token is.
@@ -374,6 +375,7 @@ def test_helm_install_creates_the_durable_storage(crds: ControlPlane, namespace:
     assert f"kubectl port-forward -n {namespace} svc/mq-mq 1884:1884" in notes, notes
     assert f"kubectl get secret -n {namespace} mq-mq-admin -o jsonpath='{{.data.token}}'" \
         in notes, notes
+    assert "The admin API (port 18090 of each site" in notes, notes  # the spec's port
     storage = json.loads(crds.kubectl("get", "-n", namespace, "durablestorage", "mq-mq",
                                       "-o", "json").stdout)
     assert storage["spec"]["sites"] == 1
