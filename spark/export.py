@@ -83,14 +83,21 @@ def export_usage(spark: SparkSession, checkpoint: str, out: str,
     usage = frame.join(F.broadcast(patterns), "topic").groupBy("pattern", hour.alias("hour")) \
         .agg(F.count(F.lit(1)).alias("messages"), F.sum("payload_size").alias("bytes"),
              F.countDistinct("publisher").alias("publishers")).cache()
-    # a row per pattern and hour: one file, not one per shuffle partition
-    usage.repartition(1).sortWithinPartitions("pattern", "hour") \
-        .write.mode("errorifexists").parquet(out)
     totals = usage.groupBy("pattern").agg(F.sum("messages").alias("messages")) \
         .orderBy(F.desc("messages"), "pattern").limit(top).collect()
     top_patterns = [row.pattern for row in totals]
+    # The plot before the Parquet, which goes last: an export that fails leaves no
+    # half of itself (a Parquet folder left behind refused the retry: --out exists).
     if plot is not None:
         draw(usage.where(F.col("pattern").isin(top_patterns)).collect(), top_patterns, plot)
+    try:
+        # a row per pattern and hour: one file, not one per shuffle partition
+        usage.repartition(1).sortWithinPartitions("pattern", "hour") \
+            .write.mode("errorifexists").parquet(out)
+    except BaseException:
+        if plot is not None:
+            Path(plot).unlink(missing_ok=True)
+        raise
     summary = {"out": out, "plot": plot, "rows": usage.count(), "topics": len(counts),
                "top_patterns": {row.pattern: row.messages for row in totals}}
     usage.unpersist()

@@ -215,6 +215,12 @@ def test_seed_cuts_streams_and_seeks_and_export_counts(spark: SparkSession,
     assert max(row.publishers for row in usage if row.pattern == "fleet/south/+/speed") \
         <= publishers
     assert summary["top_patterns"] and (tmp_path / "usage.png").read_bytes()[:4] == b"\x89PNG"
+    # A plot that cannot be written fails the export before its Parquet is written:
+    # no half export left to refuse the retry (--out exists).
+    with pytest.raises(OSError):  # its folder would be a file
+        export_usage(spark, str(final), str(tmp_path / "again.parquet"),
+                     str(tmp_path / "usage.png" / "usage.png"), top=5, thresholds=THRESHOLDS)
+    assert not (tmp_path / "again.parquet").exists()
 
 
 def test_newest_copies_counts_each_shard_once() -> None:
