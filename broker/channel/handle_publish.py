@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..core.publish import all_stored
 from ..ds import FencedError, Message
 from ..errors import StratamqError
 from ..metrics import MESSAGES_DROPPED, messages_received
@@ -87,7 +88,7 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         return
     channel.inbound_qos_pending += 1
     channel.last_store = waits[0]
-    done = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
+    done = all_stored(waits)
     if packet.qos == 2:
         # before any later packet is read: a resend must find it
         session.inbound_qos2.storing(packet.packet_id or 0, done)

@@ -82,3 +82,29 @@ class Publisher:
         """PUBREL: forget the packet id, durably, before PUBCOMP lets the client
         reuse it."""
         return self._store.release_qos2(client_id, packet_id, owner_epoch)
+
+
+def all_stored(waits: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """One future for a message's writes (the message, its retained copy): done once
+    every one is, failed with the first failure. Not `asyncio.gather`, which fails
+    at the first failure while the others still run: a QoS 2 message marked unknown
+    then, its write still under way, was stored a second time by its resend."""
+    loop = asyncio.get_running_loop()
+    if len(waits) == 1:
+        return waits[0]
+    combined: asyncio.Future[None] = loop.create_future()
+    gathered = asyncio.gather(*waits, return_exceptions=True)
+
+    def settle(done: asyncio.Future[list[BaseException | None]]) -> None:
+        if combined.done():
+            return
+        if done.cancelled():
+            combined.cancel()
+            return
+        failures = [outcome for outcome in done.result() if isinstance(outcome, BaseException)]
+        if failures:
+            combined.set_exception(failures[0])
+        else:
+            combined.set_result(None)
+    gathered.add_done_callback(settle)
+    return combined
