@@ -89,10 +89,9 @@ def all_stored(waits: list[asyncio.Future[None]]) -> asyncio.Future[None]:
     every one is, failed with the first failure. Not `asyncio.gather`, which fails
     at the first failure while the others still run: a QoS 2 message marked unknown
     then, its write still under way, was stored a second time by its resend."""
-    loop = asyncio.get_running_loop()
     if len(waits) == 1:
         return waits[0]
-    combined: asyncio.Future[None] = loop.create_future()
+    combined: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     gathered = asyncio.gather(*waits, return_exceptions=True)
 
     def settle(done: asyncio.Future[list[BaseException | None]]) -> None:

@@ -15,7 +15,7 @@ from ..supervise import RESTART_PAUSE
 from .client_locks import ClientLocks
 from .dispatch import Dispatcher
 from .ownership import Ownership
-from .publish import Publisher
+from .publish import Publisher, all_stored
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class SessionCollector:
                 record.will.delay, record.expiry_interval) <= now:
             # stored before the session lets go of it: a failed write fails the
             # pass, and a later one publishes the will again
-            await asyncio.gather(*self._publisher.publish_will(
+            await all_stored(self._publisher.publish_will(
                 record.will.to_message(record.client_id)))
             record.will = None
             stored = await self._store.save(record, stored)

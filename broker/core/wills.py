@@ -12,7 +12,7 @@ from ..ds import Message
 from ..errors import StratamqError
 from ..session.session import Session
 from ..supervise import RESTART_PAUSE
-from .publish import Publisher
+from .publish import Publisher, all_stored
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Wills:
         without it. A site that stops meanwhile has the session stored with it."""
         while True:
             try:
-                await asyncio.gather(*self._publisher.publish_will(will))
+                await all_stored(self._publisher.publish_will(will))
                 break
             except StratamqError as exc:
                 if not exc.recoverable:

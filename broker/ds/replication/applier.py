@@ -82,8 +82,13 @@ class Applier:
         NotLeaderError when another entry is applied at its offset (a newer leader's:
         this one was cut) or the site steps down first (`fail_waiters`). Wait for it
         with `wait_for`."""
+        return self._waiter(position.offset, position.epoch)
+
+    def _waiter(self, offset: int, epoch: int | None) -> asyncio.Future[None]:
+        """A future woken when the entry at `offset` is applied (of `epoch`, or any
+        when None): see `_wake_writers`."""
         waiter = asyncio.get_running_loop().create_future()
-        self._applied_waiters.setdefault(position.offset, []).append((position.epoch, waiter))
+        self._applied_waiters.setdefault(offset, []).append((epoch, waiter))
         return waiter
 
     async def wait_for(self, expected: asyncio.Future[None], offset: int,
@@ -104,9 +109,7 @@ class Applier:
         write's turn after this leader's earlier entries)."""
         if offset <= self.applied:
             return
-        waiter = asyncio.get_running_loop().create_future()
-        self._applied_waiters.setdefault(offset, []).append((None, waiter))
-        await self.wait_for(waiter, offset, deadline)
+        await self.wait_for(self._waiter(offset, None), offset, deadline)
 
     def fail_waiters(self, error: StorageError) -> None:
         """Fail every writer waiting for an entry to be applied."""

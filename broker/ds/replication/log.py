@@ -247,7 +247,7 @@ class ShardLog:
         if self._closed:
             return
         self._db.flush_wal(True)
-        self._durable = self._last.offset
+        self._synced_to_end()
 
     def _synced_to_end(self) -> None:
         """A synced write is done: it put everything written before it on disk."""
