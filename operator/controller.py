@@ -24,9 +24,14 @@ What is Kubernetes' own here:
   operator takes a term above every term the sites report on its first round, keeps
   it in status.controller.term and stamps its pushes with it, without the local
   controller's claim (`broker/controller/terms.py`: `TermKeeper` under
-  `TermRule.FIRST_REPORTS`; the push's rules: `broker/controller/pushes.py`); a site
-  that holds a newer term (another controller) makes it step aside: an error, a
-  Warning event `ControllerFenced`, nothing pushed any more.
+  `TermRule.FIRST_REPORTS`; the push's rules: `broker/controller/pushes.py`). A site
+  that reports a newer term makes it read status.controller again: when the state
+  holds that term, another replica of the operator took it while Kopf's peering
+  paused this one (which acts again, so the other is paused or gone): the state is
+  loaded and the next round takes a term above it. Otherwise the term is another
+  controller's (a `stratamq cluster controller` run against the same sites), and the
+  operator steps aside: an error, a Warning event `ControllerFenced`, nothing pushed
+  any more.
   A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
   Warning event `PlacementRefused`, and the next round adopts what the sites keep
   (`decisions.adopt`), as the local controller does.
@@ -64,9 +69,10 @@ from stratamq.broker.controller.sites import (
     Report,
     SiteState,
 )
-from stratamq.broker.controller.store import KeepRefused, StateStore
-from stratamq.broker.controller.terms import TermKeeper, TermRule
+from stratamq.broker.controller.store import KeepRefused
+from stratamq.broker.controller.terms import TermKeeper, TermRule, newer_term
 from stratamq.broker.ds.replication import Transition
+from stratamq.broker.ds.replication.term import ControllerTerm
 from stratamq.broker.errors import PlanError, StratamqError
 
 from . import kube
@@ -301,7 +307,7 @@ class StorageController:
     `pushes` (`StoragePushes`: the term, the pushes and their answers) and
     `Transitions` (the ReplicaTransitions and status.rebalance)."""
 
-    def __init__(self, owner: Owner, settings: Settings, store: StateStore[StatusRecord],
+    def __init__(self, owner: Owner, settings: Settings, store: KeptState,
                  history_limit: int = DEFAULT_HISTORY_LIMIT) -> None:
         self.owner = owner
         self.settings = settings
@@ -382,8 +388,10 @@ class StorageController:
             sites[report.site] = seen_on(known, report, pod, now)
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
-        if not self.pushes.hold_term({site: sites[site].term for site in boots},
-                                     self.state.placement):
+        reported = {site: sites[site].term for site in boots}
+        if self._yield_to_kept_term(reported):
+            return  # the next round goes on from the state loaded, with a term above it
+        if not self.pushes.hold_term(reported, self.state.placement):
             return
         state = self.state
         if self.pushes.refused or decisions.behind(state, sites):
@@ -440,11 +448,35 @@ class StorageController:
             log.warning("%s/%s: event %s not posted: %s", self.owner.namespace,
                         self.owner.name, event["reason"], error)
 
+    def _yield_to_kept_term(self, reported: Mapping[str, ControllerTerm | None]) -> bool:
+        """When a site reports a term newer than this operator's (or one fenced it),
+        read status.controller again: if it holds that term, another replica of the
+        operator took it while this one was paused by Kopf's peering; its state is
+        loaded and the term given up (`TermKeeper.resume`), nothing pushed this
+        round. True then."""
+        keeper = self.term_keeper
+        if keeper.fenced_by is None and (
+                keeper.term is None or newer_term(keeper.term, reported.values()) is None):
+            return False
+        record = self.store.reload()
+        if record is None or not keeper.resume(record.term):
+            return False
+        log.warning("%s/%s: the sites hold controller term %s, which another replica of "
+                    "the operator took and kept in status.controller (a Kopf peering "
+                    "hand-over): its state loaded, taking a term above it",
+                    self.owner.namespace, self.owner.name, record.term)
+        self._load(record)
+        return True
+
     def _adopt(self, theirs: StatusRecord) -> None:
         """Take the state another operator kept (this one's round is dropped)."""
         log.warning("%s/%s: another operator wrote the controller's state since this one "
                     "read it: loaded, nothing pushed this round", self.owner.namespace,
                     self.owner.name)
+        self._load(theirs)
+
+    def _load(self, theirs: StatusRecord) -> None:
+        """Go on from `theirs`, the state another operator kept."""
         sites = known_sites(theirs, time.monotonic())
         with self._publish_lock:
             self.state, self.sites = theirs.state, sites

@@ -132,6 +132,17 @@ class KeptState:
         """The record as this operator last read or wrote it."""
         return record_of(self.saved)
 
+    def reload(self) -> StatusRecord | None:
+        """The record as the API server has it now (another operator may have kept
+        since), read again, and its resourceVersion the one the next write is
+        conditional on; None when the storage is gone."""
+        current = kube.get(API_VERSION, KIND, self.owner.namespace, self.owner.name)
+        if current is None:
+            return None
+        self._resource_version = current["metadata"]["resourceVersion"]
+        self.saved = dict((current.get("status") or {}).get("controller") or {})
+        return record_of(self.saved)
+
     def keep(self, record: StatusRecord) -> Kept | KeepRefused[StatusRecord]:
         """Write `record` as status.controller (unless it is kept already), on
         condition that the storage is at the resourceVersion this operator last saw.

@@ -62,8 +62,10 @@ class StoragePushes:
         """Say (an error and a Warning event), once, that this operator stepped aside
         for `newer`."""
         message = (f"controller term {self.term_keeper.term} is fenced: the sites hold term "
-                   f"{newer} of another controller; this operator pushes nothing to this "
-                   f"storage any more (stop the other controller, then restart the operator)")
+                   f"{newer} of another controller; unless status.controller holds that term "
+                   f"(another replica of this operator took it), this operator pushes "
+                   f"nothing to this storage (stop the other controller, then restart the "
+                   f"operator)")
         log.error("%s/%s: %s", self.owner.namespace, self.owner.name, message)
         self._warnings.append((EventReason.CONTROLLER_FENCED, message))
 

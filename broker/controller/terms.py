@@ -10,7 +10,9 @@ cut off from most sites (a stale copy that reaches one site) does not raise that
 site's term and depose the controller that works; and it decides nothing until a
 majority of the electorate holds its term, so that after that a deposed controller's
 pushes can reach only a minority. Under `TermRule.FIRST_REPORTS` (the operator) it
-takes its term on its first round with reports and claims nothing.
+takes its term on its first round with reports and claims nothing, and a fence is
+lifted when the newer term is one another replica of the operator kept
+(`TermKeeper.resume`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class TermStep:
     """What a step of `TermKeeper` found this round. `goes_on`: the round goes on
     (to the claims, or to deciding); `taken`: the term was taken now (keep it, say
     it); `fenced_by`: a site holds this newer term, and the controller stepped aside
-    now, for good (say it); `waiting`: why it waits (say it once); `claim_at`: the
+    now (say it); `waiting`: why it waits (say it once); `claim_at`: the
     sites to claim the term at before `TermKeeper.settle`; `held_now`: a majority
     holds the term from now on (adopt what the sites keep before deciding)."""
 
@@ -86,9 +88,9 @@ class TermKeeper:
     `last_term` (the last taken, by this controller or the one whose state it goes on
     from: kept with the state, the floor of the next), `holds` (it may push: a
     majority holds it, or under FIRST_REPORTS it is taken) and `fenced_by` (the newer
-    term it stepped aside for, for good). A round calls `take` with the terms the
-    sites that answered report, claims the term where `claim_at` says, then calls
-    `settle` with the sites that took the claim."""
+    term it stepped aside for: for good, but under FIRST_REPORTS see `resume`). A
+    round calls `take` with the terms the sites that answered report, claims the term
+    where `claim_at` says, then calls `settle` with the sites that took the claim."""
 
     def __init__(self, rule: TermRule, controller_id: str, last_term: ControllerTerm
                  ) -> None:
@@ -160,9 +162,32 @@ class TermKeeper:
         return TermStep(goes_on=True, held_now=True)
 
     def fence(self, newer: ControllerTerm) -> bool:
-        """Step aside for good for `newer` (a site holds it); True the first time
-        (to say it), False when already fenced or `newer` is not newer."""
+        """Step aside for `newer` (a site holds it); True the first time (to say it),
+        False when already fenced or `newer` is not newer. For good under
+        MAJORITY_CLAIM; under FIRST_REPORTS until `resume`."""
         if self.fenced_by is not None or self.term is None or not newer > self.term:
             return False
         self.fenced_by = newer
+        return True
+
+    def resume(self, kept: ControllerTerm) -> bool:
+        """Under FIRST_REPORTS, give up this controller's term for `kept`, the term the
+        operator's shared state holds now, when that is above its own (or, fenced, no
+        older than the term that fenced it): another replica of the operator took it
+        (the state is kept before anything is pushed) while Kopf's peering paused this
+        one, and this one acts again, so the other is paused or gone. The fence, if
+        any, is lifted, and the next `take` takes a term above `kept`. A newer term
+        the shared state does not hold is another controller's (a `stratamq cluster
+        controller` run against the same sites): the fence stays. True when given up."""
+        if self.rule is not TermRule.FIRST_REPORTS:
+            return False
+        if self.fenced_by is not None:
+            if kept < self.fenced_by:
+                return False
+        elif self.term is None or not kept > self.term:
+            return False
+        self.fenced_by = None
+        self.term = None
+        self.holds = False
+        self.last_term = max(self.last_term, kept)
         return True

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from harness.cluster import SiteProcess
-from harness.processes import HOST, BrokerProcess
+from harness.processes import HOST, BrokerProcess, http_json
 from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.store import KeepRefused, Kept
 from stratamq.broker.ds.replication import Placement, PlannedSite, plan
@@ -133,6 +133,62 @@ def test_the_status_store_keeps_and_refuses_what_another_writer_kept(
     assert fresh().load() == records[0]
     api.kubectl("delete", "-n", namespace, "durablestorage", NAME)
     assert mine.keep(records[1]) == KeepRefused(None)
+
+
+def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
+        api: ControlPlane, namespace: str, site: SiteProcess) -> None:
+    """Issue 23: Kopf's peering pauses one replica of the operator while another (with
+    a higher priority) acts and takes a newer term. When the other is gone and this one
+    acts again, the sites hold the other's term: it used to step aside for good (no
+    failover, no plan until it restarted); it loads the state the other kept, which
+    holds that term, and goes on above it. A term the state does not hold (a local
+    controller run against the same sites) still fences it."""
+    spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
+                            "admin": {"port": site.admin_port}}
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": spec}))
+    parsed = parse_spec(spec)
+    pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
+
+    def operator_starting() -> controller.StorageController:
+        read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+        assert read is not None
+        return controller.StorageController(
+            owner_of(read), controller.settings_of(parsed, 0.5),
+            KeptState(owner_of(read), (read.get("status") or {}).get("controller") or {},
+                      read["metadata"]["resourceVersion"]))
+
+    def site_term() -> ControllerTerm:
+        number, held_by = site.replication()["controller_term"]
+        return ControllerTerm(number, held_by)
+
+    paused = operator_starting()
+    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    assert placement_version(site) == 1 and site_term() == paused.term_keeper.term
+    other = operator_starting()  # the peering paused `paused`; `other` acts
+    other.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    theirs = other.term_keeper.term
+    assert theirs is not None and site_term() == theirs
+    assert paused.term_keeper.term is not None and theirs > paused.term_keeper.term
+
+    # `other` went; `paused` acts again.
+    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    own = paused.term_keeper.term
+    assert not paused.snapshot().fenced and paused.pushes.take_warnings() == []
+    assert own is not None and own > theirs and site_term() == own
+    stored = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert stored is not None and stored["status"]["controller"]["term"]["number"] == own.number
+
+    # A term no operator kept: another controller's.
+    foreign = ControllerTerm(own.number + 5, "local-controller")
+    assert http_json("PUT", f"{site.admin_url}/api/v1/ds/controller-term",
+                     {"term": foreign.to_json()})["accepted"] is True
+    for _ in range(2):
+        paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    assert paused.snapshot().fenced and paused.term_keeper.fenced_by == foreign
+    assert [reason for reason, _ in paused.pushes.take_warnings()] == ["ControllerFenced"]
 
 
 def owner_of(storage: dict[str, Any]) -> Owner:
