@@ -84,20 +84,43 @@ SCANNING = os.environ.get("STRATAMQ_OPERATOR_SCANNING", "on")
 @dataclass
 class Applied:
     """In a storage's memo (Kopf's, one per object, shared by its handlers): the
-    generation whose objects were last applied. The timers and the reconcile run
-    concurrently (in threads), each with the body it was handed; a timer holding an
-    older body must not write an older observedGeneration over a newer one."""
+    generation whose objects were last applied, and its spec. The timers and the
+    reconcile run concurrently (in threads), each with the body it was handed; a timer
+    holding an older body must not write an older observedGeneration over a newer
+    one."""
 
     generation: int | None = None
+    spec: dict[str, Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def note(self, generation: int) -> None:
+    def note(self, generation: int, spec: dict[str, Any] | None = None) -> None:
         with self.lock:
-            self.generation = max(self.generation or 0, generation)
+            if self.generation is None or generation >= self.generation:
+                self.generation = generation
+                self.spec = spec
 
     def get(self) -> int | None:
         with self.lock:
             return self.generation
+
+    def last(self) -> tuple[dict[str, Any], int] | None:
+        """(the spec, its generation) last applied, None before one was."""
+        with self.lock:
+            if self.spec is None or self.generation is None:
+                return None
+            return self.spec, self.generation
+
+
+def spec_to_follow(current: dict[str, Any], generation: int, applied: Applied
+                   ) -> tuple[dict[str, Any], int] | None:
+    """(the spec, its generation) the controller's round follows: the storage's
+    `current` spec of `generation`, or, while the broker would refuse it (the
+    reconcile applied nothing of it, so the sites run the one applied before), the
+    spec last applied: failovers and the disruption budget go on as they were. None
+    when none was applied since this operator started."""
+    if not config_problems(current):
+        return current, generation
+    return applied.last()
 
 
 def applied_of(memo: kopf.Memo) -> Applied:
@@ -359,7 +382,7 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
     metrics.RECONCILES.labels("ok").inc()
     metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     generation = int(meta.get("generation", 0))
-    applied_of(memo).note(generation)
+    applied_of(memo).note(generation, current_spec)
     if reason != "resume":
         kopf.info(body, reason=EventReason.RECONCILED,
                   message=f"objects applied for generation {generation} ({reason})")
@@ -466,27 +489,26 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
-    current = plain(spec)
-    if config_problems(current):
-        return
+    following = spec_to_follow(plain(spec), int(meta.get("generation", 0)), applied_of(memo))
+    if following is None:
+        return  # an operator started on a spec the broker would refuse: nothing to follow
+    current, generation = following
     parsed = parse_spec(current)
     owner = Owner(name=name, namespace=namespace, uid=uid)
     token = kube.admin_token(owner)
     running = controllers_of(memo).of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(parsed, int(meta.get("generation", 0)),
-                  site_pods_of(site_pod_index, owner, memo), token)
+    running.round(parsed, generation, site_pods_of(site_pod_index, owner, memo), token)
     for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
     kept = running.kept_pods(parsed.sites)
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
     applied = applied_of(memo).get()
-    if applied == int(meta.get("generation", 0)) and kube.scale("StatefulSet",
-            namespace, name, kept):
+    if applied == generation and kube.scale("StatefulSet", namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
-    if applied == int(meta.get("generation", 0)):
+    if applied == generation:
         # as replicas catch up or fall behind (a PDB alone counts Ready pods)
         set_budget(owner, pod_disruption_budget(owner, current,
                                                 running.tolerated_disruptions()),
