@@ -13,6 +13,8 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from stratamq.broker.controller.decisions import CatchUp, ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.errors import PlanError
@@ -186,7 +188,10 @@ class Transitions:
         # The plans whose ReplicaTransitions are kept (spec.transitionHistoryLimit).
         self.history_limit = history_limit
         self._phases: dict[str, str] = {}
-        self._plan = plan  # whose ReplicaTransitions exist
+        self._plan = plan  # whose ReplicaTransitions exist (or are being made)
+        # Its steps whose ReplicaTransitions are not made yet (an API error stopped
+        # their making: tried again every round).
+        self._unmade: list[int] = []
         self._boots: Mapping[str, Bootstraps] = {}  # site -> its last report's bootstraps
         self._boot_base: dict[str, int] = {}  # `+site` step -> its checkpoints at the start
         self._bootstrapped: set[str] = set()  # `+site` steps whose site bootstrapped
@@ -233,7 +238,7 @@ class Transitions:
                                         TransitionReason.REPLANNED,
                                         "the plan was made again (a failover, or the "
                                         "sites asked for changed)")
-            self._plan = None
+            self._plan, self._unmade = None, []
             self._run_ended = time.time()
         if state.plan is None:
             if changed:
@@ -250,15 +255,11 @@ class Transitions:
             self._run_ended = None
             self._run_names = tuple(transition_name(self.owner.name, state.plan, number)
                                     for number in range(len(state.plan.transitions)))
-            for number, step in enumerate(state.plan.transitions):
-                manifest = transition_manifest(self.owner, state.plan, number, step,
-                                               pods.get(step.site, ""), self._run)
-                if kube.create(manifest):
-                    log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
-                             self.owner.name, manifest["metadata"]["name"], step)
-                if manifest["metadata"]["name"] not in self._phases:  # new, or no phase yet
-                    self._write_phase(manifest["metadata"]["name"], TransitionPhase.PENDING)
+            self._unmade = list(range(len(state.plan.transitions)))
+            self._make_unmade(state.plan, pods)
             self.prune_history()
+        else:
+            self._make_unmade(state.plan, pods)
         bootstrapping = self._watch_bootstraps(state.plan, state)
         for number, phase in enumerate(step_phases(state.plan, state, versions, bootstrapping)):
             self._set_phase(transition_name(self.owner.name, state.plan, number),
@@ -303,12 +304,34 @@ class Transitions:
         self._run_names = tuple(transition_name(self.owner.name, plan, number)
                                 for number in range(len(plan.transitions)))
         there = {item["metadata"]["name"] for item in listed}
-        for number, step in enumerate(plan.transitions):
-            if self._run_names[number] not in there:
-                kube.create(transition_manifest(self.owner, plan, number, step,
-                                                pods.get(step.site, ""), self._run))
-                self._write_phase(self._run_names[number], TransitionPhase.PENDING)
+        self._unmade = [number for number in range(len(plan.transitions))
+                        if self._run_names[number] not in there]
+        self._make_unmade(plan, pods)
         self._publish_run()
+
+    def _make_unmade(self, plan: Plan, pods: Mapping[str, str]) -> None:
+        """Make the ReplicaTransitions of `plan`'s steps not made yet, each Pending;
+        an API error (a quota, an admission policy, the API server away) stops this
+        round's making, said as a warning: the rest are made on a later round."""
+        while self._unmade:
+            number = self._unmade[0]
+            step = plan.transitions[number]
+            manifest = transition_manifest(self.owner, plan, number, step,
+                                           pods.get(step.site, ""), self._run)
+            name = manifest["metadata"]["name"]
+            try:
+                if kube.create(manifest):
+                    log.info("%s/%s: ReplicaTransition %s: %s", self.owner.namespace,
+                             self.owner.name, name, step)
+                if name not in self._phases:  # new, or no phase yet
+                    self._write_phase(name, TransitionPhase.PENDING)
+            except ApiException as error:
+                log.warning("%s/%s: ReplicaTransition %s not made (%d of the plan's steps "
+                            "wait; tried again next round): %s", self.owner.namespace,
+                            self.owner.name, name, len(self._unmade),
+                            error.reason or error.status)
+                return
+            self._unmade.pop(0)
 
     def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> set[int]:
         """Note which taken `+site` steps bootstrapped their site from a checkpoint (it

@@ -34,7 +34,12 @@ from stratamq.operator.kept_state import StatusRecord, kept_document
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
-from stratamq.operator.transitions import plan_key, transition_manifest, transition_name
+from stratamq.operator.transitions import (
+    Transitions,
+    plan_key,
+    transition_manifest,
+    transition_name,
+)
 from tests.support.kube import ControlPlane
 
 NAME = "rb"
@@ -109,6 +114,53 @@ def test_old_plans_go_at_a_start_and_the_resumed_one_is_summarised(
                                           "result")} == {
         "plan": plan_key(running), "trigger": "Scale", "message": "sites 3 -> 4",
         "steps": len(running.transitions), "stepsDone": 0, "result": "Running"}
+
+
+def test_steps_the_api_server_refused_are_made_on_a_later_round(
+        api: ControlPlane, namespace: str) -> None:
+    """Issue 23: a plan's ReplicaTransitions were made once, on the round that found
+    the plan: an API error part way (here a real admission policy that refuses steps
+    past the second) left the rest unmade until the operator restarted. They are made
+    on later rounds."""
+    owner = make_storage(api, namespace, {"sites": 3})
+    [running] = plans_from([2])
+    assert len(running.transitions) > 2
+    policy = f"refuse-steps-{namespace}"[:63]
+    api.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy},
+         "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [
+             {"apiGroups": ["stratamq.io"], "apiVersions": ["*"], "operations": ["CREATE"],
+              "resources": ["replicatransitions"]}]},
+             "validations": [{"expression": "object.spec.step < 2",
+                              "message": "refused by the test"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": policy},
+         "spec": {"policyName": policy, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": namespace}}}}}]))
+    try:
+        late_step = yaml.safe_dump(transition_manifest(owner, running, 2,
+                                                       running.transitions[2]))
+        wait_for("the admission policy to refuse", lambda: api.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=late_step,
+            check=False).returncode != 0, TIMEOUT)
+        state = ClusterState(placement=running.start, plan=running,
+                             goals={"messages": (A, B, D)})
+        followed = Transitions(owner, None, 5)
+        followed.follow(state, {}, {}, {}, None, 5)
+        assert set(transitions(api, namespace)) == {transition_name(NAME, running, step)
+                                                    for step in (0, 1)}
+    finally:
+        api.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                    policy, "--ignore-not-found")
+    wait_for("the admission policy to go", lambda: api.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=late_step,
+        check=False).returncode == 0, TIMEOUT)
+    followed.follow(state, {}, {}, {}, None, 5)
+    found = transitions(api, namespace)
+    assert set(found) == names_of(running)
+    assert {item["status"]["phase"] for item in found.values()} == {"Pending"}
 
 
 @pytest.fixture
