@@ -26,11 +26,14 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from stratamq.broker.http.guard import GuardedListener
@@ -267,37 +270,98 @@ def kept_pods(owner: Owner, spec: StorageSpec, controllers: controller.Controlle
     return spec.sites if found is None else found.kept_pods(spec.sites)
 
 
+class ObjectsNotAppliedError(Exception):
+    """Some of a storage's objects were not applied (the others were): Kopf tries the
+    reconcile again with its back-off."""
+
+
+# What the API server or the way to it may answer an apply with: the object is
+# skipped and the others applied.
+APPLY_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+class Attempts:
+    """A reconcile's applies, each tried whatever the ones before it did: a
+    StatefulSet the API server refuses (a quota, an admission policy) must not keep
+    the disruption budget, the network policy, the pruning and the Spark objects
+    from being applied. Each failure is logged and counted by kind
+    (`stratamq_operator_apply_errors_total`); `check` raises them together."""
+
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.failed: list[str] = []
+
+    def attempt(self, kind: str, what: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except APPLY_ERRORS as error:
+            metrics.APPLY_ERRORS.labels(kind).inc()
+            reason = (f"{error.status} {error.reason}" if isinstance(error, ApiException)
+                      else f"{type(error).__name__}: {error}")
+            log.warning("%s/%s: %s not applied: %s", self.owner.namespace, self.owner.name,
+                        what, reason)
+            self.failed.append(f"{what} ({reason})")
+
+    def check(self) -> None:
+        if self.failed:
+            raise ObjectsNotAppliedError("not applied (the rest were): "
+                                         + "; ".join(self.failed))
+
+
 def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
                   controllers: controller.Controllers, budget: AppliedBudget) -> None:
-    """Make or update every object of the storage (`spec`, as `parsed`); idempotent."""
-    if kube.ensure_admin_secret(owner):
-        log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
+    """Make or update every object of the storage (`spec`, as `parsed`); idempotent.
+    Each is tried whatever the others did; ObjectsNotAppliedError names those that
+    were not."""
+    attempts = Attempts(owner)
+
+    def ensure_secret() -> None:
+        if kube.ensure_admin_secret(owner):
+            log.info("%s/%s: admin token Secret made", owner.namespace, owner.name)
+    attempts.attempt("Secret", "the admin token Secret", ensure_secret)
     monitors = kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
     running = controllers.existing(owner.uid)
     tolerated = None if running is None else running.tolerated_disruptions()
     for manifest in desired_objects(owner, spec, service_monitors=monitors,
                                     replicas=kept_pods(owner, parsed, controllers),
                                     tolerated=tolerated):
-        if manifest["kind"] == "PodDisruptionBudget":
-            set_budget(owner, manifest, budget, always=True)
-            continue
-        if manifest["kind"] == "StatefulSet":
-            existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
-            if existing is not None:
-                # Claim templates are immutable; a grown volume size goes to the claims.
-                manifest["spec"]["volumeClaimTemplates"] = existing["spec"][
-                    "volumeClaimTemplates"]
-        kube.apply(manifest)
+        kind = manifest["kind"]
+        what = f"{kind} {manifest['metadata']['name']}"
+        if kind == "PodDisruptionBudget":
+            attempts.attempt(kind, what, partial(set_budget, owner, manifest, budget,
+                                                 always=True))
+        elif kind == "StatefulSet":
+            attempts.attempt(kind, what, partial(apply_stateful_set, owner, manifest))
+        else:
+            attempts.attempt(kind, what, partial(kube.apply, manifest))
     if not parsed.disruption_budget:
-        kube.delete_owned("policy/v1", "PodDisruptionBudget", owner, owner.name)
+        attempts.attempt("PodDisruptionBudget", "the PodDisruptionBudget's deletion",
+                         lambda: kube.delete_owned("policy/v1", "PodDisruptionBudget",
+                                                   owner, owner.name))
     if not parsed.network_policy:
-        kube.delete_owned("networking.k8s.io/v1", "NetworkPolicy", owner, owner.name)
-    prune_config_maps(owner, config_map_name(owner.name, spec))
-    patched = kube.expand_volumes(owner, parsed.storage_size)
-    if patched:
-        log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
-                 ", ".join(patched))
-    apply_spark(owner, spec)
+        attempts.attempt("NetworkPolicy", "the NetworkPolicy's deletion",
+                         lambda: kube.delete_owned("networking.k8s.io/v1", "NetworkPolicy",
+                                                   owner, owner.name))
+    attempts.attempt("ConfigMap", "the pruning of old ConfigMaps",
+                     lambda: prune_config_maps(owner, config_map_name(owner.name, spec)))
+
+    def expand_volumes() -> None:
+        patched = kube.expand_volumes(owner, parsed.storage_size)
+        if patched:
+            log.info("%s/%s: volume claims expanded: %s", owner.namespace, owner.name,
+                     ", ".join(patched))
+    attempts.attempt("PersistentVolumeClaim", "the volume claims' expansion", expand_volumes)
+    attempts.attempt("Spark", "the Spark jobs' objects", lambda: apply_spark(owner, spec))
+    attempts.check()
+
+
+def apply_stateful_set(owner: Owner, manifest: Manifest) -> None:
+    """Apply the sites' StatefulSet: claim templates are immutable, so those of the
+    one that exists are kept (a grown volume size goes to the claims)."""
+    existing = kube.get("apps/v1", "StatefulSet", owner.namespace, owner.name)
+    if existing is not None:
+        manifest["spec"]["volumeClaimTemplates"] = existing["spec"]["volumeClaimTemplates"]
+    kube.apply(manifest)
 
 
 def prune_config_maps(owner: Owner, current: str) -> None:

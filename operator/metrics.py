@@ -44,6 +44,10 @@ MAX_CONNECTIONS = 64
 RECONCILES = Counter(
     "stratamq_operator_reconciles_total",
     "Reconciles of a DurableStorage (its objects applied), by result.", ["result"])
+APPLY_ERRORS = Counter(
+    "stratamq_operator_apply_errors_total",
+    "Objects of a DurableStorage the API server did not take at a reconcile (the others "
+    "were applied), by kind.", ["kind"])
 RECONCILE_SECONDS = Histogram(
     "stratamq_operator_reconcile_seconds", "Time one reconcile took.")
 STATUS_REFRESHES = Counter(

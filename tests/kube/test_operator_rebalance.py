@@ -40,7 +40,7 @@ from stratamq.operator.transitions import (
     transition_manifest,
     transition_name,
 )
-from tests.support.kube import ControlPlane
+from tests.support.kube import ControlPlane, refusing
 
 NAME = "rb"
 HEARTBEAT = 0.5
@@ -125,38 +125,15 @@ def test_steps_the_api_server_refused_are_made_on_a_later_round(
     owner = make_storage(api, namespace, {"sites": 3})
     [running] = plans_from([2])
     assert len(running.transitions) > 2
-    policy = f"refuse-steps-{namespace}"[:63]
-    api.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
-        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-         "metadata": {"name": policy},
-         "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [
-             {"apiGroups": ["stratamq.io"], "apiVersions": ["*"], "operations": ["CREATE"],
-              "resources": ["replicatransitions"]}]},
-             "validations": [{"expression": "object.spec.step < 2",
-                              "message": "refused by the test"}]}},
-        {"apiVersion": "admissionregistration.k8s.io/v1",
-         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": policy},
-         "spec": {"policyName": policy, "validationActions": ["Deny"],
-                  "matchResources": {"namespaceSelector": {"matchLabels": {
-                      "kubernetes.io/metadata.name": namespace}}}}}]))
-    try:
-        late_step = yaml.safe_dump(transition_manifest(owner, running, 2,
-                                                       running.transitions[2]))
-        wait_for("the admission policy to refuse", lambda: api.kubectl(
-            "create", "--dry-run=server", "-f", "-", input=late_step,
-            check=False).returncode != 0, TIMEOUT)
-        state = ClusterState(placement=running.start, plan=running,
-                             goals={"messages": (A, B, D)})
-        followed = Transitions(owner, None, 5)
+    state = ClusterState(placement=running.start, plan=running, goals={"messages": (A, B, D)})
+    followed = Transitions(owner, None, 5)
+    with refusing(api, namespace, {"apiGroups": ["stratamq.io"], "apiVersions": ["*"],
+                                   "operations": ["CREATE"], "resources": ["replicatransitions"]},
+                  "object.spec.step < 2",
+                  transition_manifest(owner, running, 2, running.transitions[2])):
         followed.follow(state, {}, {}, {}, None, 5)
         assert set(transitions(api, namespace)) == {transition_name(NAME, running, step)
                                                     for step in (0, 1)}
-    finally:
-        api.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
-                    policy, "--ignore-not-found")
-    wait_for("the admission policy to go", lambda: api.kubectl(
-        "create", "--dry-run=server", "-f", "-", input=late_step,
-        check=False).returncode == 0, TIMEOUT)
     followed.follow(state, {}, {}, {}, None, 5)
     found = transitions(api, namespace)
     assert set(found) == names_of(running)

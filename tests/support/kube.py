@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.processes import HOST, REPO, ManagedProcess, free_port
+from harness.waiting import wait_for
 
 KUBE_BIN = Path(os.environ.get("STRATAMQ_KUBE_BIN", REPO / ".cache" / "bin"))
 # The ClusterIP range of Services; the API server's own Service takes its first address.
@@ -387,3 +388,38 @@ def running_control_plane() -> Iterator[ControlPlane]:
     assert plane is not None
     left = [process.name for process in plane.processes() if process.alive()]
     assert not left, f"still running after stop: {left}"
+
+
+@contextlib.contextmanager
+def refusing(plane: ControlPlane, namespace: str, rule: dict[str, Any], expression: str,
+             probe: dict[str, Any], timeout: float = 60.0) -> Iterator[None]:
+    """A real ValidatingAdmissionPolicy, bound to `namespace` alone, that refuses the
+    requests `rule` (a resourceRule) matches where the CEL `expression` is false: in
+    force from the start of the block (`probe`, a manifest it refuses, is tried by a
+    server-side dry run until it is refused) to its end, when it is deleted (also on
+    failure) and the probe is tried until the policy no longer answers it."""
+    name = f"refuse-{namespace}"[:63].rstrip("-")
+    plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [rule]},
+                  "validations": [{"expression": expression,
+                                   "message": "refused by the test"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {
+                      "kubernetes.io/metadata.name": namespace}}}}}]))
+
+    def in_force() -> bool:
+        tried = plane.kubectl("create", "-n", namespace, "--dry-run=server", "-f", "-",
+                              input=yaml.safe_dump(probe), check=False)
+        return "ValidatingAdmissionPolicy" in tried.stderr
+
+    try:
+        wait_for("the admission policy to refuse", in_force, timeout)
+        yield
+    finally:
+        plane.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                      name, "--ignore-not-found")
+    wait_for("the admission policy to go", lambda: not in_force(), timeout)

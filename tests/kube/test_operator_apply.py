@@ -1,0 +1,58 @@
+"""A reconcile's applies (issue 23), against the real API server, with the operator's
+handler functions in this process: an object the API server refuses (here a real
+admission policy refusing the sites' StatefulSet) used to end the reconcile there,
+leaving the disruption budget, the network policy, the pruning and the Spark objects
+after it unapplied and no metric saying so. Each object is tried whatever the others
+did, the failures counted by kind and raised together (Kopf retries)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from stratamq.operator import kube
+from stratamq.operator.controller import Controllers
+from stratamq.operator.handlers import AppliedBudget, ObjectsNotAppliedError, apply_objects
+from stratamq.operator.resources import Owner
+from stratamq.operator.spec import parse_spec
+from tests.support.kube import ControlPlane, refusing
+
+NAME = "applied"
+SPEC: dict[str, Any] = {"sites": 3, "messages": {"replicationFactor": 3},
+                        "networkPolicy": {"enable": True}}
+
+
+def apply_errors(kind: str) -> float:
+    return REGISTRY.get_sample_value("stratamq_operator_apply_errors_total",
+                                     {"kind": kind}) or 0.0
+
+
+def test_a_refused_stateful_set_leaves_the_other_objects_applied(
+        api: ControlPlane, namespace: str) -> None:
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": SPEC}))
+    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert read is not None
+    owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+    probe = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "probe"},
+             "spec": {"selector": {"matchLabels": {"probe": "yes"}}, "serviceName": "probe",
+                      "template": {"metadata": {"labels": {"probe": "yes"}},
+                                   "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    before = apply_errors("StatefulSet")
+    with refusing(api, namespace, {"apiGroups": ["apps"], "apiVersions": ["*"],
+                                   "operations": ["CREATE", "UPDATE"],
+                                   "resources": ["statefulsets"]}, "false", probe):
+        with pytest.raises(ObjectsNotAppliedError, match=f"StatefulSet {NAME}"):
+            apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
+        assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is None
+        for api_version, kind in [("policy/v1", "PodDisruptionBudget"),
+                                  ("networking.k8s.io/v1", "NetworkPolicy"),
+                                  ("v1", "Service")]:
+            assert kube.get(api_version, kind, namespace, NAME) is not None, kind
+    assert apply_errors("StatefulSet") == before + 1
+    apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
+    assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is not None
