@@ -506,7 +506,8 @@ def refresh(owner: Owner, spec: dict[str, Any], parsed: StorageSpec, generation:
                                 ask_sites(owner, parsed.admin_port, pods)),
         replication=None if running is None else running.view(), kept=kept,
         spec_generation=int(body.get("metadata", {}).get("generation", 0)),
-        held=held_pods(spec, kept), image=image(spec))
+        held=held_pods(spec, kept), image=image(spec), now=time.time(),
+        progress_deadline=parsed.progress_deadline)
     new = compute_status(observed, status.get("conditions", []), timestamp(time.time()))
     patch["status"] = new
     metrics.SITES.labels(owner.namespace, owner.name).set(new["replicas"])

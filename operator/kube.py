@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -226,6 +227,8 @@ class PodView:
     ready: bool
     terminating: bool
     zone: str | None = None
+    # When it last stopped being ready, or was made (epoch seconds); None while ready.
+    not_ready_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,17 +242,33 @@ class SitePod:
     ready: bool
     terminating: bool
     node: str | None
+    not_ready_since: float | None = None
+
+
+def epoch_seconds(stamp: object) -> float | None:
+    """An RFC 3339 time as the API server writes it (`2026-11-29T02:37:57Z`), in
+    seconds since the epoch; None when it is not one."""
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
 
 
 def site_pod(pod: Mapping[str, Any]) -> SitePod:
     """What the operator keeps of a pod (a body as the API server gives it)."""
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    ready = any(condition.get("type") == "Ready" and condition.get("status") == "True"
-                for condition in status.get("conditions") or [])
+    condition: Mapping[str, Any] = next(
+        (condition for condition in status.get("conditions") or []
+         if condition.get("type") == "Ready"), {})
+    ready = condition.get("status") == "True"
+    since = None if ready else (epoch_seconds(condition.get("lastTransitionTime"))
+                                or epoch_seconds(metadata.get("creationTimestamp")))
     return SitePod(name=metadata["name"], ip=status.get("podIP"), ready=ready,
                    terminating=bool(metadata.get("deletionTimestamp")),
-                   node=(pod.get("spec") or {}).get("nodeName"))
+                   node=(pod.get("spec") or {}).get("nodeName"), not_ready_since=since)
 
 
 def pod_views(pods: Iterable[SitePod], zones: NodeZones | None) -> list[PodView]:
@@ -257,7 +276,8 @@ def pod_views(pods: Iterable[SitePod], zones: NodeZones | None) -> list[PodView]
     None: zones not asked for)."""
     return sorted((PodView(name=pod.name, ip=pod.ip, ready=pod.ready,
                            terminating=pod.terminating,
-                           zone=zones.of(pod.node) if pod.node and zones else None)
+                           zone=zones.of(pod.node) if pod.node and zones else None,
+                           not_ready_since=pod.not_ready_since)
                    for pod in pods), key=lambda pod: pod.name)
 
 

@@ -33,6 +33,7 @@ class Reason(StrEnum):
     the Rebalancing condition's reasons."""
 
     ROLLING_OUT = "RollingOut"
+    ROLLOUT_STUCK = "RolloutStuck"
     SCALING = "Scaling"
     NO_LEADER = "NoLeader"
     SITES_NOT_READY = "SitesNotReady"

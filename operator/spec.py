@@ -20,6 +20,7 @@ DEFAULT_HISTORY_LIMIT = 3
 DEFAULT_MAX_CONCURRENT_MOVES = 1
 DEFAULT_ADMIN_PORT = 18083
 DEFAULT_STORAGE_SIZE = "10Gi"
+DEFAULT_PROGRESS_DEADLINE = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,9 @@ class StorageSpec:
     # spec.podDisruptionBudget.maxUnavailable: the cap on the budget (None: none)
     max_unavailable: int | None
     network_policy: bool  # spec.networkPolicy.enable
+    # spec.updateStrategy.progressDeadlineSeconds: a pod not ready longer than this while
+    # a roll or a scale is under way makes the storage Degraded (RolloutStuck)
+    progress_deadline: float = float(DEFAULT_PROGRESS_DEADLINE)
 
 
 def parse_spec(spec: Mapping[str, Any]) -> StorageSpec:
@@ -56,4 +60,6 @@ def parse_spec(spec: Mapping[str, Any]) -> StorageSpec:
         disruption_budget=bool(budget.get("enable", True)),
         max_unavailable=None if cap is None else int(cap),
         network_policy=bool(spec.get("networkPolicy", {}).get("enable", False)),
+        progress_deadline=float(spec.get("updateStrategy", {}).get(
+            "progressDeadlineSeconds", DEFAULT_PROGRESS_DEADLINE)),
     )

@@ -10,8 +10,11 @@ Rebalancing while the controller runs a plan (shards short of a replica the plan
 included), Pending before the first placement and until the controller (controller.py)
 has run a round with the current spec (a scale's plan is made there). Degraded is what
 nothing planned explains: a known site not ready once the StatefulSet rolled out, a
-shard under-replicated with no plan running, a goal with no plan (say a replication
-factor above the sites), and always a shard without a leader that answers. The pods
+roll or a scale stuck (a pod not ready for longer than
+spec.updateStrategy.progressDeadlineSeconds: it crashes, has no image, cannot be
+scheduled), a shard under-replicated with no plan running, a goal with no plan (say
+a replication factor above the sites), and always a shard without a leader that
+answers. The pods
 kept are spec.sites, or more while departing pods still hold replicas.
 """
 
@@ -66,6 +69,10 @@ class Observed:
     held: int = 0
     # The image the sites are given (spec.image resolved by the operator).
     image: str = ""
+    # When it was observed (epoch seconds), and how long a pod may stay not ready while
+    # a roll or a scale is under way (spec.updateStrategy.progressDeadlineSeconds).
+    now: float = 0.0
+    progress_deadline: float = 600.0
 
 
 def known_site_ids(previous_sites: list[dict[str, Any]],
@@ -134,6 +141,24 @@ def _scaling(observed: Observed, live: list[PodView]) -> bool:
             and found.get("replicas", 0) != kept) or len(live) != kept
 
 
+def stuck_pods(observed: Observed, live: list[PodView]) -> list[str]:
+    """The live pods not ready for longer than the progress deadline: a roll or a
+    scale waits on them for ever (the StatefulSet goes on only once each is ready)."""
+    return [pod.name for pod in live if not pod.ready and pod.not_ready_since is not None
+            and observed.now - pod.not_ready_since > observed.progress_deadline]
+
+
+def _stuck(observed: Observed, live: list[PodView], counted: str
+           ) -> tuple[StoragePhase, Reason, str] | None:
+    stuck = stuck_pods(observed, live)
+    if not stuck:
+        return None
+    return StoragePhase.DEGRADED, Reason.ROLLOUT_STUCK, (
+        f"{counted}; not ready for more than {observed.progress_deadline:.0f} s, the roll "
+        f"or scale waits on them: {', '.join(stuck)} (kubectl describe pod: a crash, an "
+        f"image not pulled, no node to run on)")
+
+
 def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
            live: list[PodView], missing_ids: list[str]) -> tuple[StoragePhase, Reason, str]:
     """(phase, reason, message). A planned change in progress (a roll, a scale, a
@@ -145,6 +170,13 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
     placed = replication is not None and replication.placed
     leaderless = f"{counted}; {replication.leaderless if replication else 0} shards " \
         "without a leader that answers"
+    # A roll or a scale (or a scale's new pods starting) that waits on a pod for
+    # longer than the deadline; a shard without a leader says more.
+    waiting = not done or (not all_ready and _starting(observed, live, missing_ids) is not None)
+    stuck = _stuck(observed, live, counted) if waiting else None
+    if stuck is not None and not (placed and replication is not None
+                                  and replication.leaderless):
+        return stuck
     if not done and (observed.stateful_set is None or not placed):
         return StoragePhase.PENDING, Reason.ROLLING_OUT, (
             f"{counted}; the StatefulSet is rolling out (created, scaled or a new config)")
@@ -157,13 +189,12 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
         return StoragePhase.ROLLING, Reason.ROLLING_OUT, (
             f"{counted}; a new pod template is rolling through the pods, one at a time")
     if not all_ready:
-        starting = [pod.name for pod in live
-                    if pod.name not in observed.site_ids or pod.name in missing_ids]
-        if len(starting) == len([pod for pod in live if not pod.ready]) + len(missing_ids):
+        starting = _starting(observed, live, missing_ids)
+        if starting is not None:
             # Every pod short of being a site never was one: a scale's new pods
             # starting (or, before the first placement, the first ones).
             return (StoragePhase.SCALING if placed else StoragePhase.PENDING), Reason.SCALING, (
-                f"{counted}; new sites starting: " + ", ".join(sorted(starting)))
+                f"{counted}; new sites starting: " + ", ".join(starting))
         message = counted
         not_ready = [pod.name for pod in live if not pod.ready]
         if not_ready:
@@ -190,6 +221,17 @@ def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
         return StoragePhase.REBALANCING, Reason.PLAN_RUNNING, (
             f"{counted}; {replication.pending} replica transitions to go{short}")
     return StoragePhase.READY, Reason.ALL_SITES_READY, f"{counted}; every shard fully replicated"
+
+
+def _starting(observed: Observed, live: list[PodView], missing_ids: list[str]
+              ) -> list[str] | None:
+    """The pods short of being a site (not ready, or not answering with their id),
+    when none of them ever was one (a scale's new pods starting); else None."""
+    starting = [pod.name for pod in live
+                if pod.name not in observed.site_ids or pod.name in missing_ids]
+    if len(starting) != len([pod for pod in live if not pod.ready]) + len(missing_ids):
+        return None
+    return sorted(starting)
 
 
 def compute_status(observed: Observed, previous_conditions: list[dict[str, Any]],

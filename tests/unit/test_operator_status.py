@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from stratamq.operator.kube import PodView
+from stratamq.operator.kube import PodView, site_pod
 from stratamq.operator.status import (
     Observed,
     ReplicationView,
@@ -251,6 +251,50 @@ def test_planned_changes_are_progress_not_degradation() -> None:
         status = compute_status(seen, [], T0)
         assert (status["phase"], conditions(status)["Degraded"]) == (
             phase, ("False", reason)), seen
+
+
+def test_a_roll_or_scale_waiting_on_a_pod_past_the_deadline_is_degraded() -> None:
+    """Issue 23: a roll whose new pod never got ready (a crash, an image not pulled, no
+    node) read Rolling for ever, never Degraded, no Warning. Past
+    spec.updateStrategy.progressDeadlineSeconds of a pod not ready, it is Degraded
+    (RolloutStuck), naming the pod; before it, Rolling or Scaling as it was."""
+    now = 10_000.0
+
+    def waiting(since: float) -> list[PodView]:
+        return [*pods(2), replace(PodView("mq-2", None, False, False), not_ready_since=since)]
+
+    rolling = stateful_set(3, updated=1, current="r1", update="r2")
+    scaling = stateful_set(4)
+    for sts, sites, found, phase in [(rolling, 3, waiting, "Rolling"),
+                                     (scaling, 4, lambda since: [*waiting(since),
+                                                                 PodView("mq-3", None, False,
+                                                                         False)], "Scaling")]:
+        seen = replace(observed(sites, found(now - 599), sts, placement=replication(under=1)),
+                       now=now, progress_deadline=600)
+        assert compute_status(seen, [], T0)["phase"] == phase
+        seen = replace(seen, pods=found(now - 601))
+        status = compute_status(seen, [], T0)
+        assert (status["phase"], conditions(status)["Degraded"]) == (
+            "Degraded", ("True", "RolloutStuck")), sts
+        assert "mq-2" in status["conditions"][1]["message"]
+    # The first pods, before any placement: stuck too.
+    first = replace(observed(3, waiting(now - 700), stateful_set(3), placement=None),
+                    now=now, progress_deadline=600)
+    assert compute_status(first, [], T0)["phase"] == "Degraded"
+    # A shard without a leader says more.
+    leaderless = replace(observed(3, waiting(now - 700), rolling,
+                                  placement=replication(leaderless=1)), now=now)
+    assert conditions(compute_status(leaderless, [], T0))["Degraded"] == ("True", "NoLeader")
+
+
+def test_a_pods_not_ready_time_is_read_from_its_ready_condition() -> None:
+    made = {"metadata": {"name": "mq-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": "False",
+                                       "lastTransitionTime": "2026-01-01T00:05:00Z"}]}}
+    assert site_pod(made).not_ready_since == 1767225900.0
+    assert site_pod({"metadata": made["metadata"]}).not_ready_since == 1767225600.0
+    ready = {**made, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert site_pod(ready).not_ready_since is None
 
 
 def test_degraded_when_nothing_planned_explains_it() -> None:
