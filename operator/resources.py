@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -54,6 +55,8 @@ CONFIG_NAME_HASH = 10
 SERVICE_LABEL = f"{GROUP}/service"
 # The operator's own image, which the chart sets (see operator_image).
 OPERATOR_IMAGE_ENV = "STRATAMQ_OPERATOR_IMAGE"
+OPERATOR_NAMESPACE_ENV = "STRATAMQ_OPERATOR_NAMESPACE"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # On the Spark jobs' pods (operator/spark.py), naming their storage; a site's pod has
 # no such label.
 SPARK_STORAGE_LABEL = f"{GROUP}/durable-storage"
@@ -338,6 +341,18 @@ def split_image(reference: str) -> tuple[str, str]:
     return repository, tag
 
 
+def operator_namespace() -> str | None:
+    """The namespace the operator's pod runs in: STRATAMQ_OPERATOR_NAMESPACE (the chart
+    sets it from the downward API), else its service account's; None outside a pod."""
+    given = os.environ.get(OPERATOR_NAMESPACE_ENV)
+    if given:
+        return given
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def operator_image() -> str:
     """The image the operator runs, which the chart gives it
     (STRATAMQ_OPERATOR_IMAGE); outside the chart, stratamq/stratamq at this package's
@@ -538,13 +553,16 @@ def pod_disruption_budget(owner: Owner, spec: dict[str, Any],
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
-def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
+def network_policy(owner: Owner, spec: dict[str, Any], operator_in: str | None
+                   ) -> Manifest | None:
     """spec.networkPolicy: the sites' ingress. The MQTT listeners from
     `networkPolicy.clients` (anyone when unset); the peer port from the storage's own
-    sites only; the admin API (and /metrics) from the operator's pods (any namespace),
-    the storage's Spark jobs, its sites (`stratamq ctl` run in a site's pod), and
-    `networkPolicy.admin` (Prometheus, say). None unless enabled. A site on the host
-    network (spec.hostNetwork) is outside any NetworkPolicy."""
+    sites only; the admin API (and /metrics) from the operator's pods in its namespace
+    `operator_in` (the storage's when not known: an operator outside the cluster is
+    outside any NetworkPolicy anyway), the storage's Spark jobs, its sites
+    (`stratamq ctl` run in a site's pod), and `networkPolicy.admin` (Prometheus, say).
+    None unless enabled. A site on the host network (spec.hostNetwork) is outside any
+    NetworkPolicy."""
     if not parse_spec(spec).network_policy:
         return None
     given = spec.get("networkPolicy", {})
@@ -554,7 +572,12 @@ def network_policy(owner: Owner, spec: dict[str, Any]) -> Manifest | None:
     clients: dict[str, Any] = {"ports": mqtt}
     if given.get("clients"):
         clients["from"] = given["clients"]
-    admin_from = [{"namespaceSelector": {}, "podSelector": {"matchLabels": OPERATOR_POD_LABELS}},
+    operator_pods: dict[str, Any] = {"podSelector": {"matchLabels": OPERATOR_POD_LABELS}}
+    if operator_in is not None:
+        # Only there: a pod with the operator's labels elsewhere is anybody's.
+        operator_pods["namespaceSelector"] = {
+            "matchLabels": {"kubernetes.io/metadata.name": operator_in}}
+    admin_from = [operator_pods,
                   {"podSelector": {"matchLabels": {SPARK_STORAGE_LABEL: owner.name}}},
                   sites, *given.get("admin", [])]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -607,7 +630,7 @@ def desired_objects(owner: Owner, spec: dict[str, Any], *, service_monitors: boo
     budget = pod_disruption_budget(owner, spec, tolerated)
     if budget is not None:
         objects.append(budget)
-    policy = network_policy(owner, spec)
+    policy = network_policy(owner, spec, operator_namespace())
     if policy is not None:
         objects.append(policy)
     if service_monitors:

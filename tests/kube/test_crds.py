@@ -149,7 +149,7 @@ def test_the_client_service_changes_type_in_place(crds: ControlPlane, namespace:
                      "clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}}}))
     spec = get_json(crds, namespace, "durablestorage", "mq")["spec"]
     assert spec["networkPolicy"]["admin"] == [monitoring]
-    policy = network_policy(owner, spec)
+    policy = network_policy(owner, spec, "operators")
     assert policy is not None
     crds.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
                  input=json.dumps(policy))

@@ -403,14 +403,15 @@ def test_the_update_strategy_holds_pods_on_their_template() -> None:
     assert resources.held_pods(spec, 3) == 3
 
 
-def test_the_network_policy_lets_in_what_each_port_is_for() -> None:
+def test_the_network_policy_lets_in_what_each_port_is_for(monkeypatch: Any) -> None:
     spec = crd_defaults()
-    assert resources.network_policy(OWNER, spec) is None
+    assert resources.network_policy(OWNER, spec, "ops") is None
     assert "NetworkPolicy" not in [made["kind"] for made in resources.desired_objects(
         OWNER, spec, service_monitors=False)]
     prometheus = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
     spec["networkPolicy"] = {"enable": True, "admin": [prometheus]}
-    policy = resources.network_policy(OWNER, spec)
+    monkeypatch.setenv(resources.OPERATOR_NAMESPACE_ENV, "ops")
+    policy = resources.network_policy(OWNER, spec, "ops")
     assert policy is not None and policy in resources.desired_objects(
         OWNER, spec, service_monitors=False)
     sites = {"podSelector": {"matchLabels": resources.site_selector_labels("mq")}}
@@ -423,8 +424,15 @@ def test_the_network_policy_lets_in_what_each_port_is_for() -> None:
     assert peers == {"from": [sites], "ports": [{"port": 18084, "protocol": "TCP"}]}
     assert admin["ports"] == [{"port": 18083, "protocol": "TCP"}]
     operator_pods, spark_pods, site_pods, extra = admin["from"]
-    assert operator_pods == {"namespaceSelector": {}, "podSelector": {"matchLabels": {
-        "app.kubernetes.io/name": "stratamq", "app.kubernetes.io/component": "operator"}}}
+    # Issue 23: the operator's pods in its own namespace only (a pod given its labels
+    # in any other namespace is anybody's); the storage's when that is not known.
+    operator_labels = {"matchLabels": {"app.kubernetes.io/name": "stratamq",
+                                       "app.kubernetes.io/component": "operator"}}
+    assert operator_pods == {"podSelector": operator_labels, "namespaceSelector": {
+        "matchLabels": {"kubernetes.io/metadata.name": "ops"}}}
+    unknown = resources.network_policy(OWNER, spec, None)
+    assert unknown is not None
+    assert unknown["spec"]["ingress"][2]["from"][0] == {"podSelector": operator_labels}
     # the Spark jobs' pods carry the label the selector asks for
     job = spark.cron_job(OWNER, spec | {"spark": {"volume": {"claimName": "work"},
                                                   "gc": {"enable": True}}}, "gc")
@@ -435,7 +443,7 @@ def test_the_network_policy_lets_in_what_each_port_is_for() -> None:
     assert (site_pods, extra) == (sites, prometheus)
     # clients from a namespace only
     spec["networkPolicy"]["clients"] = [prometheus]
-    policy = resources.network_policy(OWNER, spec)
+    policy = resources.network_policy(OWNER, spec, "ops")
     assert policy is not None and policy["spec"]["ingress"][0]["from"] == [prometheus]
 
 
