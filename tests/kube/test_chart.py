@@ -74,6 +74,9 @@ def test_the_operators_pods_take_placement_values(tmp_path: Path) -> None:
     [container] = pod["containers"]
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["STRATAMQ_OPERATOR_IMAGE"] == container["image"]
+    # the sites' NetworkPolicy admits the operator's pods from its namespace alone
+    assert {"name": "STRATAMQ_OPERATOR_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
     plain = render(tmp_path)
     [deployment] = [doc for doc in plain if doc["kind"] == "Deployment"]
     assert not {"nodeSelector", "tolerations", "imagePullSecrets"} & set(
