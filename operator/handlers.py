@@ -62,7 +62,7 @@ from .resources import (
     selector,
     stale_config_maps,
 )
-from .sites import SiteUnreachableError, site_id
+from .sites import SiteUnreachableError, site_ids
 from .spec import StorageSpec, parse_spec
 from .status import Observed, compute_status, invalid_conditions, known_site_ids
 from .times import timestamp
@@ -476,18 +476,20 @@ def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: k
 
 def ask_sites(owner: Owner, port: int, pods: list[kube.PodView]) -> dict[str, str]:
     """Pod name -> site id, from the admin API (at `port`) of each ready pod that
-    answers."""
+    answers, all asked at once (a hung pod costs the refresh one timeout, not one
+    each)."""
     token = kube.admin_token(owner)
     if token is None:
         return {}
+    asked = [pod for pod in pods if pod.ready and not pod.terminating and pod.ip]
     found = {}
-    for pod in pods:
-        if pod.ready and not pod.terminating and pod.ip:
-            try:
-                found[pod.name] = site_id(pod.ip, port, token)
-            except SiteUnreachableError as error:
-                log.warning("%s/%s: site of pod %s unknown: %s", owner.namespace,
-                            owner.name, pod.name, error)
+    for pod, answer in zip(asked, site_ids([f"http://{pod.ip}:{port}" for pod in asked],
+                                           token), strict=True):
+        if isinstance(answer, SiteUnreachableError):
+            log.warning("%s/%s: site of pod %s unknown: %s", owner.namespace, owner.name,
+                        pod.name, answer)
+        else:
+            found[pod.name] = answer
     return found
 
 

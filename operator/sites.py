@@ -43,20 +43,38 @@ class SiteUnreachableError(Exception):
     """The pod's admin API did not answer with its site."""
 
 
-def site_id(ip: str, port: int, token: str) -> str:
-    """The id of the site at ip:port (`GET /api/v1/ds/sites`: a site lists itself)."""
-    request = urllib.request.Request(f"http://{ip}:{port}/api/v1/ds/sites",
+def site_id(url: str, token: str) -> str:
+    """The id of the site whose admin API is at `url` (`GET /api/v1/ds/sites`: a site
+    lists itself)."""
+    request = urllib.request.Request(f"{url}/api/v1/ds/sites",
                                      headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
             body = json.load(response)
     except (urllib.error.URLError, OSError, ValueError) as error:
-        raise SiteUnreachableError(f"{ip}:{port}: {error}") from error
+        raise SiteUnreachableError(f"{url}: {error}") from error
     try:
         found: str = body["data"][0]["site"]
     except (KeyError, IndexError, TypeError) as error:
-        raise SiteUnreachableError(f"{ip}:{port}: unexpected answer {body!r}") from error
+        raise SiteUnreachableError(f"{url}: unexpected answer {body!r}") from error
     return found
+
+
+def site_ids(urls: Sequence[str], token: str, deadline: float = TIMEOUT_SECONDS
+             ) -> list[str | SiteUnreachableError]:
+    """`site_id` of every site at once, in threads, as the rounds probe them: a status
+    refresh waits for the slowest at most `deadline` seconds, not for the sum of every
+    hung site's timeout. Each answer is the id, or why there is none."""
+    def asked(url: str) -> str | SiteUnreachableError:
+        try:
+            return site_id(url, token)
+        except SiteUnreachableError as error:
+            return error
+
+    return [SiteUnreachableError(f"{url}: no answer within {deadline:.0f} s")
+            if answer is None else answer
+            for url, answer in zip(urls, probe_in_threads(urls, asked, deadline,
+                                                          MAX_PARALLEL_PROBES), strict=True)]
 
 
 def _call(method: str, url: str, token: str, body: Any = None) -> Any:

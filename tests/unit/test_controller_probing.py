@@ -21,7 +21,7 @@ import aiohttp
 from stratamq.broker.controller.probing import probe_concurrently
 from stratamq.broker.controller.site_client import SiteClient
 from stratamq.broker.controller.sites import REFUSED, Report
-from stratamq.operator.sites import probe_all
+from stratamq.operator.sites import SiteUnreachableError, probe_all, site_ids
 
 TOKEN = "secret"
 
@@ -36,7 +36,8 @@ def report(site: str) -> bytes:
 def answering_site(site: str) -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = report(site)
+            body = (json.dumps({"data": [{"site": site}]}).encode()
+                    if self.path == "/api/v1/ds/sites" else report(site))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -82,6 +83,24 @@ def test_a_hung_site_costs_a_round_one_deadline_not_one_per_site() -> None:
 
 def test_no_sites_no_probes() -> None:
     assert probe_all([], TOKEN) == []
+    assert site_ids([], TOKEN) == []
+
+
+def test_the_status_refresh_asks_every_site_at_once() -> None:
+    """Issue 23: the status refresh asked each pod for its site id one after another,
+    5 s per hung pod (a socket timeout): a few hung pods held the status of every
+    storage the operator serves."""
+    with answering_site("SITEA") as first, hung_site() as hung, hung_site() as hung_too, \
+            answering_site("SITEB") as second:
+        started = time.monotonic()
+        found = site_ids([first, hung, hung_too, second, closed_address()], TOKEN,
+                         deadline=1.0)
+        took = time.monotonic() - started
+    # one after the other, the two hung sites alone took a socket timeout (5 s) each
+    assert took < 4.0, took
+    assert found[0] == "SITEA" and found[3] == "SITEB"
+    assert all(isinstance(answer, SiteUnreachableError) for answer in found[1:3] + found[4:])
+    assert "no answer within 1 s" in str(found[1])
 
 
 def test_on_the_event_loop_a_hung_site_costs_one_deadline_too() -> None:
