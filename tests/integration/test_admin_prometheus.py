@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,6 +70,13 @@ ONLY_ON_TROUBLE = ("stratamq_messages_dropped_total", "stratamq_session_messages
                    "stratamq_ds_layout_hash_collisions_total")
 
 
+def filled(expr: str) -> str:
+    """A dashboard query with every variable at "All" (outside Kubernetes there is no
+    namespace or storage label, which ".*" matches too)."""
+    return re.sub(r'=~"\$(instance|namespace|storage)"', '=~".*"',
+                  expr.replace("$__rate_interval", "1m"))
+
+
 def dashboard_queries(paths: list[Path]) -> list[tuple[str, str, str]]:
     """(dashboard file, panel title, PromQL with the Grafana variables filled in)."""
     found = []
@@ -76,11 +84,7 @@ def dashboard_queries(paths: list[Path]) -> list[tuple[str, str, str]]:
         board = json.loads(path.read_text())
         for panel in board["panels"]:
             for target in panel["targets"]:
-                # every variable at "All" (outside Kubernetes there is no namespace
-                # or storage label, which ".*" matches too)
-                expr = target["expr"].replace("$__rate_interval", "1m")
-                for variable in ("instance", "namespace", "storage"):
-                    expr = expr.replace(f'{variable}=~"${variable}"', f'{variable}=~".*"')
+                expr = filled(target["expr"])
                 assert "$" not in expr, f"{path.name}/{panel['title']}: unknown variable"
                 found.append((path.name, panel["title"], expr))
     return found
@@ -96,7 +100,8 @@ def rule_queries(group_names: tuple[str, ...] | None = None) -> list[tuple[str, 
 def test_dashboards_narrow_by_namespace_storage_and_site() -> None:
     """Issue 23: dashboards chose by site (`instance`) only. Each now has Namespace,
     Storage and Site variables, each listing what the one before allows, and every
-    query of a site's metrics filters by all three."""
+    query of a site's metrics filters by all three; the controller's (the operator's,
+    per storage) by namespace and storage."""
     for path in sorted(DASHBOARDS.glob("*.json")):
         board = json.loads(path.read_text())
         variables = {item["name"]: item for item in board["templating"]["list"]}
@@ -108,9 +113,16 @@ def test_dashboards_narrow_by_namespace_storage_and_site() -> None:
             "instance"]["definition"], path.name
         for panel in board["panels"]:
             for target in panel["targets"]:
-                if "$instance" in target["expr"]:
-                    assert 'namespace=~"$namespace", storage=~"$storage", ' \
-                        'instance=~"$instance"' in target["expr"], (path.name, panel["title"])
+                expr = target["expr"]
+                # every site metric, and every controller metric (the operator's, by
+                # the storage's `namespace` and `name`), narrowed
+                sites = re.findall(r"stratamq_(?!cluster_)[a-z_]+(\{[^}]*\})?", expr)
+                assert all(found.startswith('{namespace=~"$namespace", storage=~"$storage", '
+                                            'instance=~"$instance"') for found in sites), (
+                    path.name, expr)
+                controller = re.findall(r"stratamq_cluster_[a-z_]+(\{[^}]*\})?", expr)
+                assert all(found == '{namespace=~"$namespace", name=~"$storage"}'
+                           for found in controller), (path.name, expr)
 
 
 def test_panels_of_two_units_put_the_second_on_its_own_axis() -> None:
@@ -269,7 +281,7 @@ def test_replication_dashboard_and_alerts_see_a_real_cluster(tmp_path: Path) -> 
                               if s["metric"]["db"] == "messages")
 
             def leaderless_counts() -> dict[str, float]:
-                panel = next(target["expr"] for panel in json.loads(
+                panel = next(filled(target["expr"]) for panel in json.loads(
                     REPLICATION_DASHBOARD.read_text())["panels"]
                     for target in panel["targets"]
                     if target["legendFormat"] == "{{db}} without a leader")

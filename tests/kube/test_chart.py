@@ -436,8 +436,10 @@ def test_prometheus_scrapes_the_operator(tmp_path: Path) -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= (
         service["metadata"]["labels"].items())
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["brokers"]}
+    # The storages' own `namespace` and `name` labels kept (the dashboards' controller
+    # panels and the operator's alerts select a storage by them).
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics",
-                                             "interval": "30s"}]
+                                             "interval": "30s", "honorLabels": True}]
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert not [doc for doc in render(tmp_path, *off, "--set", "serviceMonitor.enabled=false",
                                       "--api-versions",
