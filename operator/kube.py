@@ -41,6 +41,29 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "stratamq-operator"
 
 
+# Each API request's (connect, read) timeout in seconds. The client waits for ever by
+# default: one hung connection to the API server held the handler's thread, and with
+# it every later round of that storage (Kopf starts a timer's next run only once the
+# last one ended). urllib3 may retry an idempotent request a few times, so a call to a
+# hung API server fails within a few times this.
+API_TIMEOUT = (5.0, 30.0)
+
+
+class BoundedApiClient(client.ApiClient):
+    """The API client with a `timeout` on every request that gives none (discovery
+    and the dynamic client's calls included): a hung API server fails the call
+    (urllib3's HTTPError) instead of blocking its thread."""
+
+    def __init__(self, configuration: client.Configuration | None = None,
+                 timeout: float | tuple[float, float] = API_TIMEOUT) -> None:
+        super().__init__(configuration)
+        self.timeout = timeout
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["_request_timeout"] = kwargs.get("_request_timeout") or self.timeout
+        return super().call_api(*args, **kwargs)
+
+
 @functools.cache
 def api_client() -> client.ApiClient:
     """In a pod: its ServiceAccount; elsewhere: the kubeconfig (KUBECONFIG)."""
@@ -48,7 +71,7 @@ def api_client() -> client.ApiClient:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    return BoundedApiClient()
 
 
 @functools.cache

@@ -1,0 +1,51 @@
+"""The operator's Kubernetes API client bounds every request (issue 23): the client
+waits for ever by default, so one hung connection to the API server held a handler's
+thread, and with it every later round of that storage. A real listener on loopback
+takes the connection (the kernel does) and answers nothing, as a hung API server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import urllib3
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from stratamq.operator.kube import BoundedApiClient
+
+
+@contextmanager
+def hung_api_server() -> Iterator[str]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_hung_api_server_fails_the_call_instead_of_blocking_it() -> None:
+    outcome: list[BaseException | None] = []
+
+    def discover(host: str) -> None:
+        configuration = client.Configuration(host=host)
+        try:
+            DynamicClient(BoundedApiClient(configuration, timeout=(0.5, 0.5)))  # type: ignore[no-untyped-call]
+            outcome.append(None)
+        except BaseException as error:  # what the call ended with, whatever it was
+            outcome.append(error)
+
+    with hung_api_server() as host:
+        started = time.monotonic()
+        caller = threading.Thread(target=discover, args=(host,), daemon=True)
+        caller.start()
+        caller.join(timeout=20)
+        took = time.monotonic() - started
+    assert outcome, "the call to a hung API server never returned"
+    assert isinstance(outcome[0], urllib3.exceptions.HTTPError), outcome
+    assert took < 10, took
