@@ -52,6 +52,7 @@ from .resources import (
     VERSION,
     Manifest,
     Owner,
+    applied_spec_of,
     config_map_name,
     config_maps_named,
     desired_objects,
@@ -114,16 +115,26 @@ class Applied:
             return self.spec, self.generation
 
 
-def spec_to_follow(current: dict[str, Any], generation: int, applied: Applied
+def spec_to_follow(current: dict[str, Any], generation: int, applied: Applied,
+                   stateful_set: Callable[[], Mapping[str, Any] | None]
                    ) -> tuple[dict[str, Any], int] | None:
     """(the spec, its generation) the controller's round follows: the storage's
     `current` spec of `generation`, or, while the broker would refuse it (the
     reconcile applied nothing of it, so the sites run the one applied before), the
-    spec last applied: failovers and the disruption budget go on as they were. None
-    when none was applied since this operator started."""
+    spec last applied: failovers and the disruption budget go on as they were. In an
+    operator started since, that is the spec the sites' StatefulSet (read through
+    `stateful_set`) was last applied from, taken as generation 0 (whatever was
+    applied, it is older) and noted in `applied`. None when there is none."""
     if not config_problems(current):
         return current, generation
-    return applied.last()
+    last = applied.last()
+    if last is not None:
+        return last
+    found = applied_spec_of(stateful_set())
+    if found is None or config_problems(found):
+        return None
+    applied.note(0, found)
+    return found, 0
 
 
 def applied_of(memo: kopf.Memo) -> Applied:
@@ -556,12 +567,13 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
-    following = spec_to_follow(plain(spec), int(meta.get("generation", 0)), applied_of(memo))
+    owner = Owner(name=name, namespace=namespace, uid=uid)
+    following = spec_to_follow(plain(spec), int(meta.get("generation", 0)), applied_of(memo),
+                               partial(kube.get, "apps/v1", "StatefulSet", namespace, name))
     if following is None:
-        return  # an operator started on a spec the broker would refuse: nothing to follow
+        return  # a spec the broker would refuse, and none applied before it
     current, generation = following
     parsed = parse_spec(current)
-    owner = Owner(name=name, namespace=namespace, uid=uid)
     token = kube.admin_token(owner)
     running = controllers_of(memo).of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:

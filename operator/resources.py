@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping
@@ -469,6 +470,23 @@ def held_pods(spec: dict[str, Any], replicas: int) -> int:
     return min(replicas, partition)
 
 
+# On the sites' StatefulSet: the storage's spec it was last applied from. An operator
+# that starts while the storage's spec is one the broker would refuse (nothing of it
+# applied) follows this one, so failovers go on (handlers.control).
+APPLIED_SPEC_ANNOTATION = f"{GROUP}/applied-spec"
+
+
+def applied_spec_of(stateful_set: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The spec a StatefulSet made here was applied from (APPLIED_SPEC_ANNOTATION);
+    None when it has none or it is not a JSON object."""
+    annotations = ((stateful_set or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        found = json.loads(annotations.get(APPLIED_SPEC_ANNOTATION, ""))
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None) -> Manifest:
     """`replicas`: the pods to keep, which is more than spec.sites while departing
     pods still hold replicas (the operator drains them before it shrinks the set)."""
@@ -485,7 +503,8 @@ def stateful_set(owner: Owner, spec: dict[str, Any], replicas: int | None = None
     count = parse_spec(spec).sites if replicas is None else replicas
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": metadata(owner, owner.name),
+        "metadata": {**metadata(owner, owner.name), "annotations": {
+            APPLIED_SPEC_ANNOTATION: json.dumps(spec, sort_keys=True, separators=(",", ":"))}},
         "spec": {
             "replicas": count,
             "serviceName": peer_service_name(owner.name),
