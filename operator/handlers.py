@@ -292,11 +292,12 @@ APPLY_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
 class Attempts:
-    """A reconcile's applies, each tried whatever the ones before it did: a
-    StatefulSet the API server refuses (a quota, an admission policy) must not keep
-    the disruption budget, the network policy, the pruning and the Spark objects
-    from being applied. Each failure is logged and counted by kind
-    (`stratamq_operator_apply_errors_total`); `check` raises them together."""
+    """A reconcile's applies, each tried whatever the ones before it did (but the
+    StatefulSet, see `apply_objects`): a StatefulSet the API server refuses (a quota,
+    an admission policy) must not keep the disruption budget, the network policy,
+    the pruning and the Spark objects from being applied. Each failure is logged and
+    counted by kind (`stratamq_operator_apply_errors_total`); `check` raises them
+    together."""
 
     def __init__(self, owner: Owner) -> None:
         self.owner = owner
@@ -322,8 +323,11 @@ class Attempts:
 def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
                   controllers: controller.Controllers, budget: AppliedBudget) -> None:
     """Make or update every object of the storage (`spec`, as `parsed`); idempotent.
-    Each is tried whatever the others did; ObjectsNotAppliedError names those that
-    were not."""
+    Each is tried whatever the others did, but the StatefulSet, which is applied only
+    once every object before it is (what its pods mount: a new config's ConfigMap, the
+    admin Secret; its Services): a pod template naming a ConfigMap that is not there
+    would roll a site into a pod that cannot start. ObjectsNotAppliedError names
+    those that were not applied."""
     attempts = Attempts(owner)
 
     def ensure_secret() -> None:
@@ -342,7 +346,13 @@ def apply_objects(owner: Owner, spec: dict[str, Any], parsed: StorageSpec,
             attempts.attempt(kind, what, partial(set_budget, owner, manifest, budget,
                                                  always=True))
         elif kind == "StatefulSet":
-            attempts.attempt(kind, what, partial(apply_stateful_set, owner, manifest))
+            if attempts.failed:
+                metrics.APPLY_ERRORS.labels(kind).inc()
+                log.warning("%s/%s: %s not applied: what its pods need was not",
+                            owner.namespace, owner.name, what)
+                attempts.failed.append(f"{what} (held: what its pods need was not applied)")
+            else:
+                attempts.attempt(kind, what, partial(apply_stateful_set, owner, manifest))
         else:
             attempts.attempt(kind, what, partial(kube.apply, manifest))
     if not parsed.disruption_budget:

@@ -56,3 +56,29 @@ def test_a_refused_stateful_set_leaves_the_other_objects_applied(
     assert apply_errors("StatefulSet") == before + 1
     apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
     assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is not None
+
+
+def test_a_refused_config_map_holds_the_stateful_set_back(
+        api: ControlPlane, namespace: str) -> None:
+    """A config change makes a new ConfigMap, which the new pod template names: the
+    StatefulSet applied while that ConfigMap was refused would roll a site into a pod
+    that cannot mount its config. It is held back (and counted) until the ConfigMap
+    is applied; the objects after it still are."""
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": SPEC}))
+    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert read is not None
+    owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+    probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}}
+    before = apply_errors("StatefulSet")
+    with refusing(api, namespace, {"apiGroups": [""], "apiVersions": ["*"],
+                                   "operations": ["CREATE", "UPDATE"],
+                                   "resources": ["configmaps"]}, "false", probe):
+        with pytest.raises(ObjectsNotAppliedError, match="held"):
+            apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
+        assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is None
+        assert kube.get("policy/v1", "PodDisruptionBudget", namespace, NAME) is not None
+    assert apply_errors("StatefulSet") == before + 1
+    apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
+    assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is not None
