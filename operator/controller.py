@@ -26,12 +26,15 @@ What is Kubernetes' own here:
   controller's claim (`broker/controller/terms.py`: `TermKeeper` under
   `TermRule.FIRST_REPORTS`; the push's rules: `broker/controller/pushes.py`). A site
   that reports a newer term makes it read status.controller again: when the state
-  holds that term, another replica of the operator took it while Kopf's peering
-  paused this one (which acts again, so the other is paused or gone): the state is
-  loaded and the next round takes a term above it. Otherwise the term is another
-  controller's (a `stratamq cluster controller` run against the same sites), and the
-  operator steps aside: an error, a Warning event `ControllerFenced`, nothing pushed
-  any more.
+  holds that term (and none newer is reported), another replica of the operator took
+  it while Kopf's peering paused this one (which acts again, so the other is paused
+  or gone): this controller hands back (`handed_back`), and the handler makes a new
+  one from what the API server holds now (`Controllers.hand_back`), which takes a
+  term above it. At most `MAX_HAND_BACKS` in `HAND_BACK_WINDOW` seconds: more means
+  two operators act on the storage at once (two releases watching one namespace),
+  and the one fenced stays so. Otherwise the term is another controller's (a
+  `stratamq cluster controller` run against the same sites), and the operator steps
+  aside: an error, a Warning event `ControllerFenced`, nothing pushed any more.
   A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
   Warning event `PlacementRefused`, and the next round adopts what the sites keep
   (`decisions.adopt`), as the local controller does.
@@ -58,8 +61,6 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-
-from kubernetes.client.exceptions import ApiException
 
 from stratamq.broker.controller import decisions, disruption
 from stratamq.broker.controller.decisions import ClusterState, LeaderMove, Settings, is_gone
@@ -98,6 +99,10 @@ log = logging.getLogger(__name__)
 # sites, shard count (messages.nShards) and replication factor.
 DATABASES = decisions.REPLICATED_DATABASES
 EVENT_COMPONENT = "stratamq-operator"
+# A storage's controllers hand back (another replica of the operator took the term)
+# at most this many times in this many seconds: more means two operators act at once.
+MAX_HAND_BACKS = 3
+HAND_BACK_WINDOW = 600.0
 
 
 def ordinal(pod: str) -> int:
@@ -339,6 +344,10 @@ class StorageController:
         self.term_keeper = TermKeeper(TermRule.FIRST_REPORTS,
                                        f"operator-{secrets.token_hex(4)}", kept.term)
         self.pushes = StoragePushes(owner, self.term_keeper)
+        # Another replica of the operator kept a newer term while this one was paused:
+        # this controller is done, the handler makes a new one (`Controllers.hand_back`).
+        self.handed_back = False
+        self.yield_refused = False  # handing back was refused: fenced like any other
         # Why this round's _follow_goal made a plan: (trigger, message).
         self._round_trigger: tuple[str, str] | None = None
         self.transitions = Transitions(owner, self.state.plan, history_limit)
@@ -352,7 +361,8 @@ class StorageController:
               token: str) -> None:
         """One round, following `spec` (of the storage's metadata.`generation`)."""
         with self._round_lock:
-            self._round(spec, generation, pods, token)
+            if not self.handed_back:
+                self._round(spec, generation, pods, token)
 
     def _round(self, spec: StorageSpec, generation: int, pods: list[kube.PodView],
                token: str) -> None:
@@ -389,8 +399,8 @@ class StorageController:
             site_pods[report.site] = pod.name
             urls[report.site] = f"http://{pod.ip}:{port}"
         reported = {site: sites[site].term for site in boots}
-        if self._yield_to_kept_term(reported):
-            return  # the next round goes on from the state loaded, with a term above it
+        if self._yields_to_kept_term(reported):
+            return  # the handler makes a new controller from the kept state
         if not self.pushes.hold_term(reported, self.state.placement):
             return
         state = self.state
@@ -444,28 +454,28 @@ class StorageController:
         """Post an Event; one the API server refuses is logged, not the round's end."""
         try:
             kube.create(event)
-        except ApiException as error:
+        except kube.API_ERRORS as error:
             log.warning("%s/%s: event %s not posted: %s", self.owner.namespace,
-                        self.owner.name, event["reason"], error)
+                        self.owner.name, event["reason"], kube.error_reason(error))
 
-    def _yield_to_kept_term(self, reported: Mapping[str, ControllerTerm | None]) -> bool:
+    def _yields_to_kept_term(self, reported: Mapping[str, ControllerTerm | None]) -> bool:
         """When a site reports a term newer than this operator's (or one fenced it),
         read status.controller again: if it holds that term, another replica of the
-        operator took it while this one was paused by Kopf's peering; its state is
-        loaded and the term given up (`TermKeeper.resume`), nothing pushed this
-        round. True then."""
+        operator took it while this one was paused by Kopf's peering
+        (`TermKeeper.yields_to`); this controller hands back (`handed_back`: nothing
+        more of it is to be used) and True."""
         keeper = self.term_keeper
-        if keeper.fenced_by is None and (
-                keeper.term is None or newer_term(keeper.term, reported.values()) is None):
+        if self.yield_refused or (keeper.fenced_by is None and (
+                keeper.term is None or newer_term(keeper.term, reported.values()) is None)):
             return False
         record = self.store.reload()
-        if record is None or not keeper.resume(record.term):
+        if record is None or not keeper.yields_to(record.term, reported.values()):
             return False
         log.warning("%s/%s: the sites hold controller term %s, which another replica of "
                     "the operator took and kept in status.controller (a Kopf peering "
-                    "hand-over): its state loaded, taking a term above it",
+                    "hand-over): going on from the state kept, above that term",
                     self.owner.namespace, self.owner.name, record.term)
-        self._load(record)
+        self.handed_back = True
         return True
 
     def _adopt(self, theirs: StatusRecord) -> None:
@@ -476,7 +486,9 @@ class StorageController:
         self._load(theirs)
 
     def _load(self, theirs: StatusRecord) -> None:
-        """Go on from `theirs`, the state another operator kept."""
+        """Go on from `theirs`, the state another operator kept (its term a floor of
+        the next this one keeps: never written back below it)."""
+        self.term_keeper.last_term = max(self.term_keeper.last_term, theirs.term)
         sites = known_sites(theirs, time.monotonic())
         with self._publish_lock:
             self.state, self.sites = theirs.state, sites
@@ -548,6 +560,8 @@ class Controllers:
     def __init__(self) -> None:
         self._by_uid: dict[str, StorageController] = {}
         self._lock = threading.Lock()  # handlers run in threads
+        self._hand_backs: dict[str, list[float]] = {}  # uid -> when its controllers did
+        self._refusing: set[str] = set()  # uids whose hand-backs are refused (said once)
 
     def of(self, owner: Owner, spec: StorageSpec, heartbeat: float
            ) -> StorageController | None:
@@ -578,6 +592,36 @@ class Controllers:
     def forget(self, uid: str) -> None:
         with self._lock:
             self._by_uid.pop(uid, None)
+            self._hand_backs.pop(uid, None)
+            self._refusing.discard(uid)
+
+    def hand_back(self, running: StorageController, now: float) -> bool:
+        """`running` handed back (`StorageController.handed_back`): forget it, so the
+        next round makes a new controller from what the API server holds now; True.
+        More than MAX_HAND_BACKS in HAND_BACK_WINDOW seconds mean two operators act on
+        the storage at once (their terms would climb over each other's for ever):
+        refused (said once), `running` stays, fenced; False."""
+        uid = running.owner.uid
+        with self._lock:
+            times = [when for when in self._hand_backs.get(uid, [])
+                     if now - when < HAND_BACK_WINDOW]
+            if len(times) >= MAX_HAND_BACKS:
+                if uid not in self._refusing:
+                    self._refusing.add(uid)
+                    log.error("%s/%s: the controller term changed hands %d times in %.0f s: "
+                              "another operator acts on this storage at once (two "
+                              "releases watching one namespace?); this one stays fenced",
+                              running.owner.namespace, running.owner.name, len(times),
+                              HAND_BACK_WINDOW)
+                running.handed_back = False
+                running.yield_refused = True
+                self._hand_backs[uid] = times
+                return False
+            self._refusing.discard(uid)
+            self._hand_backs[uid] = [*times, now]
+            if self._by_uid.get(uid) is running:
+                del self._by_uid[uid]
+            return True
 
     def all(self) -> list[StorageController]:
         with self._lock:

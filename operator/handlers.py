@@ -32,8 +32,6 @@ from functools import partial
 from typing import Any
 
 import kopf
-import urllib3
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from stratamq.broker.http.guard import GuardedListener
@@ -88,13 +86,15 @@ SCANNING = os.environ.get("STRATAMQ_OPERATOR_SCANNING", "on")
 @dataclass
 class Applied:
     """In a storage's memo (Kopf's, one per object, shared by its handlers): the
-    generation whose objects were last applied, and its spec. The timers and the
+    generation whose objects were last applied here, and its spec. The timers and the
     reconcile run concurrently (in threads), each with the body it was handed; a timer
     holding an older body must not write an older observedGeneration over a newer
-    one."""
+    one. `running`: the spec the sites' StatefulSet was last applied from (by this
+    operator or one before it), read when there is nothing else to follow."""
 
     generation: int | None = None
     spec: dict[str, Any] | None = None
+    running: dict[str, Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, generation: int, spec: dict[str, Any] | None = None) -> None:
@@ -108,33 +108,52 @@ class Applied:
             return self.generation
 
     def last(self) -> tuple[dict[str, Any], int] | None:
-        """(the spec, its generation) last applied, None before one was."""
+        """(the spec, its generation) last applied here, None before one was."""
         with self.lock:
             if self.spec is None or self.generation is None:
                 return None
             return self.spec, self.generation
 
+    def forget(self) -> None:
+        """Nothing applied here as far as the next handler knows: another operator
+        acted on the storage meanwhile (a Kopf peering hand-over)."""
+        with self.lock:
+            self.generation = self.spec = self.running = None
+
+
+@dataclass(frozen=True)
+class Following:
+    """The spec a controller's round follows, of metadata.`generation` (0: not
+    known), and whether its objects are applied (`applied`: the StatefulSet may be
+    scaled, and the disruption budget set, by it)."""
+
+    spec: dict[str, Any]
+    generation: int
+    applied: bool
+
 
 def spec_to_follow(current: dict[str, Any], generation: int, applied: Applied,
-                   stateful_set: Callable[[], Mapping[str, Any] | None]
-                   ) -> tuple[dict[str, Any], int] | None:
-    """(the spec, its generation) the controller's round follows: the storage's
-    `current` spec of `generation`, or, while the broker would refuse it (the
-    reconcile applied nothing of it, so the sites run the one applied before), the
-    spec last applied: failovers and the disruption budget go on as they were. In an
-    operator started since, that is the spec the sites' StatefulSet (read through
-    `stateful_set`) was last applied from, taken as generation 0 (whatever was
-    applied, it is older) and noted in `applied`. None when there is none."""
+                   stateful_set: Callable[[], Mapping[str, Any] | None]) -> Following | None:
+    """What the controller's round follows: the storage's `current` spec of
+    `generation` (applied once the reconcile applied that generation here), or, while
+    the broker would refuse it (the reconcile applies nothing of it, so the sites run
+    the one applied before), the spec last applied here, else the one the sites'
+    StatefulSet (read through `stateful_set`, once) was last applied from: failovers
+    and the disruption budget go on as they were. None when there is none."""
     if not config_problems(current):
-        return current, generation
+        return Following(current, generation, applied.get() == generation)
     last = applied.last()
     if last is not None:
-        return last
-    found = applied_spec_of(stateful_set())
-    if found is None or config_problems(found):
-        return None
-    applied.note(0, found)
-    return found, 0
+        return Following(last[0], last[1], True)
+    with applied.lock:
+        running = applied.running
+    if running is None:
+        running = applied_spec_of(stateful_set())
+        if running is None or config_problems(running):
+            return None
+        with applied.lock:
+            applied.running = running
+    return Following(running, 0, True)
 
 
 def applied_of(memo: kopf.Memo) -> Applied:
@@ -286,11 +305,6 @@ class ObjectsNotAppliedError(Exception):
     reconcile again with its back-off."""
 
 
-# What the API server or the way to it may answer an apply with: the object is
-# skipped and the others applied.
-APPLY_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
-
-
 class Attempts:
     """A reconcile's applies, each tried whatever the ones before it did (but the
     StatefulSet, see `apply_objects`): a StatefulSet the API server refuses (a quota,
@@ -306,10 +320,9 @@ class Attempts:
     def attempt(self, kind: str, what: str, action: Callable[[], object]) -> None:
         try:
             action()
-        except APPLY_ERRORS as error:
+        except kube.API_ERRORS as error:  # skipped; the others are applied
             metrics.APPLY_ERRORS.labels(kind).inc()
-            reason = (f"{error.status} {error.reason}" if isinstance(error, ApiException)
-                      else f"{type(error).__name__}: {error}")
+            reason = kube.error_reason(error)
             log.warning("%s/%s: %s not applied: %s", self.owner.namespace, self.owner.name,
                         what, reason)
             self.failed.append(f"{what} ({reason})")
@@ -478,19 +491,27 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=REAPPLY_INTERVAL, initial_delay=REAPPLY_INTERVAL)
-def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: kopf.Memo,
-            **_: Any) -> None:
+def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: kopf.Meta,
+            memo: kopf.Memo, **_: Any) -> None:
     assert namespace is not None
     current = plain(spec)
     if config_problems(current):
         return  # the reconcile refused it (phase Failed): the running config stays
+    apply_and_note(Owner(name=name, namespace=namespace, uid=uid), current,
+                   int(meta.get("generation", 0)), memo)
+
+
+def apply_and_note(owner: Owner, spec: dict[str, Any], generation: int,
+                   memo: kopf.Memo) -> None:
+    """Apply the storage's objects for `spec` (of `generation`, one the broker
+    accepts) and note it applied, counted as a reconcile."""
     try:
-        apply_objects(Owner(name=name, namespace=namespace, uid=uid), current,
-                      parse_spec(current), controllers_of(memo), budget_of(memo))
+        apply_objects(owner, spec, parse_spec(spec), controllers_of(memo), budget_of(memo))
     except Exception:
         metrics.RECONCILES.labels("error").inc()
         raise
     metrics.RECONCILES.labels("ok").inc()
+    applied_of(memo).note(generation, spec)
 
 
 # --- status ---------------------------------------------------------------------------
@@ -578,30 +599,43 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     that must stay (the departing ones go once they hold no replica)."""
     assert namespace is not None
     owner = Owner(name=name, namespace=namespace, uid=uid)
-    following = spec_to_follow(plain(spec), int(meta.get("generation", 0)), applied_of(memo),
+    applied = applied_of(memo)
+    following = spec_to_follow(plain(spec), int(meta.get("generation", 0)), applied,
                                partial(kube.get, "apps/v1", "StatefulSet", namespace, name))
     if following is None:
         return  # a spec the broker would refuse, and none applied before it
-    current, generation = following
-    parsed = parse_spec(current)
+    parsed = parse_spec(following.spec)
     token = kube.admin_token(owner)
-    running = controllers_of(memo).of(owner, parsed, HEARTBEAT_INTERVAL)
+    controllers = controllers_of(memo)
+    running = controllers.of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(parsed, generation, site_pods_of(site_pod_index, owner, memo), token)
+    running.round(parsed, following.generation, site_pods_of(site_pod_index, owner, memo),
+                  token)
     for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
-    kept = running.kept_pods(parsed.sites)
+    if running.handed_back:
+        # Another replica of the operator acted meanwhile: what this one knows of the
+        # storage (its controller, what it applied) is stale; the next round starts
+        # from what the API server holds, and the reconcile timer applies the objects.
+        if controllers.hand_back(running, time.monotonic()):
+            applied.forget()
+        return
+    if not following.applied:
+        if applied.get() is not None:
+            return  # the reconcile of this generation is under way
+        # Nothing applied here since another replica of the operator acted: applied
+        # now, not at the next reapply, so the budget and the scale follow.
+        apply_and_note(owner, following.spec, following.generation, memo)
     # Only with the spec the objects were applied for: a timer holding an older body
     # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
-    applied = applied_of(memo).get()
-    if applied == generation and kube.scale("StatefulSet", namespace, name, kept):
+    kept = running.kept_pods(parsed.sites)
+    if kube.scale("StatefulSet", namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
-    if applied == generation:
-        # as replicas catch up or fall behind (a PDB alone counts Ready pods)
-        set_budget(owner, pod_disruption_budget(owner, current,
-                                                running.tolerated_disruptions()),
-                   budget_of(memo))
+    # as replicas catch up or fall behind (a PDB alone counts Ready pods)
+    set_budget(owner, pod_disruption_budget(owner, following.spec,
+                                            running.tolerated_disruptions()),
+               budget_of(memo))
 
 
 # --- the Spark jobs' last runs -------------------------------------------------------------

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import (
     ConflictError,
@@ -47,6 +49,18 @@ FIELD_MANAGER = "stratamq-operator"
 # last one ended). urllib3 may retry an idempotent request a few times, so a call to a
 # hung API server fails within a few times this.
 API_TIMEOUT = (5.0, 30.0)
+
+
+# What a call to the API server may fail with: its answer (an ApiException: refused,
+# conflicting, gone) or no answer (a timeout, no connection).
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def error_reason(error: BaseException) -> str:
+    """One of API_ERRORS in a few words, for a log line or an error message."""
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}"
+    return f"{type(error).__name__}: {error}"
 
 
 class BoundedApiClient(client.ApiClient):

@@ -13,8 +13,6 @@ import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from stratamq.broker.controller.decisions import CatchUp, ClusterState
 from stratamq.broker.ds.replication import Placement, Plan, Transition
 from stratamq.broker.errors import PlanError
@@ -311,10 +309,11 @@ class Transitions:
 
     def _make_unmade(self, plan: Plan, pods: Mapping[str, str]) -> None:
         """Make the ReplicaTransitions of `plan`'s steps not made yet, each Pending;
-        an API error (a quota, an admission policy, the API server away) stops this
-        round's making, said as a warning: the rest are made on a later round."""
-        while self._unmade:
-            number = self._unmade[0]
+        one the API server refuses, or does not answer for (a quota, an admission
+        policy, the API server away), is said as a warning and made on a later
+        round."""
+        unmade = []
+        for number in self._unmade:
             step = plan.transitions[number]
             manifest = transition_manifest(self.owner, plan, number, step,
                                            pods.get(step.site, ""), self._run)
@@ -325,13 +324,12 @@ class Transitions:
                              self.owner.name, name, step)
                 if name not in self._phases:  # new, or no phase yet
                     self._write_phase(name, TransitionPhase.PENDING)
-            except ApiException as error:
-                log.warning("%s/%s: ReplicaTransition %s not made (%d of the plan's steps "
-                            "wait; tried again next round): %s", self.owner.namespace,
-                            self.owner.name, name, len(self._unmade),
-                            error.reason or error.status)
-                return
-            self._unmade.pop(0)
+            except kube.API_ERRORS as error:
+                log.warning("%s/%s: ReplicaTransition %s not made (tried again next "
+                            "round): %s", self.owner.namespace, self.owner.name, name,
+                            kube.error_reason(error))
+                unmade.append(number)
+        self._unmade = unmade
 
     def _watch_bootstraps(self, plan: Plan, state: ClusterState) -> set[int]:
         """Note which taken `+site` steps bootstrapped their site from a checkpoint (it

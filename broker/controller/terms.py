@@ -10,9 +10,9 @@ cut off from most sites (a stale copy that reaches one site) does not raise that
 site's term and depose the controller that works; and it decides nothing until a
 majority of the electorate holds its term, so that after that a deposed controller's
 pushes can reach only a minority. Under `TermRule.FIRST_REPORTS` (the operator) it
-takes its term on its first round with reports and claims nothing, and a fence is
-lifted when the newer term is one another replica of the operator kept
-(`TermKeeper.resume`).
+takes its term on its first round with reports and claims nothing, and yields (its
+term and its fence with it) to a newer term that another replica of the operator
+kept (`TermKeeper.yields_to`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class TermKeeper:
     `last_term` (the last taken, by this controller or the one whose state it goes on
     from: kept with the state, the floor of the next), `holds` (it may push: a
     majority holds it, or under FIRST_REPORTS it is taken) and `fenced_by` (the newer
-    term it stepped aside for: for good, but under FIRST_REPORTS see `resume`). A
+    term it stepped aside for: for good, but under FIRST_REPORTS see `yields_to`). A
     round calls `take` with the terms the sites that answered report, claims the term
     where `claim_at` says, then calls `settle` with the sites that took the claim."""
 
@@ -164,30 +164,29 @@ class TermKeeper:
     def fence(self, newer: ControllerTerm) -> bool:
         """Step aside for `newer` (a site holds it); True the first time (to say it),
         False when already fenced or `newer` is not newer. For good under
-        MAJORITY_CLAIM; under FIRST_REPORTS until `resume`."""
+        MAJORITY_CLAIM; under FIRST_REPORTS see `yields_to`."""
         if self.fenced_by is not None or self.term is None or not newer > self.term:
             return False
         self.fenced_by = newer
         return True
 
-    def resume(self, kept: ControllerTerm) -> bool:
-        """Under FIRST_REPORTS, give up this controller's term for `kept`, the term the
-        operator's shared state holds now, when that is above its own (or, fenced, no
-        older than the term that fenced it): another replica of the operator took it
-        (the state is kept before anything is pushed) while Kopf's peering paused this
-        one, and this one acts again, so the other is paused or gone. The fence, if
-        any, is lifted, and the next `take` takes a term above `kept`. A newer term
-        the shared state does not hold is another controller's (a `stratamq cluster
-        controller` run against the same sites): the fence stays. True when given up."""
+    def yields_to(self, kept: ControllerTerm, reported: Iterable[ControllerTerm | None]
+                  ) -> bool:
+        """Under FIRST_REPORTS, whether this controller is to give up its term (and
+        whatever it holds in memory) for the state the operator keeps, whose term is
+        `kept`: true when `kept` is above its own term (or, fenced, no older than the
+        term that fenced it) and no older than any term `reported` (what the sites
+        hold now). Then another replica of the operator took that term (the state is
+        kept before anything is pushed) while Kopf's peering paused this one, and this
+        one acts again, so the other is paused or gone: the operator goes on from the
+        kept state, with a term above it. A newer term the kept state does not hold is
+        another controller's (a `stratamq cluster controller` run against the same
+        sites): the fence stays. Nothing changes here."""
         if self.rule is not TermRule.FIRST_REPORTS:
             return False
-        if self.fenced_by is not None:
-            if kept < self.fenced_by:
-                return False
-        elif self.term is None or not kept > self.term:
+        known = [term for term in reported if term is not None]
+        if known and kept < max(known):
             return False
-        self.fenced_by = None
-        self.term = None
-        self.holds = False
-        self.last_term = max(self.last_term, kept)
-        return True
+        if self.fenced_by is not None:
+            return kept >= self.fenced_by
+        return self.term is not None and kept > self.term

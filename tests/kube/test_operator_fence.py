@@ -140,9 +140,10 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     """Issue 23: Kopf's peering pauses one replica of the operator while another (with
     a higher priority) acts and takes a newer term. When the other is gone and this one
     acts again, the sites hold the other's term: it used to step aside for good (no
-    failover, no plan until it restarted); it loads the state the other kept, which
-    holds that term, and goes on above it. A term the state does not hold (a local
-    controller run against the same sites) still fences it."""
+    failover, no plan until it restarted); its controller hands back, and the one made
+    in its place from the state the other kept (which holds that term) goes on above
+    it. A term the state does not hold (a local controller run against the same sites)
+    still fences it."""
     spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
                             "admin": {"port": site.admin_port}}
     api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
@@ -150,34 +151,37 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
         "metadata": {"name": NAME}, "spec": spec}))
     parsed = parse_spec(spec)
     pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
-
-    def operator_starting() -> controller.StorageController:
-        read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
-        assert read is not None
-        return controller.StorageController(
-            owner_of(read), controller.settings_of(parsed, 0.5),
-            KeptState(owner_of(read), (read.get("status") or {}).get("controller") or {},
-                      read["metadata"]["resourceVersion"]))
+    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert read is not None
+    owner = owner_of(read)
 
     def site_term() -> ControllerTerm:
         number, held_by = site.replication()["controller_term"]
         return ControllerTerm(number, held_by)
 
-    paused = operator_starting()
-    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    def round_of(controllers: controller.Controllers) -> controller.StorageController:
+        running = controllers.of(owner, parsed, 0.5)
+        assert running is not None
+        running.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+        return running
+
+    paused_operator, other_operator = controller.Controllers(), controller.Controllers()
+    paused = round_of(paused_operator)
     assert placement_version(site) == 1 and site_term() == paused.term_keeper.term
-    other = operator_starting()  # the peering paused `paused`; `other` acts
-    other.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
+    other = round_of(other_operator)  # the peering paused `paused`; `other` acts
     theirs = other.term_keeper.term
     assert theirs is not None and site_term() == theirs
     assert paused.term_keeper.term is not None and theirs > paused.term_keeper.term
 
-    # `other` went; `paused` acts again.
-    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
-    paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
-    own = paused.term_keeper.term
-    assert not paused.snapshot().fenced and paused.pushes.take_warnings() == []
+    # `other` went; `paused` acts again: its controller hands back ...
+    assert round_of(paused_operator) is paused and paused.handed_back
+    assert paused_operator.hand_back(paused, 0.0)
+    # ... and the one made from the state kept goes on above the other's term.
+    resumed = round_of(paused_operator)
+    assert resumed is not paused and not resumed.snapshot().fenced
+    own = resumed.term_keeper.term
     assert own is not None and own > theirs and site_term() == own
+    assert resumed.pushes.take_warnings() == []
     stored = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
     assert stored is not None and stored["status"]["controller"]["term"]["number"] == own.number
 
@@ -186,9 +190,10 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     assert http_json("PUT", f"{site.admin_url}/api/v1/ds/controller-term",
                      {"term": foreign.to_json()})["accepted"] is True
     for _ in range(2):
-        paused.round(parsed, 1, pods, BrokerProcess.ADMIN_TOKEN)
-    assert paused.snapshot().fenced and paused.term_keeper.fenced_by == foreign
-    assert [reason for reason, _ in paused.pushes.take_warnings()] == ["ControllerFenced"]
+        assert round_of(paused_operator) is resumed
+    assert not resumed.handed_back
+    assert resumed.snapshot().fenced and resumed.term_keeper.fenced_by == foreign
+    assert [reason for reason, _ in resumed.pushes.take_warnings()] == ["ControllerFenced"]
 
 
 def owner_of(storage: dict[str, Any]) -> Owner:

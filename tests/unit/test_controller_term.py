@@ -193,28 +193,30 @@ def test_a_keeper_takes_a_term_above_all_it_heard_and_decides_only_by_its_rule(
             assert keeper.holds == (len(members & holding) >= majority(size))
 
 
-def test_an_operator_fenced_by_a_term_its_shared_state_holds_resumes_above_it() -> None:
+def test_an_operator_fenced_by_a_term_its_shared_state_holds_yields_to_it() -> None:
     """Issue 23: a replica of the operator that Kopf's peering paused while another took
     a newer term acts again once the other is paused or gone; it used to stay fenced
-    for good, and no failover happened until it restarted."""
+    for good, and no failover happened until it restarted. It yields to the kept
+    state (whose term is above every one the sites hold); a term the kept state does
+    not hold (a local controller's) still fences it."""
     keeper = TermKeeper(TermRule.FIRST_REPORTS, "op-a", NO_TERM)
     keeper.take({"a": NO_TERM}, Placement.empty(), 1)
-    theirs = ControllerTerm(2, "op-b")
+    theirs, local = ControllerTerm(2, "op-b"), ControllerTerm(3, "local")
     assert keeper.fence(theirs) and not keeper.in_charge
-    assert not keeper.resume(ControllerTerm(1, "op-a"))  # the state holds an older term
-    assert keeper.fenced_by == theirs
-    assert keeper.resume(theirs)  # the other replica kept it: lifted
-    assert keeper.fenced_by is None and keeper.term is None and not keeper.in_charge
-    step = keeper.take({"a": theirs}, Placement.empty(), 1)
-    assert step == terms.TermStep(goes_on=True, taken=True) and keeper.in_charge
-    assert keeper.term == ControllerTerm(3, "op-a") and keeper.last_term == keeper.term
-    # Not fenced (the site that holds the other's term has not answered yet): given up
-    # for a kept term above its own only.
-    assert not keeper.resume(ControllerTerm(3, "op-a")) and keeper.in_charge
-    assert keeper.resume(ControllerTerm(4, "op-b")) and keeper.term is None
-    assert keeper.take({"a": None}, Placement.empty(), 1).taken
-    assert keeper.term == ControllerTerm(5, "op-a")
+    assert not keeper.yields_to(ControllerTerm(1, "op-a"), [theirs])  # older kept
+    assert keeper.yields_to(theirs, [theirs, None])  # the other replica kept it
+    # ... but not while a site holds a newer one still (a local controller's)
+    assert not keeper.yields_to(theirs, [theirs, local])
+    assert keeper.fenced_by == theirs  # nothing changed
+    # The next keeper, from the kept state, takes a term above it.
+    after = TermKeeper(TermRule.FIRST_REPORTS, "op-a", theirs)
+    assert after.take({"a": theirs}, Placement.empty(), 1).taken
+    assert after.term == ControllerTerm(3, "op-a")
+    # Not fenced yet (the site holding the other's term is about to say so): it
+    # yields to a kept term above its own.
+    assert not after.yields_to(ControllerTerm(3, "op-a"), [])
+    assert after.yields_to(ControllerTerm(4, "op-b"), [ControllerTerm(4, "op-b")])
     # The local controller's fence is for good.
-    local = TermKeeper(TermRule.MAJORITY_CLAIM, "c", NO_TERM)
-    local.take({"a": NO_TERM}, Placement.empty(), 1)
-    assert local.fence(theirs) and not local.resume(theirs) and local.fenced_by == theirs
+    held = TermKeeper(TermRule.MAJORITY_CLAIM, "c", NO_TERM)
+    held.take({"a": NO_TERM}, Placement.empty(), 1)
+    assert held.fence(theirs) and not held.yields_to(theirs, [theirs])

@@ -24,6 +24,9 @@ from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.waves import in_waves
 from stratamq.broker.errors import PlacementError
 from stratamq.operator.controller import (
+    HAND_BACK_WINDOW,
+    MAX_HAND_BACKS,
+    Controllers,
     GoalFollowed,
     StorageController,
     departed,
@@ -392,3 +395,23 @@ def test_a_site_is_in_the_zone_of_its_pods_node() -> None:
     assert seen_on(known, report, on_zoned_node, 5.0).zone == "eu-1a"
     assert seen_on(known, report, replace(on_zoned_node, zone=None), 5.0).zone == "reported"
     assert seen_on(known, report, on_zoned_node, 5.0).last_seen == 5.0
+
+
+def test_hand_backs_are_bounded_two_operators_acting_at_once_leave_one_fenced() -> None:
+    """A controller hands back when another replica of the operator kept a newer term
+    (a Kopf peering hand-over): its storage's next round makes a new one. Two
+    operators acting on one storage at once (two releases watching one namespace)
+    would take terms over each other's for ever: past MAX_HAND_BACKS in
+    HAND_BACK_WINDOW seconds a hand-back is refused and the controller stays, fenced
+    like any other."""
+    controllers = Controllers()
+    for number in range(MAX_HAND_BACKS):
+        running = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
+        running.handed_back = True
+        assert controllers.hand_back(running, 10.0 * number)
+    refused = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
+    refused.handed_back = True
+    assert not controllers.hand_back(refused, 50.0)
+    assert refused.yield_refused and not refused.handed_back
+    later = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
+    assert controllers.hand_back(later, 50.0 + HAND_BACK_WINDOW)

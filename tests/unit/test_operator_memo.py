@@ -11,7 +11,12 @@ from typing import Any
 
 import kopf
 
-from stratamq.operator.handlers import applied_generation, applied_of, spec_to_follow
+from stratamq.operator.handlers import (
+    Following,
+    applied_generation,
+    applied_of,
+    spec_to_follow,
+)
 from stratamq.operator.resources import (
     APPLIED_SPEC_ANNOTATION,
     Owner,
@@ -49,30 +54,49 @@ def test_a_spec_the_broker_would_refuse_leaves_the_controller_on_the_last_applie
     def no_stateful_set() -> None:
         return None
 
-    assert spec_to_follow(good, 2, applied_of(memo), no_stateful_set) == (good, 2)
+    # not applied here yet: followed, but nothing scaled by it
+    assert spec_to_follow(good, 2, applied_of(memo), no_stateful_set) == Following(
+        good, 2, False)
     # Started on a refused spec, nothing applied yet, no StatefulSet: nothing to follow.
     assert spec_to_follow(refused, 3, applied_of(memo), no_stateful_set) is None
     applied_of(memo).note(2, good)
-    assert spec_to_follow(refused, 3, applied_of(memo), no_stateful_set) == (good, 2)
+    assert spec_to_follow(good, 2, applied_of(memo), no_stateful_set) == Following(
+        good, 2, True)
+    assert spec_to_follow(refused, 3, applied_of(memo), no_stateful_set) == Following(
+        good, 2, True)
     # An older body's reconcile does not replace the spec applied.
     applied_of(memo).note(1, {"sites": 1})
     assert applied_of(memo).last() == (good, 2)
     fixed = {**good, "sites": 5}
     applied_of(memo).note(4, fixed)
-    assert spec_to_follow(fixed, 4, applied_of(memo), no_stateful_set) == (fixed, 4)
+    assert spec_to_follow(fixed, 4, applied_of(memo), no_stateful_set) == Following(
+        fixed, 4, True)
+    # Another replica of the operator acted meanwhile: nothing applied here is known.
+    applied_of(memo).forget()
+    assert applied_of(memo).get() is None
+    assert spec_to_follow(refused, 5, applied_of(memo), no_stateful_set) is None
 
 
 def test_an_operator_started_on_a_refused_spec_follows_the_one_its_sites_run() -> None:
     """An operator (re)started while the storage's spec is one the broker would refuse
     has applied nothing: it follows the spec the sites' StatefulSet was last applied
-    from (an annotation on it), so failovers go on across an operator's restart."""
+    from (an annotation on it), so failovers go on across an operator's restart. The
+    generation applied stays unknown (the status keeps the one it observed)."""
     good = {"sites": 3, "messages": {"nShards": 4, "replicationFactor": 3}}
     refused = {**good, "mqtt": {"maxPacketSize": 2**30}}
     made = stateful_set(Owner(name="mq", namespace="brokers", uid="u"), good)
     assert applied_spec_of(made) == good
     memo = kopf.Memo()
-    assert spec_to_follow(refused, 7, applied_of(memo), lambda: made) == (good, 0)
-    assert applied_of(memo).last() == (good, 0)  # read once, then kept
+    reads: list[int] = []
+
+    def read() -> dict[str, Any]:
+        reads.append(1)
+        return made
+
+    assert spec_to_follow(refused, 7, applied_of(memo), read) == Following(good, 0, True)
+    assert spec_to_follow(refused, 7, applied_of(memo), read) == Following(good, 0, True)
+    assert len(reads) == 1  # read once, then kept
+    assert applied_generation(memo, {"observedGeneration": 6}) == 6
     # None there, or one the broker would refuse too: nothing to follow.
     unusable: list[dict[str, Any]] = [
         {"metadata": {}}, stateful_set(Owner("mq", "brokers", "u"), refused),
