@@ -39,7 +39,7 @@ class Publisher:
         return self.publish(message, wait=True)
 
     def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
-                owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+                owner_epoch: int = 0, incarnation: int = 0) -> list[asyncio.Future[None]]:
         """Store a message (and its retained copy) whose topic name the caller has
         validated (the channel does, for a PUBLISH). With `wait`, the futures resolve
         once everything is durable.
@@ -47,12 +47,13 @@ class Publisher:
         An inbound QoS 2 message's packet id is recorded in the same atomic write as
         the message, so a PUBLISH resent after a crash is recognised, never stored
         twice (exactly once), while `owner_epoch` is the client id's (in a cluster;
-        else FencedError)."""
+        else FencedError); the record is session `incarnation`'s."""
         if qos2_packet_id is None:
             # the channel validated the topic name (and a will's, at CONNECT)
             waits = self._messages.submit([message], wait, topics_checked=True)
         else:
-            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch)
+            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch,
+                                            incarnation)
         if message.retain:
             # The stored message gets its timestamp when its batch is cooked, later; the
             # retained copy needs one now: its expiry interval counts from it.
@@ -72,10 +73,10 @@ class Publisher:
         (at once when it has)."""
         await self._messages.wait_for_room(client_id)
 
-    async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
-        """Whether an inbound QoS 2 message of `client_id` with this packet id is
-        stored (read past a barrier: see SessionStore)."""
-        return await self._store.qos2_stored(client_id, packet_id)
+    async def qos2_stored(self, client_id: str, packet_id: int, incarnation: int) -> bool:
+        """Whether session `incarnation` of `client_id` stored an inbound QoS 2 message
+        with this packet id (read past a barrier: see SessionStore)."""
+        return await self._store.qos2_stored(client_id, packet_id, incarnation)
 
     def release_qos2(self, client_id: str, packet_id: int,
                      owner_epoch: int = 0) -> list[asyncio.Future[None]]:

@@ -207,7 +207,8 @@ class SessionRegistry:
                 session.restore(record)
                 if epoch is not None:
                     session.owner_epoch = epoch
-                session.inbound_qos2.load(await self._store.inbound_qos2_ids(client_id))
+                session.inbound_qos2.load(await self._store.inbound_qos2_ids(
+                    client_id, session.incarnation))
                 self.sessions[client_id] = session
             elif ended is not None:
                 # the ids of a session that ended must not pass for the new one's

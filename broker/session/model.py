@@ -103,6 +103,8 @@ class SessionRecord:
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0
     username: str | None = None  # who made it: only they may resume it
+    # which session of the client id it is (`Session.incarnation`; 0: stored before)
+    incarnation: int = 0
 
     def expired(self, now: float) -> bool:
         return self.disconnected_at is not None and \
@@ -123,6 +125,7 @@ class SessionRecord:
             "pubrel_pending": self.pubrel_pending, "resend": self.resend,
             "will": _will_to_json(self.will), "disconnected_at": self.disconnected_at,
             "owner_epoch": self.owner_epoch, "username": self.username,
+            "incarnation": self.incarnation,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -136,7 +139,7 @@ class SessionRecord:
             pubrel_pending=[int(packet_id) for packet_id in data["pubrel_pending"]],
             resend=_resend_from_json(data["resend"]), will=_will_from_json(data["will"]),
             disconnected_at=data["disconnected_at"], owner_epoch=int(data["owner_epoch"]),
-            username=data["username"])
+            username=data["username"], incarnation=int(data.get("incarnation", 0)))
 
 
 @dataclass(slots=True)

@@ -1237,3 +1237,26 @@ def test_idle_durable_sessions_share_one_timer_for_their_polls() -> None:
         assert len(polls) == 0
 
     run(main())
+
+
+def test_a_session_keeps_its_incarnation_in_its_record_and_takes_it_back() -> None:
+    """Which session of its client id a session is (its inbound QoS 2 records carry
+    it): drawn once, kept in its record, taken back when restored; a record stored
+    before incarnations reads as 0."""
+    async def main() -> None:
+        first = make_session(FakeStorage(), durable=True)
+        incarnation = first.incarnation
+        assert incarnation > 0 and first.incarnation == incarnation
+        assert make_session(FakeStorage(), durable=True).incarnation != incarnation
+        record = first.to_record(None)
+        head = SessionRecord.head_from_json(record.head_to_json())
+        assert record.incarnation == head.incarnation == incarnation
+        restored = make_session(FakeStorage(), durable=True)
+        restored.restore(head)
+        assert restored.incarnation == incarnation
+        legacy = record.head_to_json().replace(
+            f',"incarnation":{incarnation}'.encode(), b"")
+        assert b"incarnation" not in legacy
+        assert SessionRecord.head_from_json(legacy).incarnation == 0
+
+    run(main())
