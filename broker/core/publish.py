@@ -25,10 +25,12 @@ class Publisher:
         self._store = store
         self._retained = retained
 
-    def publish_will(self, message: Message) -> list[asyncio.Future[None]]:
+    def publish_will(self, message: Message, will_id: int = 0
+                     ) -> list[asyncio.Future[None]]:
         """Publish a will message; the futures resolve once it is stored. Its topic
         came in a CONNECT and was stored with the session: it is checked here, and a
-        will on a topic no client could publish to is dropped and counted."""
+        will on a topic no client could publish to is dropped and counted. With a
+        `will_id` (`WillRecord.will_id`), stored with it: see `publish_will_once`."""
         try:
             check_topic(message.topic)
         except InvalidTopicError:
@@ -36,7 +38,23 @@ class Publisher:
                         message.topic)
             MESSAGES_DROPPED.labels("invalid_will_topic").inc()
             return []
-        return self.publish(message, wait=True)
+        if not will_id:
+            return self.publish(message, wait=True)
+        return self._with_retained(message, self._store.submit_will(message, will_id),
+                                   wait=True)
+
+    async def publish_will_once(self, message: Message, will_id: int, retried: bool) -> None:
+        """Publish a will and wait until it is stored, once: when this is a retry
+        (`retried`: an earlier try failed, its outcome not known, or another pass may
+        have published it) the will found stored (`SessionStore.will_stored`) is not
+        stored again, only its retained copy, which may be what failed. Raises what the
+        storage raised. A will stored before wills had ids (`will_id` 0) is published
+        again on every try, as before."""
+        if retried and will_id and await self._store.will_stored(message.client_id, will_id):
+            if message.retain:
+                await self._retained.store(self._retained_copy(message))
+            return
+        await all_stored(self.publish_will(message, will_id))
 
     def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
                 owner_epoch: int = 0, incarnation: int = 0) -> list[asyncio.Future[None]]:
@@ -54,14 +72,23 @@ class Publisher:
         else:
             waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch,
                                             incarnation)
+        return self._with_retained(message, waits, wait)
+
+    def _with_retained(self, message: Message, waits: list[asyncio.Future[None]],
+                       wait: bool) -> list[asyncio.Future[None]]:
+        """`waits` (the message's write), and the write of its retained copy when it
+        has the RETAIN flag (waited for too with `wait`)."""
         if message.retain:
-            # The stored message gets its timestamp when its batch is cooked, later; the
-            # retained copy needs one now: its expiry interval counts from it.
-            retained = dataclasses.replace(message, timestamp=time.time_ns() // 1000)
-            task = asyncio.ensure_future(self._retained.store(retained))
+            task = asyncio.ensure_future(self._retained.store(self._retained_copy(message)))
             if wait:
                 waits.append(task)
         return waits
+
+    @staticmethod
+    def _retained_copy(message: Message) -> Message:
+        # The stored message gets its timestamp when its batch is cooked, later; the
+        # retained copy needs one now: its expiry interval counts from it.
+        return dataclasses.replace(message, timestamp=time.time_ns() // 1000)
 
     def has_room(self, client_id: str) -> bool:
         """Whether the write buffer that takes `client_id`'s messages has room now (the

@@ -68,6 +68,11 @@ class WillRecord:
     retain: bool
     properties: MessageProperties
     delay: int  # seconds
+    # Names this will among its client id's (drawn at random when it is set; 0: stored
+    # before wills had one): stored with the message when it is published, so that a
+    # publication retried after a failure whose outcome was not known stores it once
+    # (`SessionStore.submit_will`, `Publisher.publish_will_once`).
+    will_id: int = 0
 
     def to_message(self, client_id: str) -> Message:
         return Message(self.topic, self.payload, client_id, self.qos, self.retain,
@@ -199,7 +204,7 @@ def _will_from_json(data: dict[str, Any] | None) -> WillRecord | None:
         return None
     return WillRecord(data["topic"], bytes.fromhex(data["payload"]), data["qos"],
                       data["retain"], _properties_from_json(data["properties"]),
-                      data["delay"])
+                      data["delay"], int(data.get("will_id", 0)))
 
 
 def cursor_key(topic_filter: str, stream: Stream) -> str:

@@ -110,6 +110,11 @@ def _qos2_key(client_id: str, packet_id: int) -> bytes:
     return _qos2_prefix(client_id) + packet_id.to_bytes(2, "big")
 
 
+def _will_key(client_id: str) -> bytes:
+    # one per client id: each will published overwrites the one before
+    return b"will/" + _length_prefixed(client_id)
+
+
 def qos2_tag(incarnation: int) -> bytes:
     """What an inbound QoS 2 record holds: the incarnation of the session that stored
     it (`Session.incarnation`; empty for 0, a session stored before incarnations). A
@@ -267,6 +272,21 @@ class SessionStore:
             [message], wait, records_of=message.client_id,
             record_puts=[(_qos2_key(message.client_id, packet_id), qos2_tag(incarnation))],
             fence=self._fence(message.client_id, owner_epoch))
+
+    def submit_will(self, message: Message, will_id: int) -> list[asyncio.Future[None]]:
+        """Store a will message with its `will_id` in one atomic write (the record
+        `will/<len><client>`, one per client id), so a publication retried after a
+        failure whose outcome is not known can tell whether it was stored
+        (`will_stored`) rather than store it twice."""
+        return self._messages.submit([message], True, records_of=message.client_id,
+                                     record_puts=[(_will_key(message.client_id),
+                                                   will_id.to_bytes(8, "big"))])
+
+    async def will_stored(self, client_id: str, will_id: int) -> bool:
+        """Whether the will `will_id` of `client_id` is stored (read past a barrier)."""
+        key = _will_key(client_id)
+        return any(found == key and value == will_id.to_bytes(8, "big") for found, value
+                   in await self._committed_records(client_id, key))
 
     def release_qos2(self, client_id: str, packet_id: int,
                      owner_epoch: int = 0) -> list[asyncio.Future[None]]:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY
 
 from stratamq.broker.deadlines import Deadlines
-from stratamq.broker.ds import Message, Stream
+from stratamq.broker.ds import Message, MessageProperties, Stream
 from stratamq.broker.errors import StorageTimeoutError
 from stratamq.broker.session.model import (
     SessionRecord,
     Subscription,
+    WillRecord,
     cursor_from_json,
     cursor_key,
     cursor_to_json,
@@ -1260,3 +1261,15 @@ def test_a_session_keeps_its_incarnation_in_its_record_and_takes_it_back() -> No
         assert SessionRecord.head_from_json(legacy).incarnation == 0
 
     run(main())
+
+
+def test_a_will_keeps_its_id_in_the_session_record() -> None:
+    """The id a will is published with (so a retried publication stores it once) is
+    kept with the session; a will stored before ids reads as 0 (published as before)."""
+    will = WillRecord("w/t", b"bye", 2, True, MessageProperties(), 5, will_id=77)
+    record = SessionRecord("c", 60, will=will)
+    assert SessionRecord.head_from_json(record.head_to_json()).will == will
+    legacy = record.head_to_json().replace(b',"will_id":77', b"")
+    assert b"will_id" not in legacy
+    found = SessionRecord.head_from_json(legacy).will
+    assert found is not None and found.will_id == 0
