@@ -87,6 +87,6 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
     if session.durable:
         # Before CONNACK: a client told its session is there finds it (and the ids of
         # its inbound QoS 2 messages, loaded with it) after a crash too.
-        await registry.persist(session)
+        await registry.persist(session, connecting=True)
     channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     session.attach(channel)

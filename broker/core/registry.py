@@ -346,9 +346,10 @@ class SessionRegistry:
         if timer is not None:
             timer.cancel()
 
-    async def persist(self, session: Session, disconnected: bool = False) -> None:
+    async def persist(self, session: Session, disconnected: bool = False,
+                      connecting: bool = False) -> None:
         """Write a durable session's state (in order: see `SessionWriter`)."""
-        await self._writer.persist(session, disconnected)
+        await self._writer.persist(session, disconnected, connecting)
 
     # -- letting go of a session another site took over (a cluster) ----------------
 
