@@ -316,7 +316,10 @@ class SessionRegistry:
 
     async def _expire(self, session: Session) -> None:
         async with self._locks.hold(session.client_id):
-            if session.outlet is not None:
+            # A connection that took the session while this waited for the lock holds
+            # it, attached or not yet (its CONNACK under way): not expired.
+            if (session.outlet is not None or self.sessions.get(session.client_id)
+                    is not session or session.client_id in self.connections):
                 return
             if session.will is not None:
                 self._wills.publish(session.client_id, session)
