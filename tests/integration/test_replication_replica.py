@@ -53,6 +53,7 @@ from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
+from stratamq.broker.ds.replication.writes import Writes
 from stratamq.broker.ds.shard import Shard, now_us
 from stratamq.broker.ds.shard_set import ShardSet
 from stratamq.broker.errors import GcPlanRefusedError, StorageError
@@ -380,6 +381,49 @@ def test_a_write_whose_entry_a_newer_leader_replaced_is_not_acknowledged(
             assert a_replica.log.epoch_at(end + 1) == 2
             for site in (a, b, c):
                 assert b"m1" not in await payloads_on_t(site)
+        finally:
+            go_on.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_applies_no_entry_its_own_log_has_not_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two followers of three make an entry committed while the leader's own copy is
+    not on disk yet (it syncs while they append). The leader applied it all the same:
+    a power loss then left its shard's applied offset (synced by a trim, or by every
+    write with `sync_writes`) past the end of its log, and the site refused to start
+    (found by reading). It applies only what its own log holds durably."""
+    a_logs: list[ShardLog] = []
+    syncing, go_on = asyncio.Event(), asyncio.Event()
+    sync_own = Writes._sync_own
+
+    async def held(writes: Writes, offset: int) -> None:
+        # before the log's lock: the applier may read the log meanwhile
+        if writes._context.log in a_logs and not go_on.is_set():
+            syncing.set()
+            await go_on.wait()
+        await sync_own(writes, offset)
+    monkeypatch.setattr(Writes, "_sync_own", held)
+
+    async def scenario() -> None:
+        (a, b, c), _replicas, _peers = await start_three_led_by_a(tmp_path)
+        a_replica = replica_of(a)
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            a_logs.append(a_replica.log)
+            m1 = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
+            await until("a syncs m1", syncing.is_set)
+            end = a_replica.log.last.offset
+            await until("m1 committed by b and c", lambda: a_replica.log.committed >= end)
+            await asyncio.sleep(0.3)  # time for the applier, had it gone on
+            assert a_replica.log.durable < end
+            assert a_replica.applied < end, "applied what its log does not hold on disk"
+            go_on.set()
+            assert await outcome(asyncio.wait_for(m1, WAIT)) == "committed"
+            assert a_replica.applied >= end
         finally:
             go_on.set()
             for site in (a, b, c):

@@ -315,9 +315,12 @@ class ShardReplica:
 
     def _synced(self) -> None:
         """This leader's own copy of its entries is on disk: it counts towards their
-        commit, which the followers learn too (the commit may have waited for it)."""
+        commit, which the followers learn too (the commit may have waited for it), and
+        the entries committed without it may be applied now."""
         if self._advance():
             self._senders.tell_commit()
+        else:
+            self._applier.committed_moved()
 
     def _advance(self) -> bool:
         """Recount the commit offset; whether it moved."""
