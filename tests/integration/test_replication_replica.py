@@ -56,7 +56,7 @@ from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.replication.writes import Writes
 from stratamq.broker.ds.shard import Shard, now_us
 from stratamq.broker.ds.shard_set import ShardSet
-from stratamq.broker.errors import GcPlanRefusedError, StorageError
+from stratamq.broker.errors import GcPlanRefusedError, StorageClosedError, StorageError
 from stratamq.broker.routing.relay import Relay
 from stratamq.broker.routing.site_interest import SiteInterest
 from stratamq.broker.session.store import SessionStore
@@ -426,6 +426,70 @@ def test_a_leader_applies_no_entry_its_own_log_has_not_synced(
             assert a_replica.applied >= end
         finally:
             go_on.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_back_from_a_power_loss_takes_its_epoch_over_from_every_replica(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a leads epoch 1 and ships m1 to b while its own copy is not on disk yet; its
+    machine loses power, and a comes back leading epoch 1 again, as its kept placement
+    says (no failover meanwhile). Its takeover fenced a majority only: c, which never
+    had m1, answered first (b was down), and a wrote m2 at m1's offset, under the same
+    epoch. b, back, kept m1 there (the same epoch: the same entry, as far as a log can
+    tell), answered "matched", and the replicas held different messages at one offset
+    (found by review). A leader that led its epoch before it started takes it over
+    from every replica: it waits for b, takes m1 from it, and m2 comes after."""
+    held_logs: list[ShardLog] = []
+    power_lost = asyncio.Event()  # a's own sync of m1 never comes: the power goes first
+    sync_own = Writes._sync_own
+
+    async def held(writes: Writes, offset: int) -> None:
+        if writes._context.log in held_logs:
+            await power_lost.wait()
+            raise StorageClosedError("the power went")
+        await sync_own(writes, offset)
+    monkeypatch.setattr(Writes, "_sync_own", held)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        _, nowhere = addresses((a, b, c))
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            end = replica_of(a).log.last.offset
+            await offer(a, 2, replicas, a.id, 1, {**peers, c.id: nowhere[c.id]})
+            held_logs.append(replica_of(a).log)
+            a.database.submit([Message("t", b"m1", "pub", 1)])
+            await until("b holds m1", lambda: replica_of(b).log.last.offset == end + 1)
+            a_log = replica_of(a).log
+            path, durable = a_log.path, a_log.durable
+            assert durable == end
+            power_lost.set()
+            await a.storage.close()
+            lost = ShardLog(path)  # what a power loss leaves: the log up to its last sync
+            lost.truncate_after(durable)
+            lost.close()
+            await b.storage.close()  # b is down when a comes back
+            a = await start_site(tmp_path / "a")
+            await offer(a, 3, replicas, a.id, 1, {**peers, a.id: a.address, b.id: nowhere[b.id]})
+            m2 = a.database.submit([Message("t", b"m2", "pub", 1)])[0]
+            await asyncio.sleep(1.0)  # c answers a's fence meanwhile
+            b = await start_site(tmp_path / "b")
+            peers = {a.id: a.address, b.id: b.address, c.id: c.address}
+            for site in (a, b, c):
+                await offer(site, 4, replicas, a.id, 1, peers)
+            assert await outcome(asyncio.wait_for(m2, WAIT)) == "committed"
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            logs = [replica_of(site).log for site in (a, b, c)]
+            for offset in range(end + 1, min(log.last.offset for log in logs) + 1):
+                held_there = {(entry.position, entry.batch) for log in logs
+                              for entry in log.read(offset, 1)}
+                assert len(held_there) == 1, f"the replicas differ at offset {offset}"
+            assert (await payloads_on_t(a))[-2:] == [b"m1", b"m2"]
+        finally:
+            power_lost.set()
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())

@@ -118,6 +118,10 @@ class ShardLog:
         self._synced.sync = True
         self._unsynced = WriteOptions()
         self._epoch = self._read_u64(_EPOCH_KEY)
+        # The epoch this log knew when this process opened it: a site named leader of
+        # it or an older one led it before it (re)started (an epoch has one leader),
+        # and may have lost appends of it that its followers hold (`Takeover`).
+        self.epoch_at_open = self._epoch
         trimmed = self._db.get(_FIRST_KEY)
         # the first offset held, and the position of the trimmed entry just before it
         self._before_first = START if trimmed is None else Position(
