@@ -279,8 +279,13 @@ class ShardLog:
                                        f"leader of epoch {epoch}")
             expected += 1
         matched = previous.offset + len(entries)
-        new = [entry for entry in entries if entry.position.offset >= self.first_offset
-               and self.epoch_at(entry.position.offset) != entry.position.epoch]
+        held = [entry for entry in entries if entry.position.offset >= self.first_offset]
+        # every entry from the first that differs on: after the tail is cut there, one
+        # that happens to match (two leaders at one epoch) must be written again too
+        differs = next((number for number, entry in enumerate(held)
+                        if self.epoch_at(entry.position.offset) != entry.position.epoch),
+                       len(held))
+        new = held[differs:]
         if new:
             if new[0].position.offset <= self._last.offset:
                 self._refuse_cut_below_committed(new[0].position.offset - 1,
