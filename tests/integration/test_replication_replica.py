@@ -43,6 +43,7 @@ from stratamq.broker.ds.replication import (
     bootstrap,
     senders,
 )
+from stratamq.broker.ds.replication import installer as installer_module
 from stratamq.broker.ds.replication.applier import Applier
 from stratamq.broker.ds.replication.leader import Leadership
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
@@ -490,6 +491,53 @@ def test_a_leader_back_from_a_power_loss_takes_its_epoch_over_from_every_replica
             assert (await payloads_on_t(a))[-2:] == [b"m1", b"m2"]
         finally:
             power_lost.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_replica_placed_again_before_its_data_went_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """c leaves the replica set, and its data is to go (an empty shard installed in
+    its place); before that install, c is placed in the set again and takes appends
+    its leader counts. The install went on and wiped them: entries the leader counted
+    on c's copy were on a alone (found by review). The install is given up when c is
+    in the set again."""
+    staging, go_on = threading.Event(), threading.Event()
+    stage = installer_module.stage_empty_shard
+
+    def held(path: Path) -> None:
+        staging.set()
+        go_on.wait(WAIT)
+        stage(path)
+    monkeypatch.setattr(installer_module, "stage_empty_shard", held)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        try:
+            await commit(a, b"m0")
+            await until("c caught up", caught_up(c, a))
+            held_by_c = replica_of(c).log.last
+            without_c = tuple(sorted((a.id, b.id)))
+            for site in (a, b, c):
+                await offer(site, 2, without_c, a.id, 1, peers)
+            await until("c stages its empty shard", staging.is_set)
+            for site in (a, b, c):
+                await offer(site, 3, replicas, a.id, 1, peers)
+            _, nowhere = addresses((a, b, c))
+            await offer(a, 4, replicas, a.id, 1, {**peers, b.id: nowhere[b.id]})
+            await commit(a, b"m1")  # on a and c: b is cut off
+            m1_at = replica_of(a).log.last
+            await until("c holds m1", lambda: replica_of(c).log.last == m1_at)
+            # a cut off from c too: what c holds is only what it kept
+            await offer(a, 5, replicas, a.id, 1, {**nowhere, a.id: a.address})
+            go_on.set()
+            await asyncio.sleep(0.5)  # the install, had it gone on
+            c_log = replica_of(c).log
+            assert [entry.position for entry in c_log.read(held_by_c.offset, 2)] == [
+                held_by_c, m1_at], "c's copy, counted for m1's commit, is gone"
+        finally:
+            go_on.set()
             for site in (a, b, c):
                 await site.storage.close()
     asyncio.run(scenario())
