@@ -45,6 +45,7 @@ from stratamq.broker.ds.replication import (
 )
 from stratamq.broker.ds.replication import installer as installer_module
 from stratamq.broker.ds.replication.applier import Applier
+from stratamq.broker.ds.replication.bootstrap import stage_empty_shard
 from stratamq.broker.ds.replication.leader import Leadership
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
@@ -462,13 +463,14 @@ def test_a_leader_back_from_a_power_loss_takes_its_epoch_over_from_every_replica
             end = replica_of(a).log.last.offset
             await offer(a, 2, replicas, a.id, 1, {**peers, c.id: nowhere[c.id]})
             held_logs.append(replica_of(a).log)
-            a.database.submit([Message("t", b"m1", "pub", 1)])
+            m1 = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
             await until("b holds m1", lambda: replica_of(b).log.last.offset == end + 1)
             a_log = replica_of(a).log
             path, durable = a_log.path, a_log.durable
             assert durable == end
             power_lost.set()
             await a.storage.close()
+            assert (await outcome(m1)).startswith("failed")  # never acknowledged
             lost = ShardLog(path)  # what a power loss leaves: the log up to its last sync
             lost.truncate_after(durable)
             lost.close()
@@ -504,7 +506,7 @@ def test_a_replica_placed_again_before_its_data_went_keeps_it(
     on c's copy were on a alone (found by review). The install is given up when c is
     in the set again."""
     staging, go_on = threading.Event(), threading.Event()
-    stage = installer_module.stage_empty_shard
+    stage = stage_empty_shard
 
     def held(path: Path) -> None:
         staging.set()
