@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from typing import TYPE_CHECKING
 
@@ -72,7 +73,8 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
         will = packet.will
         session.set_will(WillRecord(will.topic, will.payload, will.qos, will.retain,
                                     to_message_properties(will.properties),
-                                    will.properties.will_delay_interval or 0))
+                                    will.properties.will_delay_interval or 0,
+                                    secrets.randbits(63) or 1))
     else:
         session.set_will(None)
     connack_properties = Properties()
@@ -85,6 +87,6 @@ async def handle_connect(channel: Channel, packet: Connect) -> None:
     if session.durable:
         # Before CONNACK: a client told its session is there finds it (and the ids of
         # its inbound QoS 2 messages, loaded with it) after a crash too.
-        await registry.persist(session)
+        await registry.persist(session, connecting=True)
     channel.send(Connack(present, ReasonCode.SUCCESS, connack_properties))
     session.attach(channel)

@@ -81,7 +81,8 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
         waits = channel.broker.publisher.publish(
             message, wait=packet.qos > 0,
             qos2_packet_id=packet.packet_id if packet.qos == 2 else None,
-            owner_epoch=session.owner_epoch)
+            owner_epoch=session.owner_epoch,
+            incarnation=session.incarnation if packet.qos == 2 else 0)
     except StratamqError as error:
         raise _fail(channel, mqtt_reason_code(error)) from None
     if packet.qos == 0:
@@ -136,7 +137,8 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
         # its store failed, but may have been committed: storing it again could
         # deliver it twice, so the storage decides (or the connection ends)
         try:
-            stored = await channel.broker.publisher.qos2_stored(channel.client_id, packet_id)
+            stored = await channel.broker.publisher.qos2_stored(
+                channel.client_id, packet_id, session.incarnation)
         except StratamqError as error:
             raise _fail(channel, mqtt_reason_code(error)) from None
         if channel.closing:

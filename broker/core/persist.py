@@ -23,9 +23,12 @@ class SessionWriter:
         # under way (see persist)
         self._next_persist: dict[str, tuple[Session, asyncio.Future[None]]] = {}
 
-    async def persist(self, session: Session, disconnected: bool = False) -> None:
-        if disconnected or not session.persist_lock.locked():
-            await self._persist_now(session, disconnected)
+    async def persist(self, session: Session, disconnected: bool = False,
+                      connecting: bool = False) -> None:
+        """`connecting`: the write before CONNACK, the session not attached to its
+        connection yet but connected (no disconnect time: its expiry does not run)."""
+        if disconnected or connecting or not session.persist_lock.locked():
+            await self._persist_now(session, disconnected, connecting)
             return
         # A write of the session is under way: callers meanwhile share the one after
         # it, which takes the session's state when it starts (theirs included). On a
@@ -46,16 +49,22 @@ class SessionWriter:
                 del self._next_persist[session.client_id]  # later callers: the next one
             await self._persist_locked(session, False)
 
-    async def _persist_now(self, session: Session, disconnected: bool) -> None:
+    async def _persist_now(self, session: Session, disconnected: bool,
+                           connecting: bool = False) -> None:
         # One write of a session at a time, its record taken inside the lock: writes
         # go through a thread pool, and an older record must never land last.
         async with session.persist_lock:
-            await self._persist_locked(session, disconnected)
+            await self._persist_locked(session, disconnected, connecting)
 
-    async def _persist_locked(self, session: Session, disconnected: bool) -> None:
+    async def _persist_locked(self, session: Session, disconnected: bool,
+                              connecting: bool = False) -> None:
         if not session.durable:
             return
+        # A session not attached is disconnected, but while its CONNECT is answered:
+        # recorded so, it expired after a crash of this site though its client stayed
+        # connected (a quiet subscriber's session, written only at CONNECT).
         record = session.to_record(
+            None if connecting else
             time.time() if disconnected or session.outlet is None else None)
         try:
             session.stored_parts = await self._store.save(record, session.stored_parts)

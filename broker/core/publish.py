@@ -25,10 +25,13 @@ class Publisher:
         self._store = store
         self._retained = retained
 
-    def publish_will(self, message: Message) -> list[asyncio.Future[None]]:
+    def publish_will(self, message: Message, will_id: int = 0, owner_epoch: int = 0
+                     ) -> list[asyncio.Future[None]]:
         """Publish a will message; the futures resolve once it is stored. Its topic
         came in a CONNECT and was stored with the session: it is checked here, and a
-        will on a topic no client could publish to is dropped and counted."""
+        will on a topic no client could publish to is dropped and counted. With a
+        `will_id` (`WillRecord.will_id`), stored with it (see `publish_will_once`),
+        fenced by `owner_epoch` (FencedError once another site took the client id)."""
         try:
             check_topic(message.topic)
         except InvalidTopicError:
@@ -36,10 +39,27 @@ class Publisher:
                         message.topic)
             MESSAGES_DROPPED.labels("invalid_will_topic").inc()
             return []
-        return self.publish(message, wait=True)
+        if not will_id:
+            return self.publish(message, wait=True)
+        return self._with_retained(
+            message, self._store.submit_will(message, will_id, owner_epoch), wait=True)
+
+    async def publish_will_once(self, message: Message, will_id: int, retried: bool,
+                                owner_epoch: int = 0) -> None:
+        """Publish a will and wait until it is stored, once: when this is a retry
+        (`retried`: an earlier try failed, its outcome not known, or another pass may
+        have published it) the will found stored (`SessionStore.will_stored`) is not
+        stored again, only its retained copy, which may be what failed. Raises what the
+        storage raised. A will stored before wills had ids (`will_id` 0) is published
+        again on every try, as before."""
+        if retried and will_id and await self._store.will_stored(message.client_id, will_id):
+            if message.retain:
+                await self._retained.store(self._retained_copy(message))
+            return
+        await all_stored(self.publish_will(message, will_id, owner_epoch))
 
     def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
-                owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+                owner_epoch: int = 0, incarnation: int = 0) -> list[asyncio.Future[None]]:
         """Store a message (and its retained copy) whose topic name the caller has
         validated (the channel does, for a PUBLISH). With `wait`, the futures resolve
         once everything is durable.
@@ -47,20 +67,30 @@ class Publisher:
         An inbound QoS 2 message's packet id is recorded in the same atomic write as
         the message, so a PUBLISH resent after a crash is recognised, never stored
         twice (exactly once), while `owner_epoch` is the client id's (in a cluster;
-        else FencedError)."""
+        else FencedError); the record is session `incarnation`'s."""
         if qos2_packet_id is None:
             # the channel validated the topic name (and a will's, at CONNECT)
             waits = self._messages.submit([message], wait, topics_checked=True)
         else:
-            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch)
+            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch,
+                                            incarnation)
+        return self._with_retained(message, waits, wait)
+
+    def _with_retained(self, message: Message, waits: list[asyncio.Future[None]],
+                       wait: bool) -> list[asyncio.Future[None]]:
+        """`waits` (the message's write), and the write of its retained copy when it
+        has the RETAIN flag (waited for too with `wait`)."""
         if message.retain:
-            # The stored message gets its timestamp when its batch is cooked, later; the
-            # retained copy needs one now: its expiry interval counts from it.
-            retained = dataclasses.replace(message, timestamp=time.time_ns() // 1000)
-            task = asyncio.ensure_future(self._retained.store(retained))
+            task = asyncio.ensure_future(self._retained.store(self._retained_copy(message)))
             if wait:
                 waits.append(task)
         return waits
+
+    @staticmethod
+    def _retained_copy(message: Message) -> Message:
+        # The stored message gets its timestamp when its batch is cooked, later; the
+        # retained copy needs one now: its expiry interval counts from it.
+        return dataclasses.replace(message, timestamp=time.time_ns() // 1000)
 
     def has_room(self, client_id: str) -> bool:
         """Whether the write buffer that takes `client_id`'s messages has room now (the
@@ -72,10 +102,10 @@ class Publisher:
         (at once when it has)."""
         await self._messages.wait_for_room(client_id)
 
-    async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
-        """Whether an inbound QoS 2 message of `client_id` with this packet id is
-        stored (read past a barrier: see SessionStore)."""
-        return await self._store.qos2_stored(client_id, packet_id)
+    async def qos2_stored(self, client_id: str, packet_id: int, incarnation: int) -> bool:
+        """Whether session `incarnation` of `client_id` stored an inbound QoS 2 message
+        with this packet id (read past a barrier: see SessionStore)."""
+        return await self._store.qos2_stored(client_id, packet_id, incarnation)
 
     def release_qos2(self, client_id: str, packet_id: int,
                      owner_epoch: int = 0) -> list[asyncio.Future[None]]:

@@ -207,7 +207,8 @@ class SessionRegistry:
                 session.restore(record)
                 if epoch is not None:
                     session.owner_epoch = epoch
-                session.inbound_qos2.load(await self._store.inbound_qos2_ids(client_id))
+                session.inbound_qos2.load(await self._store.inbound_qos2_ids(
+                    client_id, session.incarnation))
                 self.sessions[client_id] = session
             elif ended is not None:
                 # the ids of a session that ended must not pass for the new one's
@@ -315,7 +316,10 @@ class SessionRegistry:
 
     async def _expire(self, session: Session) -> None:
         async with self._locks.hold(session.client_id):
-            if session.outlet is not None:
+            # A connection that took the session while this waited for the lock holds
+            # it, attached or not yet (its CONNACK under way): not expired.
+            if (session.outlet is not None or self.sessions.get(session.client_id)
+                    is not session or session.client_id in self.connections):
                 return
             if session.will is not None:
                 self._wills.publish(session.client_id, session)
@@ -345,9 +349,10 @@ class SessionRegistry:
         if timer is not None:
             timer.cancel()
 
-    async def persist(self, session: Session, disconnected: bool = False) -> None:
+    async def persist(self, session: Session, disconnected: bool = False,
+                      connecting: bool = False) -> None:
         """Write a durable session's state (in order: see `SessionWriter`)."""
-        await self._writer.persist(session, disconnected)
+        await self._writer.persist(session, disconnected, connecting)
 
     # -- letting go of a session another site took over (a cluster) ----------------
 

@@ -15,7 +15,7 @@ from ..supervise import RESTART_PAUSE
 from .client_locks import ClientLocks
 from .dispatch import Dispatcher
 from .ownership import Ownership
-from .publish import Publisher, all_stored
+from .publish import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +104,11 @@ class SessionCollector:
         if record.will is not None and record.disconnected_at + min(
                 record.will.delay, record.expiry_interval) <= now:
             # stored before the session lets go of it: a failed write fails the
-            # pass, and a later one publishes the will again
-            await all_stored(self._publisher.publish_will(
-                record.will.to_message(record.client_id)))
+            # pass, and a later one publishes the will again, unless it finds it
+            # stored (a pass that published it and failed to save the record)
+            await self._publisher.publish_will_once(
+                record.will.to_message(record.client_id), record.will.will_id, retried=True,
+                owner_epoch=record.owner_epoch)
             record.will = None
             stored = await self._store.save(record, stored)
         if not record.expired(now):

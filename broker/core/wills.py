@@ -8,11 +8,11 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ..ds import Message
+from ..ds import FencedError, Message
 from ..errors import StratamqError
 from ..session.session import Session
 from ..supervise import RESTART_PAUSE
-from .publish import Publisher, all_stored
+from .publish import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +55,32 @@ class Wills:
         will = session.take_will()
         if will is None:
             return
-        self._spawn(self._store(session, will.to_message(client_id)),
+        self._spawn(self._store(session, will.to_message(client_id), will.will_id),
                     f"will-{client_id}", "session-will")
 
-    async def _store(self, session: Session, will: Message) -> None:
+    async def _store(self, session: Session, will: Message, will_id: int) -> None:
         """Store a will, again and again while the storage cannot take it yet (a site
-        that reaches no majority of the shard's replicas, say); then write the session
-        without it. A site that stops meanwhile has the session stored with it."""
+        that reaches no majority of the shard's replicas, say), once: a try after one
+        whose outcome is not known stores it only if that one did not
+        (`Publisher.publish_will_once`); then write the session without it. A site
+        that stops meanwhile has the session stored with it."""
+        retried = False
         while True:
             try:
-                await all_stored(self._publisher.publish_will(will))
+                await self._publisher.publish_will_once(will, will_id, retried,
+                                                        session.owner_epoch)
                 break
+            except FencedError:
+                # the client resumed its session on another site, which this one could
+                # not reach: that site decides about its will (MQTT-3.1.2-8)
+                log.info("will of %r not published: another site holds the client id",
+                         will.client_id)
+                return
             except StratamqError as exc:
                 if not exc.recoverable:
                     raise
                 log.warning("will of %r not stored yet (%s): tried again", will.client_id,
                             exc.message)
+                retried = True
                 await asyncio.sleep(RESTART_PAUSE)
         session.request_persist()

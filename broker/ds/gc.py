@@ -30,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import weakref
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptDataError, GcPlanRefusedError, GenerationError
@@ -64,13 +65,13 @@ class GenerationScan:
 
     messages: int = 0
     expired: int = 0
-    deletes: list[bytes] = field(default_factory=list)
 
 
-def scan_generation(generation: Generation, rules: RetentionRules, now: int) -> GenerationScan:
-    """Count a generation's messages and collect the keys of those expired at `now`
-    (their data entry and every index entry the layout wrote for them). Blocking."""
-    scan = GenerationScan()
+def _walk(generation: Generation, rules: RetentionRules, now: int
+          ) -> Iterator[list[bytes] | None]:
+    """Every message of a generation, a page at a time: for each, its keys when it is
+    expired at `now` (its data entry and every index entry the layout wrote for it),
+    else None. Blocking."""
     layout = generation.layout
     for static, pattern in stream_patterns(generation.trie).items():
         after = 0
@@ -82,17 +83,45 @@ def scan_generation(generation: Generation, rules: RetentionRules, now: int) -> 
             for _key, value in entries:
                 timestamp = peek_timestamp(value)
                 topic = peek_topic(value)
-                scan.messages += 1
                 if not is_expired(rules, topic, timestamp, now):
+                    yield None
                     continue
                 topic_key = generation.trie.lookup(topic.split("/"))
                 if topic_key is None or topic_key.static != static:
                     raise CorruptDataError(f"stored topic {topic!r} is not in its stream's trie")
-                scan.expired += 1
-                scan.deletes += [entry_key for entry_key, _ in
-                                 layout.encode(topic, topic_key, timestamp, b"")]
+                yield [entry_key for entry_key, _ in
+                       layout.encode(topic, topic_key, timestamp, b"")]
             after = peek_timestamp(entries[-1][1])
+
+
+def scan_generation(generation: Generation, rules: RetentionRules, now: int) -> GenerationScan:
+    """Count a generation's messages, and those expired at `now`. Blocking."""
+    scan = GenerationScan()
+    for keys in _walk(generation, rules, now):
+        scan.messages += 1
+        scan.expired += keys is not None
     return scan
+
+
+def expired_keys(generation: Generation, rules: RetentionRules, now: int
+                 ) -> Iterator[list[bytes]]:
+    """The keys of the generation's messages expired at `now`, in runs of about
+    `DELETE_BATCH_BYTES` (a message's keys stay together only by chance: each run is
+    deleted atomically, the rewrite as a whole is not), read as they are deleted: a
+    generation of millions of expired messages is never held whole in memory.
+    Blocking (each run: one `next` in the shard's executor)."""
+    run: list[bytes] = []
+    size = 0
+    for keys in _walk(generation, rules, now):
+        if keys is None:
+            continue
+        run += keys
+        size += sum(len(key) for key in keys)
+        if size >= DELETE_BATCH_BYTES:
+            yield run
+            run, size = [], 0
+    if run:
+        yield run
 
 
 def check_plan(plan: Any, database: Database) -> tuple[RetentionRules, int, int]:
@@ -190,18 +219,29 @@ async def _apply_one(database: Database, shard_set: ShardSet, entry: dict[str, A
         await database.drop_generation(shard_id, generation_id)
         return {**result, "status": "dropped", "deleted_messages": scan.messages,
                 "bytes_freed": before}
-    return await _rewrite(database, shard_set, shard, generation_id, scan, before, result)
+    return await _rewrite(database, shard_set, shard, generation_id, scan, before, result,
+                          rules, made_at)
 
 
 async def _rewrite(database: Database, shard_set: ShardSet, shard: Shard, generation_id: int,
-                   scan: GenerationScan, before: int, result: dict[str, Any]
-                   ) -> dict[str, Any]:
-    for deletes in _batches(scan.deletes):
+                   scan: GenerationScan, before: int, result: dict[str, Any],
+                   rules: RetentionRules, made_at: int) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    runs: Iterator[list[bytes]] | None = None
+    while True:
+        async with database.reading(shard.shard_id, generation_id):
+            generation = shard.generations.get(generation_id)
+            if generation is None:  # dropped meanwhile (retention)
+                return {**result, "status": "gone", "reason": "dropped while being rewritten"}
+            if runs is None:
+                runs = expired_keys(generation, rules, made_at)
+            deletes = await loop.run_in_executor(shard_set.executor, next, runs, None)
+        if deletes is None:
+            break
         try:
             await database.gc_write(shard.shard_id, generation_id, deletes, [])
         except GenerationError:  # dropped meanwhile (retention)
             return {**result, "status": "gone", "reason": "dropped while being rewritten"}
-    loop = asyncio.get_running_loop()
     async with database.reading(shard.shard_id, generation_id):
         generation = shard.generations.get(generation_id)
         if generation is None:
@@ -213,17 +253,3 @@ async def _rewrite(database: Database, shard_set: ShardSet, shard: Shard, genera
                                            generation)
     return {**result, "status": "rewritten", "deleted_messages": scan.expired,
             "bytes_freed": max(0, before - after)}
-
-
-def _batches(keys: list[bytes]) -> list[list[bytes]]:
-    """`keys` in runs of about `DELETE_BATCH_BYTES` (a message's keys stay together
-    only by chance: each batch is atomic, the rewrite as a whole is not)."""
-    batches: list[list[bytes]] = []
-    size = DELETE_BATCH_BYTES
-    for key in keys:
-        if size >= DELETE_BATCH_BYTES:
-            batches.append([])
-            size = 0
-        batches[-1].append(key)
-        size += len(key)
-    return batches

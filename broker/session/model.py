@@ -68,6 +68,11 @@ class WillRecord:
     retain: bool
     properties: MessageProperties
     delay: int  # seconds
+    # Names this will among its client id's (drawn at random when it is set; 0: stored
+    # before wills had one): stored with the message when it is published, so that a
+    # publication retried after a failure whose outcome was not known stores it once
+    # (`SessionStore.submit_will`, `Publisher.publish_will_once`).
+    will_id: int = 0
 
     def to_message(self, client_id: str) -> Message:
         return Message(self.topic, self.payload, client_id, self.qos, self.retain,
@@ -103,6 +108,8 @@ class SessionRecord:
     disconnected_at: float | None = None  # wall clock seconds; None while connected
     owner_epoch: int = 0
     username: str | None = None  # who made it: only they may resume it
+    # which session of the client id it is (`Session.incarnation`; 0: stored before)
+    incarnation: int = 0
 
     def expired(self, now: float) -> bool:
         return self.disconnected_at is not None and \
@@ -123,6 +130,7 @@ class SessionRecord:
             "pubrel_pending": self.pubrel_pending, "resend": self.resend,
             "will": _will_to_json(self.will), "disconnected_at": self.disconnected_at,
             "owner_epoch": self.owner_epoch, "username": self.username,
+            "incarnation": self.incarnation,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -136,7 +144,7 @@ class SessionRecord:
             pubrel_pending=[int(packet_id) for packet_id in data["pubrel_pending"]],
             resend=_resend_from_json(data["resend"]), will=_will_from_json(data["will"]),
             disconnected_at=data["disconnected_at"], owner_epoch=int(data["owner_epoch"]),
-            username=data["username"])
+            username=data["username"], incarnation=int(data.get("incarnation", 0)))
 
 
 @dataclass(slots=True)
@@ -196,7 +204,7 @@ def _will_from_json(data: dict[str, Any] | None) -> WillRecord | None:
         return None
     return WillRecord(data["topic"], bytes.fromhex(data["payload"]), data["qos"],
                       data["retain"], _properties_from_json(data["properties"]),
-                      data["delay"])
+                      data["delay"], int(data.get("will_id", 0)))
 
 
 def cursor_key(topic_filter: str, stream: Stream) -> str:

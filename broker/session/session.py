@@ -18,6 +18,7 @@ only (nothing queues in memory for it)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 
 from ..deadlines import Deadlines
@@ -35,7 +36,8 @@ from .streams import Streams
 
 class Session:
     # one per connection (or session): no __dict__ each (issue 25)
-    __slots__ = ("_inbound_qos2", "_on_shared_loss", "_persist", "_persist_pending",
+    __slots__ = ("_inbound_qos2", "_incarnation", "_on_shared_loss", "_persist",
+                 "_persist_pending",
                  "_persist_task", "client_id", "durable", "expiry_interval", "outbox",
                  "owner_epoch", "persist_lock", "replay", "routes", "stored_parts", "streams",
                  "username", "will")
@@ -61,6 +63,7 @@ class Session:
         # Kept by the registry, which saves; a new session has none stored.
         self.stored_parts: StoredParts | None = StoredParts()
         self._inbound_qos2: InboundQos2 | None = None  # see inbound_qos2
+        self._incarnation: int | None = None  # see incarnation
         self.routes = Routes(client_id)
         self.outbox = Outbox(max_queued, save=self.persist_now,
                              request_save=self.request_persist, finished=self._finished,
@@ -87,6 +90,17 @@ class Session:
             self._inbound_qos2 = InboundQos2()
         return self._inbound_qos2
 
+    @property
+    def incarnation(self) -> int:
+        """Which session of its client id this is: drawn at random when first asked
+        for (most sessions never need it), kept in its record, taken back by
+        `restore`; 0 for a session stored before incarnations. Its inbound QoS 2
+        records carry it (`SessionStore`, `qos2_tag`), so that those another session
+        of the client id left behind are never taken for its own."""
+        if self._incarnation is None:
+            self._incarnation = secrets.randbits(63) or 1
+        return self._incarnation
+
     # -- persisted form -----------------------------------------------------------
 
     def to_record(self, disconnected_at: float | None) -> SessionRecord:
@@ -104,6 +118,7 @@ class Session:
             disconnected_at=disconnected_at,
             owner_epoch=self.owner_epoch,
             username=self.username,
+            incarnation=self.incarnation,
         )
 
     def restore(self, record: SessionRecord) -> None:
@@ -111,6 +126,7 @@ class Session:
         self.routes.replace_all(record.subscriptions)
         self.owner_epoch = record.owner_epoch + 1
         self.username = record.username
+        self._incarnation = record.incarnation
         # Messages past PUBREC are never published again: only their PUBREL is.
         self.outbox.restore(record.pubrel_pending, record.resend)
         self.streams.restore(record.cursors, record.done)

@@ -4,7 +4,8 @@ subscription, cursor and finished cursor, `sp/<len><client><kind><name>`), of th
 positions a site keeps for its shared groups (`g/<len><group key><site>`, also in
 `sessions`, with the group's shard) and of inbound QoS 2 records
 (`qos2/<len><client><packet id>`, kept with the client's messages in the `messages`
-database). Nothing else reads or writes these keys.
+database, each holding the incarnation of the session that stored it: see
+`qos2_tag`). Nothing else reads or writes these keys.
 
 On a replicated site (`owner` set: this site's id) a session record is written fenced
 by its owner epoch (`ds.fence`): a site takes a client id with `claim`, which moves
@@ -107,6 +108,21 @@ def _qos2_prefix(client_id: str) -> bytes:
 
 def _qos2_key(client_id: str, packet_id: int) -> bytes:
     return _qos2_prefix(client_id) + packet_id.to_bytes(2, "big")
+
+
+def _will_key(client_id: str) -> bytes:
+    # one per client id: each will published overwrites the one before
+    return b"will/" + _length_prefixed(client_id)
+
+
+def qos2_tag(incarnation: int) -> bytes:
+    """What an inbound QoS 2 record holds: the incarnation of the session that stored
+    it (`Session.incarnation`; empty for 0, a session stored before incarnations). A
+    session loads and recognises only its own: the ids a session that ended left
+    behind (its forget failed: no majority in reach, say) are not taken, by a later
+    session of that client id, for messages it stored, so a new message with such an
+    id is stored, not answered as a resend and lost."""
+    return b"" if incarnation == 0 else incarnation.to_bytes(8, "big")
 
 
 def _qos2_fence(client_id: str, owner_epoch: int, claim: bool = False) -> Fence:
@@ -246,14 +262,35 @@ class SessionStore:
     # -- inbound QoS 2 records ----------------------------------------------------
 
     def submit_qos2(self, message: Message, wait: bool, packet_id: int,
-                    owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+                    owner_epoch: int = 0, incarnation: int = 0
+                    ) -> list[asyncio.Future[None]]:
         """Store an inbound QoS 2 message with its packet id in one atomic write, so a
-        PUBLISH resent after a crash is recognised, never stored twice. On a fenced
-        store, only while `owner_epoch` is the client id's (else FencedError)."""
+        PUBLISH resent after a crash is recognised, never stored twice; the record is
+        the session `incarnation`'s (`qos2_tag`). On a fenced store, only while
+        `owner_epoch` is the client id's (else FencedError)."""
         return self._messages.submit(
             [message], wait, records_of=message.client_id,
-            record_puts=[(_qos2_key(message.client_id, packet_id), b"")],
+            record_puts=[(_qos2_key(message.client_id, packet_id), qos2_tag(incarnation))],
             fence=self._fence(message.client_id, owner_epoch))
+
+    def submit_will(self, message: Message, will_id: int, owner_epoch: int = 0
+                    ) -> list[asyncio.Future[None]]:
+        """Store a will message with its `will_id` in one atomic write (the record
+        `will/<len><client>`, one per client id), so a publication retried after a
+        failure whose outcome is not known can tell whether it was stored
+        (`will_stored`) rather than store it twice. On a fenced store, only while
+        `owner_epoch` is the client id's (else FencedError): a site cut off from the
+        client, which resumed its session elsewhere, publishes no will for it."""
+        return self._messages.submit([message], True, records_of=message.client_id,
+                                     record_puts=[(_will_key(message.client_id),
+                                                   will_id.to_bytes(8, "big"))],
+                                     fence=self._fence(message.client_id, owner_epoch))
+
+    async def will_stored(self, client_id: str, will_id: int) -> bool:
+        """Whether the will `will_id` of `client_id` is stored (read past a barrier)."""
+        key = _will_key(client_id)
+        return any(found == key and value == will_id.to_bytes(8, "big") for found, value
+                   in await self._committed_records(client_id, key))
 
     def release_qos2(self, client_id: str, packet_id: int,
                      owner_epoch: int = 0) -> list[asyncio.Future[None]]:
@@ -274,16 +311,22 @@ class SessionStore:
         return await self._messages.read_records(self._messages.shard_of(client_id), prefix,
                                                  Consistency.COMMITTED)
 
-    async def inbound_qos2_ids(self, client_id: str) -> set[int]:
+    async def inbound_qos2_ids(self, client_id: str, incarnation: int = 0) -> set[int]:
+        """The packet ids of the inbound QoS 2 messages session `incarnation` of
+        `client_id` stored and has not released (those of other sessions of the
+        client id are not its own: `qos2_tag`)."""
+        tag = qos2_tag(incarnation)
         records = await self._committed_records(client_id, _qos2_prefix(client_id))
-        return {int.from_bytes(key[-2:], "big") for key, _value in records}
+        return {int.from_bytes(key[-2:], "big") for key, value in records if value == tag}
 
-    async def qos2_stored(self, client_id: str, packet_id: int) -> bool:
-        """Whether an inbound QoS 2 message with this packet id is stored and awaits
-        its PUBREL (asked when a store of it failed without a known outcome)."""
-        key = _qos2_key(client_id, packet_id)
+    async def qos2_stored(self, client_id: str, packet_id: int, incarnation: int = 0
+                          ) -> bool:
+        """Whether session `incarnation` stored an inbound QoS 2 message with this
+        packet id that awaits its PUBREL (asked when a store of it failed without a
+        known outcome)."""
+        key, tag = _qos2_key(client_id, packet_id), qos2_tag(incarnation)
         # the keys of one client's QoS 2 records all have the same length
-        return any(found == key for found, _value
+        return any(found == key and value == tag for found, value
                    in await self._committed_records(client_id, key))
 
     async def forget_qos2(self, client_id: str, owner_epoch: int = 0) -> None:

@@ -81,13 +81,14 @@ def test_a_will_the_session_gc_could_not_store_is_stored_by_a_later_pass(
     real_publish_will = Publisher.publish_will
     calls: list[str] = []
 
-    def failing_once(publisher: Publisher, message: Message) -> list[asyncio.Future[None]]:
+    def failing_once(publisher: Publisher, message: Message, will_id: int = 0,
+                     owner_epoch: int = 0) -> list[asyncio.Future[None]]:
         calls.append(message.topic)
         if len(calls) == 1:
             failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             failed.set_exception(StorageTimeoutError("no majority of replicas in time"))
             return [failed]
-        return real_publish_will(publisher, message)
+        return real_publish_will(publisher, message, will_id, owner_epoch)
     monkeypatch.setattr(Publisher, "publish_will", failing_once)
 
     async def scenario() -> None:
@@ -108,6 +109,54 @@ def test_a_will_the_session_gc_could_not_store_is_stored_by_a_later_pass(
             await wait_until("the expired session to be collected", collected)
             assert len(calls) >= 2, calls
             stored = await read_filter(storage, "messages", "gc/will")
+            assert [message.payload for message in stored] == [b"gone"]
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())
+
+
+def test_a_will_whose_write_outcome_was_not_known_is_stored_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GC pass publishes an expired session's will; its write is committed but the
+    answer is a failure (a timeout past the commit, say), so the pass fails and a later
+    one publishes it again: the will was stored twice (a QoS 2 will delivered twice).
+    The will is stored with its id, and a later pass that finds it stored does not
+    store it again."""
+    real_publish_will = Publisher.publish_will
+    calls: list[int] = []
+
+    def committed_but_failed_once(publisher: Publisher, message: Message, will_id: int = 0,
+                                  owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+        calls.append(will_id)
+        written = real_publish_will(publisher, message, will_id, owner_epoch)
+        if len(calls) > 1:
+            return written
+
+        async def answer_lost() -> None:
+            await asyncio.gather(*written)
+            raise StorageTimeoutError("no answer in time")
+        return [asyncio.ensure_future(answer_lost())]
+    monkeypatch.setattr(Publisher, "publish_will", committed_but_failed_once)
+
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        sessions_db = await storage.open_kv_db("sessions", 2)
+        will = WillRecord("gc/once", b"gone", 2, False, MessageProperties(), 0, will_id=42)
+        expired = SessionRecord("expired-client", expiry_interval=1,
+                                disconnected_at=time.time() - 10, will=will)
+        await sessions_db.write("expired-client",
+                                puts=[(b"s/expired-client", expired.head_to_json())])
+        broker = await Broker.assemble(storage, messages, 2, False,
+                                       SessionLimits(session_gc_interval=0.1))
+        await broker.start()
+        try:
+            async def collected() -> bool:
+                return await sessions_db.get("expired-client", b"s/expired-client") is None
+            await wait_until("the expired session to be collected", collected)
+            assert calls == [42], calls  # the later pass found it stored
+            stored = await read_filter(storage, "messages", "gc/once")
             assert [message.payload for message in stored] == [b"gone"]
         finally:
             await broker.stop()

@@ -100,3 +100,25 @@ def test_messages_queued_offline_carry_their_remaining_expiry(broker: BrokerProc
     client.send(Puback(packet.packet_id))
     client.quiet(1.0)  # the expired message never comes
     client.disconnect()
+
+
+def test_a_quiet_resumed_session_outlives_a_crash_of_its_site(broker: BrokerProcess) -> None:
+    """The session written before CONNACK was recorded as disconnected at that moment
+    (not attached to its connection yet): a resumed session that stayed quiet (no
+    SUBSCRIBE, nothing delivered: nothing written after) expired after a crash of its
+    site though its client was connected all along. It is recorded connected, so its
+    expiry counts from the site's restart."""
+    client_id = unique("quiet")
+    make_session(broker, client_id, unique("quiet") + "/t")
+    quiet = RawClient(broker.port, MQTT_5)
+    connack = quiet.connect(client_id, clean_start=False,
+                            properties=Properties(session_expiry_interval=2))
+    assert connack.session_present
+    time.sleep(3)  # connected, idle, longer than its expiry
+    broker.kill()
+    broker.start()
+    again = RawClient(broker.port, MQTT_5)
+    connack = again.connect(client_id, clean_start=False,
+                            properties=Properties(session_expiry_interval=2))
+    assert (connack.reason_code, connack.session_present) == (0, True)
+    again.disconnect()

@@ -116,3 +116,32 @@ def test_collecting_expired_sessions_spares_clients_that_reconnect_meanwhile(
             await broker.stop()
             await storage.close()
     run(scenario())
+
+
+def test_a_session_resumed_while_its_expiry_waited_is_not_expired(tmp_path: Path) -> None:
+    """A session's expiry fired while a new connection was resuming it (the client's
+    lock held by the CONNECT): once the lock was free, the expiry found the session
+    not attached yet (its CONNACK under way) and discarded it (its will published, its
+    record deleted), and the connection went on with an orphan that receives nothing.
+    A session a connection holds is not expired."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        broker = await Broker.assemble(storage, messages, 2, False, SessionLimits())
+        await broker.start()
+        try:
+            first = Connection(broker, "resumed")
+            await first.open(False, 60)
+            await first.close()
+            session = broker.registry.sessions["resumed"]
+            second = Connection(broker, "resumed")
+            await second.open(False, 60)  # resumed, not attached yet
+            assert second.session is session
+            await broker.registry._expire(session)  # the expiry that waited for the lock
+            assert broker.registry.sessions.get("resumed") is session
+            store = SessionStore(await storage.open_kv_db(SESSIONS_DB, 2), messages)
+            assert await store.load("resumed") is not None
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())

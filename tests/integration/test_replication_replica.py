@@ -43,7 +43,9 @@ from stratamq.broker.ds.replication import (
     bootstrap,
     senders,
 )
+from stratamq.broker.ds.replication import installer as installer_module
 from stratamq.broker.ds.replication.applier import Applier
+from stratamq.broker.ds.replication.bootstrap import stage_empty_shard
 from stratamq.broker.ds.replication.leader import Leadership
 from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
@@ -53,9 +55,10 @@ from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.state_machine import LogStateMachine
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
+from stratamq.broker.ds.replication.writes import Writes
 from stratamq.broker.ds.shard import Shard, now_us
 from stratamq.broker.ds.shard_set import ShardSet
-from stratamq.broker.errors import GcPlanRefusedError, StorageError
+from stratamq.broker.errors import GcPlanRefusedError, StorageClosedError, StorageError
 from stratamq.broker.routing.relay import Relay
 from stratamq.broker.routing.site_interest import SiteInterest
 from stratamq.broker.session.store import SessionStore
@@ -380,6 +383,161 @@ def test_a_write_whose_entry_a_newer_leader_replaced_is_not_acknowledged(
             assert a_replica.log.epoch_at(end + 1) == 2
             for site in (a, b, c):
                 assert b"m1" not in await payloads_on_t(site)
+        finally:
+            go_on.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_applies_no_entry_its_own_log_has_not_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two followers of three make an entry committed while the leader's own copy is
+    not on disk yet (it syncs while they append). The leader applied it all the same:
+    a power loss then left its shard's applied offset (synced by a trim, or by every
+    write with `sync_writes`) past the end of its log, and the site refused to start
+    (found by reading). It applies only what its own log holds durably."""
+    a_logs: list[ShardLog] = []
+    syncing, go_on = asyncio.Event(), asyncio.Event()
+    sync_own = Writes._sync_own
+
+    async def held(writes: Writes, offset: int) -> None:
+        # before the log's lock: the applier may read the log meanwhile
+        if writes._context.log in a_logs and not go_on.is_set():
+            syncing.set()
+            await go_on.wait()
+        await sync_own(writes, offset)
+    monkeypatch.setattr(Writes, "_sync_own", held)
+
+    async def scenario() -> None:
+        (a, b, c), _replicas, _peers = await start_three_led_by_a(tmp_path)
+        a_replica = replica_of(a)
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            a_logs.append(a_replica.log)
+            m1 = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
+            await until("a syncs m1", syncing.is_set)
+            end = a_replica.log.last.offset
+            await until("m1 committed by b and c", lambda: a_replica.log.committed >= end)
+            await asyncio.sleep(0.3)  # time for the applier, had it gone on
+            assert a_replica.log.durable < end
+            assert a_replica.applied < end, "applied what its log does not hold on disk"
+            go_on.set()
+            assert await outcome(asyncio.wait_for(m1, WAIT)) == "committed"
+            assert a_replica.applied >= end
+        finally:
+            go_on.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_leader_back_from_a_power_loss_takes_its_epoch_over_from_every_replica(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a leads epoch 1 and ships m1 to b while its own copy is not on disk yet; its
+    machine loses power, and a comes back leading epoch 1 again, as its kept placement
+    says (no failover meanwhile). Its takeover fenced a majority only: c, which never
+    had m1, answered first (b was down), and a wrote m2 at m1's offset, under the same
+    epoch. b, back, kept m1 there (the same epoch: the same entry, as far as a log can
+    tell), answered "matched", and the replicas held different messages at one offset
+    (found by review). A leader that led its epoch before it started takes it over
+    from every replica: it waits for b, takes m1 from it, and m2 comes after."""
+    held_logs: list[ShardLog] = []
+    power_lost = asyncio.Event()  # a's own sync of m1 never comes: the power goes first
+    sync_own = Writes._sync_own
+
+    async def held(writes: Writes, offset: int) -> None:
+        if writes._context.log in held_logs:
+            await power_lost.wait()
+            raise StorageClosedError("the power went")
+        await sync_own(writes, offset)
+    monkeypatch.setattr(Writes, "_sync_own", held)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        _, nowhere = addresses((a, b, c))
+        try:
+            await commit(a, b"m0")
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            end = replica_of(a).log.last.offset
+            await offer(a, 2, replicas, a.id, 1, {**peers, c.id: nowhere[c.id]})
+            held_logs.append(replica_of(a).log)
+            m1 = a.database.submit([Message("t", b"m1", "pub", 1)])[0]
+            await until("b holds m1", lambda: replica_of(b).log.last.offset == end + 1)
+            a_log = replica_of(a).log
+            path, durable = a_log.path, a_log.durable
+            assert durable == end
+            power_lost.set()
+            await a.storage.close()
+            assert (await outcome(m1)).startswith("failed")  # never acknowledged
+            lost = ShardLog(path)  # what a power loss leaves: the log up to its last sync
+            lost.truncate_after(durable)
+            lost.close()
+            await b.storage.close()  # b is down when a comes back
+            a = await start_site(tmp_path / "a")
+            await offer(a, 3, replicas, a.id, 1, {**peers, a.id: a.address, b.id: nowhere[b.id]})
+            m2 = a.database.submit([Message("t", b"m2", "pub", 1)])[0]
+            await asyncio.sleep(1.0)  # c answers a's fence meanwhile
+            b = await start_site(tmp_path / "b")
+            peers = {a.id: a.address, b.id: b.address, c.id: c.address}
+            for site in (a, b, c):
+                await offer(site, 4, replicas, a.id, 1, peers)
+            assert await outcome(asyncio.wait_for(m2, WAIT)) == "committed"
+            await until("b and c caught up", lambda: caught_up(b, a)() and caught_up(c, a)())
+            logs = [replica_of(site).log for site in (a, b, c)]
+            for offset in range(end + 1, min(log.last.offset for log in logs) + 1):
+                held_there = {(entry.position, entry.batch) for log in logs
+                              for entry in log.read(offset, 1)}
+                assert len(held_there) == 1, f"the replicas differ at offset {offset}"
+            assert (await payloads_on_t(a))[-2:] == [b"m1", b"m2"]
+        finally:
+            power_lost.set()
+            for site in (a, b, c):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_replica_placed_again_before_its_data_went_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """c leaves the replica set, and its data is to go (an empty shard installed in
+    its place); before that install, c is placed in the set again and takes appends
+    its leader counts. The install went on and wiped them: entries the leader counted
+    on c's copy were on a alone (found by review). The install is given up when c is
+    in the set again."""
+    staging, go_on = threading.Event(), threading.Event()
+    stage = stage_empty_shard
+
+    def held(path: Path) -> None:
+        staging.set()
+        go_on.wait(WAIT)
+        stage(path)
+    monkeypatch.setattr(installer_module, "stage_empty_shard", held)
+
+    async def scenario() -> None:
+        (a, b, c), replicas, peers = await start_three_led_by_a(tmp_path)
+        try:
+            await commit(a, b"m0")
+            await until("c caught up", caught_up(c, a))
+            held_by_c = replica_of(c).log.last
+            without_c = tuple(sorted((a.id, b.id)))
+            for site in (a, b, c):
+                await offer(site, 2, without_c, a.id, 1, peers)
+            await until("c stages its empty shard", staging.is_set)
+            for site in (a, b, c):
+                await offer(site, 3, replicas, a.id, 1, peers)
+            _, nowhere = addresses((a, b, c))
+            await offer(a, 4, replicas, a.id, 1, {**peers, b.id: nowhere[b.id]})
+            await commit(a, b"m1")  # on a and c: b is cut off
+            m1_at = replica_of(a).log.last
+            await until("c holds m1", lambda: replica_of(c).log.last == m1_at)
+            # a cut off from c too: what c holds is only what it kept
+            await offer(a, 5, replicas, a.id, 1, {**nowhere, a.id: a.address})
+            go_on.set()
+            await asyncio.sleep(0.5)  # the install, had it gone on
+            c_log = replica_of(c).log
+            assert [entry.position for entry in c_log.read(held_by_c.offset, 2)] == [
+                held_by_c, m1_at], "c's copy, counted for m1's commit, is gone"
         finally:
             go_on.set()
             for site in (a, b, c):

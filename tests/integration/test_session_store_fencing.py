@@ -61,3 +61,75 @@ def test_a_site_that_lost_the_client_id_can_no_longer_touch_its_qos2_ids(
         finally:
             await storage.close()
     run(scenario())
+
+
+def test_a_session_takes_only_its_own_qos2_ids_not_those_an_ended_one_left(
+        tmp_path: Path) -> None:
+    """A session that ended forgets its inbound QoS 2 ids; when that forget failed (no
+    majority in reach, say: it was only logged), the ids stayed, and a later session of
+    the client id loaded them as its own when it was restored: a new message with such
+    an id was answered as a resend, acknowledged and never stored. Each record holds
+    the incarnation of the session that stored it; a session loads and recognises only
+    its own (a session stored before incarnations, 0, only the untagged ones)."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        try:
+            messages = await storage.open_db("messages", DbOptions(n_shards=2))
+            store = SessionStore(await storage.open_kv_db(SESSIONS_DB, 2, False), messages)
+
+            def published(n: int) -> Message:
+                return Message("t/qos2", f"m{n}".encode(), CLIENT, 2)
+
+            ended, later = 0x1234, 0x5678
+            for packet_id in (5, 7):  # left by the session that ended
+                for done in store.submit_qos2(published(packet_id), True, packet_id,
+                                              incarnation=ended):
+                    await done
+            assert await store.inbound_qos2_ids(CLIENT, later) == set()
+            assert not await store.qos2_stored(CLIENT, 7, later)
+            for done in store.submit_qos2(published(8), True, 8, incarnation=later):
+                await done
+            assert await store.inbound_qos2_ids(CLIENT, later) == {8}
+            assert await store.qos2_stored(CLIENT, 8, later)
+            # id 7 again, by the later session: its own from now on
+            for done in store.submit_qos2(published(7), True, 7, incarnation=later):
+                await done
+            assert await store.inbound_qos2_ids(CLIENT, later) == {7, 8}
+            assert await store.inbound_qos2_ids(CLIENT, ended) == {5}
+            # records of sessions stored before incarnations: theirs alone
+            for done in store.submit_qos2(published(9), True, 9):
+                await done
+            assert await store.inbound_qos2_ids(CLIENT) == {9}
+            assert await store.qos2_stored(CLIENT, 9, 0)
+            assert not await store.qos2_stored(CLIENT, 9, later)
+        finally:
+            await storage.close()
+    run(scenario())
+
+
+def test_a_site_that_lost_the_client_id_publishes_no_will_for_it(tmp_path: Path) -> None:
+    """A session disconnected at site a with a will delay; its client resumes it at site
+    b, which a cannot reach, and b claims the client id. a's will timer fires: the
+    will was stored all the same (only the session's write after it was fenced), a
+    will for a client connected at b (MQTT-3.1.2-8). The will's write is fenced by the
+    owner epoch too."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        try:
+            messages = await storage.open_db("messages", DbOptions(n_shards=2))
+            sessions_db = await storage.open_kv_db(SESSIONS_DB, 2, False)
+            old = SessionStore(sessions_db, messages, owner="site-a")
+            new = SessionStore(sessions_db, messages, owner="site-b")
+            will = Message("clients/gone", b"bye", CLIENT, 1)
+            await old.claim(CLIENT, 1)
+            await new.claim(CLIENT, 2)
+            with pytest.raises(FencedError):
+                for done in old.submit_will(will, 42, 1):
+                    await done
+            assert not await new.will_stored(CLIENT, 42)
+            for done in new.submit_will(will, 43, 2):  # the owner's own will goes on
+                await done
+            assert await new.will_stored(CLIENT, 43)
+        finally:
+            await storage.close()
+    run(scenario())

@@ -85,6 +85,23 @@ def test_a_divergent_tail_is_cut_against_a_new_leader(tmp_path: Path) -> None:
     assert content(ShardLog(tmp_path / "f")) == [(1, 1, b"a"), (2, 2, b"x"), (2, 3, b"y")]
 
 
+def test_every_entry_from_the_first_that_differs_is_written(tmp_path: Path) -> None:
+    """Past the first entry that differs, an entry of the same epoch at the same
+    offset (two leaders at one epoch: never planned, but a log must not make it
+    worse) was left out of the write after the tail was cut: the log ended short of
+    what it answered matched, or held a hole."""
+    follower = ShardLog(tmp_path / "f")
+    follower.append_as_leader(1, batches("a", "b"))
+    follower.append_from_leader(2, Position(1, 2), [Entry(Position(2, 3), b"c")])
+    # a leader of epoch 2 whose log has x at 2 and its own c at 3
+    result = follower.append_from_leader(2, Position(1, 1), [Entry(Position(2, 2), b"x"),
+                                                              Entry(Position(2, 3), b"c")])
+    assert result.accepted and result.matched == 3
+    assert content(follower) == [(1, 1, b"a"), (2, 2, b"x"), (2, 3, b"c")]
+    assert follower.last == Position(2, 3)
+    follower.close()
+
+
 def test_trim_and_truncate(tmp_path: Path) -> None:
     log = ShardLog(tmp_path / "log")
     log.append_as_leader(1, batches("a", "b", "c"))

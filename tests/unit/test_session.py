@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from prometheus_client import REGISTRY
 
 from stratamq.broker.deadlines import Deadlines
-from stratamq.broker.ds import Message, Stream
+from stratamq.broker.ds import Message, MessageProperties, Stream
 from stratamq.broker.errors import StorageTimeoutError
 from stratamq.broker.session.model import (
     SessionRecord,
     Subscription,
+    WillRecord,
     cursor_from_json,
     cursor_key,
     cursor_to_json,
@@ -1237,3 +1238,38 @@ def test_idle_durable_sessions_share_one_timer_for_their_polls() -> None:
         assert len(polls) == 0
 
     run(main())
+
+
+def test_a_session_keeps_its_incarnation_in_its_record_and_takes_it_back() -> None:
+    """Which session of its client id a session is (its inbound QoS 2 records carry
+    it): drawn once, kept in its record, taken back when restored; a record stored
+    before incarnations reads as 0."""
+    async def main() -> None:
+        first = make_session(FakeStorage(), durable=True)
+        incarnation = first.incarnation
+        assert incarnation > 0 and first.incarnation == incarnation
+        assert make_session(FakeStorage(), durable=True).incarnation != incarnation
+        record = first.to_record(None)
+        head = SessionRecord.head_from_json(record.head_to_json())
+        assert record.incarnation == head.incarnation == incarnation
+        restored = make_session(FakeStorage(), durable=True)
+        restored.restore(head)
+        assert restored.incarnation == incarnation
+        legacy = record.head_to_json().replace(
+            f',"incarnation":{incarnation}'.encode(), b"")
+        assert b"incarnation" not in legacy
+        assert SessionRecord.head_from_json(legacy).incarnation == 0
+
+    run(main())
+
+
+def test_a_will_keeps_its_id_in_the_session_record() -> None:
+    """The id a will is published with (so a retried publication stores it once) is
+    kept with the session; a will stored before ids reads as 0 (published as before)."""
+    will = WillRecord("w/t", b"bye", 2, True, MessageProperties(), 5, will_id=77)
+    record = SessionRecord("c", 60, will=will)
+    assert SessionRecord.head_from_json(record.head_to_json()).will == will
+    legacy = record.head_to_json().replace(b',"will_id":77', b"")
+    assert b"will_id" not in legacy
+    found = SessionRecord.head_from_json(legacy).will
+    assert found is not None and found.will_id == 0

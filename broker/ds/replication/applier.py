@@ -59,7 +59,7 @@ class Applier:
         return self._context.shard.applied_offset
 
     def committed_moved(self) -> None:
-        """The log's commit offset may have grown."""
+        """The log's commit offset, or how far it holds entries on disk, may have grown."""
         self._committed_moved.set()
 
     def keep_own(self, position: Position, cooked: CookedBatch) -> None:
@@ -136,11 +136,19 @@ class Applier:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
+    def _appliable(self) -> int:
+        """How far entries may be applied: those committed that this site's log holds
+        on disk. A leader's own entries may be committed by its followers alone while
+        it syncs them; applied before, a power loss left the shard's applied offset
+        (synced by a trim, or by every write with `sync_writes`) past the end of the
+        log, and the site refused to start."""
+        return min(self._log.committed, self._log.durable)
+
     async def _apply_loop(self) -> None:
         while not self._closed:
-            if self.applied >= self._log.committed:
+            if self.applied >= self._appliable():
                 self._committed_moved.clear()
-                if self.applied >= self._log.committed:
+                if self.applied >= self._appliable():
                     await self._committed_moved.wait()
                 continue
             try:
@@ -159,7 +167,7 @@ class Applier:
             # commit offset may then cover the replacements (the log never cuts
             # committed entries, so those read at or below it stay as read).
             async with self._context.log_lock:
-                committed = self._log.committed
+                committed = self._appliable()
                 found = await self._context.run(self._log.read, start, APPLY_BATCH)
             for entry in found:
                 offset = entry.position.offset

@@ -28,6 +28,13 @@ from .replica_context import NotLeaderError, ReplicaContext, ReplicaRole
 log = logging.getLogger(__name__)
 
 
+class JoinedAgainError(StorageError):
+    """The data of a replica that left its shard's replica set is kept: the site was
+    placed in it again before its data went."""
+
+    recoverable = True
+
+
 class Installer:
     """The installs of one shard replica: one bootstrap at a time, and none cut
     short by a stopping site (`close` waits for it)."""
@@ -71,11 +78,24 @@ class Installer:
                 self._refuse_bootstrap(exc)
                 raise
 
-    async def install_empty(self) -> None:
-        """Put an empty shard in place of this site's, its log at [0, 0]."""
+    async def install_empty(self, still_left: Callable[[], bool]) -> bool:
+        """Put an empty shard in place of this site's, its log at [0, 0], unless
+        `still_left` says no, asked under the apply and log locks (this site was
+        placed in the replica set again meanwhile: it may have taken appends that its
+        leader counts, which the empty shard would wipe). Whether it was put."""
         shard_path = self._context.shard.path
         await self._context.run(stage_empty_shard, shard_path)
-        await self._install(shard_path)
+
+        def check() -> None:
+            if not still_left():
+                raise JoinedAgainError(f"{self._context.label}: placed in the replica set "
+                                       f"again: its data stays")
+
+        try:
+            await self._install(shard_path, check)
+        except JoinedAgainError:
+            return False
+        return True
 
     async def close(self) -> None:
         """Stop a bootstrap under way; wait for an install that has begun."""
@@ -88,6 +108,8 @@ class Installer:
                 await self._installing
 
     def _refuse_bootstrap(self, error: StorageError) -> None:
+        if isinstance(error, JoinedAgainError):
+            return  # not a bootstrap: nothing to count or say
         if isinstance(error, StaleEpochError):
             self._bootstraps_refused.inc()
         else:

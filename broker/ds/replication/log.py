@@ -118,6 +118,10 @@ class ShardLog:
         self._synced.sync = True
         self._unsynced = WriteOptions()
         self._epoch = self._read_u64(_EPOCH_KEY)
+        # The epoch this log knew when this process opened it: a site named leader of
+        # it or an older one led it before it (re)started (an epoch has one leader),
+        # and may have lost appends of it that its followers hold (`Takeover`).
+        self.epoch_at_open = self._epoch
         trimmed = self._db.get(_FIRST_KEY)
         # the first offset held, and the position of the trimmed entry just before it
         self._before_first = START if trimmed is None else Position(
@@ -275,8 +279,13 @@ class ShardLog:
                                        f"leader of epoch {epoch}")
             expected += 1
         matched = previous.offset + len(entries)
-        new = [entry for entry in entries if entry.position.offset >= self.first_offset
-               and self.epoch_at(entry.position.offset) != entry.position.epoch]
+        held = [entry for entry in entries if entry.position.offset >= self.first_offset]
+        # every entry from the first that differs on: after the tail is cut there, one
+        # that happens to match (two leaders at one epoch) must be written again too
+        differs = next((number for number, entry in enumerate(held)
+                        if self.epoch_at(entry.position.offset) != entry.position.epoch),
+                       len(held))
+        new = held[differs:]
         if new:
             if new[0].position.offset <= self._last.offset:
                 self._refuse_cut_below_committed(new[0].position.offset - 1,

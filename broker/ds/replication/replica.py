@@ -201,12 +201,15 @@ class ShardReplica:
         """This site left the shard's replica set: its copy of the shard and its log
         go (an empty shard takes their place, installed like a checkpoint). A site
         that joins again later bootstraps from its leader."""
-        placement = self.placement
-        if placement is None or self._settings.site in placement.replicas:
+        def still_left() -> bool:
+            placement = self.placement
+            return placement is not None and self._settings.site not in placement.replicas
+
+        if not still_left():
             return  # joined again meanwhile
-        await self._installer.install_empty()
-        log.info("%s: this site left the replica set: its data of the shard is deleted",
-                 self._label)
+        if await self._installer.install_empty(still_left):
+            log.info("%s: this site left the replica set: its data of the shard is deleted",
+                     self._label)
 
     def _start_leading(self) -> None:
         """Lead the shard as the placement says, once taken over: in the background,
@@ -315,9 +318,12 @@ class ShardReplica:
 
     def _synced(self) -> None:
         """This leader's own copy of its entries is on disk: it counts towards their
-        commit, which the followers learn too (the commit may have waited for it)."""
+        commit, which the followers learn too (the commit may have waited for it), and
+        the entries committed without it may be applied now."""
         if self._advance():
             self._senders.tell_commit()
+        else:
+            self._applier.committed_moved()
 
     def _advance(self) -> bool:
         """Recount the commit offset; whether it moved."""

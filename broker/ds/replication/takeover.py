@@ -1,6 +1,7 @@
 """A takeover: before a site leads a shard at a new epoch, it fences a majority of
 the replica set at that epoch and appends the tail of the most advanced of them
-(docs/replication.md, "Takeover"; docs/peer-protocol.md, fence and tail)."""
+(docs/replication.md, "Takeover"; docs/peer-protocol.md, fence and tail); every
+replica, when it leads again an epoch it led before it (re)started."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ class Takeover:
         another StorageError when no majority answers or the tail does not come."""
         site = self._context.settings.site
         needed = majority(len(placement.replicas)) - 1  # this site is fenced already
+        if placement.epoch <= self._log.epoch_at_open:
+            # This site led this epoch before it (re)started. Its own appends of it
+            # were shipped while it synced them: a power loss may have taken some
+            # that a follower holds, under this very epoch, which no log can tell
+            # from the entries it would append in their place. A majority may not
+            # include that follower: every replica is fenced, and the furthest tail
+            # taken (until they all answer, the shard waits for a failover).
+            needed = len(placement.replicas) - 1
         if needed <= 0:
             return
         within = self._context.settings.write_timeout

@@ -275,10 +275,10 @@ class Writes:
         from then on. Under the log lock, as every write of the log: the site closes
         its logs only once it holds that lock."""
         shard_log = self._context.log
-        if shard_log.durable >= offset:
-            return  # synced already: appended alone, or by a later entry's sync
-        async with self._context.log_lock:
-            await self._context.run(shard_log.sync)
+        if shard_log.durable < offset:  # else synced already, by a later entry's sync
+            async with self._context.log_lock:
+                await self._context.run(shard_log.sync)
+        # told even when another sync put it on disk: the commit may wait for it
         self._on_durable()
 
     async def _forward(self, leader: str, messages: list[Message],
