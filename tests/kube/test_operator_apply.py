@@ -30,14 +30,18 @@ def apply_errors(kind: str) -> float:
                                      {"kind": kind}) or 0.0
 
 
-def test_a_refused_stateful_set_leaves_the_other_objects_applied(
-        api: ControlPlane, namespace: str) -> None:
+def make_storage(api: ControlPlane, namespace: str) -> Owner:
     api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
         "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
         "metadata": {"name": NAME}, "spec": SPEC}))
     read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
     assert read is not None
-    owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+    return Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+
+
+def test_a_refused_stateful_set_leaves_the_other_objects_applied(
+        api: ControlPlane, namespace: str) -> None:
+    owner = make_storage(api, namespace)
     probe = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "probe"},
              "spec": {"selector": {"matchLabels": {"probe": "yes"}}, "serviceName": "probe",
                       "template": {"metadata": {"labels": {"probe": "yes"}},
@@ -64,12 +68,7 @@ def test_a_refused_config_map_holds_the_stateful_set_back(
     StatefulSet applied while that ConfigMap was refused would roll a site into a pod
     that cannot mount its config. It is held back (and counted) until the ConfigMap
     is applied; the objects after it still are."""
-    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
-        "metadata": {"name": NAME}, "spec": SPEC}))
-    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
-    assert read is not None
-    owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
+    owner = make_storage(api, namespace)
     probe = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}}
     before = apply_errors("StatefulSet")
     with refusing(api, namespace, {"apiGroups": [""], "apiVersions": ["*"],

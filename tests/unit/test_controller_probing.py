@@ -22,6 +22,7 @@ from stratamq.broker.controller.probing import probe_concurrently
 from stratamq.broker.controller.site_client import SiteClient
 from stratamq.broker.controller.sites import REFUSED, Report
 from stratamq.operator.sites import SiteUnreachableError, probe_all, site_ids
+from tests.support.sockets import hung_listener as hung_site
 
 TOKEN = "secret"
 
@@ -55,18 +56,6 @@ def answering_site(site: str) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-@contextmanager
-def hung_site() -> Iterator[str]:
-    """Listens (so connections are taken) and never reads or answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
 
 
 def test_a_hung_site_costs_a_round_one_deadline_not_one_per_site() -> None:

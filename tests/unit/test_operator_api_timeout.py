@@ -5,28 +5,15 @@ takes the connection (the kernel does) and answers nothing, as a hung API server
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import urllib3
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from stratamq.operator.kube import BoundedApiClient
-
-
-@contextmanager
-def hung_api_server() -> Iterator[str]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
+from tests.support.sockets import hung_listener
 
 
 def test_a_hung_api_server_fails_the_call_instead_of_blocking_it() -> None:
@@ -40,7 +27,7 @@ def test_a_hung_api_server_fails_the_call_instead_of_blocking_it() -> None:
         except BaseException as error:  # what the call ended with, whatever it was
             outcome.append(error)
 
-    with hung_api_server() as host:
+    with hung_listener() as host:
         started = time.monotonic()
         caller = threading.Thread(target=discover, args=(host,), daemon=True)
         caller.start()
