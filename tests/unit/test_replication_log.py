@@ -17,7 +17,7 @@ from stratamq.broker.ds.replication import (
     commit_offset,
     majority,
 )
-from stratamq.broker.ds.replication.log import BootstrapNeededError
+from stratamq.broker.ds.replication.log import AppendResult, BootstrapNeededError
 
 
 def batches(*names: str) -> list[bytes]:
@@ -153,6 +153,21 @@ def test_leadership_of_one_replica_commits_at_once_and_steps_down_when_fenced(
     assert not leadership.current
     with pytest.raises(StaleEpochError):
         leadership.append(batches("z"))
+
+
+def test_a_follower_that_lacks_what_it_answered_matched_before_counts_no_more(
+        tmp_path: Path) -> None:
+    """A follower that once matched the leader's log up to some offset, then answers
+    that it lacks entries below it (its copy was replaced, say), is counted as
+    holding only what comes before them: it stood in for copies nobody had."""
+    log = ShardLog(tmp_path / "a")
+    leadership = Leadership.begin("a", 1, log, ("a", "b", "c"))
+    leadership.append(batches("x", "y", "z"))
+    leadership.on_result("b", AppendResult(True, 3, Position(1, 3)))
+    assert leadership.matched["b"] == 3 and leadership.committed == 3
+    leadership.on_result("b", AppendResult(False, 0, START, retry_from=1))
+    assert leadership.matched["b"] == 0 and leadership.next_offset["b"] == 1
+    assert leadership.committed == 3  # what was committed stays so
 
 
 def test_a_leader_counts_its_own_copy_towards_a_majority_once_synced(

@@ -108,6 +108,10 @@ class Leadership:
             self.next_offset[follower] = result.matched + 1
         else:
             self.next_offset[follower] = result.retry_from
+            # It lacks what comes from there (its copy was replaced by an empty one,
+            # say): counted as holding it, it would stand in for a copy nobody has.
+            self.matched[follower] = min(self.matched.get(follower, 0),
+                                         result.retry_from - 1)
         return self._advance()
 
     def heard_from(self, follower: str, at: float) -> None:
