@@ -25,13 +25,12 @@ class Publisher:
         self._store = store
         self._retained = retained
 
-    def publish_will(self, message: Message, will_id: int = 0, owner_epoch: int = 0
+    def publish_will(self, message: Message, will_id: int = 0
                      ) -> list[asyncio.Future[None]]:
         """Publish a will message; the futures resolve once it is stored. Its topic
         came in a CONNECT and was stored with the session: it is checked here, and a
         will on a topic no client could publish to is dropped and counted. With a
-        `will_id` (`WillRecord.will_id`), stored with it (see `publish_will_once`),
-        fenced by `owner_epoch` (FencedError once another site took the client id)."""
+        `will_id` (`WillRecord.will_id`), stored with it: see `publish_will_once`."""
         try:
             check_topic(message.topic)
         except InvalidTopicError:
@@ -41,11 +40,10 @@ class Publisher:
             return []
         if not will_id:
             return self.publish(message, wait=True)
-        return self._with_retained(
-            message, self._store.submit_will(message, will_id, owner_epoch), wait=True)
+        return self._with_retained(message, self._store.submit_will(message, will_id),
+                                   wait=True)
 
-    async def publish_will_once(self, message: Message, will_id: int, retried: bool,
-                                owner_epoch: int = 0) -> None:
+    async def publish_will_once(self, message: Message, will_id: int, retried: bool) -> None:
         """Publish a will and wait until it is stored, once: when this is a retry
         (`retried`: an earlier try failed, its outcome not known, or another pass may
         have published it) the will found stored (`SessionStore.will_stored`) is not
@@ -56,7 +54,7 @@ class Publisher:
             if message.retain:
                 await self._retained.store(self._retained_copy(message))
             return
-        await all_stored(self.publish_will(message, will_id, owner_epoch))
+        await all_stored(self.publish_will(message, will_id))
 
     def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
                 owner_epoch: int = 0, incarnation: int = 0) -> list[asyncio.Future[None]]:

@@ -107,8 +107,7 @@ class SessionCollector:
             # pass, and a later one publishes the will again, unless it finds it
             # stored (a pass that published it and failed to save the record)
             await self._publisher.publish_will_once(
-                record.will.to_message(record.client_id), record.will.will_id, retried=True,
-                owner_epoch=record.owner_epoch)
+                record.will.to_message(record.client_id), record.will.will_id, retried=True)
             record.will = None
             stored = await self._store.save(record, stored)
         if not record.expired(now):

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from ..ds import FencedError, Message
+from ..ds import Message
 from ..errors import StratamqError
 from ..session.session import Session
 from ..supervise import RESTART_PAUSE
@@ -67,15 +67,8 @@ class Wills:
         retried = False
         while True:
             try:
-                await self._publisher.publish_will_once(will, will_id, retried,
-                                                        session.owner_epoch)
+                await self._publisher.publish_will_once(will, will_id, retried)
                 break
-            except FencedError:
-                # the client resumed its session on another site, which this one could
-                # not reach: that site decides about its will (MQTT-3.1.2-8)
-                log.info("will of %r not published: another site holds the client id",
-                         will.client_id)
-                return
             except StratamqError as exc:
                 if not exc.recoverable:
                     raise

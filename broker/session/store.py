@@ -273,18 +273,14 @@ class SessionStore:
             record_puts=[(_qos2_key(message.client_id, packet_id), qos2_tag(incarnation))],
             fence=self._fence(message.client_id, owner_epoch))
 
-    def submit_will(self, message: Message, will_id: int, owner_epoch: int = 0
-                    ) -> list[asyncio.Future[None]]:
+    def submit_will(self, message: Message, will_id: int) -> list[asyncio.Future[None]]:
         """Store a will message with its `will_id` in one atomic write (the record
         `will/<len><client>`, one per client id), so a publication retried after a
         failure whose outcome is not known can tell whether it was stored
-        (`will_stored`) rather than store it twice. On a fenced store, only while
-        `owner_epoch` is the client id's (else FencedError): a site cut off from the
-        client, which resumed its session elsewhere, publishes no will for it."""
+        (`will_stored`) rather than store it twice."""
         return self._messages.submit([message], True, records_of=message.client_id,
                                      record_puts=[(_will_key(message.client_id),
-                                                   will_id.to_bytes(8, "big"))],
-                                     fence=self._fence(message.client_id, owner_epoch))
+                                                   will_id.to_bytes(8, "big"))])
 
     async def will_stored(self, client_id: str, will_id: int) -> bool:
         """Whether the will `will_id` of `client_id` is stored (read past a barrier)."""

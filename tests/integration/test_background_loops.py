@@ -81,14 +81,14 @@ def test_a_will_the_session_gc_could_not_store_is_stored_by_a_later_pass(
     real_publish_will = Publisher.publish_will
     calls: list[str] = []
 
-    def failing_once(publisher: Publisher, message: Message, will_id: int = 0,
-                     owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+    def failing_once(publisher: Publisher, message: Message, will_id: int = 0
+                     ) -> list[asyncio.Future[None]]:
         calls.append(message.topic)
         if len(calls) == 1:
             failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             failed.set_exception(StorageTimeoutError("no majority of replicas in time"))
             return [failed]
-        return real_publish_will(publisher, message, will_id, owner_epoch)
+        return real_publish_will(publisher, message, will_id)
     monkeypatch.setattr(Publisher, "publish_will", failing_once)
 
     async def scenario() -> None:
@@ -126,10 +126,10 @@ def test_a_will_whose_write_outcome_was_not_known_is_stored_once(
     real_publish_will = Publisher.publish_will
     calls: list[int] = []
 
-    def committed_but_failed_once(publisher: Publisher, message: Message, will_id: int = 0,
-                                  owner_epoch: int = 0) -> list[asyncio.Future[None]]:
+    def committed_but_failed_once(publisher: Publisher, message: Message, will_id: int = 0
+                                  ) -> list[asyncio.Future[None]]:
         calls.append(will_id)
-        written = real_publish_will(publisher, message, will_id, owner_epoch)
+        written = real_publish_will(publisher, message, will_id)
         if len(calls) > 1:
             return written
 

@@ -105,31 +105,3 @@ def test_a_session_takes_only_its_own_qos2_ids_not_those_an_ended_one_left(
         finally:
             await storage.close()
     run(scenario())
-
-
-def test_a_site_that_lost_the_client_id_publishes_no_will_for_it(tmp_path: Path) -> None:
-    """A session disconnected at site a with a will delay; its client resumes it at site
-    b, which a cannot reach, and b claims the client id. a's will timer fires: the
-    will was stored all the same (only the session's write after it was fenced), a
-    will for a client connected at b (MQTT-3.1.2-8). The will's write is fenced by the
-    owner epoch too."""
-    async def scenario() -> None:
-        storage = DurableStorage(tmp_path)
-        try:
-            messages = await storage.open_db("messages", DbOptions(n_shards=2))
-            sessions_db = await storage.open_kv_db(SESSIONS_DB, 2, False)
-            old = SessionStore(sessions_db, messages, owner="site-a")
-            new = SessionStore(sessions_db, messages, owner="site-b")
-            will = Message("clients/gone", b"bye", CLIENT, 1)
-            await old.claim(CLIENT, 1)
-            await new.claim(CLIENT, 2)
-            with pytest.raises(FencedError):
-                for done in old.submit_will(will, 42, 1):
-                    await done
-            assert not await new.will_stored(CLIENT, 42)
-            for done in new.submit_will(will, 43, 2):  # the owner's own will goes on
-                await done
-            assert await new.will_stored(CLIENT, 43)
-        finally:
-            await storage.close()
-    run(scenario())
