@@ -234,44 +234,25 @@ def failovers(placement: Placement, sites: Mapping[str, SiteState], now: float,
             continue
         # A leader without its majority would win again on its log end (it may hold
         # an uncommitted tail) and reach no majority again; the others, if a majority,
-        # hold every committed entry between them. One still taking the shard over
-        # (it leads nothing yet: back from a restart, it waits for every replica of
-        # an epoch it led before, ds/replication/takeover.py) votes when the others
-        # are no majority without it: a new epoch is what it waits for.
-        voter_sets = [alive] if lost is None else [alive - {shard.leader}]
-        if lost is not None and taking_over(sites[shard.leader], shard):
-            voter_sets.append(alive)
+        # hold every committed entry between them.
+        voters = alive - {shard.leader} if lost is not None else alive
         positions = {}
         for site in shard.replicas:
             report = sites[site].shards.get(shard.id) if site in fresh else None
             if report is not None:
                 positions[site] = report.last
-        refused: NoMajorityError | None = None
-        for voters in voter_sets:
-            try:
-                placement = failover(placement, shard.id, voters, positions,
-                                     above=reported_epoch(sites, shard.id))
-            except NoMajorityError as exc:
-                refused = exc
-                continue
-            refused = None
-            break
-        if refused is not None:
-            notes.append(refused.message if lost is None else
-                         f"{shard.database}/{shard.shard}: {lost}; {refused.message}")
+        try:
+            placement = failover(placement, shard.id, voters, positions,
+                                 above=reported_epoch(sites, shard.id))
+        except NoMajorityError as exc:
+            notes.append(exc.message if lost is None else
+                         f"{shard.database}/{shard.shard}: {lost}; {exc.message}")
             continue
         new = placement.shard(*shard.id)
         why = f"leader {shard.leader} is gone" if lost is None else lost
         notes.append(f"{shard.database}/{shard.shard}: {why}; {new.leader} leads from "
                      f"epoch {new.epoch}")
     return placement
-
-
-def taking_over(leader: SiteState, shard: ShardPlacement) -> bool:
-    """Whether the shard's named leader reports it does not lead it yet (its
-    takeover waits for replicas)."""
-    report = leader.shards.get(shard.id)
-    return report is not None and report.role != "leader" and report.epoch == shard.epoch
 
 
 def lost_quorum(shard: ShardPlacement, leader: SiteState, settings: Settings) -> str | None:

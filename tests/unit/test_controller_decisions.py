@@ -480,27 +480,6 @@ def test_a_leader_within_its_allowance_keeps_the_shard() -> None:
         != "A"
 
 
-def test_a_leader_back_from_a_restart_waiting_for_a_replica_gets_a_new_epoch() -> None:
-    """A leader back from a restart takes over an epoch it led before from every
-    replica (it may have lost appends a follower holds); with one replica gone it
-    waits, reporting no majority heard. The others alone are no majority, so it kept
-    the shard, and the shard had no leader until the replica came back. It votes
-    then: a new epoch is what it waits for."""
-    placement = one_shard("ABC", leader="A", epoch=2)
-    settings = replace(SETTINGS, n_shards=1)
-    sites = lost(placement, "A", 9.0, A=(2, 10), C=(2, 10))
-    sites["B"] = replace(sites["B"], last_seen=0.0)  # gone
-    taking = replace(sites["A"].shards[(DB, 0)], role="follower")
-    sites["A"] = replace(sites["A"], shards={(DB, 0): taking})
-    notes: list[str] = []
-    shard = decisions.failovers(placement, sites, 100.0, settings, notes).shard(DB, 0)
-    assert shard.epoch == 3 and shard.leader in ("A", "C"), notes
-    # A leader that leads (cut off from its peers) still does not vote for itself.
-    leading = replace(taking, role="leader")
-    sites["A"] = replace(sites["A"], shards={(DB, 0): leading})
-    assert decisions.failovers(placement, sites, 100.0, settings, []) == placement
-
-
 def test_a_lost_quorum_reported_at_an_older_epoch_is_not_acted_on() -> None:
     placement = one_shard("ABC", leader="A", epoch=3)
     settings = replace(SETTINGS, n_shards=1)

@@ -42,7 +42,8 @@ class Takeover:
             # that a follower holds, under this very epoch, which no log can tell
             # from the entries it would append in their place. A majority may not
             # include that follower: every replica is fenced, and the furthest tail
-            # taken (until they all answer, the shard waits for a failover).
+            # taken (until they all answer, the shard waits, or the controller fails
+            # it over to the others when they are a majority).
             needed = len(placement.replicas) - 1
         if needed <= 0:
             return
