@@ -125,6 +125,14 @@ def qos2_tag(incarnation: int) -> bytes:
     return b"" if incarnation == 0 else incarnation.to_bytes(8, "big")
 
 
+def _owned_by(tag: bytes, incarnation: int) -> bool:
+    """Whether a QoS 2 record holding `tag` is session `incarnation`'s. A session of
+    incarnation 0 (stored before incarnations, or by an older site in a rolling
+    upgrade, which kept none) takes every record, as before them: a record another
+    site of this version tagged for it is its own."""
+    return incarnation == 0 or tag == qos2_tag(incarnation)
+
+
 def _qos2_fence(client_id: str, owner_epoch: int, claim: bool = False) -> Fence:
     return Fence(_qos2_prefix(client_id), owner_epoch, claim=claim)
 
@@ -311,18 +319,18 @@ class SessionStore:
         """The packet ids of the inbound QoS 2 messages session `incarnation` of
         `client_id` stored and has not released (those of other sessions of the
         client id are not its own: `qos2_tag`)."""
-        tag = qos2_tag(incarnation)
         records = await self._committed_records(client_id, _qos2_prefix(client_id))
-        return {int.from_bytes(key[-2:], "big") for key, value in records if value == tag}
+        return {int.from_bytes(key[-2:], "big") for key, value in records
+                if _owned_by(value, incarnation)}
 
     async def qos2_stored(self, client_id: str, packet_id: int, incarnation: int = 0
                           ) -> bool:
         """Whether session `incarnation` stored an inbound QoS 2 message with this
         packet id that awaits its PUBREL (asked when a store of it failed without a
         known outcome)."""
-        key, tag = _qos2_key(client_id, packet_id), qos2_tag(incarnation)
+        key = _qos2_key(client_id, packet_id)
         # the keys of one client's QoS 2 records all have the same length
-        return any(found == key and value == tag for found, value
+        return any(found == key and _owned_by(value, incarnation) for found, value
                    in await self._committed_records(client_id, key))
 
     async def forget_qos2(self, client_id: str, owner_epoch: int = 0) -> None:
