@@ -9,7 +9,7 @@ import logging
 import time
 
 from ..ds import Database, Message, shard_of
-from ..errors import InvalidTopicError
+from ..errors import InvalidTopicError, StratamqError
 from ..metrics import MESSAGES_DROPPED
 from ..session.store import SessionStore
 from ..topic import check_topic
@@ -42,6 +42,15 @@ class Publisher:
             return self.publish(message, wait=True)
         return self._with_retained(message, self._store.submit_will(message, will_id),
                                    wait=True)
+
+    async def forget_will(self, client_id: str) -> None:
+        """The client's will is stored and no record of its session holds it: its will
+        record goes (`SessionStore.forget_will`); a failure is only said (the end of
+        the client id's next session deletes it, `SessionStore.forget_qos2`)."""
+        try:
+            await self._store.forget_will(client_id)
+        except StratamqError as exc:
+            log.warning("will record of %r not deleted: %s", client_id, exc.message)
 
     async def publish_will_once(self, message: Message, will_id: int, retried: bool) -> None:
         """Publish a will and wait until it is stored, once: when this is a retry

@@ -77,3 +77,7 @@ class Wills:
                 retried = True
                 await asyncio.sleep(RESTART_PAUSE)
         session.request_persist()
+        if will_id and not session.durable:
+            # no record of the session holds the will (deleted, or never written):
+            # no try of it comes again, and its record would stay (a client id each)
+            await self._publisher.forget_will(will.client_id)

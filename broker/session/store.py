@@ -290,6 +290,11 @@ class SessionStore:
                                      record_puts=[(_will_key(message.client_id),
                                                    will_id.to_bytes(8, "big"))])
 
+    async def forget_will(self, client_id: str) -> None:
+        """Delete the client's will record (`submit_will`)."""
+        await asyncio.gather(*self._messages.submit(
+            [], True, records_of=client_id, record_deletes=[_will_key(client_id)]))
+
     async def will_stored(self, client_id: str, will_id: int) -> bool:
         """Whether the will `will_id` of `client_id` is stored (read past a barrier)."""
         key = _will_key(client_id)
@@ -334,8 +339,11 @@ class SessionStore:
                    in await self._committed_records(client_id, key))
 
     async def forget_qos2(self, client_id: str, owner_epoch: int = 0) -> None:
+        """Forget the ids of the client's inbound QoS 2 messages, and its will record
+        (`submit_will`): its session ended, and a will of it no longer waits to be
+        tried again. Without this, a record per client id that ever had a will."""
         records = await self._committed_records(client_id, _qos2_prefix(client_id))
-        if records:
-            await asyncio.gather(*self._messages.submit(
-                [], True, records_of=client_id, record_deletes=[key for key, _ in records],
-                fence=self._fence(client_id, owner_epoch)))
+        await asyncio.gather(*self._messages.submit(
+            [], True, records_of=client_id,
+            record_deletes=[key for key, _ in records] + [_will_key(client_id)],
+            fence=self._fence(client_id, owner_epoch)))

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from stratamq.broker.core.broker import SESSIONS_DB, Broker
 from stratamq.broker.core.registry import SessionLimits
-from stratamq.broker.ds import DbOptions, DurableStorage
-from stratamq.broker.session.model import SessionRecord
+from stratamq.broker.ds import DbOptions, DurableStorage, Message, MessageProperties
+from stratamq.broker.session.model import SessionRecord, WillRecord
 from stratamq.broker.session.session import Session
 from stratamq.broker.session.store import SessionStore
-from tests.support.storage import run
+from tests.support.storage import read_filter, run
 
 CLIENTS = 300
 
@@ -141,6 +141,43 @@ def test_a_session_resumed_while_its_expiry_waited_is_not_expired(tmp_path: Path
             assert broker.registry.sessions.get("resumed") is session
             store = SessionStore(await storage.open_kv_db(SESSIONS_DB, 2), messages)
             assert await store.load("resumed") is not None
+        finally:
+            await broker.stop()
+            await storage.close()
+    run(scenario())
+
+
+def test_a_will_leaves_no_record_once_stored_and_its_session_gone(tmp_path: Path) -> None:
+    """A will is stored with a record of its id (so that a retry stores it once); that
+    record stayed for ever, one per client id that ever had a will (clients with
+    random ids: without bound). It goes once the will is stored and no record of the
+    session holds it, and with the session's QoS 2 ids when a session ends."""
+    async def scenario() -> None:
+        storage = DurableStorage(tmp_path)
+        messages = await storage.open_db("messages", DbOptions(n_shards=2))
+        broker = await Broker.assemble(storage, messages, 2, False, SessionLimits())
+        await broker.start()
+        store = SessionStore(await storage.open_kv_db(SESSIONS_DB, 2), messages)
+        try:
+            gone = Connection(broker, "gone")
+            await gone.open(True, 0)
+            assert gone.session is not None
+            gone.session.set_will(WillRecord("wills/gone", b"bye", 1, False,
+                                             MessageProperties(), 0, will_id=7))
+            await gone.close()
+            stored = await read_filter(storage, "messages", "wills/gone")
+            deadline = time.monotonic() + 10
+            while not stored or await store.will_stored("gone", 7):
+                assert time.monotonic() < deadline, "the will's record stayed"
+                await asyncio.sleep(0.05)
+                stored = await read_filter(storage, "messages", "wills/gone")
+            assert [message.payload for message in stored] == [b"bye"]
+            # a will record left behind goes with the next session's end
+            for done in store.submit_will(Message("wills/left", b"x", "left", 1), 9):
+                await done
+            assert await store.will_stored("left", 9)
+            await store.forget_qos2("left")
+            assert not await store.will_stored("left", 9)
         finally:
             await broker.stop()
             await storage.close()
