@@ -106,8 +106,8 @@ def scan_generation(generation: Generation, rules: RetentionRules, now: int) -> 
 def expired_keys(generation: Generation, rules: RetentionRules, now: int
                  ) -> Iterator[list[bytes]]:
     """The keys of the generation's messages expired at `now`, in runs of about
-    `DELETE_BATCH_BYTES` (a message's keys stay together only by chance: each run is
-    deleted atomically, the rewrite as a whole is not), read as they are deleted: a
+    `DELETE_BATCH_BYTES` (a message's keys in one run: each run is deleted atomically,
+    the rewrite as a whole is not), read as they are deleted: a
     generation of millions of expired messages is never held whole in memory.
     Blocking (each run: one `next` in the shard's executor)."""
     run: list[bytes] = []
@@ -228,13 +228,17 @@ async def _rewrite(database: Database, shard_set: ShardSet, shard: Shard, genera
                    rules: RetentionRules, made_at: int) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     runs: Iterator[list[bytes]] | None = None
+    walked: Shard | None = None
     while True:
         async with database.reading(shard.shard_id, generation_id):
+            # the shard's copy here may have been replaced meanwhile (a checkpoint
+            # installed): walked again in the new one (deleting a key twice is harmless)
+            shard = shard_set.shards[shard.shard_id]
             generation = shard.generations.get(generation_id)
             if generation is None:  # dropped meanwhile (retention)
                 return {**result, "status": "gone", "reason": "dropped while being rewritten"}
-            if runs is None:
-                runs = expired_keys(generation, rules, made_at)
+            if runs is None or walked is not shard:
+                runs, walked = expired_keys(generation, rules, made_at), shard
             deletes = await loop.run_in_executor(shard_set.executor, next, runs, None)
         if deletes is None:
             break
