@@ -47,12 +47,20 @@ from stratamq.broker.ds.replication import installer as installer_module
 from stratamq.broker.ds.replication.applier import Applier
 from stratamq.broker.ds.replication.bootstrap import stage_empty_shard
 from stratamq.broker.ds.replication.leader import Leadership
-from stratamq.broker.ds.replication.log import START, AppendResult, Entry, Position, ShardLog
+from stratamq.broker.ds.replication.log import (
+    START,
+    AppendResult,
+    Entry,
+    Position,
+    ShardLog,
+    StaleEpochError,
+)
 from stratamq.broker.ds.replication.peer import DEADLINE_HEADER, PeerClient, PeerServer
 from stratamq.broker.ds.replication.replica import ShardReplica
 from stratamq.broker.ds.replication.replica_context import ReplicaContext, ReplicaSettings
 from stratamq.broker.ds.replication.site_replication import SiteReplication
 from stratamq.broker.ds.replication.state_machine import LogStateMachine
+from stratamq.broker.ds.replication.takeover import Takeover
 from stratamq.broker.ds.replication.term import NO_TERM, ControllerTerm
 from stratamq.broker.ds.replication.wire import encode_request, encode_submit
 from stratamq.broker.ds.replication.writes import Writes
@@ -542,6 +550,42 @@ def test_a_replica_placed_again_before_its_data_went_keeps_it(
             go_on.set()
             for site in (a, b, c):
                 await site.storage.close()
+    asyncio.run(scenario())
+
+
+def test_a_takeover_overtaken_by_a_newer_epoch_of_the_same_site_leads_that_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site takes a shard over at epoch 1; meanwhile the controller names it again at
+    epoch 3 (the push starts no second takeover while one runs), and the first ends
+    with StaleEpochError (a replica knew a newer epoch). The takeover task returned,
+    and the site led at no epoch until another push (found by review). It looks at the
+    placement again and leads epoch 3."""
+    first_tried, go_on = asyncio.Event(), asyncio.Event()
+    take_over = Takeover.take_over
+
+    async def overtaken(takeover: Takeover, placement: ShardPlacement) -> None:
+        if placement.epoch == 1:
+            first_tried.set()
+            await go_on.wait()
+            raise StaleEpochError("a replica knows epoch 3")
+        await take_over(takeover, placement)
+    monkeypatch.setattr(Takeover, "take_over", overtaken)
+
+    async def scenario() -> None:
+        a = await start_site(tmp_path / "a")
+        peers = {a.id: a.address}
+        try:
+            await offer(a, 1, (a.id,), a.id, 1, peers)
+            await until("the takeover of epoch 1 runs", first_tried.is_set)
+            await offer(a, 2, (a.id,), a.id, 3, peers)
+            go_on.set()
+            def leads_epoch_3() -> bool:
+                leadership = replica_of(a).leadership
+                return leadership is not None and leadership.epoch == 3
+            await until("a leads epoch 3", leads_epoch_3)
+        finally:
+            go_on.set()
+            await a.storage.close()
     asyncio.run(scenario())
 
 

@@ -221,17 +221,26 @@ class ShardReplica:
 
     async def _take_lead(self) -> None:
         site = self._settings.site
+        epoch = None
         while not self._closed:
             placement = self.placement
             if placement is None or placement.leader != site or self.leadership is not None \
                     or placement.epoch < self.log.epoch:
                 return  # replaced meanwhile
+            if placement.epoch != epoch:
+                # a takeover of another epoch than the one tried so far: counted from now
+                # in `quorum_age`, or the controller takes the new one for stuck too
+                epoch, self._starting_since = placement.epoch, time.monotonic()
             try:
                 await self._takeover.take_over(placement)
             except StaleEpochError as exc:
+                # A newer leader exists: the controller's next push names it, which may
+                # be this site again at a newer epoch while this task still runs (the
+                # push then starts no other): looked at again after a pause.
                 log.warning("%s: not leading epoch %d: %s", self._label, placement.epoch,
                             exc.message)
-                return  # a newer leader exists: the controller's next push names it
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
             except StorageError as exc:
                 log.warning("%s: not leading epoch %d yet: %s", self._label, placement.epoch,
                             exc.message)
