@@ -32,7 +32,7 @@ What is Kubernetes' own here:
   one from what the API server holds now (`Controllers.hand_back`), which takes a
   term above it. At most `MAX_HAND_BACKS` in `HAND_BACK_WINDOW` seconds: more means
   two operators act on the storage at once (two releases watching one namespace),
-  and the one fenced stays so. Otherwise the term is another controller's (a
+  and the one fenced stays so for that window. Otherwise the term is another controller's (a
   `stratamq cluster controller` run against the same sites), and the operator steps
   aside: an error, a Warning event `ControllerFenced`, nothing pushed any more.
   A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
@@ -347,7 +347,12 @@ class StorageController:
         # Another replica of the operator kept a newer term while this one was paused:
         # this controller is done, the handler makes a new one (`Controllers.hand_back`).
         self.handed_back = False
-        self.yield_refused = False  # handing back was refused: fenced like any other
+        # Until when handing back is refused (two operators acting at once): fenced
+        # like by any other controller meanwhile.
+        self.yield_refused_until = 0.0
+        # Another operator kept its state since this one's last round (loaded): what
+        # this one applied is not known to be there any more (the handler's to say).
+        self.others_acted = False
         # Why this round's _follow_goal made a plan: (trigger, message).
         self._round_trigger: tuple[str, str] | None = None
         self.transitions = Transitions(owner, self.state.plan, history_limit)
@@ -465,7 +470,7 @@ class StorageController:
         (`TermKeeper.yields_to`); this controller hands back (`handed_back`: nothing
         more of it is to be used) and True."""
         keeper = self.term_keeper
-        if self.yield_refused or (keeper.fenced_by is None and (
+        if time.monotonic() < self.yield_refused_until or (keeper.fenced_by is None and (
                 keeper.term is None or newer_term(keeper.term, reported.values()) is None)):
             return False
         record = self.store.reload()
@@ -484,6 +489,7 @@ class StorageController:
                     "read it: loaded, nothing pushed this round", self.owner.namespace,
                     self.owner.name)
         self._load(theirs)
+        self.others_acted = True
 
     def _load(self, theirs: StatusRecord) -> None:
         """Go on from `theirs`, the state another operator kept (its term a floor of
@@ -513,6 +519,12 @@ class StorageController:
         return followed.state
 
     # -- what others read -----------------------------------------------------------------
+
+    @property
+    def in_charge(self) -> bool:
+        """Whether this controller acts for the storage: it holds its term, fenced by
+        no newer one."""
+        return self.term_keeper.in_charge
 
     def kept_pods(self, sites_asked: int) -> int:
         """Pods the StatefulSet must keep (see `pods_to_keep`)."""
@@ -600,7 +612,7 @@ class Controllers:
         next round makes a new controller from what the API server holds now; True.
         More than MAX_HAND_BACKS in HAND_BACK_WINDOW seconds mean two operators act on
         the storage at once (their terms would climb over each other's for ever):
-        refused (said once), `running` stays, fenced; False."""
+        refused for a window (said once), `running` stays, fenced meanwhile; False."""
         uid = running.owner.uid
         with self._lock:
             times = [when for when in self._hand_backs.get(uid, [])
@@ -614,7 +626,7 @@ class Controllers:
                               running.owner.namespace, running.owner.name, len(times),
                               HAND_BACK_WINDOW)
                 running.handed_back = False
-                running.yield_refused = True
+                running.yield_refused_until = now + HAND_BACK_WINDOW
                 self._hand_backs[uid] = times
                 return False
             self._refusing.discard(uid)

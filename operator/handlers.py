@@ -89,19 +89,25 @@ class Applied:
     generation whose objects were last applied here, and its spec. The timers and the
     reconcile run concurrently (in threads), each with the body it was handed; a timer
     holding an older body must not write an older observedGeneration over a newer
-    one. `running`: the spec the sites' StatefulSet was last applied from (by this
-    operator or one before it), read when there is nothing else to follow."""
+    one, nor apply older objects over newer ones (`applying`: one apply at a time, see
+    `apply_and_note`). `running`: the spec the sites' StatefulSet was last applied
+    from (by this operator or one before it), read when there is nothing else to
+    follow. `stale`: another operator acted on the storage meanwhile, so the objects
+    are applied again at the next round (`control`)."""
 
     generation: int | None = None
     spec: dict[str, Any] | None = None
     running: dict[str, Any] | None = None
+    stale: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    applying: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, generation: int, spec: dict[str, Any] | None = None) -> None:
         with self.lock:
             if self.generation is None or generation >= self.generation:
                 self.generation = generation
                 self.spec = spec
+                self.stale = False
 
     def get(self) -> int | None:
         with self.lock:
@@ -116,9 +122,15 @@ class Applied:
 
     def forget(self) -> None:
         """Nothing applied here as far as the next handler knows: another operator
-        acted on the storage meanwhile (a Kopf peering hand-over)."""
+        acted on the storage meanwhile (a Kopf peering hand-over); applied again at
+        the next round."""
         with self.lock:
             self.generation = self.spec = self.running = None
+            self.stale = True
+
+    def is_stale(self) -> bool:
+        with self.lock:
+            return self.stale
 
 
 @dataclass(frozen=True)
@@ -469,18 +481,11 @@ def reconcile(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta:
         metrics.RECONCILES.labels("invalid").inc()
         metrics.set_phase(namespace, name, StoragePhase.FAILED)
         raise kopf.PermanentError(message)
-    started = time.monotonic()
     current_spec = plain(spec)
     parsed = parse_spec(current_spec)
-    try:
-        apply_objects(owner, current_spec, parsed, controllers_of(memo), budget_of(memo))
-    except Exception:
-        metrics.RECONCILES.labels("error").inc()
-        raise  # Kopf retries with back-off and logs it
-    metrics.RECONCILES.labels("ok").inc()
-    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
     generation = int(meta.get("generation", 0))
-    applied_of(memo).note(generation, current_spec)
+    # raises: Kopf retries with back-off and logs it
+    apply_and_note(owner, current_spec, generation, memo)
     if reason != "resume":
         kopf.info(body, reason=EventReason.RECONCILED,
                   message=f"objects applied for generation {generation} ({reason})")
@@ -502,16 +507,27 @@ def reapply(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
 
 
 def apply_and_note(owner: Owner, spec: dict[str, Any], generation: int,
-                   memo: kopf.Memo) -> None:
+                   memo: kopf.Memo) -> bool:
     """Apply the storage's objects for `spec` (of `generation`, one the broker
-    accepts) and note it applied, counted as a reconcile."""
-    try:
-        apply_objects(owner, spec, parse_spec(spec), controllers_of(memo), budget_of(memo))
-    except Exception:
-        metrics.RECONCILES.labels("error").inc()
-        raise
+    accepts) and note it applied, counted as a reconcile; one apply of a storage at a
+    time, and none of a generation older than one applied (a timer's older body):
+    False then. Raises what `apply_objects` raised."""
+    applied = applied_of(memo)
+    started = time.monotonic()
+    with applied.applying:
+        noted = applied.get()
+        if noted is not None and noted > generation:
+            return False
+        try:
+            apply_objects(owner, spec, parse_spec(spec), controllers_of(memo),
+                          budget_of(memo))
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+        applied.note(generation, spec)
     metrics.RECONCILES.labels("ok").inc()
-    applied_of(memo).note(generation, spec)
+    metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    return True
 
 
 # --- status ---------------------------------------------------------------------------
@@ -596,7 +612,9 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
             body: kopf.Body, memo: kopf.Memo, site_pod_index: SitePods | None = None,
             **_: Any) -> None:
     """One round of the storage's controller, then the StatefulSet shrunk to the pods
-    that must stay (the departing ones go once they hold no replica)."""
+    that must stay (the departing ones go once they hold no replica) and the
+    disruption budget set, by the spec whose objects are applied. Raises nothing for
+    an apply that fails here: Kopf would hold the next round back a minute."""
     assert namespace is not None
     owner = Owner(name=name, namespace=namespace, uid=uid)
     applied = applied_of(memo)
@@ -610,25 +628,42 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     running = controllers.of(owner, parsed, HEARTBEAT_INTERVAL)
     if token is None or running is None:
         return
-    running.round(parsed, following.generation, site_pods_of(site_pod_index, owner, memo),
-                  token)
+    pods = site_pods_of(site_pod_index, owner, memo)
+    running.round(parsed, following.generation, pods, token)
     for reason, message in running.pushes.take_warnings():
         kopf.warn(body, reason=reason, message=message)
-    if running.handed_back:
-        # Another replica of the operator acted meanwhile: what this one knows of the
-        # storage (its controller, what it applied) is stale; the next round starts
-        # from what the API server holds, and the reconcile timer applies the objects.
-        if controllers.hand_back(running, time.monotonic()):
-            applied.forget()
+    if running.others_acted or running.handed_back:
+        # Another operator acted on the storage meanwhile: what this one applied and
+        # the budget it wrote are not known to be there any more.
+        running.others_acted = False
+        if running.handed_back:
+            if not controllers.hand_back(running, time.monotonic()):
+                return
+            # the controller made in its place from what the API server holds runs
+            # now: the status and metrics do not go without one for a round
+            running = controllers.of(owner, parsed, HEARTBEAT_INTERVAL)
+            if running is None:
+                return
+            running.round(parsed, following.generation, pods, token)
+            for reason, message in running.pushes.take_warnings():
+                kopf.warn(body, reason=reason, message=message)
+        applied.forget()
+        budget = budget_of(memo)
+        with budget.lock:
+            budget.max_unavailable = None
+    if applied.is_stale() and following.generation > 0 \
+            and not config_problems(following.spec):
+        try:
+            apply_and_note(owner, following.spec, following.generation, memo)
+        except (ObjectsNotAppliedError, *kube.API_ERRORS) as error:
+            log.warning("%s/%s: objects not applied again after another operator acted "
+                        "(tried again next round): %s", namespace, name, error)
+            return
+    # Only by the spec the objects were applied for, and while it still is (a timer's
+    # older body must not shrink what the reconcile just grew), and only in charge (a
+    # fenced controller's state is another's to act on).
+    if not running.in_charge or not still_applied(following, applied):
         return
-    if not following.applied:
-        if applied.get() is not None:
-            return  # the reconcile of this generation is under way
-        # Nothing applied here since another replica of the operator acted: applied
-        # now, not at the next reapply, so the budget and the scale follow.
-        apply_and_note(owner, following.spec, following.generation, memo)
-    # Only with the spec the objects were applied for: a timer holding an older body
-    # (spec.sites before a scale-up) must not shrink what the reconcile just grew.
     kept = running.kept_pods(parsed.sites)
     if kube.scale("StatefulSet", namespace, name, kept):
         log.info("%s/%s: StatefulSet set to %d pods", namespace, name, kept)
@@ -636,6 +671,13 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
     set_budget(owner, pod_disruption_budget(owner, following.spec,
                                             running.tolerated_disruptions()),
                budget_of(memo))
+
+
+def still_applied(following: Following, applied: Applied) -> bool:
+    """Whether the objects of the spec `following` names are still the ones applied
+    (the spec the StatefulSet runs, generation 0: while nothing was applied here)."""
+    noted = applied.get()
+    return noted is None if following.generation == 0 else noted == following.generation
 
 
 # --- the Spark jobs' last runs -------------------------------------------------------------
