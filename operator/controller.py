@@ -32,9 +32,10 @@ What is Kubernetes' own here:
   one from what the API server holds now (`Controllers.hand_back`), which takes a
   term above it. At most `MAX_HAND_BACKS` in `HAND_BACK_WINDOW` seconds: more means
   two operators act on the storage at once (two releases watching one namespace),
-  and the one fenced stays so for that window. Otherwise the term is another controller's (a
-  `stratamq cluster controller` run against the same sites), and the operator steps
-  aside: an error, a Warning event `ControllerFenced`, nothing pushed any more.
+  and the one fenced stays so for that window. Otherwise the term is another
+  controller's (a `stratamq cluster controller` run against the same sites), and the
+  operator steps aside: an error, a Warning event `ControllerFenced`, nothing pushed
+  any more.
   A push refused for its placement (`accepted: false`: the site keeps a newer one) is a
   Warning event `PlacementRefused`, and the next round adopts what the sites keep
   (`decisions.adopt`), as the local controller does.
