@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 from prometheus_client import REGISTRY
 
 from stratamq.operator import kube
 from stratamq.operator.controller import Controllers
-from stratamq.operator.handlers import AppliedBudget, ObjectsNotAppliedError, apply_objects
+from stratamq.operator.handlers import (
+    AppliedBudget,
+    ObjectsNotAppliedError,
+    applied_of,
+    apply_and_note,
+    apply_objects,
+)
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
 from tests.support.kube import ControlPlane, refusing
@@ -81,3 +88,21 @@ def test_a_refused_config_map_holds_the_stateful_set_back(
     assert apply_errors("StatefulSet") == before + 1
     apply_objects(owner, SPEC, parse_spec(SPEC), Controllers(), AppliedBudget())
     assert kube.get("apps/v1", "StatefulSet", namespace, NAME) is not None
+
+
+def test_an_older_spec_is_not_applied_over_a_newer_one(api: ControlPlane, namespace: str) -> None:
+    """The reconcile of a new generation and a timer holding an older body both applied
+    the storage's objects, and whichever came last won: the older one's template (and
+    its ConfigMap pruning) over the newer one's, while the generation noted said the
+    newer. One apply of a storage at a time, none of a generation older than one
+    applied."""
+    owner = make_storage(api, namespace)
+    memo = kopf.Memo()
+    memo["controllers"] = Controllers()
+    newer = {**SPEC, "sites": 4}
+    assert apply_and_note(owner, newer, 2, memo)
+    assert not apply_and_note(owner, SPEC, 1, memo)  # the timer's older body
+    stateful_set = kube.get("apps/v1", "StatefulSet", namespace, NAME)
+    assert stateful_set is not None and stateful_set["spec"]["replicas"] == 4
+    assert applied_of(memo).last() == (newer, 2)
+    assert apply_and_note(owner, newer, 2, memo)  # the same generation: drift repaired

@@ -13,6 +13,7 @@ import kopf
 
 from stratamq.operator.handlers import (
     Following,
+    still_applied,
     applied_generation,
     applied_of,
     spec_to_follow,
@@ -104,3 +105,24 @@ def test_an_operator_started_on_a_refused_spec_follows_the_one_its_sites_run() -
     for found in unusable:
         assert spec_to_follow(refused, 7, applied_of(kopf.Memo()),
                               functools.partial(dict, found)) is None
+
+
+def test_the_scale_and_budget_follow_only_the_spec_still_applied() -> None:
+    """A round that read spec N must not scale the StatefulSet or set the budget by it
+    once the reconcile of N+1 noted N+1 (it would shrink what N+1 grew); the spec the
+    StatefulSet runs (generation 0) counts only while nothing was applied here.
+    Another operator having acted, what was applied here is forgotten and applied
+    again at the next round (`stale`)."""
+    applied = applied_of(kopf.Memo())
+    spec = {"sites": 3}
+    assert still_applied(Following(spec, 0, True), applied)
+    applied.note(4, spec)
+    assert still_applied(Following(spec, 4, True), applied)
+    assert not still_applied(Following(spec, 0, True), applied)
+    applied.note(5, {"sites": 5})
+    assert not still_applied(Following(spec, 4, True), applied)
+    assert not applied.is_stale()
+    applied.forget()
+    assert applied.is_stale() and applied.get() is None
+    applied.note(6, spec)
+    assert not applied.is_stale()
