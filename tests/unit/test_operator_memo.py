@@ -13,10 +13,10 @@ import kopf
 
 from stratamq.operator.handlers import (
     Following,
-    still_applied,
     applied_generation,
     applied_of,
     spec_to_follow,
+    still_applied,
 )
 from stratamq.operator.resources import (
     APPLIED_SPEC_ANNOTATION,
