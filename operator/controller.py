@@ -318,6 +318,9 @@ class StorageController:
         self.owner = owner
         self.settings = settings
         self.started = time.monotonic()
+        # When its last round ran (monotonic; None before one): a replica of the
+        # operator that Kopf's peering paused runs none, and what it knows is stale.
+        self.last_round_at: float | None = None
         self.store = store
         kept = store.load()
         self.state, self.pods = kept.state, dict(kept.pods)
@@ -372,6 +375,7 @@ class StorageController:
 
     def _round(self, spec: StorageSpec, generation: int, pods: list[kube.PodView],
                token: str) -> None:
+        self.last_round_at = time.monotonic()
         self.settings = settings_of(spec, self.settings.heartbeat_interval)
         self._round_trigger = None
         port = spec.admin_port
@@ -639,3 +643,10 @@ class Controllers:
     def all(self) -> list[StorageController]:
         with self._lock:
             return list(self._by_uid.values())
+
+    def acting(self, now: float, within: float) -> list[StorageController]:
+        """The controllers that ran a round in the last `within` seconds: a replica of
+        the operator that Kopf's peering paused runs none, and its metrics would stand
+        beside those of the one that acts, stale (their sums counted twice)."""
+        return [running for running in self.all() if running.last_round_at is not None
+                and now - running.last_round_at <= within]

@@ -251,7 +251,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         memo.metrics_listener = await metrics.serve(METRICS_BIND)
     except (OSError, ValueError) as error:  # a busy port, a bad address
         raise kopf.PermanentError(f"cannot serve metrics on {METRICS_BIND}: {error}") from error
-    memo.collector = metrics.OperatorCollector(memo.controllers)
+    # a controller whose rounds stopped (its replica paused) for a minute exports
+    # nothing (a round may take seconds: probes, API calls on a busy API server)
+    memo.collector = metrics.OperatorCollector(memo.controllers,
+                                               max(60.0, 5 * HEARTBEAT_INTERVAL))
     REGISTRY.register(memo.collector)
     log.info("metrics on http://%s/metrics; peering priority %d", METRICS_BIND,
              settings.peering.priority)

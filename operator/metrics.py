@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -101,14 +102,17 @@ def forget(namespace: str, name: str) -> None:
 class OperatorCollector(Collector):
     """The local controller's metrics (`stratamq_cluster_*`, broker/controller/metrics.py),
     one series set per DurableStorage, labelled with its namespace and name, so the
-    replication dashboard's controller panels work under Kubernetes too."""
+    replication dashboard's controller panels work under Kubernetes too; of the
+    controllers that ran a round in the last `within` seconds only (a paused replica
+    of the operator exports none)."""
 
-    def __init__(self, controllers: Controllers) -> None:
+    def __init__(self, controllers: Controllers, within: float) -> None:
         self._controllers = controllers
+        self._within = within
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, Metric] = {}
-        for controller in self._controllers.all():
+        for controller in self._controllers.acting(time.monotonic(), self._within):
             extra = {"namespace": controller.owner.namespace, "name": controller.owner.name}
             collector = ControllerCollector(controller.snapshot, controller.settings)
             for family in collector.collect():

@@ -6,6 +6,7 @@ tests/kube/test_operator_replication.py."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +45,7 @@ from stratamq.operator.kept_state import (
     record_of,
 )
 from stratamq.operator.kube import PodView, zone_of_node
+from stratamq.operator.metrics import OperatorCollector
 from stratamq.operator.phases import TransitionPhase as T
 from stratamq.operator.rebalance import PlanRun
 from stratamq.operator.resources import Owner
@@ -416,3 +418,21 @@ def test_hand_backs_are_bounded_two_operators_acting_at_once_leave_one_fenced() 
     assert refused.yield_refused_until == 50.0 + HAND_BACK_WINDOW and not refused.handed_back
     refused.handed_back = True  # it yields again once the window is over
     assert controllers.hand_back(refused, 50.0 + HAND_BACK_WINDOW)
+
+
+def test_a_paused_replicas_controllers_export_no_metrics() -> None:
+    """A replica of the operator that Kopf's peering paused keeps its controllers and
+    runs no rounds: its stratamq_cluster_* series stood, stale, beside those of the
+    replica that acts (the dashboards' sums counted both). Only controllers that ran
+    a round lately are exported."""
+    controllers = Controllers()
+    acting = StorageController(OWNER, settings_of(parse_spec(SPEC), 1.0), kept({}))
+    paused = StorageController(replace(OWNER, name="other", uid="u-2"),
+                               settings_of(parse_spec(SPEC), 1.0), kept({}))
+    now = time.monotonic()
+    acting.last_round_at, paused.last_round_at = now - 1.0, now - 60.0
+    controllers._by_uid = {"u-1": acting, "u-2": paused}  # as `of` makes them
+    assert controllers.acting(now, 10.0) == [acting]
+    names = {sample.labels.get("name") for family in OperatorCollector(controllers, 10.0)
+             .collect() for sample in family.samples}
+    assert names == {"mq"}
