@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
+from kopf._core.engines import posting
 
 from harness.cluster import SiteProcess
 from harness.processes import HOST, BrokerProcess, http_json
@@ -27,7 +30,7 @@ from stratamq.broker.controller.decisions import ClusterState
 from stratamq.broker.controller.store import KeepRefused, Kept
 from stratamq.broker.ds.replication import Placement, PlannedSite, plan
 from stratamq.broker.ds.replication.term import ControllerTerm
-from stratamq.operator import controller, kube
+from stratamq.operator import controller, handlers, kube
 from stratamq.operator.kept_state import KeptState, StatusRecord, kept_document
 from stratamq.operator.resources import Owner
 from stratamq.operator.spec import parse_spec
@@ -194,6 +197,71 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     assert not resumed.handed_back
     assert resumed.snapshot().fenced and resumed.term_keeper.fenced_by == foreign
     assert [reason for reason, _ in resumed.pushes.take_warnings()] == ["ControllerFenced"]
+
+
+def test_the_control_handler_hands_back_and_goes_on_in_the_same_round(
+        api: ControlPlane, namespace: str, site: SiteProcess,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Kopf timer `control` of two operator replicas in turn (their memos), with the
+    real API server and a real site: the one the peering paused, acting again, hands
+    its controller back and runs the one made in its place in the same call (no round
+    without a controller: no Pending or NoLeader status for a round), takes a term
+    above the other's, applies the objects again (another operator acted), and scales
+    the StatefulSet by the spec applied."""
+    monkeypatch.setattr(handlers, "HEARTBEAT_INTERVAL", 0.5)
+    settings = kopf.OperatorSettings()
+    settings.posting.level = logging.CRITICAL + 1  # no Kopf event queue here
+    posting.settings_var.set(settings)
+    spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
+                            "admin": {"port": site.admin_port}}
+    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
+        "metadata": {"name": NAME}, "spec": spec}))
+    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
+    assert read is not None
+    owner = owner_of(read)
+    # the admin token the site was started with, where the operator reads it
+    api.kubectl("create", "secret", "generic", f"{NAME}-admin", "-n", namespace,
+                f"--from-literal=token={BrokerProcess.ADMIN_TOKEN}")
+    pod = kube.SitePod(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False,
+                       node=None)
+    index = {(namespace, NAME): [pod]}
+
+    def memo_of_an_operator() -> kopf.Memo:
+        memo = kopf.Memo()
+        memo["controllers"] = controller.Controllers()
+        memo["node_zones"] = kube.NodeZones()
+        return memo
+
+    timer: Any = handlers.control  # as Kopf calls it, with what this test has
+
+    def control(memo: kopf.Memo) -> controller.StorageController:
+        timer(name=NAME, namespace=namespace, uid=owner.uid, spec=spec,
+              meta={"generation": 1}, body=read, memo=memo, site_pod_index=index)
+        running = handlers.controllers_of(memo).existing(owner.uid)
+        assert running is not None
+        return running
+
+    def site_term() -> ControllerTerm:
+        number, held_by = site.replication()["controller_term"]
+        return ControllerTerm(number, held_by)
+
+    paused, other = memo_of_an_operator(), memo_of_an_operator()
+    handlers.apply_and_note(owner, spec, 1, paused)  # its reconcile
+    first = control(paused)
+    assert site_term() == first.term_keeper.term
+    handlers.apply_and_note(owner, spec, 1, other)
+    theirs = control(other).term_keeper.term
+    assert theirs is not None and site_term() == theirs
+    kube.scale("StatefulSet", namespace, NAME, 0)  # the scale is the controller's
+    again = control(paused)  # acting again: hands back, and goes on
+    assert again is not first and again.in_charge
+    own = again.term_keeper.term
+    assert own is not None and own > theirs and site_term() == own
+    applied = handlers.applied_of(paused)
+    assert applied.get() == 1 and not applied.is_stale()  # applied again
+    found = kube.get("apps/v1", "StatefulSet", namespace, NAME)
+    assert found is not None and found["spec"]["replicas"] == 1
 
 
 def owner_of(storage: dict[str, Any]) -> Owner:
