@@ -156,7 +156,7 @@ def _stuck(observed: Observed, live: list[PodView], counted: str
     return StoragePhase.DEGRADED, Reason.ROLLOUT_STUCK, (
         f"{counted}; not ready for more than {observed.progress_deadline:.0f} s, the roll "
         f"or scale waits on them: {', '.join(stuck)} (kubectl describe pod: a crash, an "
-        f"image not pulled, no node to run on)")
+        f"image not pulled, no node to run on; or a site still catching its replicas up)")
 
 
 def _phase(observed: Observed, done: bool, all_ready: bool, counted: str,
