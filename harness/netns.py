@@ -132,7 +132,7 @@ class NetnsNetwork:
         self.tag = secrets.token_hex(2)
         self.hub = f"{PREFIX}-{os.getpid()}-{self.tag}-{HUB}"
         self._cuts: set[tuple[int, int]] = set()  # (from, to): from's route to `to` is cut
-        self._reach: dict[tuple[int, int], _Proxy] = {}
+        self._reach: dict[tuple[int, int], TcpProxy] = {}
         self._made = False
 
     def namespace(self, k: int) -> str:
@@ -154,7 +154,7 @@ class NetnsNetwork:
         accepted and closed at once)."""
         key = (k, port)
         if key not in self._reach:
-            proxy = _Proxy(self.reach_host(k), (self.address(k), port), dial_from=self.hub)
+            proxy = TcpProxy(self.reach_host(k), (self.address(k), port), dial_from=self.hub)
             proxy.port = port
             proxy.start()
             self._reach[key] = proxy
@@ -250,7 +250,7 @@ class NetnsNetwork:
         self.close()
 
 
-class _Proxy:
+class TcpProxy:
     """A TCP proxy from `listen` to `target` on one thread; `stop` closes the listener
     and every open connection, `start` listens again on the same port."""
 
@@ -356,7 +356,7 @@ class _Proxy:
             self._thread = None
 
 
-class _Front(_Proxy):
+class _Front(TcpProxy):
     """A proxy that refuses connections from `blocked` source addresses and closes
     the open ones (within a poll) once their source is blocked."""
 
@@ -387,7 +387,7 @@ class ProxyNetwork:
     def __init__(self, members: int, reason: str = "") -> None:
         self.members = members
         self.reason = reason
-        self._proxies: dict[tuple[int, int, int], _Proxy] = {}
+        self._proxies: dict[tuple[int, int, int], TcpProxy] = {}
         self._fronts: dict[tuple[int, int], _Front] = {}
         self._cut: set[int] = set()
         self._separated: set[frozenset[int]] = set()  # pairs apart by `separate`
@@ -410,7 +410,7 @@ class ProxyNetwork:
         """Where member `source` dials to reach member `target`'s `port`."""
         key = (source, target, port)
         if key not in self._proxies:
-            proxy = _Proxy(self.address(source), (self.address(target), port))
+            proxy = TcpProxy(self.address(source), (self.address(target), port))
             self._proxies[key] = proxy
             if not self._apart(source, target):
                 proxy.start()

@@ -70,12 +70,14 @@ def credentials_from(environ: Mapping[str, str]) -> Credentials | None:
     return Credentials(username, password)
 
 
-def wait_ready(namespace: str, name: str, timeout: float) -> dict[str, Any]:
-    """The storage once its phase is Ready; HelmTestError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+def wait_ready(namespace: str, name: str, deadline: float) -> dict[str, Any]:
+    """The storage once its phase is Ready; HelmTestError once the monotonic clock is
+    past `deadline`. A transient API error is tried again until then."""
+    timeout = max(0.0, deadline - time.monotonic())
     phase = None
     while True:
-        storage = kube.get(API_VERSION, KIND, namespace, name)
+        storage = kube.until_deadline(lambda: kube.get(API_VERSION, KIND, namespace, name),
+                                      deadline, f"reading DurableStorage {namespace}/{name}")
         if storage is None:
             raise HelmTestError(f"no DurableStorage {namespace}/{name}")
         status = storage.get("status") or {}
@@ -137,14 +139,19 @@ def check_can_connect(storage: dict[str, Any], credentials: Credentials | None) 
 
 def run(namespace: str, name: str, timeout: float, credentials: Credentials | None) -> str:
     """The test; what it saw, in one line."""
-    found = kube.get(API_VERSION, KIND, namespace, name)
+    deadline = time.monotonic() + timeout
+    found = kube.until_deadline(lambda: kube.get(API_VERSION, KIND, namespace, name),
+                                deadline, f"reading DurableStorage {namespace}/{name}")
     if found is not None:
         check_can_connect(found, credentials)
-    storage = wait_ready(namespace, name, timeout)
+    storage = wait_ready(namespace, name, deadline)
     check_can_connect(storage, credentials)  # (its spec may have changed meanwhile)
     spec = storage.get("spec") or {}
     port = int((spec.get("listeners") or {}).get("tcp", {}).get("port", DEFAULT_MQTT_PORT))
-    sites = site_addresses(storage)
+    # (A few seconds past the deadline at most: Ready was seen before it.)
+    sites = kube.until_deadline(lambda: site_addresses(storage),
+                                max(deadline, time.monotonic() + ROUND_TRIP_TIMEOUT_S),
+                                f"listing the pods of {namespace}/{name}")
     if not sites:
         raise HelmTestError(f"DurableStorage {namespace}/{name} is Ready but no site pod "
                             "is ready")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client, config
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "stratamq-operator"
 
+T = TypeVar("T")
+
 
 # Each API request's (connect, read) timeout in seconds. The client waits for ever by
 # default: one hung connection to the API server held the handler's thread, and with
@@ -54,6 +56,35 @@ API_TIMEOUT = (5.0, 30.0)
 # What a call to the API server may fail with: its answer (an ApiException: refused,
 # conflicting, gone) or no answer (a timeout, no connection).
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+# The answers that say "not now" rather than "no": too many requests, the API server
+# or what is in front of it down or overloaded.
+_TRY_LATER = frozenset({429, 500, 502, 503, 504})
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a call that failed with `error` (one of API_ERRORS) may work if made
+    again: it had no answer, or an answer that says to try later."""
+    if isinstance(error, ApiException):
+        return error.status in _TRY_LATER
+    return isinstance(error, (urllib3.exceptions.HTTPError, OSError))
+
+
+def until_deadline(call: Callable[[], T], deadline: float, what: str,
+                   pause: float = 1.0) -> T:
+    """`call()`, made again after a pause while it fails with a transient API error
+    (an API server restarting, a read timed out) and the monotonic clock is before
+    `deadline`; then its error is raised. For the chart's one-shot commands (the
+    uninstall hook, `helm test`), where one timeout must not fail the whole run."""
+    while True:
+        try:
+            return call()
+        except API_ERRORS as error:
+            if not transient(error) or time.monotonic() + pause >= deadline:
+                raise
+            log.warning("%s: the API server: %s; trying again", what, error_reason(error))
+            time.sleep(pause)
 
 
 def error_reason(error: BaseException) -> str:

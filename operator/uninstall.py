@@ -36,6 +36,8 @@ log = logging.getLogger("stratamq.operator.uninstall")
 # grace period is 30 s), far below Helm's default --timeout of 5 minutes.
 DEFAULT_TIMEOUT_S = 120.0
 POLL_INTERVAL_S = 1.0
+# What taking the finalizers off may take, however long stopping the operator took.
+RELEASE_TIMEOUT_S = 30.0
 
 
 def stop_operator(namespace: str, deployment: str, timeout: float,
@@ -91,20 +93,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="a namespace the operator serves (its operator.watchNamespaces;"
                              " repeat for each); none: it serves every namespace")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help="seconds to wait for the operator's pods to go "
+                        help="seconds to wait for the operator's pods to go, and for "
+                             "an API server that does not answer "
                              f"(default {DEFAULT_TIMEOUT_S:.0f})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # Kopf's own default, which the operator keeps (handlers.configure).
     finalizer = kopf.OperatorSettings().persistence.finalizer
+    # Each step may be made again (scaling to 0, taking a finalizer off): one that
+    # failed for want of an answer from the API server is, until the deadline.
+    started = time.monotonic()
+    deadline = started + args.timeout
     try:
-        started = time.monotonic()
-        if stop_operator(args.namespace, args.deployment, args.timeout):
+        if kube.until_deadline(
+                lambda: stop_operator(args.namespace, args.deployment,
+                                      deadline - time.monotonic()),
+                deadline, f"stopping the operator {args.namespace}/{args.deployment}"):
             log.info("operator %s/%s stopped in %.1f s", args.namespace, args.deployment,
                      time.monotonic() - started)
         else:
             log.info("no operator Deployment %s/%s", args.namespace, args.deployment)
-        released = release_storages(finalizer, args.watch_namespace)
+        released = kube.until_deadline(
+            lambda: release_storages(finalizer, args.watch_namespace),
+            max(deadline, time.monotonic() + RELEASE_TIMEOUT_S), "taking the finalizers off")
     except (ApiException, ConfigException, urllib3.exceptions.HTTPError, TimeoutError,
             kube.StaleWriteError) as error:
         print(f"error: {error}", file=sys.stderr)

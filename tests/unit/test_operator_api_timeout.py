@@ -10,9 +10,10 @@ import time
 
 import urllib3
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from stratamq.operator.kube import BoundedApiClient
+from stratamq.operator.kube import BoundedApiClient, transient
 from tests.support.sockets import hung_listener
 
 
@@ -36,3 +37,13 @@ def test_a_hung_api_server_fails_the_call_instead_of_blocking_it() -> None:
     assert outcome, "the call to a hung API server never returned"
     assert isinstance(outcome[0], urllib3.exceptions.HTTPError), outcome
     assert took < 10, took
+
+
+def test_only_no_answer_or_try_later_is_tried_again() -> None:
+    no_answer = urllib3.exceptions.ReadTimeoutError(None, "/version", "read timed out")  # type: ignore[arg-type]
+    assert transient(no_answer) and transient(ConnectionResetError())
+    for status in (429, 500, 502, 503, 504):
+        assert transient(ApiException(status=status)), status
+    # a refusal, a conflict, a missing object: the same call gets the same answer
+    for status in (400, 401, 403, 404, 409, 422):
+        assert not transient(ApiException(status=status)), status
