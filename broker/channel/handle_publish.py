@@ -12,7 +12,7 @@ from ..ds import FencedError, Message
 from ..errors import StratamqError
 from ..metrics import MESSAGES_DROPPED, messages_received
 from ..mqtt import MQTT_5, NO_PROPERTIES, Puback, Publish, Pubrec, ReasonCode
-from ..mqtt.error_codes import mqtt_reason_code
+from ..mqtt.error_codes import disconnect_reason_code
 from ..net.read_loop import ConnectionClosed
 from ..topic import validate_topic
 from .properties import to_message_properties
@@ -77,14 +77,23 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
     message = Message(topic, packet.payload, channel.client_id, packet.qos, packet.retain,
                       to_message_properties(packet.properties))
     messages_received(packet.qos).inc()
+    if packet.qos == 2 and packet.retain:
+        # The retained copy first (Publisher.publish_qos2 says why), reading nothing
+        # more from the client meanwhile, so its messages keep their order.
+        try:
+            await channel.broker.publisher.store_retained(message)
+        except StratamqError as error:
+            raise _fail(channel, disconnect_reason_code(error)) from None
+        if channel.closing:  # nothing of the message stored: the client resends it
+            raise ConnectionClosed()
     try:
-        waits = channel.broker.publisher.publish(
-            message, wait=packet.qos > 0,
-            qos2_packet_id=packet.packet_id if packet.qos == 2 else None,
-            owner_epoch=session.owner_epoch,
-            incarnation=session.incarnation if packet.qos == 2 else 0)
+        if packet.qos == 2:
+            waits = channel.broker.publisher.publish_qos2(
+                message, packet.packet_id or 0, session.owner_epoch, session.incarnation)
+        else:
+            waits = channel.broker.publisher.publish(message, wait=packet.qos > 0)
     except StratamqError as error:
-        raise _fail(channel, mqtt_reason_code(error)) from None
+        raise _fail(channel, disconnect_reason_code(error)) from None
     if packet.qos == 0:
         return
     channel.inbound_qos_pending += 1
@@ -140,7 +149,7 @@ async def _received_before(channel: Channel, packet_id: int) -> bool:
             stored = await channel.broker.publisher.qos2_stored(
                 channel.client_id, packet_id, session.incarnation)
         except StratamqError as error:
-            raise _fail(channel, mqtt_reason_code(error)) from None
+            raise _fail(channel, disconnect_reason_code(error)) from None
         if channel.closing:
             raise ConnectionClosed()
         session.inbound_qos2.known(packet_id, stored)

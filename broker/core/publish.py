@@ -61,27 +61,37 @@ class Publisher:
         again on every try, as before."""
         if retried and will_id and await self._store.will_stored(message.client_id, will_id):
             if message.retain:
-                await self._retained.store(self._retained_copy(message))
+                await self.store_retained(message)
             return
         await all_stored(self.publish_will(message, will_id))
 
-    def publish(self, message: Message, wait: bool, qos2_packet_id: int | None = None,
-                owner_epoch: int = 0, incarnation: int = 0) -> list[asyncio.Future[None]]:
-        """Store a message (and its retained copy) whose topic name the caller has
-        validated (the channel does, for a PUBLISH). With `wait`, the futures resolve
-        once everything is durable.
-
-        An inbound QoS 2 message's packet id is recorded in the same atomic write as
-        the message, so a PUBLISH resent after a crash is recognised, never stored
-        twice (exactly once), while `owner_epoch` is the client id's (in a cluster;
-        else FencedError); the record is session `incarnation`'s."""
-        if qos2_packet_id is None:
-            # the channel validated the topic name (and a will's, at CONNECT)
-            waits = self._messages.submit([message], wait, topics_checked=True)
-        else:
-            waits = self._store.submit_qos2(message, wait, qos2_packet_id, owner_epoch,
-                                            incarnation)
+    def publish(self, message: Message, wait: bool) -> list[asyncio.Future[None]]:
+        """Store a QoS 0 or 1 message (and its retained copy) whose topic name the
+        caller has validated (the channel does, for a PUBLISH). With `wait`, the
+        futures resolve once everything is durable. (A resend after a failure writes
+        both again.)"""
+        # the channel validated the topic name (and a will's, at CONNECT)
+        waits = self._messages.submit([message], wait, topics_checked=True)
         return self._with_retained(message, waits, wait)
+
+    def publish_qos2(self, message: Message, packet_id: int, owner_epoch: int,
+                     incarnation: int) -> list[asyncio.Future[None]]:
+        """Store an inbound QoS 2 message (topic validated by the caller); the futures
+        resolve once it is durable. Its packet id is recorded in the same atomic write
+        as the message, so a PUBLISH resent after a failure is recognised, never stored
+        twice (exactly once), while `owner_epoch` is the client id's (in a cluster;
+        else FencedError); the record is session `incarnation`'s.
+
+        Its retained copy is not written here: the caller stores it first
+        (`store_retained`), since a resend found recorded is not stored again, so a
+        retained copy written beside the message that failed alone would never be
+        written, the client told PUBREC all the same."""
+        return self._store.submit_qos2(message, True, packet_id, owner_epoch, incarnation)
+
+    async def store_retained(self, message: Message) -> None:
+        """Store a RETAIN message's retained copy (an empty payload deletes the
+        topic's) and return once it is durable; raises what the storage raised."""
+        await self._retained.store(self._retained_copy(message))
 
     def _with_retained(self, message: Message, waits: list[asyncio.Future[None]],
                        wait: bool) -> list[asyncio.Future[None]]:

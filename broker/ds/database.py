@@ -56,6 +56,7 @@ class Database:
         self._feed = shard_set.feed
         self._buffers = backend.buffers
         self._store_batch_time = metrics.STORE_BATCH_TIME.labels(self.name)
+        self._closed = False
 
     @property
     def shard_count(self) -> int:
@@ -363,6 +364,10 @@ class Database:
         return sum(shard.disk_usage() for shard in list(self._shard_set.shards))
 
     async def close(self) -> None:
-        """Write what the buffers hold, stop the backend, then close every shard."""
+        """Write what the buffers hold, stop the backend, then close every shard; a
+        second call does nothing (RocksDB refuses a second close)."""
+        if self._closed:
+            return
+        self._closed = True
         await self._backend.close()
         await self._shard_set.close()

@@ -33,3 +33,11 @@ def mqtt_reason_code(error: StratamqError) -> int:
             return int(code)
     return int(ReasonCode.SERVER_UNAVAILABLE if error.recoverable
                else ReasonCode.UNSPECIFIED_ERROR)
+
+
+def disconnect_reason_code(error: StratamqError) -> int:
+    """`mqtt_reason_code` for a DISCONNECT, which has no Server unavailable (0x88 is
+    a CONNACK's only, MQTT 5.0 3.14.2.1: a client's decoder may refuse it there):
+    Server busy says the same in a DISCONNECT, that the client may try again later."""
+    code = mqtt_reason_code(error)
+    return int(ReasonCode.SERVER_BUSY) if code == ReasonCode.SERVER_UNAVAILABLE else code

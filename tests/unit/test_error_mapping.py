@@ -23,7 +23,8 @@ from stratamq.broker.errors import (
     UnknownDatabaseError,
     UnknownSiteError,
 )
-from stratamq.broker.mqtt.error_codes import mqtt_reason_code
+from stratamq.broker.mqtt import MQTT_5, Disconnect, PacketReader, encode
+from stratamq.broker.mqtt.error_codes import disconnect_reason_code, mqtt_reason_code
 from stratamq.broker.mqtt.errors import MalformedPacketError, PacketTooLargeError
 
 
@@ -52,3 +53,10 @@ def test_recoverable_reason_code_and_status(error: StratamqError, recoverable: b
     assert error.recoverable is recoverable
     assert mqtt_reason_code(error) == reason
     assert http_status(error) == status
+    # What a connection is closed with is a DISCONNECT's code (0x88 is a CONNACK's
+    # only): a client decodes it.
+    code = disconnect_reason_code(error)
+    assert code == (0x89 if reason == 0x88 else reason)
+    [decoded] = PacketReader(1 << 20, protocol_level=MQTT_5).decode(
+        encode(Disconnect(code), MQTT_5))
+    assert decoded == Disconnect(code)

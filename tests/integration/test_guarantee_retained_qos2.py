@@ -1,0 +1,58 @@
+"""A QoS 2 PUBLISH with RETAIN whose retained copy cannot be stored is not stored
+either, so its resend is stored whole. The message and its packet id are one write,
+the retained copy another (another database); a resend whose packet id is found
+recorded is answered PUBREC and not stored again. With both written side by side, a
+retained copy that failed alone was never written: the client, told PUBREC on its
+resend, had its retained message lost.
+
+In process (a real site: listeners, RocksDB), so the retained database alone can be
+made to fail: it is closed under the running site, as at a shutdown or a failed
+disk, and refuses every write. (The connection closed then had a DISCONNECT with
+reason code 0x88, which is a CONNACK's only: the client could not decode it.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from harness.processes import HOST, free_port
+from stratamq.broker.config import load_config
+from stratamq.broker.core.broker import RETAINED_DB
+from stratamq.broker.mqtt import Disconnect, Properties, Pubcomp, Publish
+from stratamq.broker.site import start_site
+from tests.support.clients import RawClient
+from tests.support.storage import read_filter, run
+
+TOPIC = "state/door"
+
+
+def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
+        tmp_path: Path) -> None:
+    port = free_port()
+    config = load_config(env={
+        "STRATAMQ__DURABLE_STORAGE__MESSAGES__DATA_DIR": str(tmp_path / "data"),
+        "STRATAMQ__DURABLE_STORAGE__MESSAGES__N_SHARDS": "2",
+        "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{port}",
+        "STRATAMQ__LISTENERS__WS__ENABLE": "false",
+        "STRATAMQ__ADMIN__ENABLE": "false"})
+
+    async def scenario() -> None:
+        site = await start_site(config)
+        try:
+            client = await asyncio.to_thread(RawClient, port)
+            await asyncio.to_thread(client.connect, "writer")
+            done = await asyncio.to_thread(client.publish, TOPIC, b"open", 2, packet_id=1,
+                                           retain=True)
+            assert isinstance(done, Pubcomp), done
+            await site.storage.kv_databases[RETAINED_DB].database.close()
+            await asyncio.to_thread(client.send, Publish(TOPIC, b"closed", 2, True, False, 2,
+                                                         Properties()))
+            answered = await asyncio.to_thread(client.wait_closed)
+            # no PUBREC: closed, with a code that says to try later (Server busy)
+            assert [(type(packet), getattr(packet, "reason_code", None))
+                    for packet in answered] == [(Disconnect, 0x89)], answered
+            stored = await read_filter(site.storage, "messages", TOPIC)
+            assert [message.payload for message in stored] == [b"open"]
+        finally:
+            await site.stop()
+    run(scenario())
