@@ -128,6 +128,20 @@ def seen_on(known: SiteState, report: Report, pod: kube.PodView, now: float) -> 
     return seen if pod.zone is None else replace(seen, zone=pod.zone)
 
 
+def storage_event(owner: Owner, kind: str, reason: str, message: str, now: str
+                  ) -> dict[str, Any]:
+    """An Event of `kind` (Normal, Warning) on the storage, as the operator posts it
+    itself (not through Kopf: from the controller's thread, outside Kopf's handlers)."""
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
+                               "namespace": owner.namespace, "uid": owner.uid},
+            "type": kind, "reason": reason, "message": message,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT, "reportingInstance": EVENT_COMPONENT,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+
+
 def leader_move_event(owner: Owner, move: LeaderMove, pods: Mapping[str, str], now: str
                       ) -> dict[str, Any]:
     """The Event on the storage for a failover (Warning) or a handover (Normal) the
@@ -138,17 +152,11 @@ def leader_move_event(owner: Owner, move: LeaderMove, pods: Mapping[str, str], n
     database, shard = move.shard
     why = ("its leader is stopping" if move.handover
            else "its leader is gone or hears no majority of its replicas")
-    return {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name,
-                               "namespace": owner.namespace, "uid": owner.uid},
-            "type": "Normal" if move.handover else "Warning",
-            "reason": EventReason.LEADER_HANDOVER if move.handover else EventReason.FAILOVER,
-            "message": (f"{database}/{shard}: {why}; leader {named(move.old_leader)} -> "
-                        f"{named(move.new_leader)} at epoch {move.epoch}"),
-            "source": {"component": EVENT_COMPONENT},
-            "reportingComponent": EVENT_COMPONENT, "reportingInstance": EVENT_COMPONENT,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    return storage_event(
+        owner, "Normal" if move.handover else "Warning",
+        EventReason.LEADER_HANDOVER if move.handover else EventReason.FAILOVER,
+        f"{database}/{shard}: {why}; leader {named(move.old_leader)} -> "
+        f"{named(move.new_leader)} at epoch {move.epoch}", now)
 
 
 def plan_trigger(old_goals: list[tuple[str, ...]], goal: tuple[str, ...],
@@ -460,6 +468,10 @@ class StorageController:
         self.transitions.follow(self.state, self.pods, boots, versions, self._round_trigger,
                                 spec.history_limit)
 
+    def post_event(self, kind: str, reason: str, message: str) -> None:
+        """Post an Event of `kind` on the storage (see `_post`)."""
+        self._post(storage_event(self.owner, kind, reason, message, timestamp(time.time())))
+
     def _post(self, event: dict[str, Any]) -> None:
         """Post an Event; one the API server refuses is logged, not the round's end."""
         try:
@@ -481,10 +493,11 @@ class StorageController:
         record = self.store.reload()
         if record is None or not keeper.yields_to(record.term, reported.values()):
             return False
-        log.warning("%s/%s: the sites hold controller term %s, which another replica of "
-                    "the operator took and kept in status.controller (a Kopf peering "
-                    "hand-over): going on from the state kept, above that term",
-                    self.owner.namespace, self.owner.name, record.term)
+        said = (f"the sites hold controller term {record.term}, which another replica of "
+                "the operator took and kept in status.controller (a Kopf peering "
+                "hand-over): going on from the state kept, above that term")
+        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, said)
+        self.post_event("Normal", EventReason.CONTROLLER_HANDED_BACK, said)
         self.handed_back = True
         return True
 
@@ -622,23 +635,23 @@ class Controllers:
         with self._lock:
             times = [when for when in self._hand_backs.get(uid, [])
                      if now - when < HAND_BACK_WINDOW]
-            if len(times) >= MAX_HAND_BACKS:
-                if uid not in self._refusing:
-                    self._refusing.add(uid)
-                    log.error("%s/%s: the controller term changed hands %d times in %.0f s: "
-                              "another operator acts on this storage at once (two "
-                              "releases watching one namespace?); this one stays fenced",
-                              running.owner.namespace, running.owner.name, len(times),
-                              HAND_BACK_WINDOW)
-                running.handed_back = False
-                running.yield_refused_until = now + HAND_BACK_WINDOW
-                self._hand_backs[uid] = times
-                return False
-            self._refusing.discard(uid)
-            self._hand_backs[uid] = [*times, now]
-            if self._by_uid.get(uid) is running:
-                del self._by_uid[uid]
-            return True
+            if len(times) < MAX_HAND_BACKS:
+                self._refusing.discard(uid)
+                self._hand_backs[uid] = [*times, now]
+                if self._by_uid.get(uid) is running:
+                    del self._by_uid[uid]
+                return True
+            if uid not in self._refusing:  # (its fenced pushes post ControllerFenced)
+                self._refusing.add(uid)
+                log.error("%s/%s: the controller term changed hands %d times in %.0f s: "
+                          "another operator acts on this storage at once (two releases "
+                          "watching one namespace?); this one stays fenced",
+                          running.owner.namespace, running.owner.name, len(times),
+                          HAND_BACK_WINDOW)
+            running.handed_back = False
+            running.yield_refused_until = now + HAND_BACK_WINDOW
+            self._hand_backs[uid] = times
+        return False
 
     def all(self) -> list[StorageController]:
         with self._lock:

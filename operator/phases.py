@@ -77,6 +77,8 @@ class EventReason(StrEnum):
     FAILOVER = "Failover"  # a shard's leader gone: another replica leads (Warning)
     LEADER_HANDOVER = "LeaderHandover"  # a stopping leader handed its shard over
     CONTROLLER_FENCED = "ControllerFenced"  # the sites hold another controller's newer term
+    # a paused operator replica's controller gives way to the term another one kept
+    CONTROLLER_HANDED_BACK = "ControllerHandedBack"
     PLACEMENT_REFUSED = "PlacementRefused"  # a site keeps a newer placement than pushed
     PLACEMENT_ADOPTED = "PlacementAdopted"  # the sites' placement taken over the kept one
 

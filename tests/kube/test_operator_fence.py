@@ -179,6 +179,11 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     # `other` went; `paused` acts again: its controller hands back ...
     assert round_of(paused_operator) is paused and paused.handed_back
     assert paused_operator.hand_back(paused, 0.0)
+    handed = [event for event in json.loads(api.kubectl(
+        "get", "-n", namespace, "events", "-o", "json").stdout)["items"]
+        if event["reason"] == "ControllerHandedBack"]
+    assert len(handed) == 1 and handed[0]["involvedObject"]["uid"] == owner.uid \
+        and f"controller term {theirs}" in handed[0]["message"], handed
     # ... and the one made from the state kept goes on above the other's term.
     resumed = round_of(paused_operator)
     assert resumed is not paused and not resumed.snapshot().fenced
