@@ -6,6 +6,7 @@ test_replication_site.py.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from harness.processes import HOST, free_port
 from stratamq.broker.ds.replication import Position, ShardLog, StaleEpochError
-from stratamq.broker.ds.replication.clock import ClockOffsets
+from stratamq.broker.ds.replication.clock import ClockOffsets, Estimate
 from stratamq.broker.ds.replication.leader import AppendRequest
 from stratamq.broker.ds.replication.log import Entry
 from stratamq.broker.ds.replication.peer import PeerClient, PeerError, PeerServer
@@ -364,4 +365,39 @@ def test_a_message_that_does_not_decode_closes_the_connection() -> None:
                 message = await connection.receive(timeout=5)
                 assert message.type == aiohttp.WSMsgType.CLOSE
                 assert message.data == aiohttp.WSCloseCode.PROTOCOL_ERROR
+    asyncio.run(scenario())
+
+
+def test_a_write_refused_as_late_for_a_wrong_clock_estimate_is_sent_again(
+        tmp_path: Path) -> None:
+    """A forwarded write states its deadline in the leader's clock, by this site's
+    estimate of it; with no estimate yet (the first write after a start) or a stale
+    one, a leader whose clock runs further ahead than thought refused it as arrived
+    after its deadline, and the publisher's write failed. The refusal carries the
+    leader's clock: sent again at once, with the estimate it gave, it is taken. Here
+    the estimate kept says the leader runs 20 s behind (from a slow round trip, so
+    the next answer replaces it)."""
+    async def scenario() -> None:
+        taken: list[bytes] = []
+
+        async def submit(db: str, shard: int, body: bytes) -> None:
+            taken.append(body)
+
+        executor = ThreadPoolExecutor(2)
+        server = PeerServer(lambda db, shard: None, executor, submit=submit)  # type: ignore[arg-type, return-value]
+        port = free_port()
+        await server.start(HOST, port)
+        address = f"{HOST}:{port}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = PeerClient(session, timeout=5)
+                client.clocks.observe(address, Estimate(offset=-20.0, round_trip=10.0,
+                                                        at=time.monotonic()))
+                await client.submit(address, "messages", 0, b"write", within=3.0)
+                assert taken == [b"write"]
+                assert abs(client.clocks.offset(address)) < 1.0
+                await client.close()
+        finally:
+            await server.stop()
+            executor.shutdown()
     asyncio.run(scenario())

@@ -101,6 +101,11 @@ class PeerError(StorageError):
     recoverable = True
 
 
+class _ExpiredError(PeerError):
+    """A shard's leader refused a forwarded write as arrived after its deadline (not
+    taken): `PeerClient.submit` may send it again."""
+
+
 class PeerServer:
     def __init__(self, logs_of: LogsOf, executor: Executor, on_append: OnAppend | None = None,
                  submit: Submit | None = None, barrier: Barrier | None = None,
@@ -477,7 +482,30 @@ class PeerClient:
     async def submit(self, address: str, db: str, shard: int, body: bytes,
                      within: float) -> None:
         """Forward a write (`wire.encode_submit`) to the shard's leader at `address`;
-        returns once it is committed. PeerError (recoverable) otherwise."""
+        returns once it is committed. PeerError (recoverable) otherwise.
+
+        Its deadline is stated in the leader's clock, by the estimate of it here. A
+        leader refuses a write arrived past it (`EXPIRED`: not taken); when that
+        answer (which tells the leader's clock) changed the estimate, the estimate was
+        wrong (none yet: a first write after a start; or stale), not the write late:
+        sent again at once with the new one, while `within` lasts."""
+        give_up_at = time.monotonic() + within
+        while True:
+            offset = self.clocks.offset(address)
+            try:
+                await self._submit_once(address, db, shard, body,
+                                        max(0.0, give_up_at - time.monotonic()))
+                return
+            except _ExpiredError as error:
+                if self.clocks.offset(address) == offset or time.monotonic() >= give_up_at:
+                    raise PeerError(error.message) from error
+                logger.info("%s/%s: a write forwarded to %s was refused as late for this "
+                         "site's estimate of its clock (%+.3f s, now %+.3f s): sent again",
+                         db, shard, address, offset, self.clocks.offset(address))
+
+    async def _submit_once(self, address: str, db: str, shard: int, body: bytes,
+                           within: float) -> None:
+        """`submit`'s one try; _ExpiredError when the leader refused it as late."""
         deadline = self.clocks.peer_time(address, time.time() + within)
         if self._streams.speaks_stream(address):
             try:
@@ -494,6 +522,9 @@ class PeerClient:
                         raise FencedError(f"the leader of {db}/{shard} at {address} refused "
                                           f"a fenced write: {answer.message}",
                                           _fenced_keys(answer.message.encode()))
+                    if answer.code == EXPIRED:
+                        raise _ExpiredError(f"the leader of {db}/{shard} at {address} "
+                                            f"refused a forwarded write: {answer.message}")
                     raise PeerError(f"the leader of {db}/{shard} at {address} did not "
                                     f"commit a forwarded write ({answer.code}): "
                                     f"{answer.message}")
@@ -510,6 +541,11 @@ class PeerClient:
                     raise FencedError(f"the leader of {db}/{shard} at {address} refused a "
                                       f"fenced write: {reason.decode('utf-8', 'replace')}",
                                       _fenced_keys(reason))
+                if response.status == FORWARD_REFUSAL_STATUS[EXPIRED] \
+                        and _error_code(reason) == EXPIRED:
+                    raise _ExpiredError(f"the leader of {db}/{shard} at {address} refused "
+                                        f"a forwarded write: "
+                                        f"{reason.decode('utf-8', 'replace')}")
                 if response.status != 200:
                     raise PeerError(f"the leader of {db}/{shard} at {address} did not "
                                     f"commit a forwarded write ({response.status}): "
@@ -581,6 +617,15 @@ class PeerClient:
         if not isinstance(found, dict):
             raise PeerError(f"{address} answered {doing} with {found!r:.200}")
         return found
+
+
+def _error_code(body: bytes) -> str | None:
+    """The `error` of a JSON refusal (`_error`); None when the body is not one."""
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return None
+    return found.get("error") if isinstance(found, dict) else None
 
 
 def _fenced_keys(body: bytes) -> frozenset[bytes]:
