@@ -86,6 +86,8 @@ async def handle_publish(channel: Channel, packet: Publish) -> None:
             raise _fail(channel, disconnect_reason_code(error)) from None
         if channel.closing:  # nothing of the message stored: the client resends it
             raise ConnectionClosed()
+        if _a_store_failed(channel):  # an earlier message's, meanwhile (order)
+            raise _fail(channel, ReasonCode.UNSPECIFIED_ERROR)
     try:
         if packet.qos == 2:
             waits = channel.broker.publisher.publish_qos2(

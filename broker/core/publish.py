@@ -90,8 +90,14 @@ class Publisher:
 
     async def store_retained(self, message: Message) -> None:
         """Store a RETAIN message's retained copy (an empty payload deletes the
-        topic's) and return once it is durable; raises what the storage raised."""
-        await self._retained.store(self._retained_copy(message))
+        topic's) and return once it is durable; raises what the storage raised.
+
+        A task, as `_with_retained` starts one for a QoS 0/1 message: tasks start in
+        the order they were made, so this copy is written after those of the messages
+        published before it (the store's lock then keeps that order), and a topic
+        keeps the last one published. Called directly, it took the free lock before
+        a task made earlier had started."""
+        await asyncio.ensure_future(self._retained.store(self._retained_copy(message)))
 
     def _with_retained(self, message: Message, waits: list[asyncio.Future[None]],
                        wait: bool) -> list[asyncio.Future[None]]:

@@ -16,9 +16,19 @@ import asyncio
 from pathlib import Path
 
 from harness.processes import HOST, free_port
-from stratamq.broker.config import load_config
+from stratamq.broker.config import Config, load_config
 from stratamq.broker.core.broker import RETAINED_DB
-from stratamq.broker.mqtt import Disconnect, Properties, Pubcomp, Publish
+from stratamq.broker.mqtt import (
+    MQTT_5,
+    Disconnect,
+    Properties,
+    Pubcomp,
+    Publish,
+    Suback,
+    Subscribe,
+    SubscriptionOptions,
+    encode,
+)
 from stratamq.broker.site import start_site
 from tests.support.clients import RawClient
 from tests.support.storage import read_filter, run
@@ -26,15 +36,19 @@ from tests.support.storage import read_filter, run
 TOPIC = "state/door"
 
 
-def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
-        tmp_path: Path) -> None:
-    port = free_port()
-    config = load_config(env={
+def site_config(tmp_path: Path, port: int) -> Config:
+    return load_config(env={
         "STRATAMQ__DURABLE_STORAGE__MESSAGES__DATA_DIR": str(tmp_path / "data"),
         "STRATAMQ__DURABLE_STORAGE__MESSAGES__N_SHARDS": "2",
         "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{port}",
         "STRATAMQ__LISTENERS__WS__ENABLE": "false",
         "STRATAMQ__ADMIN__ENABLE": "false"})
+
+
+def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
+        tmp_path: Path) -> None:
+    port = free_port()
+    config = site_config(tmp_path, port)
 
     async def scenario() -> None:
         site = await start_site(config)
@@ -53,6 +67,37 @@ def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
                     for packet in answered] == [(Disconnect, 0x89)], answered
             stored = await read_filter(site.storage, "messages", TOPIC)
             assert [message.payload for message in stored] == [b"open"]
+        finally:
+            await site.stop()
+    run(scenario())
+
+
+def test_a_topics_retained_message_is_the_last_published_whatever_their_qos(
+        tmp_path: Path) -> None:
+    """A QoS 1 RETAIN message then a QoS 2 one on the same topic, in one segment: the
+    QoS 2 one's retained copy, written first (above), must still be written after the
+    QoS 1 one's, or the topic keeps the older message."""
+    port = free_port()
+    config = site_config(tmp_path, port)
+
+    async def scenario() -> None:
+        site = await start_site(config)
+        try:
+            writer = await asyncio.to_thread(RawClient, port)
+            await asyncio.to_thread(writer.connect, "writer")
+            await asyncio.to_thread(writer.send_bytes, b"".join(
+                encode(Publish(TOPIC, payload, qos, True, False, packet_id, Properties()),
+                       MQTT_5) for payload, qos, packet_id in ((b"older", 1, 1),
+                                                               (b"newer", 2, 2))))
+            acks = [await asyncio.to_thread(writer.recv) for _ in range(2)]
+            assert sorted(type(ack).__name__ for ack in acks) == ["Puback", "Pubrec"], acks
+            reader = await asyncio.to_thread(RawClient, port)
+            await asyncio.to_thread(reader.connect, "reader")
+            await asyncio.to_thread(reader.send, Subscribe(
+                1, [(TOPIC, SubscriptionOptions(0))], Properties()))
+            await asyncio.to_thread(reader.expect, Suback)
+            retained = await asyncio.to_thread(reader.expect, Publish)
+            assert (retained.payload, retained.retain) == (b"newer", True)
         finally:
             await site.stop()
     run(scenario())

@@ -490,18 +490,19 @@ class PeerClient:
         wrong (none yet: a first write after a start; or stale), not the write late:
         sent again at once with the new one, while `within` lasts."""
         give_up_at = time.monotonic() + within
+        remaining = within
         while True:
             offset = self.clocks.offset(address)
             try:
-                await self._submit_once(address, db, shard, body,
-                                        max(0.0, give_up_at - time.monotonic()))
+                await self._submit_once(address, db, shard, body, remaining)
                 return
             except _ExpiredError as error:
-                if self.clocks.offset(address) == offset or time.monotonic() >= give_up_at:
+                remaining = give_up_at - time.monotonic()
+                if self.clocks.offset(address) == offset or remaining <= 0:
                     raise PeerError(error.message) from error
                 logger.info("%s/%s: a write forwarded to %s was refused as late for this "
-                         "site's estimate of its clock (%+.3f s, now %+.3f s): sent again",
-                         db, shard, address, offset, self.clocks.offset(address))
+                            "site's estimate of its clock (%+.3f s, now %+.3f s): sent "
+                            "again", db, shard, address, offset, self.clocks.offset(address))
 
     async def _submit_once(self, address: str, db: str, shard: int, body: bytes,
                            within: float) -> None:
