@@ -359,6 +359,8 @@ class StorageController:
         # Another replica of the operator kept a newer term while this one was paused:
         # this controller is done, the handler makes a new one (`Controllers.hand_back`).
         self.handed_back = False
+        # the term it gave way to (with `handed_back`), for the Event said of it
+        self.handed_back_to: ControllerTerm | None = None
         # Until when handing back is refused (two operators acting at once): fenced
         # like by any other controller meanwhile.
         self.yield_refused_until = 0.0
@@ -493,12 +495,12 @@ class StorageController:
         record = self.store.reload()
         if record is None or not keeper.yields_to(record.term, reported.values()):
             return False
-        said = (f"the sites hold controller term {record.term}, which another replica of "
-                "the operator took and kept in status.controller (a Kopf peering "
-                "hand-over): going on from the state kept, above that term")
-        log.warning("%s/%s: %s", self.owner.namespace, self.owner.name, said)
-        self.post_event("Normal", EventReason.CONTROLLER_HANDED_BACK, said)
+        log.warning("%s/%s: the sites hold controller term %s, which another replica of "
+                    "the operator took and kept in status.controller (a Kopf peering "
+                    "hand-over): going on from the state kept, above that term",
+                    self.owner.namespace, self.owner.name, record.term)
         self.handed_back = True
+        self.handed_back_to = record.term
         return True
 
     def _adopt(self, theirs: StatusRecord) -> None:

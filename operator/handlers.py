@@ -642,6 +642,11 @@ def control(name: str, namespace: str | None, uid: str, spec: kopf.Spec, meta: k
         if running.handed_back:
             if not controllers.hand_back(running, time.monotonic()):
                 return
+            running.post_event(
+                "Normal", EventReason.CONTROLLER_HANDED_BACK,
+                f"the sites hold controller term {running.handed_back_to}, which another "
+                "replica of the operator took and kept in status.controller (a Kopf "
+                "peering hand-over): going on from the state kept, above that term")
             # the controller made in its place from what the API server holds runs
             # now: the status and metrics do not go without one for a round
             running = controllers.of(owner, parsed, HEARTBEAT_INTERVAL)

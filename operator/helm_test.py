@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiomqtt
-import urllib3
-from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from . import kube
 from .resources import API_VERSION, KIND, Owner
@@ -148,7 +147,7 @@ def run(namespace: str, name: str, timeout: float, credentials: Credentials | No
     check_can_connect(storage, credentials)  # (its spec may have changed meanwhile)
     spec = storage.get("spec") or {}
     port = int((spec.get("listeners") or {}).get("tcp", {}).get("port", DEFAULT_MQTT_PORT))
-    # (A few seconds past the deadline at most: Ready was seen before it.)
+    # (Ready was seen before the deadline: the pods are listed however long that took.)
     sites = kube.until_deadline(lambda: site_addresses(storage),
                                 max(deadline, time.monotonic() + ROUND_TRIP_TIMEOUT_S),
                                 f"listing the pods of {namespace}/{name}")
@@ -182,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     except HelmTestError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    except (ApiException, ConfigException, urllib3.exceptions.HTTPError) as error:
+    except (*kube.API_ERRORS, ConfigException) as error:
         print(f"error: the API server: {error}", file=sys.stderr)
+        return 1
+    except ResourceNotFoundError as error:
+        print(f"error: the API server serves no {KIND} ({error}): are the chart's CRDs "
+              "installed?", file=sys.stderr)
         return 1
     return 0
 

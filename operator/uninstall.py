@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable
 
 import kopf
-import urllib3
-from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from . import kube
@@ -40,10 +38,16 @@ POLL_INTERVAL_S = 1.0
 RELEASE_TIMEOUT_S = 30.0
 
 
+class OperatorStillRunningError(Exception):
+    """The operator's pods outlived the wait (not an OSError, as TimeoutError is: that
+    one says an API request timed out, which is tried again)."""
+
+
 def stop_operator(namespace: str, deployment: str, timeout: float,
                   sleep: Callable[[float], None] = time.sleep) -> bool:
     """Scale the operator's Deployment to 0 and wait until none of its pods is left;
-    False when there is no such Deployment. TimeoutError when pods outlive `timeout`."""
+    False when there is no such Deployment. OperatorStillRunningError when pods
+    outlive `timeout`."""
     found = kube.get("apps/v1", "Deployment", namespace, deployment)
     if found is None:
         return False
@@ -57,17 +61,21 @@ def stop_operator(namespace: str, deployment: str, timeout: float,
         if not pods:
             return True
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the operator's pods {', '.join(pods)} still run "
+            raise OperatorStillRunningError(f"the operator's pods {', '.join(pods)} still run "
                                f"{timeout:.0f} s after {namespace}/{deployment} was "
                                f"scaled to 0")
         sleep(POLL_INTERVAL_S)
 
 
-def release_storages(finalizer: str, namespaces: list[str]) -> list[str]:
+def release_storages(finalizer: str, namespaces: list[str], released: list[str]) -> None:
     """Take `finalizer` off every DurableStorage that still has it in `namespaces` (the
-    operator's watched ones; empty: all namespaces, as it then watches them all); the
-    storages it was taken off, as namespace/name."""
-    released = []
+    operator's watched ones; empty: all namespaces, as it then watches them all),
+    adding each storage it was taken off to `released` (namespace/name) as it goes:
+    a call made again after a failure keeps what an earlier one released. None when
+    the API server serves no DurableStorage (its CRD deleted first)."""
+    if not kube.has_kind(API_VERSION, KIND):
+        log.info("the API server serves no %s: no storage to release", KIND)
+        return
     scopes: list[str | None] = list(namespaces) or [None]
     storages = [storage for namespace in scopes
                 for storage in kube.list_labeled(API_VERSION, KIND, namespace)]
@@ -76,7 +84,6 @@ def release_storages(finalizer: str, namespaces: list[str]) -> list[str]:
         if finalizer in (metadata.get("finalizers") or []) and kube.remove_finalizer(
                 API_VERSION, KIND, metadata["namespace"], metadata["name"], finalizer):
             released.append(f"{metadata['namespace']}/{metadata['name']}")
-    return released
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     # Kopf's own default, which the operator keeps (handlers.configure).
     finalizer = kopf.OperatorSettings().persistence.finalizer
     # Each step may be made again (scaling to 0, taking a finalizer off): one that
-    # failed for want of an answer from the API server is, until the deadline.
+    # failed for want of an answer from the API server is, until the deadline (a
+    # request under way then may take its own timeout past it: kube.API_TIMEOUT).
     started = time.monotonic()
     deadline = started + args.timeout
     try:
@@ -113,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                      time.monotonic() - started)
         else:
             log.info("no operator Deployment %s/%s", args.namespace, args.deployment)
-        released = kube.until_deadline(
-            lambda: release_storages(finalizer, args.watch_namespace),
+        released: list[str] = []
+        kube.until_deadline(
+            lambda: release_storages(finalizer, args.watch_namespace, released),
             max(deadline, time.monotonic() + RELEASE_TIMEOUT_S), "taking the finalizers off")
-    except (ApiException, ConfigException, urllib3.exceptions.HTTPError, TimeoutError,
+    except (*kube.API_ERRORS, ConfigException, OperatorStillRunningError,
             kube.StaleWriteError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

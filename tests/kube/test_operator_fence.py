@@ -179,11 +179,6 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     # `other` went; `paused` acts again: its controller hands back ...
     assert round_of(paused_operator) is paused and paused.handed_back
     assert paused_operator.hand_back(paused, 0.0)
-    handed = [event for event in json.loads(api.kubectl(
-        "get", "-n", namespace, "events", "-o", "json").stdout)["items"]
-        if event["reason"] == "ControllerHandedBack"]
-    assert len(handed) == 1 and handed[0]["involvedObject"]["uid"] == owner.uid \
-        and f"controller term {theirs}" in handed[0]["message"], handed
     # ... and the one made from the state kept goes on above the other's term.
     resumed = round_of(paused_operator)
     assert resumed is not paused and not resumed.snapshot().fenced
@@ -261,6 +256,11 @@ def test_the_control_handler_hands_back_and_goes_on_in_the_same_round(
     kube.scale("StatefulSet", namespace, NAME, 0)  # the scale is the controller's
     again = control(paused)  # acting again: hands back, and goes on
     assert again is not first and again.in_charge
+    handed = [event for event in json.loads(api.kubectl(
+        "get", "-n", namespace, "events", "-o", "json").stdout)["items"]
+        if event["reason"] == "ControllerHandedBack"]
+    assert len(handed) == 1 and handed[0]["involvedObject"]["uid"] == owner.uid \
+        and f"controller term {theirs}" in handed[0]["message"], handed
     own = again.term_keeper.term
     assert own is not None and own > theirs and site_term() == own
     applied = handlers.applied_of(paused)
