@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from harness.processes import HOST, free_port
-from stratamq.broker.config import Config, load_config
+from harness.processes import free_port
 from stratamq.broker.core.broker import RETAINED_DB
 from stratamq.broker.mqtt import (
     MQTT_5,
@@ -31,24 +30,15 @@ from stratamq.broker.mqtt import (
 )
 from stratamq.broker.site import start_site
 from tests.support.clients import RawClient
-from tests.support.storage import read_filter, run
+from tests.support.storage import read_filter, run, site_config
 
 TOPIC = "state/door"
-
-
-def site_config(tmp_path: Path, port: int) -> Config:
-    return load_config(env={
-        "STRATAMQ__DURABLE_STORAGE__MESSAGES__DATA_DIR": str(tmp_path / "data"),
-        "STRATAMQ__DURABLE_STORAGE__MESSAGES__N_SHARDS": "2",
-        "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{port}",
-        "STRATAMQ__LISTENERS__WS__ENABLE": "false",
-        "STRATAMQ__ADMIN__ENABLE": "false"})
 
 
 def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
         tmp_path: Path) -> None:
     port = free_port()
-    config = site_config(tmp_path, port)
+    config = site_config(tmp_path / "data", port)
 
     async def scenario() -> None:
         site = await start_site(config)
@@ -78,7 +68,7 @@ def test_a_topics_retained_message_is_the_last_published_whatever_their_qos(
     QoS 2 one's retained copy, written first (above), must still be written after the
     QoS 1 one's, or the topic keeps the older message."""
     port = free_port()
-    config = site_config(tmp_path, port)
+    config = site_config(tmp_path / "data", port)
 
     async def scenario() -> None:
         site = await start_site(config)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.processes import HOST
+from stratamq.broker.config import Config, load_config
 from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
 from stratamq.broker.ds.shard_set import ShardSet
 
@@ -42,3 +45,15 @@ async def read_filter(storage: DurableStorage, db: str, topic_filter: str,
             found.extend(message for _key, message in batch)
     return found
 
+
+
+def site_config(data_dir: Path, port: int) -> Config:
+    """A single site's configuration for `stratamq.broker.site.start_site` in this
+    process (so a test can reach into its storage): MQTT over TCP on `port`, two
+    shards, no WebSocket listener or admin API."""
+    return load_config(env={
+        "STRATAMQ__DURABLE_STORAGE__MESSAGES__DATA_DIR": str(data_dir),
+        "STRATAMQ__DURABLE_STORAGE__MESSAGES__N_SHARDS": "2",
+        "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{port}",
+        "STRATAMQ__LISTENERS__WS__ENABLE": "false",
+        "STRATAMQ__ADMIN__ENABLE": "false"})
