@@ -497,7 +497,7 @@ class StorageController:
             return False
         log.warning("%s/%s: the sites hold controller term %s, which another replica of "
                     "the operator took and kept in status.controller (a Kopf peering "
-                    "hand-over): going on from the state kept, above that term",
+                    "hand-over): handing back, to go on from the state kept",
                     self.owner.namespace, self.owner.name, record.term)
         self.handed_back = True
         self.handed_back_to = record.term

@@ -395,6 +395,10 @@ def test_a_write_refused_as_late_for_a_wrong_clock_estimate_is_sent_again(
                                                         at=time.monotonic()))
                 await client.submit(address, "messages", 0, b"write", within=3.0)
                 assert taken == [b"write"]
+                # no time left (a write queued past its deadline): not sent
+                with pytest.raises(PeerError, match="no time left"):
+                    await client.submit(address, "messages", 0, b"late", within=0.0)
+                assert taken == [b"write"]
                 assert abs(client.clocks.offset(address)) < 1.0
                 await client.close()
         finally:

@@ -489,6 +489,9 @@ class PeerClient:
         answer (which tells the leader's clock) changed the estimate, the estimate was
         wrong (none yet: a first write after a start; or stale), not the write late:
         sent again at once with the new one, while `within` lasts."""
+        if within <= 0:  # (aiohttp takes a timeout of 0 for none)
+            raise PeerError(f"a write forwarded to {db}/{shard} at {address} had no time "
+                            "left to be sent")
         give_up_at = time.monotonic() + within
         remaining = within
         while True:
