@@ -29,6 +29,7 @@ from stratamq.broker.ds.replication import (
     majority,
     tail_for,
 )
+from tests.support.shard_log import check_memory_matches_disk
 
 SITES = ["s0", "s1", "s2", "s3", "s4"]
 
@@ -96,6 +97,9 @@ class Cluster:
         if leadership is None or follower == site:
             return
         request = leadership.request_for(follower, max_entries=3)
+        # what a leader's sender sends a follower right behind, without the executor
+        in_memory = leadership.request_from_memory(follower, max_entries=3)
+        assert in_memory is None or in_memory == request
         try:
             result = self.logs[follower].append_from_leader(
                 request.epoch, request.previous, request.entries, request.committed)
@@ -166,6 +170,11 @@ class Cluster:
                     entry.position.epoch, entry.batch), (
                         f"{site} may apply offset {entry.position.offset}, not acknowledged")
 
+    def check_memory_matches_disk(self) -> None:
+        """Every site's newest entries in memory are those on disk, at their offsets."""
+        for site, log in self.logs.items():
+            check_memory_matches_disk(log, site)
+
     def check_holds_everything_acknowledged(self, site: str) -> None:
         log = self.logs[site]
         for offset, (epoch, batch) in self.acknowledged.items():
@@ -216,6 +225,7 @@ def test_no_acknowledged_entry_is_ever_lost(operations: list[tuple]) -> None:  #
                 else:
                     cluster.failover(set(args[0]))
                 cluster.check_applies_only_acknowledged()
+                cluster.check_memory_matches_disk()
             # heal: every site votes, the new leader brings everyone up to date
             leader = cluster.failover(set(SITES))
             cluster.write(leader)

@@ -168,7 +168,9 @@ class Applier:
             # committed entries, so those read at or below it stay as read).
             async with self._context.log_lock:
                 committed = self._appliable()
-                found = await self._context.run(self._log.read, start, APPLY_BATCH)
+                recent = self._log.read_in_memory(start, APPLY_BATCH)
+                found = list(recent.entries) if recent is not None else \
+                    await self._context.run(self._log.read, start, APPLY_BATCH)
             for entry in found:
                 offset = entry.position.offset
                 if offset > committed or offset != self.applied + 1:

@@ -101,6 +101,18 @@ class Leadership:
         return replace(tail, epoch=self.epoch, committed=self.committed,
                        trim_before=self.trim_before)
 
+    def request_from_memory(self, follower: str, max_entries: int = 1000,
+                            max_bytes: int = 4 * 1024 * 1024) -> AppendRequest | None:
+        """`request_for`, when what `follower` lacks is among the newest entries the
+        log keeps in memory (a follower right behind): safe on the event loop. None
+        when it must be read from disk (`request_for`, on the executor)."""
+        start = min(self.next_offset[follower], self.log.last.offset + 1)
+        recent = self.log.read_in_memory(start, max_entries, max_bytes)
+        if recent is None:
+            return None
+        return AppendRequest(self.epoch, recent.previous, list(recent.entries),
+                             self.committed, self.trim_before)
+
     def on_result(self, follower: str, result: AppendResult) -> int:
         """Take a follower's answer; returns the commit offset after it."""
         if result.accepted:

@@ -14,7 +14,11 @@ far). Keys are the offsets
 (8 bytes, big-endian, so RocksDB keeps them in order); values are the entry's epoch
 (8 bytes) and the cooked batch's bytes. Offsets start at 1; offset 0 at epoch 0 is the
 empty log's position. Entries below `first_offset` have been trimmed (every replica
-applied them)."""
+applied them).
+
+In memory: the newest entries written (`RECENT_ENTRIES`, `RECENT_BYTES` at most), so
+that a leader ships an entry to followers right behind it, and applies it, without
+reading it back from RocksDB on the executor (`read_in_memory`)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,10 @@ _ENTRY_PREFIX = b"e"
 _EPOCH_KEY = b"m:epoch"  # the highest leader epoch this log has seen
 _FIRST_KEY = b"m:trimmed"  # the position of the last entry trimmed
 _LAST_KEY = _ENTRY_PREFIX + b"\xff" * 8  # after every entry key
+# The newest entries a log keeps in memory: a follower right behind its leader reads
+# them from there. A few flushes' worth; every replica on a site holds its own.
+RECENT_ENTRIES = 64
+RECENT_BYTES = 256 * 1024
 
 
 class Position(NamedTuple):
@@ -96,6 +104,14 @@ class AppendResult:
     retry_from: int = 0
 
 
+class Recent(NamedTuple):
+    """Entries held in memory, in order, following the entry at `previous`."""
+
+    previous: Position
+    entries: tuple[Entry, ...]
+    size: int = 0
+
+
 def _entry_key(offset: int) -> bytes:
     return _ENTRY_PREFIX + _U64.pack(offset)
 
@@ -127,6 +143,10 @@ class ShardLog:
         self._before_first = START if trimmed is None else Position(
             *_POSITION.unpack(as_bytes(trimmed)))
         self._last = self._find_last()
+        # The newest entries, ending at `_last`. Replaced whole on every change (never
+        # changed in place): a reader on the event loop takes it once and sees one
+        # state, while the executor writes the log.
+        self._recent = Recent(self._last, ())
         # The offset up to which this log is on disk: its end, but for a leader's
         # appends written unsynced and not synced yet.
         self._durable = self._last.offset
@@ -183,6 +203,10 @@ class ShardLog:
             return self._before_first.epoch
         if offset == self._last.offset:
             return self._last.epoch
+        recent = self._recent
+        index = offset - recent.previous.offset - 1
+        if 0 <= index < len(recent.entries):
+            return recent.entries[index].position.epoch
         raw = self._db.get(_entry_key(offset))
         return None if raw is None else _U64.unpack_from(as_bytes(raw))[0]
 
@@ -190,6 +214,14 @@ class ShardLog:
              max_bytes: int = 4 * 1024 * 1024) -> list[Entry]:
         """Entries from `from_offset` on, at most `max_entries` and about `max_bytes`
         (always at least one when there is one)."""
+        recent = self.read_in_memory(from_offset, max_entries, max_bytes)
+        if recent is not None:
+            return list(recent.entries)
+        return self.read_stored(from_offset, max_entries, max_bytes)
+
+    def read_stored(self, from_offset: int, max_entries: int = 1000,
+                    max_bytes: int = 4 * 1024 * 1024) -> list[Entry]:
+        """`read` from RocksDB, not from the newest entries in memory."""
         if from_offset < self.first_offset:
             raise BootstrapNeededError(
                 f"{self.path}: entries before offset {self.first_offset} are trimmed (asked "
@@ -209,6 +241,63 @@ class ShardLog:
             iterator.next()
         del iterator
         return entries
+
+    def read_in_memory(self, from_offset: int, max_entries: int = 1000,
+                       max_bytes: int = 4 * 1024 * 1024) -> Recent | None:
+        """What `read` returns, with the position of the entry before it, when this
+        log holds that entry and those after it in memory (the newest entries: see
+        RECENT_ENTRIES); None when it must be read from disk (`read`, on the
+        executor). Safe on the event loop while the executor writes the log: it
+        reads the newest entries as of one moment."""
+        recent = self._recent
+        index = from_offset - recent.previous.offset - 1
+        if index < 0:
+            return None
+        if index == 0:
+            previous = recent.previous
+        elif index <= len(recent.entries):
+            previous = recent.entries[index - 1].position
+        else:  # past the end (rare): as on disk
+            return None
+        entries: list[Entry] = []
+        size = 0
+        for entry in recent.entries[index:]:
+            if len(entries) >= max_entries or (entries and size >= max_bytes):
+                break
+            entries.append(entry)
+            size += _U64.size + len(entry.batch)
+        return Recent(previous, tuple(entries), size)
+
+    def _remember(self, written: list[Entry]) -> None:
+        """`written` follow the newest entries kept in memory (at the log's end): the
+        oldest kept go past RECENT_ENTRIES and RECENT_BYTES."""
+        recent = self._recent
+        kept = recent.entries + tuple(written)
+        size = recent.size + sum(len(entry.batch) for entry in written)
+        previous, drop = recent.previous, 0
+        while drop < len(kept) and (len(kept) - drop > RECENT_ENTRIES
+                                    or size > RECENT_BYTES):
+            size -= len(kept[drop].batch)
+            previous = kept[drop].position
+            drop += 1
+        self._recent = Recent(previous, kept[drop:], size)
+
+    def _forget_after(self, last: Position) -> None:
+        """The log now ends at `last` (a cut): entries after it leave memory."""
+        recent = self._recent
+        if recent.previous.offset >= last.offset:
+            self._recent = Recent(last, ())
+            return
+        kept = tuple(entry for entry in recent.entries if entry.position.offset <= last.offset)
+        self._recent = Recent(recent.previous, kept, sum(len(entry.batch) for entry in kept))
+
+    def _forget_before(self, before: Position) -> None:
+        """Entries up to `before` are trimmed: they leave memory too."""
+        recent = self._recent
+        if recent.previous.offset >= before.offset:
+            return
+        kept = tuple(entry for entry in recent.entries if entry.position.offset > before.offset)
+        self._recent = Recent(before, kept, sum(len(entry.batch) for entry in kept))
 
     # -- writing ------------------------------------------------------------------
 
@@ -239,6 +328,8 @@ class ShardLog:
             positions.append(Position(epoch, offset))
         self._db.write(write, self._synced if sync else self._unsynced)
         if positions:
+            self._remember([Entry(position, batch) for position, batch in zip(positions, batches,
+                                                                         strict=True)])
             self._last = positions[-1]
         if sync:
             self._synced_to_end()
@@ -287,17 +378,23 @@ class ShardLog:
                        len(held))
         new = held[differs:]
         if new:
-            if new[0].position.offset <= self._last.offset:
+            cut = new[0].position.offset <= self._last.offset
+            if cut:
                 self._refuse_cut_below_committed(new[0].position.offset - 1,
                                                  f"the leader of epoch {epoch}")
+            keep_to = new[0].position.offset - 1
+            kept_last = Position(self.epoch_at(keep_to) or 0, keep_to) if cut else self._last
             write = WriteBatch(raw_mode=True)
-            if new[0].position.offset <= self._last.offset:
+            if cut:
                 # a divergent tail (written under an older leader, never committed)
                 write.delete_range(_entry_key(new[0].position.offset), _LAST_KEY)
             for entry in new:
                 write.put(_entry_key(entry.position.offset),
                           _U64.pack(entry.position.epoch) + entry.batch)
             self._db.write(write, self._synced)
+            if cut:
+                self._forget_after(kept_last)
+            self._remember(new)
             self._last = new[-1].position
             self._synced_to_end()
         if matched > self._durable:
@@ -322,6 +419,7 @@ class ShardLog:
         write = WriteBatch(raw_mode=True)
         write.delete_range(_entry_key(offset + 1), _LAST_KEY)
         self._db.write(write, self._synced)
+        self._forget_after(Position(epoch, offset))
         self._last = Position(epoch, offset)
         self._synced_to_end()
 
@@ -338,6 +436,7 @@ class ShardLog:
         write.delete_range(_entry_key(0), _entry_key(offset))
         write.put(_FIRST_KEY, _POSITION.pack(*before))
         self._db.write(write, self._synced)
+        self._forget_before(before)
         self._before_first = before
         self._synced_to_end()
 
@@ -353,6 +452,7 @@ class ShardLog:
         self._db.write(write, self._synced)
         self._epoch = max(self._epoch, position.epoch)
         self._before_first = position
+        self._recent = Recent(position, ())
         self._last = position
         self._synced_to_end()
         self._committed = position.offset

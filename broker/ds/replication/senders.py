@@ -118,7 +118,10 @@ class Senders:
                     raise BootstrapNeededError(f"{follower} holds nothing of a log of "
                                                f"{shard_log.last.offset} entries",
                                                shard_log.first_offset)
-                request = await self._context.run(leadership.request_for, follower)
+                # a follower right behind gets the newest entries from memory
+                request = leadership.request_from_memory(follower)
+                if request is None:
+                    request = await self._context.run(leadership.request_for, follower)
                 sent = time.monotonic()
                 result = await self._context.client.append(
                     address, self._context.shard_set.name, self._context.shard_id, request)
