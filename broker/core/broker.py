@@ -50,7 +50,7 @@ class Broker:
         self.registry = SessionRegistry(storage, messages.name, store, self.publisher,
                                         self.dispatcher, limits, ownership=ownership,
                                         groups_kept_for=self.shared_positions.kept_for)
-        messages.add_commit_listener(self.dispatcher.on_commit)
+        messages.add_commit_listener(self.dispatcher.on_commit, wants=self.dispatcher.wants)
         messages.add_feed_gap_listener(self.registry.on_feed_gap)
         messages.add_feed_gap_listener(self.dispatcher.on_feed_gap)
         messages.add_generation_pre_drop_listener(self.registry.before_generation_drop)

@@ -67,6 +67,11 @@ class Dispatcher:
             self._on_interest(frozenset(self._filters),
                              {} if left_from is None else {topic_filter: left_from})
 
+    def wants(self, _shard: int) -> bool:
+        """Whether a committed message could go to anyone here: some session or shared
+        group of this site subscribes (a replica's batches are not decoded else)."""
+        return len(self._index) > 0
+
     def on_commit(self, cooked: CookedBatch) -> None:
         for static, message in cooked.messages:
             stream = Stream(cooked.shard, cooked.generation, static)

@@ -29,7 +29,7 @@ from .backend import Backend, Consistency
 from .checkpoint import create_checkpoint
 from .describe import DbDescription, describe
 from .digest import ShardDigest, digest_shard
-from .feed import CommitListener, FeedGapListener
+from .feed import CommitListener, FeedGapListener, Interest
 from .fence import Fence
 from .gc import apply_gc_plan
 from .generation import GenerationInfo, plan_retention
@@ -191,10 +191,10 @@ class Database:
 
     # -- the commit feed ----------------------------------------------------------
 
-    def add_commit_listener(self, listener: CommitListener, *, of_applied: bool = False
-                            ) -> None:
+    def add_commit_listener(self, listener: CommitListener, *, of_applied: bool = False,
+                            wants: Interest | None = None) -> None:
         """See `CommitFeed.add_commit_listener`."""
-        self._feed.add_commit_listener(listener, of_applied=of_applied)
+        self._feed.add_commit_listener(listener, of_applied=of_applied, wants=wants)
 
     def add_feed_gap_listener(self, listener: FeedGapListener) -> None:
         """See `CommitFeed.add_feed_gap_listener`."""

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from .cooked import CookedBatch
+from .lts import StaticIndex
 from .message import Message
 from .streams import StreamIndex
 
@@ -16,30 +17,47 @@ log = logging.getLogger(__name__)
 
 CommitListener = Callable[[CookedBatch], None]
 FeedGapListener = Callable[[int, int], None]
+# Whether a listener would use a shard's messages now (takes the shard)
+Interest = Callable[[int], bool]
+# The messages of a batch this site applied but did not cook (a follower's)
+Decode = Callable[[CookedBatch], list[tuple[StaticIndex, Message]]]
 
 
 class CommitFeed:
-    def __init__(self, db_name: str, n_shards: int, streams: StreamIndex) -> None:
+    """`decode` reads the messages of a batch cooked elsewhere, which carries only
+    their keys and values: done when a listener wants them, not for every batch a
+    replica applies (a site with no subscriber would decode every message of every
+    shard it holds a replica of, for nobody)."""
+
+    def __init__(self, db_name: str, n_shards: int, streams: StreamIndex,
+                 decode: Decode) -> None:
         self._db_name = db_name
         self._streams = streams
+        self._decode = decode
         self._commit_listeners: list[CommitListener] = []
         self._applied_listeners: set[CommitListener] = set()
+        self._interests: dict[CommitListener, Interest] = {}
         # The last timestamp fed per shard: a message reaches the commit listeners
         # once, whether it came from this site's apply or a leader's push (timestamps
         # are strictly increasing per shard).
         self._last_fed = [0] * n_shards
         self._gap_listeners: list[FeedGapListener] = []
 
-    def add_commit_listener(self, listener: CommitListener, *, of_applied: bool = False
-                            ) -> None:
+    def add_commit_listener(self, listener: CommitListener, *, of_applied: bool = False,
+                            wants: Interest | None = None) -> None:
         """Call `listener` on the event loop with every committed batch, after it is
         durable and visible to readers, in commit order per shard. A listener that
         feeds this site's readers gets no batch this site applies to a shard it reads
         elsewhere (a replica still catching up): what was pushed to the site and what
         it applies need not meet, so its readers get that shard from storage once the
         replica has caught up (a feed gap). `of_applied` listeners (the commit feed's
-        pushes, as the shard's leader) get every applied batch."""
+        pushes, as the shard's leader) get every applied batch. `wants(shard)`:
+        whether the listener would do anything with the shard's messages now (without
+        it: always); a batch cooked elsewhere whose messages no listener wants is
+        neither decoded nor fed, and counts as fed (`fed_through`)."""
         self._commit_listeners.append(listener)
+        if wants is not None:
+            self._interests[listener] = wants
         if of_applied:
             self._applied_listeners.add(listener)
 
@@ -49,10 +67,18 @@ class CommitFeed:
         `add_commit_listener`)."""
         if cooked.edges:
             self._streams.note(cooked.shard, cooked.generation, cooked.edges)
+        listeners = [listener for listener in self._commit_listeners
+                     if not read_elsewhere or listener in self._applied_listeners]
+        if not cooked.messages and cooked.message_count:
+            if not any(self._wants(listener, cooked.shard) for listener in listeners):
+                if not read_elsewhere:  # passed over as if fed: its last message's time
+                    self._last_fed[cooked.shard] = max(self._last_fed[cooked.shard],
+                                                       cooked.last_timestamp)
+                return
+            cooked.messages = self._decode(cooked)
         if read_elsewhere:
-            for listener in self._commit_listeners:
-                if listener in self._applied_listeners:
-                    listener(cooked)
+            for listener in listeners:
+                listener(cooked)
             return
         last = self._last_fed[cooked.shard]
         if cooked.messages and cooked.messages[0][1].timestamp <= last:
@@ -62,6 +88,10 @@ class CommitFeed:
             self._last_fed[cooked.shard] = cooked.messages[-1][1].timestamp
         for listener in self._commit_listeners:
             listener(cooked)
+
+    def _wants(self, listener: CommitListener, shard: int) -> bool:
+        interest = self._interests.get(listener)
+        return interest is None or interest(shard)
 
     def pushed(self, shard_id: int, generation_id: int,
                messages: list[tuple[bytes, Message]]) -> None:

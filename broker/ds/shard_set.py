@@ -115,7 +115,7 @@ class ShardSet:
         for shard in shards:
             for generation_id, generation in sorted(shard.generations.items()):
                 self.streams.note(shard.shard_id, generation_id, generation.trie.edges())
-        self.feed = CommitFeed(name, len(shards), self.streams)
+        self.feed = CommitFeed(name, len(shards), self.streams, self._messages_of)
         self._reads_in_flight: Counter[tuple[int, int]] = Counter()
         self._read_finished = asyncio.Condition()
         self.update_generation_gauges()
@@ -349,13 +349,16 @@ class ShardSet:
 
     async def write_applied(self, shard_id: int, cooked: CookedBatch, offset: int) -> None:
         """Write and apply a committed batch of a shard's log, recording `offset` as
-        applied in the same write; its messages decoded for the commit feed."""
+        applied in the same write."""
         shard = self.shards[shard_id]
         async with self._locks[shard_id]:
             await self.run(shard.write, cooked, applied=offset)
             shard.apply(cooked)
-        if not cooked.messages and cooked.message_count:
-            cooked.messages = shard.messages_of(cooked)
+
+    def _messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
+        """The messages of a batch applied here but cooked elsewhere (the commit feed
+        decodes them when someone wants them), right after it was applied."""
+        return self.shards[cooked.shard].messages_of(cooked)
 
     async def replace_shard(self, shard_id: int) -> None:
         """Put the shard folder staged next to the shard's (see `install.py`) in its

@@ -94,7 +94,7 @@ class Relay:
         self.exchange = InterestExchange(site, advertised, messages, interest, placement_of,
                                          peers_of, session, unsettled, on_site_lost,
                                          self._forget)
-        messages.add_commit_listener(self.on_commit, of_applied=True)
+        messages.add_commit_listener(self.on_commit, of_applied=True, wants=self.wants)
 
     @classmethod
     def of(cls, replication: SiteReplication, messages: Database, interest: SiteInterest,
@@ -177,8 +177,13 @@ class Relay:
 
     # -- pushing, as a shard's leader ---------------------------------------------------
 
+    def wants(self, shard: int) -> bool:
+        """Whether a batch of the shard would be pushed anywhere now: this site leads
+        it and another site reads here."""
+        return bool(self._told) and self._leads(shard)
+
     def on_commit(self, cooked: CookedBatch) -> None:
-        if not cooked.messages or not self._told or not self._leads(cooked.shard):
+        if not cooked.messages or not self.wants(cooked.shard):
             return
         replicas, _leader = self._placement_of(cooked.shard)
         for site, filters in self._told.items():

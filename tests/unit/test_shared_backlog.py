@@ -258,3 +258,16 @@ def test_a_group_whose_members_are_away_waits_for_them_and_only_for_them() -> No
         dispatcher.unroute(a, SHARE, stays_subscribed=True)
         assert sorted(dispatcher.absent) == []
     run(scenario())
+
+
+def test_the_dispatcher_wants_committed_messages_only_while_someone_subscribes() -> None:
+    """A site's commit feed decodes a replica's batches for the dispatcher only while
+    some session or group here subscribes (`Dispatcher.wants`)."""
+    async def scenario() -> None:
+        storage, _db, dispatcher, _backlog = a_site()
+        assert not dispatcher.wants(0)
+        a, _ = member(storage, dispatcher, "a", max_queued=10, receive_maximum=5)
+        assert dispatcher.wants(0) and dispatcher.wants(3)
+        dispatcher.unroute(a, SHARE)
+        assert not dispatcher.wants(0)
+    run(scenario())
