@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from harness.processes import free_port
 from stratamq.broker.core.broker import RETAINED_DB
 from stratamq.broker.mqtt import (
     MQTT_5,
@@ -28,21 +27,16 @@ from stratamq.broker.mqtt import (
     SubscriptionOptions,
     encode,
 )
-from stratamq.broker.site import start_site
 from tests.support.clients import RawClient
-from tests.support.storage import read_filter, run, site_config
+from tests.support.storage import read_filter, run, running_site
 
 TOPIC = "state/door"
 
 
 def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
         tmp_path: Path) -> None:
-    port = free_port()
-    config = site_config(tmp_path / "data", port)
-
     async def scenario() -> None:
-        site = await start_site(config)
-        try:
+        async with running_site(tmp_path / "data") as (site, port):
             client = await asyncio.to_thread(RawClient, port)
             await asyncio.to_thread(client.connect, "writer")
             done = await asyncio.to_thread(client.publish, TOPIC, b"open", 2, packet_id=1,
@@ -57,8 +51,6 @@ def test_a_qos2_retained_message_whose_retained_copy_fails_is_not_stored(
                     for packet in answered] == [(Disconnect, 0x89)], answered
             stored = await read_filter(site.storage, "messages", TOPIC)
             assert [message.payload for message in stored] == [b"open"]
-        finally:
-            await site.stop()
     run(scenario())
 
 
@@ -67,12 +59,8 @@ def test_a_topics_retained_message_is_the_last_published_whatever_their_qos(
     """A QoS 1 RETAIN message then a QoS 2 one on the same topic, in one segment: the
     QoS 2 one's retained copy, written first (above), must still be written after the
     QoS 1 one's, or the topic keeps the older message."""
-    port = free_port()
-    config = site_config(tmp_path / "data", port)
-
     async def scenario() -> None:
-        site = await start_site(config)
-        try:
+        async with running_site(tmp_path / "data") as (_site, port):
             writer = await asyncio.to_thread(RawClient, port)
             await asyncio.to_thread(writer.connect, "writer")
             await asyncio.to_thread(writer.send_bytes, b"".join(
@@ -88,6 +76,4 @@ def test_a_topics_retained_message_is_the_last_published_whatever_their_qos(
             await asyncio.to_thread(reader.expect, Suback)
             retained = await asyncio.to_thread(reader.expect, Publish)
             assert (retained.payload, retained.retain) == (b"newer", True)
-        finally:
-            await site.stop()
     run(scenario())

@@ -55,8 +55,10 @@ def placement_version(site: SiteProcess) -> int | None:
     return found
 
 
-def test_a_stale_state_write_is_refused_and_nothing_pushed(
-        api: ControlPlane, namespace: str, site: SiteProcess) -> None:
+def applied_storage(api: ControlPlane, namespace: str, site: SiteProcess
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The storage these tests run (one site, replication factor 1, the site's admin
+    port) applied: its spec and the object as read back."""
     spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
                             "admin": {"port": site.admin_port}}
     api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
@@ -64,6 +66,12 @@ def test_a_stale_state_write_is_refused_and_nothing_pushed(
         "metadata": {"name": NAME}, "spec": spec}))
     read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
     assert read is not None
+    return spec, read
+
+
+def test_a_stale_state_write_is_refused_and_nothing_pushed(
+        api: ControlPlane, namespace: str, site: SiteProcess) -> None:
+    spec, read = applied_storage(api, namespace, site)
     owner = Owner(name=NAME, namespace=namespace, uid=read["metadata"]["uid"])
     # This operator read the storage (no controller state yet) ...
     late = controller.StorageController(
@@ -147,15 +155,9 @@ def test_an_operator_paused_while_another_took_the_term_acts_again_above_it(
     in its place from the state the other kept (which holds that term) goes on above
     it. A term the state does not hold (a local controller run against the same sites)
     still fences it."""
-    spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
-                            "admin": {"port": site.admin_port}}
-    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
-        "metadata": {"name": NAME}, "spec": spec}))
+    spec, read = applied_storage(api, namespace, site)
     parsed = parse_spec(spec)
     pods = [kube.PodView(name=f"{NAME}-0", ip=site.host, ready=True, terminating=False)]
-    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
-    assert read is not None
     owner = owner_of(read)
 
     def site_term() -> ControllerTerm:
@@ -212,13 +214,7 @@ def test_the_control_handler_hands_back_and_goes_on_in_the_same_round(
     settings = kopf.OperatorSettings()
     settings.posting.level = logging.CRITICAL + 1  # no Kopf event queue here
     posting.settings_var.set(settings)
-    spec: dict[str, Any] = {"sites": 1, "messages": {"nShards": N_SHARDS, "replicationFactor": 1},
-                            "admin": {"port": site.admin_port}}
-    api.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "stratamq.io/v1alpha1", "kind": "DurableStorage",
-        "metadata": {"name": NAME}, "spec": spec}))
-    read = kube.get("stratamq.io/v1alpha1", "DurableStorage", namespace, NAME)
-    assert read is not None
+    spec, read = applied_storage(api, namespace, site)
     owner = owner_of(read)
     # the admin token the site was started with, where the operator reads it
     api.kubectl("create", "secret", "generic", f"{NAME}-admin", "-n", namespace,

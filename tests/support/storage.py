@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.processes import HOST
+from harness.processes import HOST, free_port
 from stratamq.broker.config import Config, load_config
 from stratamq.broker.ds import Database, DbOptions, DurableStorage, EndOfStream, Message
 from stratamq.broker.ds.shard_set import ShardSet
+from stratamq.broker.site import RunningSite, start_site
 
 T = TypeVar("T")
 
@@ -57,3 +59,15 @@ def site_config(data_dir: Path, port: int) -> Config:
         "STRATAMQ__LISTENERS__TCP__BIND": f"{HOST}:{port}",
         "STRATAMQ__LISTENERS__WS__ENABLE": "false",
         "STRATAMQ__ADMIN__ENABLE": "false"})
+
+
+@contextlib.asynccontextmanager
+async def running_site(data_dir: Path) -> AsyncIterator[tuple[RunningSite, int]]:
+    """A single site (`site_config`) started in this process on a free port, stopped
+    on the way out: the site and its MQTT port."""
+    port = free_port()
+    site = await start_site(site_config(data_dir, port))
+    try:
+        yield site, port
+    finally:
+        await site.stop()
