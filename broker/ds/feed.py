@@ -75,7 +75,13 @@ class CommitFeed:
                     self._last_fed[cooked.shard] = max(self._last_fed[cooked.shard],
                                                        cooked.last_timestamp)
                 return
-            cooked.messages = self._decode(cooked)
+            try:
+                cooked.messages = self._decode(cooked)
+            except Exception:  # applied, but unfed: the readers read it from storage
+                log.exception("decoding a batch of %s/%d for the commit feed failed",
+                              self._db_name, cooked.shard)
+                self.feed_gap(cooked.shard)
+                return
         if read_elsewhere:
             for listener in listeners:
                 listener(cooked)

@@ -69,3 +69,17 @@ def test_a_shard_read_elsewhere_asks_only_the_applied_listeners() -> None:
     feed.add_commit_listener(pushes.append, of_applied=True, wants=lambda _shard: False)
     feed.committed(applied_elsewhere_cooked(0, 10), read_elsewhere=True)
     assert (decode.calls, readers, pushes, feed.fed_through()) == (0, [], [], [0])
+
+
+def test_a_batch_that_does_not_decode_is_a_feed_gap() -> None:
+    """Applied but not fed: the readers are told to read the shard from storage."""
+    def broken(_cooked: CookedBatch) -> list[tuple[bytes, Message]]:
+        raise ValueError("an unknown stream")
+
+    feed = CommitFeed("messages", 1, StreamIndex(), broken)
+    fed: list[CookedBatch] = []
+    gaps: list[tuple[int, int]] = []
+    feed.add_commit_listener(fed.append)
+    feed.add_feed_gap_listener(lambda shard, since: gaps.append((shard, since)))
+    feed.committed(applied_elsewhere_cooked(0, 10))
+    assert (fed, gaps) == ([], [(0, 1)])

@@ -145,7 +145,9 @@ class ShardLog:
         self._last = self._find_last()
         # The newest entries, ending at `_last`. Replaced whole on every change (never
         # changed in place): a reader on the event loop takes it once and sees one
-        # state, while the executor writes the log.
+        # state, while the executor writes the log. Writers set it before `_last`, and
+        # readers read `_last` first (`Leadership.request_from_memory`), so a reader
+        # never pairs a newer end with older entries.
         self._recent = Recent(self._last, ())
         # The offset up to which this log is on disk: its end, but for a leader's
         # appends written unsynced and not synced yet.

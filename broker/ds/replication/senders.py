@@ -105,8 +105,8 @@ class Senders:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), settings.heartbeat_interval)
             wake.clear()
-            if self._role.leadership is not leadership:
-                return
+            if self._role.leadership is not leadership or not leadership.current:
+                return  # (a newer leader's entries may be in the log now: not ours to send)
             address = self._role.peers.get(follower)
             if address is None:
                 await asyncio.sleep(RETRY_INTERVAL)
