@@ -92,7 +92,7 @@ class CommitFeed:
                                if message.timestamp > last]
         if cooked.messages:
             self._last_fed[cooked.shard] = cooked.messages[-1][1].timestamp
-        for listener in self._commit_listeners:
+        for listener in listeners:
             listener(cooked)
 
     def _wants(self, listener: CommitListener, shard: int) -> bool:

@@ -170,7 +170,7 @@ class Applier:
                 committed = self._appliable()
                 recent = self._log.read_in_memory(start, APPLY_BATCH)
                 found = list(recent.entries) if recent is not None else \
-                    await self._context.run(self._log.read, start, APPLY_BATCH)
+                    await self._context.run(self._log.read_stored, start, APPLY_BATCH)
             for entry in found:
                 offset = entry.position.offset
                 if offset > committed or offset != self.applied + 1:

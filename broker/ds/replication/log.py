@@ -105,7 +105,8 @@ class AppendResult:
 
 
 class Recent(NamedTuple):
-    """Entries held in memory, in order, following the entry at `previous`."""
+    """Entries held in memory, in order, following the entry at `previous`; `size`:
+    the bytes of their batches."""
 
     previous: Position
     entries: tuple[Entry, ...]
@@ -262,12 +263,13 @@ class ShardLog:
         else:  # past the end (rare): as on disk
             return None
         entries: list[Entry] = []
-        size = 0
+        size = 0  # of the batches, as `Recent.size`; `max_bytes` counts epochs too, as `read`
         for entry in recent.entries[index:]:
-            if len(entries) >= max_entries or (entries and size >= max_bytes):
+            if len(entries) >= max_entries or (
+                    entries and size + _U64.size * len(entries) >= max_bytes):
                 break
             entries.append(entry)
-            size += _U64.size + len(entry.batch)
+            size += len(entry.batch)
         return Recent(previous, tuple(entries), size)
 
     def _remember(self, written: list[Entry]) -> None:
@@ -384,8 +386,6 @@ class ShardLog:
             if cut:
                 self._refuse_cut_below_committed(new[0].position.offset - 1,
                                                  f"the leader of epoch {epoch}")
-            keep_to = new[0].position.offset - 1
-            kept_last = Position(self.epoch_at(keep_to) or 0, keep_to) if cut else self._last
             write = WriteBatch(raw_mode=True)
             if cut:
                 # a divergent tail (written under an older leader, never committed)
@@ -394,8 +394,9 @@ class ShardLog:
                 write.put(_entry_key(entry.position.offset),
                           _U64.pack(entry.position.epoch) + entry.batch)
             self._db.write(write, self._synced)
-            if cut:
-                self._forget_after(kept_last)
+            if cut:  # the entry before the first new one is kept, and held still
+                keep_to = new[0].position.offset - 1
+                self._forget_after(Position(self.epoch_at(keep_to) or 0, keep_to))
             self._remember(new)
             self._last = new[-1].position
             self._synced_to_end()
