@@ -10,8 +10,11 @@ few clients have come and gone (what the first connection loads is not the
 connections'), then after each count of clients is connected and the RSS has settled.
 KB/conn is (RSS after - RSS before) / N; "add s" the seconds the clients added at
 that count (N less the count before) took to connect, CONNACK received, at most
-256 handshakes under way at once. RSS is what the process holds in user space: the
-kernel's socket buffers are in neither broker's figure.
+256 handshakes under way at once; "idle ms/s" the server's CPU time per second
+over IDLE_SECONDS once they are connected and say nothing (the work a site does for
+connections that do nothing: it should not grow with their number). RSS is what the
+process holds in user space: the kernel's socket buffers are in neither broker's
+figure.
 
 Kinds: MQTT 3.1.1 or 5, clean (a session that ends with the connection) or durable
 (3.1.1 clean session 0; 5 with a session expiry of a day), keep alive 300 s.
@@ -55,6 +58,7 @@ CONCURRENT_CONNECTS = 256  # handshakes under way at once, like a reconnect stor
 SOURCE_ADDRESSES = [f"127.0.0.{last}" for last in range(2, 10)]
 WARMUP_CLIENTS = 20
 SETTLE_SECONDS = 2.0
+IDLE_SECONDS = 5.0
 KINDS = ("311-clean", "311-durable", "5-clean", "5-durable")
 
 
@@ -156,6 +160,7 @@ class Row:
     rss_before: int
     rss_after: int
     refused: int
+    idle_cpu_ms_per_s: float
 
     @property
     def kb_per_connection(self) -> float:
@@ -214,7 +219,11 @@ async def measure(broker: str, kind: str, counts: Sequence[int], workdir: Path,
                                             clients)
             connected = count
             after = await asyncio.to_thread(settled_rss, server.pid)
-            rows.append(Row(broker, kind, count, seconds, before, after, clients.refused))
+            cpu_before = server.cpu_seconds()
+            await asyncio.sleep(IDLE_SECONDS)
+            idle = (server.cpu_seconds() - cpu_before) / IDLE_SECONDS * 1000
+            rows.append(Row(broker, kind, count, seconds, before, after, clients.refused,
+                            idle))
         if isinstance(server, TracedBroker):
             last = await asyncio.to_thread(server.snapshot, "after", signal.SIGUSR2)
             print_trace(kind, first, last, connected)
@@ -251,11 +260,12 @@ def print_trace(kind: str, before: tracemalloc.Snapshot, after: tracemalloc.Snap
 
 def print_table(rows: Sequence[Row]) -> None:
     print(f"\n{'broker':<10} {'kind':<12} {'clients':>7} {'add s':>9} "
-          f"{'RSS before MB':>13} {'RSS after MB':>12} {'KB/conn':>8} {'refused':>7}")
+          f"{'RSS before MB':>13} {'RSS after MB':>12} {'KB/conn':>8} {'refused':>7} "
+          f"{'idle ms/s':>9}")
     for row in rows:
         print(f"{row.broker:<10} {row.kind:<12} {row.count:>7} {row.connect_seconds:>9.2f} "
               f"{row.rss_before / 2**20:>13.1f} {row.rss_after / 2**20:>12.1f} "
-              f"{row.kb_per_connection:>8.2f} {row.refused:>7}")
+              f"{row.kb_per_connection:>8.2f} {row.refused:>7} {row.idle_cpu_ms_per_s:>9.1f}")
 
 
 def raise_file_limit(wanted: int) -> int:

@@ -280,7 +280,8 @@ class DurableSessionsConfig(_Section):
     batch_size: PositiveInt = Field(default=100, description=(
         "Most messages a session reads from one stream in one go."))
     idle_poll_interval: Duration = Field(default=parse_duration("10s"), description=(
-        "Longest a caught-up session waits before polling storage again."))
+        "Longest a session reading from storage waits before reading again, should a "
+        "wake-up be missed; a session caught up, on the live feed, does not poll."))
     renew_streams_interval: Duration = Field(default=parse_duration("1s"), description=(
         "How often sessions look for new streams matching their subscriptions."))
     session_gc_interval: Duration = Field(default=parse_duration("10m"), description=(

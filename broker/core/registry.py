@@ -94,7 +94,8 @@ class SessionRegistry:
         self._collector = SessionCollector(store, publisher, dispatcher, self._locks,
                                            self.sessions, limits.session_gc_interval,
                                            ownership)
-        self._streams = StreamUpkeep(self.sessions, limits.renew_streams_interval)
+        self._streams = StreamUpkeep(self.sessions, limits.renew_streams_interval,
+                                     lambda: storage.db(messages_db).stream_version)
         self._takeover = None if ownership is None else SessionTakeover(
             store, ownership, self._locks, self.sessions, self._forget_here, groups_kept_for)
         # Computed when scraped, so a connect costs nothing that grows with the

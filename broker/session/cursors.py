@@ -153,6 +153,12 @@ class CursorTable:
             if not counts:
                 del self._open[lane]
 
+    def any_to_read(self) -> bool:
+        """Whether some cursor reads from storage (not on the live feed, not ended):
+        a replay with none has nothing to do."""
+        return bool(self._by_key) and any(not cursor.live and not cursor.ended
+                                          for cursor in self._by_key.values())
+
     def blocked(self, cursor: Cursor) -> bool:
         """Whether an older generation of the cursor's lane has a cursor not ended."""
         counts = self._open.get(lane_of(cursor))

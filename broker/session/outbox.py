@@ -88,7 +88,8 @@ class Outbox:
     """The queue and the in-flight window of one session. `save` writes the session
     (a no-op for one that is not durable), `request_save` asks for a write soon,
     `finished` hears of every delivery that is done with (sent at QoS 0,
-    acknowledged, expired, refused), and `durable` tells whether the session is.
+    acknowledged, expired, refused), `room` whenever the queue is under
+    `replay_room` after a send, and `durable` tells whether the session is.
     Past ~300 lines as one state machine: the queue, the in-flight window, the packet
     identifiers and the saves that must come before a PUBLISH or a PUBREL change
     together on every send and acknowledgement (the resend order, `Resends`, is
@@ -96,13 +97,14 @@ class Outbox:
 
     # one per connection (or session): no __dict__ each (issue 25)
     __slots__ = ("_durable", "_finished", "_held", "_in_flight", "_next_packet_id",
-                 "_pubrel_sender", "_pubrel_waiting", "_queue", "_releaser", "_request_save",
-                 "_room", "_save", "max_queued", "outlet", "replay_room", "resends")
+                 "_on_room", "_pubrel_sender", "_pubrel_waiting", "_queue", "_releaser",
+                 "_request_save", "_room", "_save", "max_queued", "outlet", "replay_room",
+                 "resends")
 
 
     def __init__(self, max_queued: int, *, save: Callable[[], Awaitable[None]],
                  request_save: Callable[[], None], finished: Callable[[Delivery], None],
-                 durable: Callable[[], bool]) -> None:
+                 room: Callable[[], None], durable: Callable[[], bool]) -> None:
         self.outlet: Outlet | None = None
         self.max_queued = max_queued
         # The replay reads while the queue is under this; at least 1, or a queue of
@@ -111,6 +113,7 @@ class Outbox:
         self._save = save
         self._request_save = request_save
         self._finished = finished
+        self._on_room = room
         self._durable = durable
         # made at the first delivery: an idle connection's would be an empty deque,
         # which holds a block of 64 slots (~760 bytes) from the start
@@ -290,7 +293,10 @@ class Outbox:
                 needs_save = True
             batch.append((delivery, packet_id))
         if len(self._queue) < self.replay_room:
+            # after the sends: an acknowledgement (`finished` first) makes room only
+            # once its slot in the window took the next queued delivery
             self._room.set()
+            self._on_room()
         if not batch:
             return
         if needs_save or self._releaser is not None:

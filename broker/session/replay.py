@@ -38,8 +38,13 @@ REPLAY_SLICE = 32
 
 
 class Replay:
-    """`offer` hands a delivery to the session (which asks the ACL once more);
-    `wake` is shared with `streams`: set when there may be something to read."""
+    """`offer` hands a delivery to the session (which asks the ACL once more).
+
+    The reader is a task only while there is something to read from storage (a
+    cursor off the live feed, the queue waiting for room, a durable connection's
+    first look and resends): `wake` starts it again (streams call it through the
+    session). An idle connection's session held one more task and its frames, 1 KB
+    (issue 25), waiting for nothing."""
 
     # one per connection (or session): no __dict__ each (issue 25)
     __slots__ = ("_batch_size", "_client_id", "_cursors", "_db", "_durable", "_idle_poll_interval",
@@ -50,7 +55,7 @@ class Replay:
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  batch_size: int, idle_poll_interval: float, streams: Streams,
                  routes: Routes, outbox: Outbox, offer: Callable[[Delivery], None],
-                 durable: Callable[[], bool], wake: Flag, polls: Deadlines) -> None:
+                 durable: Callable[[], bool], polls: Deadlines) -> None:
         self._client_id = client_id
         self._storage = storage
         self._db = messages_db
@@ -62,7 +67,7 @@ class Replay:
         self._outbox = outbox
         self._offer = offer
         self._durable = durable
-        self._wake = wake
+        self._wake = Flag()  # there may be something to read: a waiting reader reads
         self._polls = polls  # the site's sessions' safety-net polls, on one timer
         self._reader: asyncio.Task[None] | None = None
         # Set while the replay has streams to read and the queue has no room for them:
@@ -75,11 +80,22 @@ class Replay:
     # -- the reader task -------------------------------------------------------------
 
     def start(self) -> None:
-        """A durable session's connection came: read what it has not had."""
+        """A durable session's connection came: resend what it has not acknowledged,
+        read what it has not had."""
         self._streams.prune_dropped_generations()
         self._streams.renew()
-        self._reader = asyncio.create_task(self._supervised_replay(),
-                                           name=f"replay-{self._client_id}")
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._supervised_replay(),
+                                               name=f"replay-{self._client_id}")
+
+    def wake(self) -> None:
+        """There may be something new to read: the reader reads it, started if
+        there is something to read and none is running."""
+        self._wake.set()
+        if self._reader is None and self._outbox.outlet is not None \
+                and (self._waiting_for_room or self._cursors.any_to_read()):
+            self._reader = asyncio.create_task(self._supervised_replay(),
+                                               name=f"replay-{self._client_id}")
 
     async def stop(self) -> None:
         """The connection is gone: stop reading (after the outbox has disconnected)."""
@@ -90,22 +106,19 @@ class Replay:
                 await self._reader
             self._reader = None
 
-    def _start_catch_up(self) -> None:
-        if self._reader is None and self._outbox.outlet is not None:
-            # supervised like a durable replay: a failed read is retried, and the
-            # failure never surfaces in stop(), which awaits this task
-            self._reader = asyncio.create_task(self._supervised_replay(),
-                                               name=f"catch-up-{self._client_id}")
-
     def finished(self, delivery: Delivery) -> None:
         """The outbox is done with a delivery (sent at QoS 0, acknowledged, expired,
-        refused): its cursor moves on, and a replay waiting for room reads on."""
+        refused): its cursor moves on."""
         cursor = delivery.cursor
         if cursor is not None:
             cursor.done(delivery.message.timestamp)
             self._streams.forget_if_complete(cursor)
-        if self._waiting_for_room and self._outbox.queued_count < self._outbox.replay_room:
-            self._wake.set()
+
+    def room_made(self) -> None:
+        """The outbox's queue is under its replay mark: a replay waiting for room
+        reads on."""
+        if self._waiting_for_room:
+            self.wake()
 
     async def _resend_in_order(self) -> None:
         """Unacknowledged messages go out again in the order they were first sent,
@@ -130,19 +143,23 @@ class Replay:
     async def _supervised_replay(self) -> None:
         # A failed read must neither leave the session without its stored messages
         # nor make stop() (which awaits this task) raise while a session closes.
-        while self._outbox.outlet is not None:
-            try:
-                await self._replay()
-                return
-            except StorageError as exc:
-                if not exc.recoverable:
+        try:
+            while self._outbox.outlet is not None:
+                try:
+                    await self._replay()
+                    return
+                except StorageError as exc:
+                    if not exc.recoverable:
+                        note_failure("session-replay")
+                    else:  # a shard's replicas out of reach for now: read on later
+                        log.info("session %s: a read failed, retrying: %s", self._client_id,
+                                 exc.message)
+                except Exception:
                     note_failure("session-replay")
-                else:  # a shard's replicas out of reach for now: read on later
-                    log.info("session %s: a read failed, retrying: %s", self._client_id,
-                             exc.message)
-            except Exception:
-                note_failure("session-replay")
-            await asyncio.sleep(RESTART_PAUSE)
+                await asyncio.sleep(RESTART_PAUSE)
+        finally:
+            # With no await since its last look: a wake-up from now on starts another.
+            self._reader = None
 
     async def _replay(self) -> None:
         await self._resend_in_order()
@@ -192,9 +209,16 @@ class Replay:
                 else:
                     progressed = True
             if not progressed:
-                # Woken by the feed, acks and new streams; the poll is a safety net
+                if not self._cursors.any_to_read():
+                    # Every cursor on the live feed or ended: nothing to read until a
+                    # wake-up says so (a cursor leaves the feed only with one), which
+                    # starts a reader again.
+                    return
+                # Woken by the feed, acks and new streams. The poll is a safety net
                 # should a wake-up ever be missed (on the registry's one timer: an
-                # idle session's own held 0.8 KB).
+                # idle session's own held 0.8 KB); a poll of every idle durable
+                # connection each interval was a site's idle work that grew with its
+                # connections (issue 25).
                 tick = self._polls.add(self, asyncio.get_running_loop().time()
                                        + self._idle_poll_interval)
                 try:
@@ -204,7 +228,7 @@ class Replay:
 
     def expire(self) -> None:
         """The safety-net poll's time (`polls`): read again."""
-        self._wake.set()
+        self.wake()
 
     # -- the live feed -------------------------------------------------------------
 
@@ -252,9 +276,7 @@ class Replay:
                     key = cursor_key(subscription.topic_filter, stream)
                     if stream.shard == shard and key not in self._cursors:
                         self._catch_up_cursor(key, subscription, stream, start)
-            if self._cursors:
-                self._start_catch_up()
-        self._wake.set()
+        self.wake()
 
     def _feed_cursor(self, cursor: Cursor, message: Message) -> None:
         if cursor.live and not self._waiting_for_room and not self._cursors.blocked(cursor) \
@@ -264,7 +286,7 @@ class Replay:
         else:
             cursor.live = False
             cursor.dirty = True
-            self._wake.set()
+            self.wake()
 
     def _offer_live(self, routes: list[Subscription], stream: Stream,
                     message: Message) -> None:
@@ -305,7 +327,7 @@ class Replay:
                 cursor = self._catch_up_cursor(key, subscription, stream, message.timestamp)
             if cursor is not None:
                 self._feed_cursor(cursor, message)
-        self._start_catch_up()
+        self.wake()
 
     def _catch_up_cursor(self, key: str, subscription: Subscription, stream: Stream,
                          timestamp: int) -> Cursor | None:

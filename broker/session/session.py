@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from ..deadlines import Deadlines
 from ..ds import Message
-from ..flag import Flag
 from ..supervise import RESTART_PAUSE, note_failure
 from .inbound_qos2 import InboundQos2
 from .model import SessionRecord, StoredParts, Subscription, WillRecord
@@ -67,16 +66,15 @@ class Session:
         self.routes = Routes(client_id)
         self.outbox = Outbox(max_queued, save=self.persist_now,
                              request_save=self.request_persist, finished=self._finished,
-                             durable=self._is_durable)
-        wake = Flag()  # there may be something to read: the replay waits on it
+                             room=self._room_made, durable=self._is_durable)
         self.streams = Streams(client_id, storage=storage, messages_db=messages_db,
                                outbox=self.outbox, subscriptions=lambda: self.subscriptions,
                                durable=self._is_durable, request_save=self.request_persist,
-                               wake=wake)
+                               wake=self._wake_replay)
         self.replay = Replay(client_id, storage=storage, messages_db=messages_db,
                              batch_size=batch_size, idle_poll_interval=idle_poll_interval,
                              streams=self.streams, routes=self.routes, outbox=self.outbox,
-                             offer=self.offer, durable=self._is_durable, wake=wake,
+                             offer=self.offer, durable=self._is_durable,
                              polls=polls)
 
     def _is_durable(self) -> bool:
@@ -204,6 +202,12 @@ class Session:
         self.replay.finished(delivery)
         if delivery.cursor is not None:
             self.request_persist()
+
+    def _room_made(self) -> None:
+        self.replay.room_made()
+
+    def _wake_replay(self) -> None:
+        self.replay.wake()
 
     # -- connection lifecycle -----------------------------------------------------
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..ds import EndOfStream, Stream
 from ..errors import InvalidIteratorError
-from ..flag import Flag
 from ..metrics import SESSION_MESSAGES_EXPIRED
 from .cursors import Cursor, CursorTable
 from .model import CursorState, Subscription, cursor_key, parse_cursor_key
@@ -28,8 +27,8 @@ _COUNT_BATCH = 1000
 
 
 class Streams:
-    """`wake` is set whenever there may be something new to read (the replay waits
-    on it); `request_save` asks for the session to be written soon."""
+    """`wake` is called whenever there may be something new to read (it wakes the
+    replay, `Replay.wake`); `request_save` asks for the session to be written soon."""
 
     # one per connection (or session): no __dict__ each (issue 25)
     __slots__ = ("_client_id", "_db", "_done", "_durable", "_going", "_outbox", "_parked",
@@ -40,7 +39,7 @@ class Streams:
     def __init__(self, client_id: str, *, storage: MessageReader, messages_db: str,
                  outbox: Outbox, subscriptions: Callable[[], Mapping[str, Subscription]],
                  durable: Callable[[], bool], request_save: Callable[[], None],
-                 wake: Flag) -> None:
+                 wake: Callable[[], None]) -> None:
         self._client_id = client_id
         self._storage = storage
         self._db = messages_db
@@ -104,21 +103,25 @@ class Streams:
                                                            subscription.since):
                 self.cursor_for(subscription, stream, opened)
         self.cursors.retire_older(opened)
-        self._wake.set()
+        self._wake()
 
-    def renew_new(self) -> None:
+    def renew_new(self, version: int) -> None:
         """Look only at the streams the storage learned since the last look (the
-        periodic look: nothing to do while no stream is new)."""
+        periodic look: nothing to do while no stream is new); `version`: the
+        storage's stream version now (read once for every session)."""
         if not self._durable():
             return
-        # The replay is woken on every look, new streams or not, as before this look
-        # became incremental: a crash test (test_broker_crash) then lost a stream's
-        # tail now and then without it, so some wake-up is missed somewhere.
-        self._wake.set()
-        database = self._storage.db(self._db)
-        if database.stream_version == self._stream_version:
+        # A replay with a cursor off the live feed is woken on every look, new streams
+        # or not, as before this look became incremental: a crash test
+        # (test_broker_crash) then lost a stream's tail now and then without it, so
+        # some wake-up is missed somewhere. One whose cursors are all on the live feed
+        # (or ended) has nothing to read: woken every second, every idle durable
+        # connection of a site cost a pass (issue 25).
+        if self.cursors.any_to_read():
+            self._wake()
+        if version == self._stream_version:
             return
-        version = database.stream_version
+        database = self._storage.db(self._db)
         opened: list[Cursor] = []
         for subscription in self._subscriptions().values():
             if subscription.share_group is not None:
@@ -129,7 +132,7 @@ class Streams:
                 self.cursor_for(subscription, stream, opened)
         self.cursors.retire_older(opened)
         self._stream_version = version
-        self._wake.set()
+        self._wake()
 
     def cursor_for(self, subscription: Subscription, stream: Stream,
                    opened: list[Cursor]) -> Cursor | None:
@@ -168,7 +171,7 @@ class Streams:
             self._done[cursor.key] = None
             self.cursors.remove(cursor.key)
             self._request_save()
-            self._wake.set()
+            self._wake()
 
     def forget_subscription(self, topic_filter: str) -> None:
         self.forget(lambda key: parse_cursor_key(key)[0] == topic_filter)
@@ -255,7 +258,7 @@ class Streams:
             if states or resends:
                 self._request_save()
             self.renew()
-        self._wake.set()
+        self._wake()
 
     def prune_dropped_generations(self) -> None:
         """Forget cursors, done marks and resends into generations that no longer

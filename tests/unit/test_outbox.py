@@ -33,7 +33,7 @@ def an_outbox(writes: Writes, *, durable: bool, max_queued: int = 100
               ) -> tuple[Outbox, list[Delivery]]:
     finished: list[Delivery] = []
     outbox = Outbox(max_queued, save=writes.save, request_save=writes.request,
-                    finished=finished.append, durable=lambda: durable)
+                    finished=finished.append, room=lambda: None, durable=lambda: durable)
     return outbox, finished
 
 

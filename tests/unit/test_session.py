@@ -15,10 +15,11 @@ import gc
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client import REGISTRY
 
-from stratamq.broker.deadlines import Deadlines
+from stratamq.broker.deadlines import Deadlines, Expiring
 from stratamq.broker.ds import Message, MessageProperties, Stream
 from stratamq.broker.errors import StorageTimeoutError
 from stratamq.broker.session.model import (
@@ -825,10 +826,114 @@ def test_periodic_look_finds_a_new_stream_through_the_stream_version() -> None:
         version = db.stream_version
         db.store("n/b", b"new stream", shard=1)  # not fed: only the look can find it
         assert db.stream_version == version + 1
-        session.streams.renew_new()
+        session.streams.renew_new(db.stream_version)
         await acknowledge_until(session, outlet, 2)
         await settle()
         assert [s.payload for s in outlet.publishes] == [b"first", b"new stream"]
+        await session.detach()
+
+    run(main())
+
+
+class CountingPolls(Deadlines):
+    """The registry's timer of safety-net polls, counting how often a replay
+    registered one: it does so each time it has read what it could and waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def add(self, deadline: Expiring, at: float) -> int:
+        self.waits += 1
+        return super().add(deadline, at)
+
+
+def test_the_periodic_look_wakes_no_replay_that_has_nothing_to_read() -> None:
+    """Issue 25: the look for new streams runs every second over every connected
+    durable session, and woke each one's replay for a pass over its cursors: at 12k
+    idle durable connections, 160k passes that read nothing in 20 s, which slowed
+    every connect. A replay whose cursors are all on the live feed has nothing to
+    read: it is not woken. One whose cursor left the live feed is, should the wake-up
+    that came with it have been missed."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        db.store("q/a", b"first")
+        polls = CountingPolls()
+        session = Session("c1", durable=True, expiry_interval=3600, storage=storage,
+                          messages_db=DB, max_queued=1000, batch_size=100,
+                          idle_poll_interval=IDLE_POLL, persist=SavedSessions().persist,
+                          on_shared_loss=lambda _delivery: None, polls=polls)
+        session.subscribe(Subscription("q/#", qos=1))
+        outlet = RecordingOutlet()
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, 1)
+        await settle()
+        waits = polls.waits
+        for _ in range(5):
+            session.streams.renew_new(db.stream_version)
+            await settle()
+        assert polls.waits == waits, "a caught-up replay was woken for nothing"
+        # a message stored and not fed, its cursor off the live feed with no wake-up
+        # (one missed): the look wakes the replay, which reads it
+        db.store("q/a", b"second")
+        for cursor in session.streams.cursors.values():
+            cursor.live = False
+        session.streams.renew_new(db.stream_version)
+        await acknowledge_until(session, outlet, 2)
+        assert [s.payload for s in outlet.publishes] == [b"first", b"second"]
+        await session.detach()
+
+    run(main())
+
+
+def replay_tasks(client_id: str) -> int:
+    return sum(task.get_name() == f"replay-{client_id}" and not task.done()
+               for task in asyncio.all_tasks())
+
+
+def test_a_caught_up_durable_session_holds_no_reader_until_there_is_something_to_read(
+        ) -> None:
+    """Issue 25: every connected durable session held a reader task (with its
+    frames, 1 KB) waiting on its wake-up, with every cursor on the live feed. The
+    reader now ends once nothing is left to read from storage; what sends a cursor
+    back to storage (a full queue, a feed gap, a new stream) starts it again."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        db.store("r/a", b"0", qos=1)
+        session = make_session(storage, durable=True, max_queued=2)
+        session.subscribe(Subscription("r/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        await acknowledge_until(session, outlet, 1)
+        await settle()
+        assert replay_tasks("c1") == 0
+        # live: delivered without a reader
+        session.replay.on_feed(*db.store("r/a", b"1", qos=1))
+        await acknowledge_until(session, outlet, 2)
+        await settle()
+        assert replay_tasks("c1") == 0
+        # a feed gap: what was missed is read from storage, by a reader started for it
+        db.store("r/a", b"2", qos=1)
+        stream, _message = db.store("r/a", b"3", qos=1)
+        session.replay.on_feed_gap(stream.shard, 0)
+        assert replay_tasks("c1") == 1
+        await acknowledge_until(session, outlet, 4)
+        # the queue full (a window of one, a queue of two): more goes to storage
+        for n in range(4, 10):
+            session.replay.on_feed(*db.store("r/a", str(n).encode(), qos=1))
+        await acknowledge_until(session, outlet, 10)
+        await settle()
+        assert [s.payload for s in outlet.publishes] == [str(n).encode() for n in range(10)]
+        assert replay_tasks("c1") == 0
+        # a new stream found by the periodic look
+        db.store("r/b", b"10", qos=1, shard=1)
+        session.streams.renew_new(db.stream_version)
+        await acknowledge_until(session, outlet, 11)
+        await settle()
+        assert outlet.publishes[-1].payload == b"10"
+        assert replay_tasks("c1") == 0
         await session.detach()
 
     run(main())
@@ -1004,6 +1109,37 @@ def test_replay_stopped_by_a_full_queue_is_woken_when_the_queue_drains() -> None
         session.replay.on_feed(*db.store("f/x", b"later", qos=1))
         await acknowledge_until(session, outlet, count + 1)
         assert outlet.publishes[-1].payload == b"later"
+        await session.detach()
+
+    run(main())
+
+
+def test_a_replay_waiting_for_room_is_woken_by_the_acknowledgement_that_makes_it() -> None:
+    """The replay stops reading at the queue's mark and waits for room; the
+    acknowledgement that takes the queue under the mark (its window slot goes to the
+    next queued message) must wake it. It was told of the acknowledgement before the
+    queue moved on, saw the queue still at the mark and went on waiting, for the
+    next acknowledgement: a round trip lost each time the queue filled."""
+    async def main() -> None:
+        storage = FakeStorage()
+        db = storage.db(DB)
+        for n in range(20):
+            db.store("m/x", bytes([n]), qos=1)
+        session = make_session(storage, durable=True, max_queued=4, batch_size=3)
+        session.subscribe(Subscription("m/#", qos=1))
+        outlet = RecordingOutlet(receive_maximum=1)
+        session.attach(outlet)
+        await settle()
+        outbox = session.outbox
+        # a batch of 3 read: one in flight, two queued, the mark (2) reached
+        assert (len(outlet.publishes), outbox.queued_count) == (1, 2)
+        await acknowledge_new(session, outlet)
+        await settle()
+        # the next went out, the queue fell under the mark: the replay read on
+        assert len(outlet.publishes) == 2
+        assert outbox.queued_count >= outbox.replay_room, outbox.queued_count
+        await acknowledge_until(session, outlet, 20)
+        assert [s.payload for s in outlet.publishes] == [bytes([n]) for n in range(20)]
         await session.detach()
 
     run(main())
@@ -1202,13 +1338,21 @@ def test_an_idle_session_holds_little() -> None:
     asyncio.run(scenario())
 
 
-def test_idle_durable_sessions_share_one_timer_for_their_polls() -> None:
-    """Issue 25: an idle durable session's replay waited with a timeout of its own (a
-    timer, its handle and context: 0.8 KB); its safety-net poll is now on the one
-    timer of the registry's `Deadlines`."""
+def published_one(outlet: RecordingOutlet) -> bool:
+    return len(outlet.publishes) == 1
+
+
+def test_waiting_replays_share_one_timer_for_their_polls_and_idle_ones_hold_none() -> None:
+    """Issue 25: a durable session's replay waited with a timeout of its own (a
+    timer, its handle and context: 0.8 KB); its safety-net poll is on the one timer
+    of the registry's `Deadlines`, and only while a cursor reads storage (here: the
+    queue full, waiting for the client's acknowledgements). A replay caught up, every
+    cursor on the live feed, holds no poll: a site polled each of its idle durable
+    connections every interval."""
     async def main() -> None:
         storage = FakeStorage()
-        storage.db(DB).store("p/x", b"0", qos=1)
+        for n in range(6):
+            storage.db(DB).store("p/x", bytes([n]), qos=1)
 
         def timers() -> int:
             """Timers armed (a cancelled one waits in the loop's heap until its time)."""
@@ -1221,19 +1365,24 @@ def test_idle_durable_sessions_share_one_timer_for_their_polls() -> None:
         sessions = []
         for n in range(20):
             session = Session(f"c{n}", durable=True, expiry_interval=3600, storage=storage,
-                              messages_db=DB, max_queued=1000, batch_size=100,
+                              messages_db=DB, max_queued=2, batch_size=100,
                               idle_poll_interval=IDLE_POLL, persist=SavedSessions().persist,
                               on_shared_loss=lambda _delivery: None, polls=polls)
             session.subscribe(Subscription("p/#", qos=1))
-            outlet = RecordingOutlet()
+            outlet = RecordingOutlet(receive_maximum=1)
             session.attach(outlet)
-            await acknowledge_until(session, outlet, 1)
-            sessions.append(session)
+            await wait_until(partial(published_one, outlet), "a PUBLISH")
+            sessions.append((session, outlet))
+        await settle()
+        await asyncio.sleep(0.2)  # the saves asked for by the sends are done
+        assert len(polls) == 20  # every replay waiting for room, a cursor on storage
+        assert timers() - before <= 1
+        for session, outlet in sessions:
+            await acknowledge_until(session, outlet, 6)
         await settle()
         await asyncio.sleep(0.2)  # the saves asked for by the acknowledgements are done
-        assert len(polls) == 20  # every replay idle, waiting
-        assert timers() - before <= 1
-        for session in sessions:
+        assert len(polls) == 0  # caught up: on the live feed
+        for session, _outlet in sessions:
             await session.detach()
         assert len(polls) == 0
 
