@@ -1114,6 +1114,21 @@ def test_replay_stopped_by_a_full_queue_is_woken_when_the_queue_drains() -> None
     run(main())
 
 
+def backlogged_session(count: int, *, max_queued: int, batch_size: int,
+                       receive_maximum: int) -> tuple[FakeStorage, Session, RecordingOutlet]:
+    """A durable session on `b/#` with `count` QoS 1 messages stored on `b/x` (each
+    payload its number), attached through a window of `receive_maximum`."""
+    storage = FakeStorage()
+    for n in range(count):
+        storage.db(DB).store("b/x", bytes([n]), qos=1)
+    session = make_session(storage, durable=True, max_queued=max_queued,
+                           batch_size=batch_size)
+    session.subscribe(Subscription("b/#", qos=1))
+    outlet = RecordingOutlet(receive_maximum=receive_maximum)
+    session.attach(outlet)
+    return storage, session, outlet
+
+
 def test_a_replay_waiting_for_room_is_woken_by_the_acknowledgement_that_makes_it() -> None:
     """The replay stops reading at the queue's mark and waits for room; the
     acknowledgement that takes the queue under the mark (its window slot goes to the
@@ -1121,14 +1136,8 @@ def test_a_replay_waiting_for_room_is_woken_by_the_acknowledgement_that_makes_it
     queue moved on, saw the queue still at the mark and went on waiting, for the
     next acknowledgement: a round trip lost each time the queue filled."""
     async def main() -> None:
-        storage = FakeStorage()
-        db = storage.db(DB)
-        for n in range(20):
-            db.store("m/x", bytes([n]), qos=1)
-        session = make_session(storage, durable=True, max_queued=4, batch_size=3)
-        session.subscribe(Subscription("m/#", qos=1))
-        outlet = RecordingOutlet(receive_maximum=1)
-        session.attach(outlet)
+        _storage, session, outlet = backlogged_session(20, max_queued=4, batch_size=3,
+                                                       receive_maximum=1)
         await settle()
         outbox = session.outbox
         # a batch of 3 read: one in flight, two queued, the mark (2) reached
@@ -1153,14 +1162,9 @@ def test_a_replay_waiting_for_room_is_woken_by_the_acknowledgement_that_makes_it
 
 def test_failed_durable_replay_does_not_abort_the_close_and_the_session_resumes() -> None:
     async def main() -> None:
-        storage = FakeStorage()
+        storage, session, outlet = backlogged_session(6, max_queued=1, batch_size=1,
+                                                      receive_maximum=2)
         db = storage.db(DB)
-        for n in range(6):
-            db.store("r/x", bytes([n]), qos=1)
-        session = make_session(storage, durable=True, max_queued=1, batch_size=1)
-        session.subscribe(Subscription("r/#", qos=1))
-        outlet = RecordingOutlet(receive_maximum=2)
-        session.attach(outlet)
         # 0 and 1 in flight, 2 queued: the replay waits for room
         await wait_until(lambda: session.outbox.queued_count == 1, "a queued message")
         db.fail_reads = OSError("the disk is gone")
