@@ -88,8 +88,8 @@ class Outbox:
     """The queue and the in-flight window of one session. `save` writes the session
     (a no-op for one that is not durable), `request_save` asks for a write soon,
     `finished` hears of every delivery that is done with (sent at QoS 0,
-    acknowledged, expired, refused), `room` whenever the queue is under
-    `replay_room` after a send, and `durable` tells whether the session is.
+    acknowledged, expired, refused), `room` when the queue falls under
+    `replay_room`, and `durable` tells whether the session is.
     Past ~300 lines as one state machine: the queue, the in-flight window, the packet
     identifiers and the saves that must come before a PUBLISH or a PUBREL change
     together on every send and acknowledgement (the resend order, `Resends`, is
@@ -273,6 +273,7 @@ class Outbox:
         outlet = self.outlet
         batch: list[tuple[Delivery, int | None]] = []
         needs_save = False
+        was_at_mark = len(self._queue) >= self.replay_room
         while outlet is not None and self._queue:
             delivery = self._queue[0]
             if delivery.qos > 0 and len(self._in_flight) >= outlet.receive_maximum:
@@ -293,10 +294,11 @@ class Outbox:
                 needs_save = True
             batch.append((delivery, packet_id))
         if len(self._queue) < self.replay_room:
-            # after the sends: an acknowledgement (`finished` first) makes room only
-            # once its slot in the window took the next queued delivery
             self._room.set()
-            self._on_room()
+            if was_at_mark:
+                # here, not in `finished`: an acknowledgement (`finished` first) makes
+                # room only once its slot in the window took the next queued delivery
+                self._on_room()
         if not batch:
             return
         if needs_save or self._releaser is not None:

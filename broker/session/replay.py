@@ -327,7 +327,6 @@ class Replay:
                 cursor = self._catch_up_cursor(key, subscription, stream, message.timestamp)
             if cursor is not None:
                 self._feed_cursor(cursor, message)
-        self.wake()
 
     def _catch_up_cursor(self, key: str, subscription: Subscription, stream: Stream,
                          timestamp: int) -> Cursor | None:
