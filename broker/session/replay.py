@@ -85,8 +85,7 @@ class Replay:
         self._streams.prune_dropped_generations()
         self._streams.renew()
         if self._reader is None:
-            self._reader = asyncio.create_task(self._supervised_replay(),
-                                               name=f"replay-{self._client_id}")
+            self._start_reader()
 
     def wake(self) -> None:
         """There may be something new to read: the reader reads it, started if
@@ -94,8 +93,11 @@ class Replay:
         self._wake.set()
         if self._reader is None and self._outbox.outlet is not None \
                 and (self._waiting_for_room or self._cursors.any_to_read()):
-            self._reader = asyncio.create_task(self._supervised_replay(),
-                                               name=f"replay-{self._client_id}")
+            self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._reader = asyncio.create_task(self._supervised_replay(),
+                                           name=f"replay-{self._client_id}")
 
     async def stop(self) -> None:
         """The connection is gone: stop reading (after the outbox has disconnected)."""

@@ -118,13 +118,14 @@ class SavedSessions:
 def make_session(storage: FakeStorage, *, durable: bool, max_queued: int = 1000,
                  batch_size: int = 100, saved: SavedSessions | None = None,
                  client_id: str = "c1",
-                 on_shared_loss: Callable[[Delivery], None] = lambda _delivery: None
-                 ) -> Session:
+                 on_shared_loss: Callable[[Delivery], None] = lambda _delivery: None,
+                 polls: Deadlines | None = None) -> Session:
     saved = saved or SavedSessions()
     return Session(client_id, durable=durable, expiry_interval=3600 if durable else 0,
                    storage=storage, messages_db=DB, max_queued=max_queued,
                    batch_size=batch_size, idle_poll_interval=IDLE_POLL,
-                   persist=saved.persist, on_shared_loss=on_shared_loss, polls=Deadlines())
+                   persist=saved.persist, on_shared_loss=on_shared_loss,
+                   polls=polls if polls is not None else Deadlines())
 
 
 def delivery(topic: str, qos: int, payload: bytes = b"") -> Delivery:
@@ -860,10 +861,7 @@ def test_the_periodic_look_wakes_no_replay_that_has_nothing_to_read() -> None:
         db = storage.db(DB)
         db.store("q/a", b"first")
         polls = CountingPolls()
-        session = Session("c1", durable=True, expiry_interval=3600, storage=storage,
-                          messages_db=DB, max_queued=1000, batch_size=100,
-                          idle_poll_interval=IDLE_POLL, persist=SavedSessions().persist,
-                          on_shared_loss=lambda _delivery: None, polls=polls)
+        session = make_session(storage, durable=True, polls=polls)
         session.subscribe(Subscription("q/#", qos=1))
         outlet = RecordingOutlet()
         session.attach(outlet)
@@ -1368,10 +1366,8 @@ def test_waiting_replays_share_one_timer_for_their_polls_and_idle_ones_hold_none
         polls = Deadlines()
         sessions = []
         for n in range(20):
-            session = Session(f"c{n}", durable=True, expiry_interval=3600, storage=storage,
-                              messages_db=DB, max_queued=2, batch_size=100,
-                              idle_poll_interval=IDLE_POLL, persist=SavedSessions().persist,
-                              on_shared_loss=lambda _delivery: None, polls=polls)
+            session = make_session(storage, durable=True, max_queued=2, client_id=f"c{n}",
+                                   polls=polls)
             session.subscribe(Subscription("p/#", qos=1))
             outlet = RecordingOutlet(receive_maximum=1)
             session.attach(outlet)
