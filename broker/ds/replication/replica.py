@@ -323,7 +323,7 @@ class ShardReplica:
     def _appended(self) -> None:
         """An entry went into this leader's log: the followers get it now."""
         self._advance()
-        self._senders.send_now()
+        self._senders.appended()
 
     def _synced(self) -> None:
         """This leader's own copy of its entries is on disk: it counts towards their

@@ -5,7 +5,6 @@ lacks (docs/replication.md, "In a running site", "Bootstrapping a replica")."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -37,6 +36,9 @@ class Senders:
         self._append_coming = append_coming
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._send_now: dict[str, asyncio.Event] = {}
+        # per follower: a request is to go even with nothing new in it (`send_now`);
+        # a wake for appended entries (`appended`) sends only what the follower lacks
+        self._send_anyway: dict[str, bool] = {}
         # set (and replaced) each time a follower answers this leader
         self._answered = asyncio.Event()
         # set while a new commit offset waits for an append to ride on (`tell_commit`)
@@ -60,10 +62,24 @@ class Senders:
             task.cancel()
         self._senders.clear()
         self._send_now.clear()
+        self._send_anyway.clear()
 
     def send_now(self) -> None:
         """Send every follower what it lacks (a heartbeat if nothing) without waiting
         for the heartbeat interval; a request in flight is sent again once answered."""
+        for follower in self._send_now:
+            self._send_anyway[follower] = True
+        self._wake_all()
+
+    def appended(self) -> None:
+        """This leader appended entries: each follower is sent them, and the commit
+        offset with them, unless its sender shipped them already: the log's end moves
+        on the executor, before the loop tells this, and a sender between two requests
+        reads the log then. (Woken by it anyway, a sender that found nothing to send
+        sent a request of no entries: one in ten of a loaded follower's appends.)"""
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         if self._commit_timer is not None:  # what it waited for goes now
             self._commit_timer.cancel()
             self._commit_timer = None
@@ -98,15 +114,18 @@ class Senders:
         wake = self._send_now[follower]
         shard_log, settings = self._context.log, self._context.settings
         while self._role.leadership is leadership and leadership.current:
-            behind = leadership.next_offset.get(follower, 0) <= shard_log.last.offset
-            # (a new commit offset alone waits for the append `tell_commit` expects)
-            if not behind and (told_committed >= leadership.committed
-                               or self._commit_timer is not None):
-                with contextlib.suppress(TimeoutError):
+            heartbeat_due = False
+            if not self._news_for(leadership, follower, told_committed):
+                try:
                     await asyncio.wait_for(wake.wait(), settings.heartbeat_interval)
+                except TimeoutError:
+                    heartbeat_due = True
             wake.clear()
             if self._role.leadership is not leadership or not leadership.current:
                 return  # (a newer leader's entries may be in the log now: not ours to send)
+            if not (self._send_anyway.pop(follower, False) or heartbeat_due
+                    or self._news_for(leadership, follower, told_committed)):
+                continue  # woken for entries it shipped already: nothing to send
             address = self._role.peers.get(follower)
             if address is None:
                 await asyncio.sleep(RETRY_INTERVAL)
@@ -147,6 +166,12 @@ class Senders:
             if leadership.committed != before:
                 self._on_committed()
                 self.tell_commit()
+
+    def _news_for(self, leadership: Leadership, follower: str, told_committed: int) -> bool:
+        """Whether `follower` lacks entries, or a commit offset that is not waiting
+        for an append to ride on (`tell_commit`)."""
+        behind = leadership.next_offset.get(follower, 0) <= self._context.log.last.offset
+        return behind or (told_committed < leadership.committed and self._commit_timer is None)
 
     async def _bootstrap_follower(self, leadership: Leadership, follower: str, address: str,
                                   why: str) -> None:
