@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,15 +138,17 @@ class Shard:
                          column_families={name: Options(raw_mode=True) for name in existing
                                           if name != "default"})
         self.sync_writes = sync_writes
+        # No write is `sync=True`: rocksdict holds the GIL through such a write's
+        # fsync, freezing the event loop and every other thread, while its
+        # `flush_wal(True)` lets go of it as it syncs (`_write`).
         self._write_options = WriteOptions()
-        self._write_options.sync = sync_writes
         # For writes on the event loop: RocksDB refuses (rather than waits) when the
         # write would stall behind compaction, and the caller retries off the loop.
         self._no_stall_options = WriteOptions()
-        self._no_stall_options.sync = sync_writes
         self._no_stall_options.no_slowdown = True
-        self._synced = WriteOptions()
-        self._synced.sync = True
+        # Held through a sync and through the close (see `ShardLog`'s own).
+        self._sync_lock = threading.Lock()
+        self._closed = False
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
         self.last_timestamp = read_last_timestamp(self._db)
@@ -213,7 +216,7 @@ class Shard:
         batch.put(_generation_key(info.id), info.to_json())
         if applied is not None:
             batch.put(_APPLIED_KEY, _U64.pack(applied))
-        self._db.write(batch, self._write_options)
+        self._write(batch, self.sync_writes)
         generation = self._open_generation(info)
         self.generations[info.id] = generation
         # after the generation is in the table: a reader on another thread that sees
@@ -230,7 +233,7 @@ class Shard:
         batch.put(_TOPIC_SEED_KEY, json.dumps(list(patterns)).encode())
         if applied is not None:
             batch.put(_APPLIED_KEY, _U64.pack(applied))
-        self._db.write(batch, self._synced)
+        self._write(batch, durable=True)
         # kept once written, and before the entry is known as applied
         self.topic_seed = tuple(patterns)
         if applied is not None:
@@ -261,12 +264,9 @@ class Shard:
         # Synced whatever `sync_writes` says: if power failed after the families were
         # dropped but before an unsynced delete reached the disk, the generation
         # would come back without its data.
-        if applied is None:
-            self._db.delete(_generation_key(generation.info.id), self._synced)
-        else:
-            batch = WriteBatch(raw_mode=True)
-            batch.delete(_generation_key(generation.info.id))
-            self._write_applied(batch, self._synced, applied)
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(_generation_key(generation.info.id))
+        self._write_applied(batch, applied, durable=True)
         generation.data.close()
         for name in (generation.info.data_column_family(), generation.info.trie_column_family()):
             self._db.drop_column_family(name)
@@ -323,7 +323,10 @@ class Shard:
         """Write a cooked batch, data and trie in one atomic RocksDB batch. Blocking.
         Writing the same cooked batch again is harmless. With `no_stall`, a write that
         RocksDB would delay (write stall) raises instead of waiting. `applied`: the
-        shard log offset of the batch (replicated sites), recorded in the same write."""
+        shard log offset of the batch (replicated sites), recorded in the same write;
+        the shard is known to have applied it once `apply` brought its memory in line
+        too (`apply(cooked, applied)`): a reader that waits for the offset reads the
+        batch's streams then, which a replica learns from its edges there."""
         generation = self.generations.get(cooked.generation)
         if generation is None:
             raise GenerationError(
@@ -342,13 +345,14 @@ class Shard:
             batch.delete(key)
         batch.put(_LAST_TIMESTAMP_KEY,
                   _U64.pack(max(self.last_timestamp, cooked.last_timestamp)))
-        self._write_applied(batch, self._no_stall_options if no_stall else self._write_options,
-                            applied)
+        if applied is not None:
+            batch.put(_APPLIED_KEY, _U64.pack(applied))
+        self._write(batch, self.sync_writes, no_stall)
 
     def record_applied(self, applied: int) -> None:
         """Record a log entry that changes no data (a no-op) as applied. Blocking."""
-        self._db.put(_APPLIED_KEY, _U64.pack(applied), self._write_options)
-        self.applied_offset = applied
+        batch = WriteBatch(raw_mode=True)
+        self._write_applied(batch, applied, self.sync_writes)
 
     def sync_applied(self) -> int:
         """The applied offset, made durable first: without `sync_writes` the writes
@@ -356,18 +360,35 @@ class Shard:
         would take them back. Blocking (one fdatasync of the log)."""
         applied = self.applied_offset  # set only once its write returned: in the log
         if not self.sync_writes:
-            self._db.flush_wal(True)
+            self._sync_wal()
         return applied
 
-    def _write_applied(self, batch: WriteBatch, options: WriteOptions,
-                       applied: int | None) -> None:
+    def _write_applied(self, batch: WriteBatch, applied: int | None, durable: bool,
+                       no_stall: bool = False) -> None:
         """Write `batch`, with the log offset it applies (a replica applying an entry)
         recorded in it, and known as applied only once written. Blocking."""
         if applied is not None:
             batch.put(_APPLIED_KEY, _U64.pack(applied))
-        self._db.write(batch, options)
+        self._write(batch, durable, no_stall)
         if applied is not None:
             self.applied_offset = applied
+
+    def _write(self, batch: WriteBatch, durable: bool, no_stall: bool = False) -> None:
+        """Write `batch`; `durable`: on disk before this returns (what is written is
+        readable a moment before it is synced, as with RocksDB's SyncWAL, which no
+        reader takes for durable). `no_stall`: refused rather than delayed by a write
+        stall. Blocking."""
+        self._db.write(batch, self._no_stall_options if no_stall else self._write_options)
+        if durable:
+            self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """Put what was written on disk (`flush_wal` lets go of the GIL as it syncs);
+        nothing once closed (a sync its site's stop overtook: the close flushed what
+        was written)."""
+        with self._sync_lock:
+            if not self._closed:
+                self._db.flush_wal(True)
 
     def messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
         """The messages of an applied batch with the static index of each one's stream:
@@ -387,9 +408,10 @@ class Shard:
                 found.append((static, message))
         return found
 
-    def apply(self, cooked: CookedBatch) -> None:
+    def apply(self, cooked: CookedBatch, applied: int | None = None) -> None:
         """Bring memory in line with a written cooked batch (a replica learns the
-        leader's edges here; on the leader they are already known)."""
+        leader's edges here; on the leader they are already known); `applied`: the log
+        offset `write` recorded with it, known as applied from now on."""
         generation = self.generations.get(cooked.generation)
         if generation is not None:
             for edge in cooked.edges:
@@ -397,6 +419,8 @@ class Shard:
         self.last_timestamp = max(self.last_timestamp, cooked.last_timestamp)
         self._next_timestamp = max(self._next_timestamp, self.last_timestamp + 1)
         self._unsettled_from = None
+        if applied is not None:
+            self.applied_offset = applied
 
     def commit(self, cooked: CookedBatch) -> None:
         """Write and apply: what a replica does with a batch the leader cooked."""
@@ -491,7 +515,7 @@ class Shard:
                 batch.delete(key, family)
         for key, value in record_puts:
             batch.put(RECORD_PREFIX + key, value)
-        self._write_applied(batch, self._synced, applied)
+        self._write_applied(batch, applied, durable=True)
 
     def compact_generation(self, generation_id: int) -> None:
         """Flush and compact a generation's data, so deleted entries free their space.
@@ -520,5 +544,7 @@ class Shard:
         for generation in self.generations.values():
             generation.data.close()
         self.generations.clear()
-        self._db.close()
+        with self._sync_lock:
+            self._db.close()
+            self._closed = True
 

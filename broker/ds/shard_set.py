@@ -353,7 +353,7 @@ class ShardSet:
         shard = self.shards[shard_id]
         async with self._locks[shard_id]:
             await self.run(shard.write, cooked, applied=offset)
-            shard.apply(cooked)
+            shard.apply(cooked, applied=offset)
 
     def _messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
         """The messages of a batch applied here but cooked elsewhere (the commit feed

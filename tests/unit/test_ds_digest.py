@@ -29,9 +29,9 @@ def test_replicas_that_applied_the_same_batches_have_the_same_digest(tmp_path: P
     for offset, topic in enumerate(["a/1", "a/2", "b/1"], start=1):
         cooked = leader.prepare([Message(topic, topic.encode())], [(b"k", topic.encode())])
         leader.write(cooked, applied=offset)
-        leader.apply(cooked)
+        leader.apply(cooked, applied=offset)
         follower.write(cooked, applied=offset)
-        follower.apply(cooked)
+        follower.apply(cooked, applied=offset)
     leader.add_generation(at=leader.last_timestamp + 1, applied=4)
     follower.add_generation(at=leader.last_timestamp + 1, applied=4)
     same = shard_digest(leader, tmp_path / "c1")

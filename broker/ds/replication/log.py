@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -131,8 +132,6 @@ class ShardLog:
         self.path = path
         self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
         self._db = Rdict(str(path), raw_options())
-        self._synced = WriteOptions()
-        self._synced.sync = True
         self._unsynced = WriteOptions()
         self._epoch = self._read_u64(_EPOCH_KEY)
         # The epoch this log knew when this process opened it: a site named leader of
@@ -154,6 +153,12 @@ class ShardLog:
         # appends written unsynced and not synced yet.
         self._durable = self._last.offset
         self._closed = False
+        # Held through a sync of the log and through its close: `flush_wal` lets go of
+        # the GIL while the disk works, and a close from another thread meanwhile
+        # failed ("Already borrowed"). A sync goes on in its executor thread after the
+        # task that awaited it was cancelled (the site stopping) and let go of the
+        # log's lock.
+        self._sync_lock = threading.Lock()
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
         self._committed = self._before_first.offset
@@ -311,7 +316,8 @@ class ShardLog:
         if epoch < self._epoch:
             raise StaleEpochError(f"epoch {epoch} is older than this log's {self._epoch}")
         if epoch > self._epoch:
-            self._db.put(_EPOCH_KEY, _U64.pack(epoch), self._synced)
+            self._db.put(_EPOCH_KEY, _U64.pack(epoch), self._unsynced)
+            self._sync_wal()
             self._epoch = epoch
             self._synced_to_end()
 
@@ -330,7 +336,9 @@ class ShardLog:
             offset += 1
             write.put(_entry_key(offset), _U64.pack(epoch) + batch)
             positions.append(Position(epoch, offset))
-        self._db.write(write, self._synced if sync else self._unsynced)
+        self._db.write(write, self._unsynced)
+        if sync:
+            self._sync_wal()
         if positions:
             self._remember([Entry(position, batch) for position, batch in zip(positions, batches,
                                                                          strict=True)])
@@ -343,10 +351,25 @@ class ShardLog:
         """Put every entry written so far on disk (`durable` then reaches them). Like
         every write of the log, under its lock (`PeerServer.lock`). Nothing once
         closed (a leader's sync that its site's stop overtook)."""
-        if self._closed:
-            return
-        self._db.flush_wal(True)
+        self._sync_wal()
         self._synced_to_end()
+
+    def _write_durably(self, write: WriteBatch) -> None:
+        """Write `write` and put it on disk. Not as one write with `sync=True`:
+        rocksdict holds the GIL through such a write's fsync, which froze the site's
+        event loop and every other thread for as long as the disk took (a follower's
+        appends held it about half its busy time), while its `flush_wal(True)` lets go
+        of the GIL as it syncs. What is written is in the log a moment before it is on
+        disk (RocksDB's SyncWAL), which nobody reads as durable: `durable` moves after."""
+        self._db.write(write, self._unsynced)
+        self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """Put what was written on disk; nothing once closed (a sync its site's stop
+        overtook: the close flushed what was written)."""
+        with self._sync_lock:
+            if not self._closed:
+                self._db.flush_wal(True)
 
     def _synced_to_end(self) -> None:
         """A synced write is done: it put everything written before it on disk."""
@@ -393,7 +416,7 @@ class ShardLog:
             for entry in new:
                 write.put(_entry_key(entry.position.offset),
                           _U64.pack(entry.position.epoch) + entry.batch)
-            self._db.write(write, self._synced)
+            self._write_durably(write)
             if cut:  # the entry before the first new one is kept, and held still
                 keep_to = new[0].position.offset - 1
                 self._forget_after(Position(self.epoch_at(keep_to) or 0, keep_to))
@@ -421,7 +444,7 @@ class ShardLog:
         assert epoch is not None  # held: offset is between first - 1 and last
         write = WriteBatch(raw_mode=True)
         write.delete_range(_entry_key(offset + 1), _LAST_KEY)
-        self._db.write(write, self._synced)
+        self._write_durably(write)
         self._forget_after(Position(epoch, offset))
         self._last = Position(epoch, offset)
         self._synced_to_end()
@@ -438,7 +461,7 @@ class ShardLog:
         write = WriteBatch(raw_mode=True)
         write.delete_range(_entry_key(0), _entry_key(offset))
         write.put(_FIRST_KEY, _POSITION.pack(*before))
-        self._db.write(write, self._synced)
+        self._write_durably(write)
         self._forget_before(before)
         self._before_first = before
         self._synced_to_end()
@@ -452,7 +475,7 @@ class ShardLog:
         write.put(_FIRST_KEY, _POSITION.pack(*position))
         if position.epoch > self._epoch:
             write.put(_EPOCH_KEY, _U64.pack(position.epoch))
-        self._db.write(write, self._synced)
+        self._write_durably(write)
         self._epoch = max(self._epoch, position.epoch)
         self._before_first = position
         self._recent = Recent(position, ())
@@ -461,8 +484,9 @@ class ShardLog:
         self._committed = position.offset
 
     def close(self) -> None:
-        self._db.close()
-        self._closed = True
+        with self._sync_lock:
+            self._db.close()
+            self._closed = True
 
     # -- helpers ------------------------------------------------------------------
 
