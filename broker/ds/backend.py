@@ -18,25 +18,15 @@ from prometheus_client import Counter
 
 from . import metrics
 from .buffer import Flush, WriteBuffer
-from .cooked import CookedBatch
 from .fence import Fence, check_fences
 from .generation import RetentionPlan
 from .iterator import EndOfStream, Iterator, Stream
 from .message import Message
-from .shard import Shard
 from .shard_set import NextResult, ShardSet
 from .streams import GenerationView
 
 log = logging.getLogger(__name__)
 
-# A batch up to this size is written on the event loop: handing it to the executor
-# costs ~65 us of CPU (thread wake-up, GIL, result back to the loop), more than the
-# RocksDB write of a few hundred small entries. Larger batches, and any write RocksDB
-# would stall, go to the executor, where rocksdict releases the GIL and the write
-# overlaps the loop (with 256 KiB, 1 KiB payloads in batches of 1000 wrote 13-20%
-# slower than from the executor).
-INLINE_WRITE_ENTRIES = 256
-INLINE_WRITE_BYTES = 32 * 1024
 
 
 class Consistency(Enum):
@@ -156,7 +146,7 @@ class LocalBackend:
             cooked = None
             try:
                 cooked = shard.prepare(messages, record_puts, record_deletes)
-                if not _write_inline(self._shards.name, shard, cooked):
+                if not self._shards.write_inline(shard, cooked):
                     await self._shards.run(shard.write, cooked)
             except Exception:
                 if cooked is not None:
@@ -224,19 +214,3 @@ class LocalBackend:
 
     async def close(self) -> None:
         await asyncio.gather(*(buffer.close() for buffer in self.buffers))
-
-
-def _write_inline(db_name: str, shard: Shard, cooked: CookedBatch) -> bool:
-    """Write a small batch on the loop; False when it must go to the executor
-    (large, synced, or RocksDB would stall it)."""
-    if (shard.sync_writes
-            or len(cooked.entries) + len(cooked.record_puts) > INLINE_WRITE_ENTRIES
-            or cooked.payload_bytes + sum(len(value) for _, value in cooked.record_puts)
-            > INLINE_WRITE_BYTES):
-        return False
-    try:
-        shard.write(cooked, no_stall=True)
-    except Exception:  # a stall (or a real error, which the executor write reports)
-        metrics.BUFFER_INLINE_REFUSED.labels(db_name, str(shard.shard_id)).inc()
-        return False
-    return True

@@ -12,12 +12,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stratamq.broker.ds.backend import INLINE_WRITE_ENTRIES, LocalBackend
+from stratamq.broker.ds.backend import LocalBackend
 from stratamq.broker.ds.cooked import CookedBatch
 from stratamq.broker.ds.message import Message
 from stratamq.broker.ds.options import DbOptions
 from stratamq.broker.ds.shard import Shard
-from stratamq.broker.ds.shard_set import ShardSet
+from stratamq.broker.ds.shard_set import INLINE_WRITE_ENTRIES, ShardSet
 
 T = TypeVar("T")
 
@@ -81,3 +81,29 @@ def test_synced_writes_never_block_the_loop(tmp_path: Path) -> None:
     executor = CountingExecutor()
     asyncio.run(_store(shard, executor, 1))
     assert executor.calls == ["write"]
+
+
+def test_a_replica_applies_a_small_committed_batch_on_the_loop(tmp_path: Path) -> None:
+    """A replicated site applies a committed batch (its leader's own, a follower's
+    copy) on the loop as a site without replication writes its flush: two executor
+    hand-offs fewer on every replicated write's way to its acknowledgement. A large
+    one goes to the executor."""
+    leader = _open_shard(tmp_path / "leader")
+    replica = _open_shard(tmp_path / "replica")
+    executor = CountingExecutor()
+    shard_set = ShardSet("messages", replica.path, DbOptions(n_shards=1), [replica], executor)
+    small = CookedBatch.from_bytes(leader.prepare([Message("t/1", b"x")]).to_bytes())
+    large = CookedBatch.from_bytes(leader.prepare(
+        [Message(f"t/{number}", b"x") for number in range(INLINE_WRITE_ENTRIES + 1)]).to_bytes())
+
+    async def apply_both() -> list[tuple[list[str], int]]:
+        seen = []
+        for offset, cooked in enumerate((small, large), start=1):
+            await shard_set.write_applied(0, cooked, offset)
+            seen.append((list(executor.calls), replica.applied_offset))
+        return seen
+
+    assert asyncio.run(apply_both()) == [([], 1), (["write"], 2)]
+    assert _stored_keys(replica, [small]) >= INLINE_WRITE_ENTRIES + 2
+    leader.close()
+    replica.close()

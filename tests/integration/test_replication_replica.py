@@ -303,6 +303,40 @@ def test_a_new_commit_offset_rides_on_the_next_append(tmp_path: Path,
     asyncio.run(scenario())
 
 
+def test_a_leader_with_followers_appends_a_small_entry_on_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader's own append of a small entry (unsynced: it is synced on the
+    executor while the followers append it) is written on the event loop, an executor
+    hand-off less before it is shipped; a leader alone appends and syncs at once, on
+    the executor."""
+    appends: list[tuple[bool, bool]] = []  # (on the loop's thread, synced)
+    append_as_leader = ShardLog.append_as_leader
+
+    def noted(log: ShardLog, epoch: int, batches: list[bytes], sync: bool = True,
+              no_stall: bool = False) -> list[Position]:
+        appends.append((threading.current_thread() is threading.main_thread(), sync))
+        return append_as_leader(log, epoch, batches, sync, no_stall)
+    monkeypatch.setattr(ShardLog, "append_as_leader", noted)
+
+    async def scenario() -> None:
+        (a, b, c), _, _ = await start_three_led_by_a(tmp_path)
+        alone = await start_site(tmp_path / "alone")
+        try:
+            await offer(alone, 1, (alone.id,), alone.id, 1, {alone.id: alone.address})
+            await until("alone leads", lambda: replica_of(alone).leadership is not None)
+            await until("b caught up", caught_up(b, a))
+            appends.clear()
+            await commit(a, b"small")
+            await commit(alone, b"alone")
+            assert appends == [(True, False), (False, True)]
+            await until("b applied it", caught_up(b, a))
+            assert await payloads_on_t(b) == [b"small"]
+        finally:
+            for site in (a, b, c, alone):
+                await site.storage.close()
+    asyncio.run(scenario())
+
+
 def test_the_followers_append_an_entry_while_the_leader_syncs_its_own_copy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The leader ships an entry before its own fsync, not after: while its sync of

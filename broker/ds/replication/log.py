@@ -133,6 +133,9 @@ class ShardLog:
         self._cuts_refused = metrics.LOG_CUTS_REFUSED.labels(*labels)
         self._db = Rdict(str(path), raw_options())
         self._unsynced = WriteOptions()
+        # An append on the event loop: refused (rather than delayed) by a write stall
+        self._unsynced_no_stall = WriteOptions()
+        self._unsynced_no_stall.no_slowdown = True
         self._epoch = self._read_u64(_EPOCH_KEY)
         # The epoch this log knew when this process opened it: a site named leader of
         # it or an older one led it before it (re)started (an epoch has one leader),
@@ -321,10 +324,12 @@ class ShardLog:
             self._epoch = epoch
             self._synced_to_end()
 
-    def append_as_leader(self, epoch: int, batches: list[bytes], sync: bool = True
-                         ) -> list[Position]:
+    def append_as_leader(self, epoch: int, batches: list[bytes], sync: bool = True,
+                         no_stall: bool = False) -> list[Position]:
         """The leader's own append: each batch at the next offset, under `epoch`.
-        `sync=False`: written, not yet on disk (`durable` stays) until `sync`."""
+        `sync=False`: written, not yet on disk (`durable` stays) until `sync`.
+        `no_stall` (unsynced, on the event loop): an append RocksDB would delay raises
+        instead, with nothing written."""
         self.observe_epoch(epoch)
         if self._last.epoch > epoch:
             raise StaleEpochError(f"the log ends at epoch {self._last.epoch}, "
@@ -336,7 +341,7 @@ class ShardLog:
             offset += 1
             write.put(_entry_key(offset), _U64.pack(epoch) + batch)
             positions.append(Position(epoch, offset))
-        self._db.write(write, self._unsynced)
+        self._db.write(write, self._unsynced_no_stall if no_stall else self._unsynced)
         if sync:
             self._sync_wal()
         if positions:

@@ -20,6 +20,7 @@ from ..cooked import CookedBatch
 from ..fence import Fence, check_fences
 from ..message import Message
 from ..shard import now_us
+from ..shard_set import INLINE_WRITE_BYTES
 from . import entries
 from .applier import Applier, give_up
 from .log import Position, StaleEpochError
@@ -235,8 +236,10 @@ class Writes:
         shard_log = self._context.log
         try:
             async with self._context.log_lock:
-                positions = await self._context.run(shard_log.append_as_leader,
-                                                    leadership.epoch, [raw], alone)
+                positions = self._append_inline(leadership.epoch, raw, alone)
+                if positions is None:
+                    positions = await self._context.run(shard_log.append_as_leader,
+                                                        leadership.epoch, [raw], alone)
         except StaleEpochError as exc:
             self._role.step_down(str(exc))
             raise NotLeaderError(f"{self._context.label}: {exc.message}") from exc
@@ -257,6 +260,22 @@ class Writes:
             self._applier.keep_own(position, own)
         self._on_appended()
         return position, applied
+
+    def _append_inline(self, epoch: int, raw: bytes, alone: bool) -> list[Position] | None:
+        """Append a small entry on the loop, unsynced (`_sync_own` syncs it on the
+        executor while the followers append it): an executor hand-off less before the
+        entry is shipped. None (nothing written) when it must go to the executor: a
+        leader alone syncs with its append, a large entry, an epoch the log has not
+        recorded yet (a synced write), a write RocksDB would stall."""
+        shard_log = self._context.log
+        if alone or len(raw) > INLINE_WRITE_BYTES or shard_log.epoch != epoch:
+            return None
+        try:
+            return shard_log.append_as_leader(epoch, [raw], False, no_stall=True)
+        except StaleEpochError:
+            raise
+        except Exception:  # a stall (or a real error, which the executor append reports)
+            return None
 
     async def _until_applied(self, position: Position, applied: asyncio.Future[None],
                              deadline: float) -> None:
