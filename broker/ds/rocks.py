@@ -4,6 +4,8 @@ and the length-prefixed blobs of the serialized forms."""
 from __future__ import annotations
 
 import struct
+import threading
+from typing import Any
 
 from rocksdict import Options
 
@@ -18,6 +20,32 @@ def raw_options(create_missing_column_families: bool = False) -> Options:
     options.create_if_missing(True)
     options.create_missing_column_families(create_missing_column_families)
     return options
+
+
+class WalSync:
+    """Syncs a database's write-ahead log and closes the database, never the one while
+    the other runs. A durable write is written unsynced, then synced here: rocksdict
+    holds the GIL through a write with `sync=True`, fsync included, which froze the
+    event loop and every other thread for as long as the disk took, while
+    `flush_wal(True)` lets go of it as it syncs. A close from another thread during
+    that sync failed ("Already borrowed"), and one comes: a sync goes on in its
+    executor thread after the task that awaited it was cancelled (the site stopping).
+    A sync after the close does nothing (the close flushed what was written). The
+    database is passed in each call: tests put a noting one in place of the owner's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def sync(self, db: Any) -> None:
+        with self._lock:
+            if not self._closed:
+                db.flush_wal(True)
+
+    def close(self, db: Any) -> None:
+        with self._lock:
+            db.close()
+            self._closed = True
 
 
 def as_bytes(value: object) -> bytes:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import struct
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from .generation import GenerationInfo
 from .layouts import Layout, ReadStats, make_layout
 from .lts import DEFAULT_TOPIC_CACHE_BYTES, UNBOUNDED, Edge, Trie, TrieBounds, seed_edges
 from .message import Message, decode_message, encode_message
-from .rocks import after_prefix, as_bytes, raw_options
+from .rocks import WalSync, after_prefix, as_bytes, raw_options
 
 GENERATION_PREFIX = b"gen/"
 _LAST_TIMESTAMP_KEY = b"last_timestamp"
@@ -138,17 +137,13 @@ class Shard:
                          column_families={name: Options(raw_mode=True) for name in existing
                                           if name != "default"})
         self.sync_writes = sync_writes
-        # No write is `sync=True`: rocksdict holds the GIL through such a write's
-        # fsync, freezing the event loop and every other thread, while its
-        # `flush_wal(True)` lets go of it as it syncs (`_write`).
+        # No write is `sync=True`: a durable one is synced after it (`WalSync`).
         self._write_options = WriteOptions()
         # For writes on the event loop: RocksDB refuses (rather than waits) when the
         # write would stall behind compaction, and the caller retries off the loop.
         self._no_stall_options = WriteOptions()
         self._no_stall_options.no_slowdown = True
-        # Held through a sync and through the close (see `ShardLog`'s own).
-        self._sync_lock = threading.Lock()
-        self._closed = False
+        self._wal = WalSync()
         self.generations: dict[int, Generation] = {}
         self._load_generations(existing)
         self.last_timestamp = read_last_timestamp(self._db)
@@ -383,12 +378,7 @@ class Shard:
             self._sync_wal()
 
     def _sync_wal(self) -> None:
-        """Put what was written on disk (`flush_wal` lets go of the GIL as it syncs);
-        nothing once closed (a sync its site's stop overtook: the close flushed what
-        was written)."""
-        with self._sync_lock:
-            if not self._closed:
-                self._db.flush_wal(True)
+        self._wal.sync(self._db)
 
     def messages_of(self, cooked: CookedBatch) -> list[tuple[bytes, Message]]:
         """The messages of an applied batch with the static index of each one's stream:
@@ -544,7 +534,5 @@ class Shard:
         for generation in self.generations.values():
             generation.data.close()
         self.generations.clear()
-        with self._sync_lock:
-            self._db.close()
-            self._closed = True
+        self._wal.close(self._db)
 

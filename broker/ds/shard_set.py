@@ -58,10 +58,9 @@ INLINE_READ_ENTRIES = 256
 # A batch up to this size is written on the event loop (a site's own batch, and a
 # replica's committed one as it applies it): handing it to the executor costs ~65 us
 # of CPU (thread wake-up, GIL, result back to the loop), more than the RocksDB write
-# of a few hundred small entries. Larger batches, and any write RocksDB
-# would stall, go to the executor, where rocksdict releases the GIL and the write
-# overlaps the loop (with 256 KiB, 1 KiB payloads in batches of 1000 wrote 13-20%
-# slower than from the executor).
+# of a few hundred small entries. Larger batches, and any write RocksDB would stall,
+# go to the executor (256 KiB of 1 KiB payloads in batches of 1000 wrote 13-20%
+# slower on the loop than from the executor).
 INLINE_WRITE_ENTRIES = 256
 INLINE_WRITE_BYTES = 32 * 1024
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -33,7 +32,7 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from ...errors import CorruptDataError, StorageError
 from .. import metrics
-from ..rocks import as_bytes, raw_options
+from ..rocks import WalSync, as_bytes, raw_options
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +154,7 @@ class ShardLog:
         # The offset up to which this log is on disk: its end, but for a leader's
         # appends written unsynced and not synced yet.
         self._durable = self._last.offset
-        self._closed = False
-        # Held through a sync of the log and through its close: `flush_wal` lets go of
-        # the GIL while the disk works, and a close from another thread meanwhile
-        # failed ("Already borrowed"). A sync goes on in its executor thread after the
-        # task that awaited it was cancelled (the site stopping) and let go of the
-        # log's lock.
-        self._sync_lock = threading.Lock()
+        self._wal = WalSync()
         # Known committed, so safe to apply to the shard's data. Learnt again from the
         # leader after a restart (what was applied is the shard's to remember).
         self._committed = self._before_first.offset
@@ -360,21 +353,15 @@ class ShardLog:
         self._synced_to_end()
 
     def _write_durably(self, write: WriteBatch) -> None:
-        """Write `write` and put it on disk. Not as one write with `sync=True`:
-        rocksdict holds the GIL through such a write's fsync, which froze the site's
-        event loop and every other thread for as long as the disk took (a follower's
-        appends held it about half its busy time), while its `flush_wal(True)` lets go
-        of the GIL as it syncs. What is written is in the log a moment before it is on
-        disk (RocksDB's SyncWAL), which nobody reads as durable: `durable` moves after."""
+        """Write `write` and put it on disk, not as one write with `sync=True`
+        (`WalSync`: a follower's appends held the GIL about half its busy time that
+        way). What is written is in the log a moment before it is on disk (RocksDB's
+        SyncWAL), which nobody reads as durable: `durable` moves after."""
         self._db.write(write, self._unsynced)
         self._sync_wal()
 
     def _sync_wal(self) -> None:
-        """Put what was written on disk; nothing once closed (a sync its site's stop
-        overtook: the close flushed what was written)."""
-        with self._sync_lock:
-            if not self._closed:
-                self._db.flush_wal(True)
+        self._wal.sync(self._db)
 
     def _synced_to_end(self) -> None:
         """A synced write is done: it put everything written before it on disk."""
@@ -489,9 +476,7 @@ class ShardLog:
         self._committed = position.offset
 
     def close(self) -> None:
-        with self._sync_lock:
-            self._db.close()
-            self._closed = True
+        self._wal.close(self._db)
 
     # -- helpers ------------------------------------------------------------------
 
